@@ -1,0 +1,168 @@
+"""The reference executor: a numpy interpreter of primitive graphs, the numerics oracle of lumc.
+
+Each node is evaluated by its row's numpy reference (``lumc.ir.ops``), with two exceptions that keep
+real models fast without changing results beyond reassociation:
+
+* ``SumReduce(Mul(a, b))`` is evaluated with ``numpy.einsum`` over the operands' views, so a matmul or
+  convolution written as a broadcast product plus a sum never materializes the product. Broadcast
+  (stride-0) dims of each operand are dropped before the contraction.
+* Views are numpy views (``as_strided``), copying only where masked (padding).
+
+With ``precision="float64"`` every floating tensor is carried in float64 and rounded to its declared
+dtype only at the outputs; use it to measure the rounding error of the native run.
+"""
+from __future__ import annotations
+
+import string
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Graph, Node
+from lumc.ir.ops import OPS, cast_array
+
+
+class ReferenceExecutor:
+    """Runs a :class:`~lumc.ir.graph.Graph` on numpy arrays.
+
+    Args:
+        graph: the primitive graph.
+        precision: ``"native"`` (each node in its own dtype) or ``"float64"``.
+    """
+
+    def __init__(self, graph: Graph, precision: str = "native"):
+        if precision not in ("native", "float64"):
+            raise ValueError(f"precision must be 'native' or 'float64', got {precision!r}")
+        self.graph = graph
+        self.precision = precision
+        self.order = graph.nodes()
+        users: dict[int, int] = {}
+        for n in self.order:
+            for s in n.srcs:
+                users[id(s)] = users.get(id(s), 0) + 1
+        for n in graph.outputs.values():
+            users[id(n)] = users.get(id(n), 0) + 1
+        self._users = users
+        # a Mul whose every user is a SumReduce is never materialized (einsum evaluates the pair)
+        self._fused_mul = set()
+        sum_users: dict[int, int] = {}
+        for n in self.order:
+            if n.op == "SumReduce" and n.srcs[0].op == "Mul":
+                sum_users[id(n.srcs[0])] = sum_users.get(id(n.srcs[0]), 0) + 1
+        for k, c in sum_users.items():
+            if c == users.get(k, 0):
+                self._fused_mul.add(k)
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Evaluate every output.
+
+        Args:
+            inputs: ``{input name: array}`` with exactly the graph's input shapes and dtypes.
+        Returns:
+            ``{output name: array}`` in the graph's output order and declared dtypes.
+        Raises:
+            InputError: on a missing input, or one of the wrong shape or dtype.
+        """
+        vals: dict[int, np.ndarray] = {}
+        remaining = dict(self._users)
+        f64 = self.precision == "float64"
+        for name, n in self.graph.inputs.items():
+            if name not in inputs:
+                raise InputError(f"missing input {name!r}", node=name)
+            x = np.asarray(inputs[name])
+            if tuple(x.shape) != n.shape:
+                raise InputError(f"input {name!r} has shape {tuple(x.shape)}, expected {n.shape}",
+                                 node=name)
+            if x.dtype != n.dtype.np:
+                raise InputError(f"input {name!r} has dtype {x.dtype}, expected {n.dtype.np}",
+                                 node=name)
+            vals[id(n)] = x.astype(np.float64) if (f64 and n.dtype.is_float) else x
+        for n in self.order:
+            if id(n) in vals or id(n) in self._fused_mul:
+                continue
+            vals[id(n)] = self._eval(n, vals, f64)
+            for s in n.srcs:
+                k = id(s)
+                remaining[k] -= 1
+                if remaining[k] == 0 and s.op != "Input":
+                    vals.pop(k, None)
+                    if s.op == "Mul" and k in self._fused_mul:
+                        for s2 in s.srcs:
+                            remaining[id(s2)] -= 1
+                            if remaining[id(s2)] == 0:
+                                vals.pop(id(s2), None)
+        out = {}
+        for name, n in self.graph.outputs.items():
+            v = vals[id(n)]
+            if v.dtype != n.dtype.np:
+                v = v.astype(n.dtype.np)
+            out[name] = np.ascontiguousarray(v)
+        return out
+
+    def _eval(self, n: Node, vals, f64: bool) -> np.ndarray:
+        row = OPS[n.op]
+        if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul:
+            m = n.srcs[0]
+            a, b = vals[id(m.srcs[0])], vals[id(m.srcs[1])]
+            return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64)
+        xs = [vals[id(s)] for s in n.srcs]
+        if n.op == "Cast":
+            if f64 and n.arg.is_float:
+                return xs[0].astype(np.float64)
+            return cast_array(xs[0], n.arg)
+        if n.op == "Constant" or n.op == "Iota":
+            v = row.reference(xs, n.arg)
+            return v.astype(np.float64) if (f64 and n.dtype.is_float) else v
+        if n.op == "Mul" and id(n) in self._fused_mul:
+            raise AssertionError("fused Mul evaluated")
+        return row.reference(xs, n.arg)
+
+
+def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DType,
+                           f64: bool) -> np.ndarray:
+    """``sum(a * b, axes, keepdims=True)`` without materializing ``a * b``.
+
+    ``a`` and ``b`` have the same shape (the ``Mul`` rule). Broadcast dims (numpy stride 0) of each
+    operand are dropped from its einsum subscript, so a matmul's ``[M, K, N]`` broadcast product costs
+    ``M*K*N`` FLOPs and ``M*K + K*N`` reads.
+    """
+    rank = a.ndim
+    shape = a.shape
+    letters = string.ascii_letters[:rank]
+    if out_dtype.is_float:
+        acc = np.float64 if f64 else out_dtype.accumulator.np
+    else:
+        acc = out_dtype.np
+
+    def compact(x):
+        idx, sub = [], []
+        for k in range(rank):
+            bcast = shape[k] > 1 and x.strides[k] == 0
+            idx.append(0 if bcast else slice(None))
+            sub.append("" if bcast else letters[k])
+        return x[tuple(idx)].astype(acc, copy=False), "".join(sub)
+
+    ca, sa = compact(a)
+    cb, sb = compact(b)
+    red = set(axes)
+    present = set(sa) | set(sb)
+    out_sub = "".join(letters[k] for k in range(rank) if k not in red and letters[k] in present)
+    with np.errstate(all="ignore"):
+        r = np.einsum(f"{sa},{sb}->{out_sub}", ca, cb, optimize=len(sa) + len(sb) > 4)
+        # dims broadcast in both operands: a reduced one scales the sum by its extent
+        for k in range(rank):
+            if letters[k] not in present and k in red and shape[k] != 1:
+                r = r * acc(shape[k])
+        keep_shape = [shape[k] if letters[k] in present else 1 for k in range(rank) if k not in red]
+        r = np.reshape(r, keep_shape)
+        full = [shape[k] for k in range(rank) if k not in red]
+        r = np.broadcast_to(r, full)
+        r = np.reshape(r, tuple(1 if k in red else shape[k] for k in range(rank)))
+    target = np.float64 if (f64 and out_dtype.is_float) else out_dtype.np
+    return np.ascontiguousarray(r).astype(target, copy=False)
+
+
+def run_reference(graph: Graph, inputs: dict[str, np.ndarray], precision: str = "native"):
+    """One-shot convenience: ``ReferenceExecutor(graph, precision)(inputs)``."""
+    return ReferenceExecutor(graph, precision)(inputs)

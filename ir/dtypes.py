@@ -1,0 +1,95 @@
+"""Element types of lumc tensors.
+
+Nine dtypes: f64, f32, f16, bf16, i64, i32, i8, u8, bool. ``bf16`` is backed by ``ml_dtypes.bfloat16``
+(the same numpy extension type the ``onnx`` package uses), so numpy arrays can hold it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type.
+
+    Attributes:
+        name: short name (``f32``); also its egglog and text-dump spelling.
+        np: the numpy dtype used by the reference executor.
+        itemsize: bytes per element.
+        kind: ``"float"``, ``"int"``, ``"uint"`` or ``"bool"``.
+        triton: the Triton type name (``tl.float32``).
+    """
+    name: str
+    np: np.dtype
+    itemsize: int
+    kind: str
+    triton: str
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("int", "uint")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "bool"
+
+    @property
+    def accumulator(self) -> "DType":
+        """The dtype reductions accumulate in: fp32 for f16/bf16, the dtype itself otherwise."""
+        return f32 if self in (f16, bf16) else self
+
+    def min_value(self):
+        """Smallest value (``-inf`` for floats, the integer minimum otherwise, False for bool)."""
+        if self.is_float:
+            return -np.inf
+        if self.is_bool:
+            return False
+        return np.iinfo(self.np).min
+
+    def max_value(self):
+        """Largest value (``inf`` for floats, the integer maximum otherwise, True for bool)."""
+        if self.is_float:
+            return np.inf
+        if self.is_bool:
+            return True
+        return np.iinfo(self.np).max
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+f64 = DType("f64", np.dtype(np.float64), 8, "float", "tl.float64")
+f32 = DType("f32", np.dtype(np.float32), 4, "float", "tl.float32")
+f16 = DType("f16", np.dtype(np.float16), 2, "float", "tl.float16")
+bf16 = DType("bf16", np.dtype(ml_dtypes.bfloat16), 2, "float", "tl.bfloat16")
+i64 = DType("i64", np.dtype(np.int64), 8, "int", "tl.int64")
+i32 = DType("i32", np.dtype(np.int32), 4, "int", "tl.int32")
+i8 = DType("i8", np.dtype(np.int8), 1, "int", "tl.int8")
+u8 = DType("u8", np.dtype(np.uint8), 1, "uint", "tl.uint8")
+bool_ = DType("bool", np.dtype(np.bool_), 1, "bool", "tl.int1")
+
+ALL_DTYPES: tuple[DType, ...] = (f64, f32, f16, bf16, i64, i32, i8, u8, bool_)
+FLOAT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_float)
+INT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_int)
+BY_NAME = {d.name: d for d in ALL_DTYPES}
+_BY_NP = {d.np: d for d in ALL_DTYPES}
+
+
+def from_numpy(dt) -> DType:
+    """The lumc dtype of a numpy dtype.
+
+    Raises:
+        KeyError: for numpy dtypes lumc does not support (complex, strings, u16...).
+    """
+    dt = np.dtype(dt)
+    try:
+        return _BY_NP[dt]
+    except KeyError:
+        raise KeyError(f"unsupported numpy dtype {dt}") from None

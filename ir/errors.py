@@ -1,0 +1,60 @@
+"""The one error hierarchy of lumc.
+
+Every error names what went wrong in one line: the node, the op (and opset where it applies) and the
+reason. The CLI prints ``str(err)`` and exits 2; it never shows a traceback for a ``LumcError``.
+"""
+from __future__ import annotations
+
+
+class LumcError(Exception):
+    """Base of every error lumc raises on purpose.
+
+    Args:
+        reason: what is wrong, in one sentence.
+        node: the node (ONNX node name or IR node id) the error is about, if any.
+        op: the op type (``Conv``, ``SumReduce``...), if any.
+        opset: the ONNX opset in force, if any.
+    """
+
+    def __init__(self, reason: str, *, node: str | None = None, op: str | None = None,
+                 opset: int | None = None):
+        self.reason = reason
+        self.node = node
+        self.op = op
+        self.opset = opset
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.node is not None:
+            where.append(f"node {self.node!r}")
+        if self.op is not None:
+            where.append(f"op {self.op}" + (f" (opset {self.opset})" if self.opset is not None else ""))
+        elif self.opset is not None:
+            where.append(f"opset {self.opset}")
+        head = ", ".join(where)
+        return f"{head}: {self.reason}" if head else self.reason
+
+
+class ShapeError(LumcError):
+    """Shapes or dtypes of an op's operands do not fit its rule."""
+
+
+class ModelError(LumcError):
+    """The model file is malformed, truncated or inconsistent."""
+
+
+class UnsupportedOpError(LumcError):
+    """The model uses ops lumc does not implement (all of them are listed at once)."""
+
+
+class InputError(LumcError):
+    """Inputs given at run time are missing, unknown, or of the wrong shape or dtype."""
+
+
+class BudgetError(LumcError):
+    """A compile budget is malformed, zero or negative."""
+
+
+class ArtifactError(LumcError):
+    """A saved artifact or cache is corrupt, foreign, or from an incompatible version."""

@@ -1,0 +1,1 @@
+"""High-level ops built only from primitives (through :class:`lumc.ir.tensor.Tensor`)."""
