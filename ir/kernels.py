@@ -1,0 +1,78 @@
+"""Kernel forms: the units a backend renders, each with its meaning in primitives.
+
+A :class:`Kernel` is one launch: a kernel form (``pointwise``, ``reduction``, ``matmul``, ``softmax``,
+``layernorm``, ``rmsnorm``, ``attention``, ``gather``) plus its *meaning*, a small primitive
+:class:`~lumc.ir.graph.Graph` whose ``Input`` leaves are the tensors the kernel reads (named
+``in0, in1, ...``) and whose outputs are the tensors it writes (``out0, ...``). Constants that are
+scalars may live inside the meaning; weight tensors are inputs. ``attrs`` carries form-specific
+structure a renderer needs and cannot cheaply re-derive (reduction axes, the matmul's A/B input
+positions, norm epsilon...).
+
+Costs (source: the roofline model, Williams, Waterman & Patterson, CACM 2009):
+
+* ``flops``: the sum of the meaning's primitive FLOP counts (``lumc.ir.ops``), where a
+  ``SumReduce(Mul(a, b))`` pair counts 2 per multiply-add.
+* ``min_bytes``: every input read once plus every output written once, in their dtypes. A kernel
+  cannot move less, so ``max(flops / peak, min_bytes / bandwidth)`` is a lower bound on its time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lumc.ir.graph import Graph, Node
+from lumc.ir.ops import OPS
+
+FORMS = ("pointwise", "reduction", "matmul", "softmax", "layernorm", "rmsnorm", "attention",
+         "gather")
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    """One kernel launch.
+
+    Attributes:
+        form: one of :data:`FORMS`.
+        meaning: primitive graph over placeholders ``in0..`` producing ``out0..``.
+        attrs: form-specific structure, as a sorted tuple of ``(name, value)`` pairs.
+        covers: ids (or names) of the model-graph nodes this kernel computes, for reports/comments.
+    """
+    form: str
+    meaning: Graph
+    attrs: tuple[tuple[str, Any], ...] = ()
+    covers: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        if self.form not in FORMS:
+            raise ValueError(f"unknown kernel form {self.form!r}; forms are {FORMS}")
+
+    def attr(self, name: str, default=None):
+        for k, v in self.attrs:
+            if k == name:
+                return v
+        return default
+
+    @property
+    def inputs(self) -> list[Node]:
+        return list(self.meaning.inputs.values())
+
+    @property
+    def outputs(self) -> list[Node]:
+        return list(self.meaning.outputs.values())
+
+    def flops(self) -> int:
+        """Arithmetic work in FLOP (a multiply-add counts 2)."""
+        total = 0
+        for n in self.meaning.nodes():
+            row = OPS[n.op]
+            total += row.flops(tuple(s.shape for s in n.srcs), n.shape, n.arg)
+        return total
+
+    def min_bytes(self) -> int:
+        """Bytes the kernel must move at least: each input read once, each output written once."""
+        return sum(n.nbytes for n in self.inputs) + sum(n.nbytes for n in self.outputs)
+
+    def arithmetic_intensity(self) -> float:
+        """FLOP per byte of ``min_bytes`` (0 for a kernel that moves nothing)."""
+        b = self.min_bytes()
+        return self.flops() / b if b else 0.0
