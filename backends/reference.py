@@ -97,7 +97,7 @@ class ReferenceExecutor:
             v = vals[id(n)]
             if v.dtype != n.dtype.np:
                 v = v.astype(n.dtype.np)
-            out[name] = np.ascontiguousarray(v)
+            out[name] = np.asarray(v, order="C")
         return out
 
     def _eval(self, n: Node, vals, f64: bool) -> np.ndarray:
@@ -153,14 +153,14 @@ def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DTy
         # dims broadcast in both operands: a reduced one scales the sum by its extent
         for k in range(rank):
             if letters[k] not in present and k in red and shape[k] != 1:
-                r = r * acc(shape[k])
+                r = r * np.asarray(shape[k], dtype=acc)
         keep_shape = [shape[k] if letters[k] in present else 1 for k in range(rank) if k not in red]
         r = np.reshape(r, keep_shape)
         full = [shape[k] for k in range(rank) if k not in red]
         r = np.broadcast_to(r, full)
         r = np.reshape(r, tuple(1 if k in red else shape[k] for k in range(rank)))
     target = np.float64 if (f64 and out_dtype.is_float) else out_dtype.np
-    return np.ascontiguousarray(r).astype(target, copy=False)
+    return np.asarray(r, order="C").astype(target, copy=False)
 
 
 def run_reference(graph: Graph, inputs: dict[str, np.ndarray], precision: str = "native"):

@@ -44,7 +44,7 @@ class ConstArg:
     __slots__ = ("value", "digest", "shape", "dtype")
 
     def __init__(self, value: np.ndarray):
-        value = np.ascontiguousarray(value)
+        value = np.asarray(value, order="C")
         value.setflags(write=False)
         self.value = value
         self.dtype = dt.from_numpy(value.dtype)

@@ -180,7 +180,7 @@ def _ref_gather(xs, axis):
 
 def apply_view(x: np.ndarray, v: View) -> np.ndarray:
     """Evaluate a view on a numpy array; zero-copy (``as_strided``) unless it is masked."""
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = np.asarray(x, order="C").reshape(-1)
     if v.numel == 0:
         return np.zeros(v.shape, dtype=x.dtype)
     isz = flat.itemsize
@@ -205,7 +205,7 @@ def iota_array(shape: Shape, axis: int, dtype: dt.DType) -> np.ndarray:
     r = np.arange(shape[axis], dtype=dtype.np)
     bshape = [1] * len(shape)
     bshape[axis] = shape[axis]
-    return np.ascontiguousarray(np.broadcast_to(r.reshape(bshape), shape))
+    return np.asarray(np.broadcast_to(r.reshape(bshape), shape), order="C")
 
 
 def _ewise_flops(shapes, out, arg):
@@ -280,7 +280,7 @@ _ROWS = [
     OpDef("View", "movement", 1, _first, _view_shape, lambda xs, v: apply_view(xs[0], v),
           _zero_flops, "View", "load", frozenset({"view"})),
     OpDef("Contiguous", "movement", 1, _first, _same_shape,
-          lambda xs, a: np.ascontiguousarray(xs[0]), _zero_flops, "Contiguous", "store",
+          lambda xs, a: np.asarray(xs[0], order="C"), _zero_flops, "Contiguous", "store",
           frozenset()),
 ]
 

@@ -78,16 +78,14 @@ class Tensor:
         arr = np.asarray(value)
         if dtype is not None:
             arr = arr.astype(dtype.np)
-        elif arr.dtype == np.float64 and arr.ndim == 0:
-            arr = arr.astype(np.float32)
-        elif arr.dtype == np.int64 and arr.ndim == 0 and not isinstance(value, np.integer):
-            arr = arr.astype(np.int64)
+        elif isinstance(value, float):
+            arr = arr.astype(np.float32)   # a bare Python float means f32, as in ONNX models
         return Tensor(const_node(arr))
 
     @staticmethod
     def full(shape: Sequence[int], value, dtype: dt.DType) -> "Tensor":
         """``value`` broadcast to ``shape`` (one scalar constant plus a view)."""
-        c = Tensor.const(np.array(value, dtype=dtype.np))
+        c = Tensor.const(np.array(value, dtype=dtype.np), dtype)
         return c.reshape((1,) * len(shape)).expand(tuple(shape)) if len(shape) else c
 
     @staticmethod
@@ -226,7 +224,7 @@ class Tensor:
     def _coerce(self, other) -> "Tensor":
         if isinstance(other, Tensor):
             return other
-        return Tensor.const(np.array(other, dtype=self.dtype.np))
+        return Tensor.const(np.array(other, dtype=self.dtype.np), self.dtype)
 
     def _bcast(self, other) -> tuple["Tensor", "Tensor"]:
         o = self._coerce(other)
@@ -373,16 +371,17 @@ class Tensor:
     def maximum(self, o) -> "Tensor":
         """Elementwise max; NaN in either operand gives NaN (as numpy and ONNX)."""
         a, b = self._bcast(o)
-        r = a.lt(b).where(b, a)
+        r = b.lt(a).where(a, b)   # ties (0 vs -0) give b, as numpy does
         if a.dtype.is_float:
-            r = b.isnan().where(b, r)
+            r = a.isnan().where(a, r)
         return r
 
     def minimum(self, o) -> "Tensor":
+        """Elementwise min; NaN in either operand gives NaN; ties give ``o`` (numpy's choice)."""
         a, b = self._bcast(o)
-        r = b.lt(a).where(b, a)
+        r = a.lt(b).where(a, b)
         if a.dtype.is_float:
-            r = b.isnan().where(b, r)
+            r = a.isnan().where(a, r)
         return r
 
     def clip(self, lo=None, hi=None) -> "Tensor":
@@ -492,7 +491,9 @@ class Tensor:
         half = self.scalar_like(0.5)
         up = fl.add(1.0)
         even = fl.fmod(2.0).eq(fl.scalar_like(0.0)).where(fl, up)
-        return half.lt(d).where(up, d.lt(half).where(fl, even))
+        r = half.lt(d).where(up, d.lt(half).where(fl, even))
+        # a zero result keeps the sign of x (round(-0.4) == -0.0); x * 0 carries that sign
+        return r.eq(r.scalar_like(0.0)).where(self.mul(0.0), r)
 
     def pow(self, o) -> "Tensor":
         """ONNX ``Pow``. A constant integer exponent uses repeated squaring (exact for integer
