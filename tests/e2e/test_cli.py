@@ -1,0 +1,186 @@
+"""`lumc run` / `lumc models` end to end: summaries, -o contents, --check, and one-line errors."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from lumc.compiler.cli import cli, compare_output
+
+
+def lumc(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def assert_one_line_error(res, *words):
+    """Exit 2, exactly one stderr line `lumc: error: ...` naming each of `words`, no traceback."""
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("lumc: error: "), lines[0]
+    assert "Traceback" not in res.output
+    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit)
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    k = rng.integers(-4, 4, (5, 2)).astype(np.int64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "k.npy", k)
+    return x, k
+
+
+def test_run_prints_outputs_and_writes_npz(tiny_path, tiny_weights, arrays, tmp_path):
+    x, k = arrays
+    w, b = tiny_weights
+    out = tmp_path / "out.npz"
+    res = lumc("run", tiny_path, "--input", f"x={tmp_path / 'x.npy'}",
+               "--input", f"k={tmp_path / 'k.npy'}", "-o", out)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert any(ln.split()[:4] == ["y", "[5,", "2]", "float32"] for ln in lines), res.stdout
+    assert any(ln.split()[:4] == ["k2", "[5,", "2]", "int64"] for ln in lines), res.stdout
+    assert any(ln.startswith("time: ") and " s" in ln for ln in lines)
+    with np.load(out) as f:
+        assert sorted(f.files) == ["k2", "y"]
+        np.testing.assert_allclose(f["y"], x @ w + b, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(f["k2"], 2 * k)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".part")]
+
+
+def test_run_random_check_passes(tiny_path):
+    res = lumc("run", tiny_path, "--random", "--shape", "n=7", "--check", "--seed", "1")
+    assert res.exit_code == 0, res.output
+    assert "check: all 2 outputs match onnxruntime" in res.stdout
+    assert res.stdout.count(" ok") == 2
+
+
+def test_run_inputs_npz_binds_dynamic_dims(tiny_path, arrays, tmp_path):
+    x, k = arrays
+    np.savez(tmp_path / "in.npz", x=x, k=k)
+    res = lumc("run", tiny_path, "--inputs", tmp_path / "in.npz", "--check", "--rtol", "1e-6")
+    assert res.exit_code == 0, res.output
+    assert "[5, 2]" in res.stdout
+
+
+def test_random_generic_rule_is_seeded(tiny_path, tmp_path):
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    assert lumc("run", tiny_path, "--random", "--shape", "x=4x3", "--seed", "5", "-o", a).exit_code == 0
+    assert lumc("run", tiny_path, "--random", "--shape", "n=4", "--seed", "5", "-o", b).exit_code == 0
+    with np.load(a) as fa, np.load(b) as fb:
+        np.testing.assert_array_equal(fa["y"], fb["y"])
+        # k is drawn from [0, 8): k2 = 2k lies in [0, 14] and is even
+        assert fa["k2"].min() >= 0 and fa["k2"].max() <= 14 and (fa["k2"] % 2 == 0).all()
+
+
+def test_compare_output_definition():
+    ref = np.array([1.0, -4.0, 2.0], np.float32)
+    c = compare_output(np.array([1.0, -4.0004, 2.0], np.float32), ref, rtol=1e-4)
+    assert c.max_abs == pytest.approx(4e-4, rel=1e-3)
+    assert c.max_rel == pytest.approx(1e-4, rel=1e-3)  # max|a-b| / max|b| = 4e-4 / 4
+    nan = np.array([np.nan, np.inf, 0.0], np.float32)
+    assert compare_output(nan.copy(), nan, 1e-4).ok
+    assert not compare_output(np.array([0.0, np.inf, 0.0], np.float32), nan, 1e-4).ok
+    assert compare_output(np.zeros(3, np.float32), np.zeros(3, np.float32), 0.0).max_rel == 0
+    assert not compare_output(np.array([1000, 7]), np.array([1000, 8]), 1e-2).ok  # ints: exact
+    assert not compare_output(np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32), 1).ok
+
+
+# ------------------------------------------------------------------ bad input: one line, exit 2
+
+
+def test_truncated_file(tiny_path, tmp_path):
+    bad = tmp_path / "trunc.onnx"
+    bad.write_bytes(tiny_path.read_bytes()[: len(tiny_path.read_bytes()) // 2])
+    assert_one_line_error(lumc("run", bad, "--random", "--shape", "n=2"), "trunc.onnx")
+
+
+def test_random_bytes_file(tmp_path):
+    bad = tmp_path / "noise.onnx"
+    bad.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    assert_one_line_error(lumc("run", bad, "--random"), "noise.onnx")
+
+
+def test_missing_file(tmp_path):
+    assert_one_line_error(lumc("run", tmp_path / "nope.onnx", "--random"), "nope.onnx")
+
+
+def test_unsupported_op(unsupported_path):
+    assert_one_line_error(lumc("run", unsupported_path, "--random"), "Frobnicate")
+
+
+def test_missing_input(tiny_path, arrays, tmp_path):
+    res = lumc("run", tiny_path, "--input", f"x={tmp_path / 'x.npy'}")
+    assert_one_line_error(res, "missing input", "'k'")
+
+
+def test_wrong_shape(tiny_path, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    res = lumc("run", tiny_path, "--input", f"x={tmp_path / 'x.npy'}", "--random")
+    assert_one_line_error(res, "'x'", "[2, 5]", "[n, 3]")
+
+
+def test_wrong_dtype(tiny_path, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float64))
+    res = lumc("run", tiny_path, "--input", f"x={tmp_path / 'x.npy'}", "--random")
+    assert_one_line_error(res, "'x'", "float64", "float32")
+
+
+def test_unknown_input_name(tiny_path, arrays, tmp_path):
+    res = lumc("run", tiny_path, "--input", f"z={tmp_path / 'x.npy'}", "--random", "--shape", "n=5")
+    assert_one_line_error(res, "unknown input", "'z'")
+
+
+def test_dynamic_dim_unset(tiny_path):
+    assert_one_line_error(lumc("run", tiny_path, "--random"), "'x'", "[n, 3]", "n")
+
+
+@pytest.mark.parametrize("spec", ["x=2by3", "x", "=4", "x=2x", "n=-1"])
+def test_bad_shape_syntax(tiny_path, spec):
+    assert_one_line_error(lumc("run", tiny_path, "--random", "--shape", spec), "--shape")
+
+
+def test_shape_disagrees_with_array(tiny_path, arrays, tmp_path):
+    res = lumc("run", tiny_path, "--input", f"x={tmp_path / 'x.npy'}", "--random", "--shape", "n=4")
+    assert_one_line_error(res, "n is 4", "5")
+
+
+def test_models_list_names_all_four():
+    res = lumc("models", "list")
+    assert res.exit_code == 0
+    for name in ("silero-vad", "magika", "ppocr-det", "minilm-l3"):
+        assert name in res.stdout
+
+
+def test_models_fetch_unknown_name():
+    assert_one_line_error(lumc("models", "fetch", "resnet"), "resnet", "minilm-l3")
+
+
+def test_console_script_error_has_no_traceback(tmp_path):
+    bad = tmp_path / "empty.onnx"
+    bad.write_bytes(b"")
+    exe = os.path.join(os.path.dirname(sys.executable), "lumc")
+    proc = subprocess.run([exe, "run", str(bad), "--random"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("lumc: error: ") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.models
+def test_demo_minilm_check(model_path, record_time):
+    path = model_path("minilm-l3")
+    exe = os.path.join(os.path.dirname(sys.executable), "lumc")
+    proc = subprocess.run([exe, "run", str(path), "--random", "--shape", "batch_size=2",
+                           "--shape", "sequence_length=16", "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(minilm-l3)" in proc.stdout and "check: all 4 outputs match onnxruntime" in proc.stdout
+    run_line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("time: "))
+    record_time("lumc run minilm-l3 2x16", float(run_line.split("run ")[1].split(" s")[0]))
