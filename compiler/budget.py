@@ -1,0 +1,79 @@
+"""The compile budget: a hard wall-clock deadline for the whole compile.
+
+``parse_duration("30m")`` turns the user's DURATION into seconds; :class:`Deadline` tracks what is
+left against an injectable clock, so tests drive it with a fake timer.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from lumc.ir.errors import BudgetError
+
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in a DURATION such as ``30m``, ``90s``, ``1h``, ``1.5m`` or a bare number of seconds.
+
+    Compound forms (``1h30m``) are accepted too.
+
+    Raises:
+        BudgetError: for an unparseable, zero or negative budget (``banana``, ``0``, ``-5s``).
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        s = str(text).strip().lower()
+        if s.startswith("-"):
+            raise BudgetError(f"budget {text!r} must be positive")
+        parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)?", s)
+        rebuilt = "".join(a + (u or "") for a, u in parts)
+        if not parts or rebuilt != s.replace(" ", "") or (len(parts) > 1 and not all(u for _, u in parts)):
+            raise BudgetError(f"budget {text!r} is not a duration; write e.g. 90s, 30m or 1h")
+        seconds = sum(float(a) * _UNITS[u or "s"] for a, u in parts)
+    if not seconds > 0:
+        raise BudgetError(f"budget {text!r} must be positive")
+    if seconds != seconds or seconds == float("inf"):
+        raise BudgetError(f"budget {text!r} must be finite")
+    return seconds
+
+
+def grace_seconds(budget_s: float) -> float:
+    """How far past the budget a compile may return: 5%, or 10 s for budgets under 3 minutes."""
+    return 10.0 if budget_s < 180.0 else 0.05 * budget_s
+
+
+@dataclass
+class Deadline:
+    """A budget being spent.
+
+    Attributes:
+        budget_s: the whole budget in seconds.
+        clock: a monotonic clock in seconds (``time.monotonic``; tests pass a fake).
+    """
+    budget_s: float
+    clock: Callable[[], float] = time.monotonic
+    start: float = field(default=-1.0)
+
+    def __post_init__(self):
+        if self.start < 0:
+            self.start = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def remaining(self) -> float:
+        return max(0.0, self.budget_s - self.elapsed())
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0.0
+
+    def fraction_used(self) -> float:
+        return min(1.0, self.elapsed() / self.budget_s)
+
+    def sub(self, fraction: float) -> "Deadline":
+        """A deadline for one stage: ``fraction`` of what remains now, on the same clock."""
+        return Deadline(self.remaining() * fraction, self.clock)

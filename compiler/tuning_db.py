@@ -1,0 +1,144 @@
+"""The tuning database: measured kernel times in SQLite under the user cache dir.
+
+A row is keyed by the kernel's content hash, its config, the device name, and the lumc, Triton and
+driver versions: a timing from another version or device is never trusted, only ignored. A database
+that cannot be read is set aside (renamed ``*.corrupt-<time>``) with a warning and rebuilt; it never
+crashes a compile. Writes commit immediately, so a compile interrupted with Ctrl-C keeps every
+timing measured so far.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+SCHEMA_VERSION = 1
+
+
+def default_db_path() -> Path:
+    """``$LUMC_CACHE_DIR/tuning.sqlite``, else the user cache dir of ``lumc``."""
+    root = os.environ.get("LUMC_CACHE_DIR") or platformdirs.user_cache_dir("lumc")
+    return Path(root) / "tuning.sqlite"
+
+
+@dataclass(frozen=True)
+class TimingKey:
+    """What a timing depends on. ``config`` is a canonical JSON string of the kernel config."""
+    kernel_hash: str
+    config: str
+    device: str
+    lumc_version: str
+    triton_version: str
+    driver_version: str
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A stored measurement: ``seconds`` (median), ``ok`` False when the kernel failed numerics
+    or compilation (then ``note`` says why), ``simulated`` True for analytical times."""
+    seconds: float
+    ok: bool
+    simulated: bool
+    note: str = ""
+
+
+class TuningDatabase:
+    """SQLite store of kernel timings (see module docstring).
+
+    Args:
+        path: database file; created with its folder if missing.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else default_db_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.recovered_from: Path | None = None
+        self.hits = 0
+        self.misses = 0
+        try:
+            self._conn = self._open()
+        except sqlite3.DatabaseError as e:
+            self._conn = self._set_aside_and_rebuild(e)
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
+        row = conn.execute("SELECT v FROM meta WHERE k='schema'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif row[0] != str(SCHEMA_VERSION):
+            raise sqlite3.DatabaseError(f"schema {row[0]}, expected {SCHEMA_VERSION}")
+        conn.execute("""CREATE TABLE IF NOT EXISTS timings (
+            kernel_hash TEXT, config TEXT, device TEXT, lumc_version TEXT, triton_version TEXT,
+            driver_version TEXT, seconds REAL, ok INTEGER, simulated INTEGER, note TEXT,
+            created REAL,
+            PRIMARY KEY (kernel_hash, config, device, lumc_version, triton_version, driver_version))""")
+        conn.execute("PRAGMA quick_check").fetchone()
+        return conn
+
+    def _set_aside_and_rebuild(self, err: Exception) -> sqlite3.Connection:
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(str(self.path) + suffix)
+            if p.exists():
+                os.replace(p, Path(str(aside) + suffix))
+        self.recovered_from = aside
+        warnings.warn(f"lumc: tuning database {self.path} was unreadable ({err}); moved it to "
+                      f"{aside} and started a new one", RuntimeWarning, stacklevel=3)
+        return self._open()
+
+    def get(self, key: TimingKey) -> Timing | None:
+        """The stored timing for exactly this key, or None."""
+        try:
+            row = self._conn.execute(
+                "SELECT seconds, ok, simulated, note FROM timings WHERE kernel_hash=? AND config=? "
+                "AND device=? AND lumc_version=? AND triton_version=? AND driver_version=?",
+                (key.kernel_hash, key.config, key.device, key.lumc_version, key.triton_version,
+                 key.driver_version)).fetchone()
+        except sqlite3.DatabaseError as e:
+            self._conn = self._set_aside_and_rebuild(e)
+            row = None
+        if row is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return Timing(float(row[0]), bool(row[1]), bool(row[2]), row[3] or "")
+
+    def put(self, key: TimingKey, timing: Timing) -> None:
+        """Store (or replace) a timing; committed at once."""
+        args = (key.kernel_hash, key.config, key.device, key.lumc_version, key.triton_version,
+                key.driver_version, float(timing.seconds), int(timing.ok), int(timing.simulated),
+                timing.note, time.time())
+        try:
+            self._conn.execute("INSERT OR REPLACE INTO timings VALUES (?,?,?,?,?,?,?,?,?,?,?)", args)
+        except sqlite3.DatabaseError as e:
+            self._conn = self._set_aside_and_rebuild(e)
+            self._conn.execute("INSERT OR REPLACE INTO timings VALUES (?,?,?,?,?,?,?,?,?,?,?)", args)
+
+    def info(self) -> dict:
+        """Path, size in bytes, row count, and rows per device."""
+        rows = self._conn.execute("SELECT device, COUNT(*) FROM timings GROUP BY device").fetchall()
+        size = self.path.stat().st_size if self.path.exists() else 0
+        return {"path": str(self.path), "bytes": size, "entries": sum(c for _, c in rows),
+                "by_device": {d: c for d, c in rows}}
+
+    def clear(self) -> int:
+        """Delete every timing; returns how many were deleted."""
+        n = self._conn.execute("SELECT COUNT(*) FROM timings").fetchone()[0]
+        self._conn.execute("DELETE FROM timings")
+        return int(n)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def config_key(config: dict) -> str:
+    """Canonical JSON of a kernel config (sorted keys), the ``config`` column."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,110 @@
+"""The search loop with a fake timer and fake measurements."""
+import math
+
+import pytest
+
+from lumc.compiler.budget import Deadline, grace_seconds, parse_duration
+from lumc.compiler.search import Measurement, run_search
+from lumc.ir.errors import BudgetError
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def make_measure(times, clock, cost=1.0, wrong=()):
+    calls = []
+
+    def measure(k, ci):
+        calls.append((k, ci))
+        clock.t += cost
+        if (k, ci) in wrong:
+            return Measurement(None, "rejected", "max rel error 0.5")
+        return Measurement(times[k][ci])
+    return measure, calls
+
+
+def test_bound_pruning_and_choice():
+    clock = FakeClock()
+    # candidate 0: one fused kernel; candidate 1: two unfused kernels whose bound exceeds 0's time
+    cands = [["fused"], ["a", "b"]]
+    bounds = {"fused": 1.0, "a": 1.5, "b": 1.5}
+    times = {"fused": [2.0, 1.2, 1.9], "a": [1.6], "b": [1.6]}
+    measure, calls = make_measure(times, clock)
+    r = run_search(cands, bounds, {"fused": 3, "a": 1, "b": 1}, measure, Deadline(100, clock))
+    assert r.candidate == 0
+    assert r.configs == {"fused": 1}
+    assert r.time_s == pytest.approx(1.2)
+    assert r.stats.candidates_pruned >= 1          # candidate 1 never compiled
+    assert not any(k in ("a", "b") for k, _ in calls)
+
+
+def test_wrong_kernel_is_never_chosen():
+    clock = FakeClock()
+    times = {"k": [0.5, 2.0]}
+    measure, _ = make_measure(times, clock, wrong={("k", 0)})
+    r = run_search([["k"]], {"k": 0.1}, {"k": 2}, measure, Deadline(100, clock))
+    assert r.configs == {"k": 1} and r.time_s == pytest.approx(2.0)
+    assert r.stats.candidates_rejected == 1
+
+
+def test_tiny_budget_returns_best_bound_candidate_untimed():
+    clock = FakeClock()
+    measure, calls = make_measure({"x": [1.0], "y": [1.0]}, clock)
+    d = Deadline(1e-9, clock)
+    clock.t = 1.0
+    r = run_search([["x", "y"], ["x"]], {"x": 1.0, "y": 3.0}, {"x": 1, "y": 1}, measure, d)
+    assert r.candidate == 1 and r.time_s is None and not calls
+    assert "untimed" in r.stats.stopped_because
+
+
+def test_deadline_stops_measuring():
+    clock = FakeClock()
+    times = {"k": [float(10 - i) for i in range(10)]}
+    measure, calls = make_measure(times, clock, cost=1.0)
+    r = run_search([["k"]], {"k": 0.1}, {"k": 10}, measure, Deadline(4.5, clock))
+    assert len(calls) <= 5 and r.stats.stopped_because == "budget"
+    assert r.time_s == min(times["k"][:len(calls)])
+
+
+def test_gap_to_bound_goes_first_and_converges():
+    clock = FakeClock()
+    # kernel "near" is already close to its bound, "far" is 10x above: "far" gets tuned first
+    times = {"near": [1.005] + [1.0] * 40, "far": [10.0] + [9.99] * 40}
+    measure, calls = make_measure(times, clock, cost=0.01)
+    r = run_search([["near", "far"]], {"near": 1.0, "far": 1.0}, {"near": 41, "far": 41}, measure,
+                   Deadline(1000, clock), window=5)
+    tuned = [k for k, ci in calls[2:]]
+    assert tuned and all(k == "far" for k in tuned[:5])
+    assert r.stats.stopped_because.startswith("converged")
+    assert r.stats.candidates_pruned > 0          # "near" within 1% of its bound: configs pruned
+
+
+def test_retime_makes_choice_deterministic():
+    clock = FakeClock()
+    times = {"p": [1.0], "q": [1.0]}
+    measure, _ = make_measure(times, clock)
+    r1 = run_search([["p"], ["q"]], {"p": 0.5, "q": 0.5}, {"p": 1, "q": 1}, measure, Deadline(100, clock))
+    r2 = run_search([["p"], ["q"]], {"p": 0.5, "q": 0.5}, {"p": 1, "q": 1}, measure, Deadline(100, clock))
+    assert r1.candidate == r2.candidate == 0
+
+
+@pytest.mark.parametrize("text,seconds", [("30m", 1800), ("90s", 90), ("1h", 3600), ("1h30m", 5400),
+                                          ("2", 2), ("1.5m", 90)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["banana", "0", "-5s", "", "10x", "0s", "nan"])
+def test_bad_budgets(text):
+    with pytest.raises(BudgetError):
+        parse_duration(text)
+
+
+def test_grace():
+    assert grace_seconds(60) == 10 and grace_seconds(1800) == pytest.approx(90)
+    assert not math.isinf(grace_seconds(1))

@@ -1,0 +1,53 @@
+"""The tuning database: keyed lookups, version isolation, corrupt files set aside and rebuilt."""
+import warnings
+
+import pytest
+
+from lumc.compiler.tuning_db import Timing, TimingKey, TuningDatabase, config_key
+
+
+def key(**kw):
+    base = dict(kernel_hash="abc", config=config_key({"BLOCK": 128, "num_warps": 4}), device="sim:h200",
+                lumc_version="0.1.0", triton_version="3.9.0", driver_version="none")
+    base.update(kw)
+    return TimingKey(**base)
+
+
+def test_roundtrip_and_isolation(tmp_path):
+    db = TuningDatabase(tmp_path / "t.sqlite")
+    db.put(key(), Timing(1.5e-5, True, True))
+    assert db.get(key()) == Timing(1.5e-5, True, True, "")
+    # any other device or version is a miss, never a wrong hit
+    for other in (key(device="cuda:NVIDIA H200"), key(triton_version="3.8.0"), key(lumc_version="0.2"),
+                  key(driver_version="570"), key(config=config_key({"BLOCK": 256, "num_warps": 4}))):
+        assert db.get(other) is None
+    db.put(key(), Timing(1.0e-5, False, True, "rejected: max rel error 0.3"))
+    assert db.get(key()).ok is False
+    assert db.info()["entries"] == 1
+    db.close()
+    # persisted across connections
+    assert TuningDatabase(tmp_path / "t.sqlite").get(key()).note.startswith("rejected")
+
+
+def test_corrupt_database_is_set_aside_and_rebuilt(tmp_path):
+    p = tmp_path / "t.sqlite"
+    p.write_bytes(b"this is not sqlite at all" * 100)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        db = TuningDatabase(p)
+    assert any("unreadable" in str(x.message) for x in w)
+    assert db.recovered_from is not None and db.recovered_from.exists()
+    assert db.recovered_from.read_bytes().startswith(b"this is not sqlite")
+    db.put(key(), Timing(2e-6, True, True))
+    assert db.get(key()).seconds == pytest.approx(2e-6)
+
+
+def test_clear(tmp_path):
+    db = TuningDatabase(tmp_path / "t.sqlite")
+    db.put(key(), Timing(1.0, True, True))
+    db.put(key(kernel_hash="def"), Timing(1.0, True, True))
+    assert db.clear() == 2 and db.info()["entries"] == 0
+
+
+def test_config_key_is_canonical():
+    assert config_key({"b": 1, "a": 2}) == config_key({"a": 2, "b": 1})
