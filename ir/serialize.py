@@ -1,0 +1,118 @@
+"""Serialization of primitive graphs: a JSON node list plus an ``.npz`` of constants.
+
+Used by artifacts, so a saved program runs without its source model. The format is versioned;
+reading a different version raises :class:`~lumc.ir.errors.ArtifactError`. Constants are stored as
+raw bytes with their lumc dtype name, so bf16 survives the round trip.
+"""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ArtifactError
+from lumc.ir.graph import ConstArg, Graph, InputArg, IotaArg, Node, node
+from lumc.ir.views import View
+
+FORMAT = "lumc-graph/1"
+
+
+def _arg_to_json(a, consts: list[np.ndarray]):
+    if a is None:
+        return None
+    if isinstance(a, InputArg):
+        return {"input": a.name, "shape": list(a.shape), "dtype": a.dtype.name}
+    if isinstance(a, IotaArg):
+        return {"iota": a.axis, "shape": list(a.shape), "dtype": a.dtype.name}
+    if isinstance(a, ConstArg):
+        consts.append(a.value)
+        return {"const": len(consts) - 1}
+    if isinstance(a, View):
+        return {"view": [list(a.shape), list(a.strides), a.offset,
+                         None if a.mask is None else [list(m) for m in a.mask]]}
+    if isinstance(a, dt.DType):
+        return {"dtype": a.name}
+    if isinstance(a, tuple):
+        return {"axes": [int(x) for x in a]}
+    if isinstance(a, int):
+        return {"int": a}
+    raise TypeError(f"cannot serialize node arg {a!r}")
+
+
+def _arg_from_json(j, consts):
+    if j is None:
+        return None
+    if "input" in j:
+        return InputArg(j["input"], tuple(j["shape"]), dt.BY_NAME[j["dtype"]])
+    if "iota" in j:
+        return IotaArg(tuple(j["shape"]), j["iota"], dt.BY_NAME[j["dtype"]])
+    if "const" in j:
+        return ConstArg(consts[j["const"]])
+    if "view" in j:
+        shape, strides, offset, mask = j["view"]
+        return View(tuple(shape), tuple(strides), offset,
+                    None if mask is None else tuple(tuple(m) for m in mask))
+    if "dtype" in j:
+        return dt.BY_NAME[j["dtype"]]
+    if "axes" in j:
+        return tuple(j["axes"])
+    if "int" in j:
+        return j["int"]
+    raise ArtifactError(f"unknown node argument {j!r} in a serialized graph")
+
+
+def graph_to_bytes(graph: Graph) -> tuple[bytes, bytes, dict[int, int]]:
+    """Serialize ``graph``.
+
+    Returns:
+        ``(json bytes, npz bytes, index)``: ``index`` maps ``id(node)`` to its position in the node
+        list, so callers (plans) can refer to nodes by position.
+    """
+    order = graph.nodes()
+    index = {id(n): k for k, n in enumerate(order)}
+    consts: list[np.ndarray] = []
+    nodes = [{"op": n.op, "srcs": [index[id(s)] for s in n.srcs], "arg": _arg_to_json(n.arg, consts)}
+             for n in order]
+    doc = {"format": FORMAT, "nodes": nodes,
+           "inputs": {k: index[id(n)] for k, n in graph.inputs.items()},
+           "outputs": {k: index[id(n)] for k, n in graph.outputs.items()}}
+    buf = io.BytesIO()
+    arrays = {}
+    for k, c in enumerate(consts):
+        arrays[f"c{k}"] = np.frombuffer(c.tobytes(), dtype=np.uint8)
+        arrays[f"m{k}"] = np.array([dt.from_numpy(c.dtype).name] + [str(d) for d in c.shape])
+    np.savez(buf, **arrays)
+    return json.dumps(doc).encode(), buf.getvalue(), index
+
+
+def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes) -> tuple[Graph, list[Node]]:
+    """Rebuild a graph; returns it and the node list in serialized order.
+
+    Raises:
+        ArtifactError: on a foreign format, a broken node list or unreadable constants.
+    """
+    try:
+        doc = json.loads(doc_bytes)
+        if doc.get("format") != FORMAT:
+            raise ArtifactError(f"graph format {doc.get('format')!r}, expected {FORMAT!r}")
+        with np.load(io.BytesIO(npz_bytes), allow_pickle=False) as z:
+            consts = []
+            k = 0
+            while f"c{k}" in z:
+                meta = list(z[f"m{k}"])
+                dtype = dt.BY_NAME[str(meta[0])]
+                shape = tuple(int(d) for d in meta[1:])
+                consts.append(np.frombuffer(z[f"c{k}"].tobytes(), dtype=dtype.np).reshape(shape))
+                k += 1
+        nodes: list[Node] = []
+        for j in doc["nodes"]:
+            nodes.append(node(j["op"], [nodes[s] for s in j["srcs"]], _arg_from_json(j["arg"], consts)))
+        g = Graph({k: nodes[v] for k, v in doc["inputs"].items()},
+                  {k: nodes[v] for k, v in doc["outputs"].items()})
+        return g, nodes
+    except ArtifactError:
+        raise
+    except Exception as e:  # any structural damage is one clear error, not a traceback
+        raise ArtifactError(f"serialized graph is corrupt ({type(e).__name__}: {e})") from None
