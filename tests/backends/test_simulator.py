@@ -1,0 +1,58 @@
+"""The simulated device: never below the roofline bound, and configs really differ."""
+import pytest
+
+from lumc.backends.devices import get_device
+from lumc.backends.simulator import contraction_dims, simulate_kernel_time
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, input_node
+from lumc.ir.kernels import Kernel
+from lumc.ir.tensor import Tensor
+
+
+def roofline(k, dev):
+    peak = (dev.tensor_flops if k.form == "matmul" else dev.vector_flops)[k.inputs[0].dtype.name]
+    return max(k.flops() / peak, k.min_bytes() / dev.hbm_bandwidth) + dev.launch_overhead_s
+
+
+def matmul_kernel(m, k, n, dtype=dt.f16):
+    a = Tensor(input_node("in0", (m, k), dtype))
+    b = Tensor(input_node("in1", (k, n), dtype))
+    return Kernel("matmul", Graph({"in0": a.node, "in1": b.node}, {"out0": a.matmul(b).node}))
+
+
+def softmax_kernel(rows, cols):
+    x = Tensor(input_node("in0", (rows, cols), dt.f32))
+    e = x.sub(x.max(-1, keepdims=True)).exp()
+    return Kernel("softmax", Graph({"in0": x.node}, {"out0": e.div(e.sum(-1, keepdims=True)).node}))
+
+
+def test_contraction_dims():
+    c = contraction_dims(matmul_kernel(384, 1536, 384))
+    assert (c.batch, c.m, c.n, c.k) == (1, 384, 384, 1536)
+
+
+@pytest.mark.parametrize("dev_name", ["h100", "h200"])
+def test_never_below_bound_and_configs_differ(dev_name):
+    dev = get_device(dev_name)
+    k = matmul_kernel(4096, 4096, 4096)
+    times = {}
+    for bm in (32, 64, 128):
+        for bn in (32, 64, 128):
+            for st in (1, 3):
+                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "num_warps": 4 if bm * bn < 8192 else 8,
+                       "num_stages": st}
+                times[(bm, bn, st)] = simulate_kernel_time(k, cfg, dev)
+                assert times[(bm, bn, st)] >= roofline(k, dev)
+    assert len(set(times.values())) > 10
+    assert times[(128, 128, 3)] < times[(32, 32, 1)]
+    # within a sane factor of the bound for a good config: a large fp16 GEMM is compute bound
+    assert times[(128, 128, 3)] < 2.0 * roofline(k, dev)
+    s = softmax_kernel(4096, 1000)
+    t = [simulate_kernel_time(s, {"BLOCK": b, "num_warps": w}, dev) for b, w in ((1024, 4), (1024, 8), (4096, 16))]
+    assert all(x >= roofline(s, dev) for x in t) and len(set(t)) == 3
+
+
+def test_shared_memory_limit_raises():
+    with pytest.raises(ValueError, match="shared memory"):
+        simulate_kernel_time(matmul_kernel(1024, 1024, 1024), {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128,
+                                                               "num_stages": 4}, get_device("h200"))
