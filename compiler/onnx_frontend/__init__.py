@@ -1,0 +1,26 @@
+"""The ONNX frontend: load, check, and import ONNX models (opsets 9-21; newer ones where the op's
+semantics did not change) into lumc primitive graphs.
+
+    model = load_model("model.onnx")              # ModelError on a missing/corrupt file
+    check_supported(model)                        # UnsupportedOpError listing every unsupported op
+    imported = import_onnx(model, {"x": (1, 3, 224, 224)})
+    imported.graph                                # lumc.ir.graph.Graph with concrete shapes
+
+Modules: ``loader`` (files, dtypes, specs), ``support`` (the up-front check), ``registry`` (the
+handler table and the context a handler sees), ``folding`` (import-time constant folding),
+``importer`` (the walk over the graph, ``If`` inlining, output checks) and one ``handlers_*`` module
+per family of ops.
+"""
+from __future__ import annotations
+
+# handler modules register themselves on import
+from lumc.compiler.onnx_frontend import (handlers_control, handlers_index, handlers_math,  # noqa: F401
+                                         handlers_nn, handlers_reduce, handlers_shape)
+from lumc.compiler.onnx_frontend.importer import ImportedModel, import_onnx
+from lumc.compiler.onnx_frontend.loader import (TensorSpec, load_model, model_input_specs,
+                                                model_output_specs)
+from lumc.compiler.onnx_frontend.registry import HANDLERS
+from lumc.compiler.onnx_frontend.support import check_supported, unsupported_nodes
+
+__all__ = ["ImportedModel", "TensorSpec", "check_supported", "import_onnx", "load_model",
+           "model_input_specs", "model_output_specs", "unsupported_nodes", "HANDLERS"]

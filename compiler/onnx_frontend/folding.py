@@ -1,0 +1,62 @@
+"""Import-time constant folding.
+
+Any tensor the importer builds that does not depend on a graph input is known at import time. It is
+evaluated by the reference executor (the same numpy semantics the compiled model is checked
+against) and replaced by a ``Constant``, so shape subgraphs (``Shape -> Gather -> Concat ->
+Reshape``...) collapse and the shapes they compute become plain ints for the handlers downstream.
+
+Leaves and views of constant leaves stay as they are (a ``ConstantOfShape`` is one scalar plus a
+broadcast view); they are evaluated only when a handler asks for their value.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.ir.graph import Graph, Node, const_node, toposort
+from lumc.ir.tensor import Tensor
+
+_LAZY_LEAVES = ("Constant", "Iota")
+
+
+class ConstantFolder:
+    """Decides which tensors are constant and evaluates them (memoized per node)."""
+
+    def __init__(self):
+        self._dynamic: dict[Node, bool] = {}
+        self._values: dict[Node, np.ndarray] = {}
+
+    def is_dynamic(self, n: Node) -> bool:
+        """Whether ``n`` depends on an ``Input`` leaf."""
+        hit = self._dynamic.get(n)
+        if hit is not None:
+            return hit
+        for m in toposort([n]):
+            if m in self._dynamic:
+                continue
+            self._dynamic[m] = m.op == "Input" or any(self._dynamic[s] for s in m.srcs)
+        return self._dynamic[n]
+
+    def value(self, t: Tensor) -> np.ndarray | None:
+        """The value of ``t`` if it is constant, else None."""
+        n = t.node
+        if n.op == "Constant":
+            return n.arg.value
+        if self.is_dynamic(n):
+            return None
+        v = self._values.get(n)
+        if v is None:
+            v = ReferenceExecutor(Graph({}, {"v": n}))({})["v"]
+            self._values[n] = v
+        return v
+
+    def fold(self, t: Tensor) -> Tensor:
+        """``t`` itself, or a ``Constant`` with its value when it is constant and not a lazy leaf."""
+        n = t.node
+        if n.op in _LAZY_LEAVES or self.is_dynamic(n):
+            return t
+        if n.op == "View" and n.srcs[0].op in _LAZY_LEAVES:
+            return t
+        folded = Tensor(const_node(self.value(t)))
+        self._dynamic[folded.node] = False
+        return folded

@@ -1,0 +1,197 @@
+"""Reading ONNX models: bytes/paths to ``ModelProto``, dtype mapping, declared input/output specs.
+
+Nothing here builds IR. ``load_model`` turns every way a model can arrive into a checked
+``onnx.ModelProto`` (model-local functions inlined), and raises :class:`ModelError` with one line
+for a missing, truncated or corrupt file. ``model_input_specs`` / ``model_output_specs`` report the
+declared interface, with dynamic dims as names.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx.inliner
+from onnx import TensorProto, numpy_helper
+
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ModelError
+
+# ONNX element types lumc can hold; every other type (string, int16, uint16/32/64, complex, float8,
+# int4...) makes the node that touches it unsupported.
+ONNX_TO_DTYPE: dict[int, dt.DType] = {
+    TensorProto.FLOAT: dt.f32,
+    TensorProto.DOUBLE: dt.f64,
+    TensorProto.FLOAT16: dt.f16,
+    TensorProto.BFLOAT16: dt.bf16,
+    TensorProto.INT64: dt.i64,
+    TensorProto.INT32: dt.i32,
+    TensorProto.INT8: dt.i8,
+    TensorProto.UINT8: dt.u8,
+    TensorProto.BOOL: dt.bool_,
+}
+DTYPE_TO_ONNX: dict[dt.DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
+
+
+def onnx_type_name(elem_type: int) -> str:
+    """``TensorProto.INT16`` -> ``"int16"`` (for messages)."""
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"type{elem_type}"
+
+
+def dtype_of(elem_type: int, *, where: str = "") -> dt.DType:
+    """The lumc dtype of an ONNX element type.
+
+    Raises:
+        ModelError: for a type lumc does not support (the checker reports these earlier as
+            unsupported ops; this is the last guard).
+    """
+    try:
+        return ONNX_TO_DTYPE[elem_type]
+    except KeyError:
+        raise ModelError(f"{where}element type {onnx_type_name(elem_type)} is not supported") from None
+
+
+@dataclass
+class TensorSpec:
+    """A named tensor interface: shape (ints, or names for dynamic dims) and dtype."""
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: dt.DType
+
+
+def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """Read a model from a path, serialized bytes or a ``ModelProto``.
+
+    External data next to a file is loaded. Model-local functions are inlined so that the importer
+    only ever sees graph nodes.
+
+    Returns:
+        the model proto.
+    Raises:
+        ModelError: the file is missing or unreadable, the bytes are truncated or not an ONNX model,
+            or the model has no graph.
+    """
+    if isinstance(src, onnx.ModelProto):
+        model = src
+    elif isinstance(src, (bytes, bytearray, memoryview)):
+        model = _parse(bytes(src), "model bytes")
+    elif isinstance(src, (str, os.PathLike)):
+        path = os.fspath(src)
+        if not os.path.exists(path):
+            raise ModelError(f"model file {path!r} does not exist")
+        if os.path.isdir(path):
+            raise ModelError(f"model path {path!r} is a directory, not an ONNX file")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ModelError(f"cannot read model file {path!r}: {e.strerror}") from None
+        model = _parse(data, f"model file {path!r}")
+        try:
+            onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        except (OSError, ValueError) as e:
+            raise ModelError(f"external data of {path!r} cannot be loaded: {e}") from None
+    else:
+        raise ModelError(f"cannot load a model from a {type(src).__name__}")
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise ModelError("the model has no graph (empty, truncated or not an ONNX model)")
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:  # onnx raises its C++ errors as plain exceptions
+            raise ModelError(f"cannot inline the model's local functions: {e}") from None
+    return model
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelError(f"{what} is empty")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:  # protobuf's DecodeError and friends
+        raise ModelError(f"{what} is truncated or corrupt (not a valid ONNX protobuf)") from None
+    # protobuf accepts many random byte strings as a message with unknown fields: demand a graph
+    if not model.HasField("graph"):
+        raise ModelError(f"{what} is truncated or corrupt (no graph found)")
+    return model
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The version of the default (``ai.onnx``) opset the model imports.
+
+    Raises:
+        ModelError: when the model imports no default opset.
+    """
+    for oi in model.opset_import:
+        if oi.domain in ("", "ai.onnx"):
+            return int(oi.version)
+    raise ModelError("the model imports no ai.onnx opset")
+
+
+def initializer_names(graph: onnx.GraphProto) -> set[str]:
+    return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+
+
+def value_spec(vi: onnx.ValueInfoProto, *, strict: bool = True) -> TensorSpec:
+    """The declared spec of a graph input/output; unnamed dynamic dims become ``<name>_dim<k>``.
+
+    Raises:
+        ModelError: (``strict``) for a non-tensor value or an unsupported element type.
+    """
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        raise ModelError(f"value {vi.name!r} is not a tensor ({t.WhichOneof('value')})")
+    tt = t.tensor_type
+    dtype = dtype_of(tt.elem_type, where=f"value {vi.name!r}: ")
+    dims: list[int | str] = []
+    if tt.HasField("shape"):
+        for k, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                dims.append(d.dim_param)
+            else:
+                dims.append(f"{vi.name}_dim{k}")
+    return TensorSpec(vi.name, tuple(dims), dtype)
+
+
+def has_shape(vi: onnx.ValueInfoProto) -> bool:
+    return vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+
+
+def model_input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
+    """Declared specs of the model's real inputs (initializers excluded).
+
+    Raises:
+        ModelError: for a non-tensor input or an unsupported element type.
+    """
+    inits = initializer_names(model.graph)
+    return [value_spec(vi) for vi in model.graph.input if vi.name not in inits]
+
+
+def model_output_specs(model: onnx.ModelProto) -> list[TensorSpec]:
+    """Declared specs of the model's outputs (as written in the file; not trusted by the importer).
+
+    Raises:
+        ModelError: for a non-tensor output or an unsupported element type.
+    """
+    return [value_spec(vi) for vi in model.graph.output]
+
+
+def tensor_array(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
+    """A numpy copy of an initializer or attribute tensor, in its lumc dtype.
+
+    Raises:
+        ModelError: for an unsupported element type, or data that does not match its dims.
+    """
+    dtype_of(t.data_type, where=f"tensor {t.name!r}: ")
+    try:
+        arr = numpy_helper.to_array(t, base_dir or "")
+    except Exception as e:
+        raise ModelError(f"tensor {t.name!r} cannot be read: {e}") from None
+    return np.array(arr, copy=True)

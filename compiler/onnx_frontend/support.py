@@ -1,0 +1,148 @@
+"""``check_supported``: one up-front verdict on whether lumc can import a model.
+
+Every node (including those inside ``If`` branches) is checked for: an op in the handler table, in
+the default domain; the library functions its handler needs; attribute values the handler rejects;
+and the element types of every value it reads or writes (from the file's declarations plus ONNX
+shape inference). All problems are reported together in one :class:`UnsupportedOpError`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import onnx
+from onnx import AttributeProto
+
+from lumc.compiler.onnx_frontend.loader import ONNX_TO_DTYPE, default_opset, onnx_type_name
+from lumc.compiler.onnx_frontend.registry import HANDLERS, missing_requirements
+from lumc.ir.errors import ModelError, UnsupportedOpError
+
+# attributes that name an element type the node produces
+_DTYPE_ATTRS = ("to", "dtype", "output_dtype", "stash_type")
+_MAX_NAMES = 4
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Declared and inferred types of every named value, across subgraphs."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # inference is best effort: fall back to what the file declares
+        inferred = model
+    types: dict[str, onnx.TypeProto] = {}
+
+    def visit(g: onnx.GraphProto):
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            if vi.type.WhichOneof("value") is not None:
+                types.setdefault(vi.name, vi.type)
+        for t in g.initializer:
+            tp = onnx.TypeProto()
+            tp.tensor_type.elem_type = t.data_type
+            types.setdefault(t.name, tp)
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == AttributeProto.GRAPH:
+                    visit(a.g)
+                elif a.type == AttributeProto.GRAPHS:
+                    for sg in a.graphs:
+                        visit(sg)
+
+    visit(inferred.graph)
+    return types
+
+
+def _type_problem(tp: onnx.TypeProto | None) -> str | None:
+    if tp is None:
+        return None
+    kind = tp.WhichOneof("value")
+    if kind != "tensor_type":
+        return kind.replace("_type", "") if kind else None
+    et = tp.tensor_type.elem_type
+    if et == 0 or et in ONNX_TO_DTYPE:
+        return None
+    return onnx_type_name(et)
+
+
+def _node_problems(node: onnx.NodeProto, opset: int, types) -> list[str]:
+    """Reasons ``node`` is unsupported (empty when it is supported)."""
+    if node.domain not in ("", "ai.onnx"):
+        return [f"domain {node.domain}"]
+    h = HANDLERS.get(node.op_type)
+    if h is None:
+        return ["not implemented"]
+    out = []
+    missing = missing_requirements(h)
+    if missing:
+        out.append("needs " + ", ".join(f"lumc.ir.library.{m}" for m in missing))
+    if h.check is not None:
+        reason = h.check(node, opset)
+        if reason:
+            out.append(reason)
+    bad = set()
+    for name in list(node.input) + list(node.output):
+        if name:
+            p = _type_problem(types.get(name))
+            if p:
+                bad.add(p)
+    for a in node.attribute:
+        if a.name in _DTYPE_ATTRS and a.type == AttributeProto.INT and a.i not in ONNX_TO_DTYPE \
+                and not (a.name == "stash_type" and a.i == onnx.TensorProto.FLOAT):
+            bad.add(onnx_type_name(a.i))
+        if a.type == AttributeProto.TENSOR and a.t.data_type not in ONNX_TO_DTYPE:
+            bad.add(onnx_type_name(a.t.data_type))
+        if a.type in (AttributeProto.SPARSE_TENSOR, AttributeProto.SPARSE_TENSORS):
+            bad.add("sparse tensor")
+    if bad:
+        out.append("on " + ", ".join(sorted(bad)))
+    return out
+
+
+def _walk(graph: onnx.GraphProto):
+    """Every node of ``graph`` and of its subgraphs, depth first."""
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                yield from _walk(a.g)
+            elif a.type == AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    yield from _walk(sg)
+
+
+def _opset_or_zero(model: onnx.ModelProto) -> int:
+    try:
+        return default_opset(model)
+    except ModelError:  # only other domains imported: their nodes are reported as unsupported
+        return 0
+
+
+def unsupported_nodes(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """``{"OpType (reason)": [node names]}`` for every unsupported node; empty when all are fine."""
+    opset = _opset_or_zero(model)
+    types = _value_types(model)
+    found: dict[str, list[str]] = defaultdict(list)
+    for k, node in enumerate(_walk(model.graph)):
+        name = node.name or (node.output[0] if node.output else f"#{k}")
+        for reason in _node_problems(node, opset, types):
+            found[f"{node.op_type} ({reason})"].append(name)
+    return dict(found)
+
+
+def check_supported(model: onnx.ModelProto) -> None:
+    """Raise before any import work if the model uses anything lumc cannot handle.
+
+    Raises:
+        UnsupportedOpError: one error listing every unsupported op type (with the reason: not
+            implemented, a missing library function, an attribute value, an element type) and the
+            names of its nodes, with the model's opset.
+        ModelError: the model imports no default opset.
+    """
+    found = unsupported_nodes(model)
+    if not found:
+        return
+    parts = []
+    for key in sorted(found):
+        names = found[key]
+        shown = ", ".join(repr(n) for n in names[:_MAX_NAMES])
+        more = f" and {len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else ""
+        parts.append(f"{key} at node{'s' if len(names) > 1 else ''} {shown}{more}")
+    raise UnsupportedOpError(f"{len(found)} unsupported op kind{'s' if len(found) > 1 else ''}: "
+                             + "; ".join(parts), opset=_opset_or_zero(model) or None)

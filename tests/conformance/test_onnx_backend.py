@@ -1,0 +1,57 @@
+"""The official ONNX backend conformance suite (``onnx.backend.test``) run against lumc.
+
+Cases come from the onnx wheel: node cases (built in memory by ``onnx.backend.test.case.node``),
+and the ``simple``, ``pytorch-converted``, ``pytorch-operator`` and ``light`` (``real``) models of
+``onnx/backend/test/data``. Models lumc does not support (an op or dtype ``check_supported``
+rejects, or a value lumc needs at compile time that depends on runtime data) are skipped with the
+reason. Every remaining failure of a supported op is listed in ``XFAIL`` with its reason.
+CPU only: the CUDA variants are not collected.
+"""
+from __future__ import annotations
+
+import unittest
+
+import onnx.backend.test
+import pytest
+
+from lumc.compiler.onnx_backend import LumcBackend
+from lumc.ir.errors import UnsupportedOpError
+
+# test name (without the _cpu suffix) -> why it fails; strict: an unexpected pass fails the run
+XFAIL: dict[str, str] = {
+}
+
+# light models that take long under the numpy reference executor
+SLOW: set[str] = set()
+
+
+class ConformanceBackend(LumcBackend):
+    """LumcBackend whose unsupported models are reported as skipped tests."""
+
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        try:
+            return super().prepare(model, device, **kwargs)
+        except UnsupportedOpError as e:
+            raise unittest.SkipTest(f"unsupported: {e}") from None
+
+
+def _collect() -> dict[str, type]:
+    suite = onnx.backend.test.BackendTest(ConformanceBackend, __name__)
+    cases = suite.test_cases
+    for cls in cases.values():
+        for name in [n for n in vars(cls) if n.startswith("test_")]:
+            if name.endswith("_cuda"):
+                delattr(cls, name)
+                continue
+            base = name[:-len("_cpu")]
+            fn = getattr(cls, name)
+            if base in XFAIL:
+                fn = pytest.mark.xfail(reason=XFAIL[base], strict=True)(fn)
+            if base in SLOW:
+                fn = pytest.mark.slow(fn)
+            setattr(cls, name, fn)
+    return cases
+
+
+globals().update(_collect())
