@@ -249,7 +249,7 @@ class Tensor:
         """``-x`` as ``x * -1``: exact (sign flip) for floats, wrapping for integers."""
         if self.dtype.is_bool:
             raise ShapeError("cannot negate bool")
-        return self.mul(-1)
+        return self.mul(Tensor.const(np.array(-1).astype(self.dtype.np)))  # uint: -1 wraps to max
 
     def sub(self, o) -> "Tensor":
         """``a - b`` as ``a + (-b)``: identical in IEEE-754 arithmetic."""
