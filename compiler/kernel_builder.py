@@ -1,0 +1,160 @@
+"""Cut a kernel out of a model graph: its meaning over placeholders, its form and attrs.
+
+Given the nodes a kernel computes (its roots) and a boundary test (which model nodes are already in
+memory), :func:`build_call` walks from the roots down to the boundary and rebuilds that region over
+placeholders ``in0..`` (one per boundary node, with that node's shape and dtype). Views are folded
+into reads: a view over an elementwise result is pushed down to the placeholders it reads (exact for
+unmasked views), so in pointwise, reduction and matmul meanings every ``View`` sits on a placeholder,
+a scalar ``Constant`` or an ``Iota``. Scalar constants stay inside the meaning; larger constants are
+placeholders bound to the model's ``Constant`` node.
+
+Meaning contract per form (what a renderer may rely on):
+
+* ``pointwise`` / ``gather``: elementwise ops, ``Gather``, ``Contiguous`` and views over leaves; every
+  output has the same shape. ``gather`` when a ``Gather`` is inside.
+* ``reduction``: one ``SumReduce``/``MaxReduce`` (attrs ``axes``, ``reduce``) with an elementwise
+  prologue under it and an elementwise epilogue over its (keepdims) shape above it.
+* ``matmul``: a reduction whose reduce is ``SumReduce(Mul(a, b))`` with ``a`` and ``b`` broadcast
+  (stride-0) reads of two operands; attrs ``axes`` (the contracted axes), ``lhs``/``rhs`` (the
+  placeholder names under ``a``/``b``, or None when an operand is a computed prologue).
+* ``softmax``/``layernorm``/``rmsnorm``/``attention``: the form's primitive composition; attrs name
+  its structure (axis, eps, scale).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from lumc.ir.graph import Graph, Node, input_node, node, view_node
+from lumc.ir.kernels import Kernel
+from lumc.ir.ops import ELEMENTWISE, REDUCE
+from lumc.ir.views import View
+from lumc.rewrites.movement import compose_view
+
+from lumc.compiler.program import KernelCall
+
+
+def is_buffer_leaf(n: Node) -> bool:
+    """Leaves that live in memory: model inputs and non-scalar constants (weights, tables)."""
+    return n.op == "Input" or (n.op == "Constant" and n.numel != 1)
+
+
+def _apply_view(x: Node, v: View) -> Node:
+    return view_node(x, lambda u: compose_view(u, v))
+
+
+class _Cutter:
+    def __init__(self, roots: list[Node], boundary: Callable[[Node], bool]):
+        self.roots = {id(r) for r in roots}
+        self.boundary = boundary
+        self.placeholders: dict[int, Node] = {}
+        self.bound: list[Node] = []
+        self.memo: dict[tuple, Node] = {}
+        self.covers: list[Node] = []
+        self._covered: set[int] = set()
+
+    def _is_boundary(self, n: Node) -> bool:
+        if id(n) in self.roots:
+            return False
+        return is_buffer_leaf(n) or self.boundary(n)
+
+    def placeholder(self, n: Node) -> Node:
+        p = self.placeholders.get(id(n))
+        if p is None:
+            p = input_node(f"in{len(self.bound)}", n.shape, n.dtype)
+            self.placeholders[id(n)] = p
+            self.bound.append(n)
+        return p
+
+    def build(self, n: Node, views: tuple[View, ...] = ()) -> Node:
+        key = (id(n), views)
+        got = self.memo.get(key)
+        if got is not None:
+            return got
+        if self._is_boundary(n):
+            out = self.placeholder(n)
+            for v in views:
+                out = _apply_view(out, v)
+        elif n.op == "View":
+            out = self.build(n.srcs[0], (n.arg,) + views)
+        elif n.op in ("Constant", "Iota", "Input"):
+            out = n
+            for v in views:
+                out = _apply_view(out, v)
+        else:
+            if id(n) not in self._covered:
+                self._covered.add(id(n))
+                self.covers.append(n)
+            pushable = n.op in ELEMENTWISE and all(v.mask is None for v in views)
+            if views and not pushable:
+                out = self.build(n, ())
+                for v in views:
+                    out = _apply_view(out, v)
+            else:
+                out = node(n.op, [self.build(s, views) for s in n.srcs], n.arg)
+        self.memo[key] = out
+        return out
+
+
+def _base(x: Node) -> Node:
+    while x.op in ("View", "Cast"):
+        x = x.srcs[0]
+    return x
+
+
+def _is_broadcast_read(x: Node) -> bool:
+    while x.op == "Cast":
+        x = x.srcs[0]
+    return x.op == "View" and any(st == 0 and d > 1 for st, d in zip(x.arg.strides, x.arg.shape))
+
+
+def classify(meaning: Graph) -> tuple[str, tuple]:
+    """``(form, attrs)`` of a pointwise/gather/reduction/matmul meaning (see the module docstring)."""
+    nodes = meaning.nodes()
+    reds = [n for n in nodes if n.op in REDUCE]
+    if not reds:
+        return ("gather" if any(n.op == "Gather" for n in nodes) else "pointwise"), ()
+    r = reds[0]
+    attrs = [("axes", tuple(r.arg)), ("reduce", "sum" if r.op == "SumReduce" else "max")]
+    m = r.srcs[0]
+    if len(reds) == 1 and r.op == "SumReduce" and m.op == "Mul" and all(
+            _is_broadcast_read(s) for s in m.srcs):
+        a, b = (_base(s) for s in m.srcs)
+        lhs = a.arg.name if a.op == "Input" else None
+        rhs = b.arg.name if b.op == "Input" else None
+        return "matmul", tuple(sorted(attrs + [("lhs", lhs), ("rhs", rhs)]))
+    return "reduction", tuple(sorted(attrs))
+
+
+def build_call(roots: list[Node], boundary: Callable[[Node], bool], form: str | None = None,
+               attrs: tuple = (), meaning_roots: list[Node] | None = None) -> KernelCall:
+    """The kernel computing ``roots`` from the boundary nodes, bound to the model graph.
+
+    Args:
+        roots: model nodes the kernel writes (``out0..`` in order).
+        boundary: True for model nodes already in memory (outputs of earlier kernels); model inputs
+            and non-scalar constants always are.
+        form: the kernel form; None classifies the meaning (pointwise/gather/reduction/matmul).
+        attrs: the form's attrs when ``form`` is given.
+        meaning_roots: alternative primitive expressions for the roots (same shapes and dtypes),
+            used in place of the model's own subgraph (a form's canonical composition).
+    """
+    cut = _Cutter(roots, boundary)
+    exprs = meaning_roots if meaning_roots is not None else roots
+    outs = []
+    for r, e in zip(roots, exprs):
+        if e is r and r.op == "View":
+            outs.append(cut.build(r.srcs[0], (r.arg,)))
+        elif e is r:
+            outs.append(node(r.op, [cut.build(s) for s in r.srcs], r.arg) if r.op not in (
+                "Input", "Constant", "Iota") else r)
+            if id(r) not in cut._covered:
+                cut._covered.add(id(r))
+                cut.covers.append(r)
+        else:
+            outs.append(cut.build(e))
+    inputs = {f"in{k}": cut.placeholders[id(n)] for k, n in enumerate(cut.bound)}
+    meaning = Graph(inputs, {f"out{j}": o for j, o in enumerate(outs)})
+    if form is None:
+        form, attrs = classify(meaning)
+    covers = tuple(str(n.id) for n in sorted(cut.covers, key=lambda n: n.id))
+    return KernelCall(Kernel(form, meaning, tuple(attrs), covers), list(cut.bound), list(roots))

@@ -1,0 +1,81 @@
+"""Views as movement steps: split a :class:`~lumc.ir.views.View` into reshape/permute/expand.
+
+Rules and kernels reason about movement by kind (a permute cancels a permute; a broadcast feeds a
+matmul), while the IR keeps one composed affine view per node. :func:`decompose_view` recovers the
+steps of an unmasked, offset-0 view over a contiguous source::
+
+    view = expand(reshape(permute(reshape(src, P), perm), S1), shape)
+
+(identity steps left out), and :func:`compose_view` applies a view on top of another by replaying
+those steps with the :class:`View` methods, which keep masks and offsets exact.
+"""
+from __future__ import annotations
+
+from lumc.ir.views import View, prod
+
+Shape = tuple[int, ...]
+Step = tuple  # ("reshape", shape) | ("permute", perm) | ("expand", shape)
+
+
+def apply_steps(v: View | None, steps: list[Step]) -> View | None:
+    """Replay movement steps on a view; None when a reshape cannot be one view."""
+    for kind, arg in steps:
+        if v is None:
+            return None
+        if kind == "reshape":
+            v = v.reshape(arg)
+        elif kind == "permute":
+            v = v.permute(arg)
+        else:
+            v = v.expand(arg)
+    return v
+
+
+def decompose_view(src_shape: Shape, v: View) -> list[Step] | None:
+    """Movement steps equal to ``v`` read over a contiguous ``src_shape``, or None.
+
+    None means the view is not a reshape/permute/expand combination (a slice, pad, window, or
+    overlapping strides); callers then keep it whole.
+    """
+    src_shape = tuple(src_shape)
+    if v.mask is not None or v.offset != 0 or v.numel == 0 or prod(src_shape) == 0:
+        return None
+    if v.is_identity_of(src_shape):
+        return []
+    s1 = tuple(1 if (d > 1 and st == 0) else d for d, st in zip(v.shape, v.strides))
+    if prod(s1) != prod(src_shape):
+        return None
+    dims = [k for k, d in enumerate(s1) if d > 1]
+    order = sorted(dims, key=lambda k: -v.strides[k])
+    sizes = [s1[k] for k in order]
+    expect = 1
+    for k in reversed(order):
+        if v.strides[k] != expect:
+            return None
+        expect *= s1[k]
+    steps: list[Step] = []
+    p_shape = tuple(sizes)
+    if p_shape != src_shape:
+        steps.append(("reshape", p_shape))
+    perm = tuple(order.index(k) for k in dims)
+    if perm != tuple(range(len(perm))):
+        steps.append(("permute", perm))
+    q_shape = tuple(p_shape[p] for p in perm)
+    if q_shape != s1:
+        steps.append(("reshape", s1))
+    if s1 != tuple(v.shape):
+        steps.append(("expand", tuple(v.shape)))
+    if apply_steps(View.contiguous(src_shape), steps) != v:
+        return None
+    return steps
+
+
+def compose_view(inner: View, outer: View) -> View | None:
+    """One view equal to reading ``outer`` over the result of ``inner``, or None (then stack them)."""
+    if inner.is_contiguous:
+        # outer indexes inner's contiguous space, which is the source's own flat space here
+        return outer
+    steps = decompose_view(inner.shape, outer)
+    if steps is None:
+        return None
+    return apply_steps(inner, steps)

@@ -1,0 +1,163 @@
+"""Greedy fusion and programs: the kernel list computes exactly what the graph computes."""
+import numpy as np
+import pytest
+
+from lumc.backends.devices import DEVICES, H100_SXM, H200, get_device
+from lumc.backends.reference import ReferenceExecutor
+from lumc.compiler.fusion import greedy_program
+from lumc.compiler.program import program_time_bound, run_program_reference
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, input_node
+from lumc.ir.tensor import Tensor, concat
+
+RNG = np.random.default_rng(0)
+
+
+def inp(name, shape, d=dt.f32):
+    return Tensor(input_node(name, shape, d))
+
+
+def const(shape):
+    return Tensor.const(RNG.standard_normal(shape).astype(np.float32))
+
+
+def graph(outs, ins):
+    return Graph({k: v.node for k, v in ins.items()}, {k: v.node for k, v in outs.items()})
+
+
+def run_both(g, feed=None):
+    p = greedy_program(g)
+    p.validate()
+    if feed is None:
+        feed = {k: RNG.standard_normal(n.shape).astype(n.dtype.np) for k, n in g.inputs.items()}
+    want = ReferenceExecutor(g)(feed)
+    got = run_program_reference(p, g, feed)
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype
+        np.testing.assert_array_equal(got[k], want[k])
+    return p
+
+
+def gelu_tanh(h):
+    return h * 0.5 * (1.0 + (h * 0.7978845608 * (1.0 + 0.044715 * h * h)).tanh())
+
+
+def softmax(x, axis=-1):
+    e = (x - x.max(axis, keepdims=True)).exp()
+    return e / e.sum(axis, keepdims=True)
+
+
+def layernorm(x, g, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    d = x - mu
+    var = (d * d).mean(-1, keepdims=True)
+    return d / (var + eps).sqrt() * g + b
+
+
+def test_matmul_bias_gelu_is_one_matmul_kernel():
+    x = inp("x", (7, 16))
+    y = gelu_tanh(x @ const((16, 33)) + const((33,)))
+    p = run_both(graph({"y": y}, {"x": x}))
+    assert p.form_counts() == {"matmul": 1}
+    k = p.calls[0].kernel
+    assert k.attr("axes") == (1,) and k.attr("lhs") == "in0" and k.attr("rhs") == "in1"
+    # 2 FLOP per multiply-add of the contraction, plus the epilogue
+    assert k.flops() >= 2 * 7 * 16 * 33
+
+
+def test_softmax_is_two_reductions_and_a_pointwise():
+    x = inp("x", (5, 33))
+    p = run_both(graph({"y": softmax(x)}, {"x": x}))
+    assert p.form_counts() == {"reduction": 2, "pointwise": 1}
+    assert any("broadcast back" in r for r in p.notes)
+
+
+def test_layernorm_and_special_values():
+    x = inp("x", (4, 9))
+    g = graph({"y": layernorm(x, const((9,)), const((9,)))}, {"x": x})
+    xv = RNG.standard_normal((4, 9)).astype(np.float32)
+    xv[0, 0], xv[1, 1], xv[2, 2] = np.inf, np.nan, -0.0
+    p = run_both(g, {"x": xv})
+    assert len(p) == 3
+
+
+def test_conv_from_window_is_one_matmul_kernel():
+    x = inp("x", (2, 3, 10))
+    w = const((5, 3, 3))
+    xw = x.window(2, 3)                                   # [2, 3, 8, 3]
+    prod = xw.reshape((2, 1, 3, 8, 3)).expand((2, 5, 3, 8, 3)) * \
+        w.reshape((1, 5, 3, 1, 3)).expand((2, 5, 3, 8, 3))
+    y = prod.sum([2, 4]).maximum(0.0)
+    p = run_both(graph({"y": y}, {"x": x}))
+    assert p.form_counts() == {"matmul": 1}
+
+
+def test_views_gather_contiguous_and_outputs():
+    ids = inp("ids", (2, 5), dt.i64)
+    table = const((11, 8))
+    emb = Tensor(table.node)  # table[ids]
+    from lumc.ir.graph import node
+    e = Tensor(node("Gather", (emb.node, ids.node), 0))          # [2, 5, 8]
+    h = e + const((8,))
+    t = h.transpose(1, 2).contiguous()                           # copy kernel
+    padded = h.pad([(0, 0), (1, 1), (0, 0)])                     # masked view of a computed value
+    outs = {"h": h.reshape((10, 8)), "t": t, "p": padded * 2.0, "ids": ids,
+            "c": concat([h, h * 3.0], 1)}
+    feed = {"ids": RNG.integers(0, 11, (2, 5)).astype(np.int64)}
+    p = run_both(graph(outs, {"ids": ids}), feed)
+    forms = p.form_counts()
+    assert forms.get("gather", 0) >= 1
+    # no kernel is a bare view, and no output copies a free reshape
+    assert all(c.kernel.meaning.outputs["out0"].op != "View" or c.outputs[0].op == "View"
+               for c in p.calls)
+    assert p.outputs["h"].op == "View" and not any(c.outputs[0] is p.outputs["h"] for c in p.calls)
+
+
+def test_attention_block_runs_and_logs_refusals(caplog):
+    b, s, d = 2, 6, 8
+    x = inp("x", (b, s, d))
+    q, k, v = (x @ const((d, d)) for _ in range(3))
+    att = softmax(q @ k.transpose(-1, -2) * (1.0 / np.sqrt(d)))
+    y = layernorm(att @ v + x, const((d,)), const((d,)))
+    with caplog.at_level("DEBUG", logger="lumc.fusion"):
+        p = run_both(graph({"y": y}, {"x": x}))
+    assert p.form_counts()["matmul"] == 5
+    assert all("no fusion %" in line for line in p.notes)
+    assert any("no fusion" in r.message for r in caplog.records)
+
+
+def test_zero_size_dims():
+    x = inp("x", (0, 4))
+    y = softmax(x) + 1.0
+    run_both(graph({"y": y, "s": x.sum(0)}, {"x": x}))
+
+
+def test_time_bound_is_roofline_plus_launch():
+    x = inp("x", (1024, 1024), dt.f16)
+    w = Tensor.const(np.ones((1024, 1024), np.float16))
+    p = greedy_program(graph({"y": x @ w}, {"x": x}))
+    (c,) = p.calls
+    flops = 2 * 1024 ** 3
+    nbytes = 3 * 1024 * 1024 * 2
+    for dev in (H100_SXM, H200):
+        want = max(flops / dev.tensor_flops["f16"], nbytes / dev.hbm_bandwidth) + dev.launch_overhead_s
+        assert program_time_bound(p, dev) == pytest.approx(want)
+        assert c.kernel.flops() == flops and c.kernel.min_bytes() == nbytes
+    # a memory-bound kernel is faster on H200's HBM3e
+    pw = greedy_program(graph({"y": x * x}, {"x": x}))
+    assert program_time_bound(pw, "h200") < program_time_bound(pw, "h100")
+
+
+def test_device_table_is_complete_and_cited():
+    assert {"h100-sxm", "h200"} <= set(DEVICES)
+    assert get_device("H100") is H100_SXM
+    for dev in DEVICES.values():
+        for d in ("f32", "f16", "bf16"):
+            assert dev.tensor_flops[d] > dev.vector_flops[d] > 0
+        assert dev.hbm_bandwidth > 1e12 and dev.sm_count == 132 and dev.smem_per_block > 0
+        for key in ("tensor_flops", "vector_flops", "hbm_bandwidth", "sm_count", "smem_per_block",
+                    "launch_overhead_s"):
+            assert dev.sources.get(key), key
+    with pytest.raises(KeyError, match="known"):
+        get_device("a100")
