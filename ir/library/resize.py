@@ -126,17 +126,35 @@ def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
     return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=-1)
 
 
+def _antialias_weights(t: np.ndarray, scale: float, mode: str, a: float):
+    """Tap offsets and weights of the ONNX antialias filters (opset 18) when downsampling: the
+    linear (triangle) or cubic kernel stretched by ``1 / scale``, normalized to sum 1."""
+    s = min(scale, 1.0)
+    if mode == "linear":
+        start = int(np.floor(-1 / s) + 1)
+        offs = np.arange(start, 2 - start)
+        w = np.clip(1 - np.abs((offs[None, :] - t[:, None]) * s), 0, 1)
+    else:
+        start = int(np.floor(-2 / s) + 1)
+        offs = np.arange(start, 2 - start)
+        d = np.abs((offs[None, :] - t[:, None]) * s)
+        w = np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                     np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
+    return offs, w / w.sum(axis=1, keepdims=True)
+
+
 def axis_taps(n_in: int, n_out: int, scale: float, *, mode: str = "nearest",
               coordinate_transformation_mode: str = "half_pixel",
               nearest_mode: str = "round_prefer_floor", cubic_coeff_a: float = -0.75,
-              exclude_outside: int = 0, roi: tuple[float, float] = (0.0, 1.0)):
+              exclude_outside: int = 0, roi: tuple[float, float] = (0.0, 1.0),
+              antialias: int = 0):
     """Constant tables of one resized axis: ``(index [n_out, taps] i64, weight [n_out, taps] f64
     or None for nearest, outside [n_out] bool or None)``.
 
     ``outside`` marks outputs whose coordinate lies outside ``[0, n_in - 1]`` under
     ``tf_crop_and_resize`` (they read ``extrapolation_value``). Indices are clamped to the input
     (the spec's edge padding); ``exclude_outside`` zeroes the weights of taps outside the input
-    and renormalizes.
+    and renormalizes. ``antialias`` widens linear/cubic filters by ``1 / scale`` when downsampling.
     """
     xo = source_coordinates(coordinate_transformation_mode, n_in, n_out, scale, roi)
     outside = None
@@ -148,7 +166,9 @@ def axis_taps(n_in: int, n_out: int, scale: float, *, mode: str = "nearest",
         return np.clip(idx, 0, n_in - 1), None, outside
     base = np.floor(x64)
     t = x64 - base
-    if mode == "linear":
+    if antialias and mode in ("linear", "cubic") and scale < 1:
+        offs, w = _antialias_weights(t, scale, mode, float(cubic_coeff_a))
+    elif mode == "linear":
         offs = np.array([0, 1])
         w = np.stack([1 - t, t], axis=-1)
     elif mode == "cubic":
@@ -207,20 +227,21 @@ def resize(x: Tensor, *, scales=None, sizes=None, mode: str = "nearest",
         roi: ``[starts..., ends...]`` over ``axes`` (or all axes), for ``tf_crop_and_resize``.
         axes: the axes ``scales``/``sizes`` refer to (opset 18).
         keep_aspect_ratio_policy: ``stretch``, ``not_larger`` or ``not_smaller`` (with ``sizes``).
-        antialias: only 0 is supported.
+        antialias: 1 widens the linear/cubic filter by ``1 / scale`` on downsampled axes (opset 18);
+            not allowed with ``nearest``.
     Returns:
         the resized tensor, same dtype.
     Raises:
-        ShapeError: bad mode names or argument lengths; UnsupportedOpError: ``antialias=1``, or
-        linear/cubic on a non-float tensor.
+        ShapeError: bad mode names or argument lengths, ``antialias`` with ``nearest``;
+        UnsupportedOpError: linear/cubic on a non-float tensor.
     """
     if mode not in MODES:
         raise ShapeError(f"unknown mode {mode!r} (expected one of {MODES})", op="Resize")
     if coordinate_transformation_mode not in COORDINATE_MODES:
         raise ShapeError(f"unknown coordinate_transformation_mode {coordinate_transformation_mode!r}",
                          op="Resize")
-    if antialias:
-        raise UnsupportedOpError("antialias=1 is not supported", op="Resize")
+    if antialias and mode == "nearest":
+        raise ShapeError("antialias needs mode linear or cubic", op="Resize")
     if mode != "nearest" and not x.dtype.is_float:
         raise UnsupportedOpError(f"mode {mode!r} needs a float tensor, got {x.dtype}", op="Resize")
     rank = x.ndim
@@ -248,7 +269,7 @@ def resize(x: Tensor, *, scales=None, sizes=None, mode: str = "nearest",
         idx, w, out_mask = axis_taps(
             n_in, n_out, sc[a], mode=mode, coordinate_transformation_mode=coordinate_transformation_mode,
             nearest_mode=nearest_mode, cubic_coeff_a=cubic_coeff_a,
-            exclude_outside=exclude_outside, roi=rois[a])
+            exclude_outside=exclude_outside, roi=rois[a], antialias=antialias)
         y = _resize_axis(y, a, idx, w)
         if out_mask is not None and out_mask.any():
             m = Tensor.const(out_mask.reshape((n_out,) + (1,) * (rank - a - 1)))

@@ -149,6 +149,18 @@ def test_conv_inf_and_nan_propagate():
           np.nan_to_num(torch_conv(x, w, None, [1, 1], [0] * 4, [1, 1], 1), nan=7.0, posinf=9.0))
 
 
+def test_conv_zero_size_channels():
+    """C = 0: an empty sum gives the bias; M = 0: an empty output."""
+    x, w, b = np.zeros((1, 0, 5, 5), np.float32), np.zeros((2, 0, 3, 3), np.float32), randn(2)
+    got = run(lambda x, w, b: conv(x, w, b, pads=[1, 1, 1, 1]), x, w, b)
+    close(got, np.broadcast_to(b.reshape(1, 2, 1, 1), (1, 2, 5, 5)))
+    got = run(lambda x, w: conv(x, w), randn(1, 3, 5, 5), np.zeros((0, 3, 3, 3), np.float32))
+    assert got.shape == (1, 0, 3, 3)
+    got = run(lambda x, w: conv_transpose(x, w, strides=[2, 2]), np.zeros((0, 3, 5, 5), np.float32),
+              randn(3, 2, 3, 3))
+    assert got.shape == (0, 2, 11, 11)
+
+
 def test_conv_errors():
     x, w = randn(1, 4, 5, 5), randn(2, 3, 3, 3)
     with pytest.raises(ShapeError):

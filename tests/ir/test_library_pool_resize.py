@@ -178,6 +178,13 @@ def test_global_pools_match_numpy():
     assert np.isnan(run(global_max_pool, x)[0, 0, 0, 0])
 
 
+def test_pools_on_empty_batch():
+    x = randn(0, 3, 6, 5)
+    assert run(lambda t: max_pool(t, [2, 2], strides=[2, 2]), x).shape == (0, 3, 3, 2)
+    assert run(lambda t: avg_pool(t, [3, 3], pads=[1, 1, 1, 1]), x).shape == (0, 3, 6, 5)
+    assert run(global_avg_pool, x).shape == (0, 3, 1, 1)
+
+
 def test_pool_errors():
     x = randn(1, 1, 3, 3)
     with pytest.raises(ShapeError):
@@ -240,6 +247,34 @@ def test_resize_axes_and_aspect_policy_match_onnxruntime(kw):
     close(run(lambda t: resize(t, **ort_kw, **kw), x), ort_resize(x, **ort_kw, **kw))
 
 
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("spec", [dict(scales=[1, 1, 0.4, 0.7]), dict(sizes=[1, 2, 3, 2]),
+                                  dict(scales=[1, 1, 0.5, 1.6])])
+@pytest.mark.parametrize("exc", [0, 1])
+def test_resize_antialias_matches_onnxruntime(mode, ctm, spec, exc):
+    x = randn(1, 2, 13, 11)
+    attrs = dict(mode=mode, coordinate_transformation_mode=ctm, antialias=1, exclude_outside=exc)
+    close(run(lambda t: resize(t, **spec, **attrs), x), ort_resize(x, **spec, **attrs))
+
+
+def test_resize_antialias_matches_torch():
+    """torch (like PIL) drops taps outside the input and renormalizes: ONNX exclude_outside=1."""
+    x = randn(1, 3, 17, 12)
+    got = run(lambda t: resize(t, sizes=[1, 3, 5, 7], mode="linear", antialias=1, exclude_outside=1,
+                               coordinate_transformation_mode="pytorch_half_pixel"), x)
+    want = F.interpolate(torch.tensor(x), size=(5, 7), mode="bilinear", antialias=True,
+                         align_corners=False).numpy()
+    close(got, want)
+
+
+def test_resize_zero_size():
+    x = randn(0, 3, 4, 4)
+    assert run(lambda t: resize(t, scales=[1, 1, 2, 2], mode="linear"), x).shape == (0, 3, 8, 8)
+    assert run(lambda t: resize(t, sizes=[1, 3, 0, 4], mode="cubic"), randn(1, 3, 4, 4)).shape == (
+        1, 3, 0, 4)
+
+
 def test_resize_matches_torch_interpolate():
     x = randn(2, 3, 5, 7)
     tx = torch.tensor(x)
@@ -294,7 +329,7 @@ def test_resize_output_shape_and_errors():
         run(lambda t: resize(t), x)
     with pytest.raises(ShapeError):
         run(lambda t: resize(t, scales=[1, 1, 2, 2], mode="bilinear"), x)
-    with pytest.raises(UnsupportedOpError):
-        run(lambda t: resize(t, scales=[1, 1, 2, 2], antialias=1), x)
+    with pytest.raises(ShapeError):
+        run(lambda t: resize(t, scales=[1, 1, 2, 2], antialias=1), x)     # nearest has no filter
     with pytest.raises(UnsupportedOpError):
         run(lambda t: resize(t, scales=[1, 1, 2, 2], mode="linear"), x.astype(np.int32))
