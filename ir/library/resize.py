@@ -7,7 +7,9 @@ and, for linear and cubic modes, sums them times a constant weight table. Neares
 integer factor that repeats each element is recognized and emitted as a pure view (reshape + expand).
 
 Coordinates are computed in float32, the way onnxruntime computes them, so ties in nearest rounding
-(``x.5``) land on the same side as the onnxruntime results. Weights are rounded once to the tensor
+(``x.5``) almost always land on the same side as onnxruntime; a coordinate that is ``x.5`` only in
+exact arithmetic (``half_pixel_symmetric`` at scale 0.6 on 7 elements) may round to the other
+neighbor, as float rounding decides. Weights are rounded once to the tensor
 dtype; the result differs from an exact interpolation by the rounding of at most 4 products and
 sums per axis.
 """
