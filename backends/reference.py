@@ -64,8 +64,16 @@ class ReferenceExecutor:
         Raises:
             InputError: on a missing input, or one of the wrong shape or dtype.
         """
+        return self.run_keeping(inputs, set())[0]
+
+    def run_keeping(self, inputs: dict[str, np.ndarray], keep: set[int]
+                    ) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]]:
+        """Evaluate every output and also return the values of the nodes whose ``id`` is in
+        ``keep`` (``{id(node): array}``; a fused ``Mul`` in ``keep`` is materialized)."""
         vals: dict[int, np.ndarray] = {}
         remaining = dict(self._users)
+        for k in keep:
+            remaining[k] = remaining.get(k, 0) + 1   # never freed
         f64 = self.precision == "float64"
         for name, n in self.graph.inputs.items():
             if name not in inputs:
@@ -78,10 +86,13 @@ class ReferenceExecutor:
                 raise InputError(f"input {name!r} has dtype {x.dtype}, expected {n.dtype.np}",
                                  node=name)
             vals[id(n)] = x.astype(np.float64) if (f64 and n.dtype.is_float) else x
+        kept: dict[int, np.ndarray] = {}
         for n in self.order:
-            if id(n) in vals or id(n) in self._fused_mul:
+            if id(n) in vals or (id(n) in self._fused_mul and id(n) not in keep):
                 continue
-            vals[id(n)] = self._eval(n, vals, f64)
+            vals[id(n)] = self._eval(n, vals, f64, force=id(n) in keep)
+            if id(n) in keep:
+                kept[id(n)] = vals[id(n)]
             for s in n.srcs:
                 k = id(s)
                 remaining[k] -= 1
@@ -98,11 +109,14 @@ class ReferenceExecutor:
             if v.dtype != n.dtype.np:
                 v = v.astype(n.dtype.np)
             out[name] = np.asarray(v, order="C")
-        return out
+        for name, n in self.graph.inputs.items():
+            if id(n) in keep:
+                kept[id(n)] = vals[id(n)]
+        return out, kept
 
-    def _eval(self, n: Node, vals, f64: bool) -> np.ndarray:
+    def _eval(self, n: Node, vals, f64: bool, force: bool = False) -> np.ndarray:
         row = OPS[n.op]
-        if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul:
+        if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             a, b = vals[id(m.srcs[0])], vals[id(m.srcs[1])]
             return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64)
@@ -114,7 +128,7 @@ class ReferenceExecutor:
         if n.op == "Constant" or n.op == "Iota":
             v = row.reference(xs, n.arg)
             return v.astype(np.float64) if (f64 and n.dtype.is_float) else v
-        if n.op == "Mul" and id(n) in self._fused_mul:
+        if n.op == "Mul" and id(n) in self._fused_mul and not force:
             raise AssertionError("fused Mul evaluated")
         return row.reference(xs, n.arg)
 

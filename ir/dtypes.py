@@ -93,3 +93,13 @@ def from_numpy(dt) -> DType:
         return _BY_NP[dt]
     except KeyError:
         raise KeyError(f"unsupported numpy dtype {dt}") from None
+
+
+# Tolerances by dtype, relative to the largest magnitude of the reference (one table for the whole
+# project: kernel numerics checks, ``lumc run --check`` and tests). Integers and bool are exact.
+RTOL: dict[str, float] = {"f64": 1e-10, "f32": 1e-4, "f16": 1e-2, "bf16": 4e-2}
+
+
+def rtol_for(d: DType) -> float:
+    """The relative tolerance of ``d`` (0 for exact integer and bool dtypes)."""
+    return RTOL.get(d.name, 0.0)

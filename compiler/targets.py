@@ -1,0 +1,85 @@
+"""Where a compiled program runs and is timed: a real CUDA GPU or a simulated one.
+
+``cuda`` / ``cuda:N`` time generated Triton kernels on that GPU; ``sim:h100`` / ``sim:h200`` time them
+with the analytical model of ``lumc.backends.simulator`` and execute on the CPU. The default is the
+first CUDA GPU, else ``sim:h200``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lumc.backends.devices import DeviceSpec, get_device
+from lumc.ir.errors import LumcError
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved device.
+
+    Attributes:
+        name: what reports and the tuning database call it (``sim:h200``, ``cuda:0 NVIDIA H200``).
+        spec: the ceilings (for a GPU: the closest known spec, refined by measured ceilings).
+        simulated: True when times come from the analytical model.
+        torch_device: ``cuda:N`` on a GPU, ``cpu`` otherwise (where the plan executes).
+    """
+    name: str
+    spec: DeviceSpec
+    simulated: bool
+    torch_device: str
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:  # torch missing or broken: no GPU path
+        return False
+
+
+def resolve_target(device: str | None) -> Target:
+    """Resolve ``--device``.
+
+    Raises:
+        LumcError: for an unknown device name, or ``cuda`` on a machine without a CUDA GPU.
+    """
+    if device is None:
+        device = "cuda:0" if _cuda_available() else "sim:h200"
+    d = device.strip().lower()
+    if d.startswith("sim:"):
+        try:
+            spec = get_device(d[4:])
+        except KeyError as e:
+            raise LumcError(f"unknown simulated device {device!r}: {e.args[0]}") from None
+        return Target(f"sim:{spec.name}", spec, True, "cpu")
+    if d == "cuda" or d.startswith("cuda:"):
+        if not _cuda_available():
+            raise LumcError(f"device {device!r}: no CUDA GPU on this machine; use --device sim:h200 "
+                            "(simulated timing)")
+        import torch
+        idx = int(d.split(":")[1]) if ":" in d else 0
+        if idx >= torch.cuda.device_count():
+            raise LumcError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        gpu = torch.cuda.get_device_name(idx)
+        key = "h200" if "H200" in gpu else "h100-sxm"
+        return Target(f"cuda:{idx} {gpu}", get_device(key), False, f"cuda:{idx}")
+    raise LumcError(f"unknown device {device!r}; use cuda[:N], sim:h100 or sim:h200")
+
+
+def versions() -> dict[str, str]:
+    """lumc, Triton, torch and CUDA driver versions (``none`` where absent), for keys and reports."""
+    from lumc import __version__
+    out = {"lumc": __version__, "triton": "none", "torch": "none", "driver": "none"}
+    try:
+        import triton
+        out["triton"] = triton.__version__
+    except Exception:
+        pass
+    try:
+        import torch
+        out["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            out["driver"] = str(torch.version.cuda) + "/" + ".".join(
+                map(str, torch.cuda.get_device_capability(0)))
+    except Exception:
+        pass
+    return out
