@@ -1,0 +1,35 @@
+"""The Triton backend: every kernel form rendered to readable Triton source, launched, compiled AOT.
+
+Entry points: :func:`render` (Kernel -> generated module source), :class:`TritonKernel` (launch on
+torch tensors), :func:`compile_aot` (ahead-of-time compile for ``cuda:90``, in a child process) and
+:func:`run_program` (a whole model's kernels in order).
+
+Without a CUDA device the kernels run in the Triton interpreter on CPU tensors. Triton reads
+``TRITON_INTERPRET`` when it is first imported, so this package sets it (unless the user did) before
+anything imports Triton; :func:`interpreter_mode` reports the choice.
+"""
+import os as _os
+import sys as _sys
+
+
+def _choose_mode() -> None:
+    if "TRITON_INTERPRET" in _os.environ or "triton" in _sys.modules:
+        return
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        _os.environ["TRITON_INTERPRET"] = "1"
+
+
+_choose_mode()
+
+from lumc.backends.triton.codegen import RenderError  # noqa: E402
+from lumc.backends.triton.configs import Config, config_space, default_config  # noqa: E402
+from lumc.backends.triton.launch import TritonKernel, interpreter_mode  # noqa: E402
+from lumc.backends.triton.render import render  # noqa: E402
+
+__all__ = ["RenderError", "Config", "config_space", "default_config", "TritonKernel",
+           "interpreter_mode", "render"]

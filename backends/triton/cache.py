@@ -1,0 +1,64 @@
+"""Generated sources on disk: written once per content hash, imported from there.
+
+Triton compiles only functions defined in files (``@triton.jit`` reads the function's source), so each
+rendered kernel is written to ``<cache>/kernels/<name>.py`` where ``<cache>`` is
+``platformdirs.user_cache_dir("lumc")`` (``LUMC_CACHE_DIR`` overrides it), and imported by path. The
+name carries the content hash, so a file is never rewritten with different content; writes go through
+a temporary file and an atomic rename, so a crash never leaves half a kernel behind.
+
+Interpreted or compiled is a property of the process: ``@triton.jit`` (Triton's own library included)
+reads ``TRITON_INTERPRET`` when a module is imported, so :mod:`lumc.backends.triton` sets it before
+Triton is first imported when no GPU is present, and ahead-of-time compiles run in a child process.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import platformdirs
+
+from lumc.backends.triton.source import RenderedKernel
+
+_LOCK = threading.Lock()
+_MODULES: dict[str, ModuleType] = {}
+
+
+def cache_dir() -> Path:
+    """The directory generated kernels live in (created on first use)."""
+    root = os.environ.get("LUMC_CACHE_DIR") or platformdirs.user_cache_dir("lumc")
+    d = Path(root) / "kernels"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def write_source(rk: RenderedKernel) -> Path:
+    """Write ``rk.source`` to ``<cache>/kernels/<rk.name>.py`` unless it is already there."""
+    path = cache_dir() / f"{rk.name}.py"
+    if path.exists() and path.read_text() == rk.source:
+        return path
+    fd, tmp = tempfile.mkstemp(prefix=f".{rk.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(rk.source)
+    os.replace(tmp, path)
+    return path
+
+
+def load_module(rk: RenderedKernel) -> ModuleType:
+    """Import the kernel's module from the cache, once per process."""
+    with _LOCK:
+        mod = _MODULES.get(rk.name)
+        if mod is not None:
+            return mod
+        path = write_source(rk)
+        modname = f"lumc_kernels.{rk.name}"
+        spec = importlib.util.spec_from_file_location(modname, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = mod
+        spec.loader.exec_module(mod)
+        _MODULES[rk.name] = mod
+        return mod

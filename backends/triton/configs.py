@@ -1,0 +1,156 @@
+"""Kernel config spaces as data, pruned by legality.
+
+A :class:`Config` is the set of ``BLOCK_*`` sizes (powers of two), ``num_warps`` and ``num_stages`` one
+launch uses. Each space below is a table of candidate values per knob; :func:`config_space` takes the
+product and keeps the configs that are legal for the problem:
+
+* blocks no larger than the problem needs (``BLOCK <= next_pow2(dim)``, with ``tl.dot``'s minimum 16);
+* shared memory within the device limit: :data:`SMEM_LIMIT` is the 227 KiB a block may use on
+  H100/H200 (228 KiB per SM; NVIDIA Hopper tuning guide, "Shared memory"). The estimate counts the
+  pipelined operand tiles (``num_stages`` copies of the A and B tiles); ``aot.py`` checks it against
+  the compiled metadata;
+* register tiles no larger than ``REG_TILE`` elements per warp times ``num_warps`` (fp32 values kept
+  live in registers: above ~128 per thread the compiler spills).
+
+:func:`default_config` is the config used when none is tuned (the interpreter, first runs); the
+interpreter cannot autotune, so the tests always pass one config explicitly.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+SMEM_LIMIT = 227 * 1024          # bytes of shared memory one block may use on sm_90
+REG_TILE = 32 * 128              # live fp32 tile elements per warp before spilling
+ROW_FIT = 16384                  # longest row (elements) a row kernel keeps in registers
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch config: block sizes plus ``num_warps`` and ``num_stages``."""
+    blocks: tuple[tuple[str, int], ...]
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def kwargs(self) -> dict:
+        return {**dict(self.blocks), "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def __getitem__(self, k: str) -> int:
+        return dict(self.blocks)[k]
+
+    def __str__(self) -> str:
+        b = " ".join(f"{k}={v}" for k, v in self.blocks)
+        return f"{b} warps={self.num_warps} stages={self.num_stages}"
+
+
+def make(num_warps: int = 4, num_stages: int = 2, **blocks: int) -> Config:
+    return Config(tuple(sorted(blocks.items())), num_warps, num_stages)
+
+
+# ---- the spaces (candidate values per knob) ------------------------------------------------------
+SPACES: dict[str, dict[str, tuple[int, ...]]] = {
+    "pointwise": {"BLOCK": (128, 256, 512, 1024, 2048, 4096), "num_warps": (2, 4, 8),
+                  "num_stages": (1,)},
+    "row": {"BLOCK_M": (1, 2, 4, 8, 16, 32, 64, 128),
+            "BLOCK_K": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+            "num_warps": (1, 2, 4, 8, 16), "num_stages": (1, 2)},
+    "matmul": {"BLOCK_M": (16, 32, 64, 128, 256), "BLOCK_N": (16, 32, 64, 128, 256),
+               "BLOCK_K": (16, 32, 64, 128), "GROUP_M": (8,), "num_warps": (4, 8),
+               "num_stages": (2, 3, 4, 5)},
+    "attention": {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (16, 32, 64, 128),
+                  "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+}
+
+
+def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
+    """Bytes of shared memory the pipelined operand tiles take (an estimate; see module doc)."""
+    isz = p.get("itemsize", 4)
+    if space == "matmul":
+        return c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * isz
+    if space == "attention":
+        kv = c["BLOCK_N"] * (p["BLOCK_D"] + p["BLOCK_DV"]) * isz
+        return max(c["num_stages"], 1) * kv + c["BLOCK_M"] * p["BLOCK_D"] * isz
+    return 0
+
+
+def _legal(space: str, p: dict, c: dict) -> bool:
+    w = c["num_warps"]
+    if space == "pointwise":
+        n = p["N"]
+        return (c["BLOCK"] <= max(128, next_pow2(n)) and c["BLOCK"] >= 32 * w
+                and c["BLOCK"] <= 32 * w * 32)
+    if space == "row":
+        bm, bk = c["BLOCK_M"], c["BLOCK_K"]
+        if bm > next_pow2(p["M"]):
+            return False
+        if p["one_pass"]:
+            if bk != p["BLOCK_K_FIXED"]:
+                return False
+        elif bk > min(4096, next_pow2(p["K"])) or bk < 256:
+            return False
+        tile = bm * bk
+        return tile <= REG_TILE * w and tile >= 32 * w and c["num_stages"] == 1 + (not p["one_pass"])
+    if space == "matmul":
+        bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+        if bm > max(16, next_pow2(p["M"])) or bn > max(16, next_pow2(p["N"])):
+            return False
+        if bk > max(16, next_pow2(p["K"])):
+            return False
+        if bm * bn > REG_TILE * w or bm * bn < 16 * 16 * w // 2:
+            return False
+        if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:  # one K step: nothing to pipeline
+            return False
+        return shared_memory_estimate(space, p, c) <= SMEM_LIMIT
+    if space == "attention":
+        bm, bn = c["BLOCK_M"], c["BLOCK_N"]
+        if bm > max(16, next_pow2(p["M"])) or bn > max(16, next_pow2(p["N"])):
+            return False
+        if bm * max(bn, p["BLOCK_DV"]) > REG_TILE * w:
+            return False
+        return shared_memory_estimate(space, p, c) <= SMEM_LIMIT
+    raise KeyError(f"unknown config space {space!r}")
+
+
+def config_space(space: str, problem: dict) -> list[Config]:
+    """Every legal config of ``space`` for ``problem`` (the sizes a renderer recorded)."""
+    table = SPACES[space]
+    keys = list(table)
+    out = []
+    for values in itertools.product(*(table[k] for k in keys)):
+        c = dict(zip(keys, values))
+        if _legal(space, problem, c):
+            blocks = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
+            out.append(make(c["num_warps"], c["num_stages"], **blocks))
+    return out
+
+
+def default_config(space: str, problem: dict) -> Config:
+    """A good untuned config (the pick of the Triton tutorials for each form)."""
+    if space == "pointwise":
+        b = min(1024, max(128, next_pow2(problem["N"])))
+        return make(4, 1, BLOCK=b)
+    if space == "row":
+        if problem["one_pass"]:
+            bk = problem["BLOCK_K_FIXED"]
+            bm = max(1, min(next_pow2(problem["M"]), 2048 // bk if bk < 2048 else 1))
+            w = max(1, min(16, bm * bk // 256))
+            w = 1 << (w.bit_length() - 1)
+            return make(w, 1, BLOCK_M=bm, BLOCK_K=bk)
+        bk = min(4096, next_pow2(problem["K"]))
+        return make(8 if bk >= 2048 else 4, 2, BLOCK_M=1, BLOCK_K=max(256, bk))
+    if space == "matmul":
+        bm = min(128, max(16, next_pow2(problem["M"])))
+        bn = min(128, max(16, next_pow2(problem["N"])))
+        bk = min(64 if problem.get("itemsize", 4) <= 2 else 32, max(16, next_pow2(problem["K"])))
+        stages = 3 if next_pow2(problem["K"]) > bk else 2
+        return make(8 if bm * bn >= 128 * 128 else 4, stages, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                    GROUP_M=8)
+    if space == "attention":
+        bm = min(128, max(16, next_pow2(problem["M"])))
+        bn = min(64, max(16, next_pow2(problem["N"])))
+        return make(4 if bm <= 64 else 8, 2, BLOCK_M=bm, BLOCK_N=bn)
+    raise KeyError(f"unknown config space {space!r}")

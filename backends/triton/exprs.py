@@ -1,0 +1,132 @@
+"""Primitive op -> Triton expression, from the op table's ``triton`` column, plus exact constants.
+
+Every elementwise primitive renders through :func:`render_op`, which formats the op table's template
+(``lumc.ir.ops.OPS[op].triton``) over operand expressions. A few ops need more than the template to
+keep IEEE results on every dtype; each override says why:
+
+* ``Recip``: Triton's ``/`` on fp32 is ``div.full.f32`` (2 ulp); ``tl.math.div_rn`` is IEEE.
+* ``Sqrt``/``Exp2``/``Log2``/``Sin``/``Recip``/``Mod`` on fp16/bf16: computed in fp32 and rounded once,
+  which is what the numpy reference does (Triton's math ops take fp32/fp64 only).
+* ``Cast`` to bool is ``x != 0`` (NaN is True, as ONNX); float to int truncates and saturates, NaN
+  gives 0 (the reference's deterministic choice for what ONNX leaves undefined).
+
+Constants are rendered exactly: a float is written with Python's round-trip ``repr`` and typed by
+``tl.full``, so inf, -inf, NaN, -0.0, subnormals and the largest finite values keep their bits
+(a bare Python float literal would be typed fp32 or fp64 by magnitude, turning subnormals into fp64).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Node
+from lumc.ir.ops import OPS
+
+LOW_FLOATS = (dt.f16, dt.bf16)
+
+# Triton's signature spelling of each dtype's pointer element (``*fp32``), for AOT compiles.
+SIGNATURE_TYPE = {
+    "f64": "fp64", "f32": "fp32", "f16": "fp16", "bf16": "bf16", "i64": "i64", "i32": "i32",
+    "i8": "i8", "u8": "u8", "bool": "i1",
+}
+
+
+def tl_dtype(d: dt.DType) -> str:
+    """The Triton type expression of a lumc dtype (``tl.float32``)."""
+    return d.triton
+
+
+def render_scalar(value, d: dt.DType) -> str:
+    """A Python literal that converts exactly to ``value`` in dtype ``d``.
+
+    Floats use the round-trip ``repr`` of the exact double (every f16/bf16/f32 value is one), with
+    ``float('inf')``/``float('nan')`` for the non-finite values; ``-0.0`` keeps its sign.
+    """
+    if d.is_bool:
+        return "1" if bool(value) else "0"
+    if d.is_float:
+        v = float(np.asarray(value).astype(np.float64))
+        if math.isnan(v):
+            return "float('nan')"
+        if math.isinf(v):
+            return "float('inf')" if v > 0 else "float('-inf')"
+        return repr(v)
+    return str(int(value))
+
+
+def render_constant(value, d: dt.DType) -> str:
+    """A 0-d Triton tensor holding ``value`` exactly in dtype ``d``."""
+    return f"tl.full([], {render_scalar(value, d)}, {tl_dtype(d)})"
+
+
+def neutral(kind: str, d: dt.DType) -> str:
+    """The identity of a reduction (``sum`` or ``max``) as a Python literal in dtype ``d``."""
+    if kind == "sum":
+        return "0.0" if d.is_float else "0"
+    return render_scalar(d.min_value(), d)
+
+
+def _upcast(expr: str, d: dt.DType, body: str) -> str:
+    """Evaluate ``body`` (a template over ``{x}``) in fp32 for fp16/bf16 operands, round once."""
+    if d in LOW_FLOATS:
+        return f"{body.format(x=f'{expr}.to(tl.float32)')}.to({tl_dtype(d)})"
+    return body.format(x=expr)
+
+
+def render_cast(expr: str, src: dt.DType, to: dt.DType) -> str:
+    """``Cast`` with ONNX/reference semantics (see module docstring)."""
+    if src == to:
+        return expr
+    if to.is_bool:
+        return f"({expr} != 0)"
+    if src.is_float and to.is_int:
+        info = np.iinfo(to.np)
+        # clamp in fp64, where every bound of a <=32-bit integer type is exact
+        x = f"{expr}.to(tl.float64)"
+        lo, hi = float(info.min), float(info.max)
+        if to.itemsize == 8:
+            hi = float(2 ** 63 - 1024)  # the largest double below 2**63 (int64 max rounds up)
+        return (f"tl.where({x} != {x}, 0.0, tl.minimum(tl.maximum({x}, {lo!r}), {hi!r}))"
+                f".to({tl_dtype(to)})")
+    if src.is_bool:
+        return f"{expr}.to(tl.int8).to({tl_dtype(to)})"
+    return OPS["Cast"].triton.format(expr, dtype=tl_dtype(to))
+
+
+def render_op(n: Node, operands: list[str]) -> str:
+    """The Triton expression of an elementwise node over already-rendered operand expressions."""
+    op, d = n.op, n.dtype
+    row = OPS[op]
+    if op == "Cast":
+        return render_cast(operands[0], n.srcs[0].dtype, n.arg)
+    if op == "Recip":
+        if d == dt.f64:
+            return row.triton.format(operands[0])
+        return _upcast(operands[0], d, "tl.math.div_rn(tl.full([], 1.0, tl.float32), {x})")
+    if op in ("Sqrt", "Exp2", "Log2", "Sin"):
+        return _upcast(operands[0], d, row.triton.replace("{0}", "{x}"))
+    if op == "Mod":
+        a, b = operands
+        if d in LOW_FLOATS:  # fmod is exact, so fp32 then round changes nothing
+            return f"_fmod({a}.to(tl.float32), {b}.to(tl.float32)).to({tl_dtype(d)})"
+        return row.triton.format(a, b)
+    if op in ("Add", "Mul", "LessThan", "Where"):
+        return row.triton.format(*operands)
+    raise NotImplementedError(f"no elementwise rendering for {op}")
+
+
+# Helpers every generated module defines (the op table's templates refer to ``_fmod``).
+HELPERS = '''
+@triton.jit
+def _fmod(a, b):
+    # C fmod (sign of the dividend): Triton's % lowers to frem/srem, which are fmod
+    return a % b
+
+
+@triton.jit
+def _max_nan(a, b):
+    # max that propagates NaN from either side (IEEE maximum, ONNX Max/ReduceMax)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+'''

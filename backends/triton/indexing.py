@@ -1,0 +1,93 @@
+"""Index expressions for generated kernels: unravel, reshape maps, view addresses, int64 decisions.
+
+A tile element is named by one index expression per dim of the tensor being read (``idx``). Views
+turn the index of their output into a flat position in their source (``View.index_expr``); reads of
+a computed source unravel that position back into the source's dims. The helpers here keep those
+expressions short: the outermost dim of a bounded flat index needs no ``%``, size-1 dims are ``0``,
+and a reshape that only adds or drops size-1 dims maps dims one to one instead of through ``//``/``%``.
+"""
+from __future__ import annotations
+
+from lumc.ir.graph import Node
+from lumc.ir.views import View, contiguous_strides, prod
+
+INT32_LIMIT = 2 ** 31 - 1
+
+
+def unravel(flat: str, shape: tuple[int, ...]) -> list[str]:
+    """Row-major indices of ``shape`` from ``flat``, assumed in ``[0, prod(shape))`` where it matters.
+
+    Masked-off lanes may carry a ``flat`` past the end; their indices are then out of range too, and
+    every read they feed is masked.
+    """
+    nonone = [k for k, d in enumerate(shape) if d != 1]
+    out = ["0"] * len(shape)
+    acc = 1
+    for pos, k in enumerate(reversed(nonone)):
+        d = shape[k]
+        e = flat if acc == 1 else f"({flat}) // {acc}"
+        if pos != len(nonone) - 1:          # the outermost dim is bounded by the mask already
+            e = f"({e}) % {d}"
+        out[k] = f"({e})"
+        acc *= d
+    return out
+
+
+def flat_index(idx: list[str], shape: tuple[int, ...]) -> str:
+    """Row-major flat position of ``idx`` in a contiguous tensor of ``shape``."""
+    terms = []
+    for e, st in zip(idx, contiguous_strides(shape)):
+        if st == 0 or e == "0":
+            continue
+        terms.append(e if st == 1 else f"{e} * {st}")
+    return " + ".join(terms) if terms else "0"
+
+
+def reshape_index(idx: list[str], src_shape: tuple[int, ...], dst_shape: tuple[int, ...]) -> list[str]:
+    """Indices in ``dst_shape`` of the element at ``idx`` in ``src_shape`` (same row-major order)."""
+    if tuple(src_shape) == tuple(dst_shape):
+        return list(idx)
+    a = [(k, d) for k, d in enumerate(src_shape) if d != 1]
+    b = [(k, d) for k, d in enumerate(dst_shape) if d != 1]
+    if [d for _, d in a] == [d for _, d in b]:
+        out = ["0"] * len(dst_shape)
+        for (ka, _), (kb, _) in zip(a, b):
+            out[kb] = idx[ka]
+        return out
+    return unravel(flat_index(idx, src_shape), dst_shape)
+
+
+def is_pure_reshape(v: View, src_shape: tuple[int, ...]) -> bool:
+    """True when the view reads ``src_shape`` in row-major order (a reshape, nothing else)."""
+    return v.is_contiguous and v.numel == prod(src_shape)
+
+
+def permutation_of(v: View, src_shape: tuple[int, ...]) -> list[int] | None:
+    """``perm`` with ``v == permute(contiguous(src_shape), perm)``, else None (dims of size 1 free)."""
+    if v.offset or v.mask is not None or len(v.shape) != len(src_shape):
+        return None
+    cs = contiguous_strides(src_shape)
+    perm, used = [], set()
+    for d, st in zip(v.shape, v.strides):
+        cands = [k for k in range(len(src_shape))
+                 if k not in used and src_shape[k] == d and (cs[k] == st or d == 1)]
+        if not cands:
+            return None
+        perm.append(cands[0])
+        used.add(cands[0])
+    return perm
+
+
+def max_address(v: View) -> int:
+    """An upper bound on ``|flat|`` over the view's elements (for the int32/int64 decision)."""
+    return abs(v.offset) + sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0)
+
+
+def needs_int64(nodes: list[Node], extra_sizes: tuple[int, ...] = ()) -> bool:
+    """True when any tensor, view address or iteration space can pass ``2**31 - 1``."""
+    bound = max(extra_sizes, default=0)
+    for n in nodes:
+        bound = max(bound, n.numel)
+        if n.op == "View":
+            bound = max(bound, max_address(n.arg), n.srcs[0].numel)
+    return bound >= INT32_LIMIT

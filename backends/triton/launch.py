@@ -1,0 +1,153 @@
+"""Host side: calling a rendered kernel on torch tensors.
+
+:class:`TritonKernel` renders a :class:`~lumc.ir.kernels.Kernel` once, imports its module from the
+cache, and launches it with one config. Inputs are checked against the kernel's placeholders (shape
+and dtype), made contiguous when they are not (lumc's own buffers always are: views live in the
+meaning and are read in place), and outputs are allocated unless given.
+
+Without a GPU, kernels run under the Triton interpreter (``TRITON_INTERPRET=1``) on CPU tensors:
+:func:`interpreter_mode` says which, and callers print it.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import InputError
+from lumc.ir.kernels import Kernel
+from lumc.backends.triton import cache, configs
+from lumc.backends.triton.render import render
+
+_TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                "i64": "int64", "i32": "int32", "i8": "int8", "u8": "uint8", "bool": "bool"}
+
+
+def torch_dtype(d: dt.DType):
+    import torch
+    return getattr(torch, _TORCH_NAMES[d.name])
+
+
+def lumc_dtype(td) -> dt.DType:
+    name = str(td).replace("torch.", "")
+    for k, v in _TORCH_NAMES.items():
+        if v == name:
+            return dt.BY_NAME[k]
+    raise KeyError(f"unsupported torch dtype {td}")
+
+
+def interpreter_mode() -> bool:
+    """True when kernels run in the Triton interpreter (``TRITON_INTERPRET=1``, set by
+    :mod:`lumc.backends.triton` at import when no CUDA device is present)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_device() -> str:
+    return "cpu" if interpreter_mode() else "cuda"
+
+
+def to_torch(x, device: str):
+    """A torch tensor on ``device`` from a numpy array (bf16 via its bit pattern) or a tensor."""
+    import torch
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    a = np.asarray(x)
+    if a.dtype == dt.bf16.np:
+        bits = torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy())
+        return bits.view(torch.bfloat16).to(device)
+    return torch.from_numpy(np.ascontiguousarray(a).copy()).to(device)
+
+
+def to_numpy(t) -> np.ndarray:
+    import torch
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(dt.bf16.np)
+    return t.numpy()
+
+
+class TritonKernel:
+    """A kernel ready to launch.
+
+    Args:
+        kernel: the kernel (form + meaning).
+        variant: forced render variant (see :func:`lumc.backends.triton.render.render`).
+    Raises:
+        RenderError: when the meaning does not fit the form.
+    """
+
+    def __init__(self, kernel: Kernel, variant: str | None = None):
+        self.kernel = kernel
+        self.rendered = render(kernel, variant)
+        self.interpret = interpreter_mode()
+        self._module = None
+        self._consts: dict[str, object] = {}
+
+    @property
+    def module(self):
+        if self._module is None:
+            self._module = cache.load_module(self.rendered)
+        return self._module
+
+    @property
+    def source(self) -> str:
+        return self.rendered.source
+
+    def config_space(self) -> list[configs.Config]:
+        return configs.config_space(self.rendered.config_space, self.rendered.problem)
+
+    def default_config(self) -> configs.Config:
+        return configs.default_config(self.rendered.config_space, self.rendered.problem)
+
+    def _const(self, name: str, device: str):
+        key = f"{name}@{device}"
+        t = self._consts.get(key)
+        if t is None:
+            t = to_torch(self.rendered.constants[name], device).contiguous()
+            self._consts[key] = t
+        return t
+
+    def __call__(self, *inputs, outputs=None, config: configs.Config | None = None):
+        """Run the kernel.
+
+        Args:
+            inputs: one torch tensor (or numpy array) per placeholder ``in0, in1, ...`` in order.
+            outputs: preallocated contiguous output tensors, or None to allocate.
+            config: the launch config; None uses :meth:`default_config`.
+        Returns:
+            list of output tensors, in ``out0, out1, ...`` order.
+        Raises:
+            InputError: on a wrong number of inputs or a wrong shape or dtype.
+        """
+        import torch
+        rk = self.rendered
+        ins = rk.inputs
+        if len(inputs) != len(ins):
+            raise InputError(f"kernel {rk.name} takes {len(ins)} inputs, got {len(inputs)}")
+        device = "cpu" if self.interpret else None
+        args = []
+        for p, x in zip(ins, inputs):
+            if device is None:
+                device = x.device if isinstance(x, torch.Tensor) and x.is_cuda else "cuda"
+            t = to_torch(x, device)
+            if tuple(t.shape) != tuple(p.shape):
+                raise InputError(f"input {p.key} has shape {tuple(t.shape)}, expected {p.shape}",
+                                 node=p.key)
+            if t.dtype != torch_dtype(p.dtype):
+                raise InputError(f"input {p.key} has dtype {t.dtype}, expected {p.dtype}",
+                                 node=p.key)
+            args.append(t if t.is_contiguous() else t.contiguous())
+        device = device or default_device()
+        for p in rk.params:
+            if p.role == "const":
+                args.append(self._const(p.name, str(device)))
+        outs = []
+        for i, p in enumerate(rk.outputs):
+            o = outputs[i] if outputs is not None else torch.empty(p.shape, dtype=torch_dtype(p.dtype),
+                                                                   device=device)
+            outs.append(o)
+        if all(int(np.prod(p.shape)) > 0 for p in rk.outputs):
+            cfg = config or self.default_config()
+            self.module.launch(*args, *outs, **cfg.kwargs())
+        return outs

@@ -1,0 +1,2 @@
+def find_online_merges(plan):
+    return {}

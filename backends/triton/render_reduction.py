@@ -1,0 +1,235 @@
+"""Row kernels: reductions (sum, max over any axes) with a fused prologue and epilogue, and the
+normalizations built on them (softmax, layer norm, RMS norm).
+
+Each program owns ``BLOCK_M`` rows (see ``rowplan``). An element of a row tile is addressed by the
+row index ``rm`` (unravelled over the kept dims) and the reduction index ``rk`` (unravelled over the
+reduced axes), so any axes can be reduced, not only the last. Two variants:
+
+* ``one-pass``: the row fits in one ``BLOCK_K`` tile (``K <= ROW_FIT``): each input element is loaded
+  once, every reduction and every output is computed from registers. Bytes: inputs once, outputs once.
+* ``looped``: the row is walked in ``BLOCK_K`` chunks, one loop per reduction level, and one more loop
+  for full-size outputs. Online forms (``render_norm``) merge softmax's max and sum, and layer norm's
+  mean and centered sum of squares (Chan/Welford), into one loop, so softmax and layer norm read
+  their input twice and RMS norm twice.
+
+fp16/bf16 sums accumulate in fp32 and are rounded once to the node's dtype (what the reference does);
+integer sums narrower than 32 bits accumulate in int32 and wrap on the final cast, as the reference.
+Max propagates NaN. Masked lanes hold the reduction's identity (0, or -inf / the integer minimum).
+"""
+from __future__ import annotations
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Node
+from lumc.ir.kernels import Kernel
+from lumc.backends.triton import exprs
+from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
+from lumc.backends.triton.configs import ROW_FIT, next_pow2
+from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
+from lumc.backends.triton.rowplan import RowPlan, plan_rows
+from lumc.backends.triton.source import KernelParts, make_params
+
+
+def acc_dtype(r: Node) -> dt.DType:
+    """The accumulator dtype of a reduction node."""
+    d = r.dtype
+    if r.op == "MaxReduce":
+        return d
+    if d.is_int and d.itemsize < 4:
+        return dt.i32
+    return d.accumulator
+
+
+class RowKernel:
+    """Writes one row kernel from a :class:`RowPlan`."""
+
+    def __init__(self, kernel: Kernel, plan: RowPlan, one_pass: bool):
+        self.kernel = kernel
+        self.plan = plan
+        self.one_pass = one_pass
+        nodes = kernel.meaning.nodes()
+        self.reads = reads_of(nodes)
+        self.params, ptrs, self.consts = make_params(kernel, self.reads)
+        self.big = needs_int64(nodes, (plan.M * plan.K,))
+        self.w = SourceWriter()
+        self.ev = Evaluator(self.w, ptrs, self._resolve, "tl.int64" if self.big else "tl.int32")
+        self.row_vals: dict[Node, str] = {}      # reduction -> its value per row (level 0 name)
+        self.row_idx: list[str] = []
+        self.full_idx: list[str] = []
+        self.mask2 = "mask2"
+
+    # ---- resolve hook: reductions and row values seen from a full tile ---------------------------
+    def _resolve(self, ev: Evaluator, n: Node, idx, mask, level):
+        plan = self.plan
+        if n in self.row_vals:
+            return self.row_vals[n]
+        if n.op in ("SumReduce", "MaxReduce"):
+            raise RenderError(f"node {n!r}: reduction used before it is computed")
+        if n.op == "View" and plan.kind.get(n) == "full" and plan.kind.get(n.srcs[0]) == "row":
+            src = n.srcs[0]
+            rv = ev.value(src, reshape_index(self.row_idx, plan.reduced_shape, src.shape), "rmask", 0)
+            return self.w.bind(f"{rv}[:, None]", "b", level)
+        return None
+
+    # ---- index setup ---------------------------------------------------------------------------
+    def setup_rows(self) -> None:
+        w, plan = self.w, self.plan
+        pid = "tl.program_id(0).to(tl.int64)" if self.big else "tl.program_id(0)"
+        w.line(f"rm = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)      # this program's rows")
+        w.line(f"rmask = rm < {plan.M}")
+        w.line("rm2 = rm[:, None]")
+        w.line("rmask2 = rmask[:, None]")
+        kept = [e if e == "0" else w.bind(e, "r") for e in unravel("rm", plan.kept_shape)]
+        kept2 = [e if e == "0" else w.bind(e, "r") for e in unravel("rm2", plan.kept_shape)]
+        self.row_idx = self._merge(kept, ["0"] * len(plan.axes))
+        self._kept2 = kept2
+
+    def setup_k(self, start: str) -> None:
+        """Define ``rk`` (this chunk's reduction indices) and the full-tile index and mask."""
+        w, plan = self.w, self.plan
+        rk = "tl.arange(0, BLOCK_K)" if start == "0" else f"{start} + tl.arange(0, BLOCK_K)"
+        if self.big:
+            rk = f"({rk}).to(tl.int64)"
+        w.line(f"rk = {rk}")
+        w.line("rk2 = rk[None, :]")
+        w.line(f"mask2 = rmask2 & (rk2 < {plan.K})")
+        red = [e if e == "0" else w.bind(e, "k") for e in unravel("rk2", plan.red_shape)]
+        self.full_idx = self._merge(self._kept2, red)
+        # rows-major contiguous position of a tile element, when the reduced axes are trailing
+        if plan.axes == tuple(range(len(plan.kept), len(plan.shape))):
+            self.ev.flat_aliases[(tuple(self.full_idx), plan.shape)] = (
+                f"rm2 * {plan.K} + rk2" if plan.K != 1 else "rm2")
+
+    def _merge(self, kept: list[str], red: list[str]) -> list[str]:
+        out = ["0"] * len(self.plan.shape)
+        for e, k in zip(kept, self.plan.kept):
+            out[k] = e
+        for e, k in zip(red, self.plan.axes):
+            out[k] = e
+        return out
+
+    # ---- pieces ---------------------------------------------------------------------------------
+    def operand_tile(self, r: Node, level: int) -> str:
+        """The masked, accumulator-typed operand tile of reduction ``r``."""
+        v = self.ev.value(r.srcs[0], self.full_idx, self.mask2, level)
+        acc = acc_dtype(r)
+        if r.srcs[0].dtype != acc:
+            v = self.w.bind(f"{v}.to({exprs.tl_dtype(acc)})", "a", level)
+        kind = "sum" if r.op == "SumReduce" else "max"
+        return self.w.bind(f"tl.where(mask2, {v}, {exprs.neutral(kind, acc)})", "a", level)
+
+    def reduce_tile(self, r: Node, tile: str, level: int = 0) -> str:
+        """Reduce a tile along its row axis (max keeps NaN: ``tl.max`` alone drops it on GPU)."""
+        if r.op == "SumReduce":
+            return f"tl.sum({tile}, axis=1)"
+        if not r.dtype.is_float:
+            return f"tl.max({tile}, axis=1)"
+        m = self.w.bind(f"tl.max({tile}, axis=1)", "m", level)
+        nan = self.w.bind(f"tl.max(({tile} != {tile}).to(tl.int8), axis=1) > 0", "nan", level)
+        return f"tl.where({nan}, float('nan'), {m})"
+
+    def finish(self, r: Node, acc: str) -> None:
+        """Bind the row value of ``r`` (rounded to its dtype) at function level."""
+        v = acc if acc_dtype(r) == r.dtype else f"{acc}.to({exprs.tl_dtype(r.dtype)})"
+        self.row_vals[r] = self.w.bind(v, "red", 0)
+
+    def loop_reduce(self, r: Node) -> None:
+        acc = self.w.fresh("acc")
+        ad = acc_dtype(r)
+        kind = "sum" if r.op == "SumReduce" else "max"
+        self.w.line(f"{acc} = tl.full([BLOCK_M], {exprs.neutral(kind, ad)}, {exprs.tl_dtype(ad)})")
+        self.w.open(f"for k0 in range(0, {self.plan.K}, BLOCK_K):")
+        self.setup_k("k0")
+        tile = self.operand_tile(r, 1)
+        if r.op == "SumReduce":
+            self.w.line(f"{acc} += tl.sum({tile}, axis=1)")
+        else:
+            self.w.line(f"{acc} = _max_nan({acc}, {self.reduce_tile(r, tile, 1)})")
+        self.w.close()
+        self.finish(r, acc)
+
+    def store_outputs(self, kinds: tuple[str, ...], level: int) -> None:
+        plan = self.plan
+        for name, o in self.kernel.meaning.outputs.items():
+            kind = plan.outputs[name]
+            if kind not in kinds:
+                continue
+            if kind == "row":
+                oidx = reshape_index(self.row_idx, plan.reduced_shape, o.shape)
+                v = self.ev.value(o, oidx, "rmask", 0)
+                self.w.line(f"tl.store({name}_ptr + rm, {v}, mask=rmask)", 0)
+            else:
+                oidx = reshape_index(self.full_idx, plan.shape, o.shape)
+                v = self.ev.value(o, oidx, self.mask2, level)
+                addr = (self.ev.flat_aliases.get((tuple(self.full_idx), plan.shape))
+                        or flat_index(self.full_idx, plan.shape))
+                self.w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=mask2)", level)
+
+    # ---- the two variants -----------------------------------------------------------------------
+    def write_one_pass(self) -> None:
+        self.setup_rows()
+        self.setup_k("0")
+        for r in self.plan.reduces:
+            self.finish(r, self.reduce_tile(r, self.operand_tile(r, 0)))
+        self.store_outputs(("full",), 0)
+        self.store_outputs(("row",), 0)
+
+    def write_looped(self) -> None:
+        from lumc.backends.triton.render_norm import find_online_merges
+        self.setup_rows()
+        merges = find_online_merges(self.plan)
+        done: set[Node] = set()
+        for group in self.plan.levels:
+            for r in group:
+                if r in done:
+                    continue
+                merge = merges.get(r)
+                if merge is not None:
+                    merge.write(self)
+                    done.update(merge.covers)
+                else:
+                    self.loop_reduce(r)
+                    done.add(r)
+        if "full" in self.plan.outputs.values():
+            self.w.open(f"for k0 in range(0, {self.plan.K}, BLOCK_K):")
+            self.setup_k("k0")
+            self.store_outputs(("full",), 1)
+            self.w.close()
+        self.store_outputs(("row",), 0)
+
+
+def render_row(kernel: Kernel, variant: str | None = None) -> KernelParts:
+    """Render a reduction / softmax / layer norm / RMS norm kernel (or a matmul through the row
+    engine when ``variant == "generic"``).
+
+    Raises:
+        RenderError: when the meaning has no row structure the engine can render.
+    """
+    from lumc.backends.triton.render_pointwise import render_pointwise
+    plan = plan_rows(kernel)
+    if plan is None or plan.K == 1:
+        # nothing to reduce (every reduced axis has size 1): a pointwise kernel
+        return render_pointwise(kernel)
+    for name, o in kernel.meaning.outputs.items():
+        if plan.outputs[name] == "row" and o.numel != plan.M:
+            raise RenderError(f"output {name} ({o.shape}) is neither per row nor per element")
+        if plan.outputs[name] == "full" and o.numel != plan.M * plan.K:
+            raise RenderError(f"output {name} ({o.shape}) is neither per row nor per element")
+    if variant in (None, "generic"):
+        variant = "one-pass" if next_pow2(plan.K) <= ROW_FIT else "looped"
+    if variant not in ("one-pass", "looped"):
+        raise ValueError(f"unknown row-kernel variant {variant!r}")
+    rk = RowKernel(kernel, plan, variant == "one-pass")
+    if rk.one_pass:
+        rk.write_one_pass()
+    else:
+        rk.write_looped()
+    itemsize = max(n.dtype.itemsize for n in kernel.inputs) if kernel.inputs else 4
+    problem = {"M": plan.M, "K": plan.K, "one_pass": rk.one_pass,
+               "BLOCK_K_FIXED": next_pow2(plan.K), "itemsize": itemsize}
+    notes = [f"rows M={plan.M}, reduced K={plan.K} over axes {plan.axes} of {plan.shape}"]
+    if rk.big:
+        notes.append("int64 indexing (a tensor or address passes 2**31)")
+    return KernelParts(
+        form=kernel.form, variant=variant, params=rk.params, constexprs=("BLOCK_M", "BLOCK_K"),
+        body=rk.w.body(), grid=f"triton.cdiv({plan.M}, BLOCK_M)", problem=problem,
+        config_space="row", constants=rk.consts, notes=notes)

@@ -1,0 +1,141 @@
+"""Assembling one generated module: header comment, helpers, the ``@triton.jit`` kernel, a launcher.
+
+Every renderer fills a :class:`KernelParts`; :func:`assemble` turns it into readable source and a
+:class:`RenderedKernel` (the source plus what the host needs to call it). The kernel name carries a
+hash of the source, so the cache file name and the function name both identify the content.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Node
+from lumc.ir.kernels import Kernel
+from lumc.backends.triton import exprs
+
+
+@dataclass(frozen=True)
+class Param:
+    """One pointer argument: ``role`` is ``in`` (a placeholder), ``out`` or ``const`` (a weight
+    tensor living inside the meaning, passed by the launcher)."""
+    name: str
+    role: str
+    key: str            # placeholder/output name (in0, out0) or the constant's index
+    shape: tuple[int, ...]
+    dtype: dt.DType
+
+
+@dataclass
+class KernelParts:
+    """What a form renderer produces (the launcher and header are added by :func:`assemble`)."""
+    form: str
+    variant: str                      # e.g. "one-pass", "looped", "online-softmax", "dot"
+    params: list[Param]
+    constexprs: tuple[str, ...]       # config keys, e.g. ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    body: str                         # indented kernel body
+    grid: str                         # a Python expression over the constexpr names
+    problem: dict[str, int]           # sizes the config space is pruned by
+    config_space: str                 # which space of lumc.backends.triton.configs applies
+    notes: list[str] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    extra_constexprs: dict[str, object] = field(default_factory=dict)  # fixed, not tuned
+
+
+@dataclass
+class RenderedKernel:
+    """A kernel's generated module and its calling convention."""
+    name: str
+    form: str
+    variant: str
+    source: str
+    params: list[Param]
+    constexprs: tuple[str, ...]
+    problem: dict[str, int]
+    config_space: str
+    constants: dict[str, np.ndarray]
+    digest: str
+
+    @property
+    def inputs(self) -> list[Param]:
+        return [p for p in self.params if p.role == "in"]
+
+    @property
+    def outputs(self) -> list[Param]:
+        return [p for p in self.params if p.role == "out"]
+
+
+def _describe(kernel: Kernel, limit: int = 40) -> list[str]:
+    lines = kernel.meaning.dump().splitlines()
+    if len(lines) > limit:
+        lines = lines[:limit // 2] + [f"... ({len(lines) - limit} more nodes)"] + lines[-limit // 2:]
+    return lines
+
+
+def assemble(kernel: Kernel, parts: KernelParts) -> RenderedKernel:
+    """The full module source of a rendered kernel."""
+    sig = ", ".join([p.name for p in parts.params] + [f"{c}: tl.constexpr" for c in parts.constexprs])
+    args = ", ".join(p.name for p in parts.params)
+    cfg_kw = ", ".join(f"{c}={c}" for c in parts.constexprs)
+    covers = ", ".join(kernel.covers) if kernel.covers else "(standalone kernel)"
+    head = [
+        f"# lumc generated kernel: form {parts.form} ({parts.variant})",
+        f"# covers model nodes: {covers}",
+        "# meaning (primitive graph over placeholders in0.. producing out0..):",
+        *[f"#   {ln}" for ln in _describe(kernel)],
+    ]
+    for note in parts.notes:
+        head.append(f"# note: {note}")
+    params_doc = "\n".join(f"        {p.name}: {p.role} {p.key} {p.dtype}{list(p.shape)}"
+                           for p in parts.params)
+    fixed = "".join(f", {k}={v!r}" for k, v in parts.extra_constexprs.items())
+    src = "\n".join(head) + f'''
+import triton
+import triton.language as tl
+{exprs.HELPERS}
+
+@triton.jit
+def KERNEL_NAME({sig}):
+    """lumc {parts.form} kernel ({parts.variant}).
+
+    Pointers (role, placeholder, dtype, shape):
+{params_doc}
+    """
+{parts.body}
+
+
+def launch({args}, *, {", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
+    """Launch on contiguous tensors with one kernel config."""
+    grid = ({parts.grid},)
+    KERNEL_NAME[grid]({args}, {cfg_kw}{fixed}, num_warps=num_warps, num_stages=num_stages)
+'''
+    digest = hashlib.blake2b(src.encode(), digest_size=8).hexdigest()
+    name = f"lumc_{parts.form}_{digest}"
+    src = src.replace("KERNEL_NAME", name)
+    return RenderedKernel(name, parts.form, parts.variant, src, parts.params, parts.constexprs,
+                          parts.problem, parts.config_space, parts.constants, digest)
+
+
+def make_params(kernel: Kernel, reads: list[Node]) -> tuple[list[Param], dict[Node, str],
+                                                           dict[str, np.ndarray]]:
+    """Pointer params for the inputs (in placeholder order), read constants, then outputs."""
+    params: list[Param] = []
+    ptrs: dict[Node, str] = {}
+    consts: dict[str, np.ndarray] = {}
+    for name, n in kernel.meaning.inputs.items():
+        p = f"{name}_ptr"
+        params.append(Param(p, "in", name, n.shape, n.dtype))
+        ptrs[n] = p
+    k = 0
+    for n in reads:
+        if n.op == "Constant":
+            p = f"const{k}_ptr"
+            params.append(Param(p, "const", str(k), n.shape, n.dtype))
+            consts[p] = n.arg.value
+            ptrs[n] = p
+            k += 1
+    for name, n in kernel.meaning.outputs.items():
+        params.append(Param(f"{name}_ptr", "out", name, n.shape, n.dtype))
+    return params, ptrs, consts
