@@ -17,7 +17,6 @@ from lumc.ir.tensor import Tensor, normalize_axis
 from lumc.ir.views import prod
 
 KINDS = ("sum", "mean", "max", "min", "prod", "l1", "l2", "log_sum", "log_sum_exp", "sum_square")
-_FLOAT_ONLY = ("log_sum", "log_sum_exp")
 
 
 def reduce(x: Tensor, kind: str, axes: Sequence[int] | None = None, keepdims: bool = True,
@@ -33,8 +32,8 @@ def reduce(x: Tensor, kind: str, axes: Sequence[int] | None = None, keepdims: bo
             gives ``x**2``, ``l1`` gives ``|x|``), as in the ONNX reference implementation.
         keepdims: keep reduced dims as size 1.
     Returns:
-        The reduction, in ``x``'s dtype (integer ``mean`` truncates toward zero; integer ``l2`` is
-        computed in f64 and truncated).
+        The reduction, in ``x``'s dtype (integer ``mean`` truncates toward zero; integer ``l2``,
+        ``log_sum`` and ``log_sum_exp`` are computed in f64 and truncated, as onnxruntime).
     Numerics:
         f16/bf16 inputs are reduced in f32 and rounded once. ``log_sum_exp`` is max-shifted (no
         overflow; a row of ``-inf`` gives ``-inf``, a row holding ``+inf`` gives ``+inf``).
@@ -43,16 +42,13 @@ def reduce(x: Tensor, kind: str, axes: Sequence[int] | None = None, keepdims: bo
         prod 1, max ``-inf`` (integer minimum), min ``+inf`` (integer maximum), log_sum and
         log_sum_exp ``-inf``, and mean 0 (ONNX leaves it undefined; onnxruntime gives 0).
     Raises:
-        ShapeError: unknown ``kind``, bad axes, bool input (other than max/min), or an integer
-        input to ``log_sum``/``log_sum_exp``.
+        ShapeError: unknown ``kind``, bad axes, or bool input (other than max/min).
     """
     op = "Reduce" + "".join(w.capitalize() for w in kind.split("_"))
     if kind not in KINDS:
         raise ShapeError(f"unknown reduction {kind!r}; expected one of {KINDS}")
     if x.dtype.is_bool and kind not in ("max", "min"):
         raise ShapeError("needs a numeric tensor, got bool", op=op)
-    if kind in _FLOAT_ONLY and not x.dtype.is_float:
-        raise ShapeError(f"needs a float tensor, got {x.dtype}", op=op)
     if axes is None or len(axes) == 0:
         ax = () if noop_with_empty_axes else tuple(range(x.ndim))
     else:
@@ -60,7 +56,7 @@ def reduce(x: Tensor, kind: str, axes: Sequence[int] | None = None, keepdims: bo
     if kind == "max":
         r = x.max(ax, keepdims=True)
     elif kind == "min":
-        r = x.min(ax, keepdims=True)
+        r = _min(x, ax)
     elif kind == "prod":
         r = reduce_prod(x, ax)
     else:
@@ -68,9 +64,18 @@ def reduce(x: Tensor, kind: str, axes: Sequence[int] | None = None, keepdims: bo
     return r if keepdims else r.reshape([d for i, d in enumerate(r.shape) if i not in ax])
 
 
+def _min(x: Tensor, ax: tuple[int, ...]) -> Tensor:
+    """Min over ``ax`` keeping dims; unsigned as ``top - max(top - x)`` (no negative constants)."""
+    if x.dtype.kind != "uint":
+        return x.min(ax, keepdims=True)
+    top = x.scalar_like(x.dtype.max_value())
+    r = top.sub(x).max(ax, keepdims=True)
+    return r.scalar_like(x.dtype.max_value()).sub(r)
+
+
 def _reduce_arith(x: Tensor, kind: str, ax: tuple[int, ...]) -> Tensor:
     """The sum-based kinds over ``ax``, keeping dims."""
-    if x.dtype.is_int and kind == "l2":
+    if x.dtype.is_int and kind in ("l2", "log_sum", "log_sum_exp"):
         return _reduce_arith(x.cast(dt.f64), kind, ax).cast(x.dtype)
     xc = x.cast(x.dtype.accumulator)
     n = prod(x.shape[a] for a in ax)
@@ -155,12 +160,12 @@ def _arg_extreme(x: Tensor, axis: int, keepdims: bool, select_last_index: bool,
     n = x.shape[axis]
     if n == 0:
         raise ShapeError(f"cannot take the index of an extreme over empty axis {axis}", op=op)
-    xv = x.cast(dt.u8) if x.dtype.is_bool else x
+    xv = x.cast(dt.i32) if x.dtype.is_bool else x
     if largest:
         m = xv.max(axis, keepdims=True).expand(x.shape)
         hit = xv.lt(m).logical_not()          # x == max, since nothing exceeds the max
     else:
-        m = xv.min(axis, keepdims=True).expand(x.shape)
+        m = _min(xv, (axis,)).expand(x.shape)
         hit = m.lt(xv).logical_not()
     if xv.dtype.is_float:
         # a NaN extreme (numpy: the first NaN wins) is hit only by the NaNs
