@@ -108,13 +108,13 @@ class _Setup:
         hid = R.shape[-1] if R.ndim == 3 else -1
         self.hidden = hidden = hidden_size if hidden_size is not None else hid
         self.dtype = X.dtype.accumulator
-        self._expect("W", W, (self.dirs, gates * hidden, inp), X.dtype)
-        self._expect("R", R, (self.dirs, gates * hidden, hidden), X.dtype)
+        self.expect("W", W, (self.dirs, gates * hidden, inp), X.dtype)
+        self.expect("R", R, (self.dirs, gates * hidden, hidden), X.dtype)
         if B is not None:
-            self._expect("B", B, (self.dirs, 2 * gates * hidden), X.dtype)
+            self.expect("B", B, (self.dirs, 2 * gates * hidden), X.dtype)
         for name, h in zip(("initial_h", "initial_c"), inits):
             if h is not None:
-                self._expect(name, h, (self.dirs, self.batch, hidden), X.dtype)
+                self.expect(name, h, (self.dirs, self.batch, hidden), X.dtype)
         self.lens = None
         if sequence_lens is not None:
             if sequence_lens.shape != (self.batch,) or sequence_lens.dtype not in (dt.i32, dt.i64):
@@ -126,7 +126,7 @@ class _Setup:
         self.B = B.cast(self.dtype) if B is not None else None
         self.inits = [h.cast(self.dtype) if h is not None else None for h in inits]
 
-    def _expect(self, name: str, t: Tensor, shape: tuple[int, ...], dtype: dt.DType) -> None:
+    def expect(self, name: str, t: Tensor, shape: tuple[int, ...], dtype: dt.DType) -> None:
         if t.shape != shape or t.dtype != dtype:
             raise ShapeError(f"{name} must be {dtype}{list(shape)}, got {t.dtype}{list(t.shape)}",
                              op=self.op)
@@ -217,7 +217,7 @@ def lstm(X: Tensor, W: Tensor, R: Tensor, B: Tensor | None = None,
     s = _Setup("LSTM", X, W, R, B, sequence_lens, [initial_h, initial_c], hidden_size, direction,
                layout, 4)
     if P is not None:
-        s._expect("P", P, (s.dirs, 3 * s.hidden), X.dtype)
+        s.expect("P", P, (s.dirs, 3 * s.hidden), X.dtype)
         P = P.cast(s.dtype)
     fns = _activations("LSTM", activations, activation_alpha, activation_beta,
                        ("Sigmoid", "Tanh", "Tanh"), s.dirs)

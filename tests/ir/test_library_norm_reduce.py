@@ -453,3 +453,17 @@ def test_cumsum_f16_int32_and_wraparound():
     assert_close(got, want, "f16", atol=1e-2)
     xi = np.array([2 ** 31 - 1, 1, 5], np.int32)
     np.testing.assert_array_equal(run(lambda t: R.cumsum(t, 0), xi), np.cumsum(xi, dtype=np.int32))
+
+
+def test_zero_size_batches_and_scans():
+    x = np.zeros((0, 3, 4), np.float32)
+    c = np.ones(3, np.float32)
+    y, mean, inv = run(lambda *t: N.layer_norm(*t), x, np.ones(4, np.float32))
+    assert y.shape == (0, 3, 4) and mean.shape == (0, 3, 1) and inv.shape == (0, 3, 1)
+    assert run(lambda *t: N.batch_norm(*t), x, c, c, c, c).shape == (0, 3, 4)
+    assert run(lambda *t: N.instance_norm(*t), x, c, c).shape == (0, 3, 4)
+    assert run(lambda *t: N.group_norm(*t, 3, 1e-5), x, c, c).shape == (0, 3, 4)
+    assert run(lambda t: R.cumsum(t, 1), x).shape == (0, 3, 4)
+    assert run(lambda t: R.cumsum(t, 0, True, True), np.zeros((0, 2), np.int64)).shape == (0, 2)
+    assert run(lambda t: R.argmax(t, 1, False), x).shape == (0, 4)
+    assert run(lambda t: R.reduce(t, "log_sum_exp", [-1], True), x).shape == (0, 3, 1)
