@@ -205,6 +205,10 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                             dict(prog_time))
     # nothing measured: the best-bound candidate, untimed, default configs
     chosen = order[0] if order else 0
-    stats.stopped_because = "budget (nothing timed: best-bound candidate returned untimed)"
+    if out_of_time:
+        stats.stopped_because = "budget (nothing timed: best-bound candidate returned untimed)"
+    else:
+        stats.stopped_because = ("no candidate has a working config for every kernel "
+                                 "(best-bound candidate returned untimed)")
     return SearchResult(chosen, {k: 0 for k in (candidates[chosen] if candidates else [])}, None,
                         cand_bound[chosen] if candidates else 0.0, {}, stats, {})

@@ -69,9 +69,9 @@ def versions() -> dict[str, str]:
     """lumc, Triton, torch and CUDA driver versions (``none`` where absent), for keys and reports."""
     from lumc import __version__
     out = {"lumc": __version__, "triton": "none", "torch": "none", "driver": "none"}
-    try:
-        import triton
-        out["triton"] = triton.__version__
+    try:  # read the version without importing triton (its import fixes the interpreter mode)
+        from importlib.metadata import version
+        out["triton"] = version("triton")
     except Exception:
         pass
     try:

@@ -14,3 +14,21 @@ from lumc.ir.errors import (  # noqa: E402
 
 __all__ = ["LumcError", "ModelError", "UnsupportedOpError", "InputError", "ShapeError",
            "BudgetError", "ArtifactError", "__version__"]
+
+
+def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **kwargs):
+    """Compile ``model`` (an ONNX path, ``onnx.ModelProto`` or bytes; or a ``torch.nn.Module`` with
+    ``example_inputs``) into the fastest correct program lumc finds within ``budget``.
+
+    See :func:`lumc.compiler.pipeline.compile_model` for the arguments. Returns a
+    :class:`~lumc.compiler.compiled.CompiledModel`.
+    """
+    from lumc.compiler.pipeline import compile_model
+    return compile_model(model, budget=budget, device=device, example_inputs=example_inputs,
+                         shapes=shapes, **kwargs)
+
+
+def load(path, device=None):
+    """Load a ``.lumc`` artifact as a :class:`~lumc.compiler.compiled.CompiledModel`."""
+    from lumc.compiler.compiled import load as _load
+    return _load(path, device)

@@ -1,0 +1,234 @@
+"""CompiledModel: the optimized callable lumc returns, and its artifact form.
+
+A compiled model holds the primitive graph (weights included), the chosen program (kernel calls
+with their configs), the device it was tuned for, the compile report and the source ONNX model.
+Calling it runs the plan: generated Triton kernels on a CUDA GPU, or, without one, the same kernels'
+meanings on the CPU executor (numpy), with the same outputs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumc.compiler.artifact import load_artifact, save_artifact
+from lumc.compiler.program import KernelCall, Program, run_program_reference
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ArtifactError, InputError
+from lumc.ir.graph import Graph, Node
+from lumc.ir.kernels import Kernel
+from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, shape and dtype of a compiled model's input or output."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: dt.DType
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.dtype}{list(self.shape)}"
+
+
+def _jsonable(v):
+    if isinstance(v, tuple):
+        return {"t": [_jsonable(x) for x in v]}
+    return v
+
+
+def _from_jsonable(v):
+    if isinstance(v, dict) and "t" in v:
+        return tuple(_from_jsonable(x) for x in v["t"])
+    return v
+
+
+class CompiledModel:
+    """An optimized callable.
+
+    Attributes:
+        graph: the primitive graph (concrete shapes).
+        program: the chosen kernel calls, in launch order.
+        configs: one kernel config (dict, or None for an untuned kernel) per call.
+        device: the device it was tuned for (``sim:h200``, ``cuda:0 NVIDIA H200``).
+        simulated: True when its times are simulated.
+        source_onnx: the source model's bytes (None when compiled from a torch module).
+    """
+
+    def __init__(self, graph: Graph, program: Program, configs: list, device: str, simulated: bool,
+                 report: dict, source_onnx: bytes | None = None, torch_device: str = "cpu"):
+        self.graph = graph
+        self.program = program
+        self.configs = list(configs)
+        self.device = device
+        self.simulated = simulated
+        self._report = report
+        self.source_onnx = source_onnx
+        self.torch_device = torch_device
+        self._gpu_plan = None
+
+    # ---- specs -----------------------------------------------------------------------------------
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return [TensorInfo(k, n.shape, n.dtype) for k, n in self.graph.inputs.items()]
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return [TensorInfo(k, n.shape, n.dtype) for k, n in self.graph.outputs.items()]
+
+    # ---- running ---------------------------------------------------------------------------------
+    def _bind(self, args, kwargs) -> tuple[dict, bool]:
+        names = list(self.graph.inputs)
+        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+            given = dict(args[0])
+        else:
+            if len(args) > len(names):
+                raise InputError(f"takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+            given = dict(zip(names, args))
+            for k, v in kwargs.items():
+                if k in given:
+                    raise InputError(f"input {k!r} given twice")
+                given[k] = v
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}")
+        is_torch = any(type(v).__module__.startswith("torch") for v in given.values())
+        arrays = {}
+        for k, v in given.items():
+            if type(v).__module__.startswith("torch"):
+                from lumc.backends.triton.launch import to_numpy
+                v = to_numpy(v)
+            arrays[k] = np.asarray(v)
+        for k, n in self.graph.inputs.items():
+            if k not in arrays:
+                raise InputError(f"missing input {k!r} ({n.dtype}{list(n.shape)})", node=k)
+            a = arrays[k]
+            if tuple(a.shape) != n.shape:
+                raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for {n.shape}",
+                                 node=k)
+            if a.dtype != n.dtype.np:
+                raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
+                                 node=k)
+        return arrays, is_torch
+
+    def run(self, inputs: dict) -> dict[str, np.ndarray]:
+        """Run on ``{input name: numpy array}``; returns ``{output name: numpy array}``.
+
+        Raises:
+            InputError: on a missing or unknown input, or a wrong shape or dtype.
+        """
+        arrays, _ = self._bind((inputs,), {})
+        if self.torch_device.startswith("cuda"):
+            from lumc.compiler.gpu_plan import GpuPlan
+            if self._gpu_plan is None:
+                self._gpu_plan = GpuPlan(self)
+            return self._gpu_plan.run_numpy(arrays)
+        return run_program_reference(self.program, self.graph, arrays)
+
+    def __call__(self, *args, **kwargs):
+        """Run on numpy arrays (or torch tensors), positionally in input order or by name.
+
+        Returns one array for a single-output model, else a tuple in output order; torch tensors
+        in give torch tensors out (on the input's device).
+        """
+        arrays, is_torch = self._bind(args, kwargs)
+        out = self.run(arrays)
+        vals = [out[k] for k in self.graph.outputs]
+        if is_torch:
+            import torch
+            dev = next(v.device for v in (list(args) + list(kwargs.values()))
+                       if isinstance(v, torch.Tensor)) if any(
+                isinstance(v, torch.Tensor) for v in list(args) + list(kwargs.values())) else "cpu"
+            from lumc.backends.triton.launch import to_torch
+            vals = [to_torch(v, str(dev)) for v in vals]
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    # ---- report ----------------------------------------------------------------------------------
+    def report_dict(self) -> dict:
+        """The compile report (the JSON ``--report`` writes)."""
+        return json.loads(json.dumps(self._report))
+
+    def report(self) -> str:
+        """A per-kernel table: form, time, bound, % of bound, FLOPs, bytes, config."""
+        r = self._report
+        unit = "simulated" if self.simulated else "measured"
+        lines = [f"lumc compiled model on {self.device} ({unit} times)",
+                 f"{'#':>3} {'form':<10} {'time us':>10} {'bound us':>10} {'% bound':>8} "
+                 f"{'GFLOP':>9} {'MB':>9}  config"]
+        for i, k in enumerate(r.get("per_kernel", [])):
+            t = k.get("time_s")
+            ts = f"{t * 1e6:10.2f}" if t is not None else f"{'untimed':>10}"
+            pct = f"{k['pct_of_bound']:7.1f}%" if k.get("pct_of_bound") is not None else f"{'-':>8}"
+            cfg = " ".join(f"{a}={b}" for a, b in (k.get("config") or {}).items())
+            lines.append(f"{i:>3} {k['form']:<10} {ts} {k['bound_s'] * 1e6:10.2f} {pct} "
+                         f"{k['flops'] / 1e9:9.4f} {k['bytes'] / 1e6:9.3f}  {cfg}")
+        bt = r.get("best_time_s")
+        lines.append(f"total: {len(r.get('per_kernel', []))} kernels, "
+                     f"time {bt * 1e6:.2f} us" if bt is not None else "total: untimed")
+        lines[-1] += f", bound {r.get('bound_time_s', 0) * 1e6:.2f} us"
+        return "\n".join(lines)
+
+    # ---- artifacts -------------------------------------------------------------------------------
+    def save(self, path) -> str:
+        """Write a self-contained ``.lumc`` artifact atomically; returns its hash."""
+        from lumc import __version__
+        doc, npz, index = graph_to_bytes(self.graph)
+        calls = []
+        for c, cfg in zip(self.program.calls, self.configs):
+            mdoc, mnpz, _ = graph_to_bytes(c.kernel.meaning)
+            calls.append({"form": c.kernel.form, "attrs": [[k, _jsonable(v)] for k, v in c.kernel.attrs],
+                          "covers": list(c.kernel.covers), "meaning": mdoc.decode(),
+                          "meaning_consts": mnpz.hex(),
+                          "inputs": [index[id(n)] for n in c.inputs],
+                          "outputs": [index[id(n)] for n in c.outputs], "config": cfg})
+        plan = {"device": self.device, "simulated": self.simulated, "calls": calls,
+                "outputs": {k: index[id(n)] for k, n in self.program.outputs.items()},
+                "label": self.program.label}
+        parts = {"graph.json": doc, "consts.npz": npz, "plan.json": json.dumps(plan).encode(),
+                 "report.json": json.dumps(self._report, indent=1).encode()}
+        if self.source_onnx is not None:
+            parts["source.onnx"] = self.source_onnx
+        return save_artifact(path, parts, __version__)
+
+
+def load(path, device: str | None = None) -> CompiledModel:
+    """Load a ``.lumc`` artifact.
+
+    Args:
+        path: the artifact file.
+        device: where to execute (``cuda:N`` or ``cpu``); None: a CUDA GPU when the artifact was
+            tuned on one and one is present, else the CPU.
+    Raises:
+        ArtifactError: a corrupt, foreign or incompatible artifact (one line).
+    """
+    from lumc import __version__
+    manifest, parts = load_artifact(path, __version__)
+    for need in ("graph.json", "consts.npz", "plan.json", "report.json"):
+        if need not in parts:
+            raise ArtifactError(f"{path}: artifact lacks {need}")
+    graph, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
+    try:
+        plan = json.loads(parts["plan.json"])
+        report = json.loads(parts["report.json"])
+        calls, configs = [], []
+        for c in plan["calls"]:
+            meaning, _ = graph_from_bytes(c["meaning"].encode(), bytes.fromhex(c["meaning_consts"]))
+            k = Kernel(c["form"], meaning, tuple((a, _from_jsonable(v)) for a, v in c["attrs"]),
+                       tuple(c["covers"]))
+            calls.append(KernelCall(k, [nodes[i] for i in c["inputs"]], [nodes[i] for i in c["outputs"]]))
+            configs.append(c["config"])
+        program = Program(calls, {k: nodes[i] for k, i in plan["outputs"].items()}, plan.get("label", ""))
+        program.validate()
+    except ArtifactError:
+        raise
+    except Exception as e:
+        raise ArtifactError(f"{path}: artifact plan is corrupt ({type(e).__name__}: {e})") from None
+    torch_device = "cpu"
+    if device is not None:
+        torch_device = device
+    elif not plan["simulated"]:
+        from lumc.compiler.targets import _cuda_available
+        torch_device = "cuda:0" if _cuda_available() else "cpu"
+    return CompiledModel(graph, program, configs, plan["device"], plan["simulated"], report,
+                         parts.get("source.onnx"), torch_device)

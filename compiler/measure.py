@@ -1,0 +1,236 @@
+"""Measuring kernel configs: compile, check numerics against the reference, time, memoize.
+
+:class:`KernelMeasurer` is the ``measure`` callback of the search loop. For one kernel config it:
+
+1. looks the timing up in the tuning database (keyed by kernel hash, config, device and versions);
+2. renders the kernel to Triton (a kernel that cannot be rendered is an ``error``);
+3. the first time that config runs, checks its outputs against the reference executor's values of
+   the same model nodes (captured from one reference run of the whole model on the example inputs),
+   by the dtype tolerance table; a mismatch is ``rejected`` and never chosen;
+4. times it: CUDA events on a GPU (warm-up, L2 flush, rotating inputs, median of repeats), or the
+   analytical model of ``lumc.backends.simulator`` on ``sim:*``;
+5. stores the result, committed at once.
+
+On a machine without a GPU the numerics check runs the generated source in Triton's interpreter
+(``TRITON_INTERPRET=1``) on CPU tensors.
+"""
+from __future__ import annotations
+
+import hashlib
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumc.backends.simulator import simulate_kernel_time
+from lumc.compiler.program import KernelCall
+from lumc.compiler.search import Measurement
+from lumc.compiler.targets import Target
+from lumc.compiler.tuning_db import Timing, TimingKey, TuningDatabase, config_key
+from lumc.ir import dtypes as dt
+from lumc.ir.kernels import Kernel
+from lumc.ir.serialize import graph_to_bytes
+
+INTERPRETER_MAX_ELEMENTS = 1 << 23   # largest kernel output checked in the CPU interpreter
+
+
+def kernel_hash(kernel: Kernel) -> str:
+    """Content hash of a kernel: its form, attrs and meaning graph (shapes, dtypes, constants)."""
+    doc, npz, _ = graph_to_bytes(kernel.meaning)
+    h = hashlib.sha256()
+    h.update(kernel.form.encode())
+    h.update(repr(kernel.attrs).encode())
+    h.update(doc)
+    h.update(npz)
+    return h.hexdigest()[:32]
+
+
+def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """``max|got - ref| / max|ref|`` over finite reference values, with NaN/inf required to match
+    exactly (a mismatch there is an error of ``inf``)."""
+    g = np.asarray(got, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    if g.shape != r.shape:
+        return float("inf")
+    if r.size == 0:
+        return 0.0
+    fin = np.isfinite(r)
+    if not np.array_equal(np.isnan(g), np.isnan(r)) or not np.array_equal(g[~fin & ~np.isnan(r)],
+                                                                          r[~fin & ~np.isnan(r)]):
+        return float("inf")
+    if not fin.any():
+        return 0.0
+    scale = max(float(np.abs(r[fin]).max()), np.finfo(np.float32).tiny)
+    return float(np.abs(g[fin] - r[fin]).max() / scale)
+
+
+@dataclass
+class KernelEntry:
+    """What the measurer knows about one distinct kernel."""
+    kernel: Kernel
+    call: KernelCall
+    key: str
+    configs: list = field(default_factory=list)
+    render_error: str | None = None
+    triton: object = None
+    max_error: float = 0.0
+
+
+class KernelMeasurer:
+    """The search loop's ``measure`` callback (see module docstring).
+
+    Args:
+        target: where to time.
+        db: the tuning database.
+        versions: ``{"lumc", "triton", "driver"}`` for the database key.
+        values: ``{id(model node): array}`` from one reference run (inputs of every kernel call
+            and their reference outputs), for the numerics check; None skips checks that need data.
+        log: list receiving one line per rejected or failed config.
+    """
+
+    def __init__(self, target: Target, db: TuningDatabase, versions: dict, values: dict | None,
+                 log: list[str] | None = None):
+        self.target = target
+        self.db = db
+        self.versions = versions
+        self.values = values or {}
+        self.log = log if log is not None else []
+        self.entries: dict[str, KernelEntry] = {}
+        self.checked: dict[tuple[str, int], float] = {}
+        self.db_hits = 0
+        self.measured = 0
+
+    # ---- kernels ---------------------------------------------------------------------------------
+    def add(self, call: KernelCall) -> str:
+        """Register a kernel call; returns its kernel key (shared by identical kernels)."""
+        key = kernel_hash(call.kernel)
+        if key not in self.entries:
+            e = KernelEntry(call.kernel, call, key)
+            try:
+                from lumc.backends.triton.launch import TritonKernel
+                e.triton = TritonKernel(call.kernel)
+                e.configs = e.triton.config_space() or [e.triton.default_config()]
+                default = e.triton.default_config()
+                if default in e.configs:
+                    e.configs.remove(default)
+                e.configs.insert(0, default)
+            except Exception as err:  # not renderable: the search must choose another candidate
+                e.render_error = f"{type(err).__name__}: {err}"
+                e.configs = [None]
+            self.entries[key] = e
+        return key
+
+    def n_configs(self, key: str) -> int:
+        return len(self.entries[key].configs)
+
+    def config_of(self, key: str, index: int) -> dict | None:
+        c = self.entries[key].configs[index]
+        return None if c is None else c.kwargs()
+
+    def _db_key(self, key: str, index: int) -> TimingKey:
+        cfg = self.config_of(key, index)
+        return TimingKey(key, config_key(cfg or {}), self.target.name, self.versions["lumc"],
+                         self.versions["triton"], self.versions["driver"])
+
+    # ---- the callback ----------------------------------------------------------------------------
+    def __call__(self, key: str, index: int) -> Measurement:
+        e = self.entries[key]
+        dbk = self._db_key(key, index)
+        hit = self.db.get(dbk)
+        if hit is not None:
+            self.db_hits += 1
+            if not hit.ok:
+                return Measurement(None, "rejected" if hit.note.startswith("rejected") else "error", hit.note)
+            return Measurement(hit.seconds)
+        self.measured += 1
+        if e.render_error is not None:
+            note = f"error: cannot render {e.kernel.form} kernel ({e.render_error})"
+            self.log.append(f"kernel {key[:12]} ({e.kernel.form}): {note}")
+            return Measurement(None, "error", note)
+        cfg_obj = e.configs[index]
+        ok, note = self._check(e, index, cfg_obj)
+        if not ok:
+            self.log.append(f"kernel {key[:12]} ({e.kernel.form}) config {cfg_obj}: {note}")
+            if note.startswith("rejected"):   # wrong numerics are a fact of this kernel+config+version
+                self.db.put(dbk, Timing(0.0, False, self.target.simulated, note))
+                return Measurement(None, "rejected", note)
+            return Measurement(None, "error", note)   # errors may be environmental: not persisted
+        try:
+            seconds = self._time(e, cfg_obj)
+        except Exception as err:
+            return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
+        self.db.put(dbk, Timing(seconds, True, self.target.simulated, note))
+        return Measurement(seconds)
+
+    def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
+        """Run the generated kernel on the captured inputs and compare with the reference."""
+        call = e.call
+        ins = [self.values.get(id(n)) for n in call.inputs]
+        refs = [self.values.get(id(n)) for n in call.outputs]
+        ins = [x if x is not None else (n.arg.value if n.op == "Constant" else None)
+               for x, n in zip(ins, call.inputs)]
+        if any(x is None for x in ins) or any(r is None for r in refs):
+            return True, "unchecked: no reference values captured"
+        if self.target.simulated and sum(int(np.prod(n.shape)) for n in call.outputs) > INTERPRETER_MAX_ELEMENTS:
+            return True, "unchecked: too large for the CPU interpreter"
+        try:
+            outs = e.triton(*ins, config=cfg)
+        except Exception as err:
+            return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        from lumc.backends.triton.launch import to_numpy
+        worst = 0.0
+        for o, r, n in zip(outs, refs, call.outputs):
+            got = to_numpy(o)
+            if n.dtype.is_float:
+                err = max_rel_error(got, r)
+                tol = dt.rtol_for(n.dtype)
+            else:
+                err = 0.0 if np.array_equal(got, r) else float("inf")
+                tol = 0.0
+            worst = max(worst, err)
+            if err > tol:
+                return False, f"rejected: max rel error {err:.3g} > {tol:g} on {n.dtype}"
+        e.max_error = max(e.max_error, worst)
+        self.checked[(e.key, index)] = worst
+        return True, f"checked: max rel error {worst:.3g}"
+
+    def _time(self, e: KernelEntry, cfg) -> float:
+        if self.target.simulated:
+            return simulate_kernel_time(e.kernel, cfg.kwargs() if cfg is not None else {}, self.target.spec)
+        return time_on_gpu(e, cfg, self.values, self.target.torch_device)
+
+
+def time_on_gpu(e: KernelEntry, cfg, values: dict, device: str, repeats: int = 25,
+                warmup: int = 5) -> float:
+    """Median seconds of one launch on the GPU with CUDA events.
+
+    Each repeat first overwrites a 256 MiB buffer (flushing the 50 MB L2 of Hopper), then launches
+    on the next of several rotating copies of the inputs, so no launch reads inputs left in L2.
+    """
+    import torch
+    from lumc.backends.triton.launch import to_torch
+    ins = []
+    for n in e.call.inputs:
+        v = values.get(id(n))
+        if v is None:
+            v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
+        ins.append(to_torch(v, device))
+    in_bytes = sum(t.numel() * t.element_size() for t in ins)
+    copies = max(1, min(8, (512 << 20) // max(in_bytes, 1)))
+    sets = [ins] + [[t.clone() for t in ins] for _ in range(copies - 1)]
+    outs = e.triton(*ins, config=cfg)
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
+    for i in range(warmup):
+        e.triton(*sets[i % copies], outputs=outs, config=cfg)
+    torch.cuda.synchronize(device)
+    times = []
+    for i in range(repeats):
+        flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        e.triton(*sets[i % copies], outputs=outs, config=cfg)
+        end.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(end) / 1e3)
+    return float(statistics.median(times))

@@ -1,0 +1,269 @@
+"""The compile pipeline: every stage of ``lumc compile`` in order, in one place.
+
+    model ──► frontend (load, check, import) ──► primitive graph
+          ──► candidates (e-graph saturation + extraction, or greedy fusion with --no-egraph)
+          ──► reference run (captures every kernel boundary value, for numerics checks)
+          ──► search (roofline bound ─► prune ─► render ─► check numerics ─► time ─► tuning DB)
+          ──► plan (the chosen program and kernel configs) ──► CompiledModel + report
+
+The budget is one hard deadline over all stages. Each stage is a function below, so it can be tested
+and timed alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.compiler.budget import Deadline, parse_duration
+from lumc.compiler.compiled import CompiledModel
+from lumc.compiler.fusion import greedy_program
+from lumc.compiler.measure import KernelMeasurer, max_rel_error
+from lumc.compiler.program import Program, run_program_reference
+from lumc.compiler.search import SearchResult, run_search
+from lumc.compiler.targets import Target, resolve_target, versions
+from lumc.compiler.tuning_db import TuningDatabase
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Graph
+from lumc.rewrites.cost import kernel_time_bound
+
+EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
+MAX_CANDIDATES = 8    # distinct programs taken from extraction
+
+
+@dataclass
+class Frontend:
+    graph: Graph
+    source_onnx: bytes | None
+    model_name: str
+    warnings: list[str] = field(default_factory=list)
+    known_model: object = None
+
+
+def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> Frontend:
+    """Load, check and import an ONNX model (path, bytes or ``onnx.ModelProto``).
+
+    Raises:
+        ModelError, UnsupportedOpError, InputError: one line each (see ``lumc.compiler.onnx_frontend``).
+    """
+    from lumc.compiler.onnx_frontend import check_supported, import_onnx, load_model
+    from lumc.compiler.models import identify_model
+    m = load_model(model)
+    check_supported(m)
+    src = m.SerializeToString()
+    info = identify_model(model) if isinstance(model, (str, os.PathLike)) else None
+    input_shapes = dict(shapes or {})
+    if example_inputs:
+        for k, v in example_inputs.items():
+            input_shapes.setdefault(k, tuple(np.shape(v)))
+    imported = import_onnx(m, _resolve_dim_names(m, input_shapes))
+    name = os.path.basename(str(model)) if isinstance(model, (str, os.PathLike)) else "model"
+    return Frontend(imported.graph, src, name, list(imported.warnings), info)
+
+
+def _resolve_dim_names(m, shapes: dict) -> dict:
+    """Turn ``{dim name: n}`` entries (``batch_size=2``) into whole-input shapes."""
+    from lumc.compiler.onnx_frontend import model_input_specs
+    specs = model_input_specs(m)
+    names = {s.name for s in specs}
+    dims = {k: v for k, v in shapes.items() if k not in names}
+    out = {k: tuple(v) for k, v in shapes.items() if k in names}
+    for s in specs:
+        if s.name in out:
+            continue
+        if any(isinstance(d, str) for d in s.shape):
+            if all(not isinstance(d, str) or d in dims for d in s.shape):
+                out[s.name] = tuple(_scalar_dim(dims[d]) if isinstance(d, str) else d for d in s.shape)
+    return out
+
+
+def _scalar_dim(v) -> int:
+    return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
+
+
+def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egraph: bool
+                     ) -> tuple[list[Program], dict]:
+    """Candidate programs, best-bound first, and the e-graph statistics.
+
+    With ``use_egraph`` the e-graph (``lumc.compiler.egraph_pipeline``) saturates under limits that fit
+    the deadline and extraction returns up to :data:`MAX_CANDIDATES` distinct programs; the greedy
+    program is always a candidate too (it is the ``--no-egraph`` pipeline).
+    """
+    stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
+    greedy = greedy_program(graph)
+    programs = [greedy]
+    if use_egraph:
+        from lumc.compiler import egraph_pipeline
+        t0 = time.monotonic()
+        progs, st = egraph_pipeline.egraph_candidates(
+            graph, target.spec.as_ceilings(), time_limit_s=deadline.remaining() * EGRAPH_SHARE,
+            k=MAX_CANDIDATES)
+        stats.update(st)
+        stats["used"] = True
+        stats.setdefault("saturation_s", time.monotonic() - t0)
+        programs = progs + programs
+    seen, out = set(), []
+    for p in programs:
+        sig = p.signature()
+        if sig not in seen:
+            seen.add(sig)
+            out.append(p)
+    ceil = target.spec.as_ceilings()
+    out.sort(key=lambda p: sum(kernel_time_bound(c.kernel, ceil) for c in p.calls))
+    return out, stats
+
+
+def stage_reference(graph: Graph, programs: list[Program], inputs: dict
+                    ) -> tuple[dict, dict]:
+    """One reference run of the model, keeping every value a kernel of any candidate reads or writes."""
+    keep = {id(n) for p in programs for c in p.calls for n in (*c.inputs, *c.outputs)}
+    return ReferenceExecutor(graph).run_keeping(inputs, keep)
+
+
+def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
+    """Inputs for the numerics checks: the known model's recipe, else N(0,1) floats and small ints."""
+    from lumc.compiler.models import random_inputs
+    shapes = {k: n.shape for k, n in graph.inputs.items()}
+    dtypes = {k: n.dtype.np for k, n in graph.inputs.items()}
+    return random_inputs(shapes, dtypes, seed=seed, info=fe.known_model)
+
+
+class Progress:
+    """The rich progress display: budget used, candidate counters, best time against its bound."""
+
+    def __init__(self, budget_s: float, target: Target, quiet: bool):
+        self.quiet = quiet
+        self.budget_s = budget_s
+        self.target = target
+        self._p = None
+        self._task = None
+        if not quiet:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn
+            self._p = RP(TextColumn("[bold]{task.fields[stage]:<11}"), BarColumn(bar_width=24),
+                         TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+                         console=Console(stderr=True), transient=False)
+            self._p.start()
+            self._task = self._p.add_task("compile", total=budget_s, stage="import", info="")
+
+    def stage(self, name: str, deadline: Deadline, info: str = "") -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=min(deadline.elapsed(), self.budget_s), stage=name,
+                           info=info)
+
+    def search(self, deadline: Deadline, stats, best: float, bound: float) -> None:
+        if self._p is None:
+            return
+        unit = "sim" if self.target.simulated else "gpu"
+        best_s = f"{best * 1e6:.1f}us" if best != float("inf") else "-"
+        info = (f"cand {stats.candidates_total} pruned {stats.candidates_pruned} compiled "
+                f"{stats.candidates_compiled} rejected {stats.candidates_rejected} timed "
+                f"{stats.candidates_timed} | best {best_s} ({unit}) bound {bound * 1e6:.1f}us")
+        self.stage("search", deadline, info)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def compile_model(model, *, budget, device: str | None = None, example_inputs: dict | None = None,
+                  shapes: dict | None = None, use_egraph: bool = True, quiet: bool = True,
+                  db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic
+                  ) -> CompiledModel:
+    """Compile an ONNX model into the fastest correct program lumc finds within ``budget``.
+
+    Args:
+        model: a path, ``onnx.ModelProto`` or bytes.
+        budget: a DURATION (``"30m"``, ``"90s"``) or seconds; a hard deadline for the whole compile
+            (it returns within the budget plus 5%, or plus 10 s under 3 minutes).
+        device: ``cuda[:N]``, ``sim:h100`` or ``sim:h200``; None picks the first CUDA GPU, else
+            ``sim:h200`` (times then are simulated, and the report says so).
+        example_inputs: ``{name: array}`` used for shapes and the numerics checks; default random
+            inputs by the model's recipe.
+        shapes: ``{input name or dynamic dim name: dims}`` for dynamic dims.
+        use_egraph: False gives the greedy-fusion pipeline (``--no-egraph``).
+        quiet: no progress display.
+        db: the tuning database (default: the user cache dir's).
+    Raises:
+        BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
+    """
+    budget_s = parse_duration(budget)
+    deadline = Deadline(budget_s, clock)
+    target = resolve_target(device)
+    ver = versions()
+    progress = Progress(budget_s, target, quiet)
+    try:
+        fe = stage_frontend(model, shapes, example_inputs)
+        graph = fe.graph
+        progress.stage("candidates", deadline)
+        programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph)
+        inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
+        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        progress.stage("reference", deadline)
+        ref_out, values = stage_reference(graph, programs, inputs)
+        db = db if db is not None else TuningDatabase()
+        log: list[str] = []
+        measurer = KernelMeasurer(target, db, ver, values, log)
+        keys = [[measurer.add(c) for c in p.calls] for p in programs]
+        ceil = target.spec.as_ceilings()
+        bounds = {k: kernel_time_bound(measurer.entries[k].kernel, ceil) for ks in keys for k in ks}
+        nconf = {k: measurer.n_configs(k) for ks in keys for k in ks}
+        result = run_search(keys, bounds, nconf, measurer, deadline,
+                            on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd))
+        progress.stage("plan", deadline)
+        chosen = programs[result.candidate]
+        ck = keys[result.candidate]
+        configs = [measurer.config_of(k, result.configs.get(k, 0)) for k in ck]
+        out = run_program_reference(chosen, graph, inputs)
+        err = max((max_rel_error(out[k], ref_out[k]) if graph.outputs[k].dtype.is_float else
+                   (0.0 if np.array_equal(out[k], ref_out[k]) else float("inf")))
+                  for k in graph.outputs) if graph.outputs else 0.0
+        kernel_err = max((measurer.entries[k].max_error for k in ck), default=0.0)
+        report = build_report(fe, graph, programs, chosen, ck, configs, result, measurer, bounds,
+                              target, budget_s, deadline, egraph_stats, max(err, kernel_err),
+                              use_egraph, db, log)
+        cm = CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
+                           fe.source_onnx, target.torch_device)
+        return cm
+    finally:
+        progress.close()
+
+
+def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult, measurer, bounds,
+                 target, budget_s, deadline, egraph_stats, max_err, use_egraph, db, log) -> dict:
+    """The ``--report`` JSON (see the issue for the field list)."""
+    per_kernel = []
+    for c, k, cfg in zip(chosen.calls, ck, configs):
+        t = result.kernel_times.get(k)
+        per_kernel.append({
+            "form": c.kernel.form, "kernel": k, "covers": list(c.kernel.covers)[:16],
+            "time_s": t, "bound_s": bounds[k], "flops": c.kernel.flops(), "bytes": c.kernel.min_bytes(),
+            "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
+            "arithmetic_intensity": c.kernel.arithmetic_intensity()})
+    consts = {id(n): n for c in chosen.calls for n in c.inputs if n.op == "Constant"}
+    ideal = (sum(n.nbytes for n in graph.inputs.values()) + sum(n.nbytes for n in consts.values())
+             + sum(n.nbytes for n in graph.outputs.values()))
+    st = result.stats
+    return {
+        "model": fe.model_name, "device": target.name, "simulated": target.simulated,
+        "budget_s": budget_s, "compile_s": deadline.elapsed(), "stopped_because": st.stopped_because,
+        "egraph_used": use_egraph, "kernels": len(chosen.calls), "programs": len(programs),
+        "candidate_label": chosen.label,
+        "candidates_total": st.candidates_total, "candidates_pruned": st.candidates_pruned,
+        "candidates_compiled": st.candidates_compiled, "candidates_timed": st.candidates_timed,
+        "candidates_rejected": st.candidates_rejected, "measurements": st.measurements,
+        "db_hits": measurer.db_hits, "measured": measurer.measured,
+        "best_time_s": result.time_s, "bound_time_s": result.bound_s,
+        "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
+        "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
+                                                     "used", "iterations", "stop_reasons")},
+        "max_rel_error": max_err, "warnings": list(fe.warnings), "log": log[:200],
+        "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
+        "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},
+        "outputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.outputs.items()},
+    }
