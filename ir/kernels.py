@@ -12,8 +12,11 @@ Costs (source: the roofline model, Williams, Waterman & Patterson, CACM 2009):
 
 * ``flops``: the sum of the meaning's primitive FLOP counts (``lumc.ir.ops``), where a
   ``SumReduce(Mul(a, b))`` pair counts 2 per multiply-add.
-* ``min_bytes``: every input read once plus every output written once, in their dtypes. A kernel
-  cannot move less, so ``max(flops / peak, min_bytes / bandwidth)`` is a lower bound on its time.
+* ``min_bytes``: every input read once plus every output written once, in their dtypes. An input
+  read only as a ``Gather`` table, or only through views that address part of it (a slice), counts
+  just the elements those reads address (``min(its size, the gathered or viewed elements)``): an
+  embedding lookup moves the rows it gathers, not the whole table. With that, ``max(flops / peak,
+  min_bytes / bandwidth)`` is the roofline estimate of the kernel's time.
 """
 from __future__ import annotations
 
@@ -69,8 +72,30 @@ class Kernel:
         return total
 
     def min_bytes(self) -> int:
-        """Bytes the kernel must move at least: each input read once, each output written once."""
-        return sum(n.nbytes for n in self.inputs) + sum(n.nbytes for n in self.outputs)
+        """Bytes the kernel must move: each input read once (only the elements its gathers and
+        partial views address), each output written once."""
+        users: dict[int, list[tuple[Node, int]]] = {}
+        for n in self.meaning.nodes():
+            for pos, s in enumerate(n.srcs):
+                users.setdefault(id(s), []).append((n, pos))
+        total = sum(n.nbytes for n in self.outputs)
+        for x in self.inputs:
+            addressed = 0
+            for u, pos in users.get(id(x), []):
+                if u.op == "Gather" and pos == 0:
+                    addressed += u.numel
+                elif u.op == "View":
+                    valid = 1
+                    for lo_hi, d in zip(u.arg.mask or [(0, d) for d in u.shape], u.shape):
+                        valid *= max(0, min(lo_hi[1], d) - lo_hi[0])
+                    addressed += valid
+                else:
+                    addressed += x.numel
+            if x.numel and id(x) in users:
+                total += min(x.numel, addressed) * x.dtype.itemsize
+            else:
+                total += x.nbytes
+        return total
 
     def arithmetic_intensity(self) -> float:
         """FLOP per byte of ``min_bytes`` (0 for a kernel that moves nothing)."""
