@@ -23,6 +23,7 @@ import os
 import tempfile
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 from lumc.ir.errors import ArtifactError
@@ -101,7 +102,8 @@ def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dic
                 parts[k] = data
     except ArtifactError:
         raise
-    except (zipfile.BadZipFile, json.JSONDecodeError, KeyError, OSError, EOFError, ValueError) as e:
+    except (zipfile.BadZipFile, zlib.error, json.JSONDecodeError, KeyError, OSError, EOFError,
+            ValueError, TypeError) as e:
         raise ArtifactError(f"{path}: not a readable lumc artifact ({type(e).__name__}: {e})") from None
     if manifest.get("lumc_version") != lumc_version:
         raise ArtifactError(f"{path}: compiled by lumc {manifest.get('lumc_version')}, this is lumc "

@@ -98,7 +98,12 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     greedy = greedy_program(graph)
     programs = [greedy]
     if use_egraph:
-        from lumc.compiler import egraph_pipeline
+        try:
+            from lumc.compiler import egraph_pipeline
+        except ImportError as e:   # a tree without the e-graph stage: greedy only, said in the report
+            stats["error"] = f"e-graph stage unavailable ({e})"
+            use_egraph = False
+    if use_egraph:
         t0 = time.monotonic()
         progs, st = egraph_pipeline.egraph_candidates(
             graph, target.spec.as_ceilings(), time_limit_s=deadline.remaining() * EGRAPH_SHARE,
@@ -261,7 +266,7 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "best_time_s": result.time_s, "bound_time_s": result.bound_s,
         "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
         "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
-                                                     "used", "iterations", "stop_reasons")},
+                                                     "used", "iterations", "stop_reasons", "error")},
         "max_rel_error": max_err, "warnings": list(fe.warnings), "log": log[:200],
         "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
         "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},

@@ -1,0 +1,129 @@
+"""lumc.compile end to end on a small ONNX model, on the simulated device (sim:h200)."""
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lumc
+from lumc.compiler.tuning_db import TuningDatabase
+from lumc.ir.errors import ArtifactError, BudgetError, InputError
+
+
+def small_model(m=8, k=24, n=40):
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((n,)).astype(np.float32), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"], axis=-1)]
+    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture()
+def db(tmp_path):
+    return TuningDatabase(tmp_path / "tuning.sqlite")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model()
+
+
+def ort_run(model, x):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_compile_runs_and_matches_onnxruntime(model, db, tmp_path):
+    cm = lumc.compile(model, budget="30s", device="sim:h200", db=db)
+    x = np.random.default_rng(1).standard_normal((8, 24)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), ort_run(model, x), rtol=1e-5, atol=1e-6)
+    r = cm.report_dict()
+    assert r["simulated"] is True and r["device"] == "sim:h200"
+    for key in ("budget_s", "compile_s", "stopped_because", "kernels", "candidates_total",
+                "candidates_pruned", "candidates_timed", "candidates_rejected", "best_time_s",
+                "bound_time_s", "bytes_moved", "ideal_bytes", "egraph", "max_rel_error", "per_kernel"):
+        assert key in r, key
+    assert r["candidates_timed"] > 0 and r["best_time_s"] >= r["bound_time_s"] > 0
+    assert r["max_rel_error"] <= 1e-4
+    assert [i.name for i in cm.inputs] == ["x"] and cm.outputs[0].shape == (8, 40)
+    assert "simulated" in cm.report()
+
+
+def test_second_compile_hits_the_database(model, db):
+    lumc.compile(model, budget="30s", device="sim:h200", db=db)
+    again = lumc.compile(model, budget="30s", device="sim:h200", db=db)
+    r = again.report_dict()
+    assert r["measured"] == 0 and r["db_hits"] > 0
+
+
+def test_save_load_roundtrip_and_corruption(model, db, tmp_path):
+    cm = lumc.compile(model, budget="20s", device="sim:h200", db=db)
+    p = tmp_path / "m.lumc"
+    cm.save(p)
+    back = lumc.load(p)
+    x = np.random.default_rng(2).standard_normal((8, 24)).astype(np.float32)
+    np.testing.assert_array_equal(back(x), cm(x))
+    assert back.source_onnx == model.SerializeToString()
+    assert back.report_dict()["best_time_s"] == cm.report_dict()["best_time_s"]
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "bad.lumc"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError):
+        lumc.load(bad)
+    onnx_file = tmp_path / "m.onnx"
+    onnx.save(model, onnx_file)
+    with pytest.raises(ArtifactError):
+        lumc.load(onnx_file)          # a foreign file
+
+
+def test_bad_calls(model, db):
+    cm = lumc.compile(model, budget="20s", device="sim:h200", db=db)
+    with pytest.raises(InputError, match="shape"):
+        cm(np.zeros((8, 23), np.float32))
+    with pytest.raises(InputError, match="dtype"):
+        cm(np.zeros((8, 24), np.float64))
+    with pytest.raises(InputError, match="unknown input"):
+        cm(x=np.zeros((8, 24), np.float32), z=1)
+    with pytest.raises(InputError, match="missing"):
+        cm({})
+
+
+@pytest.mark.parametrize("budget", ["banana", 0, "-5s", "0s", ""])
+def test_bad_budgets(model, budget, db):
+    with pytest.raises(BudgetError):
+        lumc.compile(model, budget=budget, device="sim:h200", db=db)
+
+
+def test_tiny_budget_returns_a_valid_program(model, db):
+    ticks = iter(np.arange(0, 1000, 1.0))   # every clock read advances one second
+
+    cm = lumc.compile(model, budget="2s", device="sim:h200", db=db, clock=lambda: float(next(ticks)))
+    x = np.random.default_rng(3).standard_normal((8, 24)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), ort_run(model, x), rtol=1e-5, atol=1e-6)
+    assert "budget" in cm.report_dict()["stopped_because"]
+
+
+def test_corrupt_database_does_not_break_compile(model, tmp_path):
+    p = tmp_path / "t.sqlite"
+    p.write_bytes(b"garbage" * 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        db = TuningDatabase(p)
+    cm = lumc.compile(model, budget="20s", device="sim:h200", db=db)
+    assert cm.report_dict()["candidates_timed"] > 0
+
+
+def test_torch_tensors_in_and_out(model, db):
+    torch = pytest.importorskip("torch")
+    cm = lumc.compile(model, budget="20s", device="sim:h200", db=db)
+    x = torch.randn(8, 24)
+    y = cm(x)
+    assert isinstance(y, torch.Tensor)
+    np.testing.assert_allclose(y.numpy(), ort_run(model, x.numpy()), rtol=1e-5, atol=1e-6)
