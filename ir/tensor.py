@@ -572,9 +572,10 @@ class Tensor:
             return self.neg().max(axes, keepdims).neg()
         if self.dtype.is_bool:
             return self.logical_not().max(axes, keepdims).logical_not()
-        m1 = self.scalar_like(-1)
-        r = m1.sub(self).max(axes, keepdims=True)
-        return self._finish_reduce(r.scalar_like(-1).sub(r), self._axes(axes), keepdims)
+        # reflect around the top: c - x never overflows for c = -1 (signed) or the maximum (unsigned)
+        c = -1 if self.dtype.kind == "int" else int(self.dtype.max_value())
+        r = self.scalar_like(c).sub(self).max(axes, keepdims=True)
+        return self._finish_reduce(r.scalar_like(c).sub(r), self._axes(axes), keepdims)
 
     def mean(self, axes=None, keepdims: bool = False) -> "Tensor":
         ax = self._axes(axes)
