@@ -28,7 +28,7 @@ def unravel(flat: str, shape: tuple[int, ...]) -> list[str]:
         e = flat if acc == 1 else f"({flat}) // {acc}"
         if pos != len(nonone) - 1:          # the outermost dim is bounded by the mask already
             e = f"({e}) % {d}"
-        out[k] = f"({e})"
+        out[k] = e if e.isidentifier() else f"({e})"
         acc *= d
     return out
 

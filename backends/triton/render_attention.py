@@ -1,2 +1,299 @@
-def render_attention(kernel):
-    raise NotImplementedError
+"""Attention kernels: flash-style, the score matrix never leaves registers.
+
+The meaning is ``out = softmax(f(q @ k^T)) @ v`` in primitives: a score contraction ``C1``, any
+elementwise ``f`` (scale, boolean mask through ``Where``, additive bias, causal mask from ``Iota``),
+the softmax's ``MaxReduce``/``SumReduce`` pair over the key axes, and a value contraction ``C2`` whose
+left operand is ``E * G``: the softmax numerator ``E = exp2((x - max) * c)`` times a factor ``G``
+that is constant along the keys (``1 / sum``). All of it is found in the graph:
+
+* ``C1`` and ``C2`` are classified by ``contraction`` (batch, query, key and head dims);
+* the softmax domain ``T`` (the max's operand shape) is matched dim by dim to ``C1``'s output
+  (a reshape) and to ``C2``'s left operand view (stride matching), so the batch, query and key
+  groups agree across the three;
+* the max/sum pair must be the online-softmax pattern of ``render_norm``.
+
+A program owns ``BLOCK_M`` queries of one batch, loads its ``q`` tile once, and walks the keys in
+``BLOCK_N`` blocks: scores by ``tl.dot``, ``f`` on the tile, running max and sum (Milakov &
+Gimelshein 2018), ``acc = acc * alpha + E @ v`` (Dao et al., FlashAttention, 2022). ``G`` is applied
+once at the end, then the epilogue. Bytes: q, k, v and out once per query block (k, v re-read per
+query block from L2); FLOPs ``4 * B * Lq * Lk * D``.
+"""
+from __future__ import annotations
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Node, toposort
+from lumc.ir.kernels import Kernel
+from lumc.ir.views import contiguous_strides
+from lumc.backends.triton import exprs
+from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
+from lumc.backends.triton.configs import next_pow2
+from lumc.backends.triton.contraction import Contraction, dims_used, find_contractions
+from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
+from lumc.backends.triton.render_matmul import DOT_DTYPES, bind_all, check_epilogue, dependents, place
+from lumc.backends.triton.render_norm import OnlineSoftmax, _match_softmax
+from lumc.backends.triton.rowplan import RowPlan, plan_rows_of
+from lumc.backends.triton.source import KernelParts, make_params
+
+MAX_HEAD = 256
+
+
+def _strip_cast(n: Node) -> Node:
+    return n.srcs[0] if n.op == "Cast" else n
+
+
+def _t_to_f1(t_shape, fr1) -> list[int]:
+    """For each non-1 dim of ``T``, the dim of ``C1``'s output it is (a reshape adding/dropping 1s)."""
+    a = [k for k, d in enumerate(t_shape) if d != 1]
+    b = [k for k, d in enumerate(fr1) if d != 1]
+    if [t_shape[k] for k in a] != [fr1[k] for k in b]:
+        raise RenderError(f"scores {tuple(fr1)} reach the softmax as {tuple(t_shape)}, not by a "
+                          "reshape that keeps every dim")
+    out = [-1] * len(t_shape)
+    for ka, kb in zip(a, b):
+        out[ka] = kb
+    return out
+
+
+def _f2_to_t(view, t_shape) -> list[int]:
+    """For each dim of ``C2``'s full shape, the ``T`` dim its left operand view reads (-1: broadcast)."""
+    if view.offset or view.mask is not None:
+        raise RenderError("the probabilities are read through a shifted or masked view")
+    cs = contiguous_strides(t_shape)
+    out, used = [], set()
+    for d, st in zip(view.shape, view.strides):
+        if st == 0 or d == 1:
+            out.append(-1)
+            continue
+        cands = [j for j in range(len(t_shape)) if cs[j] == st and t_shape[j] == d and j not in used]
+        if not cands:
+            raise RenderError("the probabilities are read through a view that is not a broadcast "
+                              "of their own dims")
+        used.add(cands[0])
+        out.append(cands[0])
+    return out
+
+
+class AttentionPlan:
+    """The structure of an attention meaning (see module docstring)."""
+
+    def __init__(self, kernel: Kernel):
+        nodes = kernel.meaning.nodes()
+        cs = find_contractions(nodes)
+        if len(cs) != 2:
+            raise RenderError(f"attention needs two contractions (scores, values), found {len(cs)}")
+        c1, c2 = cs
+        if c1.node in dependents(nodes, c2.node):
+            c1, c2 = c2, c1
+        self.c1, self.c2 = c1, c2
+        after = dependents(nodes, c2.node)
+        if c2.a.op != "View":
+            raise RenderError("the probabilities must reach the value product through a view")
+        before = toposort([c2.a.srcs[0]])           # the softmax and everything under it
+        reds = [n for n in before if n.op in ("SumReduce", "MaxReduce") and n is not c1.node]
+        self.plan: RowPlan = plan_rows_of(before, reds, {})
+        merges = [_match_softmax(r, self.plan) for r in reds]
+        merges = [m for m in merges if m is not None]
+        if len(reds) != 2 or len(merges) != 1:
+            raise RenderError("attention needs exactly one softmax (max and sum of exp2) between "
+                              "its two contractions")
+        self.softmax: OnlineSoftmax = merges[0]
+        check_epilogue(nodes, after, c2.node)
+        # C2's left operand is View(E * G) (maybe cast): find E and G
+        left = c2.a
+        self.p_view = left
+        pc = left.srcs[0]
+        self.p_cast = pc.dtype
+        prod_ = _strip_cast(pc)
+        e = self.softmax.s.srcs[0]
+        if prod_.op != "Mul" or e not in prod_.srcs:
+            raise RenderError("the value product's left operand is not exp(...) times a row factor")
+        self.e = e
+        self.g = prod_.srcs[1] if prod_.srcs[0] is e else prod_.srcs[0]
+        if dims_used(self.g) & set(self.plan.axes):
+            raise RenderError("the softmax's normalizer varies along the keys")
+        self._match_dims()
+
+    def _match_dims(self) -> None:
+        c1, c2, plan = self.c1, self.c2, self.plan
+        t = plan.shape
+        fr1 = tuple(1 if d in c1.k_dims else s for d, s in enumerate(c1.full))
+        t2f1 = _t_to_f1(t, fr1)
+        group1 = {}
+        for g, dims in (("batch", c1.batch_dims), ("query", c1.m_dims), ("key", c1.n_dims)):
+            for d in dims:
+                group1[d] = g
+        self.t_groups = {"batch": [], "query": [], "key": []}
+        for j, f in enumerate(t2f1):
+            if f >= 0:
+                self.t_groups[group1[f]].append(j)
+        if sorted(self.t_groups["key"]) != sorted(k for k in plan.axes if t[k] != 1):
+            raise RenderError("the softmax does not run over the key dims of the scores")
+        f2t = _f2_to_t(self.p_view.arg, t)
+        group2 = {}
+        for g, dims in (("batch", c2.batch_dims), ("query", c2.m_dims), ("key", c2.k_dims),
+                        ("head", c2.n_dims)):
+            for d in dims:
+                group2[d] = g
+        for i, j in enumerate(f2t):
+            if j < 0:
+                continue
+            want = {"batch": "batch", "query": "query", "key": "key"}[
+                next(g for g, js in self.t_groups.items() if j in js)]
+            if group2.get(i) != want:
+                raise RenderError("the value product does not pair queries, keys and batches the "
+                                  "way the scores do")
+        for name, a, b in (("batch", c1.batch_dims, c2.batch_dims), ("query", c1.m_dims, c2.m_dims),
+                           ("key", c1.n_dims, c2.k_dims)):
+            if c1.shape_of(a) != c2.shape_of(b):
+                raise RenderError(f"{name} dims differ between the two products: "
+                                  f"{c1.shape_of(a)} vs {c2.shape_of(b)}")
+        if c1.shape_of(c1.batch_dims) != tuple(t[j] for j in self.t_groups["batch"]):
+            raise RenderError("batch dims of the softmax and the scores differ")
+
+
+def render_attention(kernel: Kernel) -> KernelParts:
+    """Render a flash-attention kernel (see module docstring).
+
+    Raises:
+        RenderError: when the meaning is not ``softmax(f(q k^T)) v`` in the form described above.
+    """
+    ap = AttentionPlan(kernel)
+    c1, c2, plan, sm = ap.c1, ap.c2, ap.plan, ap.softmax
+    if c1.a.dtype not in DOT_DTYPES or c2.b.dtype not in DOT_DTYPES:
+        raise RenderError(f"attention products need f16/bf16/f32 operands, got {c1.a.dtype}")
+    D, DV = c1.K, c2.N
+    if D > MAX_HEAD or DV > MAX_HEAD:
+        raise RenderError(f"head dims {D}/{DV} exceed {MAX_HEAD} (the q and acc tiles must fit)")
+    LQ, LK, B = c1.M, c1.N, c1.batch
+    BD, BDV = max(16, next_pow2(D)), max(16, next_pow2(DV))
+    nodes = kernel.meaning.nodes()
+    reads = reads_of(nodes)
+    params, ptrs, consts = make_params(kernel, reads)
+    big = needs_int64(nodes, (B * LQ * LK,))
+    w = SourceWriter()
+    state = {"scores": None, "row_eval": False}
+    row_vals: dict[Node, str] = {}
+    overrides: dict[Node, str] = {}
+
+    def resolve(ev, n, idx, mask, level):
+        if n is c1.node:
+            return state["scores"]
+        if n is c2.node:
+            return state["out"]
+        if n in overrides:
+            return w.bind(f"{overrides[n]}[:, None]", "b", level)
+        if n in row_vals:
+            return row_vals[n]
+        if n.op == "View" and plan.kind.get(n) == "full" and plan.kind.get(n.srcs[0]) == "row":
+            src = n.srcs[0]
+            rv = ev.value(src, reshape_index(row_idx, plan.reduced_shape, src.shape), "rmask", 0)
+            return rv if state["row_eval"] else w.bind(f"{rv}[:, None]", "b", level)
+        return None
+
+    ev = Evaluator(w, ptrs, resolve, "tl.int64" if big else "tl.int32")
+    i64 = ".to(tl.int64)" if big else ""
+    w.line("pid_m = tl.program_id(0)")
+    w.line(f"pid_b = tl.program_id(1){i64}")
+    w.line(f"rm = pid_m{i64} * BLOCK_M + tl.arange(0, BLOCK_M)      # this program's queries")
+    w.line(f"rmask = rm < {LQ}")
+    w.line("rd = tl.arange(0, BLOCK_D)")
+    w.line("rdv = tl.arange(0, BLOCK_DV)")
+    bidx = bind_all(w, unravel("pid_b", c1.shape_of(c1.batch_dims)), "bb")
+    t = plan.shape
+
+    def t_index(rows: str, keys: str | None) -> list[str]:
+        idx = ["0"] * len(t)
+        for j, e in zip(ap.t_groups["batch"], bidx):
+            idx[j] = e
+        qs = bind_all(w, unravel(rows, tuple(t[j] for j in ap.t_groups["query"])), "tq")
+        for j, e in zip(ap.t_groups["query"], qs):
+            idx[j] = e
+        if keys is not None:
+            ks = bind_all(w, unravel(keys, tuple(t[j] for j in ap.t_groups["key"])), "tk", 1)
+            for j, e in zip(ap.t_groups["key"], ks):
+                idx[j] = e
+        return idx
+
+    row_idx = t_index("rm", None)
+    # the q tile, loaded once
+    q_idx = place(c1, {c1.batch_dims: bidx,
+                       c1.m_dims: bind_all(w, unravel("rm[:, None]", c1.shape_of(c1.m_dims)), "qm"),
+                       c1.k_dims: bind_all(w, unravel("rd[None, :]", c1.shape_of(c1.k_dims)), "qd")})
+    w.line(f"q_mask = rmask[:, None] & (rd[None, :] < {D})")
+    q = ev.value(c1.a, q_idx, "q_mask", 0)
+    prec1 = ', input_precision="ieee"' if c1.a.dtype == dt.f32 else ""
+    prec2 = ', input_precision="ieee"' if c2.b.dtype == dt.f32 else ""
+    md = exprs.tl_dtype(sm.m.dtype)
+    sd = exprs.tl_dtype(sm.s.dtype.accumulator)
+    w.line(f"m_run = tl.full([BLOCK_M], float('-inf'), {md})")
+    w.line(f"l_run = tl.zeros([BLOCK_M], {sd})")
+    w.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)")
+    w.open(f"for n_start in range(0, {LK}, BLOCK_N):")
+    w.line(f"rn = n_start{i64} + tl.arange(0, BLOCK_N)" if big else
+           "rn = n_start + tl.arange(0, BLOCK_N)")
+    w.line(f"nmask = rn < {LK}")
+    w.line("mask2 = rmask[:, None] & nmask[None, :]")
+    kt_idx = place(c1, {c1.batch_dims: bidx,
+                        c1.k_dims: bind_all(w, unravel("rd[:, None]", c1.shape_of(c1.k_dims)), "kd", 1),
+                        c1.n_dims: bind_all(w, unravel("rn[None, :]", c1.shape_of(c1.n_dims)), "kn", 1)})
+    w.line(f"k_mask = (rd[:, None] < {D}) & nmask[None, :]")
+    kt = ev.value(c1.b, kt_idx, "k_mask", 1)
+    s = w.bind(f"tl.dot({q}, {kt}{prec1})", "s", 1)
+    if c1.node.dtype != dt.f32:
+        s = w.bind(f"{s}.to({exprs.tl_dtype(c1.node.dtype)})", "s", 1)
+    state["scores"] = s
+    full = t_index("rm[:, None]", "rn[None, :]")
+    x = ev.value(sm.m.srcs[0], full, "mask2", 1)
+    xm = w.bind(f"tl.where(mask2, {x}, float('-inf'))", "a", 1)
+    w.line(f"m_blk = tl.max({xm}, axis=1)")
+    w.line(f"nan_blk = tl.max(({xm} != {xm}).to(tl.int8), axis=1) > 0")
+    w.line("m_new = _max_nan(m_run, tl.where(nan_blk, float('nan'), m_blk))")
+    w.line("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+    c = exprs.render_scalar(sm.scale, sm.m.dtype)
+    w.line(f"alpha = tl.exp2((m_run - m_safe).to(tl.float32) * {c})")
+    overrides[sm.bcast] = "m_safe"
+    e = ev.value(ap.e, full, "mask2", 1)
+    del overrides[sm.bcast]
+    p = w.bind(f"tl.where(mask2, {e}, 0.0)", "p", 1)
+    w.line(f"l_run = l_run * alpha + tl.sum({p}.to({sd}), axis=1)")
+    v_idx = place(c2, {c2.batch_dims: bidx,
+                       c2.k_dims: bind_all(w, unravel("rn[:, None]", c2.shape_of(c2.k_dims)), "vn", 1),
+                       c2.n_dims: bind_all(w, unravel("rdv[None, :]", c2.shape_of(c2.n_dims)), "vd", 1)})
+    w.line(f"v_mask = nmask[:, None] & (rdv[None, :] < {DV})")
+    v = ev.value(c2.b, v_idx, "v_mask", 1)
+    w.line(f"acc = acc * alpha[:, None] + tl.dot({p}.to({exprs.tl_dtype(c2.b.dtype)}), {v}{prec2})")
+    w.line("m_run = m_new")
+    w.close()
+    # the softmax's statistics per row, then the row factor G, then C2 and its epilogue
+    row_vals[sm.m] = "m_run"
+    row_vals[sm.s] = w.bind(f"tl.where(m_run == float('-inf'), float('nan'), l_run)"
+                            f".to({exprs.tl_dtype(sm.s.dtype)})", "red")
+    state["row_eval"] = True
+    g = ev.value(ap.g, row_idx, "rmask", 0)
+    state["row_eval"] = False
+    out = f"acc * {g}[:, None]" if g not in ("", None) else "acc"
+    if c2.node.dtype != dt.f32:
+        out = f"({out}).to({exprs.tl_dtype(c2.node.dtype)})"
+    state["out"] = w.bind(out, "o")
+    fr2 = tuple(1 if d in c2.k_dims else s_ for d, s_ in enumerate(c2.full))
+    o_idx = place(c2, {c2.batch_dims: bidx,
+                       c2.m_dims: bind_all(w, unravel("rm[:, None]", c2.shape_of(c2.m_dims)), "om"),
+                       c2.n_dims: bind_all(w, unravel("rdv[None, :]", c2.shape_of(c2.n_dims)), "od")})
+    w.line(f"o_mask = rmask[:, None] & (rdv[None, :] < {DV})")
+    addr = flat_index(o_idx, fr2)
+    if not (c2.m_dims and c2.n_dims):
+        addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_DV], {'tl.int64' if big else 'tl.int32'})"
+    for name, o in kernel.meaning.outputs.items():
+        val = ev.value(o, reshape_index(o_idx, fr2, o.shape), "o_mask", 0)
+        w.line(f"tl.store({name}_ptr + ({addr}), {val}, mask=o_mask)")
+    problem = {"M": LQ, "N": LK, "D": D, "DV": DV, "batch": B, "BLOCK_D": BD, "BLOCK_DV": BDV,
+               "itemsize": c1.a.dtype.itemsize}
+    notes = [f"attention batch={B} queries={LQ} keys={LK} head={D}/{DV}; softmax scale "
+             f"{sm.scale!r} (exp2 base)"]
+    if big:
+        notes.append("int64 indexing (a tensor or address passes 2**31)")
+    return KernelParts(
+        form=kernel.form, variant="flash", params=params, constexprs=("BLOCK_M", "BLOCK_N"),
+        body=w.body(), grid=f"triton.cdiv({LQ}, BLOCK_M), {B}", problem=problem,
+        config_space="attention", constants=consts, notes=notes,
+        extra_constexprs={"BLOCK_D": BD, "BLOCK_DV": BDV})

@@ -1,2 +1,167 @@
-def render_matmul(kernel):
-    raise NotImplementedError
+"""Matmul, batched matmul and convolution (im2col views) kernels: ``tl.dot`` tiles, fp32 accumulator,
+fused prologue and epilogue.
+
+The meaning's ``SumReduce(Mul(a, b))`` is classified by ``contraction`` into ``M``/``N``/``K``/batch
+dims. A program computes one ``BLOCK_M x BLOCK_N`` output tile of one batch, walking ``K`` in
+``BLOCK_K`` steps. Its operand tiles are ``a`` and ``b`` evaluated at the tile's indices through their
+view chains, so transposed operands (swapped strides), broadcast batch dims (stride 0) and a
+convolution's padded sliding windows (offset, mask) are all read in place. Programs are ordered in
+groups of ``GROUP_M`` row tiles so neighbouring programs share ``b`` tiles in L2 (Triton tutorial 03).
+
+The epilogue (bias, activation, residual: anything elementwise over the product, through pure
+reshapes) runs on the accumulator tile before the single store. fp16/bf16 operands multiply on
+tensor cores and accumulate in fp32; fp32 operands use ``input_precision="ieee"`` (no TF32: the
+reference multiplies in full fp32). Other dtypes (fp64, integers) go through the row engine.
+
+FLOPs ``2*M*N*K`` per batch; bytes at least ``A + B + C`` once; the target is the tensor-core peak.
+"""
+from __future__ import annotations
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Node
+from lumc.ir.kernels import Kernel
+from lumc.ir.ops import ELEMENTWISE
+from lumc.backends.triton import exprs
+from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
+from lumc.backends.triton.contraction import Contraction, find_contractions
+from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
+                                           reshape_index, unravel)
+from lumc.backends.triton.source import KernelParts, make_params
+
+DOT_DTYPES = (dt.f16, dt.bf16, dt.f32)
+
+
+def dependents(nodes: list[Node], root: Node) -> set[Node]:
+    """Nodes of ``nodes`` (topological) that depend on ``root``, ``root`` included."""
+    dep = {root}
+    for n in nodes:
+        if any(s in dep for s in n.srcs):
+            dep.add(n)
+    return dep
+
+
+def check_epilogue(nodes: list[Node], dep: set[Node], root: Node) -> None:
+    for n in nodes:
+        if n not in dep or n is root:
+            continue
+        if n.op == "View":
+            if not is_pure_reshape(n.arg, n.srcs[0].shape):
+                raise RenderError(f"node {n!r}: the epilogue moves elements of the product "
+                                  "(only reshapes may follow a contraction)")
+        elif n.op not in ELEMENTWISE and n.op != "Contiguous":
+            raise RenderError(f"node {n!r}: op {n.op} cannot be a matmul epilogue")
+
+
+def place(c: Contraction, groups: dict[tuple, list[str]]) -> list[str]:
+    """Index list over the full shape from per-group index lists (other dims 0)."""
+    idx = ["0"] * len(c.full)
+    for dims, exprs_ in groups.items():
+        for d, e in zip(dims, exprs_):
+            idx[d] = e
+    return idx
+
+
+def bind_all(w: SourceWriter, es: list[str], prefix: str, level: int = 0) -> list[str]:
+    return [e if (e == "0" or e.isidentifier()) else w.bind(e, prefix, level) for e in es]
+
+
+def render_matmul(kernel: Kernel) -> KernelParts:
+    """Render a matmul kernel (see module docstring).
+
+    Raises:
+        RenderError: no contraction, several, or an epilogue that is not elementwise.
+    """
+    from lumc.backends.triton.render_reduction import render_row
+    nodes = kernel.meaning.nodes()
+    cs = find_contractions(nodes)
+    if len(cs) != 1:
+        raise RenderError(f"a matmul kernel needs exactly one SumReduce(Mul(a, b)), found {len(cs)}")
+    c = cs[0]
+    if c.a.dtype not in DOT_DTYPES or c.K == 0:
+        return render_row(kernel, None)
+    others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not c.node]
+    if others:
+        raise RenderError(f"node {others[0]!r}: a second reduction inside a matmul kernel")
+    dep = dependents(nodes, c.node)
+    check_epilogue(nodes, dep, c.node)
+    for name, o in kernel.meaning.outputs.items():
+        if o not in dep:
+            raise RenderError(f"output {name} does not depend on the product")
+    reads = reads_of(nodes)
+    params, ptrs, consts = make_params(kernel, reads)
+    big = needs_int64(nodes, (c.M * c.N * c.batch, c.M * c.K, c.K * c.N))
+    w = SourceWriter()
+    acc_name = "acc"
+
+    def resolve(ev, n, idx, mask, level):
+        if n is c.node:
+            if c.node.dtype == dt.f32:
+                return acc_name
+            return w.bind(f"{acc_name}.to({exprs.tl_dtype(c.node.dtype)})", "t", level)
+        return None
+
+    ev = Evaluator(w, ptrs, resolve, "tl.int64" if big else "tl.int32")
+    M, N, K, B = c.M, c.N, c.K, c.batch
+    i64 = ".to(tl.int64)" if big else ""
+    w.line("pid = tl.program_id(0)")
+    w.line(f"pid_b = tl.program_id(1){i64}")
+    w.line(f"num_pid_m = tl.cdiv({M}, BLOCK_M)")
+    w.line(f"num_pid_n = tl.cdiv({N}, BLOCK_N)")
+    w.line("# grouped ordering: GROUP_M row tiles share each column tile while it is in L2")
+    w.line("group = pid // (GROUP_M * num_pid_n)")
+    w.line("first_m = group * GROUP_M")
+    w.line("group_m = tl.minimum(num_pid_m - first_m, GROUP_M)")
+    w.line("pid_m = first_m + ((pid % (GROUP_M * num_pid_n)) % group_m)")
+    w.line("pid_n = (pid % (GROUP_M * num_pid_n)) // group_m")
+    w.line(f"rm = pid_m{i64} * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w.line(f"rn = pid_n{i64} * BLOCK_N + tl.arange(0, BLOCK_N)")
+    w.line(f"rm_mask = rm < {M}")
+    w.line(f"rn_mask = rn < {N}")
+    bidx = bind_all(w, unravel("pid_b", c.shape_of(c.batch_dims)), "b")
+    # operand tiles: a is [BLOCK_M, BLOCK_K], b is [BLOCK_K, BLOCK_N]
+    w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
+    w.open(f"for k_start in range(0, {K}, BLOCK_K):")
+    w.line(f"rk = k_start{i64} + tl.arange(0, BLOCK_K)" if big else
+           "rk = k_start + tl.arange(0, BLOCK_K)")
+    w.line(f"a_mask = rm_mask[:, None] & (rk[None, :] < {K})")
+    w.line(f"b_mask = (rk[:, None] < {K}) & rn_mask[None, :]")
+    a_idx = place(c, {c.batch_dims: bidx,
+                      c.m_dims: bind_all(w, unravel("rm[:, None]", c.shape_of(c.m_dims)), "am", 1),
+                      c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", 1)})
+    b_idx = place(c, {c.batch_dims: bidx,
+                      c.k_dims: bind_all(w, unravel("rk[:, None]", c.shape_of(c.k_dims)), "bk", 1),
+                      c.n_dims: bind_all(w, unravel("rn[None, :]", c.shape_of(c.n_dims)), "bn", 1)})
+    a = ev.value(c.a, a_idx, "a_mask", 1)
+    b = ev.value(c.b, b_idx, "b_mask", 1)
+    # a prologue may turn the zeros of masked-off lanes into something else: zero them again
+    if c.a.op not in ("View", "Input"):
+        a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", 1)
+    if c.b.op not in ("View", "Input"):
+        b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", 1)
+    prec = ', input_precision="ieee"' if c.a.dtype == dt.f32 else ""
+    w.line(f"acc = tl.dot({a}, {b}, acc{prec})")
+    w.close()
+    # epilogue on the output tile
+    fr = tuple(1 if d in c.k_dims else s for d, s in enumerate(c.full))
+    o_idx = place(c, {c.batch_dims: bidx,
+                      c.m_dims: bind_all(w, unravel("rm[:, None]", c.shape_of(c.m_dims)), "om"),
+                      c.n_dims: bind_all(w, unravel("rn[None, :]", c.shape_of(c.n_dims)), "on")})
+    for d in c.k_dims:
+        o_idx[d] = "0"
+    w.line("c_mask = rm_mask[:, None] & rn_mask[None, :]")
+    addr = flat_index(o_idx, fr)
+    if not (c.m_dims and c.n_dims):  # the pointer must span the whole tile even where M or N is 1
+        addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
+    for name, o in kernel.meaning.outputs.items():
+        v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", 0)
+        w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)")
+    problem = {"M": M, "N": N, "K": K, "batch": B, "itemsize": c.a.dtype.itemsize}
+    notes = [f"GEMM M={M} (dims {list(c.m_dims)}) N={N} (dims {list(c.n_dims)}) "
+             f"K={K} (dims {list(c.k_dims)}) batch={B} over {list(c.full)}"]
+    if big:
+        notes.append("int64 indexing (a tensor or address passes 2**31)")
+    return KernelParts(
+        form=kernel.form, variant="dot", params=params, constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_K",
+                                                                    "GROUP_M"),
+        body=w.body(), grid=f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}",
+        problem=problem, config_space="matmul", constants=consts, notes=notes)

@@ -56,10 +56,13 @@ class RowKernel:
         self.row_idx: list[str] = []
         self.full_idx: list[str] = []
         self.mask2 = "mask2"
+        self.overrides: dict[Node, str] = {}     # broadcast view -> a per-row value inside a loop
 
     # ---- resolve hook: reductions and row values seen from a full tile ---------------------------
     def _resolve(self, ev: Evaluator, n: Node, idx, mask, level):
         plan = self.plan
+        if n in self.overrides:
+            return self.w.bind(f"{self.overrides[n]}[:, None]", "b", level)
         if n in self.row_vals:
             return self.row_vals[n]
         if n.op in ("SumReduce", "MaxReduce"):
@@ -137,8 +140,8 @@ class RowKernel:
         ad = acc_dtype(r)
         kind = "sum" if r.op == "SumReduce" else "max"
         self.w.line(f"{acc} = tl.full([BLOCK_M], {exprs.neutral(kind, ad)}, {exprs.tl_dtype(ad)})")
-        self.w.open(f"for k0 in range(0, {self.plan.K}, BLOCK_K):")
-        self.setup_k("k0")
+        self.w.open(f"for k_start in range(0, {self.plan.K}, BLOCK_K):")
+        self.setup_k("k_start")
         tile = self.operand_tile(r, 1)
         if r.op == "SumReduce":
             self.w.line(f"{acc} += tl.sum({tile}, axis=1)")
@@ -190,8 +193,8 @@ class RowKernel:
                     self.loop_reduce(r)
                     done.add(r)
         if "full" in self.plan.outputs.values():
-            self.w.open(f"for k0 in range(0, {self.plan.K}, BLOCK_K):")
-            self.setup_k("k0")
+            self.w.open(f"for k_start in range(0, {self.plan.K}, BLOCK_K):")
+            self.setup_k("k_start")
             self.store_outputs(("full",), 1)
             self.w.close()
         self.store_outputs(("row",), 0)

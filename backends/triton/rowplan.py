@@ -78,6 +78,13 @@ def plan_rows(kernel: Kernel) -> RowPlan | None:
     reduces = [n for n in nodes if n.op in REDUCE]
     if not reduces:
         return None
+    return plan_rows_of(nodes, reduces, kernel.meaning.outputs)
+
+
+def plan_rows_of(nodes: list[Node], reduces: list[Node], outputs: dict[str, Node]) -> RowPlan:
+    """:func:`plan_rows` over ``nodes`` (topological) for the given reductions only; any other
+    reduction among ``nodes`` is treated as a free value (attention's ``tl.dot`` scores)."""
+    is_red = set(reduces)
     r0 = reduces[0]
     shape, axes = tuple(r0.srcs[0].shape), tuple(sorted(r0.arg))
     for r in reduces[1:]:
@@ -89,7 +96,7 @@ def plan_rows(kernel: Kernel) -> RowPlan | None:
                    reduces, {}, {})
     below: dict[Node, int] = {}              # deepest reduction level a node depends on (-1: none)
     for n in nodes:
-        if n.op in REDUCE:
+        if n in is_red:
             lv = 1 + below[n.srcs[0]]
             plan.level[n] = lv
             below[n] = lv
@@ -121,7 +128,7 @@ def plan_rows(kernel: Kernel) -> RowPlan | None:
         src = r.srcs[0]
         if plan.kind.get(src) == "row":
             raise RenderError(f"node {r!r}: reduces a row value")
-    for name, o in kernel.meaning.outputs.items():
+    for name, o in outputs.items():
         k = plan.kind.get(o)
         if k is None:
             k = "row" if o.numel == plan.M and plan.K != 1 else "full"

@@ -57,6 +57,7 @@ class RenderedKernel:
     config_space: str
     constants: dict[str, np.ndarray]
     digest: str
+    fixed_constexprs: dict[str, object] = field(default_factory=dict)
 
     @property
     def inputs(self) -> list[Param]:
@@ -76,7 +77,8 @@ def _describe(kernel: Kernel, limit: int = 40) -> list[str]:
 
 def assemble(kernel: Kernel, parts: KernelParts) -> RenderedKernel:
     """The full module source of a rendered kernel."""
-    sig = ", ".join([p.name for p in parts.params] + [f"{c}: tl.constexpr" for c in parts.constexprs])
+    sig = ", ".join([p.name for p in parts.params] + [f"{c}: tl.constexpr" for c in
+                                                       (*parts.constexprs, *parts.extra_constexprs)])
     args = ", ".join(p.name for p in parts.params)
     cfg_kw = ", ".join(f"{c}={c}" for c in parts.constexprs)
     covers = ", ".join(kernel.covers) if kernel.covers else "(standalone kernel)"
@@ -115,7 +117,8 @@ def launch({args}, *, {", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
     name = f"lumc_{parts.form}_{digest}"
     src = src.replace("KERNEL_NAME", name)
     return RenderedKernel(name, parts.form, parts.variant, src, parts.params, parts.constexprs,
-                          parts.problem, parts.config_space, parts.constants, digest)
+                          parts.problem, parts.config_space, parts.constants, digest,
+                          dict(parts.extra_constexprs))
 
 
 def make_params(kernel: Kernel, reads: list[Node]) -> tuple[list[Param], dict[Node, str],
