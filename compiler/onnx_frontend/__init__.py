@@ -16,7 +16,8 @@ from __future__ import annotations
 # handler modules register themselves on import
 from lumc.compiler.onnx_frontend import (handlers_attention, handlers_control,  # noqa: F401
                                          handlers_index, handlers_loss, handlers_math,
-                                         handlers_nn, handlers_reduce, handlers_shape)
+                                         handlers_nn, handlers_recurrent, handlers_reduce,
+                                         handlers_shape, handlers_trig)
 from lumc.compiler.onnx_frontend.importer import ImportedModel, import_onnx
 from lumc.compiler.onnx_frontend.loader import (TensorSpec, load_model, model_input_specs,
                                                 model_output_specs)

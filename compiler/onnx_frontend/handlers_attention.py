@@ -1,5 +1,6 @@
-"""ONNX ``Attention`` (opsets 23-25) as matmuls, an additive bias and a guarded softmax.
+"""ONNX ``Attention`` (opsets 23-25) and ``RotaryEmbedding``.
 
+Attention is matmuls, an additive bias and a guarded softmax.
 The structure mirrors the ONNX reference (``onnx/reference/ops/op_attention.py``) step for step, so
 every output agrees with it: 3-D inputs split into heads; ``sqrt(scale)`` applied to both Q and K;
 the KV cache concatenated in front of K and V; masks (bool or additive, padded with "masked" up to
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from lumc.compiler.onnx_frontend.loader import dtype_of
-from lumc.compiler.onnx_frontend.registry import OpContext, handler, scalar
+from lumc.compiler.onnx_frontend.registry import OpContext, handler, lib, scalar
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.tensor import Tensor, concat
@@ -145,3 +146,43 @@ def _attention(ctx: OpContext):
         y = y.permute((0, 2, 1, 3))
         y = y.reshape((y.shape[0], y.shape[1], -1))
     return [y, present_k, present_v, qk_out.cast(f)]
+
+
+@handler("RotaryEmbedding", requires=["indexing.gather"])
+def _rotary_embedding(ctx: OpContext):
+    """Rotate pairs of the first ``rotary_embedding_dim`` features of each head by the cached
+    angles (halves, or even/odd pairs when ``interleaved``), as the ONNX reference."""
+    x, cos, sin, pos = ctx.input(0), ctx.input(1), ctx.input(2), ctx.opt(3)
+    orig = x.shape
+    if x.ndim == 4:
+        x = x.permute((0, 2, 1, 3))
+    elif x.ndim == 3:
+        heads = ctx.attr("num_heads")
+        if not heads or x.shape[2] % heads:
+            raise ShapeError(f"3-D input {x.shape} needs num_heads dividing its last dim")
+        x = x.reshape((x.shape[0], x.shape[1], heads, x.shape[2] // heads))
+    else:
+        raise ShapeError(f"RotaryEmbedding needs a 3-D or 4-D input, got {x.shape}")
+    hd = x.shape[3]
+    rd = ctx.attr("rotary_embedding_dim", 0) or hd
+    if rd % 2 or rd > hd:
+        raise ShapeError(f"rotary_embedding_dim {rd} must be even and <= head size {hd}")
+    if pos is not None:
+        gather = lib("indexing.gather")
+        cos, sin = gather(cos, pos, axis=0), gather(sin, pos, axis=0)
+    if cos.shape[-1] != rd // 2 or sin.shape[-1] != rd // 2:
+        raise ShapeError(f"cos/sin caches {cos.shape}, {sin.shape} do not end in {rd // 2}")
+    cos, sin = cos.unsqueeze([2]), sin.unsqueeze([2])
+    rot = x.slice([0], [rd], [3])
+    if ctx.attr("interleaved", 0):
+        x1, x2 = rot.slice([0], [rd], [3], [2]), rot.slice([1], [rd], [3], [2])
+    else:
+        x1, x2 = rot.slice([0], [rd // 2], [3]), rot.slice([rd // 2], [rd], [3])
+    real = cos.mul(x1).sub(sin.mul(x2))
+    imag = sin.mul(x1).add(cos.mul(x2))
+    if ctx.attr("interleaved", 0):
+        rot = concat([real.unsqueeze([4]), imag.unsqueeze([4])], 4).reshape(rot.shape)
+    else:
+        rot = concat([real, imag], 3)
+    out = concat([rot, x.slice([rd], [hd], [3])], 3) if rd < hd else rot
+    return out.reshape(orig) if len(orig) == 3 else out.permute((0, 2, 1, 3))
