@@ -1,0 +1,195 @@
+"""The compiled callable of a PyTorch module: torch tensors in, torch tensors out.
+
+:func:`compile_module` captures the module once (:func:`~.capture.capture_module`) and returns a
+:class:`CompiledTorchModule`. Each call flattens its arguments the way the capture did, and looks up
+the specialization for their shapes: lumc graphs are concrete, so a new shape within the captured
+dynamic dims is lowered once (re-specialization) and cached by shape. Until the search pipeline
+takes over (``lumc.compile``), a specialization runs on the reference executor (numpy).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+import torch
+from torch.utils import _pytree as pytree
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.compiler.budget import parse_duration
+from lumc.compiler.onnx_frontend import ImportedModel
+from lumc.compiler.torch_frontend.capture import (CapturedProgram, _as_args, capture_module,
+                                                  from_numpy, to_numpy)
+from lumc.ir.errors import InputError
+
+# The compile budget when the caller gives none: lumc.compiler.torch_frontend.compile_module and
+# torch.compile(model, backend="lumc") (per captured graph) both read it from here.
+DEFAULT_BUDGET = "1m"
+
+
+@dataclass
+class Specialization:
+    """One concrete-shape lowering: the imported graph, its executor, and what it took."""
+    key: tuple
+    imported: ImportedModel
+    executor: ReferenceExecutor
+    op_counts: dict[str, int]
+    seconds: float
+    flat_outputs: list
+
+
+def _shape_key(leaves) -> tuple:
+    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else ("value", repr(t))
+                 for t in leaves)
+
+
+class CompiledTorchModule:
+    """A captured PyTorch module, callable on torch tensors.
+
+    Holds the ATen graph and a numpy copy of the weights, never the module itself.
+
+    Attributes:
+        program: the :class:`CapturedProgram`.
+        budget_s: the compile budget in seconds (for the search pipeline; the reference executor
+            spends none of it).
+        input_specs: the flat user inputs, dynamic dims by name.
+    """
+
+    def __init__(self, program: CapturedProgram, budget_s: float, capture_s: float = 0.0):
+        self.program = program
+        self.budget_s = budget_s
+        self.capture_s = capture_s
+        self._cache: dict[tuple, Specialization] = {}
+
+    @property
+    def input_specs(self):
+        return self.program.input_specs()
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return list(self._cache.values())
+
+    def _leaves(self, args, kwargs) -> list:
+        in_spec = self.program.in_spec
+        if in_spec is not None and in_spec.num_children == 2:
+            # keyword arguments in the captured order, whatever order the caller used
+            kw_spec = in_spec.child(1)
+            if kw_spec.type is dict and set(kw_spec.context) == set(kwargs):
+                kwargs = {k: kwargs[k] for k in kw_spec.context}
+        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if in_spec is not None and spec != in_spec:
+            raise InputError(f"the call's arguments do not match the captured ones: expected "
+                             f"{in_spec}, got {spec}")
+        return leaves
+
+    def specialization(self, leaves) -> Specialization:
+        """The (cached) lowering for the shapes of these flat inputs."""
+        key = _shape_key(leaves)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        for slot, leaf in zip(self.program.inputs, leaves):
+            if slot.dims is None and leaf != slot.value:
+                raise InputError(f"input {slot.name!r} was traced as the constant {slot.value!r}; "
+                                 f"got {leaf!r}", node=slot.name)
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in leaves]
+        imported, info = self.program.specialize(shapes)
+        spec = Specialization(key, imported, ReferenceExecutor(imported.graph), info["op_counts"],
+                              info["seconds"], info["flat_outputs"])
+        self._cache[key] = spec
+        return spec
+
+    def __call__(self, *args, **kwargs):
+        """Run on torch tensors; returns the module's output structure with torch tensors.
+
+        Raises:
+            InputError: arguments of another structure, dtype, or a shape outside the captured
+                dynamic dims.
+        """
+        leaves = self._leaves(args, kwargs)
+        spec = self.specialization(leaves)
+        feed = {}
+        for slot, leaf in zip(self.program.inputs, leaves):
+            if slot.dims is None:
+                continue
+            arr = to_numpy(leaf)
+            if arr.dtype != slot.dtype.np:
+                raise InputError(f"input {slot.name!r} has dtype {leaf.dtype}, expected "
+                                 f"{slot.dtype}", node=slot.name)
+            feed[slot.name] = arr
+        results = spec.executor(feed)
+        device = self.program.device
+        flat_out = []
+        for name, i in zip(self.program.output_names, self.program.output_index):
+            if name in results:
+                flat_out.append(from_numpy(results[name], device))
+            else:
+                flat_out.append(spec.flat_outputs[i])
+        if self.program.out_spec is None:
+            return tuple(flat_out)
+        return pytree.tree_unflatten(flat_out, self.program.out_spec)
+
+    def report(self) -> str:
+        """A short text: inputs and outputs, the ATen ops lowered, node counts per specialization."""
+        p = self.program
+        lines = [f"lumc: PyTorch module captured with {p.source} in {self.capture_s:.2f} s; "
+                 f"budget {self.budget_s:g} s (reference executor: no kernel search yet)"]
+        for s in p.input_specs():
+            lines.append(f"  input  {s.name}: {s.dtype}[{', '.join(map(str, s.shape))}]")
+        for info in p.dims.values():
+            hi = "inf" if info.max_value is None else info.max_value
+            lines.append(f"  dim    {info.name} in [{info.min_value}, {hi}]")
+        aten: Counter[str] = Counter()
+        for s in self._cache.values():
+            for k, v in s.op_counts.items():
+                aten[k] = max(aten[k], v)
+        if aten:
+            top = ", ".join(f"{k.removeprefix('aten.')} {v}" for k, v in aten.most_common())
+            lines.append(f"  ATen ops lowered: {len(aten)} kinds, {sum(aten.values())} nodes: {top}")
+        for s in self._cache.values():
+            g = s.imported.graph
+            counts = Counter(g.op_counts())
+            prim = ", ".join(f"{k} {v}" for k, v in counts.most_common())
+            shapes = "; ".join(f"{k}={'x'.join(map(str, n.shape)) or 'scalar'}"
+                               for k, n in g.inputs.items())
+            outs = "; ".join(f"{k}: {n.dtype}[{', '.join(map(str, n.shape))}]"
+                             for k, n in g.outputs.items())
+            lines.append(f"  specialization {shapes}: {sum(counts.values())} primitive nodes "
+                         f"({prim}); lowered in {s.seconds:.2f} s -> {outs}")
+        if not self._cache:
+            lines.append("  no specialization yet (call it once)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{s.name}: {s.dtype}[{', '.join(map(str, s.shape))}]"
+                        for s in self.input_specs)
+        return f"CompiledTorchModule({ins}; {len(self._cache)} specializations)"
+
+
+def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic_shapes=None,
+                   example_kwargs: dict | None = None) -> CompiledTorchModule:
+    """Capture a PyTorch module and return a callable that runs it with lumc.
+
+    Args:
+        module: the module (``.eval()`` it first); it is not referenced after this returns.
+        example_inputs: a tensor or tuple of positional example inputs (their shapes are lowered
+            at once, so unsupported ops and shape errors surface here).
+        budget: a duration (``"2m"``, ``90``) or None for :data:`DEFAULT_BUDGET`.
+        dynamic_shapes: as for ``torch.export.export``.
+        example_kwargs: keyword example inputs.
+    Returns:
+        :class:`CompiledTorchModule`: ``f(*args, **kwargs)`` on torch tensors on the module's
+        device, returning the module's output structure; ``f.report()``.
+    Raises:
+        BudgetError: a malformed, zero or negative budget.
+        ModelError: ``torch.export`` failed.
+        UnsupportedOpError: ATen ops lumc cannot lower, all listed in one line.
+    """
+    budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
+    args = _as_args(example_inputs)
+    t0 = time.perf_counter()
+    program = capture_module(module, args, example_kwargs, dynamic_shapes)
+    compiled = CompiledTorchModule(program, budget_s, time.perf_counter() - t0)
+    leaves = compiled._leaves(args, dict(example_kwargs or {}))
+    compiled.specialization(leaves)
+    return compiled
+
