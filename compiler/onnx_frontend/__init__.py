@@ -14,9 +14,10 @@ per family of ops.
 from __future__ import annotations
 
 # handler modules register themselves on import
-from lumc.compiler.onnx_frontend import (handlers_attention, handlers_control,  # noqa: F401
-                                         handlers_index, handlers_loss, handlers_math,
-                                         handlers_nn, handlers_recurrent, handlers_reduce,
+from lumc.compiler.onnx_frontend import (handlers_attention, handlers_bits,  # noqa: F401
+                                         handlers_control, handlers_index, handlers_loss,
+                                         handlers_math, handlers_nn, handlers_quant,
+                                         handlers_recurrent, handlers_reduce, handlers_select,
                                          handlers_shape, handlers_trig)
 from lumc.compiler.onnx_frontend.importer import ImportedModel, import_onnx
 from lumc.compiler.onnx_frontend.loader import (TensorSpec, load_model, model_input_specs,

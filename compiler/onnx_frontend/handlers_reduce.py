@@ -1,8 +1,9 @@
 """Handlers for reductions: ``Reduce*`` (axes as an attribute, or as an input from opset 13 for
-ReduceSum and 18 for the rest), ``ArgMax``/``ArgMin`` and ``CumSum``."""
+ReduceSum and 18 for the rest), ``ArgMax``/``ArgMin``, ``CumSum`` and ``CumProd``."""
 from __future__ import annotations
 
 from lumc.compiler.onnx_frontend.registry import OpContext, handler, lib
+from lumc.ir.tensor import Tensor, normalize_axis
 
 _KINDS = {
     "ReduceSum": "sum",
@@ -41,3 +42,21 @@ def _cumsum(ctx: OpContext):
     return lib("reduce.cumsum")(ctx.input(0), int(ctx.const_scalar(1, "axis")),
                                 exclusive=bool(ctx.attr("exclusive", 0)),
                                 reverse=bool(ctx.attr("reverse", 0)))
+
+
+@handler("CumProd", requires=["reduce.reduce"])
+def _cumprod(ctx: OpContext):
+    """``out[i] = prod over j <= i of x[j]`` (``j < i`` exclusive, mirrored when reversed) as a
+    product-reduction over a triangular window (``O(n^2)`` along the axis)."""
+    x = ctx.input(0)
+    axis = normalize_axis(int(ctx.const_scalar(1, "axis")), x.ndim)
+    n = x.shape[axis]
+    i, j = Tensor.iota((n, n), 0), Tensor.iota((n, n), 1)
+    if ctx.attr("reverse", 0):
+        i, j = j, i
+    keep = j.lt(i) if ctx.attr("exclusive", 0) else i.lt(j).logical_not()
+    big = x.shape[:axis] + (n, n) + x.shape[axis + 1:]
+    keep = keep.reshape((1,) * axis + (n, n) + (1,) * (x.ndim - axis - 1)).expand(big)
+    xs = x.unsqueeze([axis]).expand(big)
+    terms = keep.where(xs, xs.scalar_like(1))
+    return lib("reduce.reduce")(terms, "prod", [axis + 1], keepdims=False)

@@ -1,0 +1,91 @@
+"""Linear (de)quantization to and from 8-bit integers: ``QuantizeLinear``, ``DequantizeLinear``,
+``DynamicQuantizeLinear`` (per-tensor, per-axis and blocked scales), following the ONNX reference
+(``onnx/reference/ops/op_quantize_linear.py``): ``saturate(round_half_even(x / scale) + zp)`` and
+``(x - zp) * scale`` in f32. Float8/int4/16-bit quantized types are rejected by the dtype check.
+"""
+from __future__ import annotations
+
+from lumc.compiler.onnx_frontend.loader import dtype_of
+from lumc.compiler.onnx_frontend.registry import OpContext, handler
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ShapeError
+from lumc.ir.tensor import Tensor, normalize_axis
+
+_RANGES = {dt.u8: (0, 255), dt.i8: (-128, 127), dt.i32: (-2 ** 31, 2 ** 31 - 1)}
+
+
+def _broadcast_param(p: Tensor, shape: tuple[int, ...], axis: int, block: int) -> Tensor:
+    """A scale or zero point shaped to broadcast against ``shape`` (as the reference's
+    ``reshape_input``): scalar, per-axis vector, or blocks repeated ``block`` times along ``axis``."""
+    if p.ndim == 0 or p.numel == 1:
+        return p.reshape(())
+    axis = normalize_axis(axis, len(shape))
+    if not block:
+        if p.ndim != 1 or p.shape[0] != shape[axis]:
+            raise ShapeError(f"per-axis parameter {p.shape} does not fit axis {axis} of {shape}")
+        dims = [1] * len(shape)
+        dims[axis] = p.shape[0]
+        return p.reshape(dims)
+    rep = list(p.shape)
+    rep.insert(axis + 1, block)
+    q = p.unsqueeze([axis + 1]).expand(rep)
+    flat = list(p.shape)
+    flat[axis] *= block
+    q = q.reshape(flat).slice([0], [shape[axis]], [axis])
+    if q.shape != tuple(shape):
+        raise ShapeError(f"blocked parameter {p.shape} does not fit {shape} (block {block})")
+    return q
+
+
+def _div(a: Tensor, b: Tensor) -> Tensor:
+    """``a / b`` correctly rounded for f32/f16/bf16 (computed in f64, where ``a * (1/b)`` is within
+    a f64 ulp of the quotient): ``Tensor.div``'s 1.5 ulp would move quotients off the exact
+    ``k + 0.5`` ties that decide the rounding to an integer."""
+    if a.dtype == dt.f64:
+        return a.div(b)
+    return a.cast(dt.f64).div(b.cast(dt.f64)).cast(a.dtype)
+
+
+@handler("QuantizeLinear")
+def _quantize(ctx: OpContext):
+    x, scale, zp = ctx.input(0), ctx.input(1), ctx.opt(2)
+    axis, block = ctx.attr("axis", 1), ctx.attr("block_size", 0)
+    out = zp.dtype if zp is not None else (
+        dtype_of(ctx.attr("output_dtype")) if ctx.attr("output_dtype") else dt.u8)
+    if out not in (dt.u8, dt.i8):
+        raise ShapeError(f"quantized type {out} is not supported (uint8/int8 only)")
+    s = _broadcast_param(scale, x.shape, axis, block)
+    work = dtype_of(ctx.attr("precision")) if ctx.attr("precision") else (
+        x.dtype if x.dtype == s.dtype else dt.f32)
+    q = _div(x.cast(work), s.cast(work)).round().cast(dt.i32)
+    if zp is not None:
+        q = q.add(_broadcast_param(zp, x.shape, axis, block).cast(dt.i32))
+    lo, hi = _RANGES[out]
+    return q.clip(q.scalar_like(lo), q.scalar_like(hi)).cast(out)
+
+
+@handler("DequantizeLinear")
+def _dequantize(ctx: OpContext):
+    x, scale, zp = ctx.input(0), ctx.input(1), ctx.opt(2)
+    axis, block = ctx.attr("axis", 1), ctx.attr("block_size", 0)
+    out = dtype_of(ctx.attr("output_dtype")) if ctx.attr("output_dtype") else scale.dtype
+    d = x.cast(dt.f32)
+    if zp is not None:
+        d = d.sub(_broadcast_param(zp, x.shape, axis, block).cast(dt.f32))
+    return d.mul(_broadcast_param(scale, x.shape, axis, block).cast(dt.f32)).cast(out)
+
+
+@handler("DynamicQuantizeLinear")
+def _dynamic_quantize(ctx: OpContext):
+    """uint8 quantization with the scale and zero point of the tensor's range (including 0)."""
+    x = ctx.input(0)
+    if x.dtype != dt.f32:
+        raise ShapeError(f"needs f32, got {x.dtype}")
+    zero = Tensor.full((), 0.0, dt.f32)
+    maxx = x.max().maximum(zero)
+    minx = x.min().minimum(zero)
+    rng = maxx.eq(minx).where(zero.scalar_like(1.0), maxx.sub(minx))
+    scale = rng.div(zero.scalar_like(255.0))
+    zp = zero.sub(_div(minx, scale)).clip(zero, zero.scalar_like(255.0)).round()
+    y = _div(x, scale).round().add(zp).clip(zero, zero.scalar_like(255.0))
+    return [y.cast(dt.u8), scale, zp.cast(dt.u8)]
