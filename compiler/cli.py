@@ -247,7 +247,11 @@ match exactly. Exit status: 0 ok, 1 --check failed, 2 bad model or inputs.
               help="Max rel error allowed by --check for float outputs.")
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), metavar="OUT.npz",
               help="Write the outputs to an .npz keyed by output name.")
-def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check, rtol, out_path):
+@click.option("--backend", type=click.Choice(["reference", "triton"]), default="reference",
+              show_default=True, help="reference: the numpy executor; triton: greedy-fused kernels "
+              "in Triton (the Triton interpreter on CPU when no GPU is present).")
+def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check, rtol, out_path,
+            backend):
     from lumc.backends.reference import ReferenceExecutor
     from lumc.compiler import onnx_frontend as fe
 
@@ -283,7 +287,14 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     t0 = time.perf_counter()
     imported = fe.import_onnx(onnx_model, shapes)
     t1 = time.perf_counter()
-    outputs = ReferenceExecutor(imported.graph)(inputs)
+    if backend == "triton":
+        from lumc.backends.triton.runner import execution_mode, run_program
+        from lumc.compiler.fusion import greedy_program
+        program = greedy_program(imported.graph)
+        click.echo(f"backend: triton, {len(program)} kernels, {execution_mode()}")
+        outputs = run_program(program, inputs)
+    else:
+        outputs = ReferenceExecutor(imported.graph)(inputs)
     t2 = time.perf_counter()
 
     known = f" ({info.name})" if info else ""
@@ -311,7 +322,8 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
             line += (f"  max_abs {c.max_abs:.3g}  max_rel {c.max_rel:.3g}  "
                      f"{'ok' if c.ok else 'FAIL'}{'  ' + c.note if c.note else ''}")
         click.echo(line)
-    click.echo(f"time: import {t1 - t0:.3f} s, run {t2 - t1:.3f} s (reference executor)")
+    click.echo(f"time: import {t1 - t0:.3f} s, run {t2 - t1:.3f} s "
+               f"({'triton' if backend == 'triton' else 'reference executor'})")
     if out_path:
         _write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
         click.echo(f"wrote {out_path}")

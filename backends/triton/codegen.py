@@ -209,16 +209,21 @@ class Evaluator:
             valid = self.w.bind(valid, "v", level)
         if self.is_scalar_constant(src):
             c = self.scalar_constant(src)
-            return c if valid is None else self.w.bind(f"tl.where({valid}, {c}, 0)", "t", level)
+            return c if valid is None else self.masked(valid, c, src.dtype, level)
         lmask = and_masks(mask, valid)
         if src.op in ("Input", "Constant"):
             return self.load(src, flat, lmask, level)
         sidx = self.source_index(v, src, idx, flat, level)
         val = self.value(src, sidx, lmask, level)
         if valid is not None:
-            zero = exprs.render_scalar(0, src.dtype)
-            val = self.w.bind(f"tl.where({valid}, {val}, {zero})", "t", level)
+            val = self.masked(valid, val, src.dtype, level)
         return val
+
+    def masked(self, valid: str, val: str, d, level: int) -> str:
+        """``val`` where ``valid``, else zero of dtype ``d`` (False for bool)."""
+        if d.is_bool:
+            return self.w.bind(f"({valid}) & {val}", "t", level)
+        return self.w.bind(f"tl.where({valid}, {val}, {exprs.render_scalar(0, d)})", "t", level)
 
     def _gather(self, n: Node, idx: tuple, mask: str | None, level: int) -> str:
         table, index = n.srcs
@@ -232,8 +237,7 @@ class Evaluator:
         val = self.value(table, tidx, and_masks(mask, inb), level)
         if table.op in ("Input", "Constant") and not self.is_scalar_constant(table):
             return val
-        zero = exprs.render_scalar(0, n.dtype)
-        return self.w.bind(f"tl.where({inb}, {val}, {zero})", "t", level)
+        return self.masked(inb, val, n.dtype, level)
 
 
 def reads_of(nodes) -> list[Node]:

@@ -154,3 +154,22 @@ def default_config(space: str, problem: dict) -> Config:
         bn = min(64, max(16, next_pow2(problem["N"])))
         return make(4 if bm <= 64 else 8, 2, BLOCK_M=bm, BLOCK_N=bn)
     raise KeyError(f"unknown config space {space!r}")
+
+
+def interpreter_config(space: str, problem: dict) -> Config:
+    """Big tiles for the Triton interpreter, whose cost is per program and per op, not per element
+    (registers and shared memory do not exist there). Not for GPUs."""
+    if space == "pointwise":
+        return make(4, 1, BLOCK=min(16384, max(16, next_pow2(problem["N"]))))
+    if space == "row":
+        bk = problem["BLOCK_K_FIXED"] if problem["one_pass"] else min(8192, next_pow2(problem["K"]))
+        bm = max(1, min(next_pow2(problem["M"]), 32768 // bk))
+        return make(4, 1 + (not problem["one_pass"]), BLOCK_M=bm, BLOCK_K=bk)
+    if space == "matmul":
+        return make(4, 2, BLOCK_M=min(256, max(16, next_pow2(problem["M"]))),
+                    BLOCK_N=min(256, max(16, next_pow2(problem["N"]))),
+                    BLOCK_K=min(256, max(16, next_pow2(problem["K"]))), GROUP_M=8)
+    if space == "attention":
+        return make(4, 1, BLOCK_M=min(128, max(16, next_pow2(problem["M"]))),
+                    BLOCK_N=min(256, max(16, next_pow2(problem["N"]))))
+    raise KeyError(f"unknown config space {space!r}")

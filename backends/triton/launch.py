@@ -98,7 +98,9 @@ class TritonKernel:
         return configs.config_space(self.rendered.config_space, self.rendered.problem)
 
     def default_config(self) -> configs.Config:
-        return configs.default_config(self.rendered.config_space, self.rendered.problem)
+        """The untuned config: the GPU default, or big tiles under the interpreter."""
+        pick = configs.interpreter_config if self.interpret else configs.default_config
+        return pick(self.rendered.config_space, self.rendered.problem)
 
     def _const(self, name: str, device: str):
         key = f"{name}@{device}"
@@ -149,5 +151,7 @@ class TritonKernel:
             outs.append(o)
         if all(int(np.prod(p.shape)) > 0 for p in rk.outputs):
             cfg = config or self.default_config()
-            self.module.launch(*args, *outs, **cfg.kwargs())
+            # the interpreter evaluates with numpy, which warns on the inf/NaN IEEE arithmetic makes
+            with np.errstate(all="ignore"):
+                self.module.launch(*args, *outs, **cfg.kwargs())
         return outs

@@ -1,0 +1,95 @@
+"""Run a whole program (kernel calls bound to a model's nodes) with every kernel in Triton.
+
+The program is duck-typed (``lumc.compiler.program.Program``: ``calls`` with ``kernel``, ``inputs``,
+``outputs`` node lists, and ``outputs`` ``{name: node}``) so that ``backends`` does not import
+``compiler``. Values live in a dict keyed by model node; model inputs are found by their ``Input``
+name, weights are uploaded once, and a program output that is a free reshape of a value is a view.
+
+On a machine without a GPU the kernels run in the Triton interpreter on CPU tensors
+(:func:`~lumc.backends.triton.launch.interpreter_mode`); the result is the same numerics, slower.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Node
+from lumc.backends.triton.launch import (TritonKernel, default_device, interpreter_mode, to_numpy,
+                                         to_torch, torch_dtype)
+
+
+@dataclass
+class RunStats:
+    """What :func:`run_program` did: kernels launched per form, seconds, and the execution mode."""
+    mode: str
+    kernels: int = 0
+    per_form: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def execution_mode() -> str:
+    """``"gpu"`` or ``"interpreter (TRITON_INTERPRET=1, CPU tensors)"``."""
+    return "interpreter (TRITON_INTERPRET=1, CPU tensors)" if interpreter_mode() else "gpu"
+
+
+def run_program(program, inputs: dict[str, np.ndarray], device: str | None = None,
+                stats: RunStats | None = None) -> dict[str, np.ndarray]:
+    """Launch every call of ``program`` in order and return the program's outputs.
+
+    Args:
+        program: kernel calls bound to model nodes (see module docstring).
+        inputs: ``{model input name: array}``.
+        device: torch device; default ``cuda``, or ``cpu`` in interpreter mode.
+        stats: filled with counts and time when given.
+    Returns:
+        ``{output name: numpy array}`` in the nodes' dtypes.
+    Raises:
+        InputError: a model input the program reads is missing or has the wrong shape or dtype.
+        RenderError: a kernel's meaning does not fit its form.
+    """
+    import torch
+    device = device or default_device()
+    t0 = time.perf_counter()
+    env: dict[Node, object] = {}
+
+    def value_of(n: Node):
+        got = env.get(n)
+        if got is not None:
+            return got
+        if n.op == "Input":
+            name = n.arg.name
+            if name not in inputs:
+                raise InputError(f"missing input {name!r}", node=name)
+            x = np.asarray(inputs[name])
+            if tuple(x.shape) != n.shape or x.dtype != n.dtype.np:
+                raise InputError(f"input {name!r} is {x.dtype}{tuple(x.shape)}, expected "
+                                 f"{n.dtype.np}{n.shape}", node=name)
+            t = to_torch(x, device)
+        elif n.op == "Constant":
+            t = to_torch(n.arg.value, device)
+        elif n.op == "View" and n.arg.is_contiguous and n.numel == n.srcs[0].numel:
+            t = value_of(n.srcs[0]).reshape(n.shape)
+        else:
+            raise KeyError(f"%{n.id} ({n.op}) is read before any kernel writes it")
+        env[n] = t
+        return t
+
+    for call in program.calls:
+        tk = TritonKernel(call.kernel)
+        args = [value_of(n) for n in call.inputs]
+        outs = [torch.empty(n.shape, dtype=torch_dtype(n.dtype), device=device) for n in call.outputs]
+        tk(*args, outputs=outs)
+        for n, o in zip(call.outputs, outs):
+            env[n] = o
+        if stats is not None:
+            stats.kernels += 1
+            stats.per_form[call.kernel.form] = stats.per_form.get(call.kernel.form, 0) + 1
+    if device != "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    result = {name: np.ascontiguousarray(to_numpy(value_of(n))) for name, n in program.outputs.items()}
+    if stats is not None:
+        stats.seconds = time.perf_counter() - t0
+    return result

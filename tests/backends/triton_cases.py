@@ -1,0 +1,115 @@
+"""Kernels built by hand for the Triton backend tests: one builder per form, plus the checker.
+
+Each builder makes a :class:`~lumc.ir.kernels.Kernel` whose meaning is written with Tensor methods
+over placeholders ``in0..``; :func:`check` runs it through the generated Triton code (the interpreter
+on CPU) and compares with the reference executor on the same meaning.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, input_node
+from lumc.ir.kernels import Kernel
+from lumc.ir.tensor import Tensor
+from lumc.ir.library.conv import conv
+from lumc.ir.library.norm import layer_norm, rms_norm, softmax
+
+# (rtol, atol) per output dtype for kernels that reassociate sums; values compared in float64
+TOL = {"f64": (1e-9, 1e-12), "f32": (2e-5, 2e-5), "f16": (2e-2, 2e-2), "bf16": (3e-2, 3e-2),
+       "i64": (0, 0), "i32": (0, 0), "i8": (0, 0), "u8": (0, 0), "bool": (0, 0)}
+
+
+def make_kernel(form: str, build, specs, attrs=()) -> Kernel:
+    """``build(*tensors) -> Tensor | tuple`` over placeholders of ``specs = [(shape, dtype)]``."""
+    ins = {f"in{i}": input_node(f"in{i}", tuple(s), d) for i, (s, d) in enumerate(specs)}
+    outs = build(*[Tensor(n) for n in ins.values()])
+    if isinstance(outs, Tensor):
+        outs = (outs,)
+    return Kernel(form, Graph(ins, {f"out{i}": t.node for i, t in enumerate(outs)}), tuple(attrs))
+
+
+def random_inputs(kernel: Kernel, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, n in kernel.meaning.inputs.items():
+        d = n.dtype
+        if d.is_float:
+            a = (rng.standard_normal(n.shape) * scale).astype(np.float32).astype(d.np)
+        elif d.is_bool:
+            a = rng.random(n.shape) < 0.5
+        else:
+            a = rng.integers(-5 if d.kind == "int" else 0, 6, size=n.shape).astype(d.np)
+        out[name] = a
+    return out
+
+
+def check(kernel: Kernel, inputs: dict | None = None, variant=None, config=None, tol=None,
+          seed: int = 0):
+    """Run ``kernel`` through Triton and the reference; assert equal outputs. Returns the kernel."""
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.backends.triton import TritonKernel
+    from lumc.backends.triton.launch import to_numpy
+    inputs = random_inputs(kernel, seed) if inputs is None else inputs
+    ref = ReferenceExecutor(kernel.meaning)(inputs)
+    tk = TritonKernel(kernel, variant)
+    outs = tk(*[inputs[n] for n in kernel.meaning.inputs], config=config)
+    for (name, r), o in zip(ref.items(), outs):
+        got = to_numpy(o)
+        assert got.shape == r.shape, (name, got.shape, r.shape)
+        assert got.dtype == r.dtype, (name, got.dtype, r.dtype)
+        rtol, atol = tol or TOL[kernel.meaning.outputs[name].dtype.name]
+        if rtol == 0 and atol == 0:
+            np.testing.assert_array_equal(got, r, err_msg=f"{kernel.form} {name}")
+        else:
+            np.testing.assert_allclose(got.astype(np.float64), r.astype(np.float64), rtol=rtol,
+                                       atol=atol, equal_nan=True, err_msg=f"{kernel.form} {name}")
+    return tk
+
+
+# ---- builders per form ---------------------------------------------------------------------------
+def attention(scale: float, causal: bool = False, bias: bool = False, bool_mask: bool = False):
+    """``softmax(q k^T * scale [+ bias] [masked]) v`` with Tensor ops (as a model would write it)."""
+    def f(q, k, v, *rest):
+        s = (q @ k.transpose(-1, -2)) * scale
+        if causal:
+            L, S = s.shape[-2], s.shape[-1]
+            qi = Tensor.iota((L, S), 0)
+            ki = Tensor.iota((L, S), 1)
+            s = ki.le(qi).where(s, float("-inf"))
+        if bias:
+            s = s + rest[0]
+        if bool_mask:
+            s = rest[0].where(s, float("-inf"))
+        return softmax(s, -1).cast(q.dtype) @ v
+    return f
+
+
+def softmax_kernel(shape, d, axis=-1):
+    return make_kernel("softmax", lambda x: softmax(x, axis), [(shape, d)])
+
+
+def layernorm_kernel(shape, d):
+    n = shape[-1]
+    return make_kernel("layernorm", lambda x, s, b: layer_norm(x, s, b)[0],
+                       [(shape, d), ((n,), d), ((n,), d)])
+
+
+def rmsnorm_kernel(shape, d):
+    return make_kernel("rmsnorm", lambda x, s: rms_norm(x, s), [(shape, d), ((shape[-1],), d)])
+
+
+def matmul_kernel(m, k, n, d, epilogue=False):
+    if epilogue:
+        return make_kernel("matmul", lambda a, b, c: (a @ b + c).maximum(0.0),
+                           [((m, k), d), ((k, n), d), ((n,), d)])
+    return make_kernel("matmul", lambda a, b: a @ b, [((m, k), d), ((k, n), d)])
+
+
+def conv_kernel(d):
+    return make_kernel("matmul", lambda x, w, b: conv(x, w, b, pads=[1, 1, 1, 1], strides=[2, 1]),
+                       [((2, 3, 9, 11), d), ((5, 3, 3, 3), d), ((5,), d)])
+
+
+__all__ = ["TOL", "make_kernel", "random_inputs", "check", "attention", "softmax_kernel",
+           "layernorm_kernel", "rmsnorm_kernel", "matmul_kernel", "conv_kernel", "dt", "Tensor"]
