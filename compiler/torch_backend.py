@@ -75,7 +75,10 @@ class DynamoGraph:
             return hit
         t0 = time.perf_counter()
         fn = torch.func.functionalize(self.gm, remove="mutations_and_views")
-        aten_gm = make_fx(fn, decomposition_table=self._table, tracing_mode="fake")(*args)
+        # outside Dynamo's tracing context, make_fx makes its own static-shape fake mode instead
+        # of reusing Dynamo's symbolic one: the trace is at exactly these shapes
+        with torch._guards.tracing(None):
+            aten_gm = make_fx(fn, decomposition_table=self._table, tracing_mode="fake")(*args)
         check_supported(aten_gm.graph)
         slots = []
         placeholders = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
