@@ -52,7 +52,7 @@ class GreedyFusion:
         refusals: one line per refused fusion.
     """
 
-    def __init__(self, graph: Graph, realize: set[int] | None = None):
+    def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None):
         self.graph = graph
         self.order = graph.nodes()
         self.byid = {id(n): n for n in self.order}
@@ -65,6 +65,7 @@ class GreedyFusion:
         self.realized: set[int] = set(realize or ())
         self.group: dict[int, int] = {}
         self.refusals: list[str] = []
+        self.forms = self._form_groups(forms or {})
         self._decide()
 
     # ---- analysis --------------------------------------------------------------------------
@@ -120,6 +121,39 @@ class GreedyFusion:
         uses = self.uses[id(user)]
         return bool(uses) and all(u.op == "SumReduce" for u, _ in uses)
 
+    # ---- forms -----------------------------------------------------------------------------
+    def _form_groups(self, forms: dict) -> dict:
+        """Claim each form's inside (root down to its inputs) as one group. A form whose inside is
+        read from outside, or overlaps another form, is dropped (its nodes fuse greedily)."""
+        kept = {}
+        for rid, rec in sorted(forms.items(), key=lambda kv: -len(self._members(kv[0], kv[1]))):
+            if rid not in self.byid:
+                continue
+            members = self._members(rid, rec)
+            root = self.byid[rid]
+            inside = members | {rid}
+            leak = [m for m in members if id(m) in self.outputs or any(
+                id(u) not in inside for u, _ in self.uses.get(m, []))]
+            if leak or any(m in self.group for m in inside):
+                self._refuse(root, None, f"{rec.form} form dropped: its inside is read elsewhere")
+                continue
+            for m in inside:
+                self.group[m] = rid
+            kept[rid] = rec
+        return kept
+
+    def _members(self, rid: int, rec) -> set[int]:
+        stop = {id(x) for x in rec.inputs}
+        out, stack = set(), [self.byid[rid]] if rid in self.byid else []
+        while stack:
+            x = stack.pop()
+            for s in x.srcs:
+                if id(s) in stop or id(s) in out or not self._is_compute(s) and s.op != "View":
+                    continue
+                out.add(id(s))
+                stack.append(s)
+        return {k for k in out if self.byid[k].op != "View" or True}
+
     # ---- decisions -------------------------------------------------------------------------
     def _free_reshape(self, views: list) -> bool:
         return all(v.is_contiguous for v in views)
@@ -172,7 +206,12 @@ class GreedyFusion:
             if not self._is_compute(n):
                 continue
             mine = self.group.get(id(n))
-            if n.op in REDUCE and mine is None:
+            if id(n) in self.forms:
+                members, exit_ = self._epilogue_region(n)
+                for k in members:
+                    self.group[k] = id(n)
+                exits[id(n)] = exit_
+            elif n.op in REDUCE and mine is None:
                 b, _ = _chain(n.srcs[0])
                 if id(b) in self.group:
                     self._realize(b, n, "a reduction reads another reduction's result")
@@ -228,9 +267,18 @@ class GreedyFusion:
         def boundary(x: Node) -> bool:
             return id(x) in done
 
+        form_of = {}
+        for rid, rec in self.forms.items():
+            for k, g in self.group.items():
+                if g == rid:
+                    form_of[k] = rec
         for n in self.order:
             if id(n) in self.realized:
-                calls.append(build_call([n], boundary))
+                rec = form_of.get(id(n))
+                if rec is not None:
+                    calls.append(build_call([n], boundary, rec.form, rec.attrs))
+                else:
+                    calls.append(build_call([n], boundary))
                 done.add(id(n))
         outputs = {}
         for name, n in self.graph.outputs.items():
@@ -243,10 +291,14 @@ def _alias_output(n: Node) -> bool:
     return n.op == "View" and n.arg.is_contiguous and prod(n.shape) == prod(n.srcs[0].shape)
 
 
-def greedy_program(graph: Graph, label: str = "greedy") -> Program:
+def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None) -> Program:
     """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
 
     Model outputs that are model inputs, constants, or free reshapes of a realized node are not
     copied; every other output is written by a kernel.
+
+    ``forms`` (from e-graph extraction) maps ``id(root node)`` to a record with ``form``,
+    ``attrs`` and ``inputs``: the nodes between the root and its inputs become one kernel of that
+    form (plus any elementwise epilogue), instead of being fused greedily.
     """
-    return GreedyFusion(graph).program(label)
+    return GreedyFusion(graph, forms=forms).program(label)

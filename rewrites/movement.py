@@ -55,14 +55,48 @@ def decompose_view(src_shape: Shape, v: View) -> list[Step] | None:
         expect *= s1[k]
     steps: list[Step] = []
     p_shape = tuple(sizes)
-    if p_shape != src_shape:
-        steps.append(("reshape", p_shape))
     perm = tuple(order.index(k) for k in dims)
     if perm != tuple(range(len(perm))):
-        steps.append(("permute", perm))
+        same_rank = _same_rank_steps(src_shape, v, s1, order, sizes)
+        if same_rank is not None:
+            return same_rank
+    else:
+        # no permutation: one reshape (keeps size-1 dims out of the way)
+        steps = [("reshape", s1)] if s1 != src_shape else []
+        if s1 != tuple(v.shape):
+            steps.append(("expand", tuple(v.shape)))
+        return steps if apply_steps(View.contiguous(src_shape), steps) == v else None
+    if p_shape != src_shape:
+        steps.append(("reshape", p_shape))
+    steps.append(("permute", perm))
     q_shape = tuple(p_shape[p] for p in perm)
     if q_shape != s1:
         steps.append(("reshape", s1))
+    if s1 != tuple(v.shape):
+        steps.append(("expand", tuple(v.shape)))
+    if apply_steps(View.contiguous(src_shape), steps) != v:
+        return None
+    return steps
+
+
+def _same_rank_steps(src_shape: Shape, v: View, s1: Shape, order: list[int],
+                     sizes: list[int]) -> list[Step] | None:
+    """``[permute][expand]`` keeping size-1 dims in place, when the ranks agree."""
+    if len(src_shape) != len(s1):
+        return None
+    src_big = [i for i, d in enumerate(src_shape) if d > 1]
+    if [src_shape[i] for i in src_big] != sizes:
+        return None
+    perm: list[int] = [0] * len(s1)
+    for j, k in enumerate(order):
+        perm[k] = src_big[j]
+    ones_out = [k for k, d in enumerate(s1) if d == 1]
+    ones_src = [i for i, d in enumerate(src_shape) if d == 1]
+    for k, i in zip(ones_out, ones_src):
+        perm[k] = i
+    steps: list[Step] = []
+    if tuple(perm) != tuple(range(len(perm))):
+        steps.append(("permute", tuple(perm)))
     if s1 != tuple(v.shape):
         steps.append(("expand", tuple(v.shape)))
     if apply_steps(View.contiguous(src_shape), steps) != v:

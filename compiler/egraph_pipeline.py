@@ -1,0 +1,210 @@
+"""The e-graph stage of the pipeline: regions -> saturation -> candidate programs.
+
+    graph ──► partition (regions) ──► encode ──► saturate (rule schedule, limits)
+          ──► choose (roofline tree cost) + structural alternatives ──► decode to IR
+          ──► greedy fusion around the chosen forms ──► Program ──► rank by roofline bound
+
+:func:`egraph_candidates` returns the top K distinct programs by estimated time (the sum of the
+roofline bounds of their kernels on a named device) and the statistics of every region.
+:func:`compile_program` is the switch the CLI's ``--no-egraph`` turns off: without the e-graph the
+same pipeline runs greedy fusion only.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from lumc.backends.devices import DeviceSpec, get_device
+from lumc.ir.graph import Graph, Node
+from lumc.rewrites.language import Encoder, Tables, constructors
+from lumc.rewrites.schedule import Limits, RunStats, Saturator, total_stats
+
+from lumc.compiler.extract import (CostModel, EGraphView, FormRecord, alternatives, choose,
+                                   decode)
+from lumc.compiler.fusion import greedy_program
+from lumc.compiler.partition import Region, partition
+from lumc.compiler.program import Program, program_time_bound
+
+log = logging.getLogger("lumc.egraph")
+
+
+@dataclass
+class RegionResult:
+    region: Region
+    view: EGraphView
+    roots: list[str]             # e-class of each region root, in region.roots order
+    pick: dict[str, int]
+    best: dict[str, float]
+    alts: list
+    original: dict[str, int]     # the e-node each inserted term had (the identity extraction)
+    stats: RunStats
+
+
+@dataclass
+class EGraphResult:
+    """Candidates (best first) and statistics."""
+    candidates: list[Program]
+    bounds: list[float]
+    regions: list[RunStats]
+    total: RunStats
+    seconds: dict = field(default_factory=dict)     # {stage: seconds}
+
+    @property
+    def best(self) -> Program:
+        return self.candidates[0]
+
+
+def _dominant_itemsize(graph: Graph) -> tuple[int, str]:
+    best = {}
+    for n in graph.nodes():
+        if n.dtype.is_float:
+            best[n.dtype] = best.get(n.dtype, 0) + n.numel
+    if not best:
+        return 4, "f32"
+    d = max(best, key=best.get)
+    return d.itemsize, d.name
+
+
+_SATURATORS: dict[tuple, Saturator] = {}
+
+
+def saturator(limits: Limits) -> Saturator:
+    """A loaded engine for these limits (parsing the rules once per process; regions run between
+    ``push`` and ``pop``)."""
+    key = tuple(sorted(vars(limits).items()))
+    if key not in _SATURATORS:
+        _SATURATORS[key] = Saturator(limits)
+    return _SATURATORS[key]
+
+
+def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: CostModel
+                     ) -> tuple[list[RegionResult], Tables]:
+    tables = Tables()
+    sat = saturator(limits)
+    ctors = set(constructors())
+    out = []
+    for reg in partition(graph, max_region_ops):
+        enc = Encoder(tables, {id(x): f"ext{x.id}" for x in reg.externals})
+        root_vars = [enc.encode(r) for r in reg.roots]
+        data, stats = sat.saturate(enc.lines, reg.name)
+        view = EGraphView.from_json(data, ctors)
+        roots = [view.lets[v] for v in root_vars]
+        pick, best = choose(view, cost)
+        orig = _identity_pick(view, cost, enc)
+        out.append(RegionResult(reg, view, roots, pick, best,
+                                alternatives(view, pick, best, roots), orig, stats))
+        log.info(stats.line())
+    return out, tables
+
+
+def _identity_pick(view: EGraphView, cost: CostModel, enc: Encoder) -> dict[str, int]:
+    """Least-cost choice with every form ruled out: the program greedy fusion alone would see
+    (up to the exact identities, which only drop work)."""
+    forced = {}
+    for c, ns in view.classes.items():
+        ok = [i for i, n in enumerate(ns) if n.ctor not in ("MatMul", "Softmax", "LayerNorm",
+                                                              "RMSNorm", "Attention",
+                                                              "AttentionMasked")]
+        if ok and len(ok) < len(ns):
+            forced[c] = ok
+    pick, _ = choose(view, _NoForms(cost, forced))
+    return pick
+
+
+class _NoForms(CostModel):
+    def __init__(self, base: CostModel, allowed: dict):
+        super().__init__(base.ceilings, base.itemsize, base.dtype)
+        self.allowed = allowed
+
+    def enode_cost(self, g, c, n):
+        if c in self.allowed and g.classes[c].index(n) not in self.allowed[c]:
+            return float("inf")
+        return super().enode_cost(g, c, n)
+
+
+def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
+                     tables: Tables, label: str) -> Program:
+    """The program of one choice per region: decode regions in order, then fuse greedily around
+    the chosen forms."""
+    env: dict[int, Node] = {}
+    forms: dict[int, FormRecord] = {}
+    for res, pick in zip(results, picks):
+        for x in res.region.externals:
+            tables.leaves[f"ext{x.id}"] = env[id(x)]
+        built = decode(res.view, pick, res.roots, tables, forms)
+        for r, c in zip(res.region.roots, res.roots):
+            env[id(r)] = built[c]
+    outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
+    new = Graph(graph.inputs, outs)
+    prog = greedy_program(new, label=label, forms=forms)
+    return prog
+
+
+def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 4,
+                      limits: Limits | None = None, max_region_ops: int = 400,
+                      max_flips: int = 12) -> EGraphResult:
+    """Saturate ``graph`` region by region and return up to ``k`` distinct candidate programs,
+    best estimated time first (see the module docstring)."""
+    dev = get_device(device) if isinstance(device, str) else device
+    ceil = dev.as_ceilings()
+    itemsize, dname = _dominant_itemsize(graph)
+    cost = CostModel(ceil, itemsize, dname)
+    t0 = time.perf_counter()
+    results, tables = saturate_regions(graph, limits or Limits(), max_region_ops, cost)
+    t1 = time.perf_counter()
+    base = [r.pick for r in results]
+    plans: list[tuple[str, list[dict]]] = [("egraph-argmin", base),
+                                           ("egraph-identity", [r.original for r in results])]
+    # single flips, cheapest first across regions: programs argmin extraction never returns
+    flips = sorted((d, i, c, n) for i, r in enumerate(results) for d, c, n in r.alts)
+    for d, i, c, n in flips[:max_flips]:
+        r = results[i]
+        pick, _ = choose(r.view, cost, {c: n})
+        alt = list(base)
+        alt[i] = pick
+        node = r.view.classes[c][n]
+        plans.append((f"flip:{r.region.name}:{node.ctor}", alt))
+    # the same kind of flip in every region at once (e.g. no attention form anywhere)
+    kinds: dict[str, list] = {}
+    for i, r in enumerate(results):
+        for d, c, n in r.alts:
+            key = f"{r.view.classes[c][r.pick[c]].ctor}->{r.view.classes[c][n].ctor}"
+            kinds.setdefault(key, []).append((i, c, n))
+    for key, items in sorted(kinds.items()):
+        alt = list(base)
+        by_region: dict[int, dict] = {}
+        for i, c, n in items:
+            by_region.setdefault(i, {})[c] = n
+        for i, forced in by_region.items():
+            alt[i], _ = choose(results[i].view, cost, forced)
+        plans.append((f"all:{key}", alt))
+    progs, bounds, seen = [], [], set()
+    for label, picks in plans:
+        try:
+            p = decode_candidate(graph, results, picks, tables, label)
+        except Exception as e:   # a bad alternative must not sink the compile
+            log.warning("candidate %s failed to decode: %s", label, e)
+            continue
+        sig = p.signature()
+        if sig in seen:
+            continue
+        seen.add(sig)
+        progs.append(p)
+        bounds.append(program_time_bound(p, dev))
+    t2 = time.perf_counter()
+    order = sorted(range(len(progs)), key=lambda i: bounds[i])[:k]
+    stats = [r.stats for r in results]
+    res = EGraphResult([progs[i] for i in order], [bounds[i] for i in order], stats,
+                       total_stats(stats), {"saturate": t1 - t0, "extract": t2 - t1})
+    res.total.seconds = t2 - t0
+    return res
+
+
+def compile_program(graph: Graph, use_egraph: bool = True, device: DeviceSpec | str = "h100",
+                    limits: Limits | None = None) -> Program:
+    """The program the pipeline hands to codegen: the e-graph's best candidate, or greedy fusion
+    alone when ``use_egraph`` is False (``lumc compile --no-egraph``)."""
+    if not use_egraph:
+        return greedy_program(graph)
+    return egraph_candidates(graph, device, k=1, limits=limits).best

@@ -1,0 +1,258 @@
+"""Extraction: read a saturated e-graph, choose e-nodes by roofline cost, decode them back to IR.
+
+The e-graph arrives serialized (``egglog.bindings.EGraph.serialize(...).to_json()``); extraction is
+done here in Python from one set of roots (every output of a region at once), never with egglog's
+``(extract ...)`` or ``greedy-dag`` extractor, which abort the process on large DAGs
+(EGGLOG-NOTES.md).
+
+* :class:`EGraphView` holds the ``Expr`` e-classes, their e-nodes, shapes and the primitive values.
+* :func:`choose` finds, for every e-class, the e-node of least *tree* cost (local cost plus the
+  costs of its distinct child classes) by fixpoint iteration; the local cost is the roofline time of
+  the kernel an e-node stands for (``enode_cost``), so a form that reads its input once beats the
+  reductions it replaces.
+* :func:`alternatives` lists the decisions where another e-node would change the kernel list
+  (a form or not, an association); flipping them gives candidates argmin extraction never picks.
+* :func:`decode` rebuilds IR nodes for chosen e-nodes and records which IR nodes are form roots.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lumc.ir.graph import Node
+from lumc.ir.views import prod
+from lumc.rewrites.language import FORM_KERNEL, FORMS, OP_OF_CTOR, Tables, decode_node
+
+FORM_ATTRS = {"Softmax": ("axis",), "LayerNorm": ("axis", "eps"), "RMSNorm": ("axis", "eps"),
+              "Attention": (), "AttentionMasked": ()}
+STRUCTURAL = frozenset(FORMS) | {"SumReduce", "MaxReduce", "Contiguous"}
+
+
+@dataclass
+class ENode:
+    ctor: str
+    args: list[str]   # child e-class ids, in order (Expr and primitive alike)
+
+
+@dataclass
+class EGraphView:
+    """The parts of a serialized e-graph extraction needs."""
+    classes: dict[str, list[ENode]] = field(default_factory=dict)   # Expr e-classes
+    values: dict[str, Any] = field(default_factory=dict)            # non-Expr e-class -> value
+    shapes: dict[str, tuple] = field(default_factory=dict)
+    lets: dict[str, str] = field(default_factory=dict)              # "$e3" -> e-class
+
+    @staticmethod
+    def from_json(data: dict, ctors: set[str]) -> "EGraphView":
+        v = EGraphView()
+        nodes, cdata = data["nodes"], data["class_data"]
+        cls_of = {k: n["eclass"] for k, n in nodes.items()}
+        for c, d in cdata.items():
+            for name in (d.get("let") or "").split(","):
+                if name.strip():
+                    v.lets[name.strip()] = c
+        prim: dict[str, tuple] = {}
+        shape_rows = []
+        for k, n in nodes.items():
+            c, op = n["eclass"], n["op"]
+            kids = [cls_of[ch] for ch in n["children"]]
+            typ = cdata.get(c, {}).get("type")
+            if op in ctors and typ == "Expr":
+                v.classes.setdefault(c, []).append(ENode(op, kids))
+            elif op == "shape":
+                shape_rows.append((kids[0], c))
+            elif typ in ("i64", "f64", "String", "bool"):
+                v.values[c] = _literal(op, typ)
+            else:
+                prim[c] = (op, kids)
+
+        def value(c):
+            if c in v.values:
+                return v.values[c]
+            op, kids = prim[c]
+            if op == "vec-of":
+                val = tuple(int(value(k)) for k in kids)
+            elif op == "vec-empty":
+                val = ()
+            elif op == "Scalar":
+                val = ("Scalar", [value(kids[0]), value(kids[1])])
+            elif op == "Blob":
+                val = ("Blob", [value(kids[0])])
+            else:   # Step constructors
+                val = (op, value(kids[0]))
+            v.values[c] = val
+            return val
+
+        for c in prim:
+            value(c)
+        for e, s in shape_rows:
+            v.shapes[e] = v.values[s]
+        return v
+
+
+def _literal(op: str, typ: str):
+    if typ == "String":
+        return op[1:-1]
+    if typ == "i64":
+        return int(op)
+    if typ == "bool":
+        return op == "true"
+    return float(op.replace("NaN", "nan"))
+
+
+@dataclass
+class CostModel:
+    """Roofline local costs (seconds) of e-nodes on a device given as plain ceilings."""
+    ceilings: dict
+    itemsize: int = 4
+    dtype: str = "f32"
+
+    def bw(self, elems: float) -> float:
+        return elems * self.itemsize / self.ceilings["bandwidth"]
+
+    def flops(self, n: float, tensor: bool) -> float:
+        table = self.ceilings["tensor_flops" if tensor else "vector_flops"]
+        return n / table.get(self.dtype, min(table.values()))
+
+    def enode_cost(self, g: EGraphView, c: str, n: ENode) -> float:
+        out = prod(g.shapes.get(c, (1,)))
+        launch = self.ceilings["launch_s"]
+        ctor = n.ctor
+
+        def shp(i):
+            return g.shapes.get(n.args[i], (1,))
+        if ctor in ("Input", "Const", "Iota", "View"):
+            return 0.0
+        if ctor in ("SumReduce", "MaxReduce"):
+            return self.bw(prod(shp(0)) + out) + launch
+        if ctor == "Contiguous":
+            return self.bw(2 * out) + launch
+        if ctor == "MatMul":
+            a, b = shp(0), shp(1)
+            k = a[-1] if a else 1
+            return max(self.flops(2 * out * k, True), self.bw(prod(a) + prod(b) + out)) + launch
+        if ctor in ("Softmax", "LayerNorm", "RMSNorm"):
+            return max(self.flops(8 * out, False), self.bw(2 * out)) + launch
+        if ctor in ("Attention", "AttentionMasked"):
+            q, kt, v = shp(0), shp(1), shp(2)
+            s = prod(q[:-1]) * kt[-1]
+            fl = 2 * s * q[-1] + 2 * s * v[-1]
+            extra = prod(shp(4)) if ctor == "AttentionMasked" else 0
+            return max(self.flops(fl, True), self.bw(prod(q) + prod(kt) + prod(v) + out
+                                                     + extra)) + launch
+        return self.flops(out, False)
+
+
+def _expr_kids(g: EGraphView, n: ENode) -> list[str]:
+    return [a for a in n.args if a in g.classes]
+
+
+def choose(g: EGraphView, cost: CostModel, forced: dict[str, int] | None = None
+           ) -> tuple[dict[str, int], dict[str, float]]:
+    """Least tree-cost e-node per e-class: ``({class: node index}, {class: cost})``.
+
+    ``forced`` pins some classes to a given e-node (its cost is then whatever that node costs).
+    """
+    forced = forced or {}
+    local = {c: [cost.enode_cost(g, c, n) for n in ns] for c, ns in g.classes.items()}
+    best: dict[str, float] = {c: math.inf for c in g.classes}
+    pick: dict[str, int] = {}
+    parents: dict[str, list[str]] = {}
+    for c, ns in g.classes.items():
+        for n in ns:
+            for k in _expr_kids(g, n):
+                parents.setdefault(k, []).append(c)
+    work = list(g.classes)
+    in_work = set(work)
+    while work:
+        c = work.pop()
+        in_work.discard(c)
+        cand = [forced[c]] if c in forced else range(len(g.classes[c]))
+        improved = False
+        for i in cand:
+            t = local[c][i] + sum(best[k] for k in set(_expr_kids(g, g.classes[c][i])))
+            if t < best[c]:
+                best[c], pick[c] = t, i
+                improved = True
+        if improved:
+            for p in parents.get(c, ()):
+                if p not in in_work:
+                    work.append(p)
+                    in_work.add(p)
+    return pick, best
+
+
+def reachable(g: EGraphView, pick: dict[str, int], roots: list[str]) -> list[str]:
+    """Classes the chosen e-nodes reach from ``roots``, children first."""
+    order, seen = [], set()
+    for r in roots:
+        stack = [(r, False)]
+        while stack:
+            c, done = stack.pop()
+            if done:
+                order.append(c)
+                continue
+            if c in seen:
+                continue
+            seen.add(c)
+            stack.append((c, True))
+            for k in _expr_kids(g, g.classes[c][pick[c]]):
+                if k not in seen:
+                    stack.append((k, False))
+    return order
+
+
+def dag_cost(g: EGraphView, cost: CostModel, pick: dict[str, int], roots: list[str]) -> float:
+    """Sum of local costs over the chosen DAG (each class once)."""
+    return sum(cost.enode_cost(g, c, g.classes[c][pick[c]]) for c in reachable(g, pick, roots))
+
+
+def alternatives(g: EGraphView, pick: dict[str, int], best: dict[str, float], roots: list[str]
+                 ) -> list[tuple[float, str, int]]:
+    """``[(tree-cost increase, class, node)]`` for structural decisions on the chosen DAG."""
+    out = []
+    for c in reachable(g, pick, roots):
+        chosen = g.classes[c][pick[c]]
+        for i, n in enumerate(g.classes[c]):
+            if i == pick[c] or (n.ctor not in STRUCTURAL and chosen.ctor not in STRUCTURAL):
+                continue
+            if n.ctor == chosen.ctor and n.ctor not in ("MatMul",):
+                continue
+            kids = set(_expr_kids(g, n))
+            if c in kids or any(best.get(k, math.inf) == math.inf for k in kids):
+                continue
+            out.append((sum(best[k] for k in kids) - best[c], c, i))
+    out.sort(key=lambda t: t[0])
+    return out
+
+
+@dataclass
+class FormRecord:
+    form: str
+    attrs: tuple
+    inputs: list[Node]
+
+
+def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables,
+           forms: dict[int, FormRecord]) -> dict[str, Node]:
+    """IR nodes of the chosen e-nodes for ``roots`` (``{class: node}``); form roots go to
+    ``forms`` (``{id(node): FormRecord}``)."""
+    built: dict[str, Node] = {}
+    for c in reachable(g, pick, roots):
+        n = g.classes[c][pick[c]]
+        args = [built[a] if a in g.classes else g.values[a] for a in n.args]
+        x = decode_node(n.ctor, args, tables)
+        built[c] = x
+        if n.ctor in FORMS and n.ctor != "MatMul":
+            ins = [a for a in args if isinstance(a, Node)]
+            vals = [a for a in args if not isinstance(a, Node)]
+            attrs = tuple(sorted(zip(FORM_ATTRS[n.ctor], vals)))
+            if n.ctor.startswith("Attention"):
+                attrs += (("masked", n.ctor == "AttentionMasked"),)
+            forms[id(x)] = FormRecord(FORM_KERNEL[n.ctor], tuple(sorted(attrs)), ins)
+    return {r: built[r] for r in roots}
+
+
+__all__ = ["EGraphView", "CostModel", "choose", "alternatives", "decode", "dag_cost",
+           "reachable", "FormRecord", "OP_OF_CTOR"]

@@ -1,0 +1,113 @@
+"""Partition a primitive graph into regions that are saturated separately.
+
+A region is a run of compute nodes in topological order. Cuts go where the fewest values cross
+them (the *live set*: computed values made before the cut and read after it), which in a
+transformer is between layers, where only the hidden state and a mask are live; a pattern such as
+softmax, whose inside keeps two or more values live, is never cut in half at those points. Leaves
+(inputs, weights) are not assigned to regions: every region that reads one encodes it itself, so
+they stay shared by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lumc.ir.graph import Graph, Node
+
+
+@dataclass
+class Region:
+    """Compute nodes saturated together.
+
+    Attributes:
+        index: position in launch order.
+        nodes: the region's nodes (compute nodes and the views over them), topological order.
+        roots: nodes read after the region (by later regions or as model outputs); a view over
+            one of the region's nodes is a root itself, so matmul outputs keep their reshape.
+        externals: nodes of earlier regions (or views of them) that this region reads.
+    """
+    index: int
+    nodes: list[Node] = field(default_factory=list)
+    roots: list[Node] = field(default_factory=list)
+    externals: list[Node] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"region{self.index}"
+
+
+def _is_compute(n: Node) -> bool:
+    return n.op not in ("Input", "Constant", "Iota", "View")
+
+
+def _view_base(n: Node) -> Node:
+    while n.op == "View":
+        n = n.srcs[0]
+    return n
+
+
+def partition(graph: Graph, max_ops: int = 400, min_ops: int | None = None) -> list[Region]:
+    """Cut ``graph`` into regions of at most about ``max_ops`` compute nodes.
+
+    Each cut lies between ``min_ops`` (default ``max_ops // 2``) and ``max_ops`` nodes after the
+    previous one, at the position with the smallest live set (the last such on ties).
+    """
+    order = graph.nodes()
+    compute = [n for n in order if _is_compute(n)]
+    if min_ops is None:
+        min_ops = max_ops // 2
+    pos = {id(n): i for i, n in enumerate(compute)}
+    last_use: dict[int, int] = {}
+    for n in compute:
+        for s in n.srcs:
+            b = _view_base(s)
+            if id(b) in pos:
+                last_use[id(b)] = max(last_use.get(id(b), -1), pos[id(n)])
+    for o in graph.outputs.values():
+        b = _view_base(o)
+        if id(b) in pos:
+            last_use[id(b)] = len(compute)
+    # live[i]: values made at or before i and read after i
+    delta = [0] * (len(compute) + 2)
+    for n in compute:
+        i, j = pos[id(n)], last_use.get(id(n), pos[id(n)])
+        if j > i:
+            delta[i] += 1
+            delta[j] -= 1
+    live, acc = [], 0
+    for i in range(len(compute)):
+        acc += delta[i]
+        live.append(acc)
+    cuts, start = [], 0
+    while len(compute) - start > max_ops:
+        lo, hi = start + min_ops, min(start + max_ops, len(compute) - 1)
+        best = min(range(lo, hi + 1), key=lambda i: (live[i], -i))
+        cuts.append(best + 1)
+        start = best + 1
+    bounds = [0] + cuts + [len(compute)]
+    region_of: dict[int, int] = {}
+    regions = []
+    for r, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        reg = Region(r)
+        for n in compute[a:b]:
+            region_of[id(n)] = r
+        regions.append(reg)
+    # views belong to the region of their first compute consumer (or of their base for outputs)
+    for n in order:
+        if _is_compute(n):
+            regions[region_of[id(n)]].nodes.append(n)
+    for n in compute:
+        r = region_of[id(n)]
+        for src in n.srcs:
+            b = _view_base(src)
+            rb = region_of.get(id(b))
+            if rb is not None and rb != r:
+                # the node read (a view of b, or b) is made in b's region and read here as a leaf
+                if src not in regions[r].externals:
+                    regions[r].externals.append(src)
+                if src not in regions[rb].roots:
+                    regions[rb].roots.append(src)
+    for o in graph.outputs.values():
+        b = _view_base(o)
+        if id(b) in region_of and o not in regions[region_of[id(b)]].roots:
+            regions[region_of[id(b)]].roots.append(o)
+    return regions

@@ -1,0 +1,298 @@
+"""The egglog language of lumc, generated from the primitive-op table, and the IR <-> term mapping.
+
+Every row of ``lumc.ir.ops.OPS`` becomes one ``Expr`` constructor named by its ``egglog`` column:
+its tensor operands are ``Expr`` arguments, followed by its non-tensor arg encoded by
+:data:`ARG_SORTS` (a reduce's axes as ``IVec``, a cast's dtype as ``String``, a view as a ``Step``).
+Kernel forms (:data:`FORMS`) add one constructor each; nothing is spelled twice.
+
+Shapes are data: ``(shape e)`` holds every e-class's shape as ``IVec`` (``Vec i64``), so rules
+constrain rank by the length of shape and permutation vectors.
+
+Views are encoded as movement steps (``lumc.rewrites.movement``): ``(View x (Reshape s))``,
+``(View x (Permute p))``, ``(View x (Expand s))`` (numpy broadcasting: leading dims may be added)
+and ``(View x (Strided k))`` for any other view (slices, pads, windows), kept whole in a side table.
+Float scalar constants are ``(Const (Scalar v dtype) shape)`` with the value as f64 (exact for
+every float dtype); NaN, infinities, -0.0, integer and non-scalar constants are
+``(Const (Blob key) shape)``. A view that adds dims always ends in an ``Expand`` step (trivial if
+nothing broadcasts), so a broadcast operand has one spelling.
+Operands of commutative ops are ordered with a broadcast scalar last, so rules need one order.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import IotaArg, Node, const_node, iota_node, node, view_node
+from lumc.ir.ops import OPS
+from lumc.ir.tensor import Tensor
+from lumc.ir.views import View
+from lumc.rewrites.movement import compose_view, decompose_view
+
+# non-tensor argument sorts of each op, after its Expr operands
+ARG_SORTS: dict[str, tuple[str, ...]] = {
+    "Input": ("String",), "Constant": ("ConstVal", "IVec"), "Iota": ("IVec", "i64", "String"),
+    "Cast": ("String",), "SumReduce": ("IVec",), "MaxReduce": ("IVec",), "Gather": ("i64",),
+    "View": ("Step",),
+}
+
+# kernel forms as constructors: name -> (argument sorts, docstring of the meaning)
+FORMS: dict[str, tuple[tuple[str, ...], str]] = {
+    "MatMul": (("Expr", "Expr"), "numpy matmul of a [..., M, K] and b [..., K, N]"),
+    "Softmax": (("Expr", "i64"), "softmax of x along axis"),
+    "LayerNorm": (("Expr", "i64", "f64"),
+                  "(x - mean) * recip(sqrt(var + eps)) over dims axis.. (no scale/bias)"),
+    "RMSNorm": (("Expr", "i64", "f64"), "x * recip(sqrt(mean(x*x) + eps)) over dims axis.."),
+    "Attention": (("Expr", "Expr", "Expr", "Expr"),
+                  "softmax(matmul(q, kt) * scale) @ v along the last axis"),
+    "AttentionMasked": (("Expr", "Expr", "Expr", "Expr", "Expr"),
+                        "softmax(matmul(q, kt) * scale + mask) @ v along the last axis"),
+}
+FORM_KERNEL = {"MatMul": "matmul", "Softmax": "softmax", "LayerNorm": "layernorm",
+               "RMSNorm": "rmsnorm", "Attention": "attention", "AttentionMasked": "attention"}
+
+
+def constructors() -> dict[str, tuple[str, ...]]:
+    """``{constructor: argument sorts}`` for every ``Expr`` constructor (ops, then forms)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, row in OPS.items():
+        out[row.egglog] = ("Expr",) * row.arity + ARG_SORTS.get(name, ())
+    for name, (sorts, _) in FORMS.items():
+        out[name] = sorts
+    return out
+
+
+def declarations() -> str:
+    """The egglog program declaring sorts, constructors and the shape table."""
+    ctors = " ".join(f"({c} {' '.join(s)})" if s else f"({c})" for c, s in constructors().items())
+    return "\n".join([
+        "(sort IVec (Vec i64))",
+        "(datatype Step (Reshape IVec) (Permute IVec) (Expand IVec) (Strided i64))",
+        "(datatype ConstVal (Scalar f64 String) (Blob String))",
+        f"(datatype Expr {ctors})",
+        "(function shape (Expr) IVec :merge old)",
+    ])
+
+
+OP_OF_CTOR = {row.egglog: name for name, row in OPS.items()}
+
+
+def ivec(xs) -> str:
+    return "(vec-of " + " ".join(str(int(x)) for x in xs) + ")" if len(xs) else "(vec-empty)"
+
+
+def f64_text(x: float) -> str:
+    r = repr(float(x))
+    return r if ("." in r or "e" in r or "n" in r) else r + ".0"
+
+
+def _is_plain_scalar(value: np.ndarray) -> bool:
+    if value.size != 1 or not dt.from_numpy(value.dtype).is_float:
+        return False
+    v = float(value.reshape(-1)[0])
+    return math.isfinite(v) and not (v == 0.0 and math.copysign(1.0, v) < 0)
+
+
+def fold_steps(src_shape, steps: list) -> list:
+    """Drop a reshape that only adds leading 1s right before an expand (numpy broadcast)."""
+    if len(steps) >= 2 and steps[-1][0] == "expand" and steps[-2][0] == "reshape":
+        prev = tuple(src_shape)
+        for kind, arg in steps[:-2]:
+            prev = tuple(arg) if kind == "reshape" else (
+                tuple(prev[p] for p in arg) if kind == "permute" else tuple(arg))
+        s1 = tuple(steps[-2][1])
+        k = len(s1) - len(prev)
+        if k >= 0 and s1[:k] == (1,) * k and s1[k:] == prev:
+            return steps[:-2] + [steps[-1]]
+    return steps
+
+
+@dataclass
+class Tables:
+    """Side tables of an encoding: what the terms name but cannot hold."""
+    blobs: dict[str, Node] = field(default_factory=dict)
+    strided: list[View] = field(default_factory=list)
+    leaves: dict[str, Node] = field(default_factory=dict)   # Input name -> node to decode to
+
+    def strided_id(self, v: View) -> int:
+        self.strided.append(v)
+        return len(self.strided) - 1
+
+
+class Encoder:
+    """Writes IR nodes as egglog ``let`` lines, one e-class variable per node (``$e<n>``).
+
+    Args:
+        tables: side tables shared by every region of one graph.
+        externals: ``{id(node): name}`` for nodes read from outside (other regions); they become
+            ``(Input name)`` leaves.
+    """
+
+    def __init__(self, tables: Tables, externals: dict[int, str] | None = None):
+        self.tables = tables
+        self.externals = externals or {}
+        self.var: dict[int, str] = {}
+        self.lines: list[str] = []
+        self._n = 0
+
+    def _fresh(self, expr: str, shape) -> str:
+        name = f"$e{self._n}"
+        self._n += 1
+        self.lines.append(f"(let {name} {expr})")
+        self.lines.append(f"(set (shape {name}) {ivec(shape)})")
+        return name
+
+    def _is_fill(self, n: Node) -> bool:
+        while n.op == "View":
+            n = n.srcs[0]
+        return n.op == "Constant" and _is_plain_scalar(n.arg.value)
+
+    def encode(self, n: Node) -> str:
+        """The e-class variable of ``n`` (encoding its operands first, iteratively)."""
+        if id(n) in self.var:
+            return self.var[id(n)]
+        stack = [(n, False)]
+        while stack:
+            x, ready = stack.pop()
+            if id(x) in self.var:
+                continue
+            srcs = () if id(x) in self.externals else x.srcs
+            if not ready:
+                stack.append((x, True))
+                stack.extend((s, False) for s in srcs if id(s) not in self.var)
+                continue
+            self.var[id(x)] = self._encode_one(x)
+        return self.var[id(n)]
+
+    def _encode_one(self, x: Node) -> str:
+        if id(x) in self.externals:
+            name = self.externals[id(x)]
+            self.tables.leaves[name] = x
+            return self._fresh(f'(Input "{name}")', x.shape)
+        row = OPS[x.op]
+        if x.op == "Input":
+            self.tables.leaves[x.arg.name] = x
+            return self._fresh(f'(Input "{x.arg.name}")', x.shape)
+        if x.op == "Constant":
+            val = x.arg.value
+            if _is_plain_scalar(val):
+                cv = f'(Scalar {f64_text(float(val.reshape(-1)[0]))} "{x.dtype.name}")'
+            else:
+                key = x.arg.digest[:20]
+                self.tables.blobs[key] = x
+                cv = f'(Blob "{key}")'
+            return self._fresh(f"(Const {cv} {ivec(x.shape)})", x.shape)
+        if x.op == "Iota":
+            a: IotaArg = x.arg
+            return self._fresh(f'(Iota {ivec(a.shape)} {a.axis} "{a.dtype.name}")', x.shape)
+        if x.op == "View":
+            src = x.srcs[0]
+            cur = self.var[id(src)]
+            steps = decompose_view(src.shape, x.arg)
+            if steps is None:
+                return self._fresh(f"(View {cur} (Strided {self.tables.strided_id(x.arg)}))",
+                                   x.shape)
+            if len(x.shape) > len(src.shape) and (not steps or steps[-1][0] != "expand"):
+                steps = steps + [("expand", tuple(x.shape))]   # rank growth always ends in Expand
+            steps = fold_steps(src.shape, steps)
+            shape = tuple(src.shape)
+            for kind, arg in steps:
+                if kind == "permute":
+                    shape = tuple(shape[p] for p in arg)
+                    step = f"(Permute {ivec(arg)})"
+                else:
+                    shape = tuple(arg)
+                    step = f"({kind.capitalize()} {ivec(arg)})"
+                cur = self._fresh(f"(View {cur} {step})", shape)
+            return cur
+        ops = [self.var[id(s)] for s in x.srcs]
+        if "commutative" in row.props and self._is_fill(x.srcs[0]) and not self._is_fill(x.srcs[1]):
+            ops = ops[::-1]
+        args = list(ops)
+        if x.op == "Cast":
+            args.append(f'"{x.arg.name}"')
+        elif x.op in ("SumReduce", "MaxReduce"):
+            args.append(ivec(x.arg))
+        elif x.op == "Gather":
+            args.append(str(int(x.arg)))
+        return self._fresh(f"({row.egglog} {' '.join(args)})", x.shape)
+
+
+# ---- decoding: terms back to IR ---------------------------------------------------------------
+def _t(x: Node) -> Tensor:
+    return Tensor(x)
+
+
+def decode_form(name: str, args: list) -> Node:
+    """The primitive IR of a form constructor applied to decoded arguments."""
+    from lumc.ir.library import norm
+    if name == "MatMul":
+        return _t(args[0]).matmul(_t(args[1])).node
+    if name == "Softmax":
+        return norm.softmax(_t(args[0]), int(args[1])).node
+    if name in ("LayerNorm", "RMSNorm"):
+        x, axis, eps = _t(args[0]), int(args[1]), float(args[2])
+        axes = tuple(range(axis, x.ndim))
+        eps_t = np.asarray(eps, dtype=x.dtype.np)
+        if name == "LayerNorm":
+            mean = x.mean(axes, keepdims=True)
+            d = x.sub(mean)
+            var = d.mul(d).mean(axes, keepdims=True)
+            return x.sub(mean).mul(var.add(Tensor.const(eps_t)).sqrt().recip()).node
+        ms = x.mul(x).mean(axes, keepdims=True)
+        return x.mul(ms.add(Tensor.const(eps_t)).sqrt().recip()).node
+    if name in ("Attention", "AttentionMasked"):
+        q, kt, v, s = (_t(a) for a in args[:4])
+        scores = q.matmul(kt).mul(s)
+        if name == "AttentionMasked":
+            scores = scores.add(_t(args[4]))
+        return norm.softmax(scores, -1).matmul(v).node
+    raise KeyError(f"unknown form {name}")
+
+
+def decode_step(src: Node, step: tuple, tables: Tables) -> Node:
+    kind, arg = step
+    if kind == "Reshape":
+        return _t(src).reshape(arg).node
+    if kind == "Permute":
+        return _t(src).permute(arg).node
+    if kind == "Expand":
+        return _t(src).expand(arg).node
+    v = tables.strided[int(arg)]
+    return view_node(src, lambda u: compose_view(u, v))
+
+
+def decode_node(ctor: str, args: list, tables: Tables) -> Node:
+    """IR node of constructor ``ctor`` over decoded ``args`` (Nodes for Expr operands, Python
+    values for the rest: tuples for IVec, ``(kind, value)`` for Step and ConstVal)."""
+    if ctor in FORMS:
+        return decode_form(ctor, args)
+    op = OP_OF_CTOR[ctor]
+    if op == "Input":
+        return tables.leaves[args[0]]
+    if op == "Constant":
+        (kind, val), shape = args
+        if kind == "Blob":
+            return tables.blobs[val[0]]
+        v, dname = val
+        return const_node(np.full(tuple(shape), v, dtype=dt.BY_NAME[dname].np))
+    if op == "Iota":
+        return iota_node(tuple(args[0]), int(args[1]), dt.BY_NAME[args[2]])
+    if op == "View":
+        return decode_step(args[0], args[1], tables)
+    row = OPS[op]
+    srcs = args[:row.arity]
+    rest = args[row.arity:]
+    if op == "Cast":
+        return _t(srcs[0]).cast(dt.BY_NAME[rest[0]]).node
+    if op in ("SumReduce", "MaxReduce"):
+        return node(op, srcs, tuple(int(a) for a in rest[0]))
+    if op == "Gather":
+        return node(op, srcs, int(rest[0]))
+    return node(op, srcs, None)
+
+
+Decoder = Callable[[str, list], Node]

@@ -1,0 +1,96 @@
+"""``algebra``: identities, constant folding, reduction algebra and matmul-chain association.
+
+Constant folding works on float scalars held as f64: an f64 product, sum or quotient of two
+values of a narrower float dtype, rounded once to that dtype when decoded, equals the IEEE result
+in that dtype (products are exact in f64; for sums and quotients double rounding is innocuous since
+53 >= 2p + 2 for p <= 24, Figueroa 1995), so the folds are ``exact``.
+"""
+from __future__ import annotations
+
+from lumc.rewrites.patterns import Rule
+from lumc.rewrites.rules_kernels import fill
+
+_X = {"x": ("in", (3, 5), "f32"), "dt": "f32", "z0": (), "S": (3, 5)}
+_X0 = {"x": ("in", (0, 5), "f32"), "dt": "f32", "z0": (), "S": (0, 5)}
+
+
+def identity_rules() -> list[Rule]:
+    one, zero = fill("1.0", "?S", "0"), fill("0.0", "?S", "0")
+    return [
+        # x * 1 = x for every x, NaN and -0.0 included
+        Rule("algebra/Mul: x * 1 -> x", "exact", f"(Mul ?x {one})", "?x",
+             cases=(_X, _X0)),
+        # x + 0 turns -0.0 into +0.0: valid up to the sign of zero
+        Rule("algebra/Add: x + 0 -> x", "domain", f"(Add ?x {zero})", "?x", cases=(_X,)),
+        # x * 0 is NaN for x = inf or NaN
+        Rule("algebra/Mul: x * 0 -> 0", "domain", f"(Mul ?x {zero})", zero, cases=(_X,)),
+        # 1 / (1 / x) loses x where 1/x overflows or underflows
+        Rule("algebra/Recip: recip(recip(x)) -> x", "domain", "(Recip (Recip ?x))", "?x",
+             cases=({"x": ("in", (4, 3), "f32")},)),
+    ]
+
+
+def fold_rules() -> list[Rule]:
+    a, b = fill("?a", "?S", "1"), fill("?b", "?S", "2")
+    new = "(Const (Scalar {v} ?dt) (vec-empty))"
+    cases = ({"a": 0.1, "b": -3.0e-3, "dt": "f32", "z1": (), "z2": (), "S": (4, 3)},
+             {"a": 3.0e38, "b": 10.0, "dt": "f32", "z1": (), "z2": (1,), "S": (2,)})
+    out = []
+    for op, sym in (("Mul", "*"), ("Add", "+")):
+        v = f"({sym} ?a ?b)"
+        out.append(Rule(f"algebra/{op}: fold c1 {sym} c2", "exact", f"({op} {a} {b})",
+                        f"(View {new.format(v=v)} (Expand ?S))",
+                        sets=(f"(set (shape {new.format(v=v)}) (vec-empty))",), cases=cases))
+    inv = new.format(v="(/ 1.0 ?a)")
+    out.append(Rule("algebra/Recip: fold recip(c)", "exact", f"(Recip {a})",
+                    f"(View {inv} (Expand ?S))", ("(!= ?a 0.0)",),
+                    sets=(f"(set (shape {inv}) (vec-empty))",),
+                    cases=({"a": 3.0, "dt": "f32", "z1": (), "S": (4, 3)},
+                           {"a": 1.0e-40, "dt": "f32", "z1": (), "S": (2,)})))
+    return out
+
+
+def reduction_rules() -> list[Rule]:
+    c = fill("?c", "?S", "0")
+    cr = "(View (Const (Scalar ?c ?dt) ?z0) (Expand ?R))"
+    base = {"x": ("in", (4, 6), "f32"), "dt": "f32", "z0": (), "S": (4, 6)}
+    return [
+        # sum(x * c) = sum(x) * c: one multiply per output instead of per input (rounding differs)
+        Rule("algebra/SumReduce: sum(x * c) -> sum(x) * c", "reassociating",
+             f"(SumReduce (Mul ?x {c}) ?ax)", f"(Mul (SumReduce ?x ?ax) {cr})",
+             ("(= ?R (shape ?root))",),
+             sets=("(set (shape (SumReduce ?x ?ax)) ?R)", "(set (shape (Const (Scalar ?c ?dt) ?z0)) ?z0)",
+                   f"(set (shape {cr}) ?R)"),
+             cases=(dict(base, c=0.125, ax=(1,)), dict(base, c=-3.0, ax=(0,)))),
+    ]
+
+
+def association_rules() -> list[Rule]:
+    """Matmul chains both ways, rank 2 and batched rank 3 (expansive: run under back-off)."""
+    out = []
+    for r in (2, 3):
+        g = lambda v: [f"(vec-get {v} {i})" for i in range(r)]   # noqa: E731
+        sb, sc, sa = g("?sb"), g("?sc"), g("?sa")
+        bc = " ".join(sb[:-1] + [sc[-1]])
+        ab = " ".join(sa[:-1] + [sb[-1]])
+        where = ("(= ?sa (shape ?a))", "(= ?sb (shape ?b))", "(= ?sc (shape ?c))",
+                 f"(= (vec-length ?sa) {r})", f"(= (vec-length ?sb) {r})",
+                 f"(= (vec-length ?sc) {r})")
+        batch = (2,) * (r - 2)
+        case = {"a": ("in", batch + (3, 4), "f32"), "b": ("in", batch + (4, 5), "f32"),
+                "c": ("in", batch + (5, 1), "f32")}
+        out.append(Rule(f"algebra/MatMul: (a @ b) @ c -> a @ (b @ c) [r={r}]", "reassociating",
+                        "(MatMul (MatMul ?a ?b) ?c)", "(MatMul ?a (MatMul ?b ?c))", where,
+                        sets=(f"(set (shape (MatMul ?b ?c)) (vec-of {bc}))",), cases=(case,)))
+        out.append(Rule(f"algebra/MatMul: a @ (b @ c) -> (a @ b) @ c [r={r}]", "reassociating",
+                        "(MatMul ?a (MatMul ?b ?c))", "(MatMul (MatMul ?a ?b) ?c)", where,
+                        sets=(f"(set (shape (MatMul ?a ?b)) (vec-of {ab}))",), cases=(case,)))
+    return out
+
+
+EXPANSIVE = frozenset(r.name for r in association_rules())
+
+
+def rules() -> list[Rule]:
+    return identity_rules() + fold_rules() + reduction_rules() + association_rules()
+

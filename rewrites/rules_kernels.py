@@ -1,0 +1,170 @@
+"""``kernels``: recognize kernel forms as alternatives in the e-class of their primitive meaning.
+
+Each left side is the canonical encoding (``lumc.rewrites.language``) of the composition the
+library builds (``Tensor.matmul``, ``lumc.ir.library.norm.softmax`` ...), which ONNX import of
+``MatMul``, ``Softmax`` or its ``ReduceMax/Sub/Exp/ReduceSum/Div`` spelling, ``LayerNormalization``
+or its ``ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div`` spelling all produce. Every rule is generated
+per rank (and axis), so every match is rank-checked. All are ``exact``: the right side decodes to
+the same primitives.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lumc.ir.tensor import LOG2E
+from lumc.rewrites.patterns import Rule
+
+F32_LOG2E = float(np.float32(LOG2E))
+
+
+def fill(value: str, shape: str, tag: str) -> str:
+    """Pattern of a float scalar broadcast to ``shape``."""
+    return f"(View (Const (Scalar {value} ?dt) ?z{tag}) (Expand {shape}))"
+
+
+def _getters(var: str, rank: int) -> list[str]:
+    return [f"(vec-get {var} {i})" for i in range(rank)]
+
+
+def _matmul_rule(ra: int, rb: int, bare_a: bool) -> Rule:
+    """One (rank a, rank b) instance. ``bare_a``: N = 1, so ``a``'s broadcast is a bare reshape
+    (a view over another contraction keeps no trivial Expand)."""
+    f = ra
+    a_part = "(View ?a (Reshape ?F))" if bare_a else "(View (View ?a (Reshape ?sa1)) (Expand ?F))"
+    folded_b = rb == 2
+    b_part = "(View ?b (Expand ?F))" if folded_b else "(View (View ?b (Reshape ?sb1)) (Expand ?F))"
+    lhs = f"(View (SumReduce (Mul {a_part} {b_part}) (vec-of {f - 1})) (Reshape ?so))"
+    where = [
+        "(= ?sa (shape ?a))", f"(= (vec-length ?sa) {ra})", "(= ?sb (shape ?b))",
+        f"(= (vec-length ?sb) {rb})", f"(= (vec-get ?sa {ra - 1}) (vec-get ?sb {rb - 2}))",
+        "(= ?sa1 (vec-push ?sa 1))",
+        f"(= ?F (vec-set ?sa1 {ra} (vec-get ?sb {rb - 1})))",
+        f"(= ?so (vec-set ?sa {ra - 1} (vec-get ?sb {rb - 1})))",
+    ]
+    if bare_a:
+        where.append(f"(= (vec-get ?sb {rb - 1}) 1)")
+    if not folded_b:
+        g = _getters("?sb", rb)
+        where.append(f"(= ?sb1 (vec-of {' '.join(g[:-2])} 1 {g[-2]} {g[-1]}))")
+    batch = (2, 3)[: ra - 2]
+    bb = batch if rb == ra else ()
+    if bare_a:
+        # a is itself a matmul result read through a reshape: (x @ w) @ v with v [K, 1]
+        cases = ({"a": "(MatMul ?x ?w)", "x": ("in", batch + (3, 6), "f32"),
+                  "w": ("in", (6, 4), "f32"), "b": ("in", bb + (4, 1), "f32")},)
+    else:
+        cases = ({"a": ("in", batch + (3, 4), "f32"), "b": ("in", bb + (4, 5), "f32")},
+                 {"a": ("in", batch + (3, 4), "f32"), "b": ("in", bb + (4, 1), "f32")})
+    tag = f"{ra}x{rb}" + (" N=1" if bare_a else "")
+    return Rule(f"kernels/MatMul: sum(expand(a) * expand(b)) -> matmul(a, b) [{tag}]",
+                "exact", lhs, "(MatMul ?a ?b)", tuple(where), cases=cases)
+
+
+def matmul_rules() -> list[Rule]:
+    """``sum(expand(a) * expand(b))`` over K -> ``MatMul(a, b)`` for a [..., M, K], b [..., K, N]."""
+    rules = []
+    for ra, rb in ((2, 2), (3, 2), (3, 3), (4, 4), (4, 2)):
+        for bare_a in (False, True):
+            rules.append(_matmul_rule(ra, rb, bare_a))
+    return rules
+
+
+def squeeze_rules() -> list[Rule]:
+    """A reshape of a contraction result, seen as the matmul's own squeeze then a reshape, so the
+    matmul rule finds ``reshape(a @ b)`` when the reshapes were composed into one view."""
+    rules = []
+    for f in (2, 3, 4):
+        g = [f"(vec-get ?sr {i})" for i in range(f + 1)]
+        so = f"(vec-of {' '.join(g[:f - 1] + [g[f]])})"
+        red = f"(SumReduce (Mul ?A ?B) (vec-of {f - 1}))"
+        shape = (2, 3, 4, 5, 6)[:f + 1]
+        sq = shape[:f - 1] + shape[f:]
+        rules.append(Rule(f"kernels/View: reshape(contraction) -> reshape(squeeze(contraction)) [r={f}]",
+                          "exact", "(View ?red (Reshape ?s2))",
+                          f"(View (View ?red (Reshape {so})) (Reshape ?s2))",
+                          (f"(= ?red {red})", "(= ?sr (shape ?red))", f"(= (vec-length ?sr) {f + 1})",
+                           f"(!= {so} ?s2)"),
+                          sets=(f"(set (shape (View ?red (Reshape {so}))) {so})",),
+                          cases=({"A": ("in", shape, "f32"), "B": ("in", shape, "f32"),
+                                  "s2": tuple(reversed(sq))},)))
+    return rules
+
+
+def softmax_rules() -> list[Rule]:
+    """``exp(x - max x) * recip(sum exp(x - max x))`` -> ``Softmax(x, axis)``."""
+    rules = []
+    for r in range(1, 5):
+        for a in range(r):
+            e = (f"(Exp2 (Mul (Add ?x (Mul (View (MaxReduce ?x (vec-of {a})) (Expand ?S)) "
+                 f"{fill('-1.0', '?S', '1')})) {fill('?l2e', '?S', '2')}))")
+            lhs = f"(Mul ?e (Recip (View (SumReduce ?e (vec-of {a})) (Expand ?S))))"
+            where = (f"(= ?e {e})", "(= ?S (shape ?x))", f"(= (vec-length ?S) {r})",
+                     "(> ?l2e 1.44)", "(< ?l2e 1.446)")
+            shape = tuple((2, 3, 5, 4)[:r])
+            rules.append(Rule(f"kernels/Softmax: exp(x - max x) / sum exp(x - max x) -> softmax(x) "
+                              f"[r={r} axis={a}]", "exact", lhs, f"(Softmax ?x {a})", where,
+                              cases=({"x": ("in", shape, "f32"), "dt": "f32", "z1": (),
+                                      "z2": (), "l2e": F32_LOG2E},)))
+    return rules
+
+
+def _norm_case(shape) -> dict:
+    return {"x": ("in", shape, "f32"), "dt": "f32", "z0": (), "z1": (), "z3": (),
+            "invn": float(np.float32(1.0 / shape[-1])), "eps": float(np.float32(1e-5)),
+            "R": tuple(shape[:-1]) + (1,)}
+
+
+def _mean(x: str, ax: str, tag: str) -> str:
+    return f"(Mul (SumReduce {x} {ax}) {fill('?invn', '?R', tag)})"
+
+
+def norm_rules() -> list[Rule]:
+    """Layer norm (no scale/bias) and RMS norm over the last dim, as the library writes them."""
+    rules = []
+    for r in range(1, 5):
+        ax = f"(vec-of {r - 1})"
+        n_ok = f"(< (abs (- (* ?invn (to-f64 (vec-get ?S {r - 1}))) 1.0)) 0.001)"
+        rsq = f"(View (Recip (Sqrt (Add ?var {fill('?eps', '?R', '3')}))) (Expand ?S))"
+        shape = tuple((2, 3, 4, 6)[:r - 1]) + (7,)
+        ln_where = (
+            f"(= ?mean {_mean('?x', ax, '0')})",
+            f"(= ?d (Add ?x (Mul (View ?mean (Expand ?S)) {fill('-1.0', '?S', '1')})))",
+            f"(= ?var {_mean('(Mul ?d ?d)', ax, '0')})",
+            "(= ?S (shape ?x))", f"(= (vec-length ?S) {r})", n_ok)
+        rules.append(Rule(f"kernels/LayerNorm: (x - mean x) * rsqrt(var x + eps) -> layernorm(x) "
+                          f"[r={r}]", "exact", f"(Mul ?d {rsq})", f"(LayerNorm ?x {r - 1} ?eps)",
+                          ln_where, cases=(_norm_case(shape),)))
+        rms_where = (f"(= ?var {_mean('(Mul ?x ?x)', ax, '0')})", "(= ?S (shape ?x))",
+                     f"(= (vec-length ?S) {r})", n_ok)
+        rules.append(Rule(f"kernels/RMSNorm: x * rsqrt(mean(x*x) + eps) -> rmsnorm(x) [r={r}]",
+                          "exact", f"(Mul ?x {rsq})", f"(RMSNorm ?x {r - 1} ?eps)", rms_where,
+                          cases=(_norm_case(shape),)))
+    return rules
+
+
+def attention_rules() -> list[Rule]:
+    """``softmax(q @ kt * scale [+ mask]) @ v`` -> one attention form."""
+    rules = []
+    for r in (2, 3, 4):
+        batch = (2, 3)[: r - 2]
+        s_fill = fill("?c", "?S", "0")
+        scores = f"(Mul (MatMul ?q ?kt) {s_fill})"
+        where = ("(= ?S (shape ?root))", "(= ?sq (shape ?q))", f"(= (vec-length ?sq) {r})")
+        ins = {"q": ("in", batch + (5, 8), "f32"), "kt": ("in", batch + (8, 5), "f32"),
+               "v": ("in", batch + (5, 6), "f32")}
+        case = dict(ins, c=0.35, dt="f32", z0=(), S=batch + (5, 5))
+        rules.append(Rule(f"kernels/Attention: softmax(q @ kt * s) @ v -> attention [r={r}]",
+                          "exact", f"(MatMul (Softmax {scores} {r - 1}) ?v)",
+                          f"(Attention ?q ?kt ?v {s_fill})", ("(= ?S (shape (MatMul ?q ?kt)))",
+                                                               *where[1:]),
+                          cases=(case,)))
+        mcase = dict(case, m=("in", batch + (5, 5), "f32"))
+        rules.append(Rule(f"kernels/Attention: softmax(q @ kt * s + m) @ v -> attention [r={r} mask]",
+                          "exact", f"(MatMul (Softmax (Add {scores} ?m) {r - 1}) ?v)",
+                          f"(AttentionMasked ?q ?kt ?v {s_fill} ?m)",
+                          ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(mcase,)))
+    return rules
+
+
+def rules() -> list[Rule]:
+    return squeeze_rules() + matmul_rules() + softmax_rules() + norm_rules() + attention_rules()

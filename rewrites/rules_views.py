@@ -1,0 +1,103 @@
+"""``views``: compose and cancel views, and move them through elementwise ops.
+
+Permutations are pushed down through elementwise ops (toward the reads, where they fold into the
+load's index expression and cancel against other permutations); broadcasts are pulled up out of
+unary ops and out of binary ops whose operands broadcast alike (compute on the small shape). Per
+op rules are generated from the op table's groups; permutation rules per rank. All are ``exact``:
+an unmasked view only renames which element an elementwise op reads.
+"""
+from __future__ import annotations
+
+from lumc.ir.ops import BINARY, OPS, UNARY
+from lumc.rewrites.patterns import Rule
+
+RANKS = (2, 3, 4, 5)
+
+
+def _perm_of(p: str, q: str, r: int) -> str:
+    """``p`` after ``q``: element ``j`` is ``p[q[j]]``."""
+    return "(vec-of " + " ".join(f"(vec-get {p} (vec-get {q} {j}))" for j in range(r)) + ")"
+
+
+def _permuted(s: str, p: str, r: int) -> str:
+    return "(vec-of " + " ".join(f"(vec-get {s} (vec-get {p} {j}))" for j in range(r)) + ")"
+
+
+def _swap(r: int) -> tuple[int, ...]:
+    return tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def compose_rules() -> list[Rule]:
+    out = []
+    for r in RANKS:
+        shape = (2, 3, 4, 5, 6)[:r]
+        ident = "(vec-of " + " ".join(map(str, range(r))) + ")"
+        out.append(Rule(f"views/View: permute(permute(x, p), q) -> permute(x, p[q]) [r={r}]",
+                        "exact", "(View (View ?x (Permute ?p)) (Permute ?q))",
+                        f"(View ?x (Permute {_perm_of('?p', '?q', r)}))",
+                        (f"(= (vec-length ?p) {r})", "(= ?rs (shape ?root))"),
+                        sets=(f"(set (shape (View ?x (Permute {_perm_of('?p', '?q', r)}))) ?rs)",),
+                        cases=({"x": ("in", shape, "f32"), "p": _swap(r),
+                                "q": tuple(range(1, r)) + (0,)},
+                               {"x": ("in", shape, "f32"), "p": _swap(r), "q": _swap(r)})))
+        out.append(Rule(f"views/View: permute(x, identity) -> x [r={r}]", "exact",
+                        f"(View ?x (Permute {ident}))", "?x",
+                        cases=({"x": ("in", shape, "f32")},)))
+    out += [
+        Rule("views/View: reshape(reshape(x, s1), s2) -> reshape(x, s2)", "exact",
+             "(View (View ?x (Reshape ?s1)) (Reshape ?s2))", "(View ?x (Reshape ?s2))",
+             cases=({"x": ("in", (4, 6), "f32"), "s1": (2, 2, 6), "s2": (24,)},)),
+        Rule("views/View: reshape(x, shape x) -> x", "exact", "(View ?x (Reshape ?s))", "?x",
+             ("(= ?s (shape ?x))",), cases=({"x": ("in", (4, 6), "f32"), "s": (4, 6)},)),
+        Rule("views/View: expand(x, shape x) -> x", "exact", "(View ?x (Expand ?s))", "?x",
+             ("(= ?s (shape ?x))",), cases=({"x": ("in", (4, 6), "f32"), "s": (4, 6)},)),
+    ]
+    return out
+
+
+def _unary_term(op: str, x: str) -> str:
+    return f"({OPS[op].egglog} {x} ?t)" if op == "Cast" else f"({OPS[op].egglog} {x})"
+
+
+def push_rules() -> list[Rule]:
+    out = []
+    for op in sorted(UNARY):
+        cast = {"t": "f16"} if op == "Cast" else {}
+        for r in (2, 3, 4):
+            shape = (3, 4, 2, 5)[:r]
+            out.append(Rule(
+                f"views/{op}: permute({op.lower()}(x)) -> {op.lower()}(permute(x)) [r={r}]", "exact",
+                f"(View {_unary_term(op, '?x')} (Permute ?p))",
+                _unary_term(op, "(View ?x (Permute ?p))"),
+                ("(= ?sx (shape ?x))", f"(= (vec-length ?sx) {r})"),
+                sets=(f"(set (shape (View ?x (Permute ?p))) {_permuted('?sx', '?p', r)})",),
+                cases=(dict(cast, x=("in", shape, "f32"), p=_swap(r)),)))
+        out.append(Rule(
+            f"views/{op}: {op.lower()}(expand(x)) -> expand({op.lower()}(x))", "exact",
+            _unary_term(op, "(View ?x (Expand ?s))"),
+            f"(View {_unary_term(op, '?x')} (Expand ?s))", ("(= ?sx (shape ?x))",),
+            sets=(f"(set (shape {_unary_term(op, '?x')}) ?sx)",),
+            cases=(dict(cast, x=("in", (3, 1), "f32"), s=(2, 3, 4)),)))
+    for op in sorted(BINARY):
+        e = OPS[op].egglog
+        for r in (2, 3, 4):
+            shape = (3, 4, 2, 5)[:r]
+            out.append(Rule(
+                f"views/{op}: permute({op.lower()}(x, y)) -> {op.lower()}(permute x, permute y) "
+                f"[r={r}]", "exact", f"(View ({e} ?x ?y) (Permute ?p))",
+                f"({e} (View ?x (Permute ?p)) (View ?y (Permute ?p)))",
+                ("(= ?sx (shape ?x))", f"(= (vec-length ?sx) {r})"),
+                sets=(f"(set (shape (View ?x (Permute ?p))) {_permuted('?sx', '?p', r)})",
+                      f"(set (shape (View ?y (Permute ?p))) {_permuted('?sx', '?p', r)})"),
+                cases=({"x": ("in", shape, "f32"), "y": ("in", shape, "f32"), "p": _swap(r)},)))
+        out.append(Rule(
+            f"views/{op}: {op.lower()}(expand x, expand y) -> expand({op.lower()}(x, y))", "exact",
+            f"({e} (View ?x (Expand ?s)) (View ?y (Expand ?s)))", f"(View ({e} ?x ?y) (Expand ?s))",
+            ("(= ?sx (shape ?x))", "(= ?sx (shape ?y))"),
+            sets=(f"(set (shape ({e} ?x ?y)) ?sx)",),
+            cases=({"x": ("in", (3, 1), "f32"), "y": ("in", (3, 1), "f32"), "s": (2, 3, 4)},)))
+    return out
+
+
+def rules() -> list[Rule]:
+    return compose_rules() + push_rules()

@@ -1,0 +1,215 @@
+"""The rule schedule: rulesets composed in stages, run under limits, with statistics.
+
+Stages, in order (each a loop of iterations, each iteration first saturating the ``shapes``
+analysis so new terms have shapes for the rank checks of the next):
+
+1. ``rewrite``: ``algebra`` (not the expansive association rules), ``views`` and ``layout``;
+2. ``kernels``: form recognition (after the identities and folds it relies on);
+3. ``expansive``: matmul association, under egglog's back-off scheduler, passed whole to one
+   ``run-schedule`` call so the scheduler persists across iterations (egglog 13.2 rebuilds it per
+   call; see EGGLOG-NOTES.md). Unrestricted association otherwise blows up within 6 iterations.
+
+Every stage stops at saturation or at a limit (iterations, e-nodes, seconds); the statistics say
+which. ``domain`` rules are left out unless asked for.
+
+The engine is the low-level ``egglog.bindings`` API (``parse_program``/``run_program``/
+``serialize``), present in egglog 13.2 and 14.x; graphs go in as text in chunks of 64 lines.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from egglog import bindings
+
+from lumc.ir.ops import OPS
+from lumc.rewrites import rules_algebra, rules_kernels, rules_layout, rules_views
+from lumc.rewrites.language import FORMS, declarations
+from lumc.rewrites.patterns import Rule
+
+CHUNK = 64
+
+
+def all_rules() -> list[Rule]:
+    """Every rule of every ruleset, in schedule order."""
+    return (rules_algebra.rules() + rules_views.rules() + rules_layout.rules()
+            + rules_kernels.rules())
+
+
+def shape_rules() -> list[str]:
+    """The ``shapes`` analysis: the shape of a new term from its operands, by op group."""
+    out = []
+
+    def rule(query: str, shape: str):
+        out.append(f"(rule ({query}) ((set (shape e) {shape})) :ruleset shapes)")
+
+    for name, row in OPS.items():
+        c = row.egglog
+        if row.group in ("unary", "binary", "ternary") or name == "Contiguous":
+            args = " ".join(f"a{i}" for i in range(row.arity)) + (" t" if name == "Cast" else "")
+            first = "a1" if name == "Where" else "a0"
+            rule(f"(= e ({c} {args})) (= s (shape {first}))", "s")
+        elif row.group == "reduce":
+            for k in (1, 2, 3):
+                s = "s"
+                for i in range(k):
+                    s = f"(vec-set {s} (vec-get ax {i}) 1)"
+                rule(f"(= e ({c} a0 ax)) (= s (shape a0)) (= (vec-length ax) {k})", s)
+    rule("(= e (View a0 (Reshape s)))", "s")
+    rule("(= e (View a0 (Expand s)))", "s")
+    for r in range(1, 7):
+        rule(f"(= e (View a0 (Permute p))) (= s (shape a0)) (= (vec-length p) {r})",
+             "(vec-of " + " ".join(f"(vec-get s (vec-get p {j}))" for j in range(r)) + ")")
+    for f in ("Softmax", "LayerNorm", "RMSNorm"):
+        args = " ".join(f"a{i}" for i in range(len(FORMS[f][0])))
+        rule(f"(= e ({f} {args})) (= s (shape a0))", "s")
+    for ra in range(2, 6):
+        for rb in {2, ra}:
+            rule(f"(= e (MatMul a0 a1)) (= s (shape a0)) (= t (shape a1)) (= (vec-length s) {ra}) "
+                 f"(= (vec-length t) {rb})", f"(vec-set s {ra - 1} (vec-get t {rb - 1}))")
+        for f in ("Attention", "AttentionMasked"):
+            args = " ".join(f"a{i}" for i in range(len(FORMS[f][0])))
+            rule(f"(= e ({f} {args})) (= s (shape a0)) (= t (shape a2)) (= (vec-length s) {ra})",
+                 f"(vec-set s {ra - 1} (vec-get t {ra - 1}))")
+    return out
+
+
+@dataclass
+class Limits:
+    """Limits of one region's run.
+
+    Attributes:
+        iterations: per stage.
+        nodes: e-nodes (all ``Expr`` constructors) at which a stage stops.
+        seconds: wall-clock time for the whole region.
+        backoff_iterations: iterations of the expansive stage.
+        domain: include ``domain`` rules (wrong on some inputs; off by default).
+        expansive: run the association stage at all.
+    """
+    iterations: int = 12
+    nodes: int = 60_000
+    seconds: float = 10.0
+    backoff_iterations: int = 6
+    domain: bool = False
+    expansive: bool = True
+
+
+@dataclass
+class RunStats:
+    """Statistics of one saturation (one region, or a total over regions)."""
+    region: str = ""
+    enodes: int = 0
+    eclasses: int = 0
+    iterations: int = 0
+    seconds: float = 0.0
+    stop: str = ""
+    stages: list = field(default_factory=list)      # [(stage, iterations, stop)]
+    matches: dict = field(default_factory=dict)     # {rule name: matches}
+
+    def line(self) -> str:
+        st = ", ".join(f"{s}:{i}it/{why}" for s, i, why in self.stages)
+        return (f"{self.region or 'total'}: {self.enodes} e-nodes, {self.eclasses} e-classes, "
+                f"{self.iterations} iterations, {self.seconds:.2f} s, stop: {self.stop} ({st})")
+
+
+def total_stats(parts: list[RunStats]) -> RunStats:
+    tot = RunStats(region="total")
+    stops: dict[str, int] = {}
+    for p in parts:
+        tot.enodes += p.enodes
+        tot.eclasses += p.eclasses
+        tot.iterations += p.iterations
+        tot.seconds += p.seconds
+        stops[p.stop] = stops.get(p.stop, 0) + 1
+        for k, v in p.matches.items():
+            tot.matches[k] = tot.matches.get(k, 0) + v
+    tot.stop = ", ".join(f"{k} x{v}" for k, v in sorted(stops.items()))
+    return tot
+
+
+class Saturator:
+    """One egglog engine with the language and rules loaded; saturates regions one at a time
+    (``push``/``pop`` around each, so the declarations are parsed once)."""
+
+    def __init__(self, limits: Limits | None = None, rules: list[Rule] | None = None):
+        self.limits = limits or Limits()
+        rules = all_rules() if rules is None else rules
+        self.rules = [r for r in rules if self.limits.domain or r.numerics != "domain"]
+        self.egraph = bindings.EGraph()
+        self._ctors = set()
+        from lumc.rewrites.language import constructors
+        self._ctors = set(constructors())
+        expansive = rules_algebra.EXPANSIVE
+        text = [declarations(), "(ruleset shapes)"]
+        text += [f"(ruleset {r})" for r in ("algebra", "views", "layout", "kernels", "expansive")]
+        text += shape_rules()
+        for r in self.rules:
+            text.append(r.egglog("expansive" if r.name in expansive else None))
+        self._run("\n".join(text))
+
+    def _run(self, text: str):
+        return self.egraph.run_program(*self.egraph.parse_program(text))
+
+    def size(self) -> int:
+        out = self._run("(print-size)")
+        return sum(n for name, n in out[0].sizes if name in self._ctors)
+
+    def _stage(self, name: str, schedule: str, t0: float, stats: RunStats) -> bool:
+        """Iterate ``schedule`` until saturation or a limit; False when a limit stopped it."""
+        lim = self.limits
+        for it in range(1, lim.iterations + 1):
+            out = self._run(f"(run-schedule {schedule})")
+            rep = out[0].report
+            for k, v in rep.num_matches_per_rule.items():
+                stats.matches[k] = stats.matches.get(k, 0) + v
+            stats.iterations += 1
+            if not rep.updated:
+                stats.stages.append((name, it, "saturated"))
+                return True
+            if self.size() > lim.nodes:
+                stats.stages.append((name, it, "node limit"))
+                return False
+            if time.perf_counter() - t0 > lim.seconds:
+                stats.stages.append((name, it, "time limit"))
+                return False
+        stats.stages.append((name, lim.iterations, "iteration limit"))
+        return True
+
+    def saturate(self, lines: list[str], region: str = "") -> tuple[dict, RunStats]:
+        """Insert a region (encoder lines), run the schedule, return the serialized e-graph (JSON
+        as a dict) and the run's statistics."""
+        stats = RunStats(region=region)
+        t0 = time.perf_counter()
+        self._run("(push)")
+        try:
+            for i in range(0, len(lines), CHUNK):
+                self._run("\n".join(lines[i:i + CHUNK]))
+            self._run("(run-schedule (saturate shapes))")
+            ok = self._stage("rewrite", "(seq (saturate shapes) (run algebra) (run views) "
+                             "(run layout))", t0, stats)
+            if ok:
+                ok = self._stage("kernels", "(seq (saturate shapes) (run kernels))", t0, stats)
+            if ok and self.limits.expansive and any(
+                    r.name in rules_algebra.EXPANSIVE for r in self.rules):
+                n = self.limits.backoff_iterations
+                out = self._run(f"(run-schedule (let-scheduler bo (back-off)) (repeat {n} "
+                                "(seq (saturate shapes) (run-with bo expansive))))")
+                rep = out[0].report
+                for k, v in rep.num_matches_per_rule.items():
+                    stats.matches[k] = stats.matches.get(k, 0) + v
+                stats.iterations += len(rep.iterations)
+                why = "saturated" if not rep.updated else "iteration limit"
+                if self.size() > self.limits.nodes:
+                    why = "node limit"
+                stats.stages.append(("expansive", len(rep.iterations), why))
+            stats.stop = next((w for _, _, w in stats.stages if w != "saturated"), "saturated")
+            data = json.loads(self.egraph.serialize([]).to_json())
+        finally:
+            self._run("(pop)")
+        classes = {n["eclass"] for n in data["nodes"].values()
+                   if data["class_data"].get(n["eclass"], {}).get("type") == "Expr"}
+        stats.eclasses = len(classes)
+        stats.enodes = sum(1 for n in data["nodes"].values() if n["op"] in self._ctors)
+        stats.seconds = time.perf_counter() - t0
+        return data, stats
