@@ -339,6 +339,7 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
         ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # export raises many unrelated exception types
         raise ModelError(f"torch.export failed: {_first_line(e)}") from e
+    check_supported(ep.graph)      # every unsupported op at once, before copying any weight
     sig = ep.graph_signature
     weights: dict[str, np.ndarray] = {}
     user = []
@@ -394,7 +395,6 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     program = CapturedProgram(gm, weights, inputs, dims, ep.call_spec.in_spec,
                               ep.call_spec.out_spec, output_index, out_names, device)
     del ep
-    check_supported(graph)
     return program
 
 

@@ -106,16 +106,19 @@ class CompiledTorchModule:
                 dynamic dims.
         """
         leaves = self._leaves(args, kwargs)
-        spec = self.specialization(leaves)
         feed = {}
         for slot, leaf in zip(self.program.inputs, leaves):
             if slot.dims is None:
                 continue
+            if not isinstance(leaf, torch.Tensor):
+                raise InputError(f"input {slot.name!r} must be a tensor, got "
+                                 f"{type(leaf).__name__}", node=slot.name)
             arr = to_numpy(leaf)
             if arr.dtype != slot.dtype.np:
                 raise InputError(f"input {slot.name!r} has dtype {leaf.dtype}, expected "
                                  f"{slot.dtype}", node=slot.name)
             feed[slot.name] = arr
+        spec = self.specialization(leaves)
         results = spec.executor(feed)
         device = self.program.device
         flat_out = []

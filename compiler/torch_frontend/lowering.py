@@ -179,6 +179,9 @@ class FxLowering:
                 return {k: resolve(v) for k, v in a.items()}
             if isinstance(a, torch.SymInt):
                 return concrete_int(a, self.sym_env)
+            if isinstance(a, (torch.SymFloat, torch.SymBool)):
+                v = a.node.expr.xreplace(self.sym_env)
+                return float(v) if isinstance(a, torch.SymFloat) else bool(v)
             return a
 
         for n in live_nodes(self.graph):
@@ -210,6 +213,8 @@ class FxLowering:
                 raise type(e)(e.reason + (f" (in {e.op})" if e.op and e.op != name else ""),
                               node=n.name, op=name) from None
             raise
+        except Exception as e:  # a handler bug or an argument form it does not expect: name the node
+            raise LumcError(f"cannot lower: {type(e).__name__}: {e}", node=n.name, op=name) from e
         return self._finish(n, ctx, out)
 
     def _finish(self, n: torch.fx.Node, ctx: LoweringContext, out):
