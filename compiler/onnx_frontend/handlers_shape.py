@@ -195,8 +195,9 @@ def _dropout(ctx: OpContext):
         if training and ratio != 0:
             from lumc.ir.errors import UnsupportedOpError
             raise UnsupportedOpError("Dropout in training mode is random; lumc compiles inference")
-    mask = Tensor.full(x.shape, True, dt.bool_)
-    return [x, mask]
+    if ctx.opset < 10:   # the mask had the input's type before opset 10
+        return [x, Tensor.full(x.shape, 1, x.dtype)]
+    return [x, Tensor.full(x.shape, True, dt.bool_)]
 
 
 @handler("EyeLike")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import onnx
+import onnx.inliner
 from onnx import AttributeProto
 
 from lumc.compiler.onnx_frontend.loader import ONNX_TO_DTYPE, default_opset, onnx_type_name
@@ -17,7 +18,7 @@ from lumc.compiler.onnx_frontend.registry import HANDLERS, missing_requirements
 from lumc.ir.errors import ModelError, UnsupportedOpError
 
 # attributes that name an element type the node produces
-_DTYPE_ATTRS = ("to", "dtype", "output_dtype", "stash_type")
+_DTYPE_ATTRS = ("to", "dtype", "output_dtype", "stash_type", "softmax_precision", "precision")
 _MAX_NAMES = 4
 
 
@@ -83,8 +84,7 @@ def _node_problems(node: onnx.NodeProto, opset: int, types) -> list[str]:
             if p:
                 bad.add(p)
     for a in node.attribute:
-        if a.name in _DTYPE_ATTRS and a.type == AttributeProto.INT and a.i not in ONNX_TO_DTYPE \
-                and not (a.name == "stash_type" and a.i == onnx.TensorProto.FLOAT):
+        if a.name in _DTYPE_ATTRS and a.type == AttributeProto.INT and a.i not in ONNX_TO_DTYPE:
             bad.add(onnx_type_name(a.i))
         if a.type == AttributeProto.TENSOR and a.t.data_type not in ONNX_TO_DTYPE:
             bad.add(onnx_type_name(a.t.data_type))
@@ -116,6 +116,8 @@ def _opset_or_zero(model: onnx.ModelProto) -> int:
 
 def unsupported_nodes(model: onnx.ModelProto) -> dict[str, list[str]]:
     """``{"OpType (reason)": [node names]}`` for every unsupported node; empty when all are fine."""
+    if model.functions:   # model-local functions are inlined by load_model; check what it sees
+        model = onnx.inliner.inline_local_functions(model)
     opset = _opset_or_zero(model)
     types = _value_types(model)
     found: dict[str, list[str]] = defaultdict(list)
