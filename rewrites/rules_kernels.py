@@ -26,12 +26,12 @@ def _getters(var: str, rank: int) -> list[str]:
     return [f"(vec-get {var} {i})" for i in range(rank)]
 
 
-def _matmul_rule(ra: int, rb: int, bare_a: bool) -> Rule:
+def _matmul_rule(ra: int, rb: int, bare_a: bool, folded_b: bool) -> Rule:
     """One (rank a, rank b) instance. ``bare_a``: N = 1, so ``a``'s broadcast is a bare reshape
-    (a view over another contraction keeps no trivial Expand)."""
+    (a view over another contraction keeps no trivial Expand). ``folded_b``: ``b`` (rank 2) is
+    broadcast by an Expand alone; otherwise by a reshape inserting the M axis, then an Expand."""
     f = ra
     a_part = "(View ?a (Reshape ?F))" if bare_a else "(View (View ?a (Reshape ?sa1)) (Expand ?F))"
-    folded_b = rb == 2
     b_part = "(View ?b (Expand ?F))" if folded_b else "(View (View ?b (Reshape ?sb1)) (Expand ?F))"
     lhs = f"(View (SumReduce (Mul {a_part} {b_part}) (vec-of {f - 1})) (Reshape ?so))"
     where = [
@@ -45,17 +45,22 @@ def _matmul_rule(ra: int, rb: int, bare_a: bool) -> Rule:
         where.append(f"(= (vec-get ?sb {rb - 1}) 1)")
     if not folded_b:
         g = _getters("?sb", rb)
-        where.append(f"(= ?sb1 (vec-of {' '.join(g[:-2])} 1 {g[-2]} {g[-1]}))")
+        lead = g[:-2] if rb == ra else ["1"] * (ra - 2)
+        where.append(f"(= ?sb1 (vec-of {' '.join(lead)} 1 {g[-2]} {g[-1]}))")
     batch = (2, 3)[: ra - 2]
     bb = batch if rb == ra else ()
-    if bare_a:
+    if rb == 2 and not folded_b:
+        # b is a matmul result read through a reshape: a @ (x @ w)
+        cases = ({"a": ("in", batch + (3, 4), "f32"), "b": "(MatMul ?x ?w)",
+                  "x": ("in", (4, 6), "f32"), "w": ("in", (6, 1 if bare_a else 5), "f32")},)
+    elif bare_a:
         # a is itself a matmul result read through a reshape: (x @ w) @ v with v [K, 1]
         cases = ({"a": "(MatMul ?x ?w)", "x": ("in", batch + (3, 6), "f32"),
                   "w": ("in", (6, 4), "f32"), "b": ("in", bb + (4, 1), "f32")},)
     else:
         cases = ({"a": ("in", batch + (3, 4), "f32"), "b": ("in", bb + (4, 5), "f32")},
                  {"a": ("in", batch + (3, 4), "f32"), "b": ("in", bb + (4, 1), "f32")})
-    tag = f"{ra}x{rb}" + (" N=1" if bare_a else "")
+    tag = f"{ra}x{rb}" + (" N=1" if bare_a else "") + ("" if folded_b or rb > 2 else " b reshaped")
     return Rule(f"kernels/MatMul: sum(expand(a) * expand(b)) -> matmul(a, b) [{tag}]",
                 "exact", lhs, "(MatMul ?a ?b)", tuple(where), cases=cases)
 
@@ -65,7 +70,8 @@ def matmul_rules() -> list[Rule]:
     rules = []
     for ra, rb in ((2, 2), (3, 2), (3, 3), (4, 4), (4, 2)):
         for bare_a in (False, True):
-            rules.append(_matmul_rule(ra, rb, bare_a))
+            for folded_b in ((True, False) if rb == 2 else (False,)):
+                rules.append(_matmul_rule(ra, rb, bare_a, folded_b))
     return rules
 
 

@@ -4,7 +4,8 @@ Stages, in order (each a loop of iterations, each iteration first saturating the
 analysis so new terms have shapes for the rank checks of the next):
 
 1. ``rewrite``: ``algebra`` (not the expansive association rules), ``views`` and ``layout``;
-2. ``kernels``: form recognition (after the identities and folds it relies on);
+2. ``kernels``: form recognition (after the identities and folds it relies on), with the
+   rulesets of stage 1 still running on what recognition adds;
 3. ``expansive``: matmul association, under egglog's back-off scheduler, passed whole to one
    ``run-schedule`` call so the scheduler persists across iterations (egglog 13.2 rebuilds it per
    call; see EGGLOG-NOTES.md). Unrestricted association otherwise blows up within 6 iterations.
@@ -189,7 +190,8 @@ class Saturator:
             ok = self._stage("rewrite", "(seq (saturate shapes) (run algebra) (run views) "
                              "(run layout))", t0, stats)
             if ok:
-                ok = self._stage("kernels", "(seq (saturate shapes) (run kernels))", t0, stats)
+                ok = self._stage("kernels", "(seq (saturate shapes) (run algebra) (run views) "
+                                 "(run layout) (run kernels))", t0, stats)
             if ok and self.limits.expansive and any(
                     r.name in rules_algebra.EXPANSIVE for r in self.rules):
                 n = self.limits.backoff_iterations
