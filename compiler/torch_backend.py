@@ -98,8 +98,7 @@ class DynamoGraph:
         imported, info = program.specialize([tuple(a.shape) if isinstance(a, torch.Tensor)
                                              else None for a in args])
         spec = Specialization(key, imported, ReferenceExecutor(imported.graph), info["op_counts"],
-                              time.perf_counter() - t0, info["flat_outputs"])
-        spec.program = program
+                              time.perf_counter() - t0, info["flat_outputs"], program)
         self.specializations[key] = spec
         return spec
 

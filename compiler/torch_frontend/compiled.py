@@ -28,13 +28,16 @@ DEFAULT_BUDGET = "1m"
 
 @dataclass
 class Specialization:
-    """One concrete-shape lowering: the imported graph, its executor, and what it took."""
+    """One concrete-shape lowering: the imported graph, its executor, and what it took.
+
+    ``program`` is set where each specialization has its own trace (``torch.compile``)."""
     key: tuple
     imported: ImportedModel
     executor: ReferenceExecutor
     op_counts: dict[str, int]
     seconds: float
     flat_outputs: list
+    program: CapturedProgram | None = None
 
 
 def _shape_key(leaves) -> tuple:

@@ -167,10 +167,6 @@ class LoweringContext:
         return UnsupportedOpError(reason, node=self.name, op=self.op)
 
 
-def is_false(value) -> bool:
-    return value is None or value is False or value == 0
-
-
 def arg(node: torch.fx.Node, index: int, name: str, default=None):
     """The raw (unresolved) argument ``name`` at position ``index`` of an FX node, for checks."""
     if len(node.args) > index:
