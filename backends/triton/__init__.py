@@ -12,16 +12,25 @@ import os as _os
 import sys as _sys
 
 
+MODE_PROBLEM: str | None = None
+
+
 def _choose_mode() -> None:
-    if "TRITON_INTERPRET" in _os.environ or "triton" in _sys.modules:
+    global MODE_PROBLEM
+    if "TRITON_INTERPRET" in _os.environ:
         return
     try:
         import torch
         has_gpu = torch.cuda.is_available()
     except ImportError:
         has_gpu = False
-    if not has_gpu:
-        _os.environ["TRITON_INTERPRET"] = "1"
+    if has_gpu:
+        return
+    if "triton" in _sys.modules:
+        MODE_PROBLEM = ("no GPU is present and Triton was imported before lumc.backends.triton "
+                        "without TRITON_INTERPRET=1; set TRITON_INTERPRET=1 in the environment")
+        return
+    _os.environ["TRITON_INTERPRET"] = "1"
 
 
 _choose_mode()

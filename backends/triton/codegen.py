@@ -151,8 +151,16 @@ class Evaluator:
         ptr = self.pointers.get(n)
         if ptr is None:
             raise RenderError(f"node {n!r} is read from memory but is not a kernel input")
-        addr = ptr if flat == "0" else f"{ptr} + ({flat})"
-        expr = f"tl.load({addr})" if mask is None else f"tl.load({addr}, mask={mask}, other=0)"
+        if flat.lstrip("-").isdigit():
+            # one element for every lane: a scalar load (in range) selected by the mask
+            pos = int(flat)
+            if not 0 <= pos < n.numel:
+                return self.w.const(exprs.render_constant(0, n.dtype))
+            x = self.w.bind(f"tl.load({ptr})" if pos == 0 else f"tl.load({ptr} + {pos})", "x", level)
+            return x if mask is None else self.masked(mask, x, n.dtype, level)
+        expr = f"tl.load({ptr} + ({flat}))"
+        if mask is not None:
+            expr = f"tl.load({ptr} + ({flat}), mask={mask}, other=0)"
         return self.w.bind(expr, "x", level)
 
     def scalar_constant(self, n: Node) -> str:

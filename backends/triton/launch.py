@@ -78,6 +78,9 @@ class TritonKernel:
     """
 
     def __init__(self, kernel: Kernel, variant: str | None = None):
+        from lumc.backends import triton as pkg
+        if pkg.MODE_PROBLEM:
+            raise RuntimeError(pkg.MODE_PROBLEM)
         self.kernel = kernel
         self.rendered = render(kernel, variant)
         self.interpret = interpreter_mode()

@@ -143,7 +143,15 @@ class RowKernel:
         self.w.open(f"for k_start in range(0, {self.plan.K}, BLOCK_K):")
         self.setup_k("k_start")
         tile = self.operand_tile(r, 1)
-        if r.op == "SumReduce":
+        if r.op == "SumReduce" and ad.is_float:
+            # Kahan-compensated across blocks: block sums are trees, the running sum is not
+            comp = self.w.fresh("comp")
+            self.w.line(f"{comp} = tl.zeros([BLOCK_M], {exprs.tl_dtype(ad)})", 0)
+            self.w.line(f"y = tl.sum({tile}, axis=1) - {comp}")
+            self.w.line(f"t = {acc} + y")
+            self.w.line(f"{comp} = (t - {acc}) - y")
+            self.w.line(f"{acc} = t")
+        elif r.op == "SumReduce":
             self.w.line(f"{acc} += tl.sum({tile}, axis=1)")
         else:
             self.w.line(f"{acc} = _max_nan({acc}, {self.reduce_tile(r, tile, 1)})")

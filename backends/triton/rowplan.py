@@ -126,7 +126,7 @@ def plan_rows_of(nodes: list[Node], reduces: list[Node], outputs: dict[str, Node
             plan.kind[n] = "full" if any(plan.kind[s] == "full" for s in deps) else "row"
     for r in reduces:
         src = r.srcs[0]
-        if plan.kind.get(src) == "row":
+        if plan.kind.get(src) == "row" and plan.K != 1:
             raise RenderError(f"node {r!r}: reduces a row value")
     for name, o in outputs.items():
         k = plan.kind.get(o)
