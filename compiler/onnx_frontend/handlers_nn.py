@@ -286,3 +286,14 @@ def _upsample(ctx: OpContext):
     mode = "linear" if mode == "bilinear" else mode
     return lib("resize.resize")(x, scales=scales, mode=mode,
                                 coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+
+@handler("SwiGLU")
+def _swiglu(ctx: OpContext):
+    """``a * sigmoid(alpha a) * b`` (A and B of one shape, no broadcasting)."""
+    a, b = ctx.input(0), ctx.input(1)
+    if a.shape != b.shape:
+        raise ShapeError(f"SwiGLU needs equal shapes, got {a.shape} and {b.shape}")
+    alpha = ctx.attr("alpha", 1.0)
+    gate = a.mul(scalar(alpha, a.dtype)) if alpha != 1.0 else a
+    return a.mul(gate.sigmoid()).mul(b)
