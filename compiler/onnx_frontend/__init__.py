@@ -17,8 +17,9 @@ from __future__ import annotations
 from lumc.compiler.onnx_frontend import (handlers_attention, handlers_bits,  # noqa: F401
                                          handlers_control, handlers_index, handlers_loss,
                                          handlers_math, handlers_nn, handlers_quant,
-                                         handlers_recurrent, handlers_reduce, handlers_select,
-                                         handlers_shape, handlers_state, handlers_trig)
+                                         handlers_recurrent, handlers_reduce, handlers_sample,
+                                         handlers_select, handlers_shape, handlers_state,
+                                         handlers_trig)
 from lumc.compiler.onnx_frontend.importer import ImportedModel, import_onnx
 from lumc.compiler.onnx_frontend.loader import (TensorSpec, load_model, model_input_specs,
                                                 model_output_specs)

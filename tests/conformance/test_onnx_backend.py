@@ -27,6 +27,9 @@ XFAIL: dict[str, str] = {
     # the expanded graph runs Softmax's Exp and Div in fp16: Tensor.exp rounds x*log2(e) to fp16
     # first and Tensor.div is a*(1/b), each ~1 extra fp16 ulp
     "test_attention_4d_causal_fp16_expanded": "fp16 Exp/Div in Tensor round intermediates (2 ulp)",
+    # the expected imaginary parts are f32 FFT noise (1.9e-7) where the exact value is 0; lumc's
+    # 5.5e-15 is off by more than atol=1e-7 from the noise
+    "test_dft_inverse_opset19": "reference output holds 1.9e-7 f32 FFT noise at exact zeros",
 }
 
 # light models that take long under the numpy reference executor
