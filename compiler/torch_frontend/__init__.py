@@ -16,7 +16,7 @@ from __future__ import annotations
 
 # handler modules register themselves on import
 from lumc.compiler.torch_frontend import (handlers_math, handlers_nn, handlers_reduce,  # noqa: F401
-                                          handlers_shape)
+                                          handlers_select, handlers_shape)
 from lumc.compiler.torch_frontend.capture import (CapturedProgram, capture_module,
                                                   decomposition_table, import_torch)
 from lumc.compiler.torch_frontend.compiled import (DEFAULT_BUDGET, CompiledTorchModule,

@@ -422,3 +422,35 @@ def _native_dropout(ctx, x, p, train):
 def _dropout(ctx, x, p, train):
     return x
 
+
+
+# ---- inverse trigonometric and hyperbolic (the ONNX frontend's Cephes-based compositions) ---------
+def _trig_fn(name: str):
+    from lumc.compiler.onnx_frontend import handlers_trig
+    return getattr(handlers_trig, name)
+
+
+for _name in ("atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh"):
+    aten(f"{_name}.default", requires=["activations.expm1", "activations.log1p"])(
+        lambda ctx, x, _n=_name: _trig_fn(_n)(float_of(x)))
+
+
+@aten("atan2.default", requires=["activations.expm1", "activations.log1p"])
+def _atan2(ctx, y, x):
+    """C ``atan2`` from ``atan(y / x)`` moved by ``±pi`` for ``x < 0`` (including ``x = -0.0``);
+    signed zeros and the four infinite corners (``±pi/4``, ``±3pi/4``) as IEEE."""
+    y, x = (float_of(t) for t in promote(y, x))
+    y, x = y.broadcast_to(x.shape), x.broadcast_to(y.shape)
+    zero = x.scalar_like(0.0)
+    q = _trig_fn("atan")(y.div(x))
+
+    def negative(t):   # t < 0, or t == -0.0 (1 / -0.0 == -inf)
+        return t.lt(zero).logical_or(t.eq(zero).logical_and(t.recip().lt(zero)))
+    negx, negy = negative(x), negative(y)
+    pi = negy.where(x.scalar_like(-math.pi), x.scalar_like(math.pi))
+    r = negx.where(q.add(pi), q)
+    both_zero = y.eq(zero).logical_and(x.eq(zero))
+    r = both_zero.where(negx.where(pi, y), r)
+    corner = negx.where(x.scalar_like(0.75 * math.pi), x.scalar_like(0.25 * math.pi))
+    both_inf = y.isinf().logical_and(x.isinf())
+    return both_inf.where(negy.where(corner.neg(), corner), r)

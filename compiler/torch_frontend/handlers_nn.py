@@ -165,6 +165,43 @@ aten("_adaptive_avg_pool3d.default")(_adaptive_avg(3))
 aten("adaptive_avg_pool1d.default")(_adaptive_avg(1))
 
 
+def _indices_unused(node) -> str | None:
+    """Adaptive max pooling is lowered for its values; its indices only where nothing reads them."""
+    for u in node.users:
+        if not (u.op == "call_function" and u.target.__name__ == "getitem" and u.args[1] == 0):
+            return "the indices output of adaptive max pooling"
+    return None
+
+
+def _adaptive_max(nsp: int):
+    def fn(ctx, x, output_size):
+        xb, unb = _batched(x, nsp)
+        y = xb
+        for i, o in enumerate(_per_dim(output_size, nsp)):
+            ax = 2 + i
+            n_in = y.shape[ax]
+            if o == n_in:
+                continue
+            # windows of PyTorch's adaptive pooling, padded to one length by repeating their
+            # first element (a repeat never changes a max): one Gather, one max per axis
+            wins = [((j * n_in) // o, -(-((j + 1) * n_in) // o)) for j in range(o)]
+            span = max(hi - lo for lo, hi in wins)
+            table = np.array([[lo + min(t, hi - lo - 1) for t in range(span)] for lo, hi in wins],
+                             np.int64)
+            g = lib("indexing.take")(y, Tensor.const(table.reshape(-1)), ax)
+            g = g.reshape(y.shape[:ax] + (o, span) + y.shape[ax + 1:])
+            y = g.max([ax + 1])
+        y = y.squeeze([0]) if unb else y
+        return y, Tensor.full(y.shape, 0, dt.i64)
+    return fn
+
+
+aten("adaptive_max_pool2d.default", requires=["indexing.take"], check=_indices_unused)(
+    _adaptive_max(2))
+aten("adaptive_max_pool3d.default", requires=["indexing.take"], check=_indices_unused)(
+    _adaptive_max(3))
+
+
 # ---- upsampling ------------------------------------------------------------------------------------
 def _upsample(x: Tensor, nsp: int, output_size, scale_factors, mode: str, align_corners=False):
     axes = list(range(2, 2 + nsp))

@@ -198,6 +198,7 @@ def _layer_norm(ctx, x, normalized_shape, weight, bias, eps):
 
 
 def _bn_training(node) -> str | None:
+    # training mode updates the running statistics: a side effect lumc graphs cannot express
     if arg(node, 5, "training", False):
         return "batch norm in training mode (call module.eval() before compiling)"
     return None
@@ -235,3 +236,58 @@ def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
     d = g.sub(mean)
     rstd = d.mul(d).mean([2]).add(float(eps)).rsqrt()
     return y, mean.reshape((n, group)), rstd
+
+
+@aten("linalg_vector_norm.default", requires=["reduce.reduce"])
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """``||x||_ord`` over ``dim``: 2 and 1 as ``l2``/``l1`` reductions, ``±inf`` as max/min of
+    ``|x|``, 0 as the count of nonzeros, other orders as ``(sum |x|^p)^(1/p)``."""
+    x = float_of(x.cast(lumc_dtype(dtype)) if dtype is not None else x)
+    if x.ndim == 0:
+        x = x.reshape((1,))
+    ord = float(ord)
+    if ord == 2:
+        return _reduce(x, "l2", dim, keepdim)
+    if ord == 1:
+        return _reduce(x, "l1", dim, keepdim)
+    if ord == float("inf"):
+        return _reduce(x.abs(), "max", dim, keepdim)
+    if ord == float("-inf"):
+        return _reduce(x.abs(), "min", dim, keepdim)
+    if ord == 0:
+        return _reduce(x.ne(x.scalar_like(0.0)).cast(x.dtype), "sum", dim, keepdim)
+    return _reduce(x.abs().pow(ord), "sum", dim, keepdim).pow(1.0 / ord)
+
+
+def _batch_stats(x: Tensor, eps) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and ``1/sqrt(var + eps)`` over every dim but 1 (biased variance)."""
+    axes = [0] + list(range(2, x.ndim))
+    xc = float_of(x)
+    mean = xc.mean(axes, keepdims=True)
+    d = xc.sub(mean)
+    rstd = d.mul(d).mean(axes, keepdims=True).add(float(eps)).rsqrt()
+    return mean, rstd
+
+
+def _bn_batch_stats(x, weight, bias, eps):
+    """Batch norm with the batch's own statistics (no running statistics are read or written)."""
+    mean, rstd = _batch_stats(x, eps)
+    c = x.shape[1]
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    y = float_of(x).sub(mean).mul(rstd)
+    if weight is not None:
+        y = y.mul(weight.cast(y.dtype).reshape(shape))
+    if bias is not None:
+        y = y.add(bias.cast(y.dtype).reshape(shape))
+    return y.cast(x.dtype), mean.reshape((c,)), rstd.reshape((c,))
+
+
+@aten("_native_batch_norm_legit.no_stats")
+def _bn_no_stats(ctx, x, weight, bias, training, momentum, eps):
+    # InstanceNorm without running stats lands here (input reshaped to [1, N*C, ...])
+    return _bn_batch_stats(x, weight, bias, eps)
+
+
+@aten("_native_batch_norm_legit.default", requires=["norm.batch_norm"], check=_bn_training)
+def _bn_legit(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(x, weight, bias, running_mean, running_var, eps)

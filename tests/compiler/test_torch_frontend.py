@@ -226,6 +226,13 @@ class ManyOps(nn.Module):
             F.interpolate(img, scale_factor=2, mode="nearest"),
             F.interpolate(img, size=(7, 9), mode="bilinear", align_corners=False),
             self.emb(i[:4]), a.masked_fill(a > 0.5, -1.0), torch.triu(a), torch.outer(a[0], b[0]),
+            torch.atan2(a, b), torch.atan2(torch.tensor([0.0, -0.0, 0.0, 1.0]),
+                                           torch.tensor([-0.0, -1.0, 2.0, float("-inf")])),
+            torch.atan(a * 3), torch.asinh(b), torch.cosh(a), torch.topk(a, 3, dim=1).values,
+            torch.topk(b, 2, dim=0, largest=False).indices, a.sort(0, descending=True).values,
+            a.argsort(1), torch.bucketize(a, torch.tensor([-0.5, 0.0, 0.5])),
+            F.normalize(a, dim=1), torch.linalg.vector_norm(b, ord=3, dim=0),
+            F.adaptive_max_pool2d(img, (2, 4)), F.instance_norm(img),
         ]
         return tuple(out)
 
