@@ -6,6 +6,8 @@ done here in Python from one set of roots (every output of a region at once), ne
 (EGGLOG-NOTES.md).
 
 * :class:`EGraphView` holds the ``Expr`` e-classes, their e-nodes, shapes and the primitive values.
+* Views cost nothing (they fold into reads), except a permutation that moves the innermost
+  axis, charged half a pass of its bytes: an uncoalesced read, so cancelled transposes win.
 * :func:`choose` finds, for every e-class, the e-node of least *tree* cost (local cost plus the
   costs of its distinct child classes) by fixpoint iteration; the local cost is the roofline time of
   the kernel an e-node stands for (``enode_cost``), so a form that reads its input once beats the
@@ -122,7 +124,13 @@ class CostModel:
 
         def shp(i):
             return g.shapes.get(n.args[i], (1,))
-        if ctor in ("Input", "Const", "Iota", "View"):
+        if ctor == "View":
+            step = g.values.get(n.args[1], ("", ()))
+            if step[0] == "Permute" and step[1] and step[1][-1] != len(step[1]) - 1:
+                # a read that moves the innermost axis is uncoalesced: half the bandwidth
+                return 0.5 * self.bw(out)
+            return 0.0
+        if ctor in ("Input", "Const", "Iota"):
             return 0.0
         if ctor in ("SumReduce", "MaxReduce"):
             return self.bw(prod(shp(0)) + out) + launch

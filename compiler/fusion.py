@@ -143,16 +143,20 @@ class GreedyFusion:
         return kept
 
     def _members(self, rid: int, rec) -> set[int]:
+        # compute nodes between the root and the form's inputs (views are reads, shared freely)
         stop = {id(x) for x in rec.inputs}
-        out, stack = set(), [self.byid[rid]] if rid in self.byid else []
+        out, seen = set(), set()
+        stack = [self.byid[rid]] if rid in self.byid else []
         while stack:
             x = stack.pop()
             for s in x.srcs:
-                if id(s) in stop or id(s) in out or not self._is_compute(s) and s.op != "View":
+                if id(s) in stop or id(s) in seen or s.op in ("Input", "Constant", "Iota"):
                     continue
-                out.add(id(s))
+                seen.add(id(s))
+                if s.op != "View":
+                    out.add(id(s))
                 stack.append(s)
-        return {k for k in out if self.byid[k].op != "View" or True}
+        return out
 
     # ---- decisions -------------------------------------------------------------------------
     def _free_reshape(self, views: list) -> bool:

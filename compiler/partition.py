@@ -21,9 +21,10 @@ class Region:
     Attributes:
         index: position in launch order.
         nodes: the region's nodes (compute nodes and the views over them), topological order.
-        roots: nodes read after the region (by later regions or as model outputs); a view over
-            one of the region's nodes is a root itself, so matmul outputs keep their reshape.
-        externals: nodes of earlier regions (or views of them) that this region reads.
+        roots: nodes read after the region: compute nodes later regions read, and model outputs
+            (a view output is a root itself, so a matmul output keeps its reshape and its form).
+        externals: compute nodes of earlier regions that this region reads (through views or
+            not); the views are encoded in this region.
     """
     index: int
     nodes: list[Node] = field(default_factory=list)
@@ -101,11 +102,12 @@ def partition(graph: Graph, max_ops: int = 400, min_ops: int | None = None) -> l
             b = _view_base(src)
             rb = region_of.get(id(b))
             if rb is not None and rb != r:
-                # the node read (a view of b, or b) is made in b's region and read here as a leaf
-                if src not in regions[r].externals:
-                    regions[r].externals.append(src)
-                if src not in regions[rb].roots:
-                    regions[rb].roots.append(src)
+                # b is made in its region and read here as a leaf; the views over it are encoded
+                # here, where the patterns that use them (a matmul's broadcast) live
+                if b not in regions[r].externals:
+                    regions[r].externals.append(b)
+                if b not in regions[rb].roots:
+                    regions[rb].roots.append(b)
     for o in graph.outputs.values():
         b = _view_base(o)
         if id(b) in region_of and o not in regions[region_of[id(b)]].roots:

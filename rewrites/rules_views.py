@@ -106,6 +106,19 @@ def push_rules() -> list[Rule]:
             ("(= ?sx (shape ?x))", "(= ?sx (shape ?y))"),
             sets=(f"(set (shape ({e} ?x ?y)) ?sx)",),
             cases=({"x": ("in", (3, 1), "f32"), "y": ("in", (3, 1), "f32"), "s": (2, 3, 4)},)))
+    for op in sorted(n for n, row in OPS.items() if row.group == "ternary"):
+        e = OPS[op].egglog
+        for r in RANKS:
+            shape = (3, 4, 2, 5, 2)[:r]
+            perm_s = _permuted("?sx", "?p", r)
+            out.append(Rule(
+                f"views/{op}: permute({op.lower()}(c, x, y)) -> {op.lower()}(permute c, permute x, "
+                f"permute y) [r={r}]", "exact", f"(View ({e} ?c ?x ?y) (Permute ?p))",
+                f"({e} (View ?c (Permute ?p)) (View ?x (Permute ?p)) (View ?y (Permute ?p)))",
+                ("(= ?sx (shape ?x))", f"(= (vec-length ?sx) {r})"),
+                sets=tuple(f"(set (shape (View ?{v} (Permute ?p))) {perm_s})" for v in "cxy"),
+                cases=({"c": ("in", shape, "bool"), "x": ("in", shape, "f32"),
+                        "y": ("in", shape, "f32"), "p": _swap(r)},)))
     return out
 
 

@@ -25,6 +25,8 @@ def saturator() -> Saturator:
 
 def special_array(shape, dtype, rng, finite_only=False) -> np.ndarray:
     """Random normal values with inf, -inf, NaN, +0, -0 and large magnitudes sprinkled in."""
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) < 0.5
     x = rng.standard_normal(shape).astype(dtype)
     if x.size == 0:
         return x
