@@ -104,11 +104,14 @@ class GraphImporter:
                                  node=ctx.name, op=node.op_type, opset=self.opset)
             self.env[name] = self.folder.fold(outs[k])
 
-    def run_subgraph(self, graph: onnx.GraphProto) -> list[Tensor]:
-        """Import ``graph`` in a child scope of the current one; returns its outputs in order."""
+    def run_subgraph(self, graph: onnx.GraphProto,
+                     bindings: dict[str, Tensor] | None = None) -> list[Tensor]:
+        """Import ``graph`` in a child scope of the current one, its formal inputs bound to
+        ``bindings`` (loop bodies); returns its outputs in order."""
         outer = self.env
         self.env = outer.new_child()
         try:
+            self.env.update(bindings or {})
             self.add_initializers(graph)
             self.run_nodes(graph.node)
             missing = [o.name for o in graph.output if o.name not in self.env]

@@ -172,9 +172,11 @@ class OpContext:
         t = self.attrs.get(name)
         return None if t is None else tensor_array(t)
 
-    def run_subgraph(self, graph: onnx.GraphProto) -> list[Tensor]:
-        """Import a subgraph (an ``If`` branch) with the outer scope visible; returns its outputs."""
-        return self.importer.run_subgraph(graph)
+    def run_subgraph(self, graph: onnx.GraphProto,
+                     bindings: dict[str, Tensor] | None = None) -> list[Tensor]:
+        """Import a subgraph (an ``If`` branch, a loop body with its inputs bound) with the outer
+        scope visible; returns its outputs."""
+        return self.importer.run_subgraph(graph, bindings)
 
 
 def constant(value: np.ndarray) -> Tensor:
