@@ -56,7 +56,7 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
     "pointwise": {"BLOCK": (128, 256, 512, 1024, 2048, 4096), "num_warps": (2, 4, 8),
                   "num_stages": (1,)},
     "row": {"BLOCK_M": (1, 2, 4, 8, 16, 32, 64, 128),
-            "BLOCK_K": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+            "BLOCK_K": tuple(2 ** i for i in range(15)),
             "num_warps": (1, 2, 4, 8, 16), "num_stages": (1, 2)},
     "matmul": {"BLOCK_M": (16, 32, 64, 128, 256), "BLOCK_N": (16, 32, 64, 128, 256),
                "BLOCK_K": (16, 32, 64, 128), "GROUP_M": (8,), "num_warps": (4, 8),
