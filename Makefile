@@ -19,7 +19,7 @@ conformance:  ## the ONNX backend node tests
 	$(PYTEST) tests/conformance -q
 
 demo:  ## fetch MiniLM-L3 and run it through lumc against onnxruntime
-	$(LUMC) run "$$($(LUMC) models fetch minilm-l3)" --random \
+	path=$$($(LUMC) models fetch minilm-l3) && $(LUMC) run "$$path" --random \
 		--shape batch_size=2 --shape sequence_length=16 --check
 
 models:  ## fetch the four models of MODELS.md into the user cache

@@ -63,6 +63,23 @@ def test_run_random_check_passes(tiny_path):
     assert res.stdout.count(" ok") == 2
 
 
+def test_check_failure_exits_1(tiny_path, monkeypatch):
+    import lumc.compiler.cli as cli_mod
+    real = cli_mod._run_onnxruntime
+
+    def off_by_a_little(path, inputs):  # onnxruntime's y, moved by 1e-3 of its max
+        ref = real(path, inputs)
+        ref["y"] = ref["y"] + np.float32(1e-3) * np.abs(ref["y"]).max()
+        return ref
+    monkeypatch.setattr(cli_mod, "_run_onnxruntime", off_by_a_little)
+    res = lumc("run", tiny_path, "--random", "--shape", "n=3", "--check")
+    assert res.exit_code == 1, res.output
+    y_line = next(ln for ln in res.stdout.splitlines() if ln.split()[0] == "y")
+    assert "FAIL" in y_line and "max_rel 0.001" in y_line
+    assert res.stderr.strip() == "check: FAILED for y (rtol 0.0001; ints exact)"
+    assert lumc("run", tiny_path, "--random", "--shape", "n=3", "--check", "--rtol", "2e-3").exit_code == 0
+
+
 def test_run_inputs_npz_binds_dynamic_dims(tiny_path, arrays, tmp_path):
     x, k = arrays
     np.savez(tmp_path / "in.npz", x=x, k=k)
