@@ -369,3 +369,57 @@ def test_topk_and_scatters_match_onnxruntime():
     u24 = RNG.standard_normal((2, 4)).astype(np.float32)
     # ScatterElements without reduction has no duplicate targets here (ORT leaves their order open)
     assert_matches_ort(model, {"x": x, "u3": u3, "u24": u24}, rtol=1e-6, atol=1e-6)
+
+
+def _loop_body():
+    # carried: acc; scan output: acc * i
+    inputs = [vi("i", [], TensorProto.INT64), vi("cond_in", [], TensorProto.BOOL), vi("acc", [2])]
+    nodes = [helper.make_node("Cast", ["i"], ["fi"], to=F),
+             helper.make_node("Add", ["acc", "x"], ["acc2"]),
+             helper.make_node("Mul", ["acc2", "fi"], ["scan"]),
+             helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    outputs = [vi("cond_out", [], TensorProto.BOOL), vi("acc2", [2]), vi("scan", [2])]
+    return helper.make_graph(nodes, "body", inputs, outputs)
+
+
+def test_loop_with_constant_trip_count_is_unrolled():
+    inits = [numpy_helper.from_array(np.array(3, np.int64), "trips"),
+             numpy_helper.from_array(np.array(True), "cond"),
+             numpy_helper.from_array(np.zeros(2, np.float32), "acc0")]
+    node = helper.make_node("Loop", ["trips", "cond", "acc0"], ["acc", "scans"], body=_loop_body())
+    model = make_model([node], [vi("x", [2])], [vi("acc", [2]), vi("scans", [3, 2])], inits)
+    imported = assert_matches_ort(model, {"x": np.array([1.5, -2.0], np.float32)}, rtol=0, atol=0)
+    assert "Loop" not in str(imported.graph.dump())
+
+
+def test_loop_with_runtime_trip_count_is_unsupported():
+    inits = [numpy_helper.from_array(np.array(True), "cond"),
+             numpy_helper.from_array(np.zeros(2, np.float32), "acc0")]
+    node = helper.make_node("Loop", ["n", "cond", "acc0"], ["acc", "scans"], body=_loop_body(),
+                            name="the_loop")
+    model = make_model([node], [vi("x", [2]), vi("n", [], TensorProto.INT64)],
+                       [vi("acc", [2]), vi("scans", None)], inits)
+    with pytest.raises(UnsupportedOpError, match="the_loop.*Loop.*trip count.*runtime"):
+        import_onnx(model)
+
+
+def test_scan_with_reverse_directions_matches_onnxruntime():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "xt"], ["s2"]), helper.make_node("Mul", ["s2", "xt"], ["y"])],
+        "body", [vi("s", [3]), vi("xt", [3])], [vi("s2", [3]), vi("y", [3])])
+    node = helper.make_node("Scan", ["s0", "x"], ["s_final", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_input_directions=[1],
+                            scan_output_axes=[1], scan_output_directions=[1])
+    model = make_model([node], [vi("s0", [3]), vi("x", [3, 4])],
+                       [vi("s_final", [3]), vi("ys", [3, 4])], opset=16)
+    feeds = {"s0": RNG.standard_normal(3).astype(np.float32),
+             "x": RNG.standard_normal((3, 4)).astype(np.float32)}
+    assert_matches_ort(model, feeds, rtol=1e-6)
+
+
+def test_shape_argument_computed_from_runtime_data_is_unsupported():
+    nodes = [helper.make_node("Cast", ["x"], ["xi"], to=TensorProto.INT64),
+             helper.make_node("Reshape", ["x", "xi"], ["y"], name="data_shaped")]
+    model = make_model(nodes, [vi("x", [2])], [vi("y", None)])
+    with pytest.raises(UnsupportedOpError, match="'data_shaped'.*Reshape.*runtime data"):
+        import_onnx(model)
