@@ -61,7 +61,8 @@ class OutputCheck:
 
     Attributes:
         max_abs: max |lumc - ort| over elements (0 for empty outputs).
-        max_rel: ``max_abs / max(max |ort|, tiny)``; inf where shapes, dtypes or NaN positions differ.
+        max_rel: ``max_abs / max(max |ort|, tiny)``; inf where shapes, dtypes or NaN positions
+            differ.
         ok: floats: ``max_rel <= rtol``; integers and bools: exactly equal.
         note: why the output failed beyond its numbers (shape or dtype mismatch), else "".
     """
@@ -160,7 +161,8 @@ def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]],
             raise InputError(f"--shape {key}: a dynamic dim takes one number, got "
                              f"{'x'.join(map(str, val))}")
     bound: dict[str, int] = {k: v[0] for k, v in shape_args.items() if k not in names}
-    given = {s.name: (f"--shape {s.name}", shape_args[s.name]) for s in specs if s.name in shape_args}
+    given = {s.name: (f"--shape {s.name}", shape_args[s.name])
+             for s in specs if s.name in shape_args}
     for s in specs:
         if s.name not in given and s.name in arrays:
             given[s.name] = (f"input {s.name!r}", tuple(arrays[s.name].shape))
@@ -215,7 +217,7 @@ def _run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.n
         raise LumcError(f"onnxruntime could not run the model for --check: {first}") from None
 
 
-_RUN_HELP = f"""Run MODEL (an .onnx file) through lumc and print each output's name, shape and dtype.
+_RUN_HELP = f"""Run MODEL (an .onnx file) through lumc; print each output's name, shape and dtype.
 
 Inputs come from --input NAME=FILE.npy, --inputs FILE.npz, or --random for the rest. --random
 draws floats from N(0, 1), integers uniformly from [0, {models.GENERIC_INT_HIGH}) and bools with
@@ -352,7 +354,8 @@ def models_list():
         shapes = "; ".join(" ".join(f"{k}={'x'.join(map(str, v))}" for k, v in s.items())
                            for s in m.test_shapes)
         click.echo(f"{m.name:<11} {m.title}")
-        click.echo(f"{'':<11} {m.package}=={m.version}  {'cached ' + str(path) if path else 'not fetched'}")
+        where = f"cached {path}" if path else "not fetched"
+        click.echo(f"{'':<11} {m.package}=={m.version}  {where}")
         click.echo(f"{'':<11} test shapes: {shapes}")
 
 

@@ -29,7 +29,7 @@ from lumc.ir.errors import LumcError, ModelError
 Shapes = dict[str, tuple[int, ...]]
 Recipe = Callable[[Shapes, Mapping[str, np.dtype], np.random.Generator], dict[str, np.ndarray]]
 
-# The generic --random rule: floats ~ N(0, 1), integers uniform in [0, GENERIC_INT_HIGH), bools fair.
+# The generic --random rule: floats ~ N(0, 1), ints uniform in [0, GENERIC_INT_HIGH), bools fair.
 GENERIC_INT_HIGH = 8
 
 
@@ -57,7 +57,7 @@ def generic_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype],
 
 
 def _silero_inputs(shapes, dtypes, rng):
-    # audio-like: a few tones plus noise at speech-like amplitude in [-1, 1]; LSTM state ~ small floats
+    # audio-like: a few tones plus noise, speech-like amplitude in [-1, 1]; LSTM state small floats
     out = generic_inputs(shapes, dtypes, rng)
     n, width = shapes["input"]
     t = np.arange(n * width, dtype=np.float64) / 16000.0
@@ -189,7 +189,7 @@ def model_info(name: str) -> ModelInfo:
 
 
 def cache_dir() -> pathlib.Path:
-    """Where fetched models live: ``$LUMC_CACHE_DIR/models`` or ``user_cache_dir("lumc")/models``."""
+    """Where fetched models live: ``$LUMC_CACHE_DIR/models``, else the user cache dir's."""
     root = os.environ.get("LUMC_CACHE_DIR") or platformdirs.user_cache_dir("lumc")
     return pathlib.Path(root) / "models"
 
