@@ -28,9 +28,16 @@ from lumc.compiler.onnx_frontend import ImportedModel, TensorSpec  # noqa: E402 
 
 
 def supported_ops() -> list[str]:
-    """Every ATen overload with a handler whose library functions are all available, sorted."""
+    """Every ATen overload of this PyTorch build with a handler whose library functions are all
+    available, sorted (``aten.add.Tensor``...)."""
+    import torch
     from lumc.compiler.torch_frontend.registry import missing_requirements
-    return sorted(k for k, h in HANDLERS.items() if not missing_requirements(h))
+
+    def exists(key: str) -> bool:
+        _, op, overload = key.split(".")
+        packet = getattr(torch.ops.aten, op, None)
+        return packet is not None and overload in packet.overloads()
+    return sorted(k for k, h in HANDLERS.items() if not missing_requirements(h) and exists(k))
 
 
 __all__ = ["CapturedProgram", "CompiledTorchModule", "DEFAULT_BUDGET", "HANDLERS", "ImportedModel",

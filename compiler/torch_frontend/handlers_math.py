@@ -352,7 +352,7 @@ def _scalar_tensor(ctx, s, *, dtype=None, **_layout):
 
 for _name, _v in (("zeros", 0), ("ones", 1), ("empty", 0)):
     # empty memory is undefined; zeros are as good as any value and fold away
-    aten(f"{_name}.default", f"{_name}.memory_format" if _name == "empty" else f"{_name}.names")(
+    aten(f"{_name}.memory_format" if _name == "empty" else f"{_name}.default")(
         lambda ctx, size, *a, dtype=None, _v=_v, **k: _full(size, _v, lumc_dtype(dtype) if dtype
                                                              else dt.f32))
     aten(f"{_name}_like.default")(

@@ -29,7 +29,7 @@ def _copies(*names: str) -> list[str]:
     return out
 
 
-@aten(*_copies("view.default", "_unsafe_view.default", "reshape.default", "_reshape_alias.default"))
+@aten(*_copies("view.default", "_reshape_alias.default"), "_unsafe_view.default", "reshape.default")
 def _view(ctx, x, size, *strides):
     return x.reshape(size)
 
@@ -253,7 +253,7 @@ def _place(x: Tensor, src: Tensor, dim: int, positions: range) -> Tensor:
     return mask.where(picked, x)
 
 
-@aten(*_copies("slice_scatter.default"), requires=["indexing.take"])
+@aten("slice_scatter.default", requires=["indexing.take"])
 def _slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     dim = normalize_axis(dim, x.ndim)
     n = x.shape[dim]
@@ -261,7 +261,7 @@ def _slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     return _place(x, src, dim, r)
 
 
-@aten(*_copies("select_scatter.default"), requires=["indexing.take"])
+@aten("select_scatter.default", requires=["indexing.take"])
 def _select_scatter(ctx, x, src, dim, index):
     dim = normalize_axis(dim, x.ndim)
     index %= x.shape[dim]
