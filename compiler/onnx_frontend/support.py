@@ -7,6 +7,7 @@ shape inference). All problems are reported together in one :class:`UnsupportedO
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import onnx
@@ -22,10 +23,35 @@ _DTYPE_ATTRS = ("to", "dtype", "output_dtype", "stash_type", "softmax_precision"
 _MAX_NAMES = 4
 
 
+_BIG_TENSOR = 1 << 16   # bytes; initializers above this are dropped before type inference
+
+
+def _without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its large initializers turned into graph inputs of the same type and shape:
+    type inference needs no weight values, and serializing gigabytes of weights for it is slow
+    (and fails past 2 GB). Weight bytes are never copied."""
+    src = model.graph
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    g = light.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    declared = {vi.name for vi in src.input}
+    for t in src.initializer:
+        if math.prod(t.dims) * 8 <= _BIG_TENSOR and t.data_location != onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
+
+
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Declared and inferred types of every named value, across subgraphs."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(_without_weight_data(model), strict_mode=False)
     except Exception:  # inference is best effort: fall back to what the file declares
         inferred = model
     types: dict[str, onnx.TypeProto] = {}
