@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.ir.graph import Graph, Node, const_node, toposort
+from lumc.ir.graph import Graph, Node, const_node
 from lumc.ir.tensor import Tensor
 
 _LAZY_LEAVES = ("Constant", "Iota")
@@ -28,14 +28,21 @@ class ConstantFolder:
 
     def is_dynamic(self, n: Node) -> bool:
         """Whether ``n`` depends on an ``Input`` leaf."""
-        hit = self._dynamic.get(n)
-        if hit is not None:
-            return hit
-        for m in toposort([n]):
-            if m in self._dynamic:
+        memo = self._dynamic
+        if n in memo:
+            return memo[n]
+        # iterative post-order walk that stops at nodes already decided
+        stack = [(n, False)]
+        while stack:
+            m, ready = stack.pop()
+            if m in memo:
                 continue
-            self._dynamic[m] = m.op == "Input" or any(self._dynamic[s] for s in m.srcs)
-        return self._dynamic[n]
+            if ready:
+                memo[m] = m.op == "Input" or any(memo[s] for s in m.srcs)
+                continue
+            stack.append((m, True))
+            stack.extend((s, False) for s in m.srcs if s not in memo)
+        return memo[n]
 
     def value(self, t: Tensor) -> np.ndarray | None:
         """The value of ``t`` if it is constant, else None."""
