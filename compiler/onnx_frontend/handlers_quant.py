@@ -1,12 +1,14 @@
-"""Linear (de)quantization to and from 8-bit integers: ``QuantizeLinear``, ``DequantizeLinear``,
-``DynamicQuantizeLinear`` (per-tensor, per-axis and blocked scales), following the ONNX reference
-(``onnx/reference/ops/op_quantize_linear.py``): ``saturate(round_half_even(x / scale) + zp)`` and
-``(x - zp) * scale`` in f32. Float8/int4/16-bit quantized types are rejected by the dtype check.
+"""8-bit quantization: ``QuantizeLinear``, ``DequantizeLinear``, ``DynamicQuantizeLinear``
+(per-tensor, per-axis and blocked scales), and the integer kernels ``MatMulInteger``,
+``ConvInteger``, ``QLinearMatMul``, ``QLinearConv``, following the ONNX reference
+(``onnx/reference/ops/op_quantize_linear.py`` and friends): ``saturate(round_half_even(x / scale) +
+zp)``, ``(x - zp) * scale`` in f32, integer products accumulated exactly in i32 and requantized in
+f64. Float8/int4/16-bit quantized types are rejected by the dtype check.
 """
 from __future__ import annotations
 
 from lumc.compiler.onnx_frontend.loader import dtype_of
-from lumc.compiler.onnx_frontend.registry import OpContext, handler
+from lumc.compiler.onnx_frontend.registry import OpContext, handler, lib
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.tensor import Tensor, normalize_axis
@@ -89,3 +91,72 @@ def _dynamic_quantize(ctx: OpContext):
     zp = zero.sub(_div(minx, scale)).clip(zero, zero.scalar_like(255.0)).round()
     y = _div(x, scale).round().add(zp).clip(zero, zero.scalar_like(255.0))
     return [y.cast(dt.u8), scale, zp.cast(dt.u8)]
+
+
+def _centered(x: Tensor, zp: Tensor | None, per_axis_shape=None) -> Tensor:
+    """``x - zero_point`` in i32 (exact); a vector zero point is reshaped to ``per_axis_shape``."""
+    v = x.cast(dt.i32)
+    if zp is None:
+        return v
+    z = zp.cast(dt.i32)
+    if z.numel == 1:
+        z = z.reshape(())
+    elif per_axis_shape is not None:
+        z = z.reshape(per_axis_shape)
+    return v.sub(z)
+
+
+def _requantize(acc: Tensor, multiplier: Tensor, zp: Tensor | None, like: dt.DType) -> Tensor:
+    """``saturate(round_half_even(acc * multiplier + zp))`` computed in f64 (the reference
+    promotes the i32 accumulator times the float multiplier to f64)."""
+    d = acc.cast(dt.f64).mul(multiplier.cast(dt.f64))
+    out = like
+    if zp is not None:
+        d = d.add(zp.cast(dt.f64).reshape(()) if zp.numel == 1 else zp.cast(dt.f64))
+        out = zp.dtype
+    lo, hi = _RANGES[out]
+    return d.round().clip(d.scalar_like(lo), d.scalar_like(hi)).cast(out)
+
+
+def _scale(s: Tensor, per_axis_shape=None) -> Tensor:
+    if s.numel == 1:
+        return s.reshape(())
+    return s.reshape(per_axis_shape) if per_axis_shape is not None else s
+
+
+@handler("MatMulInteger")
+def _matmul_integer(ctx: OpContext):
+    a, b = ctx.input(0), ctx.input(1)
+    return _centered(a, ctx.opt(2), (-1, 1)).matmul(_centered(b, ctx.opt(3)))
+
+
+@handler("QLinearMatMul")
+def _qlinear_matmul(ctx: OpContext):
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = (ctx.opt(i) for i in range(8))
+    acc = _centered(a, a_zp, (-1, 1)).matmul(_centered(b, b_zp))
+    # the multiplier in the scales' dtype, as the reference computes it
+    m = _div(_scale(a_s, (-1, 1)).mul(_scale(b_s)), _scale(y_s))
+    return _requantize(acc, m, y_zp, a.dtype)
+
+
+def _conv_attrs(ctx: OpContext) -> dict:
+    return dict(strides=ctx.attr("strides"), pads=ctx.attr("pads"), dilations=ctx.attr("dilations"),
+                auto_pad=ctx.attr("auto_pad", "NOTSET"), group=ctx.attr("group", 1))
+
+
+@handler("ConvInteger", requires=["conv.conv"])
+def _conv_integer(ctx: OpContext):
+    x, w = ctx.input(0), ctx.input(1)
+    wz_shape = (-1,) + (1,) * (w.ndim - 1)
+    return lib("conv.conv")(_centered(x, ctx.opt(2)), _centered(w, ctx.opt(3), wz_shape),
+                            **_conv_attrs(ctx))
+
+
+@handler("QLinearConv", requires=["conv.conv"])
+def _qlinear_conv(ctx: OpContext):
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, bias = (ctx.opt(i) for i in range(9))
+    per_channel = (-1,) + (1,) * (w.ndim - 1)
+    acc = lib("conv.conv")(_centered(x, x_zp), _centered(w, w_zp, per_channel),
+                           None if bias is None else bias.cast(dt.i32), **_conv_attrs(ctx))
+    m = _div(_scale(x_s).mul(_scale(w_s, (1, -1) + (1,) * (w.ndim - 2))), _scale(y_s))
+    return _requantize(acc, m, y_zp, x.dtype)
