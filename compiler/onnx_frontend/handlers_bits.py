@@ -1,5 +1,5 @@
-"""Integer bit operations from arithmetic: ``BitShift`` (opset 11 and the signed form of 28) and
-``BitwiseNot``.
+"""Integer bit operations from arithmetic: ``BitShift`` (opset 11 and the signed form of 28),
+``BitwiseNot`` and ``BitwiseAnd/Or/Xor`` (bit planes by repeated floor-halving, recombined).
 
 A left shift is a wrapping multiply by ``2^y`` (read from a constant table of the dtype, where
 ``2^(w-1)`` wraps to the sign bit). A right shift is a floor division by ``2^y``; the integer
@@ -57,3 +57,37 @@ def _bitwise_not(ctx: OpContext):
     if x.dtype.kind == "uint":
         return x.scalar_like(x.dtype.max_value()).sub(x)
     return x.scalar_like(-1).sub(x)
+
+
+def _bit_planes(x: Tensor, w: int) -> list[Tensor]:
+    """The ``w`` two's-complement bits of ``x`` (i64 0/1 tensors, least significant first), by
+    repeated floor-halving (exact for ``|x| < 2^52``, see the module docstring)."""
+    q = x.cast(dt.i64)
+    two = q.scalar_like(2)
+    planes = []
+    for _ in range(w):
+        bit = q.mod(two)                     # floor modulo: the bit, also for negative q
+        planes.append(bit)
+        q = q.sub(bit).idiv(two)
+    return planes
+
+
+@handler("BitwiseAnd", "BitwiseOr", "BitwiseXor")
+def _bitwise(ctx: OpContext):
+    a, b = ctx.input(0), ctx.input(1)
+    w = _bits(a)
+    a, b = a._bcast(b)
+    op = ctx.node.op_type
+    out = None
+    for k, (pa, pb) in enumerate(zip(_bit_planes(a, w), _bit_planes(b, w))):
+        if op == "BitwiseAnd":
+            bit = pa.mul(pb)
+        elif op == "BitwiseOr":
+            bit = pa.add(pb).sub(pa.mul(pb))
+        else:
+            bit = pa.add(pb).mod(pa.scalar_like(2))
+        # the top bit of a signed dtype weighs -2^(w-1)
+        weight = -(1 << k) if (k == w - 1 and a.dtype.kind == "int") else (1 << k)
+        term = bit.mul(bit.scalar_like(weight))
+        out = term if out is None else out.add(term)
+    return out.cast(a.dtype)
