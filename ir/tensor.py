@@ -167,7 +167,7 @@ class Tensor:
         return self.reshape([d for i, d in enumerate(self.shape) if i not in axes])
 
     def flatten(self, axis: int = 1) -> "Tensor":
-        axis = axis % (self.ndim + 1) if axis < 0 else axis
+        axis = axis + self.ndim if axis < 0 else axis   # ONNX: -1 is the last dim, not past it
         return self.reshape((prod(self.shape[:axis]), prod(self.shape[axis:])))
 
     def slice(self, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int] | None = None,
