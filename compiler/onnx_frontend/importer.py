@@ -86,23 +86,25 @@ class GraphImporter:
                              node=ctx.name, op=node.op_type, opset=self.opset)
         try:
             outs = h.fn(ctx)
+            outs = [outs] if isinstance(outs, Tensor) else list(outs)
+            produced = {}
+            for k, name in enumerate(node.output):
+                if not name:
+                    continue
+                if k >= len(outs) or outs[k] is None:
+                    raise ModelError(f"output {k} ({name!r}) is not produced by lumc's handler")
+                produced[name] = self.folder.fold(outs[k])
         except LumcError as e:
             if e.node is not None and e.op is not None:
                 raise
             raise type(e)(e.reason, node=ctx.name, op=node.op_type, opset=self.opset) from e
-        except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as e:
+        except (ValueError, IndexError, TypeError, KeyError, AttributeError, ZeroDivisionError,
+                OverflowError) as e:
+            # malformed attributes or inputs surface as Python errors in the builders; folding
+            # raises IndexError for an out-of-range constant gather index
             raise ModelError(f"{type(e).__name__}: {e}", node=ctx.name, op=node.op_type,
                              opset=self.opset) from e
-        if isinstance(outs, Tensor):
-            outs = [outs]
-        outs = list(outs)
-        for k, name in enumerate(node.output):
-            if not name:
-                continue
-            if k >= len(outs) or outs[k] is None:
-                raise ModelError(f"output {k} ({name!r}) is not produced by lumc's handler",
-                                 node=ctx.name, op=node.op_type, opset=self.opset)
-            self.env[name] = self.folder.fold(outs[k])
+        self.env.update(produced)
 
     def run_subgraph(self, graph: onnx.GraphProto,
                      bindings: dict[str, Tensor] | None = None) -> list[Tensor]:

@@ -12,7 +12,7 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.onnx_frontend import (check_supported, import_onnx, load_model,
                                          model_input_specs, model_output_specs)
 from lumc.ir import dtypes as dt
-from lumc.ir.errors import InputError, ModelError, UnsupportedOpError
+from lumc.ir.errors import InputError, ModelError, ShapeError, UnsupportedOpError
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(0)
@@ -423,3 +423,15 @@ def test_shape_argument_computed_from_runtime_data_is_unsupported():
     model = make_model(nodes, [vi("x", [2])], [vi("y", None)])
     with pytest.raises(UnsupportedOpError, match="'data_shaped'.*Reshape.*runtime data"):
         import_onnx(model)
+
+
+def test_bad_attributes_and_constant_indices_name_the_node():
+    bad_perm = make_model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 0], name="tp")],
+                          [vi("x", [2, 3])], [vi("y", None)])
+    with pytest.raises(ShapeError, match="'tp'.*Transpose"):
+        import_onnx(bad_perm)
+    oob = make_model([helper.make_node("Gather", ["c", "i"], ["y"], name="g")], [], [vi("y", None)],
+                     [numpy_helper.from_array(np.arange(3, dtype=np.float32), "c"),
+                      numpy_helper.from_array(np.array([5], np.int64), "i")])
+    with pytest.raises(ModelError, match="'g'.*Gather.*out of range"):
+        import_onnx(oob)
