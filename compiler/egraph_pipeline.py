@@ -184,7 +184,8 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         try:
             p = decode_candidate(graph, results, picks, tables, label)
         except Exception as e:   # a bad alternative must not sink the compile
-            log.warning("candidate %s failed to decode: %s", label, e)
+            log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(
+                logging.DEBUG))
             continue
         sig = p.signature()
         if sig in seen:

@@ -258,7 +258,10 @@ def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables
             attrs = tuple(sorted(zip(FORM_ATTRS[n.ctor], vals)))
             if n.ctor.startswith("Attention"):
                 attrs += (("masked", n.ctor == "AttentionMasked"),)
-            forms[id(x)] = FormRecord(FORM_KERNEL[n.ctor], tuple(sorted(attrs)), ins)
+            root = x
+            while root.op == "View":   # a form ending in a reshape (attention's matmul) is its base
+                root = root.srcs[0]
+            forms[id(root)] = FormRecord(FORM_KERNEL[n.ctor], tuple(sorted(attrs)), ins)
     return {r: built[r] for r in roots}
 
 

@@ -144,7 +144,7 @@ class GreedyFusion:
 
     def _members(self, rid: int, rec) -> set[int]:
         # compute nodes between the root and the form's inputs (views are reads, shared freely)
-        stop = {id(x) for x in rec.inputs}
+        stop = {id(x) for x in rec.inputs} | {id(_chain(x)[0]) for x in rec.inputs}
         out, seen = set(), set()
         stack = [self.byid[rid]] if rid in self.byid else []
         while stack:
@@ -287,7 +287,7 @@ class GreedyFusion:
         outputs = {}
         for name, n in self.graph.outputs.items():
             outputs[name] = n
-        prog = Program(calls, outputs, label=label, notes=list(self.refusals))
+        prog = Program(calls, outputs, label=label, notes=list(self.refusals), graph=self.graph)
         return prog
 
 

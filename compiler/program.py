@@ -45,11 +45,17 @@ class KernelCall:
 
 @dataclass(eq=False)
 class Program:
-    """Kernel calls in launch order, plus the model outputs ``{name: node}``."""
+    """Kernel calls in launch order, plus the model outputs ``{name: node}``.
+
+    ``graph`` is the primitive graph whose nodes the calls bind: the model's own graph for greedy
+    fusion, a rewritten one (same inputs and constants, same output names) for an e-graph
+    candidate. Run ``ReferenceExecutor(program.graph)`` to get the value of any bound node.
+    """
     calls: list[KernelCall]
     outputs: dict[str, Node]
     label: str = ""
     notes: list[str] = field(default_factory=list)
+    graph: Graph | None = None
 
     def __len__(self) -> int:
         return len(self.calls)

@@ -96,6 +96,35 @@ def squeeze_rules() -> list[Rule]:
     return rules
 
 
+def operand_rules() -> list[Rule]:
+    """A contraction operand's broadcast reshape split in two, so the operand itself appears with
+    the rank the matmul rule expects (views compose through size-1 dims, e.g. a batch of 1)."""
+    rules = []
+    for big in (3, 4, 5):
+        g = [f"(vec-get ?s1 {i})" for i in range(big)]
+        k = big - 3   # the contracted axis of the broadcast product
+        for side, m_axis in (("a", big - 1), ("b", big - 3)):
+            s0 = "(vec-of " + " ".join(x for i, x in enumerate(g) if i != m_axis) + ")"
+            mul = ("(Mul (View ?root (Expand ?F)) ?B)" if side == "a"
+                   else "(Mul ?A (View ?root (Expand ?F)))")
+            if side == "a":
+                host = "(MatMul (View ?x (Reshape ?xs)) ?w)"
+                case = {"x": ("in", (24,), "f32"), "xs": (1,) * (big - 3) + (4, 6),
+                        "w": ("in", (1,) * (big - 3) + (6, 5), "f32")}
+            else:
+                host = "(MatMul ?a (View ?x (Reshape ?xs)))"
+                case = {"a": ("in", (1,) * (big - 3) + (4, 6), "f32"), "x": ("in", (30,), "f32"),
+                        "xs": (1,) * (big - 3) + (6, 5)}
+            rules.append(Rule(
+                f"kernels/View: matmul operand {side} reshape -> reshape to its own rank first [r={big}]",
+                "exact", "(View ?y (Reshape ?s1))", f"(View (View ?y (Reshape {s0})) (Reshape ?s1))",
+                (f"(= ?red (SumReduce {mul} (vec-of {k + 1})))", f"(= (vec-length ?s1) {big})",
+                 f"(= (vec-get ?s1 {m_axis}) 1)", "(= ?sy (shape ?y))", f"(!= {s0} ?sy)"),
+                sets=(f"(set (shape (View ?y (Reshape {s0}))) {s0})",),
+                cases=(dict(case, __lhs__=host),)))
+    return rules
+
+
 def softmax_rules() -> list[Rule]:
     """``exp(x - max x) * recip(sum exp(x - max x))`` -> ``Softmax(x, axis)``."""
     rules = []
@@ -173,4 +202,4 @@ def attention_rules() -> list[Rule]:
 
 
 def rules() -> list[Rule]:
-    return squeeze_rules() + matmul_rules() + softmax_rules() + norm_rules() + attention_rules()
+    return squeeze_rules() + operand_rules() + matmul_rules() + softmax_rules() + norm_rules() + attention_rules()
