@@ -146,3 +146,38 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
     return dev.launch_overhead_s + body + waves * WAVE_TAIL_S
+
+
+def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
+    """A lower bound on the time of ``kernel`` run with config ``cfg`` (seconds, launch included).
+
+    It is the roofline of the work that config really issues: a tile computes its whole
+    ``BLOCK_M x BLOCK_N x BLOCK_K`` extent even where the problem's edge masks it, and a
+    row or elementwise program runs all its ``BLOCK`` lanes; so
+    ``max(padded_flops / peak, min_bytes / bandwidth) + launch``. Never below the kernel's pure
+    roofline bound, and a config whose bound is not below the best time measured for the kernel
+    cannot win: the search prunes it without compiling.
+    """
+    flops = kernel.flops()
+    dtype = max((n.dtype for n in kernel.inputs if n.dtype.is_float), key=lambda d: d.itemsize,
+                default=kernel.outputs[0].dtype)
+    c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
+    if c is not None:
+        bm, bn, bk = cfg.get("BLOCK_M", 16), cfg.get("BLOCK_N", 16), cfg.get("BLOCK_K", 16)
+        padded = 2 * c.batch * (math.ceil(c.m / bm) * bm) * (math.ceil(c.n / bn) * bn) * \
+            (math.ceil(c.k / bk) * bk)
+        flops = max(flops, padded)
+        peak = dev.tensor_flops.get(dtype.name, min(dev.vector_flops.values()))
+    else:
+        out_elems = max(sum(prod(n.shape) for n in kernel.outputs), 1)
+        block = int(cfg.get("BLOCK", cfg.get("BLOCK_K", 1)))
+        if kernel.form in ("pointwise", "gather"):
+            lanes = math.ceil(out_elems / block) * block
+            flops = flops * lanes / out_elems
+        elif kernel.inputs:
+            row = max(prod(kernel.inputs[0].shape) // out_elems, 1)
+            rows_pp = int(cfg.get("BLOCK_M", 1))
+            issued = math.ceil(out_elems / rows_pp) * rows_pp * math.ceil(row / block) * block
+            flops = flops * max(issued / (out_elems * row), 1.0)
+        peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
+    return max(flops / peak, kernel.min_bytes() / dev.hbm_bandwidth) + dev.launch_overhead_s

@@ -217,7 +217,14 @@ def _run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.n
         raise LumcError(f"onnxruntime could not run the model for --check: {first}") from None
 
 
-_RUN_HELP = f"""Run MODEL (an .onnx file) through lumc; print each output's name, shape and dtype.
+def _is_artifact(path: str) -> bool:
+    """A ``.lumc`` artifact (a zip archive) rather than an ONNX protobuf."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04" or str(path).endswith(".lumc")
+
+
+_RUN_HELP = f"""Run MODEL (an .onnx file or a compiled .lumc artifact) through lumc; print each
+output's name, shape and dtype.
 
 Inputs come from --input NAME=FILE.npy, --inputs FILE.npz, or --random for the rest. --random
 draws floats from N(0, 1), integers uniformly from [0, {models.GENERIC_INT_HIGH}) and bools with
@@ -261,6 +268,9 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     if not os.path.isfile(model):
         raise LumcError(f"{model}: no such file")
     arrays = _load_arrays(inputs_npz, input_pairs)
+    if _is_artifact(model):
+        from lumc.compiler.cli_compile import run_artifact
+        return run_artifact(model, arrays, use_random, seed, check, rtol, out_path)
     onnx_model = fe.load_model(model)
     fe.check_supported(onnx_model)
     specs = fe.model_input_specs(onnx_model)
@@ -367,6 +377,14 @@ def models_fetch(name):
     for n in names:
         click.echo(str(models.fetch_model(n)))
 
+
+# the other command groups register themselves on `cli`
+from lumc.compiler import cli_compile  # noqa: E402,F401
+
+try:
+    from lumc.compiler import cli_bench  # noqa: E402,F401
+except ImportError:  # bench lands separately
+    pass
 
 if __name__ == "__main__":
     main()

@@ -173,7 +173,11 @@ class CompiledModel:
     def save(self, path) -> str:
         """Write a self-contained ``.lumc`` artifact atomically; returns its hash."""
         from lumc import __version__
-        doc, npz, index = graph_to_bytes(self.graph)
+        # the program may be bound to a rewritten graph (e-graph candidates): index every node any
+        # call touches, plus the model outputs
+        touched = {f"__n{i}_{j}": n for i, c in enumerate(self.program.calls)
+                   for j, n in enumerate((*c.inputs, *c.outputs))}
+        doc, npz, index = graph_to_bytes(Graph(self.graph.inputs, {**touched, **self.program.outputs}))
         calls = []
         for c, cfg in zip(self.program.calls, self.configs):
             mdoc, mnpz, _ = graph_to_bytes(c.kernel.meaning)
@@ -207,7 +211,8 @@ def load(path, device: str | None = None) -> CompiledModel:
     for need in ("graph.json", "consts.npz", "plan.json", "report.json"):
         if need not in parts:
             raise ArtifactError(f"{path}: artifact lacks {need}")
-    graph, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
+    full, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
+    graph = Graph(full.inputs, {k: v for k, v in full.outputs.items() if not k.startswith("__n")})
     try:
         plan = json.loads(parts["plan.json"])
         report = json.loads(parts["report.json"])

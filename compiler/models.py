@@ -209,6 +209,12 @@ def identify_model(path: str | os.PathLike) -> ModelInfo | None:
     return next((m for m in MODEL_INFO.values() if m.sha256 == digest), None)
 
 
+def identify_bytes(data: bytes) -> ModelInfo | None:
+    """The known model whose sha256 equals these bytes', or None."""
+    digest = hashlib.sha256(data).hexdigest()
+    return next((m for m in MODEL_INFO.values() if m.sha256 == digest), None)
+
+
 def cached_model_path(name: str) -> pathlib.Path | None:
     """The cached file of a model if present and its sha256 is right, else None."""
     info = model_info(name)

@@ -34,6 +34,7 @@ from lumc.rewrites.cost import kernel_time_bound
 
 EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
 MAX_CANDIDATES = 8    # distinct programs taken from extraction
+MAX_REGION_OPS = 400  # primitive ops per e-graph region (EGGLOG-NOTES: per-layer regions)
 
 
 @dataclass
@@ -52,11 +53,17 @@ def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> F
         ModelError, UnsupportedOpError, InputError: one line each (see ``lumc.compiler.onnx_frontend``).
     """
     from lumc.compiler.onnx_frontend import check_supported, import_onnx, load_model
-    from lumc.compiler.models import identify_model
+    from lumc.compiler.models import identify_bytes
     m = load_model(model)
     check_supported(m)
-    src = m.SerializeToString()
-    info = identify_model(model) if isinstance(model, (str, os.PathLike)) else None
+    if isinstance(model, (str, os.PathLike)):
+        with open(model, "rb") as f:
+            src = f.read()               # the file's own bytes: artifacts keep the model as given
+    elif isinstance(model, (bytes, bytearray)):
+        src = bytes(model)
+    else:
+        src = m.SerializeToString()
+    info = identify_bytes(src)
     input_shapes = dict(shapes or {})
     if example_inputs:
         for k, v in example_inputs.items():
@@ -104,14 +111,20 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
             stats["error"] = f"e-graph stage unavailable ({e})"
             use_egraph = False
     if use_egraph:
+        from lumc.rewrites.schedule import Limits
+        share = deadline.remaining() * EGRAPH_SHARE
+        n_compute = sum(1 for n in graph.nodes() if n.op not in ("Input", "Constant", "View"))
+        regions = max(1, -(-n_compute // MAX_REGION_OPS))
+        limits = Limits(seconds=max(0.05, min(Limits().seconds, share / regions)))
         t0 = time.monotonic()
-        progs, st = egraph_pipeline.egraph_candidates(
-            graph, target.spec.as_ceilings(), time_limit_s=deadline.remaining() * EGRAPH_SHARE,
-            k=MAX_CANDIDATES)
-        stats.update(st)
-        stats["used"] = True
-        stats.setdefault("saturation_s", time.monotonic() - t0)
-        programs = progs + programs
+        res = egraph_pipeline.egraph_candidates(graph, target.spec, k=MAX_CANDIDATES, limits=limits,
+                                                max_region_ops=MAX_REGION_OPS)
+        tot = res.total
+        stats.update({"enodes": tot.enodes, "eclasses": tot.eclasses, "iterations": tot.iterations,
+                      "saturation_s": res.seconds.get("saturate", tot.seconds),
+                      "extraction_s": res.seconds.get("extract", 0.0), "regions": len(res.regions),
+                      "stop_reasons": tot.stop, "used": True, "seconds": time.monotonic() - t0})
+        programs = list(res.candidates) + programs
     seen, out = set(), []
     for p in programs:
         sig = p.signature()
@@ -152,7 +165,7 @@ class Progress:
             from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn
             self._p = RP(TextColumn("[bold]{task.fields[stage]:<11}"), BarColumn(bar_width=24),
                          TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
-                         console=Console(stderr=True), transient=False)
+                         console=Console(stderr=True), transient=True)
             self._p.start()
             self._task = self._p.add_task("compile", total=budget_s, stage="import", info="")
 
@@ -203,10 +216,13 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     ver = versions()
     progress = Progress(budget_s, target, quiet)
     try:
+        stage_s: dict[str, float] = {}
         fe = stage_frontend(model, shapes, example_inputs)
         graph = fe.graph
+        stage_s["frontend"] = deadline.elapsed()
         progress.stage("candidates", deadline)
         programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph)
+        stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
         inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
         progress.stage("reference", deadline)
@@ -218,8 +234,11 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         ceil = target.spec.as_ceilings()
         bounds = {k: kernel_time_bound(measurer.entries[k].kernel, ceil) for ks in keys for k in ks}
         nconf = {k: measurer.n_configs(k) for ks in keys for k in ks}
+        stage_s["reference"] = deadline.elapsed() - sum(stage_s.values())
         result = run_search(keys, bounds, nconf, measurer, deadline,
-                            on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd))
+                            on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
+                            config_bounds=measurer.bound)
+        stage_s["search"] = deadline.elapsed() - sum(stage_s.values())
         progress.stage("plan", deadline)
         chosen = programs[result.candidate]
         ck = keys[result.candidate]
@@ -229,9 +248,11 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                    (0.0 if np.array_equal(out[k], ref_out[k]) else float("inf")))
                   for k in graph.outputs) if graph.outputs else 0.0
         kernel_err = max((measurer.entries[k].max_error for k in ck), default=0.0)
+        stage_s["plan"] = deadline.elapsed() - sum(stage_s.values())
         report = build_report(fe, graph, programs, chosen, ck, configs, result, measurer, bounds,
                               target, budget_s, deadline, egraph_stats, max(err, kernel_err),
                               use_egraph, db, log)
+        report["stage_seconds"] = stage_s
         cm = CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                            fe.source_onnx, target.torch_device)
         return cm
@@ -250,8 +271,14 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
             "time_s": t, "bound_s": bounds[k], "flops": c.kernel.flops(), "bytes": c.kernel.min_bytes(),
             "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
             "arithmetic_intensity": c.kernel.arithmetic_intensity()})
-    consts = {id(n): n for c in chosen.calls for n in c.inputs if n.op == "Constant"}
-    ideal = (sum(n.nbytes for n in graph.inputs.values()) + sum(n.nbytes for n in consts.values())
+    # weights each read once, as much of them as the program addresses (an embedding table: the
+    # gathered rows), plus graph inputs and outputs once
+    weight_bytes: dict[int, int] = {}
+    for c in chosen.calls:
+        for n, b in zip(c.inputs, c.kernel.read_bytes()):
+            if n.op == "Constant":
+                weight_bytes[id(n)] = min(weight_bytes.get(id(n), n.nbytes), b)
+    ideal = (sum(n.nbytes for n in graph.inputs.values()) + sum(weight_bytes.values())
              + sum(n.nbytes for n in graph.outputs.values()))
     st = result.stats
     return {
@@ -266,7 +293,8 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "best_time_s": result.time_s, "bound_time_s": result.bound_s,
         "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
         "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
-                                                     "used", "iterations", "stop_reasons", "error")},
+                                                     "used", "iterations", "stop_reasons", "error",
+                                                     "extraction_s")},
         "max_rel_error": max_err, "warnings": list(fe.warnings), "log": log[:200],
         "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
         "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},

@@ -65,8 +65,8 @@ class SearchResult:
 def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: dict,
                measure: Callable[[Hashable, int], Measurement], deadline: Deadline, *,
                slack: float = 0.01, min_gain: float = 0.01, window: int = 24,
-               retime_top: int = 3, on_progress: Callable[[SearchStats, float, float], None] | None = None
-               ) -> SearchResult:
+               retime_top: int = 3, on_progress: Callable[[SearchStats, float, float], None] | None = None,
+               config_bounds: Callable[[Hashable, int], float] | None = None) -> SearchResult:
     """Choose the fastest candidate within the deadline (see module docstring).
 
     Args:
@@ -80,6 +80,9 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         min_gain, window: early stop when the best time improved by less than ``min_gain``
             (relative) over the last ``window`` measurements.
         on_progress: called after each measurement with ``(stats, best_time, best_bound)``.
+        config_bounds: ``(kernel key, config index) -> seconds``, a lower bound for that config
+            (e.g. the roofline of its padded tiles); a config whose bound is not below the kernel's
+            best measured time is pruned without compiling.
     """
     stats = SearchStats()
     n = len(candidates)
@@ -174,6 +177,10 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                 break
             k = max(open_k, key=lambda k: (best_t[k] / max(bounds[k], 1e-12), str(k)))
             ci = next(ci for ci in range(configs[k]) if ci not in tried[k])
+            if config_bounds is not None and config_bounds(k, ci) >= best_t[k]:
+                tried[k].add(ci)
+                stats.candidates_pruned += 1
+                continue
             if not try_config(k, ci):
                 out_of_time = True
                 break

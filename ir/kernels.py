@@ -74,11 +74,16 @@ class Kernel:
     def min_bytes(self) -> int:
         """Bytes the kernel must move: each input read once (only the elements its gathers and
         partial views address), each output written once."""
+        return sum(self.read_bytes()) + sum(n.nbytes for n in self.outputs)
+
+    def read_bytes(self) -> list[int]:
+        """Bytes each input (``in0, in1, ...``) must be read: its size, or only the elements that
+        its gathers and partial views address."""
         users: dict[int, list[tuple[Node, int]]] = {}
         for n in self.meaning.nodes():
             for pos, s in enumerate(n.srcs):
                 users.setdefault(id(s), []).append((n, pos))
-        total = sum(n.nbytes for n in self.outputs)
+        out = []
         for x in self.inputs:
             addressed = 0
             for u, pos in users.get(id(x), []):
@@ -92,10 +97,10 @@ class Kernel:
                 else:
                     addressed += x.numel
             if x.numel and id(x) in users:
-                total += min(x.numel, addressed) * x.dtype.itemsize
+                out.append(min(x.numel, addressed) * x.dtype.itemsize)
             else:
-                total += x.nbytes
-        return total
+                out.append(x.nbytes)
+        return out
 
     def arithmetic_intensity(self) -> float:
         """FLOP per byte of ``min_bytes`` (0 for a kernel that moves nothing)."""

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto
 
+from lumc.compiler.onnx_frontend.loader import tensor_array
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ModelError, UnsupportedOpError
 from lumc.ir.graph import const_node
@@ -168,7 +169,6 @@ class OpContext:
         return None if v is None else np.asarray(v).reshape(-1)[0].item()
 
     def tensor_attr(self, name: str) -> np.ndarray | None:
-        from lumc.compiler.onnx_frontend.loader import tensor_array
         t = self.attrs.get(name)
         return None if t is None else tensor_array(t)
 

@@ -108,3 +108,14 @@ def test_bad_budgets(text):
 def test_grace():
     assert grace_seconds(60) == 10 and grace_seconds(1800) == pytest.approx(90)
     assert not math.isinf(grace_seconds(1))
+
+
+def test_config_bounds_prune_without_measuring():
+    clock = FakeClock()
+    times = {"k": [1.0, 3.0, 0.9, 5.0]}
+    measure, calls = make_measure(times, clock)
+    cb = {0: 0.5, 1: 2.0, 2: 0.5, 3: 4.0}   # configs 1 and 3 cannot beat the measured 1.0
+    r = run_search([["k"]], {"k": 0.5}, {"k": 4}, measure, Deadline(100, clock),
+                   config_bounds=lambda k, ci: cb[ci])
+    assert ("k", 1) not in calls and ("k", 3) not in calls
+    assert r.configs == {"k": 2} and r.stats.candidates_pruned == 2

@@ -1,0 +1,189 @@
+"""``lumc compile`` and ``lumc cache``: the main job and its tuning database, on the command line.
+
+    lumc compile MODEL --budget 30m [-o OUT.lumc] [--device cuda[:N] | sim:h100 | sim:h200]
+                 [--shape NAME=DIMS ...] [--report REPORT.json] [--no-egraph] [--quiet]
+    lumc cache info
+    lumc cache clear
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import click
+
+from lumc.compiler.artifact import write_atomic
+from lumc.compiler.budget import parse_duration
+from lumc.compiler.cli import _parse_shapes, cli
+from lumc.ir.errors import LumcError
+
+_COMPILE_HELP = """Compile MODEL (an .onnx file) into the fastest correct program lumc finds within
+the budget, and save it as a self-contained .lumc artifact (weights, plan, report and the source
+model).
+
+DURATION looks like 90s, 30m, 1h or 1h30m; it is a hard deadline for the whole compile. Without a
+GPU (or with --device sim:h100/sim:h200) kernel times come from an analytical model of that GPU and
+the output says they are simulated; the compiled model then runs on the CPU executor. A second
+compile of the same model reuses the tuning database and re-times nothing.
+"""
+
+
+@cli.command("compile", help=_COMPILE_HELP)
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--budget", "budget", required=True, metavar="DURATION", help="e.g. 90s, 30m, 1h")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False),
+              help="artifact path (default: MODEL with .lumc)")
+@click.option("--device", default=None, help="cuda[:N], sim:h100 or sim:h200 (default: first GPU, "
+              "else sim:h200)")
+@click.option("--shape", "shape_items", multiple=True, metavar="NAME=DIMS",
+              help="an input's shape (x=1x3x224x224) or a dynamic dim (batch_size=2); repeatable")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="write the report JSON")
+@click.option("--no-egraph", is_flag=True, help="greedy fusion only (the ablation baseline)")
+@click.option("--quiet", is_flag=True, help="no progress display")
+def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, quiet):
+    from lumc.compiler.pipeline import compile_model
+    parse_duration(budget)                     # a bad budget fails before any work
+    shapes = _parse_shapes(shape_items)
+    out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
+    try:
+        cm = compile_model(model, budget=budget, device=device, shapes=shapes,
+                           use_egraph=not no_egraph, quiet=quiet)
+    except KeyboardInterrupt:
+        raise LumcError("interrupted: nothing was written; timings measured so far are kept in the "
+                        "tuning database") from None
+    cm.save(out_path)
+    r = cm.report_dict()
+    if report_path:
+        write_atomic(report_path, json.dumps(r, indent=1).encode())
+    unit = "SIMULATED" if r["simulated"] else "measured"
+    best = r["best_time_s"]
+    best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
+    click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) in {r['compile_s']:.1f} s "
+               f"of {r['budget_s']:.0f} s: {r['stopped_because']}")
+    click.echo(f"  {r['kernels']} kernels, best {best_s}, roofline bound {r['bound_time_s'] * 1e6:.1f} us"
+               f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
+    click.echo(f"  candidates: {r['candidates_total']} total, {r['candidates_pruned']} pruned by bound, "
+               f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
+               f"{r['candidates_timed']} timed; max rel error {r['max_rel_error']:.2e}")
+    eg = r["egraph"]
+    if eg.get("used"):
+        click.echo(f"  e-graph: {eg.get('enodes')} e-nodes, {eg.get('eclasses')} e-classes, "
+                   f"{eg.get('saturation_s') or 0:.2f} s")
+    elif eg.get("error"):
+        click.echo(f"  e-graph: not used ({eg['error']})")
+    click.echo(f"wrote {out_path}" + (f" and {report_path}" if report_path else ""))
+
+
+@cli.group("cache")
+def cache_grp():
+    """The tuning database and the generated-kernel cache (under the user cache dir)."""
+
+
+def _kernel_cache_dir() -> pathlib.Path | None:
+    try:
+        from lumc.backends.triton.cache import cache_dir
+        return pathlib.Path(cache_dir())
+    except Exception:
+        return None
+
+
+@cache_grp.command("info")
+def cache_info():
+    """Where the caches are, and how much they hold."""
+    from lumc.compiler.tuning_db import TuningDatabase
+    db = TuningDatabase()
+    info = db.info()
+    click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {info['bytes'] / 1e3:.1f} kB)")
+    for dev, n in sorted(info["by_device"].items()):
+        click.echo(f"  {dev}: {n}")
+    kdir = _kernel_cache_dir()
+    if kdir is not None and kdir.exists():
+        files = [p for p in kdir.rglob("*") if p.is_file()]
+        click.echo(f"kernel sources: {kdir} ({len(files)} files, "
+                   f"{sum(p.stat().st_size for p in files) / 1e3:.1f} kB)")
+
+
+@cache_grp.command("clear")
+def cache_clear():
+    """Delete every stored timing and generated kernel source."""
+    from lumc.compiler.tuning_db import TuningDatabase
+    n = TuningDatabase().clear()
+    kdir = _kernel_cache_dir()
+    removed = 0
+    if kdir is not None and kdir.exists():
+        removed = sum(1 for p in kdir.rglob("*") if p.is_file())
+        shutil.rmtree(kdir, ignore_errors=True)
+    click.echo(f"cleared {n} timings and {removed} kernel source files")
+
+
+def run_artifact(path, arrays, use_random, seed, check, rtol, out_path):
+    """``lumc run ART.lumc``: run a compiled artifact; ``--check`` runs onnxruntime on the source
+    model stored inside it (no original file needed)."""
+    import time
+
+    import numpy as np
+
+    from lumc.compiler import cli as c
+    from lumc.compiler import models
+    from lumc.compiler.compiled import load
+    from lumc.ir.errors import InputError
+
+    cm = load(path)
+    specs = cm.inputs
+    names = [s.name for s in specs]
+    unknown = sorted(set(arrays) - set(names))
+    if unknown:
+        raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are {', '.join(names)}",
+                         node=unknown[0])
+    missing = [s for s in specs if s.name not in arrays]
+    if missing and not use_random:
+        s = missing[0]
+        raise InputError(f"missing input {s.name!r} (shape {c._fmt_shape(s.shape)}, {s.dtype.np}); "
+                         f"give --input {s.name}=FILE.npy, --inputs FILE.npz or --random", node=s.name)
+    info = models.identify_bytes(cm.source_onnx) if cm.source_onnx else None
+    inputs = dict(arrays)
+    if missing:
+        drawn = models.random_inputs({s.name: s.shape for s in specs},
+                                     {s.name: s.dtype.np for s in specs}, seed, info)
+        inputs.update({s.name: drawn[s.name] for s in missing})
+    t0 = time.perf_counter()
+    outputs = cm.run(inputs)
+    t1 = time.perf_counter()
+    r = cm.report_dict()
+    where = cm.torch_device if cm.torch_device != "cpu" else "CPU executor"
+    click.echo(f"{pathlib.Path(path).name}: compiled for {cm.device}"
+               f"{' (simulated times)' if cm.simulated else ''}, {len(cm.program)} kernels, "
+               f"running on {where}")
+    click.echo("inputs: " + ", ".join(
+        f"{n} {c._fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
+        for n, x in inputs.items()))
+    checks = {}
+    if check:
+        if not cm.source_onnx:
+            raise InputError("--check needs the source ONNX model, and this artifact has none")
+        ref = c._run_onnxruntime(cm.source_onnx, inputs)
+        for name, y in outputs.items():
+            checks[name] = (c.compare_output(np.asarray(y), ref[name], rtol) if name in ref else
+                            c.OutputCheck(np.inf, np.inf, False, "not an onnxruntime output"))
+    width = max([len(n) for n in outputs] + [6])
+    for name, y in outputs.items():
+        line = f"  {name:<{width}}  {c._fmt_shape(y.shape):<16} {str(y.dtype):<8}"
+        if name in checks:
+            k = checks[name]
+            line += (f"  max_abs {k.max_abs:.3g}  max_rel {k.max_rel:.3g}  "
+                     f"{'ok' if k.ok else 'FAIL'}{'  ' + k.note if k.note else ''}")
+        click.echo(line)
+    best = r.get("best_time_s")
+    click.echo(f"time: run {t1 - t0:.3f} s on the {where}; compiled plan "
+               + (f"{best * 1e6:.1f} us {'simulated' if cm.simulated else 'measured'} on {cm.device}"
+                  if best else "untimed"))
+    if out_path:
+        c._write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
+        click.echo(f"wrote {out_path}")
+    if check:
+        bad = [n for n, k in checks.items() if not k.ok]
+        if bad:
+            click.echo(f"check: FAILED for {', '.join(bad)} (rtol {rtol:g}; ints exact)", err=True)
+            raise SystemExit(1)
+        click.echo(f"check: all {len(checks)} outputs match onnxruntime (rtol {rtol:g})")

@@ -1,0 +1,263 @@
+"""A primitive graph as a ``torch.fx.GraphModule``: the torch eager and TorchInductor rivals' program.
+
+``lumc bench --vs eager,inductor`` needs the model as torch code. ``onnx2torch`` converts an ONNX file
+when it supports every op; when it does not (none of the four MODELS.md models converts with
+onnx2torch 1.5: GlobalMaxPool, dynamic Clip bounds, SAME_UPPER padding, Pad-18), this module replays
+lumc's imported primitive graph with torch ops instead, one fx node per primitive, so torch eager and
+``torch.compile`` see the same computation lumc compiles, before any of lumc's fusion.
+
+Semantics match the reference executor (``lumc.backends.reference``):
+
+* ``SumReduce(Mul(a, b))`` becomes ``torch.einsum`` over the operands with their broadcast (stride-0)
+  dims dropped, so a matmul or convolution is one contraction (an ``mm`` for Inductor), not a
+  materialized broadcast product;
+* views are ``torch.as_strided`` over the source's flat row-major elements, with negative strides
+  turned into a flip and masks (padding) into ``constant_pad_nd``;
+* ``Cast`` from float to int truncates and saturates, as ``lumc.ir.ops.cast_array`` does.
+"""
+from __future__ import annotations
+
+import math
+import string
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, Node
+
+_TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                "i64": "int64", "i32": "int32", "i8": "int8", "u8": "uint8", "bool": "bool"}
+
+
+def torch_dtype(d: dt.DType):
+    """The torch dtype of a lumc dtype."""
+    import torch
+    return getattr(torch, _TORCH_NAMES[d.name])
+
+
+# ---- op helpers (plain torch code: dynamo inlines them when it traces the module) ----------------
+
+def view_op(x, shape: tuple, strides: tuple, offset: int, mask):
+    """``lumc.ir.ops.apply_view`` in torch: out[i] = flat(x)[offset + i . strides] where masked-in,
+    else 0."""
+    import torch
+    if math.prod(shape) == 0:
+        return x.new_zeros(shape)
+    flat = x.reshape(-1)
+    lo = [m[0] for m in mask] if mask is not None else [0] * len(shape)
+    hi = [m[1] for m in mask] if mask is not None else list(shape)
+    if any(a >= b for a, b in zip(lo, hi)):
+        return x.new_zeros(shape)
+    sub = [b - a for a, b in zip(lo, hi)]
+    start = offset + sum(a * s for a, s in zip(lo, strides))
+    flips = []
+    pos_strides = []
+    for k, (d, s) in enumerate(zip(sub, strides)):
+        if s < 0:          # as_strided takes no negative stride: read forwards, then flip
+            start += (d - 1) * s
+            flips.append(k)
+            s = -s
+        pos_strides.append(s)
+    # slicing first keeps as_strided relative to flat (an explicit storage_offset breaks dynamo's graph)
+    out = torch.as_strided(flat[start:], sub, pos_strides)
+    if flips:
+        out = torch.flip(out, flips)
+    if mask is not None and tuple(sub) != tuple(shape):
+        pads = []
+        for a, b, d in reversed(list(zip(lo, hi, shape))):
+            pads += [a, d - b]
+        if out.dtype == torch.bool:  # constant_pad_nd has no bool kernel
+            return torch.constant_pad_nd(out.to(torch.uint8), pads, 0).to(torch.bool)
+        return torch.constant_pad_nd(out, pads, 0)
+    return out
+
+
+def cast_op(x, to_name: str, saturate: tuple | None):
+    """ONNX Cast: to bool is ``x != 0``; float to int truncates and saturates (NaN -> 0)."""
+    import torch
+    to = getattr(torch, to_name)
+    if to == torch.bool:
+        return x != 0
+    if saturate is not None:
+        lo, hi = saturate
+        y = torch.nan_to_num(torch.trunc(x.to(torch.float64)), nan=0.0, posinf=hi, neginf=lo)
+        return torch.clamp(y, lo, hi).to(to)
+    return x.to(to)
+
+
+def sum_op(x, axes: tuple, out_name: str, acc_name: str):
+    import torch
+    if not axes:
+        return x
+    return torch.sum(x.to(getattr(torch, acc_name)), dim=axes, keepdim=True).to(getattr(torch, out_name))
+
+
+def max_op(x, axes: tuple, fill):
+    import torch
+    if not axes:
+        return x
+    if x.numel() == 0:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        return torch.full(shape, fill, dtype=x.dtype, device=x.device)
+    return torch.amax(x, dim=axes, keepdim=True)
+
+
+def gather_op(table, index, axis: int):
+    out_shape = tuple(table.shape[:axis]) + tuple(index.shape) + tuple(table.shape[axis + 1:])
+    import torch
+    return torch.index_select(table, axis, index.reshape(-1).to(torch.int64)).reshape(out_shape)
+
+
+def iota_op(shape: tuple, axis: int, dtype_name: str, like):
+    import torch
+    r = torch.arange(shape[axis], dtype=getattr(torch, dtype_name), device=like.device)
+    b = [1] * len(shape)
+    b[axis] = shape[axis]
+    return r.reshape(b).expand(shape)
+
+
+def contraction_op(a, b, spec: str, a_index: tuple, b_index: tuple, scale: int, keep_shape: tuple,
+                   out_shape: tuple, acc_name: str, out_name: str):
+    """``sum(a * b, axes, keepdims=True)`` as one einsum over the compacted operands."""
+    import torch
+    acc = getattr(torch, acc_name)
+    ca = a[a_index].to(acc)
+    cb = b[b_index].to(acc)
+    r = torch.einsum(spec, ca, cb)
+    if scale != 1:
+        r = r * scale
+    full = tuple(d for d in out_shape if d is not None)
+    r = r.reshape(keep_shape).expand(full)
+    return r.reshape(tuple(1 if d is None else d for d in out_shape)).to(getattr(torch, out_name))
+
+
+def _broadcast_dims(x: Node) -> list[bool]:
+    """Dims along which ``x`` repeats one value (a stride-0 unmasked view) — dropped by einsum."""
+    if x.op == "View" and x.arg.mask is None:
+        return [st == 0 and d > 1 for st, d in zip(x.arg.strides, x.shape)]
+    return [False] * len(x.shape)
+
+
+def _contraction_args(s: Node) -> tuple:
+    a, b = s.srcs[0].srcs
+    shape = a.shape
+    rank = len(shape)
+    letters = string.ascii_letters[:rank]
+    ba, bb = _broadcast_dims(a), _broadcast_dims(b)
+    ia = tuple(0 if f else slice(None) for f in ba)
+    ib = tuple(0 if f else slice(None) for f in bb)
+    sa = "".join("" if f else letters[k] for k, f in enumerate(ba))
+    sb = "".join("" if f else letters[k] for k, f in enumerate(bb))
+    red = set(s.arg)
+    present = set(sa) | set(sb)
+    out_sub = "".join(letters[k] for k in range(rank) if k not in red and letters[k] in present)
+    scale = 1
+    for k in range(rank):   # reduced dims broadcast in both operands scale the sum by their extent
+        if letters[k] not in present and k in red:
+            scale *= shape[k]
+    keep_shape = tuple(shape[k] if letters[k] in present else 1 for k in range(rank) if k not in red)
+    out_shape = tuple(None if k in red else shape[k] for k in range(rank))
+    acc = s.dtype.accumulator if s.dtype.is_float else s.dtype
+    return (f"{sa},{sb}->{out_sub}", ia, ib, scale, keep_shape, out_shape,
+            _TORCH_NAMES[acc.name], _TORCH_NAMES[s.dtype.name])
+
+
+# ---- the module ------------------------------------------------------------------------------------
+
+def graph_module(graph: Graph):
+    """Build a ``torch.fx.GraphModule`` computing ``graph``.
+
+    Its ``forward`` takes the graph's inputs positionally (in ``graph.inputs`` order, as torch tensors)
+    and returns a tuple of outputs in ``graph.outputs`` order. Constants are non-persistent buffers,
+    so ``.to(device)`` moves them.
+
+    Raises:
+        NotImplementedError: for a primitive op this replay does not know (a new row of the op table).
+    """
+    import torch
+    import torch.fx as fx
+
+    root = torch.nn.Module()
+    g = fx.Graph()
+    env: dict[int, fx.Node] = {}
+    order = graph.nodes()
+    users: dict[int, list[Node]] = {}
+    for n in order:
+        for s in n.srcs:
+            users.setdefault(id(s), []).append(n)
+    out_ids = {id(n) for n in graph.outputs.values()}
+    fused = {id(n.srcs[0]) for n in order if n.op == "SumReduce" and n.srcs[0].op == "Mul"
+             and id(n.srcs[0]) not in out_ids
+             and all(u.op == "SumReduce" for u in users.get(id(n.srcs[0]), []))}
+    for i, (name, n) in enumerate(graph.inputs.items()):
+        env[id(n)] = g.placeholder(f"in{i}")
+    nconst = 0
+    first = next(iter(env.values()), None)
+    for n in order:
+        if id(n) in env or id(n) in fused:
+            continue
+        op = n.op
+        ins = [env.get(id(s)) for s in n.srcs]
+        cf = g.call_function
+        if op == "Constant":
+            name = f"const{nconst}"
+            nconst += 1
+            value = np.ascontiguousarray(n.arg.value)
+            if n.dtype == dt.bf16:
+                t = torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(value.copy())
+            root.register_buffer(name, t, persistent=False)
+            r = g.get_attr(name)
+        elif op == "Iota":
+            like = first if first is not None else _first_const(g, root)
+            r = cf(iota_op, (n.arg.shape, n.arg.axis, _TORCH_NAMES[n.dtype.name], like))
+        elif op in ("Exp2", "Log2", "Sin", "Sqrt", "Recip"):
+            fn = {"Exp2": torch.exp2, "Log2": torch.log2, "Sin": torch.sin, "Sqrt": torch.sqrt,
+                  "Recip": torch.reciprocal}[op]
+            r = cf(fn, (ins[0],))
+        elif op == "Cast":
+            src = n.srcs[0].dtype
+            sat = None
+            if src.is_float and n.arg.is_int:
+                info = np.iinfo(n.arg.np)
+                sat = (float(info.min), float(info.max))
+            r = cf(cast_op, (ins[0], _TORCH_NAMES[n.arg.name], sat))
+        elif op in ("Add", "Mul", "Mod", "LessThan"):
+            fn = {"Add": torch.add, "Mul": torch.mul, "Mod": torch.fmod, "LessThan": torch.lt}[op]
+            r = cf(fn, (ins[0], ins[1]))
+        elif op == "Where":
+            r = cf(torch.where, tuple(ins))
+        elif op == "SumReduce":
+            if id(n.srcs[0]) in fused:
+                a, b = n.srcs[0].srcs
+                r = cf(contraction_op, (env[id(a)], env[id(b)], *_contraction_args(n)))
+            else:
+                acc = n.dtype.accumulator if n.dtype.is_float else n.dtype
+                r = cf(sum_op, (ins[0], tuple(n.arg), _TORCH_NAMES[n.dtype.name], _TORCH_NAMES[acc.name]))
+        elif op == "MaxReduce":
+            fill = n.dtype.min_value()
+            fill = float(fill) if n.dtype.is_float else (bool(fill) if n.dtype.is_bool else int(fill))
+            r = cf(max_op, (ins[0], tuple(n.arg), fill))
+        elif op == "Gather":
+            r = cf(gather_op, (ins[0], ins[1], int(n.arg)))
+        elif op == "View":
+            v = n.arg
+            r = cf(view_op, (ins[0], tuple(v.shape), tuple(v.strides), int(v.offset), v.mask))
+        elif op == "Contiguous":
+            r = cf(torch.Tensor.contiguous, (ins[0],))
+        else:
+            raise NotImplementedError(f"graph_module: no torch replay for primitive op {op}")
+        env[id(n)] = r
+    outs = []
+    for name, n in graph.outputs.items():
+        outs.append(g.call_function(torch.Tensor.contiguous, (env[id(n)],)))
+    g.output(tuple(outs))
+    return fx.GraphModule(root, g, class_name="LumcGraphModule")
+
+
+def _first_const(g, root):
+    import torch
+    if not hasattr(root, "_device_anchor"):
+        root.register_buffer("_device_anchor", torch.zeros(()), persistent=False)
+    return g.get_attr("_device_anchor")

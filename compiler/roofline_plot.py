@@ -1,0 +1,139 @@
+"""The roofline picture of a compiled model (``lumc inspect ART --plot r.png``).
+
+Left: every kernel at (arithmetic intensity in FLOP/byte, achieved FLOP/s = FLOPs / time) on log
+axes, under the device's ceilings: the HBM line ``bandwidth x intensity`` and the compute peaks of
+the kernels' dtypes (tensor-core and CUDA-core, from ``lumc.backends.devices``). Colour and marker
+say the kernel form; a number is the kernel's launch index. A kernel on a ceiling runs at its bound;
+the vertical gap below is what is left to win. Kernels with no FLOPs (gathers, copies) have no place
+on this chart; the right panel shows them with the rest: the kernels taking the most time, each
+bar its time with a tick at its roofline bound.
+
+The title says whether the times are simulated or measured. Rendering uses matplotlib's Agg backend
+(no display needed).
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from lumc.backends.devices import DeviceSpec
+
+MARKERS = "osD^v<>pPX*h"
+TOP_BARS = 16        # kernels shown in the time panel
+
+
+def _label_groups(points):
+    """Merge kernels drawn at the same place (repeated layers) into one label."""
+    groups = defaultdict(list)
+    for x, y, i in points:
+        groups[(round(math.log10(x), 2), round(math.log10(y), 2))].append((x, y, i))
+    out = []
+    for members in groups.values():
+        x, y, _ = members[0]
+        idx = [m[2] for m in members]
+        text = f"#{idx[0]}" if len(idx) == 1 else f"#{idx[0]} (+{len(idx) - 1})"
+        out.append((x, y, text))
+    return out
+
+
+def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simulated: bool,
+                  dtypes: set[str] | None = None) -> str:
+    """Draw the chart to ``path`` (PNG); returns the path.
+
+    Args:
+        rows: per-kernel dicts with ``index``, ``form``, ``flops``, ``bytes``, ``time_s`` (seconds)
+            and ``bound_s`` (the compile report's ``per_kernel`` or a bench's ``kernels``).
+        spec: the device whose ceilings are drawn.
+        title: the first title line (model and device); the second says simulated or measured.
+        dtypes: dtype names whose compute peaks to draw (default ``{"f32"}``).
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = dtypes or {"f32"}
+    timed = [r for r in rows if r.get("time_s")]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 7.2), gridspec_kw={"width_ratios": [1.55, 1]})
+    forms = sorted({r["form"] for r in rows})
+    cmap = plt.get_cmap("tab10")
+    style = {f: (cmap(i % 10), MARKERS[i % len(MARKERS)]) for i, f in enumerate(forms)}
+
+    # ---- roofline panel ----
+    pts = [(r["flops"] / r["bytes"], r["flops"] / r["time_s"], r) for r in timed
+           if r["flops"] > 0 and r["bytes"] > 0]
+    bw = spec.hbm_bandwidth
+    peaks = []
+    for d in sorted(dtypes):
+        if d in spec.tensor_flops:
+            name = "TF32" if d == "f32" else d.upper()
+            peaks.append((spec.tensor_flops[d], f"{name} tensor core {spec.tensor_flops[d] / 1e12:.0f} TFLOP/s"))
+        if d in spec.vector_flops:
+            peaks.append((spec.vector_flops[d], f"{d.upper()} CUDA core {spec.vector_flops[d] / 1e12:.1f} TFLOP/s"))
+    top = max(p for p, _ in peaks)
+    xs = [p[0] for p in pts] or [1.0]
+    ys = [p[1] for p in pts] or [top / 1e3]
+    xmin = min(min(xs) / 3, 0.05)
+    xmax = max(max(xs) * 3, top / bw * 4)
+    ymin = min(min(ys) / 3, bw * xmin)
+    ymax = top * 3
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(xmin, xmax)
+    ax.set_ylim(ymin, ymax)
+    ridge = top / bw
+    ax.plot([xmin, ridge], [bw * xmin, top], color="black", lw=2)
+    lx = xmin * 2.0   # the label sits just under the memory line, clear of it
+    ax.text(lx, bw * lx / 2.2, f"HBM {bw / 1e12:.2f} TB/s", fontsize=10, va="top", ha="left")
+    for peak, label in peaks:
+        r_x = peak / bw
+        ax.plot([r_x, xmax], [peak, peak], color="black", lw=2 if peak == top else 1.3,
+                ls="-" if peak == top else "--")
+        ax.text(xmax / 1.15, peak * 1.12, label, ha="right", va="bottom", fontsize=9.5)
+    for f in forms:
+        fp = [(x, y) for x, y, r in pts if r["form"] == f]
+        if fp:
+            c, m = style[f]
+            ax.scatter([p[0] for p in fp], [p[1] for p in fp], s=70, color=c, marker=m,
+                       edgecolor="black", lw=0.6, label=f"{f} ({len(fp)})", zorder=3)
+    for x, y, text in _label_groups([(x, y, r.get("index", 0)) for x, y, r in pts]):
+        ax.annotate(text, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=8, zorder=4)
+    zero = [r for r in rows if r["flops"] == 0]
+    if zero:
+        ax.text(0.99, 0.02, f"{len(zero)} kernel(s) with no FLOPs (data movement) are in the right panel",
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=9, color="dimgray")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte of minimum traffic)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.grid(True, which="minor", alpha=0.08)
+    if pts:
+        ax.legend(title="kernel form (count)", loc="upper left", fontsize=9, title_fontsize=9,
+                  framealpha=0.9)
+    ax.set_title("roofline", fontsize=11)
+
+    # ---- time panel ----
+    ranked = sorted(timed, key=lambda r: -r["time_s"])[:TOP_BARS]
+    total = sum(r["time_s"] for r in timed) or 1.0
+    labels = [f"#{r.get('index', 0)} {r['form']}" for r in ranked]
+    ypos = list(range(len(ranked)))[::-1]
+    bx.barh(ypos, [r["time_s"] * 1e6 for r in ranked], color=[style[r["form"]][0] for r in ranked],
+            edgecolor="black", lw=0.5, height=0.7)
+    bx.scatter([r["bound_s"] * 1e6 for r in ranked], ypos, marker="|", s=260, color="black",
+               zorder=3, label="roofline bound")
+    for y, r in zip(ypos, ranked):
+        bx.text(r["time_s"] * 1e6, y, f" {100 * r['time_s'] / total:.0f}%", va="center", fontsize=8)
+    bx.set_yticks(ypos)
+    bx.set_yticklabels(labels, fontsize=9)
+    bx.set_xlabel("time per launch (us)")
+    more = f" (top {len(ranked)} of {len(timed)})" if len(timed) > len(ranked) else ""
+    bx.set_title(f"where the time goes{more}; % = share of the total", fontsize=11)
+    bx.grid(True, axis="x", alpha=0.3)
+    if ranked:
+        bx.set_xlim(0, max(r["time_s"] for r in ranked) * 1e6 * 1.18)
+        bx.legend(loc="lower right", fontsize=9)
+    kind = "simulated times (analytical model, no GPU)" if simulated else "measured times (CUDA events)"
+    fig.suptitle(f"{title}\n{kind}; total {total * 1e6:.1f} us over {len(timed)} timed kernels",
+                 fontsize=12.5)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
