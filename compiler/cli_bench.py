@@ -127,14 +127,14 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
 
     if rivals:
         if tgt.simulated:
-            lumc_t, where = doc["wall"]["time_s"], "cpu"
+            lumc_t, where, how = doc["wall"]["time_s"], "cpu", "CPU executor"
             click.echo("\nside by side on the CPU (lumc: its CPU executor; its simulated "
                        f"{tgt.spec.name} times are not comparable with CPU rivals):")
         else:
-            lumc_t, where = doc["end_to_end"]["time_s"], tgt.torch_device
-            click.echo(f"\nside by side on {tgt.name} (lumc: {doc['end_to_end']['how']}):")
+            lumc_t, where, how = doc["end_to_end"]["time_s"], tgt.torch_device, doc["end_to_end"]["how"]
+            click.echo(f"\nside by side on {tgt.name}:")
         rows = run_rivals(cm, rivals, bencher.inputs, lumc_t, where,
-                          "cpu" if tgt.simulated else tgt.torch_device, repeats or 10, threads)
+                          "cpu" if tgt.simulated else tgt.torch_device, repeats or 10, threads, how)
         click.echo(rivals_table(rows, doc["end_to_end"].get("ideal_bytes")))
         doc["rivals"] = [r.as_dict() for r in rows]
 

@@ -315,14 +315,16 @@ def run_torch(cm: CompiledModel, names: list[str], inputs: dict, ref: list, devi
 
 
 def run_rivals(cm: CompiledModel, names: list[str], inputs: dict, lumc_time_s: float, lumc_where: str,
-               device: str, repeats: int = 10, threads: int | None = None) -> list[RivalResult]:
+               device: str, repeats: int = 10, threads: int | None = None,
+               lumc_how: str = "") -> list[RivalResult]:
     """Run the named rivals on ``inputs`` and fill each row's ratio against ``lumc_time_s``.
 
     Args:
         cm: the compiled model (its outputs on ``inputs`` are the reference for max_rel_error).
         names: from :func:`parse_rivals`.
         inputs: ``{input name: array}``.
-        lumc_time_s: lumc's end-to-end time on ``lumc_where`` (GPU run, or the CPU executor).
+        lumc_time_s: lumc's end-to-end time on ``lumc_where`` (GPU run, or the CPU executor);
+            ``lumc_how`` names it in the lumc row (``CPU executor``, ``CUDA graph replay``).
         device: where the torch rivals run (``cpu`` or ``cuda:N``).
         repeats: timed calls per rival (median).
         threads: CPU threads for torch and onnxruntime (None: their defaults). On a busy host one
@@ -333,7 +335,7 @@ def run_rivals(cm: CompiledModel, names: list[str], inputs: dict, lumc_time_s: f
     out = cm.run(inputs)
     ref = [out[o.name] for o in cm.outputs]
     rep = cm.report_dict()
-    rows = [RivalResult("lumc", lumc_where, lumc_time_s, ratio=1.0, kernels=len(cm.program.calls),
+    rows = [RivalResult(f"lumc ({lumc_how})" if lumc_how else "lumc", lumc_where, lumc_time_s, ratio=1.0, kernels=len(cm.program.calls),
                         bytes=int(rep.get("bytes_moved") or sum(c.kernel.min_bytes() for c in cm.program.calls)),
                         max_rel_error=0.0)]
     torch_names = [n for n in names if n in ("eager", "inductor")]

@@ -1,0 +1,292 @@
+"""lumc bench / lumc inspect on a small ONNX model compiled for sim:h200: bench JSON, baseline
+comparison (self, scaled, another model, another device, missing/new kernels, noise), rivals,
+the torch replay of primitive graphs, and the roofline PNG."""
+import hashlib
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+import lumc
+import lumc.compiler.cli_bench  # noqa: F401  (registers bench and inspect)
+from lumc import __version__
+from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.simulator import simulate_kernel_time
+from lumc.backends.devices import get_device
+from lumc.compiler.artifact import artifact_hash, load_artifact
+from lumc.compiler.bench import BenchError, bench_target
+from lumc.compiler.cli import cli
+from lumc.compiler.compare import (BaselineMismatchError, compare_docs, match_kernels,
+                                   parse_threshold, scale_times)
+from lumc.compiler.graph_torch import graph_module
+from lumc.compiler.onnx_frontend import import_onnx
+from lumc.compiler.tuning_db import TuningDatabase
+from lumc.ir.errors import LumcError
+
+
+def mlp_model(m=8, k=24, n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((n,)).astype(np.float32), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"], axis=-1)]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """One compiled artifact, its bench JSON, and a cache dir of its own for the CLI."""
+    root = tmp_path_factory.mktemp("bench")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LUMC_CACHE_DIR", str(root / "cache"))
+    onnx.save(mlp_model(), root / "m.onnx")
+    cm = lumc.compile(str(root / "m.onnx"), budget="20s", device="sim:h200",
+                      db=TuningDatabase(root / "cache" / "tuning.sqlite"))
+    cm.save(root / "m.lumc")
+    res = run("bench", str(root / "m.lumc"), "--json", str(root / "b.json"))
+    assert res.exit_code == 0, res.output
+    yield {"root": root, "cm": cm, "art": root / "m.lumc", "b": root / "b.json",
+           "doc": json.loads((root / "b.json").read_text()), "bench_out": res.output}
+    mp.undo()
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_bench_json_records_device_versions_hashes_and_simulated_times(env):
+    doc, cm = env["doc"], lumc.load(env["art"])
+    assert doc["format"] == "lumc-bench/1"
+    assert doc["device"] == "sim:h200" and doc["simulated"] is True
+    assert set(doc["versions"]) >= {"lumc", "triton", "torch", "driver"}
+    manifest, parts = load_artifact(env["art"], __version__)
+    assert doc["artifact_hash"] == artifact_hash(manifest)
+    assert doc["model"]["sha256"] == hashlib.sha256(parts["source.onnx"]).hexdigest()
+    assert doc["model"]["inputs"] == {"x": [[8, 24], "f32"]}
+    spec = get_device("h200")
+    assert len(doc["kernels"]) == len(cm.program.calls) >= 1
+    report_hashes = [k["kernel"] for k in cm.report_dict()["per_kernel"]]
+    for row, call, cfg, h in zip(doc["kernels"], cm.program.calls, cm.configs, report_hashes):
+        assert row["kernel"] == h and row["form"] == call.kernel.form
+        assert row["time_s"] == pytest.approx(simulate_kernel_time(call.kernel, cfg or {}, spec))
+        assert row["time_s"] >= row["bound_s"] > 0 and row["spread"] == 0.0
+        assert row["bytes"] == call.kernel.min_bytes() and row["flops"] == call.kernel.flops()
+    e = doc["end_to_end"]
+    assert e["time_s"] == pytest.approx(sum(k["time_s"] for k in doc["kernels"]))
+    assert e["time_s"] == pytest.approx(cm.report_dict()["best_time_s"])
+    assert e["kernel_count"] == len(cm.program.calls)
+    assert e["bytes_moved"] == sum(c.kernel.min_bytes() for c in cm.program.calls)
+    assert e["ideal_bytes"] == cm.report_dict()["ideal_bytes"]
+    assert doc["wall"]["where"].startswith("cpu") and doc["wall"]["samples"] == 5
+    assert doc["wall"]["min_s"] <= doc["wall"]["time_s"] <= doc["wall"]["max_s"]
+    assert "simulated" in env["bench_out"] and "CPU executor" in env["bench_out"]
+
+
+def test_compare_against_itself_exits_0(env):
+    res = run("bench", str(env["art"]), "--compare", str(env["b"]))
+    assert res.exit_code == 0, res.output
+    assert "compare: ok" in res.output and "REGRESSION" not in res.output
+
+
+def test_compare_against_halved_times_exits_1_with_table(env):
+    half = env["root"] / "half.json"
+    half.write_text(json.dumps(scale_times(env["doc"], 0.5)))
+    res = run("bench", str(env["art"]), "--compare", str(half), "--max-regression", "5%")
+    assert res.exit_code == 1, res.output
+    lines = res.output.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("kernel "))
+    assert lines[head].split() == ["kernel", "baseline", "now", "ratio", "status"]
+    rows = lines[head + 1:head + 1 + len(env["doc"]["kernels"]) + 3]
+    assert all("2.00x" in r and "REGRESSION" in r for r in rows[:-2])   # kernels and end to end
+    assert "1.00x" in rows[-2] and "1.00x" in rows[-1]                   # bytes, kernel count
+    assert "re-measured" in res.output
+    # a threshold above the slowdown passes
+    assert run("bench", str(env["art"]), "--compare", str(half), "--max-regression", "150%").exit_code == 0
+
+
+def test_baseline_of_another_model_is_refused(env):
+    onnx.save(mlp_model(8, 24, 48, seed=1), env["root"] / "other.onnx")
+    res = run("bench", str(env["root"] / "other.onnx"), "--budget", "3s", "--quiet",
+              "--compare", str(env["b"]))
+    assert res.exit_code == 2
+    msg = res.output.strip().splitlines()[-1]
+    assert msg.startswith("lumc: error:") and "another model" in msg
+
+
+def test_baseline_from_another_device_is_refused(env):
+    res = run("bench", str(env["art"]), "--device", "sim:h100", "--compare", str(env["b"]))
+    assert res.exit_code == 2
+    assert "measured on sim:h200, this run is on sim:h100" in res.output
+
+
+def test_other_shapes_and_foreign_files_are_refused(env):
+    doc = json.loads(json.dumps(env["doc"]))
+    doc["model"]["inputs"] = {"x": [[16, 24], "f32"]}
+    with pytest.raises(BaselineMismatchError, match="inputs x=16x24"):
+        compare_docs(doc, env["doc"], 0.05)
+    junk = env["root"] / "junk.json"
+    junk.write_text('{"hello": 1}')
+    res = run("bench", str(env["art"]), "--compare", str(junk))
+    assert res.exit_code == 2 and "not a lumc bench document" in res.output
+
+
+def test_missing_and_new_kernels_are_reported_not_crashed_on(env):
+    doc = json.loads(json.dumps(env["doc"]))
+    gone = doc["kernels"][-1]
+    doc["kernels"][-1] = dict(gone, kernel="f" * 32, form="attention")     # changed code, other form
+    doc["kernels"].append(dict(gone, index=len(doc["kernels"]), kernel="e" * 32))
+    path = env["root"] / "mod.json"
+    path.write_text(json.dumps(doc))
+    res = run("bench", str(env["art"]), "--compare", str(path))
+    assert res.exit_code == 0, res.output
+    assert res.output.count("missing") >= 2 and " new " in res.output
+    assert "only in the baseline" in res.output
+
+
+def _measured(times, e2e):
+    ks = [{"index": i, "form": "pointwise", "kernel": f"{i:032x}", "time_s": t} for i, t in enumerate(times)]
+    return {"format": "lumc-bench/1", "device": "cuda:0 NVIDIA H200", "simulated": False,
+            "model": {"name": "m", "sha256": "ab", "inputs": {}}, "kernels": ks,
+            "end_to_end": {"time_s": e2e, "bytes_moved": 100, "kernel_count": len(ks)}}
+
+
+def test_suspected_regressions_are_remeasured_before_failing():
+    base = _measured([10e-6, 20e-6], 30e-6)
+    now = _measured([12e-6, 20.1e-6], 32.1e-6)
+    now["device"] = "cuda:1 NVIDIA H200"            # another slot of the same GPU model compares
+    calls = []
+
+    def noisy_then_fine(idx, model):
+        calls.append((idx, model))
+        return {"kernels": {0: 10.2e-6}, "model": 30.5e-6}
+    c = compare_docs(base, now, 0.05, noisy_then_fine)
+    assert calls == [([0], True)] and c.ok
+    assert [r.status for r in c.rows[:3]] == ["noise", "ok", "noise"]
+
+    def still_slow(idx, model):
+        return {"kernels": {0: 11.9e-6}, "model": 31.9e-6}
+    c = compare_docs(base, now, 0.05, still_slow)
+    assert not c.ok and [r.label for r in c.regressions] == [c.rows[0].label, "end to end"]
+    assert c.rows[0].now == pytest.approx(11.9e-6)
+    # under the noise floor a measured kernel never fails: 0.3 us slower at 1 us is jitter
+    tiny = compare_docs(_measured([1e-6], 1e-6), _measured([1.3e-6], 1e-6), 0.05)
+    assert tiny.ok
+
+
+def test_match_kernels_pairs_repeats_by_hash_then_position():
+    def k(i, h, form="matmul"):
+        return {"index": i, "kernel": h, "form": form}
+    base = [k(0, "a"), k(1, "b"), k(2, "a"), k(3, "c", "row")]
+    now = [k(0, "a"), k(1, "a"), k(2, "b"), k(3, "d", "row"), k(4, "z")]
+    pairs = [(b and b["index"], n and n["index"], how) for b, n, how in match_kernels(base, now)]
+    assert pairs == [(0, 0, "hash"), (2, 1, "hash"), (1, 2, "hash"), (3, 3, "position"),
+                     (None, 4, "new")]
+
+
+def test_parse_threshold():
+    assert parse_threshold("5%") == pytest.approx(0.05)
+    assert parse_threshold("0.1") == pytest.approx(0.1)
+    assert parse_threshold("150%") == pytest.approx(1.5)
+    for bad in ("5", "banana", "-2%"):
+        with pytest.raises(LumcError):
+            parse_threshold(bad)
+
+
+def test_gpu_artifact_without_gpu_is_one_line_error(env):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    cm = lumc.load(env["art"])
+    cm.simulated, cm.device = False, "cuda:0 NVIDIA H200"
+    with pytest.raises(BenchError, match="no CUDA GPU.*--device sim:h200"):
+        bench_target(cm, None)
+
+
+def test_vs_onnxruntime_prints_a_ratio_table_on_cpu(env):
+    res = run("bench", str(env["art"]), "--vs", "onnxruntime", "--repeats", "3", "--threads", "1")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    lumc_row = next(ln for ln in lines if ln.startswith("lumc (CPU executor)"))
+    ort_row = next(ln for ln in lines if ln.startswith("onnxruntime (CPUExecutionProvider)"))
+    assert "1.00x" in lumc_row
+    ratio = float(ort_row.split()[3].rstrip("x"))
+    err = float(ort_row.split()[7])
+    assert ratio > 0 and err < 1e-5
+    assert "side by side on the CPU" in res.output
+    assert run("bench", str(env["art"]), "--vs", "tensorflow").exit_code == 2
+
+
+def test_inspect_writes_a_real_png(env):
+    png = env["root"] / "r.png"
+    res = run("inspect", str(env["art"]), "--plot", str(png))
+    assert res.exit_code == 0, res.output
+    assert "matmul" in res.output and "simulated" in res.output
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    import matplotlib.image as mpimg
+    img = mpimg.imread(str(png))
+    assert img.shape[0] >= 600 and img.shape[1] >= 1200
+    assert img[..., :3].std() > 0.05                    # not a blank canvas
+    assert run("inspect", str(env["root"] / "m.onnx")).exit_code == 2
+
+
+# ---- the torch replay of primitive graphs (the eager / inductor rivals' program) ------------------
+
+def movement_model():
+    """Pad, strided and reversed slices, gather, casts, max/sum reductions, where, division."""
+    idx = numpy_helper.from_array(np.array([3, 0, 2, 2], np.int64), "idx")
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
+        helper.make_node("Slice", ["p", "st", "en", "ax", "sp"], ["s"]),
+        helper.make_node("Gather", ["s", "idx"], ["g"], axis=0),
+        helper.make_node("ReduceMax", ["g"], ["mx"], axes=[1], keepdims=1),
+        helper.make_node("Sub", ["g", "mx"], ["d"]),
+        helper.make_node("Exp", ["d"], ["e"]),
+        helper.make_node("ReduceSum", ["e", "one"], ["sm"], keepdims=1),
+        helper.make_node("Div", ["e", "sm"], ["y"]),
+        helper.make_node("Cast", ["y"], ["yi"], to=TensorProto.INT32),
+        helper.make_node("Greater", ["y", "half"], ["gt"]),
+        helper.make_node("Where", ["gt", "y", "d"], ["w"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([1, 2, 0, 1], np.int64), "pads"),
+             numpy_helper.from_array(np.array([6, 0], np.int64), "st"),
+             numpy_helper.from_array(np.array([-100, 9], np.int64), "en"),
+             numpy_helper.from_array(np.array([0, 1], np.int64), "ax"),
+             numpy_helper.from_array(np.array([-1, 2], np.int64), "sp"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array(0.3, np.float32), "half"), idx]
+    outs = [helper.make_tensor_value_info(n, t, None) for n, t in
+            (("w", TensorProto.FLOAT), ("yi", TensorProto.INT32))]
+    g = helper.make_graph(nodes, "mv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 7])],
+                          outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("model", [mlp_model(5, 13, 7), movement_model()], ids=["mlp", "movement"])
+def test_graph_module_matches_the_reference_executor(model):
+    import torch
+    graph = import_onnx(model, {}).graph
+    x = np.random.default_rng(3).standard_normal((graph.inputs["x"].shape)).astype(np.float32)
+    ref = ReferenceExecutor(graph)({"x": x})
+    with torch.no_grad():
+        got = graph_module(graph)(torch.from_numpy(x))
+    for (name, r), g in zip(ref.items(), got):
+        assert g.shape == r.shape and g.numpy().dtype == r.dtype, name
+        np.testing.assert_allclose(g.numpy(), r, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_vs_eager_and_inductor_report_inductor_kernels(env):
+    res = run("bench", str(env["art"]), "--vs", "eager,inductor", "--repeats", "3", "--threads", "1")
+    assert res.exit_code == 0, res.output
+    row = next(ln for ln in res.output.splitlines() if ln.startswith("torch.compile (default)"))
+    parts = row.split()
+    assert int(parts[4]) >= 1 and float(parts[5]) > 0       # Inductor kernels and MB accessed
+    assert float(parts[7]) < 1e-5
