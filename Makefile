@@ -18,9 +18,13 @@ test:  ## the default suite (no slow, no GPU tests); fetches the four models on 
 conformance:  ## the ONNX backend node tests
 	$(PYTEST) tests/conformance -q
 
-demo:  ## fetch MiniLM-L3 and run it through lumc against onnxruntime
-	path=$$($(LUMC) models fetch minilm-l3) && $(LUMC) run "$$path" --random \
-		--shape batch_size=2 --shape sequence_length=16 --check
+DEMO_BUDGET ?= 60s
+demo:  ## fetch MiniLM-L3, compile it (short budget, whatever device is here), run it vs onnxruntime, print the report
+	mkdir -p build
+	path=$$($(LUMC) models fetch minilm-l3) && $(LUMC) compile "$$path" --budget $(DEMO_BUDGET) \
+		--shape batch_size=1 --shape sequence_length=128 -o build/minilm.lumc --report build/minilm-report.json
+	$(LUMC) run build/minilm.lumc --random --check
+	$(LUMC) inspect build/minilm.lumc
 
 models:  ## fetch the four models of MODELS.md into the user cache
 	$(LUMC) models fetch all
@@ -28,3 +32,16 @@ models:  ## fetch the four models of MODELS.md into the user cache
 clean:  ## remove build and test leftovers (not .venv, not the model cache)
 	rm -rf build .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print | xargs rm -rf
+
+# ---- Triton backend on a GPU (backends/triton/gpu_check.sh) ----------------------------------------
+.PHONY: gpu-check gpu-wheels
+
+gpu-check:  ## GPU tests (bf16) + per-form benchmark vs torch on an H100/H200; stops with a message without a GPU
+	bash backends/triton/gpu_check.sh
+
+gpu-wheels:  ## fetch the wheels gpu-check installs on the GPU machine (CPython 3.12) into build/wheels
+	$(PY) -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d build/wheels \
+		"numpy>=1.26,<2.5" ml_dtypes==0.6.0 platformdirs==4.14.8 pytest==9.2.0 iniconfig==2.3.1 \
+		pluggy==1.7.0 packaging==26.4 hypothesis==6.170.17 sortedcontainers==2.4.0

@@ -386,5 +386,6 @@ try:
 except ImportError:  # bench lands separately
     pass
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":   # `python -m lumc.compiler.cli`: use the module the commands registered on
+    from lumc.compiler.cli import main as _main
+    _main()
