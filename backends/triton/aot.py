@@ -101,8 +101,10 @@ def _worker() -> None:
             out.append({"shared": int(ck.metadata.shared), "error": None,
                         "seconds": time.perf_counter() - t0})
         except Exception as e:  # noqa: BLE001 - one failed kernel must not hide the others
-            msg = f"{type(e).__name__}: {e}".splitlines()
-            out.append({"shared": None, "error": " | ".join(msg[:6])[:1500],
+            msg = [ln for ln in f"{type(e).__name__}: {e}".splitlines() if ln.strip()]
+            # the first line says where, the last lines say what
+            text = " | ".join(msg[:1] + msg[-6:]) if len(msg) > 7 else " | ".join(msg)
+            out.append({"shared": None, "error": text[:2000],
                         "seconds": time.perf_counter() - t0})
     sys.stdout.write(json.dumps(out) + "\n")
 

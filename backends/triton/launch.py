@@ -113,6 +113,16 @@ class TritonKernel:
             self._consts[key] = t
         return t
 
+    def bound_launch(self, inputs: list, outputs: list, config: configs.Config):
+        """A zero-argument callable that launches on these exact tensors (for timing loops: the
+        checks and conversions of :meth:`__call__` are done once, here)."""
+        self(*inputs, outputs=outputs, config=config)
+        args = [t.contiguous() for t in inputs]
+        dev = str(args[0].device) if args else default_device()
+        args += [self._const(p.name, dev) for p in self.rendered.params if p.role == "const"]
+        launch, kw = self.module.launch, config.kwargs()
+        return lambda: launch(*args, *outputs, **kw)
+
     def __call__(self, *inputs, outputs=None, config: configs.Config | None = None):
         """Run the kernel.
 

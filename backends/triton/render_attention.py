@@ -247,7 +247,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
     xm = w.bind(f"tl.where(mask2, {x}, float('-inf'))", "a", 1)
     w.line(f"m_blk = tl.max({xm}, axis=1)")
     w.line(f"nan_blk = tl.max(({xm} != {xm}).to(tl.int8), axis=1) > 0")
-    w.line("m_new = _max_nan(m_run, tl.where(nan_blk, float('nan'), m_blk))")
+    w.line(f"m_new = _max_nan(m_run, tl.where(nan_blk, float('nan'), m_blk)).to({md})")
     w.line("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
     c = exprs.render_scalar(sm.scale, sm.m.dtype)
     w.line(f"alpha = tl.exp2((m_run - m_safe).to(tl.float32) * {c})")

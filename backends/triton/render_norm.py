@@ -87,7 +87,7 @@ class OnlineSoftmax:
         rk.setup_k("k_start")
         x = rk.ev.value(self.m.srcs[0], rk.full_idx, rk.mask2, 1)
         xm = w.bind(f"tl.where(mask2, {x}, float('-inf'))", "a", 1)
-        w.line(f"m_new = _max_nan({m_run}, {rk.reduce_tile(self.m, xm, 1)})")
+        w.line(f"m_new = _max_nan({m_run}, {rk.reduce_tile(self.m, xm, 1)}).to({md})")
         w.line("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
         c = exprs.render_scalar(self.scale, self.m.dtype)
         w.line(f"alpha = tl.exp2(({m_run} - m_safe).to(tl.float32) * {c}).to({rk_acc})")

@@ -154,7 +154,9 @@ class RowKernel:
         elif r.op == "SumReduce":
             self.w.line(f"{acc} += tl.sum({tile}, axis=1)")
         else:
-            self.w.line(f"{acc} = _max_nan({acc}, {self.reduce_tile(r, tile, 1)})")
+            red = self.reduce_tile(r, tile, 1)
+            # loop-carried: keep the dtype (maximum of bf16 comes back as fp32)
+            self.w.line(f"{acc} = _max_nan({acc}, {red}).to({exprs.tl_dtype(ad)})")
         self.w.close()
         self.finish(r, acc)
 

@@ -13,7 +13,7 @@ from lumc.ir import dtypes as dt
 from lumc.backends.triton import configs, render
 from lumc.backends.triton.aot import compile_many
 from lumc.backends.triton.benchcases import bench_cases
-from triton_cases import layernorm_kernel, softmax_kernel
+from triton_cases import layernorm_kernel, make_kernel, softmax_kernel
 
 
 def _largest(rk) -> configs.Config:
@@ -33,7 +33,15 @@ def test_every_form_compiles_for_sm90_and_fits(tmp_path):
     kernels += [("matmul-f16", bench_cases(dt.f16)[6].kernel, None),
                 ("matmul-f32", bench_cases(dt.f32)[6].kernel, None),
                 ("softmax-looped", softmax_kernel((1024, 65536), dt.bf16), "looped"),
-                ("layernorm-looped", layernorm_kernel((1024, 65536), dt.bf16), "looped")]
+                ("layernorm-looped", layernorm_kernel((1024, 65536), dt.bf16), "looped"),
+                # indices past 2**31: int64 index arithmetic must compile too
+                ("pointwise-int64", make_kernel("pointwise", lambda a: a.sigmoid(),
+                                                [((2 ** 31 + 8,), dt.bf16)]), None),
+                ("reduction-int64", make_kernel("reduction", lambda a: a.max(0),
+                                                [((2 ** 20 + 1, 2049), dt.bf16)]), None),
+                ("matmul-int64", make_kernel("matmul", lambda a, b: a @ b,
+                                             [((65537, 32768), dt.bf16), ((32768, 64), dt.bf16)]),
+                 None)]
     jobs, names = [], []
     for name, k, variant in kernels:
         rk = render(k, variant)
@@ -51,6 +59,9 @@ def test_every_form_compiles_for_sm90_and_fits(tmp_path):
         print(f"{name:18s} {str(r.config):60s} shared {r.shared_bytes} B  {r.seconds:.1f}s"
               + (f"  ERROR {r.error}" if r.error else ""))
     (tmp_path / "aot-shared-memory.json").write_text(json.dumps(rows, indent=1))
+    for n, r in zip(names, results):
+        if n.endswith("int64"):
+            assert "int64" in next(rk for rk, _ in jobs if rk.name == r.kernel).source
     bad = [(n, str(r.config), r.error or f"{r.shared_bytes} B > {configs.SMEM_LIMIT} B")
            for n, r in zip(names, results) if not r.fits]
     assert not bad, bad

@@ -1,0 +1,69 @@
+"""GPU-only checks (``-m gpu``): bf16 for every form (the interpreter computes bf16 wrongly), the
+same kernels compiled for the real device, and the benchmark cases at a reduced size against torch.
+Skipped where CUDA is not available."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lumc.ir import dtypes as dt
+from lumc.backends.triton import configs
+from triton_cases import (attention, check, conv_kernel, layernorm_kernel, make_kernel,
+                          matmul_kernel, rmsnorm_kernel, softmax_kernel)
+
+pytestmark = pytest.mark.gpu
+
+D16 = [dt.bf16, dt.f16]
+
+
+@pytest.mark.parametrize("d", D16, ids=str)
+@pytest.mark.parametrize("n", [1, 7, 127, 1023, 4097])
+def test_pointwise_and_reduction_bf16(d, n):
+    check(make_kernel("pointwise", lambda a, b: (a * b + 1.0).exp() - a.sigmoid(),
+                      [((3, n), d), ((1, n), d)]))
+    check(make_kernel("reduction", lambda a: (a.sum(-1), a.max(0)), [((5, n), d)]))
+
+
+@pytest.mark.parametrize("d", D16, ids=str)
+@pytest.mark.parametrize("n", [7, 1023, 4097])
+def test_norms_bf16(d, n):
+    for build in (softmax_kernel, layernorm_kernel, rmsnorm_kernel):
+        check(build((9, n), d))
+        check(build((9, n), d), variant="looped", config=configs.make(4, 2, BLOCK_M=1, BLOCK_K=512))
+
+
+@pytest.mark.parametrize("d", D16 + [dt.f32], ids=str)
+@pytest.mark.parametrize("mkn", [(1, 7, 127), (127, 1023, 7), (4097, 65, 129), (333, 4097, 77)])
+def test_matmul_bf16(mkn, d):
+    check(matmul_kernel(*mkn, d, epilogue=True))
+
+
+@pytest.mark.parametrize("d", D16, ids=str)
+def test_conv_bf16(d):
+    check(conv_kernel(d))
+
+
+@pytest.mark.parametrize("d", D16, ids=str)
+@pytest.mark.parametrize("lq,lk", [(1, 7), (127, 1023), (1023, 4097)])
+def test_attention_bf16(lq, lk, d):
+    check(make_kernel("attention", attention(0.125, causal=lq == lk),
+                      [((2, 4, lq, 64), d), ((2, 4, lk, 64), d), ((2, 4, lk, 64), d)]))
+
+
+def test_bench_cases_small_match_torch():
+    """The GPU benchmark's kernels, at 1/16 size, agree with their torch eager twins."""
+    import torch
+    from lumc.backends.triton import TritonKernel
+    from lumc.backends.triton.benchcases import bench_cases
+    for case in bench_cases(dt.bf16, scale=16):
+        args = []
+        for i, n in enumerate(case.kernel.inputs):
+            if n.dtype.is_int:
+                args.append(torch.randint(0, case.index_ranges.get(i, 2), n.shape, device="cuda"))
+            else:
+                args.append(torch.randn(n.shape, device="cuda", dtype=torch.bfloat16))
+        (got,) = TritonKernel(case.kernel)(*args)
+        want = case.torch_fn(*args)
+        torch.testing.assert_close(got.float(), want.float().reshape(got.shape), rtol=5e-2,
+                                   atol=5e-2 * max(1.0, want.float().abs().max().item()),
+                                   msg=case.name)
