@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from lumc.backends.devices import DeviceSpec, get_device
 from lumc.ir.graph import Graph, Node
-from lumc.rewrites.language import Encoder, Tables, constructors
+from lumc.rewrites.language import FORMS, Encoder, Tables, constructors
 from lumc.rewrites.schedule import Limits, RunStats, Saturator, total_stats
 
 from lumc.compiler.extract import (CostModel, EGraphView, FormRecord, alternatives, choose,
@@ -103,9 +103,7 @@ def _identity_pick(view: EGraphView, cost: CostModel, enc: Encoder) -> dict[str,
     (up to the exact identities, which only drop work)."""
     forced = {}
     for c, ns in view.classes.items():
-        ok = [i for i, n in enumerate(ns) if n.ctor not in ("MatMul", "Softmax", "LayerNorm",
-                                                              "RMSNorm", "Attention",
-                                                              "AttentionMasked")]
+        ok = [i for i, n in enumerate(ns) if n.ctor not in FORMS]
         if ok and len(ok) < len(ns):
             forced[c] = ok
     pick, _ = choose(view, _NoForms(cost, forced))

@@ -27,7 +27,7 @@ from lumc.ir.views import prod
 from lumc.rewrites.language import FORM_KERNEL, FORMS, OP_OF_CTOR, Tables, decode_node
 
 FORM_ATTRS = {"Softmax": ("axis",), "LayerNorm": ("axis", "eps"), "RMSNorm": ("axis", "eps"),
-              "Attention": (), "AttentionMasked": ()}
+              "Attention": (), "AttentionMasked": (), "AttentionSelect": ()}
 STRUCTURAL = frozenset(FORMS) | {"SumReduce", "MaxReduce", "Contiguous"}
 
 
@@ -142,11 +142,11 @@ class CostModel:
             return max(self.flops(2 * out * k, True), self.bw(prod(a) + prod(b) + out)) + launch
         if ctor in ("Softmax", "LayerNorm", "RMSNorm"):
             return max(self.flops(8 * out, False), self.bw(2 * out)) + launch
-        if ctor in ("Attention", "AttentionMasked"):
+        if ctor.startswith("Attention"):
             q, kt, v = shp(0), shp(1), shp(2)
             s = prod(q[:-1]) * kt[-1]
             fl = 2 * s * q[-1] + 2 * s * v[-1]
-            extra = prod(shp(4)) if ctor == "AttentionMasked" else 0
+            extra = sum(prod(shp(i)) for i in range(4, len(n.args)))
             return max(self.flops(fl, True), self.bw(prod(q) + prod(kt) + prod(v) + out
                                                      + extra)) + launch
         return self.flops(out, False)
@@ -257,7 +257,8 @@ def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables
             vals = [a for a in args if not isinstance(a, Node)]
             attrs = tuple(sorted(zip(FORM_ATTRS[n.ctor], vals)))
             if n.ctor.startswith("Attention"):
-                attrs += (("masked", n.ctor == "AttentionMasked"),)
+                kind = {"Attention": "none", "AttentionMasked": "add", "AttentionSelect": "select"}
+                attrs += (("masked", n.ctor != "Attention"), ("mask", kind[n.ctor]))
             root = x
             while root.op == "View":   # a form ending in a reshape (attention's matmul) is its base
                 root = root.srcs[0]

@@ -10,7 +10,9 @@ constrain rank by the length of shape and permutation vectors.
 
 Views are encoded as movement steps (``lumc.rewrites.movement``): ``(View x (Reshape s))``,
 ``(View x (Permute p))``, ``(View x (Expand s))`` (numpy broadcasting: leading dims may be added)
-and ``(View x (Strided k))`` for any other view (slices, pads, windows), kept whole in a side table.
+and ``(View x (Strided k))`` for any other view (pads, windows, overlapping strides), kept whole in
+a side table; a slice under a reshape/transpose (a split of fused QKV) is a ``Strided`` box slice
+followed by the steps.
 Float scalar constants are ``(Const (Scalar v dtype) shape)`` with the value as f64 (exact for
 every float dtype); NaN, infinities, -0.0, integer and non-scalar constants are
 ``(Const (Blob key) shape)``. A view that adds dims always ends in an ``Expand`` step (trivial if
@@ -30,7 +32,7 @@ from lumc.ir.graph import IotaArg, Node, const_node, iota_node, node, view_node
 from lumc.ir.ops import OPS
 from lumc.ir.tensor import Tensor
 from lumc.ir.views import View
-from lumc.rewrites.movement import compose_view, decompose_view
+from lumc.rewrites.movement import compose_view, decompose_sliced, decompose_view
 
 # non-tensor argument sorts of each op, after its Expr operands
 ARG_SORTS: dict[str, tuple[str, ...]] = {
@@ -50,9 +52,12 @@ FORMS: dict[str, tuple[tuple[str, ...], str]] = {
                   "softmax(matmul(q, kt) * scale) @ v along the last axis"),
     "AttentionMasked": (("Expr", "Expr", "Expr", "Expr", "Expr"),
                         "softmax(matmul(q, kt) * scale + mask) @ v along the last axis"),
+    "AttentionSelect": (("Expr",) * 6,
+                        "softmax(where(keep, matmul(q, kt) * scale, fill)) @ v along the last axis"),
 }
 FORM_KERNEL = {"MatMul": "matmul", "Softmax": "softmax", "LayerNorm": "layernorm",
-               "RMSNorm": "rmsnorm", "Attention": "attention", "AttentionMasked": "attention"}
+               "RMSNorm": "rmsnorm", "Attention": "attention", "AttentionMasked": "attention",
+               "AttentionSelect": "attention"}
 
 
 def constructors() -> dict[str, tuple[str, ...]]:
@@ -192,13 +197,20 @@ class Encoder:
             src = x.srcs[0]
             cur = self.var[id(src)]
             steps = decompose_view(src.shape, x.arg)
+            src_shape = tuple(src.shape)
             if steps is None:
-                return self._fresh(f"(View {cur} (Strided {self.tables.strided_id(x.arg)}))",
-                                   x.shape)
-            if len(x.shape) > len(src.shape) and (not steps or steps[-1][0] != "expand"):
+                sliced = decompose_sliced(src.shape, x.arg)
+                if sliced is None:
+                    return self._fresh(f"(View {cur} (Strided {self.tables.strided_id(x.arg)}))",
+                                       x.shape)
+                box, steps = sliced
+                src_shape = box.shape
+                cur = self._fresh(f"(View {cur} (Strided {self.tables.strided_id(box)}))",
+                                  box.shape)
+            if len(x.shape) > len(src_shape) and (not steps or steps[-1][0] != "expand"):
                 steps = steps + [("expand", tuple(x.shape))]   # rank growth always ends in Expand
-            steps = fold_steps(src.shape, steps)
-            shape = tuple(src.shape)
+            steps = fold_steps(src_shape, steps)
+            shape = tuple(src_shape)
             for kind, arg in steps:
                 if kind == "permute":
                     shape = tuple(shape[p] for p in arg)
@@ -244,11 +256,13 @@ def decode_form(name: str, args: list) -> Node:
             return x.sub(mean).mul(var.add(Tensor.const(eps_t)).sqrt().recip()).node
         ms = x.mul(x).mean(axes, keepdims=True)
         return x.mul(ms.add(Tensor.const(eps_t)).sqrt().recip()).node
-    if name in ("Attention", "AttentionMasked"):
+    if name.startswith("Attention"):
         q, kt, v, s = (_t(a) for a in args[:4])
         scores = q.matmul(kt).mul(s)
         if name == "AttentionMasked":
             scores = scores.add(_t(args[4]))
+        elif name == "AttentionSelect":
+            scores = _t(args[4]).where(scores, _t(args[5]))
         return norm.softmax(scores, -1).matmul(v).node
     raise KeyError(f"unknown form {name}")
 

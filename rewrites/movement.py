@@ -104,6 +104,54 @@ def _same_rank_steps(src_shape: Shape, v: View, s1: Shape, order: list[int],
     return steps
 
 
+def _unravel(flat: int, shape: Shape) -> list[int] | None:
+    out = []
+    for d in reversed(shape):
+        out.append(flat % d if d else 0)
+        flat //= d if d else 1
+    return None if flat else list(reversed(out))
+
+
+def decompose_sliced(src_shape: Shape, v: View) -> tuple[View, list[Step]] | None:
+    """``(box, steps)`` with ``v == apply_steps(box, steps)``, where ``box`` is a slice (a sub-box,
+    step 1 along each axis) of the contiguous source and ``steps`` are movement steps over the box's
+    own shape. This finds a split (``q, k, v = x.split(...)``) under a reshape and a transpose."""
+    src_shape = tuple(src_shape)
+    if v.mask is not None or v.numel == 0 or prod(src_shape) == 0 or any(s < 0 for s in v.strides):
+        return None
+    last = v.offset + sum((d - 1) * s for d, s in zip(v.shape, v.strides))
+    lo, hi = _unravel(v.offset, src_shape), _unravel(last, src_shape)
+    if lo is None or hi is None or any(a > b for a, b in zip(lo, hi)):
+        return None
+    box_shape = tuple(b - a + 1 for a, b in zip(lo, hi))
+    box = View.contiguous(src_shape).slice(lo, [1] * len(lo), box_shape)
+    if box.is_identity_of(src_shape):
+        return None
+    src_strides = contiguous_strides_full(src_shape)
+    box_strides = contiguous_strides_full(box_shape)
+    strides = []
+    for st in v.strides:
+        c = _unravel(st, src_shape) if st else [0] * len(src_shape)
+        if c is None:
+            return None
+        strides.append(sum(ci * bs for ci, bs in zip(c, box_strides)))
+    inner = View._make(v.shape, strides, 0, None)
+    steps = decompose_view(box_shape, inner)
+    if steps is None or apply_steps(box, steps) != v:
+        return None
+    del src_strides
+    return box, steps
+
+
+def contiguous_strides_full(shape: Shape) -> tuple[int, ...]:
+    """Row-major strides, size-1 dims included (the flat-index weight of every axis)."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
 def compose_view(inner: View, outer: View) -> View | None:
     """One view equal to reading ``outer`` over the result of ``inner``, or None (then stack them)."""
     if inner.is_contiguous:

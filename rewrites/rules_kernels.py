@@ -198,6 +198,12 @@ def attention_rules() -> list[Rule]:
                           "exact", f"(MatMul (Softmax (Add {scores} ?m) {r - 1}) ?v)",
                           f"(AttentionMasked ?q ?kt ?v {s_fill} ?m)",
                           ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(mcase,)))
+        scase = dict(case, keep=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "f32"))
+        rules.append(Rule(
+            f"kernels/Attention: softmax(where(keep, q @ kt * s, f)) @ v -> attention [r={r} select]",
+            "exact", f"(MatMul (Softmax (Where ?keep {scores} ?f) {r - 1}) ?v)",
+            f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)",
+            ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(scase,)))
     return rules
 
 

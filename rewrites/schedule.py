@@ -69,7 +69,7 @@ def shape_rules() -> list[str]:
         for rb in {2, ra}:
             rule(f"(= e (MatMul a0 a1)) (= s (shape a0)) (= t (shape a1)) (= (vec-length s) {ra}) "
                  f"(= (vec-length t) {rb})", f"(vec-set s {ra - 1} (vec-get t {rb - 1}))")
-        for f in ("Attention", "AttentionMasked"):
+        for f in ("Attention", "AttentionMasked", "AttentionSelect"):
             args = " ".join(f"a{i}" for i in range(len(FORMS[f][0])))
             rule(f"(= e ({f} {args})) (= s (shape a0)) (= t (shape a2)) (= (vec-length s) {ra})",
                  f"(vec-set s {ra - 1} (vec-get t {ra - 1}))")
