@@ -256,9 +256,7 @@ def _resize(ctx: OpContext):
     x = ctx.input(0)
     if ctx.opset < 11:
         scales = [float(s) for s in ctx.const(1, "scales").reshape(-1)]
-        return lib("resize.resize")(x, scales=scales, mode=ctx.attr("mode", "nearest"),
-                                    coordinate_transformation_mode="asymmetric",
-                                    nearest_mode="floor")
+        return _legacy_resize(x, scales, ctx.attr("mode", "nearest"))
     roi = _nonempty(ctx.const(1, "roi"))
     scales = _nonempty(ctx.const(2, "scales"))
     sizes = _nonempty(ctx.const(3, "sizes"))
@@ -283,9 +281,23 @@ def _upsample(ctx: OpContext):
     scales = ctx.attr("scales") if ctx.opset < 9 else \
         [float(s) for s in ctx.const(1, "scales").reshape(-1)]
     mode = ctx.attr("mode", "nearest")
-    mode = "linear" if mode == "bilinear" else mode
-    return lib("resize.resize")(x, scales=scales, mode=mode,
-                                coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    return _legacy_resize(x, scales, "linear" if mode == "bilinear" else mode)
+
+
+def _legacy_resize(x: Tensor, scales: list[float], mode: str) -> Tensor:
+    """``Upsample`` and opset-10 ``Resize`` as onnxruntime runs them: asymmetric coordinates;
+    nearest rounds down when enlarging an axis and up when shrinking it."""
+    resize = lib("resize.resize")
+    if mode != "nearest":
+        return resize(x, scales=scales, mode=mode, coordinate_transformation_mode="asymmetric")
+    y = x
+    for shrink in (False, True):
+        axes = [a for a, s in enumerate(scales) if s != 1.0 and (s < 1.0) == shrink]
+        if axes:
+            y = resize(y, scales=[scales[a] for a in axes], axes=axes, mode="nearest",
+                       coordinate_transformation_mode="asymmetric",
+                       nearest_mode="ceil" if shrink else "floor")
+    return y
 
 
 @handler("SwiGLU")

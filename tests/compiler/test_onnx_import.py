@@ -435,3 +435,13 @@ def test_bad_attributes_and_constant_indices_name_the_node():
                       numpy_helper.from_array(np.array([5], np.int64), "i")])
     with pytest.raises(ModelError, match="'g'.*Gather.*out of range"):
         import_onnx(oob)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [[1, 1, 0.6, 0.6], [1, 1, 1.7, 0.3], [1, 1, 2, 3]])
+def test_opset10_resize_matches_onnxruntime(mode, scales):
+    x = np.arange(2 * 3 * 7 * 5, dtype=np.float32).reshape(2, 3, 7, 5)
+    model = make_model([helper.make_node("Resize", ["x", "s"], ["y"], mode=mode)],
+                       [vi("x", list(x.shape))], [vi("y", None)],
+                       [numpy_helper.from_array(np.array(scales, np.float32), "s")], opset=10)
+    assert_matches_ort(model, {"x": x}, rtol=1e-6, atol=1e-4)
