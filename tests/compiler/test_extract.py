@@ -196,3 +196,27 @@ def test_no_egraph_switch_is_greedy():
     assert compile_program(g, use_egraph=False).signature() == greedy_program(g).signature()
     with_eg = compile_program(g, use_egraph=True)
     assert program_time_bound(with_eg, "h100") < program_time_bound(greedy_program(g), "h100")
+
+
+def test_fused_qkv_split_with_causal_mask_becomes_attention():
+    """GPT-2's spelling: one projection split three ways, heads by reshape + transpose, a causal
+    mask applied by Where (as torch.export lowers SDPA)."""
+    s, h, d = 6, 2, 4
+    causal = nh.from_array(np.tril(np.ones((s, s), bool)), "causal")
+    nodes = [oh.make_node("Split", ["x", "sizes"], ["q0", "k0", "v0"], axis=1),
+             oh.make_node("Reshape", ["q0", "hs"], ["q1"]), oh.make_node("Reshape", ["k0", "hs"], ["k1"]),
+             oh.make_node("Reshape", ["v0", "hs"], ["v1"]),
+             oh.make_node("Transpose", ["q1"], ["q"], perm=[1, 0, 2]),
+             oh.make_node("Transpose", ["k1"], ["kt"], perm=[1, 2, 0]),
+             oh.make_node("Transpose", ["v1"], ["v"], perm=[1, 0, 2]),
+             oh.make_node("MatMul", ["q", "kt"], ["sc"]), oh.make_node("Mul", ["sc", "scale"], ["ss"]),
+             oh.make_node("Where", ["causal", "ss", "ninf"], ["sm"]),
+             oh.make_node("Softmax", ["sm"], ["p"], axis=-1), oh.make_node("MatMul", ["p", "v"], ["y"])]
+    inits = [causal, nh.from_array(np.array([h * d] * 3, np.int64), "sizes"),
+             nh.from_array(np.array([s, h, d], np.int64), "hs"),
+             nh.from_array(np.array(0.5, np.float32), "scale"),
+             nh.from_array(np.array(-np.inf, np.float32), "ninf")]
+    g, res = compile_and_check(model(nodes, [vi("x", (s, 3 * h * d))], [vi("y", (h, s, d))], inits))
+    assert res.best.form_counts() == {"attention": 1}
+    k = res.best.calls[0].kernel
+    assert k.attr("mask") == "select" and len(res.best.calls[0].inputs) <= 4
