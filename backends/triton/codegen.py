@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lumc.ir import dtypes as dt
 from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.backends.triton import exprs
@@ -256,7 +255,3 @@ def reads_of(nodes) -> list[Node]:
             seen.add(n)
             out.append(n)
     return out
-
-
-def accumulator_dtype(d: dt.DType) -> dt.DType:
-    return d.accumulator

@@ -27,7 +27,7 @@ from lumc.ir.views import contiguous_strides
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.configs import next_pow2
-from lumc.backends.triton.contraction import Contraction, dims_used, find_contractions
+from lumc.backends.triton.contraction import dims_used, find_contractions
 from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
 from lumc.backends.triton.render_matmul import DOT_DTYPES, bind_all, check_epilogue, dependents, place
 from lumc.backends.triton.render_norm import OnlineSoftmax, _match_softmax

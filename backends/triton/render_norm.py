@@ -78,7 +78,7 @@ class OnlineSoftmax:
     def write(self, rk) -> None:
         w = rk.w
         md = exprs.tl_dtype(self.m.dtype)
-        sd = rk_acc = exprs.tl_dtype(_acc(self.s))
+        sd = exprs.tl_dtype(_acc(self.s))
         m_run, s_run = w.fresh("m_run"), w.fresh("s_run")
         w.line(f"# online softmax: running max and sum of exp2((x - max) * {self.scale!r})")
         w.line(f"{m_run} = tl.full([BLOCK_M], float('-inf'), {md})")
@@ -90,7 +90,7 @@ class OnlineSoftmax:
         w.line(f"m_new = _max_nan({m_run}, {rk.reduce_tile(self.m, xm, 1)}).to({md})")
         w.line("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
         c = exprs.render_scalar(self.scale, self.m.dtype)
-        w.line(f"alpha = tl.exp2(({m_run} - m_safe).to(tl.float32) * {c}).to({rk_acc})")
+        w.line(f"alpha = tl.exp2(({m_run} - m_safe).to(tl.float32) * {c}).to({sd})")
         rk.overrides[self.bcast] = "m_safe"
         p = rk.ev.value(self.s.srcs[0], rk.full_idx, rk.mask2, 1)
         del rk.overrides[self.bcast]
