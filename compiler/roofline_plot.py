@@ -14,26 +14,64 @@ The title says whether the times are simulated or measured. Rendering uses matpl
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-
 from lumc.backends.devices import DeviceSpec
 
 MARKERS = "osD^v<>pPX*h"
 TOP_BARS = 16        # kernels shown in the time panel
 
 
-def _label_groups(points):
-    """Merge kernels drawn at the same place (repeated layers) into one label."""
-    groups = defaultdict(list)
-    for x, y, i in points:
-        groups[(round(math.log10(x), 2), round(math.log10(y), 2))].append((x, y, i))
+def _label_groups(points, tol: float = 0.12):
+    """Merge the labels of kernels drawn within ``tol`` decades of each other (repeated layers,
+    near twins) into one: ``#3,#9`` or ``#3 +5 more``."""
+    groups: list[list] = []
+    for x, y, i in sorted(points, key=lambda p: p[2]):
+        lx, ly = math.log10(x), math.log10(y)
+        for g in groups:
+            if abs(g[0] - lx) <= tol and abs(g[1] - ly) <= tol:
+                g[2].append(i)
+                break
+        else:
+            groups.append([lx, ly, [i], x, y])
     out = []
-    for members in groups.values():
-        x, y, _ = members[0]
-        idx = [m[2] for m in members]
-        text = f"#{idx[0]}" if len(idx) == 1 else f"#{idx[0]} (+{len(idx) - 1})"
+    for _, _, idx, x, y in groups:
+        if len(idx) <= 3:
+            text = ",".join(f"#{i}" for i in idx)
+        else:
+            text = f"#{idx[0]},#{idx[1]} +{len(idx) - 2} more"
         out.append((x, y, text))
     return out
+
+
+def _place_labels(ax, labels, points, obstacles=(), fontsize: float = 8.0) -> None:
+    """Put each label at the offset (right, left, above, below its point) that covers the fewest
+    markers, texts in ``obstacles`` and labels already placed, so crowded kernels stay readable."""
+    fig = ax.figure
+    fig.canvas.draw()   # fixes the data -> pixel transform
+    scale = fig.dpi / 72.0
+    to_px = ax.transData.transform
+    marks = [tuple(to_px((x, y))) for x, y in points]
+    renderer = fig.canvas.get_renderer()
+    placed: list[tuple[float, float, float, float]] = [tuple(t.get_window_extent(renderer).extents)
+                                                       for t in obstacles]
+    char_w, h = 0.62 * fontsize * scale, 1.3 * fontsize * scale
+    for x, y, text in labels:
+        px, py = to_px((x, y))
+        w = char_w * len(text)
+        best = None
+        for dx, dy in ((7, 4), (7, -14), (-7 - w / scale, 4), (-7 - w / scale, -14), (-w / 2 / scale, 9),
+                       (-w / 2 / scale, -20)):
+            x0, y0 = px + dx * scale, py + dy * scale
+            box = (x0, y0, x0 + w, y0 + h)
+            hits = sum(box[0] - 6 <= mx <= box[2] + 6 and box[1] - 6 <= my <= box[3] + 6
+                       for mx, my in marks if (mx, my) != (px, py))
+            hits += 2 * sum(not (box[2] < b[0] or b[2] < box[0] or box[3] < b[1] or b[3] < box[1])
+                            for b in placed)
+            if best is None or hits < best[0]:
+                best = (hits, dx, dy, box)
+        _, dx, dy, box = best
+        placed.append(box)
+        ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                    zorder=4, bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.7))
 
 
 def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simulated: bool,
@@ -84,19 +122,19 @@ def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simul
     ax.plot([xmin, ridge], [bw * xmin, top], color="black", lw=2)
     lx = xmin * 2.0   # the label sits just under the memory line, clear of it
     ax.text(lx, bw * lx / 2.2, f"HBM {bw / 1e12:.2f} TB/s", fontsize=10, va="top", ha="left")
+    ceiling_labels = []
     for peak, label in peaks:
         r_x = peak / bw
         ax.plot([r_x, xmax], [peak, peak], color="black", lw=2 if peak == top else 1.3,
                 ls="-" if peak == top else "--")
-        ax.text(xmax / 1.15, peak * 1.12, label, ha="right", va="bottom", fontsize=9.5)
+        ceiling_labels.append(ax.text(xmax / 1.1, peak * 1.12, label, ha="right", va="bottom",
+                                      fontsize=9.5))
     for f in forms:
         fp = [(x, y) for x, y, r in pts if r["form"] == f]
         if fp:
             c, m = style[f]
             ax.scatter([p[0] for p in fp], [p[1] for p in fp], s=70, color=c, marker=m,
                        edgecolor="black", lw=0.6, label=f"{f} ({len(fp)})", zorder=3)
-    for x, y, text in _label_groups([(x, y, r.get("index", 0)) for x, y, r in pts]):
-        ax.annotate(text, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=8, zorder=4)
     zero = [r for r in rows if r["flops"] == 0]
     if zero:
         ax.text(0.99, 0.02, f"{len(zero)} kernel(s) with no FLOPs (data movement) are in the right panel",
@@ -121,6 +159,9 @@ def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simul
                zorder=3, label="roofline bound")
     for y, r in zip(ypos, ranked):
         bx.text(r["time_s"] * 1e6, y, f" {100 * r['time_s'] / total:.0f}%", va="center", fontsize=8)
+    if ranked:   # every launch pays this before any work: the floor of a small kernel's time
+        lo = spec.launch_overhead_s * 1e6
+        bx.axvline(lo, color="dimgray", ls=":", lw=1.5, label=f"launch overhead {lo:.1f} us")
     bx.set_yticks(ypos)
     bx.set_yticklabels(labels, fontsize=9)
     bx.set_xlabel("time per launch (us)")
@@ -129,11 +170,13 @@ def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simul
     bx.grid(True, axis="x", alpha=0.3)
     if ranked:
         bx.set_xlim(0, max(r["time_s"] for r in ranked) * 1e6 * 1.18)
-        bx.legend(loc="lower right", fontsize=9)
+        bx.legend(loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2, fontsize=9, frameon=False)
     kind = "simulated times (analytical model, no GPU)" if simulated else "measured times (CUDA events)"
     fig.suptitle(f"{title}\n{kind}; total {total * 1e6:.1f} us over {len(timed)} timed kernels",
                  fontsize=12.5)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
+    _place_labels(ax, _label_groups([(x, y, r.get("index", 0)) for x, y, r in pts]),
+                  [(x, y) for x, y, _ in pts], ceiling_labels)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)

@@ -290,3 +290,15 @@ def test_vs_eager_and_inductor_report_inductor_kernels(env):
     parts = row.split()
     assert int(parts[4]) >= 1 and float(parts[5]) > 0       # Inductor kernels and MB accessed
     assert float(parts[7]) < 1e-5
+
+
+def test_program_values_feed_every_kernel_and_match_the_outputs(env):
+    from lumc.compiler.bench import bench_inputs, program_values
+    cm = lumc.load(env["art"])
+    x = bench_inputs(cm)
+    vals = program_values(cm, x)
+    for c in cm.program.calls:
+        assert all(id(n) in vals for n in (*c.inputs, *c.outputs))
+    out = cm.run(x)
+    last = cm.program.calls[-1].outputs[0]
+    np.testing.assert_array_equal(vals[id(last)].reshape(out["y"].shape), out["y"])
