@@ -6,7 +6,10 @@ and a quick way to check a model end to end::
     (y,) = rep.run([x])
 
 Models whose declared input shapes are all static are imported in ``prepare``; otherwise the import
-happens at the first ``run`` with the shapes of the arrays given (and again for new shapes).
+happens at the first ``run`` with the shapes of the arrays given (and again for new shapes). A
+model where a compile-time value (a ``Reshape`` shape, ``Resize`` scales, reduction axes, a ``TopK``
+k...) is computed from graph inputs is specialized on those inputs' values: each ``run`` binds
+them as initializers and re-imports when they change (``LumcBackendRep.constant_inputs``).
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.onnx_frontend import (ImportedModel, check_supported, import_onnx, load_model,
-                                         unsupported_nodes)
+from lumc.compiler.onnx_frontend import (ImportedModel, NeedsConstantError, check_supported,
+                                         import_onnx, load_model, unsupported_nodes)
 from lumc.compiler.onnx_frontend.loader import initializer_names, value_spec
 from lumc.ir.errors import InputError, LumcError
 
@@ -30,24 +33,42 @@ class LumcBackendRep(BackendRep):
         model: the ONNX model.
         input_names: the real (non-initializer) inputs, in model order.
         output_names: the model outputs, in model order.
+        constant_inputs: inputs whose *values* lumc needs at compile time (they feed a shape, axes,
+            a trip count...). The model is specialized on them: each run binds them as
+            initializers and re-imports for values not seen before.
     """
 
-    def __init__(self, model: onnx.ModelProto, imported: ImportedModel | None = None):
+    def __init__(self, model: onnx.ModelProto, imported: ImportedModel | None = None,
+                 constant_inputs: Sequence[str] = ()):
         self.model = model
         inits = initializer_names(model.graph)
         self.input_names = [vi.name for vi in model.graph.input if vi.name not in inits]
         self.output_names = [vi.name for vi in model.graph.output]
+        self.constant_inputs = list(constant_inputs)
         self._cache: dict[tuple, tuple[ImportedModel, ReferenceExecutor]] = {}
         if imported is not None:
             key = tuple(tuple(s.shape) for s in imported.inputs)
             self._cache[key] = (imported, ReferenceExecutor(imported.graph))
 
     def _prepared(self, feeds: dict[str, np.ndarray]):
-        key = tuple(tuple(np.shape(feeds[n])) for n in self.input_names)
-        if key not in self._cache:
-            imported = import_onnx(self.model, {n: np.shape(feeds[n]) for n in self.input_names})
+        while True:
+            fixed = {n: feeds[n] for n in self.constant_inputs}
+            key = tuple(tuple(np.shape(feeds[n])) for n in self.input_names) + tuple(
+                (n, v.dtype.str, v.tobytes()) for n, v in sorted(fixed.items()))
+            if key in self._cache:
+                return self._cache[key]
+            model = _bind_inputs(self.model, fixed) if fixed else self.model
+            try:
+                imported = import_onnx(model, {n: np.shape(feeds[n]) for n in self.input_names
+                                               if n not in fixed})
+            except NeedsConstantError as e:
+                new = [n for n in e.inputs if n in feeds and n not in self.constant_inputs]
+                if not new:
+                    raise
+                self.constant_inputs += new
+                continue
             self._cache[key] = (imported, ReferenceExecutor(imported.graph))
-        return self._cache[key]
+            return self._cache[key]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         """Run on ``inputs`` (a list in model input order, or a ``{name: array}`` dict).
@@ -56,6 +77,7 @@ class LumcBackendRep(BackendRep):
             the outputs as numpy arrays, in model output order.
         Raises:
             InputError: missing inputs, or arrays of the wrong shape or dtype.
+            NeedsConstantError: a compile-time value depends on something other than inputs.
         """
         if isinstance(inputs, dict):
             feeds = {k: np.asarray(v) for k, v in inputs.items()}
@@ -68,9 +90,21 @@ class LumcBackendRep(BackendRep):
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise InputError(f"missing inputs {missing}")
-        _, run = self._prepared(feeds)
-        out = run({n: feeds[n] for n in self.input_names})
+        imported, run = self._prepared(feeds)
+        out = run({s.name: feeds[s.name] for s in imported.inputs})
         return tuple(out[n] for n in self.output_names)
+
+
+def _bind_inputs(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` where the graph inputs in ``values`` are initializers."""
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    keep = [vi for vi in bound.graph.input if vi.name not in values]
+    del bound.graph.input[:]
+    bound.graph.input.extend(keep)
+    for name, v in values.items():
+        bound.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(v), name))
+    return bound
 
 
 class LumcBackend(Backend):
@@ -107,7 +141,15 @@ class LumcBackend(Backend):
         specs = [value_spec(vi) for vi in model.graph.input if vi.name not in inits]
         static = all(isinstance(d, int) for s in specs for d in s.shape) and all(
             vi.type.tensor_type.HasField("shape") for vi in model.graph.input if vi.name not in inits)
-        return LumcBackendRep(model, import_onnx(model) if static else None)
+        if not static:
+            return LumcBackendRep(model)
+        try:
+            return LumcBackendRep(model, import_onnx(model))
+        except NeedsConstantError as e:
+            if not e.inputs or not set(e.inputs) <= {s.name for s in specs}:
+                raise
+            # specialize on those inputs' values at run time
+            return LumcBackendRep(model, constant_inputs=e.inputs)
 
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs: Sequence[np.ndarray], device: str = "CPU",

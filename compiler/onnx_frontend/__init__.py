@@ -23,8 +23,9 @@ from lumc.compiler.onnx_frontend import (handlers_attention, handlers_bits,  # n
 from lumc.compiler.onnx_frontend.importer import ImportedModel, import_onnx
 from lumc.compiler.onnx_frontend.loader import (TensorSpec, load_model, model_input_specs,
                                                 model_output_specs)
-from lumc.compiler.onnx_frontend.registry import HANDLERS
+from lumc.compiler.onnx_frontend.registry import HANDLERS, NeedsConstantError
 from lumc.compiler.onnx_frontend.support import check_supported, unsupported_nodes
 
 __all__ = ["ImportedModel", "TensorSpec", "check_supported", "import_onnx", "load_model",
-           "model_input_specs", "model_output_specs", "unsupported_nodes", "HANDLERS"]
+           "model_input_specs", "model_output_specs", "unsupported_nodes", "HANDLERS",
+           "NeedsConstantError"]

@@ -44,6 +44,19 @@ class ConstantFolder:
             stack.extend((s, False) for s in m.srcs if s not in memo)
         return memo[n]
 
+    def input_names(self, n: Node) -> list[str]:
+        """Names of the graph inputs ``n`` depends on, in first-seen order."""
+        names, seen, stack = [], set(), [n]
+        while stack:
+            m = stack.pop()
+            if id(m) in seen or not self.is_dynamic(m):
+                continue
+            seen.add(id(m))
+            if m.op == "Input":
+                names.append(m.arg.name)
+            stack.extend(m.srcs)
+        return names
+
     def value(self, t: Tensor) -> np.ndarray | None:
         """The value of ``t`` if it is constant, else None."""
         n = t.node

@@ -97,7 +97,10 @@ class GraphImporter:
         except LumcError as e:
             if e.node is not None and e.op is not None:
                 raise
-            raise type(e)(e.reason, node=ctx.name, op=node.op_type, opset=self.opset) from e
+            err = type(e).__new__(type(e))
+            err.__dict__.update(e.__dict__)     # keeps subclass fields (NeedsConstantError.inputs)
+            LumcError.__init__(err, e.reason, node=ctx.name, op=node.op_type, opset=self.opset)
+            raise err from e
         except (ValueError, IndexError, TypeError, KeyError, AttributeError, ZeroDivisionError,
                 OverflowError) as e:
             # malformed attributes or inputs surface as Python errors in the builders; folding

@@ -30,6 +30,16 @@ HandlerFn = Callable[["OpContext"], "Tensor | Sequence[Tensor | None]"]
 CheckFn = Callable[[onnx.NodeProto, int], "str | None"]
 
 
+class NeedsConstantError(UnsupportedOpError):
+    """A value lumc needs at compile time (a shape, axes, a trip count) is computed from graph
+    inputs. ``inputs`` names them: binding them to constants (``import_onnx`` of a model where they
+    are initializers) makes the model importable."""
+
+    def __init__(self, reason: str, *, inputs: Sequence[str] = (), **where):
+        self.inputs = list(inputs)
+        super().__init__(reason, **where)
+
+
 @dataclass
 class Handler:
     """One registered op: its builder, the library functions it needs, an optional attribute check."""
@@ -153,11 +163,13 @@ class OpContext:
         """
         if not self.has_input(i):
             return None
-        v = self.importer.folder.value(self.inputs[i])
+        folder = self.importer.folder
+        v = folder.value(self.inputs[i])
         if v is None:
-            raise UnsupportedOpError(f"input {i}{' (' + what + ')' if what else ''} "
-                                     f"({self.node.input[i]!r}) depends on runtime data; lumc needs "
-                                     "it known at compile time")
+            raise NeedsConstantError(
+                f"input {i}{' (' + what + ')' if what else ''} ({self.node.input[i]!r}) depends on "
+                "runtime data; lumc needs it known at compile time",
+                inputs=folder.input_names(self.inputs[i].node))
         return v
 
     def const_ints(self, i: int, what: str = "") -> list[int] | None:

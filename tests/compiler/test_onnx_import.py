@@ -445,3 +445,19 @@ def test_opset10_resize_matches_onnxruntime(mode, scales):
                        [vi("x", list(x.shape))], [vi("y", None)],
                        [numpy_helper.from_array(np.array(scales, np.float32), "s")], opset=10)
     assert_matches_ort(model, {"x": x}, rtol=1e-6, atol=1e-4)
+
+
+def test_backend_specializes_on_inputs_that_feed_compile_time_values():
+    from lumc.compiler.onnx_backend import LumcBackend
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("ReduceSum", ["r", "axes"], ["y"], keepdims=0)]
+    model = make_model(nodes, [vi("x", [2, 6]), vi("shape", [3], TensorProto.INT64),
+                               vi("axes", [1], TensorProto.INT64)], [vi("y", None)], opset=18)
+    with pytest.raises(UnsupportedOpError):
+        import_onnx(model)
+    rep = LumcBackend.prepare(model)
+    x = RNG.standard_normal((2, 6)).astype(np.float32)
+    for shape, axes in (([3, 2, 2], [1]), ([4, 3, 1], [0]), ([3, 2, 2], [1])):
+        (y,) = rep.run([x, np.array(shape, np.int64), np.array(axes, np.int64)])
+        np.testing.assert_allclose(y, x.reshape(shape).sum(axis=tuple(axes)), rtol=1e-6)
+    assert sorted(rep.constant_inputs) == ["axes", "shape"]
