@@ -117,20 +117,27 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w.line(f"rn = pid_n{i64} * BLOCK_N + tl.arange(0, BLOCK_N)")
     w.line(f"rm_mask = rm < {M}")
     w.line(f"rn_mask = rn < {N}")
+    w.line("# operand rows/columns wrap instead of masking (tutorial 03): reads stay in bounds,")
+    w.line("# the extra rows and columns are never stored")
+    w.line(f"rm_a = rm % {M}")
+    w.line(f"rn_b = rn % {N}")
     bidx = bind_all(w, unravel("pid_b", c.shape_of(c.batch_dims)), "b")
     # operand tiles: a is [BLOCK_M, BLOCK_K], b is [BLOCK_K, BLOCK_N]
     w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
     w.open(f"for k_start in range(0, {K}, BLOCK_K):")
     w.line(f"rk = k_start{i64} + tl.arange(0, BLOCK_K)" if big else
            "rk = k_start + tl.arange(0, BLOCK_K)")
-    w.line(f"a_mask = rm_mask[:, None] & (rk[None, :] < {K})")
-    w.line(f"b_mask = (rk[:, None] < {K}) & rn_mask[None, :]")
+    # where M (or N) is 1 no index spans the tile's rows: the mask gives the tile its shape
+    w.line(f"a_mask = rk[None, :] < {K}" if c.m_dims else
+           f"a_mask = (rk[None, :] < {K}) & (rm_a[:, None] < {M})")
+    w.line(f"b_mask = rk[:, None] < {K}" if c.n_dims else
+           f"b_mask = (rk[:, None] < {K}) & (rn_b[None, :] < {N})")
     a_idx = place(c, {c.batch_dims: bidx,
-                      c.m_dims: bind_all(w, unravel("rm[:, None]", c.shape_of(c.m_dims)), "am", 1),
+                      c.m_dims: bind_all(w, unravel("rm_a[:, None]", c.shape_of(c.m_dims)), "am", 1),
                       c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", 1)})
     b_idx = place(c, {c.batch_dims: bidx,
                       c.k_dims: bind_all(w, unravel("rk[:, None]", c.shape_of(c.k_dims)), "bk", 1),
-                      c.n_dims: bind_all(w, unravel("rn[None, :]", c.shape_of(c.n_dims)), "bn", 1)})
+                      c.n_dims: bind_all(w, unravel("rn_b[None, :]", c.shape_of(c.n_dims)), "bn", 1)})
     a = ev.value(c.a, a_idx, "a_mask", 1)
     b = ev.value(c.b, b_idx, "b_mask", 1)
     # a prologue may turn the zeros of masked-off lanes into something else: zero them again
