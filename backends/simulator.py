@@ -14,7 +14,11 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
 * **Wave quantization**: ``programs`` thread blocks run in waves of ``sm_count * blocks_per_sm``,
   where ``blocks_per_sm`` is limited by shared memory and by 64 resident warps per SM; the last,
   partial wave costs a whole wave.
-* **Launch overhead** per kernel (the device's ``launch_overhead_s``), plus a small per-wave tail.
+* **Latency hiding** (Little's law): HBM bandwidth is reached only with about
+  ``bandwidth x latency / SMs`` bytes in flight per SM; fewer resident programs, or smaller tiles,
+  reach a proportional share of it.
+* **Launch overhead** per kernel (the device's ``launch_overhead_s``), plus one HBM round trip per
+  wave.
 
 The constants are plausible Hopper figures, not measurements; on a real GPU the measurer replaces the
 whole model. Config keys read: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` (contractions), ``BLOCK`` or
@@ -32,7 +36,8 @@ from lumc.ir.views import prod
 
 L2_HIT = 0.85            # share of tile re-reads served by L2 (50 MB on Hopper)
 BW_EFFICIENCY = 0.92     # best achievable share of HBM bandwidth for a streaming kernel
-WAVE_TAIL_S = 0.4e-6     # per-wave prologue/epilogue cost
+DRAM_LATENCY_S = 0.6e-6  # one HBM round trip: the least a wave of programs takes
+BYTES_IN_FLIGHT_PER_SM = 24 * 1024   # bandwidth x latency / SMs: 4.8 TB/s x 0.6 us / 132 (Little's law)
 MAX_WARPS_PER_SM = 64    # Hopper: 2048 threads per SM
 SMEM_PER_SM = 228 * 1024
 TENSOR_FORMS = ("matmul", "attention")
@@ -77,6 +82,17 @@ def contraction_dims(kernel: Kernel) -> Contraction | None:
     return None
 
 
+def row_dims(kernel: Kernel) -> tuple[int, int]:
+    """``(rows, row length)`` of a row kernel: from its first reduction, the reduced extent is the
+    row and the rest are rows (a kernel without a reduction is one row per output element)."""
+    for n in kernel.meaning.nodes():
+        if n.op in ("SumReduce", "MaxReduce"):
+            src = n.srcs[0].shape
+            row = prod(src[a] for a in n.arg) if n.arg else 1
+            return max(prod(src) // max(row, 1), 1), max(row, 1)
+    return max(sum(prod(n.shape) for n in kernel.outputs), 1), 1
+
+
 def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int) -> int:
     if kernel.form in TENSOR_FORMS:
         bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
@@ -90,7 +106,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     Raises:
         ValueError: when the config cannot run (shared memory over the per-block limit).
     """
-    in_bytes = sum(n.nbytes for n in kernel.inputs)
+    in_bytes = sum(kernel.read_bytes())
     out_bytes = sum(n.nbytes for n in kernel.outputs)
     dtype = max((n.dtype for n in kernel.inputs if n.dtype.is_float), key=lambda d: d.itemsize,
                 default=kernel.outputs[0].dtype)
@@ -99,9 +115,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     smem = _smem_bytes(kernel, cfg, dtype.itemsize)
     if smem > dev.smem_per_block:
         raise ValueError(f"config {cfg} needs {smem} B of shared memory > {dev.smem_per_block} B")
-    blocks_per_sm = max(1, min(MAX_WARPS_PER_SM // max(warps, 1),
-                               SMEM_PER_SM // smem if smem else 32))
-    slots = dev.sm_count * blocks_per_sm
+    resident = max(1, min(MAX_WARPS_PER_SM // max(warps, 1), SMEM_PER_SM // smem if smem else 32))
+    slots = dev.sm_count * resident
     flops = kernel.flops()
     hbm = in_bytes + out_bytes
 
@@ -112,40 +127,46 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         programs = c.batch * tm * tn
         a_bytes = c.batch * c.m * c.k * dtype.itemsize
         b_bytes = c.batch * c.k * c.n * dtype.itemsize
-        reread = a_bytes * (tn - 1) + b_bytes * (tm - 1)
-        hbm += reread * (1 - L2_HIT)
+        hbm += (a_bytes * (tn - 1) + b_bytes * (tm - 1)) * (1 - L2_HIT)
         padded = 2 * c.batch * tm * bm * tn * bn * math.ceil(c.k / bk) * bk
         flops = max(flops, padded)
         area = min(1.0, (bm * bn) / (128 * 128))
         tile_eff = (0.35 + 0.65 * area ** 0.5) * (0.7 if stages <= 1 else 0.85 if stages == 2 else 1.0)
         tile_eff *= min(1.0, bk / 32) ** 0.25
         peak = dev.tensor_flops.get(dtype.name, min(dev.vector_flops.values()))
-        bw_eff = BW_EFFICIENCY
+        tile_bytes = (bm + bn) * bk * dtype.itemsize * max(stages - 1, 1)
     else:
-        block = int(cfg.get("BLOCK", cfg.get("BLOCK_SIZE", 1024)))
         out_elems = max(sum(prod(n.shape) for n in kernel.outputs), 1)
-        if kernel.form == "pointwise" or kernel.form == "gather":
+        if kernel.form in ("pointwise", "gather"):
+            block = int(cfg.get("BLOCK", cfg.get("BLOCK_SIZE", 1024)))
             programs = math.ceil(out_elems / block)
-            lanes = block
+            tile_bytes = block * dtype.itemsize * max(len(kernel.inputs), 1)
+            issued = programs * block
+            flops = flops * issued / out_elems
         else:
-            # row kernels: one program per output row group; a row shorter than BLOCK wastes lanes
-            programs = out_elems
-            row = max(prod(kernel.inputs[0].shape) // out_elems, 1) if kernel.inputs else 1
-            lanes = min(block, 1 << max(row - 1, 0).bit_length())
-            hbm += 0 if row <= block else in_bytes * (0.0 if kernel.form == "reduction" else 1.0)
-        # a streaming kernel needs enough warps in flight to cover HBM latency
-        active = min(programs, slots) * warps / dev.sm_count
-        occupancy = min(1.0, active / 16.0)
-        lane_use = min(1.0, lanes / (warps * 32 * 4)) if lanes < warps * 128 else 1.0
+            # row kernels: BLOCK_M rows per program, each row read in BLOCK_K-wide chunks
+            rows, row = row_dims(kernel)
+            rows_pp = int(cfg.get("BLOCK_M", 1))
+            chunk = int(cfg.get("BLOCK_K", cfg.get("BLOCK", 1024)))
+            programs = math.ceil(rows / rows_pp)
+            tile_bytes = rows_pp * min(chunk, row) * dtype.itemsize
+            issued = programs * rows_pp * math.ceil(row / chunk) * chunk
+            flops = flops * max(issued / (rows * row), 1.0)
+            # a looped row kernel that normalizes re-reads its row once more
+            if row > chunk and kernel.form in ("softmax", "layernorm", "rmsnorm"):
+                hbm += in_bytes * (1 - L2_HIT)
         tile_eff = 1.0
         peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
-        bw_eff = BW_EFFICIENCY * max(occupancy, 0.05) * max(lane_use, 0.25)
+    # Little's law: HBM is saturated only with enough bytes in flight per SM
+    per_sm = min(programs / dev.sm_count, resident) * tile_bytes
+    occupancy = min(1.0, per_sm / BYTES_IN_FLIGHT_PER_SM)
+    bw_eff = BW_EFFICIENCY * max(occupancy, 0.02)
     waves = max(1, math.ceil(programs / slots))
     quant = waves * slots / max(programs, 1) if programs >= slots else 1.0
     body = max(flops / (peak * tile_eff), hbm / (dev.hbm_bandwidth * bw_eff))
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
-    return dev.launch_overhead_s + body + waves * WAVE_TAIL_S
+    return dev.launch_overhead_s + body + waves * DRAM_LATENCY_S
 
 
 def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
@@ -174,10 +195,10 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         if kernel.form in ("pointwise", "gather"):
             lanes = math.ceil(out_elems / block) * block
             flops = flops * lanes / out_elems
-        elif kernel.inputs:
-            row = max(prod(kernel.inputs[0].shape) // out_elems, 1)
+        else:
+            rows, row = row_dims(kernel)
             rows_pp = int(cfg.get("BLOCK_M", 1))
-            issued = math.ceil(out_elems / rows_pp) * rows_pp * math.ceil(row / block) * block
-            flops = flops * max(issued / (out_elems * row), 1.0)
+            issued = math.ceil(rows / rows_pp) * rows_pp * math.ceil(row / block) * block
+            flops = flops * max(issued / (rows * row), 1.0)
         peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
     return max(flops / peak, kernel.min_bytes() / dev.hbm_bandwidth) + dev.launch_overhead_s

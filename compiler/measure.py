@@ -151,7 +151,6 @@ class KernelMeasurer:
             if not hit.ok:
                 return Measurement(None, "rejected" if hit.note.startswith("rejected") else "error", hit.note)
             return Measurement(hit.seconds)
-        self.measured += 1
         if e.render_error is not None:
             note = f"error: cannot render {e.kernel.form} kernel ({e.render_error})"
             self.log.append(f"kernel {key[:12]} ({e.kernel.form}): {note}")
@@ -171,6 +170,7 @@ class KernelMeasurer:
             seconds = self._time(e, cfg_obj)
         except Exception as err:
             return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
+        self.measured += 1
         self.db.put(dbk, Timing(seconds, True, self.target.simulated, note))
         return Measurement(seconds)
 

@@ -33,7 +33,7 @@ from lumc.ir.graph import Graph
 from lumc.rewrites.cost import kernel_time_bound
 
 EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
-MAX_CANDIDATES = 8    # distinct programs taken from extraction
+MAX_CANDIDATES = 16   # distinct programs taken from extraction (the bound prunes the hopeless ones free)
 MAX_REGION_OPS = 400  # primitive ops per e-graph region (EGGLOG-NOTES: per-layer regions)
 
 
@@ -191,8 +191,8 @@ class Progress:
 
 def compile_model(model, *, budget, device: str | None = None, example_inputs: dict | None = None,
                   shapes: dict | None = None, use_egraph: bool = True, quiet: bool = True,
-                  db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic
-                  ) -> CompiledModel:
+                  db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic,
+                  reuse_plan: bool = True) -> CompiledModel:
     """Compile an ONNX model into the fastest correct program lumc finds within ``budget``.
 
     Args:
@@ -207,6 +207,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         use_egraph: False gives the greedy-fusion pipeline (``--no-egraph``).
         quiet: no progress display.
         db: the tuning database (default: the user cache dir's).
+        reuse_plan: return the stored result of an identical earlier compile (same model bytes,
+            shapes, device and versions) when its search finished; no re-timing at all.
     Raises:
         BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
     """
@@ -214,6 +216,13 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     deadline = Deadline(budget_s, clock)
     target = resolve_target(device)
     ver = versions()
+    db = db if db is not None else TuningDatabase()
+    plans = db.path.parent / "plans"
+    reuse = _plan_cache_key(model, shapes, example_inputs, target, ver, use_egraph)
+    if reuse is not None and reuse_plan:
+        cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
+        if cm is not None:
+            return cm
     progress = Progress(budget_s, target, quiet)
     try:
         stage_s: dict[str, float] = {}
@@ -227,7 +236,6 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
         progress.stage("reference", deadline)
         ref_out, values = stage_reference(graph, programs, inputs)
-        db = db if db is not None else TuningDatabase()
         log: list[str] = []
         measurer = KernelMeasurer(target, db, ver, values, log)
         keys = [[measurer.add(c) for c in p.calls] for p in programs]
@@ -255,9 +263,67 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         report["stage_seconds"] = stage_s
         cm = CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                            fe.source_onnx, target.torch_device)
+        if reuse is not None and result.time_s is not None:
+            _store_plan(plans / f"{reuse}.lumc", cm)
         return cm
     finally:
         progress.close()
+
+
+# ---- plan reuse: a repeated compile of the same model, shapes, device and versions ----------------
+def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, use_egraph: bool
+                    ) -> str | None:
+    """A key for the compile's result, or None when the model is not given as a file or bytes."""
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            with open(model, "rb") as f:
+                src = f.read()
+        except OSError:
+            return None
+    elif isinstance(model, (bytes, bytearray)):
+        src = bytes(model)
+    else:
+        try:
+            src = model.SerializeToString()
+        except AttributeError:
+            return None
+    h = hashlib.sha256(src)
+    shp = {k: list(np.atleast_1d(v).tolist()) for k, v in sorted((shapes or {}).items())}
+    ex = {k: list(np.shape(v)) for k, v in sorted((example_inputs or {}).items())}
+    h.update(repr((shp, ex, target.name, sorted(ver.items()), use_egraph)).encode())
+    return h.hexdigest()[:32]
+
+
+def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | None:
+    """The stored result of an identical earlier compile, if its search finished (converged or
+    exhausted) or had at least this budget; None otherwise (the search then runs, and the tuning
+    database still makes every timing it measured free)."""
+    from lumc.compiler.compiled import load
+    from lumc.ir.errors import ArtifactError
+    if not path.exists():
+        return None
+    try:
+        cm = load(path)
+    except ArtifactError:
+        return None                       # unreadable: recompile (and overwrite it)
+    r = cm._report
+    finished = not str(r.get("stopped_because", "")).startswith("budget")
+    if not finished and r.get("budget_s", 0) < budget_s:
+        return None
+    r["reused_plan"] = {"compile_s": r.get("compile_s"), "budget_s": r.get("budget_s"),
+                        "stopped_because": r.get("stopped_because")}
+    r["stopped_because"] = "reused the plan of an identical earlier compile (nothing re-timed)"
+    r["budget_s"] = budget_s
+    r["compile_s"] = deadline.elapsed()
+    r["measured"] = 0
+    return cm
+
+
+def _store_plan(path, cm: CompiledModel) -> None:
+    try:
+        cm.save(path)
+    except OSError:
+        pass                              # a read-only cache must not fail the compile
 
 
 def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult, measurer, bounds,

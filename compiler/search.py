@@ -78,7 +78,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         deadline: the budget being spent.
         slack: a kernel within this fraction of its bound is not tuned further.
         min_gain, window: early stop when the best time improved by less than ``min_gain``
-            (relative) over the last ``window`` measurements.
+            (relative) over the last ``window`` measurements; the window grows to twice the number
+            of distinct kernels being tuned, since one config try improves one kernel only.
         on_progress: called after each measurement with ``(stats, best_time, best_bound)``.
         config_bounds: ``(kernel key, config index) -> seconds``, a lower bound for that config
             (e.g. the roofline of its padded tiles); a config whose bound is not below the kernel's
@@ -185,9 +186,10 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                 out_of_time = True
                 break
             refresh()
-            if len(history) > window and history[-window - 1] < math.inf and \
-                    history[-1] > history[-window - 1] * (1 - min_gain):
-                stats.stopped_because = f"converged (best improved < {min_gain:.0%} over {window} measurements)"
+            win = max(window, 2 * len(pool))
+            if len(history) > win and history[-win - 1] < math.inf and \
+                    history[-1] > history[-win - 1] * (1 - min_gain):
+                stats.stopped_because = f"converged (best improved < {min_gain:.0%} over {win} measurements)"
                 break
     if out_of_time:
         stats.stopped_because = "budget"

@@ -55,11 +55,17 @@ def test_compile_runs_and_matches_onnxruntime(model, db, tmp_path):
     assert "simulated" in cm.report()
 
 
-def test_second_compile_hits_the_database(model, db):
-    lumc.compile(model, budget="30s", device="sim:h200", db=db)
+def test_second_compile_reuses_plan_and_database(model, db):
+    first = lumc.compile(model, budget="30s", device="sim:h200", db=db)
     again = lumc.compile(model, budget="30s", device="sim:h200", db=db)
     r = again.report_dict()
-    assert r["measured"] == 0 and r["db_hits"] > 0
+    assert "reused" in r["stopped_because"] and r["measured"] == 0
+    assert r["best_time_s"] == first.report_dict()["best_time_s"]
+    # without plan reuse the search runs again, and every timing comes from the database
+    third = lumc.compile(model, budget="30s", device="sim:h200", db=db, reuse_plan=False)
+    r3 = third.report_dict()
+    assert r3["measured"] == 0 and r3["db_hits"] > 0
+    assert r3["best_time_s"] == first.report_dict()["best_time_s"]
 
 
 def test_save_load_roundtrip_and_corruption(model, db, tmp_path):
