@@ -21,7 +21,7 @@ def identity_rules() -> list[Rule]:
         Rule("algebra/Mul: x * 1 -> x", "exact", f"(Mul ?x {one})", "?x",
              cases=(_X, _X0)),
         # x + 0 turns -0.0 into +0.0: valid up to the sign of zero
-        Rule("algebra/Add: x + 0 -> x", "domain", f"(Add ?x {zero})", "?x", cases=(_X,)),
+        Rule("algebra/Add: x + 0 -> x", "domain", f"(Add ?x {zero})", "?x", cases=(_X, _X0)),
         # x * 0 is NaN for x = inf or NaN
         Rule("algebra/Mul: x * 0 -> 0", "domain", f"(Mul ?x {zero})", zero, cases=(_X,)),
         # 1 / (1 / x) loses x where 1/x overflows or underflows
@@ -61,7 +61,8 @@ def reduction_rules() -> list[Rule]:
              ("(= ?R (shape ?root))",),
              sets=("(set (shape (SumReduce ?x ?ax)) ?R)", "(set (shape (Const (Scalar ?c ?dt) ?z0)) ?z0)",
                    f"(set (shape {cr}) ?R)"),
-             cases=(dict(base, c=0.125, ax=(1,)), dict(base, c=-3.0, ax=(0,)))),
+             cases=(dict(base, c=0.125, ax=(1,)), dict(base, c=-3.0, ax=(0,)),
+                    dict(base, x=("in", (0, 6), "f32"), S=(0, 6), c=2.0, ax=(0,)))),
     ]
 
 

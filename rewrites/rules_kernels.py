@@ -59,7 +59,8 @@ def _matmul_rule(ra: int, rb: int, bare_a: bool, folded_b: bool) -> Rule:
                   "w": ("in", (6, 4), "f32"), "b": ("in", bb + (4, 1), "f32")},)
     else:
         cases = ({"a": ("in", batch + (3, 4), "f32"), "b": ("in", bb + (4, 5), "f32")},
-                 {"a": ("in", batch + (3, 4), "f32"), "b": ("in", bb + (4, 1), "f32")})
+                 {"a": ("in", batch + (3, 4), "f32"), "b": ("in", bb + (4, 1), "f32")},
+                 {"a": ("in", batch + (0, 4), "f32"), "b": ("in", bb + (4, 5), "f32")})
     tag = f"{ra}x{rb}" + (" N=1" if bare_a else "") + ("" if folded_b or rb > 2 else " b reshaped")
     return Rule(f"kernels/MatMul: sum(expand(a) * expand(b)) -> matmul(a, b) [{tag}]",
                 "exact", lhs, "(MatMul ?a ?b)", tuple(where), cases=cases)
@@ -139,7 +140,9 @@ def softmax_rules() -> list[Rule]:
             rules.append(Rule(f"kernels/Softmax: exp(x - max x) / sum exp(x - max x) -> softmax(x) "
                               f"[r={r} axis={a}]", "exact", lhs, f"(Softmax ?x {a})", where,
                               cases=({"x": ("in", shape, "f32"), "dt": "f32", "z1": (),
-                                      "z2": (), "l2e": F32_LOG2E},)))
+                                      "z2": (), "l2e": F32_LOG2E},
+                                     {"x": ("in", (0,) + shape[1:], "f32"), "dt": "f32",
+                                      "z1": (), "z2": (), "l2e": F32_LOG2E})))
     return rules
 
 
@@ -168,7 +171,8 @@ def norm_rules() -> list[Rule]:
             "(= ?S (shape ?x))", f"(= (vec-length ?S) {r})", n_ok)
         rules.append(Rule(f"kernels/LayerNorm: (x - mean x) * rsqrt(var x + eps) -> layernorm(x) "
                           f"[r={r}]", "exact", f"(Mul ?d {rsq})", f"(LayerNorm ?x {r - 1} ?eps)",
-                          ln_where, cases=(_norm_case(shape),)))
+                          ln_where, cases=(_norm_case(shape), _norm_case((0,) + shape[1:])
+                                           if r > 1 else _norm_case(shape))))
         rms_where = (f"(= ?var {_mean('(Mul ?x ?x)', ax, '0')})", "(= ?S (shape ?x))",
                      f"(= (vec-length ?S) {r})", n_ok)
         rules.append(Rule(f"kernels/RMSNorm: x * rsqrt(mean(x*x) + eps) -> rmsnorm(x) [r={r}]",

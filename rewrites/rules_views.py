@@ -82,7 +82,8 @@ def push_rules() -> list[Rule]:
                 _unary_term(op, "(View ?x (Permute ?p))"),
                 ("(= ?sx (shape ?x))", f"(= (vec-length ?sx) {r})"),
                 sets=(f"(set (shape (View ?x (Permute ?p))) {_permuted('?sx', '?p', r)})",),
-                cases=(dict(cast, x=("in", shape, "f32"), p=_swap(r)),)))
+                cases=(dict(cast, x=("in", shape, "f32"), p=_swap(r)),
+                       dict(cast, x=("in", (0,) + shape[1:], "f32"), p=_swap(r)))))
         out.append(Rule(
             f"views/{op}: {op.lower()}(expand(x)) -> expand({op.lower()}(x))", "exact",
             _unary_term(op, "(View ?x (Expand ?s))"),
