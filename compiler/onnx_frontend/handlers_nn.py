@@ -309,3 +309,44 @@ def _swiglu(ctx: OpContext):
     alpha = ctx.attr("alpha", 1.0)
     gate = a.mul(scalar(alpha, a.dtype)) if alpha != 1.0 else a
     return a.mul(gate.sigmoid()).mul(b)
+
+
+@handler("Col2Im")
+def _col2im(ctx: OpContext):
+    """Sum sliding blocks back into an image: for each kernel offset, its ``[N, C, *blocks]`` slab is
+    spread by ``strides`` (zero insertion, a view) and shifted into place (pad/crop), and the slabs
+    are added."""
+    x = ctx.input(0)
+    image = ctx.const_ints(1, "image_shape")
+    block = ctx.const_ints(2, "block_shape")
+    k = len(image)
+    strides = ctx.attr("strides") or [1] * k
+    dil = ctx.attr("dilations") or [1] * k
+    pads = ctx.attr("pads") or [0] * (2 * k)
+    kk = prod(block)
+    n, ck, length = x.shape
+    if ck % kk:
+        raise ShapeError(f"input channels {ck} are not a multiple of the block size {kk}")
+    c = ck // kk
+    counts = [(image[d] + pads[d] + pads[k + d] - dil[d] * (block[d] - 1) - 1) // strides[d] + 1
+              for d in range(k)]
+    if prod(counts) != length:
+        raise ShapeError(f"{length} blocks do not tile image {image} with block {block}")
+    slabs = x.reshape((n, c, kk) + tuple(counts))
+    out = None
+    for j, offs in enumerate(np.ndindex(*block)):
+        y = slabs.slice([j], [j + 1], [2]).squeeze([2])          # [N, C, *counts]
+        for d in range(k):
+            ax, s = 2 + d, strides[d]
+            if s > 1:   # zero insertion: [.., m, ..] -> [.., m * s, ..]
+                shp = list(y.shape)
+                y = y.unsqueeze([ax + 1]).pad([(0, 0)] * (ax + 1) + [(0, s - 1)]
+                                              + [(0, 0)] * (y.ndim - ax - 1))
+                shp[ax] *= s
+                y = y.reshape(shp)
+            start = offs[d] * dil[d] - pads[d]
+            pad = [(0, 0)] * y.ndim
+            pad[ax] = (start, image[d] - start - y.shape[ax])
+            y = y.pad(pad)
+        out = y if out is None else out.add(y)
+    return out

@@ -1,6 +1,6 @@
 """Sampling and spectral ops: ``GridSample`` (N-D nearest / linear / cubic with zeros, border and
-reflection padding) and ``DFT`` (forward, inverse, one-sided, as contractions with constant
-cos/sin tables).
+reflection padding), ``AffineGrid``, ``DFT`` (forward, inverse, one-sided, as contractions with
+constant cos/sin tables) and the Hann / Hamming / Blackman windows.
 
 ``GridSample`` follows the ONNX reference (``onnx/reference/ops/op_grid_sample.py``, itself PyTorch's
 ``GridSampler.h``): coordinates are un-normalized per ``align_corners``, moved inside the border
@@ -14,6 +14,7 @@ import itertools
 
 import numpy as np
 
+from lumc.compiler.onnx_frontend.loader import dtype_of
 from lumc.compiler.onnx_frontend.registry import OpContext, constant, handler, lib
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
@@ -185,3 +186,47 @@ def _dft(ctx: OpContext):
 def _contract(v: Tensor, table: np.ndarray, dtype: dt.DType) -> Tensor:
     """``v [..., a] @ table [a, b]`` with the table as a constant of ``dtype``."""
     return v.matmul(constant(table.astype(dtype.np)))
+
+
+@handler("AffineGrid")
+def _affine_grid(ctx: OpContext):
+    """``theta [N, k, k+1] @ base grid`` with the base grid (normalized ``(x, y[, z], 1)``
+    coordinates of every output position) a constant built from the static ``size``."""
+    theta = ctx.input(0)
+    size = ctx.const_ints(1, "size")
+    align = bool(ctx.attr("align_corners", 0))
+    spatial = size[2:]
+    k = len(spatial)
+    if k not in (2, 3) or theta.shape[1:] != (k, k + 1):
+        raise ShapeError(f"theta {theta.shape} does not fit size {size}")
+    axes = []
+    for d in spatial:
+        if align:
+            a = np.arange(-1, 1 + 0.0001, 2.0 / (d - 1)) if d > 1 else np.array([-1.0])
+        else:
+            step = 2.0 / d
+            a = np.arange(-1 + step / 2, 1, step)
+        axes.append(a[:d])
+    mesh = np.meshgrid(*axes, indexing="ij")
+    base = np.stack([m.reshape(-1) for m in reversed(mesh)] + [np.ones(prod(spatial))], 0)
+    grid = theta.matmul(constant(base.astype(theta.dtype.np)))          # [N, k, P]
+    return grid.permute((0, 2, 1)).reshape((theta.shape[0],) + tuple(spatial) + (k,))
+
+
+_WINDOWS = {
+    "HannWindow": lambda a, n: np.sin(a * np.pi / n) ** 2,
+    "HammingWindow": lambda a, n: 25 / 46 - np.cos(2 * np.pi * a / n) * (1 - 25 / 46),
+    "BlackmanWindow": lambda a, n: 0.42 - 0.5 * np.cos(2 * np.pi * a / n)
+    + 0.08 * np.cos(4 * np.pi * a / n),
+}
+
+
+@handler(*_WINDOWS)
+def _window(ctx: OpContext):
+    """A constant window (f64 formula of the ONNX reference, rounded once to the output dtype)."""
+    size = int(ctx.const_scalar(0, "size"))
+    periodic = bool(ctx.attr("periodic", 1))
+    out = dtype_of(ctx.attr("output_datatype", 1))
+    a = np.arange(size, dtype=np.float64)
+    w = _WINDOWS[ctx.node.op_type](a, size if periodic else size - 1)
+    return constant(w.astype(out.np))

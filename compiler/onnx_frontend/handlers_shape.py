@@ -211,3 +211,20 @@ def _eye_like(ctx: OpContext):
     cols = Tensor.iota(x.shape, 1)
     on = cols.eq(rows.add(Tensor.full(x.shape, k, dt.i64)))
     return on.where(Tensor.full(x.shape, 1, d), Tensor.full(x.shape, 0, d))
+
+
+@handler("CenterCropPad")
+def _center_crop_pad(ctx: OpContext):
+    """Crop or zero-pad each listed axis to the target size around the center (the extra element
+    of an odd difference goes to the end, as the ONNX reference)."""
+    x = ctx.input(0)
+    shape = ctx.const_ints(1, "shape")
+    axes = ctx.attr("axes") or list(range(x.ndim))
+    pads = [(0, 0)] * x.ndim
+    for a, target in zip(axes, shape):
+        a = normalize_axis(a, x.ndim)
+        d = x.shape[a]
+        lo = abs(target - d) // 2
+        hi = abs(target - d) - lo
+        pads[a] = (lo, hi) if target >= d else (-lo, -hi)
+    return x.pad(pads)
