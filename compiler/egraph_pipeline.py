@@ -72,10 +72,12 @@ _SATURATORS: dict[tuple, Saturator] = {}
 def saturator(limits: Limits) -> Saturator:
     """A loaded engine for these limits (parsing the rules once per process; regions run between
     ``push`` and ``pop``)."""
-    key = tuple(sorted(vars(limits).items()))
+    key = (limits.domain,)   # the loaded rules depend on this only; the rest is per run
     if key not in _SATURATORS:
         _SATURATORS[key] = Saturator(limits)
-    return _SATURATORS[key]
+    sat = _SATURATORS[key]
+    sat.limits = limits
+    return sat
 
 
 def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: CostModel
@@ -181,6 +183,7 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     for label, picks in plans:
         try:
             p = decode_candidate(graph, results, picks, tables, label)
+            p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(
                 logging.DEBUG))
@@ -191,6 +194,9 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         seen.add(sig)
         progs.append(p)
         bounds.append(program_time_bound(p, dev))
+    if not progs:   # every decode failed: the greedy program is always a valid answer
+        progs.append(greedy_program(graph, label="greedy-fallback"))
+        bounds.append(program_time_bound(progs[0], dev))
     t2 = time.perf_counter()
     order = sorted(range(len(progs)), key=lambda i: bounds[i])[:k]
     stats = [r.stats for r in results]

@@ -173,3 +173,20 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
     for name, n in program.outputs.items():
         out[name] = np.ascontiguousarray(_value_of(n, env).astype(n.dtype.np, copy=False))
     return out
+
+
+def reference_values(graph: Graph, programs: list[Program], inputs: dict[str, np.ndarray]
+                     ) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]]:
+    """One reference run of the model plus, for e-graph candidates whose calls bind nodes of a
+    rewritten graph (``Program.graph``), a run of each such graph for the nodes the model's run
+    does not hold. Returns ``(model outputs, {id(node): value})`` for every node any call reads
+    or writes, so every candidate's kernels can be checked."""
+    keep = {id(n) for p in programs for c in p.calls for n in (*c.inputs, *c.outputs)}
+    out, values = ReferenceExecutor(graph).run_keeping(inputs, keep)
+    others = {id(p.graph): p.graph for p in programs if p.graph is not None and p.graph is not graph}
+    for g in others.values():
+        here = {id(n) for n in g.nodes()}
+        missing = {k for k in keep if k not in values and k in here}
+        if missing:
+            values.update(ReferenceExecutor(g).run_keeping(inputs, missing)[1])
+    return out, values

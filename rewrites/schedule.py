@@ -153,19 +153,35 @@ class Saturator:
         return self.egraph.run_program(*self.egraph.parse_program(text))
 
     def size(self) -> int:
+        """E-nodes of ``Expr`` constructors (from ``print-size``)."""
         out = self._run("(print-size)")
-        return sum(n for name, n in out[0].sizes if name in self._ctors)
+        sizes = getattr(out[0], "sizes", None) if out else None
+        if sizes is None:   # older/newer bindings print "name: n" lines
+            text = "\n".join(str(o) for o in out)
+            sizes = [(a.strip(), int(b)) for a, _, b in (ln.partition(":") for ln in
+                                                         text.splitlines()) if b.strip().isdigit()]
+        return sum(n for name, n in sizes if name in self._ctors)
+
+    def _report(self, out) -> tuple[bool, dict, int]:
+        """``(updated, matches per rule, iterations)`` of a ``run-schedule``, across bindings
+        versions (the report object moved between releases)."""
+        rep = next((o.report for o in out if hasattr(o, "report")), None)
+        if rep is None and hasattr(self.egraph, "run_report"):
+            rep = self.egraph.run_report()
+        if rep is None:
+            return True, {}, 1
+        return (bool(getattr(rep, "updated", True)), dict(getattr(rep, "num_matches_per_rule", {})),
+                len(getattr(rep, "iterations", ())) or 1)
 
     def _stage(self, name: str, schedule: str, t0: float, stats: RunStats) -> bool:
         """Iterate ``schedule`` until saturation or a limit; False when a limit stopped it."""
         lim = self.limits
         for it in range(1, lim.iterations + 1):
-            out = self._run(f"(run-schedule {schedule})")
-            rep = out[0].report
-            for k, v in rep.num_matches_per_rule.items():
+            updated, matches, _ = self._report(self._run(f"(run-schedule {schedule})"))
+            for k, v in matches.items():
                 stats.matches[k] = stats.matches.get(k, 0) + v
             stats.iterations += 1
-            if not rep.updated:
+            if not updated:
                 stats.stages.append((name, it, "saturated"))
                 return True
             if self.size() > lim.nodes:
@@ -195,16 +211,16 @@ class Saturator:
             if ok and self.limits.expansive and any(
                     r.name in rules_algebra.EXPANSIVE for r in self.rules):
                 n = self.limits.backoff_iterations
-                out = self._run(f"(run-schedule (let-scheduler bo (back-off)) (repeat {n} "
-                                "(seq (saturate shapes) (run-with bo expansive))))")
-                rep = out[0].report
-                for k, v in rep.num_matches_per_rule.items():
+                updated, matches, iters = self._report(self._run(
+                    f"(run-schedule (let-scheduler bo (back-off)) (repeat {n} "
+                    "(seq (saturate shapes) (run-with bo expansive))))"))
+                for k, v in matches.items():
                     stats.matches[k] = stats.matches.get(k, 0) + v
-                stats.iterations += len(rep.iterations)
-                why = "saturated" if not rep.updated else "iteration limit"
+                stats.iterations += iters
+                why = "saturated" if not updated else "iteration limit"
                 if self.size() > self.limits.nodes:
                     why = "node limit"
-                stats.stages.append(("expansive", len(rep.iterations), why))
+                stats.stages.append(("expansive", iters, why))
             stats.stop = next((w for _, _, w in stats.stages if w != "saturated"), "saturated")
             data = json.loads(self.egraph.serialize([]).to_json())
         finally:

@@ -220,3 +220,19 @@ def test_fused_qkv_split_with_causal_mask_becomes_attention():
     assert res.best.form_counts() == {"attention": 1}
     k = res.best.calls[0].kernel
     assert k.attr("mask") == "select" and len(res.best.calls[0].inputs) <= 4
+
+
+def test_reference_values_cover_every_candidate_kernel():
+    from lumc.compiler.program import reference_values
+    q = Tensor(input_node("q", (2, 5, 8), dt.f32))
+    k = Tensor(input_node("k", (2, 5, 8), dt.f32))
+    y = norm.softmax((q @ k.transpose(-1, -2)) / np.sqrt(8.0), -1) @ k
+    g = Graph({"q": q.node, "k": k.node}, {"y": y.node})
+    progs = egraph_candidates(g, "h100", k=4).candidates + [greedy_program(g)]
+    feed = {n: RNG.standard_normal((2, 5, 8)).astype(np.float32) for n in ("q", "k")}
+    out, vals = reference_values(g, progs, feed)
+    np.testing.assert_array_equal(out["y"], ReferenceExecutor(g)(feed)["y"])
+    for p in progs:
+        for c in p.calls:
+            for n in (*c.inputs, *c.outputs):
+                assert n.op in ("Input", "Constant") or id(n) in vals
