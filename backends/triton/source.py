@@ -7,6 +7,7 @@ hash of the source, so the cache file name and the function name both identify t
 from __future__ import annotations
 
 import hashlib
+import textwrap
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,10 +82,11 @@ def assemble(kernel: Kernel, parts: KernelParts) -> RenderedKernel:
                                                        (*parts.constexprs, *parts.extra_constexprs)])
     args = ", ".join(p.name for p in parts.params)
     cfg_kw = ", ".join(f"{c}={c}" for c in parts.constexprs)
-    covers = ", ".join(kernel.covers) if kernel.covers else "(standalone kernel)"
+    covers = ", ".join(map(str, kernel.covers)) if kernel.covers else "(standalone kernel)"
     head = [
         f"# lumc generated kernel: form {parts.form} ({parts.variant})",
-        f"# covers model nodes: {covers}",
+        *[("# covers model nodes: " if i == 0 else "#   ") + part
+          for i, part in enumerate(textwrap.wrap(covers, 96) or [covers])],
         "# meaning (primitive graph over placeholders in0.. producing out0..):",
         *[f"#   {ln}" for ln in _describe(kernel)],
     ]
