@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
 from lumc.ir import dtypes as dt
@@ -308,5 +306,3 @@ def decode_node(ctor: str, args: list, tables: Tables) -> Node:
         return node(op, srcs, int(rest[0]))
     return node(op, srcs, None)
 
-
-Decoder = Callable[[str, list], Node]

@@ -127,7 +127,6 @@ def decompose_sliced(src_shape: Shape, v: View) -> tuple[View, list[Step]] | Non
     box = View.contiguous(src_shape).slice(lo, [1] * len(lo), box_shape)
     if box.is_identity_of(src_shape):
         return None
-    src_strides = contiguous_strides_full(src_shape)
     box_strides = contiguous_strides_full(box_shape)
     strides = []
     for st in v.strides:
@@ -139,7 +138,6 @@ def decompose_sliced(src_shape: Shape, v: View) -> tuple[View, list[Step]] | Non
     steps = decompose_view(box_shape, inner)
     if steps is None or apply_steps(box, steps) != v:
         return None
-    del src_strides
     return box, steps
 
 
