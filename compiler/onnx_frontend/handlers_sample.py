@@ -1,5 +1,5 @@
 """Sampling and spectral ops: ``GridSample`` (N-D nearest / linear / cubic with zeros, border and
-reflection padding), ``AffineGrid``, ``DFT`` (forward, inverse, one-sided, as contractions with
+reflection padding), ``AffineGrid``, 2-D ``DeformConv``, ``DFT`` (forward, inverse, one-sided, as contractions with
 constant cos/sin tables) and the Hann / Hamming / Blackman windows.
 
 ``GridSample`` follows the ONNX reference (``onnx/reference/ops/op_grid_sample.py``, itself PyTorch's
@@ -17,7 +17,7 @@ import numpy as np
 from lumc.compiler.onnx_frontend.loader import dtype_of
 from lumc.compiler.onnx_frontend.registry import OpContext, constant, handler, lib
 from lumc.ir import dtypes as dt
-from lumc.ir.errors import ShapeError
+from lumc.ir.errors import ShapeError, UnsupportedOpError
 from lumc.ir.tensor import Tensor, normalize_axis, stack
 from lumc.ir.views import prod
 
@@ -230,3 +230,63 @@ def _window(ctx: OpContext):
     a = np.arange(size, dtype=np.float64)
     w = _WINDOWS[ctx.node.op_type](a, size if periodic else size - 1)
     return constant(w.astype(out.np))
+
+
+@handler("DeformConv", requires=["indexing.gather_elements"])
+def _deform_conv(ctx: OpContext):
+    """2-D deformable convolution (as the ONNX reference): every kernel tap reads the input at its
+    offset position by bilinear interpolation (zero outside the image), optionally scaled by the
+    mask, then a grouped contraction with the weights."""
+    x, w, off, bias, mask = ctx.input(0), ctx.input(1), ctx.input(2), ctx.opt(3), ctx.opt(4)
+    if x.ndim != 4:
+        raise UnsupportedOpError(f"only 2-D DeformConv is supported, got input {x.shape}")
+    n, ic, hh, ww = x.shape
+    oc, icg, kh, kw = w.shape
+    group, og = ctx.attr("group", 1), ctx.attr("offset_group", 1)
+    dil = ctx.attr("dilations") or [1, 1]
+    pads = ctx.attr("pads") or [0, 0, 0, 0]
+    strides = ctx.attr("strides") or [1, 1]
+    oh, ow = off.shape[2:]
+    k, p = kh * kw, oh * ow
+    if ic != icg * group or oc % group or ic % og or off.shape[1] != og * k * 2:
+        raise ShapeError(f"shapes do not fit: x {x.shape}, w {w.shape}, offset {off.shape}, "
+                         f"group {group}, offset_group {og}")
+    off = off.reshape((n, og, kh, kw, 2, oh, ow))
+    base_h = (-pads[0] + strides[0] * np.arange(oh)[None, :] + dil[0] * np.arange(kh)[:, None])
+    base_w = (-pads[1] + strides[1] * np.arange(ow)[None, :] + dil[1] * np.arange(kw)[:, None])
+    f = off.dtype
+    hc = off.slice([0], [1], [4]).squeeze([4]).add(
+        constant(base_h.reshape(kh, 1, oh, 1).astype(f.np)))          # [n, og, kh, kw, oh, ow]
+    wc = off.slice([1], [2], [4]).squeeze([4]).add(
+        constant(base_w.reshape(1, kw, 1, ow).astype(f.np)))
+    h0, w0 = hc.floor(), wc.floor()
+    th, tw = hc.sub(h0), wc.sub(w0)
+    h0, w0 = h0.cast(dt.i64), w0.cast(dt.i64)
+    per = ic // og
+    xg = x.reshape((n, og, per, hh * ww))
+    sampled = None
+    for dh, dw in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        hi, wi = h0.add(h0.scalar_like(dh)), w0.add(w0.scalar_like(dw))
+        inside = hi.lt(hi.scalar_like(0)).logical_not().logical_and(hi.lt(hi.scalar_like(hh))) \
+            .logical_and(wi.lt(wi.scalar_like(0)).logical_not()).logical_and(wi.lt(wi.scalar_like(ww)))
+        lin = hi.clip(hi.scalar_like(0), hi.scalar_like(hh - 1)).mul(ww).add(
+            wi.clip(wi.scalar_like(0), wi.scalar_like(ww - 1)))
+        lin = lin.reshape((n, og, 1, k * p)).expand((n, og, per, k * p))
+        v = lib("indexing.gather_elements")(xg, lin, axis=3)
+        wt_h = th if dh else th.scalar_like(1.0).sub(th)
+        wt_w = tw if dw else tw.scalar_like(1.0).sub(tw)
+        wt = inside.where(wt_h.mul(wt_w), th.scalar_like(0.0)).reshape((n, og, 1, k * p))
+        term = v.mul(wt.expand((n, og, per, k * p)).cast(x.dtype))
+        sampled = term if sampled is None else sampled.add(term)
+    sampled = sampled.reshape((n, og, per, k, p))
+    if mask is not None:
+        m = mask.reshape((n, og, 1, k, p)).expand((n, og, per, k, p))
+        sampled = sampled.mul(m)
+    ocg = oc // group
+    full = (n, group, ocg, icg, k, p)
+    s6 = sampled.reshape((n, group, 1, icg, k, p)).expand(full)
+    w6 = w.reshape((1, group, ocg, icg, k, 1)).expand(full)
+    y = s6.mul(w6).sum([3, 4]).reshape((n, oc, oh, ow))
+    if bias is not None:
+        y = y.add(bias.reshape((1, oc, 1, 1)))
+    return y
