@@ -17,8 +17,11 @@ Meaning contract per form (what a renderer may rely on):
 * ``matmul``: a reduction whose reduce is ``SumReduce(Mul(a, b))`` with ``a`` and ``b`` broadcast
   (stride-0) reads of two operands; attrs ``axes`` (the contracted axes), ``lhs``/``rhs`` (the
   placeholder names under ``a``/``b``, or None when an operand is a computed prologue).
-* ``softmax``/``layernorm``/``rmsnorm``/``attention``: the form's primitive composition; attrs name
-  its structure (axis, eps, scale).
+* ``softmax``/``layernorm``/``rmsnorm``/``attention``: the form's primitive composition as the
+  model wrote it (views over inner values stay where they are, e.g. the probabilities reach the
+  value product through a reshape/expand view), plus any elementwise epilogue; attrs: ``axis`` and
+  ``eps`` for norms, ``axis`` for softmax, ``masked`` and ``mask`` (``none``/``add``/``select``)
+  for attention.
 """
 from __future__ import annotations
 
@@ -43,8 +46,9 @@ def _apply_view(x: Node, v: View) -> Node:
 
 
 class _Cutter:
-    def __init__(self, roots: list[Node], boundary: Callable[[Node], bool]):
+    def __init__(self, roots: list[Node], boundary: Callable[[Node], bool], push_views: bool = True):
         self.roots = {id(r) for r in roots}
+        self.push_views = push_views
         self.boundary = boundary
         self.placeholders: dict[int, Node] = {}
         self.bound: list[Node] = []
@@ -84,7 +88,8 @@ class _Cutter:
             if id(n) not in self._covered:
                 self._covered.add(id(n))
                 self.covers.append(n)
-            pushable = n.op in ELEMENTWISE and all(v.mask is None for v in views)
+            pushable = (self.push_views and n.op in ELEMENTWISE
+                        and all(v.mask is None for v in views))
             if views and not pushable:
                 out = self.build(n, ())
                 for v in views:
@@ -138,7 +143,9 @@ def build_call(roots: list[Node], boundary: Callable[[Node], bool], form: str | 
         meaning_roots: alternative primitive expressions for the roots (same shapes and dtypes),
             used in place of the model's own subgraph (a form's canonical composition).
     """
-    cut = _Cutter(roots, boundary)
+    # a named form keeps its composition as written (its renderer matches that structure);
+    # pointwise/reduction/matmul meanings get their views pushed down onto the placeholders
+    cut = _Cutter(roots, boundary, push_views=form is None)
     exprs = meaning_roots if meaning_roots is not None else roots
     outs = []
     for r, e in zip(roots, exprs):
