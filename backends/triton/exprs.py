@@ -105,6 +105,8 @@ def render_op(n: Node, operands: list[str]) -> str:
         if d == dt.f64:
             return row.triton.format(operands[0])
         return _upcast(operands[0], d, "tl.math.div_rn(tl.full([], 1.0, tl.float32), {x})")
+    if op == "Sqrt" and d == dt.f64:  # sqrt_rn is fp32-only; fp64 sqrt lowers to sqrt.rn.f64
+        return f"tl.sqrt({operands[0]})"
     if op in ("Sqrt", "Exp2", "Log2", "Sin"):
         return _upcast(operands[0], d, row.triton.replace("{0}", "{x}"))
     if op == "Mod":

@@ -192,3 +192,10 @@ def test_node_level_gather_of_computed_table():
     k = Kernel("gather", Graph({"in0": t, "in1": i}, {"out0": g}))
     check(k, {"in0": np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32),
               "in1": np.array([5, 0, 2, 5], dtype=np.int64)})
+
+
+def test_fp64_math():
+    """fp64 keeps fp64 (sqrt_rn and div_rn are fp32-only in Triton)."""
+    k = make_kernel("pointwise", lambda a: a.abs().sqrt() + a.recip() + a.exp() + a.sin(),
+                    [((127,), dt.f64)])
+    check(k)

@@ -1,0 +1,49 @@
+"""Kernels as the e-graph hands them over: a form constructor decoded to primitives
+(``rewrites.language.decode_form``) and cut over placeholders (``compiler.kernel_builder``), rendered
+and run against the reference. Catches drift between the two sides of the meaning contract."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import input_node
+from lumc.ir.tensor import Tensor
+from lumc.backends.triton import configs
+from triton_cases import check
+
+LOOP = configs.make(4, 2, BLOCK_M=1, BLOCK_K=256)
+
+
+def _call(name, args, form):
+    from lumc.compiler.kernel_builder import build_call
+    from lumc.rewrites.language import decode_form
+    return build_call([decode_form(name, args)], lambda n: False, form=form).kernel
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16], ids=str)
+@pytest.mark.parametrize("ctor", ["Attention", "AttentionMasked", "AttentionSelect"])
+def test_attention_forms(ctor, d):
+    q = input_node("q", (2, 37, 16), d)
+    k = input_node("k", (2, 45, 16), d)
+    v = input_node("v", (2, 45, 24), d)
+    args = [q, Tensor(k).transpose(-1, -2).node, v, Tensor.const(np.array(0.25, d.np)).node]
+    if ctor == "AttentionMasked":
+        args.append(input_node("m", (2, 37, 45), d))
+    if ctor == "AttentionSelect":
+        args += [input_node("keep", (37, 45), dt.bool_), Tensor.const(np.array(-np.inf, d.np)).node]
+    tk = check(_call(ctor, args, "attention"), config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
+    assert tk.rendered.variant == "flash"
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16, dt.f64], ids=str)
+@pytest.mark.parametrize("ctor,form,args", [("Softmax", "softmax", [-1]),
+                                            ("LayerNorm", "layernorm", [-1, 1e-5]),
+                                            ("RMSNorm", "rmsnorm", [-1, 1e-5])])
+def test_norm_forms_one_pass_and_looped(ctor, form, args, d):
+    x = input_node("x", (7, 1023), d)
+    kern = _call(ctor, [x, *args], form)
+    check(kern)
+    tk = check(kern, variant="looped", config=LOOP)
+    if form != "rmsnorm":   # the online merge recognizes the decoded composition too
+        assert ("online softmax" if form == "softmax" else "Chan/Welford") in tk.source
