@@ -7,7 +7,9 @@ rejects, or a value lumc needs at compile time that depends on runtime data) are
 reason. Every remaining failure of a supported op is listed in ``XFAIL`` with its reason. Inputs
 that feed compile-time values (``Resize`` scales, reduction axes...) are bound to the test's values
 (``LumcBackendRep.constant_inputs``).
-CPU only: the CUDA variants are not collected.
+CPU only: the CUDA variants are not collected. The whole suite takes about 20 s of CPU (the
+``light`` models, whose weights are broadcast constants, take under 1.5 s each), so nothing here
+is marked slow.
 """
 from __future__ import annotations
 
@@ -42,9 +44,6 @@ XFAIL: dict[str, str] = {
     "test_resize_downsample_scales_linear_align_corners": "align_corners length: ONNX ref vs ORT",
     "test_resize_downsample_scales_cubic_align_corners": "align_corners length: ONNX ref vs ORT",
 }
-
-# light models that take long under the numpy reference executor
-SLOW: set[str] = set()
 
 
 _RUNTIME = re.compile(r" \('[^']*'\)")   # drop value names from reasons
@@ -97,8 +96,6 @@ def _collect() -> dict[str, type]:
             fn = getattr(cls, name)
             if base in XFAIL:
                 fn = pytest.mark.xfail(reason=XFAIL[base], strict=True)(fn)
-            if base in SLOW:
-                fn = pytest.mark.slow(fn)
             setattr(cls, name, fn)
     return cases
 
