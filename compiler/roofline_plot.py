@@ -18,6 +18,7 @@ from lumc.backends.devices import DeviceSpec
 
 MARKERS = "osD^v<>pPX*h"
 TOP_BARS = 16        # kernels shown in the time panel
+MAX_LABELS = 16      # labelled spots on the roofline (the ones taking the most time)
 
 
 def _label_groups(points, tol: float = 0.12):
@@ -34,11 +35,11 @@ def _label_groups(points, tol: float = 0.12):
             groups.append([lx, ly, [i], x, y])
     out = []
     for _, _, idx, x, y in groups:
-        if len(idx) <= 3:
+        if len(idx) <= 2:
             text = ",".join(f"#{i}" for i in idx)
         else:
             text = f"#{idx[0]},#{idx[1]} +{len(idx) - 2} more"
-        out.append((x, y, text))
+        out.append((x, y, text, idx))
     return out
 
 
@@ -120,9 +121,10 @@ def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simul
     ax.set_ylim(ymin, ymax)
     ridge = top / bw
     ax.plot([xmin, ridge], [bw * xmin, top], color="black", lw=2)
-    lx = xmin * 2.0   # the label sits just under the memory line, clear of it
-    ax.text(lx, bw * lx / 2.2, f"HBM {bw / 1e12:.2f} TB/s", fontsize=10, va="top", ha="left")
-    ceiling_labels = []
+    lx = xmin * 2.0   # above the memory line: no kernel can be there
+    hbm_label = ax.text(lx, bw * lx * 1.5, f"HBM {bw / 1e12:.2f} TB/s", fontsize=10, va="bottom",
+                        ha="left", rotation_mode="anchor")
+    ceiling_labels = [hbm_label]
     for peak, label in peaks:
         r_x = peak / bw
         ax.plot([r_x, xmax], [peak, peak], color="black", lw=2 if peak == top else 1.3,
@@ -137,7 +139,7 @@ def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simul
                        edgecolor="black", lw=0.6, label=f"{f} ({len(fp)})", zorder=3)
     zero = [r for r in rows if r["flops"] == 0]
     if zero:
-        ax.text(0.99, 0.02, f"{len(zero)} kernel(s) with no FLOPs (data movement) are in the right panel",
+        ax.text(0.99, 0.02, f"not drawn: {len(zero)} kernel(s) with no FLOPs (data movement)",
                 transform=ax.transAxes, ha="right", va="bottom", fontsize=9, color="dimgray")
     ax.set_xlabel("arithmetic intensity (FLOP / byte of minimum traffic)")
     ax.set_ylabel("achieved FLOP/s")
@@ -175,8 +177,15 @@ def plot_roofline(rows: list[dict], spec: DeviceSpec, path, *, title: str, simul
     fig.suptitle(f"{title}\n{kind}; total {total * 1e6:.1f} us over {len(timed)} timed kernels",
                  fontsize=12.5)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    _place_labels(ax, _label_groups([(x, y, r.get("index", 0)) for x, y, r in pts]),
-                  [(x, y) for x, y, _ in pts], ceiling_labels)
+    p1, p2 = ax.transData.transform([(lx, bw * lx), (lx * 10, bw * lx * 10)])
+    hbm_label.set_rotation(math.degrees(math.atan2(p2[1] - p1[1], p2[0] - p1[0])))
+    groups = _label_groups([(x, y, r.get("index", 0)) for x, y, r in pts])
+    if len(groups) > MAX_LABELS:   # label where the time goes; the rest stay unlabelled dots
+        t_of = {r.get("index", 0): r["time_s"] for _, _, r in pts}
+        groups = sorted(groups, key=lambda g: -sum(t_of[i] for i in g[3]))[:MAX_LABELS]
+        ax.text(0.99, 0.06, f"labelled: the {MAX_LABELS} spots taking the most time",
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=9, color="dimgray")
+    _place_labels(ax, [g[:3] for g in groups], [(x, y) for x, y, _ in pts], ceiling_labels)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
