@@ -1,5 +1,8 @@
-"""The ONNX frontend: load, check, and import ONNX models (opsets 9-21; newer ones where the op's
-semantics did not change) into lumc primitive graphs.
+"""The ONNX frontend: load, check, and import ONNX models into lumc primitive graphs.
+
+Opsets 9-21 are the target; the opset-dependent forms of older exporters (opset 6-8: attribute
+forms of Slice/Pad/Split/Reshape/Upsample, legacy broadcasting) are read too, and ops of opsets
+22-28 follow their current definitions (checked by the ONNX conformance cases).
 
     model = load_model("model.onnx")              # ModelError on a missing/corrupt file
     check_supported(model)                        # UnsupportedOpError listing every unsupported op
@@ -8,8 +11,8 @@ semantics did not change) into lumc primitive graphs.
 
 Modules: ``loader`` (files, dtypes, specs), ``support`` (the up-front check), ``registry`` (the
 handler table and the context a handler sees), ``folding`` (import-time constant folding),
-``importer`` (the walk over the graph, ``If`` inlining, output checks) and one ``handlers_*`` module
-per family of ops.
+``importer`` (the walk over the graph, output checks) and one ``handlers_*`` module per family of
+ops (``handlers_control``: ``If`` inlined, ``Loop``/``Scan`` unrolled).
 """
 from __future__ import annotations
 
