@@ -14,7 +14,9 @@ Every stage stops at saturation or at a limit (iterations, e-nodes, seconds); th
 which. ``domain`` rules are left out unless asked for.
 
 The engine is the low-level ``egglog.bindings`` API (``parse_program``/``run_program``/
-``serialize``), present in egglog 13.2 and 14.x; graphs go in as text in chunks of 64 lines.
+``serialize``); graphs go in as text in chunks of 64 lines. ``tests/rewrites`` pass on egglog 13.2
+(Python 3.11) and 14.0 (Python 3.12); run reports are read defensively since their classes moved
+between releases.
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def _print_scale(rows: list[dict]) -> None:
     print("\nScale: saturation + extraction at the default limits")
     print(f"{'model':16s} {'nodes':>6s} {'regions':>7s} {'e-nodes':>8s} {'e-classes':>9s} "
           f"{'iters':>5s} {'sat s':>6s} {'extr s':>6s} {'total s':>7s} {'kernels':>7s} "
-          f"{'RSS MB':>7s} {'peak MB':>7s}  stop")
+          f"{'RSS MB':>7s} {'peak MB':>7s} {'greedy us':>9s} {'egraph us':>9s} {'ratio':>6s}  stop")
     for r in rows:
         if "error" in r:
             print(f"{r['model']:16s} ERROR {r['error']}")
@@ -123,7 +123,8 @@ def _print_scale(rows: list[dict]) -> None:
         print(f"{r['model']:16s} {r['nodes']:6d} {r['regions']:7d} {r['enodes']:8d} "
               f"{r['eclasses']:9d} {r['iterations']:5d} {r['saturate_s']:6.2f} "
               f"{r['extract_s']:6.2f} {r['egraph_s']:7.2f} {r['egraph_kernels']:7d} "
-              f"{r['rss_before_mb']:7d} {r['peak_rss_mb']:7d}  {r['stop']}")
+              f"{r['rss_before_mb']:7d} {r['peak_rss_mb']:7d} {r['greedy_us']:9.1f} "
+              f"{r['egraph_us']:9.1f} {r['ratio']:5.2f}x  {r['stop']}")
 
 
 def main(argv=None) -> int:
