@@ -58,10 +58,12 @@ def save_artifact(path: str | os.PathLike, parts: dict[str, bytes], lumc_version
                 "parts": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(parts.items())}}
     mbytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
-        z.writestr(MANIFEST, mbytes)
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(MANIFEST, mbytes, compress_type=zipfile.ZIP_DEFLATED)
         for k, v in sorted(parts.items()):
-            z.writestr(k, v)
+            # weights (npz, onnx) are incompressible floats: store them; deflate only the JSON
+            kind = zipfile.ZIP_DEFLATED if k.endswith(".json") else zipfile.ZIP_STORED
+            z.writestr(k, v, compress_type=kind)
     write_atomic(path, buf.getvalue())
     return artifact_hash(manifest)
 

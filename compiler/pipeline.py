@@ -215,7 +215,7 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     budget_s = parse_duration(budget)
     deadline = Deadline(budget_s, clock)
     target = resolve_target(device)
-    ver = versions()
+    ver = versions(gpu=not target.simulated)
     db = db if db is not None else TuningDatabase()
     plans = db.path.parent / "plans"
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver, use_egraph)

@@ -8,11 +8,12 @@ launch overhead included) and a config space. The loop:
    Otherwise each of its kernels not yet measured is compiled, checked against the reference
    (``measure`` reports numerics failures; a wrong kernel config is discarded, never chosen) and
    timed at its first legal config. A program's time is the sum of its kernels' best times.
-2. **Depth.** Remaining time goes first to the kernels of the best programs whose best measured time
-   is furthest above their bound; their other configs are tried in order. A kernel whose best time is
-   within ``slack`` of its bound is done: no config can beat it by more than that (counted as pruned).
-   The loop stops early when the best time has not improved by ``min_gain`` over ``window``
-   measurements.
+2. **Depth**, after each candidate measured. Time goes first to the kernels of the best programs
+   whose best measured time is furthest above their bound; their other configs are tried in order.
+   A kernel whose best time is within ``slack`` of its bound is done: no config can beat it by more
+   than that (counted as pruned), and a config whose own bound (``config_bounds``) is not below the
+   kernel's best time is pruned. Tuning stops when the best time has not improved by ``min_gain``
+   over ``window`` measurements; then breadth goes on against the tuned best.
 3. **Re-time.** The top 3 programs are re-measured with their chosen configs and the fastest is
    chosen, ties broken by candidate order, so the same inputs give the same choice.
 
@@ -138,33 +139,25 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         history.append(best[0])
         progress()
 
-    # 1. breadth over candidates in bound order
-    out_of_time = False
-    for i in order:
-        if cand_bound[i] >= best[0]:
-            stats.candidates_pruned += 1
-            stats.log.append(f"candidate {i} pruned: bound {cand_bound[i]:.3e}s >= best {best[0]:.3e}s")
-            continue
+    def measure_candidate(i) -> bool:
+        """Default configs for the kernels of candidate ``i`` not measured yet; False if out of time."""
         for k in candidates[i]:
             if k in dead:
                 break
             if not first_working(k):
-                out_of_time = True
-                break
-        if out_of_time:
-            break
+                return False
         if any(k in dead for k in candidates[i]):
             stats.log.append(f"candidate {i} has a kernel with no working config")
-            continue
         refresh()
+        return True
 
-    # 2. depth: tune the kernels of the best programs, largest gap to bound first
-    if not out_of_time:
-        stats.stopped_because = "exhausted"
+    def tune() -> str | None:
+        """Depth: tune the kernels of the best programs, largest gap to bound first, until the best
+        time stops improving. Returns "budget" when the deadline passed, else None."""
+        start = len(history)
         while True:
             if deadline.expired():
-                out_of_time = True
-                break
+                return "budget"
             top = sorted(prog_time, key=lambda i: prog_time[i])[:retime_top]
             pool = {k for i in top for k in candidates[i]}
             for k in list(pool):
@@ -175,7 +168,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                     tried[k].update(range(configs[k]))
             open_k = [k for k in pool if k in best_t and len(tried[k]) < configs[k]]
             if not open_k:
-                break
+                stats.stopped_because = "exhausted"
+                return None
             k = max(open_k, key=lambda k: (best_t[k] / max(bounds[k], 1e-12), str(k)))
             ci = next(ci for ci in range(configs[k]) if ci not in tried[k])
             if config_bounds is not None and config_bounds(k, ci) >= best_t[k]:
@@ -183,14 +177,30 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                 stats.candidates_pruned += 1
                 continue
             if not try_config(k, ci):
-                out_of_time = True
-                break
+                return "budget"
             refresh()
             win = max(window, 2 * len(pool))
-            if len(history) > win and history[-win - 1] < math.inf and \
+            if len(history) - start > win and history[-win - 1] < math.inf and \
                     history[-1] > history[-win - 1] * (1 - min_gain):
-                stats.stopped_because = f"converged (best improved < {min_gain:.0%} over {win} measurements)"
-                break
+                stats.stopped_because = (f"converged (best improved < {min_gain:.0%} over {win} "
+                                         "measurements)")
+                return None
+
+    # Candidates in bound order. Each is measured at default configs unless its bound already
+    # proves it cannot beat the best time; after each new best the best programs are tuned, so the
+    # bar the next candidates must pass is a tuned time, and more of them are pruned.
+    out_of_time = False
+    for i in order:
+        if cand_bound[i] >= best[0]:
+            stats.candidates_pruned += 1
+            stats.log.append(f"candidate {i} pruned: bound {cand_bound[i]:.3e}s >= best {best[0]:.3e}s")
+            continue
+        if not measure_candidate(i):
+            out_of_time = True
+            break
+        if prog_time and tune() == "budget":
+            out_of_time = True
+            break
     if out_of_time:
         stats.stopped_because = "budget"
 

@@ -65,21 +65,22 @@ def resolve_target(device: str | None) -> Target:
     raise LumcError(f"unknown device {device!r}; use cuda[:N], sim:h100 or sim:h200")
 
 
-def versions() -> dict[str, str]:
-    """lumc, Triton, torch and CUDA driver versions (``none`` where absent), for keys and reports."""
+def versions(gpu: bool | None = None) -> dict[str, str]:
+    """lumc, Triton, torch and CUDA driver versions (``none`` where absent), for keys and reports.
+
+    Versions are read from package metadata, without importing triton (its import fixes the
+    interpreter mode) or torch (slow); the driver is asked only when ``gpu`` is not False.
+    """
+    from importlib.metadata import PackageNotFoundError, version
     from lumc import __version__
     out = {"lumc": __version__, "triton": "none", "torch": "none", "driver": "none"}
-    try:  # read the version without importing triton (its import fixes the interpreter mode)
-        from importlib.metadata import version
-        out["triton"] = version("triton")
-    except Exception:
-        pass
-    try:
+    for pkg in ("triton", "torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    if gpu is not False and _cuda_available():
         import torch
-        out["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            out["driver"] = str(torch.version.cuda) + "/" + ".".join(
-                map(str, torch.cuda.get_device_capability(0)))
-    except Exception:
-        pass
+        out["driver"] = str(torch.version.cuda) + "/" + ".".join(
+            map(str, torch.cuda.get_device_capability(0)))
     return out
