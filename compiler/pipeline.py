@@ -103,7 +103,7 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     """
     stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
     greedy = greedy_program(graph)
-    programs = [greedy]
+    programs = [greedy, unfused_program(graph)]
     if use_egraph:
         try:
             from lumc.compiler import egraph_pipeline
@@ -134,6 +134,20 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     ceil = target.spec.as_ceilings()
     out.sort(key=lambda p: sum(kernel_time_bound(c.kernel, ceil) for c in p.calls))
     return out, stats
+
+
+def unfused_program(graph: Graph) -> Program:
+    """One kernel per primitive op (views folded into reads): what an eager executor launches.
+
+    It is always a candidate so that the search shows, by its roofline bound, what fusion buys;
+    it is pruned without compiling whenever a fused program has been measured below its bound.
+    """
+    from lumc.compiler.fusion import GreedyFusion
+    compute = {id(n) for n in graph.nodes() if n.op not in ("Input", "Constant", "View", "Iota")}
+    try:
+        return GreedyFusion(graph, realize=compute).program("unfused")
+    except Exception:   # a graph greedy cutting cannot split per op: greedy stands alone
+        return greedy_program(graph)
 
 
 def stage_reference(graph: Graph, programs: list[Program], inputs: dict
