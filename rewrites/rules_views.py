@@ -71,19 +71,19 @@ def _unary_term(op: str, x: str) -> str:
 
 
 def push_rules() -> list[Rule]:
+    """Per op of the table's unary, binary and ternary groups; one rule serves every rank (the
+    permutation's length is checked against the operand's rank; the ``shapes`` analysis gives the
+    new views their shapes)."""
     out = []
+    rank_ok = "(= (vec-length ?p) (vec-length (shape ?x)))"
     for op in sorted(UNARY):
         cast = {"t": "f16"} if op == "Cast" else {}
-        for r in RANKS:
-            shape = (3, 4, 2, 5, 2)[:r]
-            out.append(Rule(
-                f"views/{op}: permute({op.lower()}(x)) -> {op.lower()}(permute(x)) [r={r}]", "exact",
-                f"(View {_unary_term(op, '?x')} (Permute ?p))",
-                _unary_term(op, "(View ?x (Permute ?p))"),
-                ("(= ?sx (shape ?x))", f"(= (vec-length ?sx) {r})"),
-                sets=(f"(set (shape (View ?x (Permute ?p))) {_permuted('?sx', '?p', r)})",),
-                cases=(dict(cast, x=("in", shape, "f32"), p=_swap(r)),
-                       dict(cast, x=("in", (0,) + shape[1:], "f32"), p=_swap(r)))))
+        out.append(Rule(
+            f"views/{op}: permute({op.lower()}(x)) -> {op.lower()}(permute(x))", "exact",
+            f"(View {_unary_term(op, '?x')} (Permute ?p))",
+            _unary_term(op, "(View ?x (Permute ?p))"), (rank_ok,),
+            cases=tuple(dict(cast, x=("in", shape, "f32"), p=_swap(len(shape)))
+                        for shape in ((3, 4), (3, 4, 2), (0, 4, 2), (3, 4, 2, 5, 2)))))
         out.append(Rule(
             f"views/{op}: {op.lower()}(expand(x)) -> expand({op.lower()}(x))", "exact",
             _unary_term(op, "(View ?x (Expand ?s))"),
@@ -92,29 +92,22 @@ def push_rules() -> list[Rule]:
             cases=(dict(cast, x=("in", (3, 1), "f32"), s=(2, 3, 4)),)))
     for op in sorted(BINARY):
         e = OPS[op].egglog
-        for r in (2, 3, 4):
-            shape = (3, 4, 2, 5)[:r]
-            out.append(Rule(
-                f"views/{op}: permute({op.lower()}(x, y)) -> {op.lower()}(permute x, permute y) "
-                f"[r={r}]", "exact", f"(View ({e} ?x ?y) (Permute ?p))",
-                f"({e} (View ?x (Permute ?p)) (View ?y (Permute ?p)))",
-                ("(= ?sx (shape ?x))", f"(= (vec-length ?sx) {r})"),
-                sets=(f"(set (shape (View ?x (Permute ?p))) {_permuted('?sx', '?p', r)})",
-                      f"(set (shape (View ?y (Permute ?p))) {_permuted('?sx', '?p', r)})"),
-                cases=({"x": ("in", shape, "f32"), "y": ("in", shape, "f32"), "p": _swap(r)},)))
+        out.append(Rule(
+            f"views/{op}: permute({op.lower()}(x, y)) -> {op.lower()}(permute x, permute y)",
+            "exact", f"(View ({e} ?x ?y) (Permute ?p))",
+            f"({e} (View ?x (Permute ?p)) (View ?y (Permute ?p)))", (rank_ok,),
+            cases=tuple({"x": ("in", shape, "f32"), "y": ("in", shape, "f32"),
+                         "p": _swap(len(shape))} for shape in ((3, 4), (3, 4, 2), (3, 4, 2, 5)))))
     for op in sorted(n for n, row in OPS.items() if row.group == "ternary"):
         e = OPS[op].egglog
-        for r in RANKS:
-            shape = (3, 4, 2, 5, 2)[:r]
-            perm_s = _permuted("?sx", "?p", r)
-            out.append(Rule(
-                f"views/{op}: permute({op.lower()}(c, x, y)) -> {op.lower()}(permute c, permute x, "
-                f"permute y) [r={r}]", "exact", f"(View ({e} ?c ?x ?y) (Permute ?p))",
-                f"({e} (View ?c (Permute ?p)) (View ?x (Permute ?p)) (View ?y (Permute ?p)))",
-                ("(= ?sx (shape ?x))", f"(= (vec-length ?sx) {r})"),
-                sets=tuple(f"(set (shape (View ?{v} (Permute ?p))) {perm_s})" for v in "cxy"),
-                cases=({"c": ("in", shape, "bool"), "x": ("in", shape, "f32"),
-                        "y": ("in", shape, "f32"), "p": _swap(r)},)))
+        out.append(Rule(
+            f"views/{op}: permute({op.lower()}(c, x, y)) -> {op.lower()}(permute c, permute x, "
+            "permute y)", "exact", f"(View ({e} ?c ?x ?y) (Permute ?p))",
+            f"({e} (View ?c (Permute ?p)) (View ?x (Permute ?p)) (View ?y (Permute ?p)))",
+            (rank_ok,),
+            cases=tuple({"c": ("in", shape, "bool"), "x": ("in", shape, "f32"),
+                         "y": ("in", shape, "f32"), "p": _swap(len(shape))}
+                        for shape in ((3, 4), (3, 4, 2, 5)))))
     return out
 
 

@@ -41,7 +41,11 @@ def all_rules() -> list[Rule]:
 
 
 def shape_rules() -> list[str]:
-    """The ``shapes`` analysis: the shape of a new term from its operands, by op group."""
+    """The ``shapes`` analysis: the shape of a new elementwise or view term from its operands.
+
+    Forms need none (a form is always unioned into an e-class that has its shape), nor do the
+    terms rules build with an explicit ``set`` (reductions, matmuls); each analysis rule costs the
+    engine memory, so there are only these."""
     out = []
 
     def rule(query: str, shape: str):
@@ -53,28 +57,11 @@ def shape_rules() -> list[str]:
             args = " ".join(f"a{i}" for i in range(row.arity)) + (" t" if name == "Cast" else "")
             first = "a1" if name == "Where" else "a0"
             rule(f"(= e ({c} {args})) (= s (shape {first}))", "s")
-        elif row.group == "reduce":
-            for k in (1, 2, 3):
-                s = "s"
-                for i in range(k):
-                    s = f"(vec-set {s} (vec-get ax {i}) 1)"
-                rule(f"(= e ({c} a0 ax)) (= s (shape a0)) (= (vec-length ax) {k})", s)
     rule("(= e (View a0 (Reshape s)))", "s")
     rule("(= e (View a0 (Expand s)))", "s")
     for r in range(1, 7):
         rule(f"(= e (View a0 (Permute p))) (= s (shape a0)) (= (vec-length p) {r})",
              "(vec-of " + " ".join(f"(vec-get s (vec-get p {j}))" for j in range(r)) + ")")
-    for f in ("Softmax", "LayerNorm", "RMSNorm"):
-        args = " ".join(f"a{i}" for i in range(len(FORMS[f][0])))
-        rule(f"(= e ({f} {args})) (= s (shape a0))", "s")
-    for ra in range(2, 6):
-        for rb in {2, ra}:
-            rule(f"(= e (MatMul a0 a1)) (= s (shape a0)) (= t (shape a1)) (= (vec-length s) {ra}) "
-                 f"(= (vec-length t) {rb})", f"(vec-set s {ra - 1} (vec-get t {rb - 1}))")
-        for f in ("Attention", "AttentionMasked", "AttentionSelect"):
-            args = " ".join(f"a{i}" for i in range(len(FORMS[f][0])))
-            rule(f"(= e ({f} {args})) (= s (shape a0)) (= t (shape a2)) (= (vec-length s) {ra})",
-                 f"(vec-set s {ra - 1} (vec-get t {ra - 1}))")
     return out
 
 
