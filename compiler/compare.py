@@ -237,6 +237,11 @@ def compare_docs(base: dict, now: dict, threshold: float,
         note = "" if how == "hash" else f"matched by position; was {b['kernel'][:8]}"
         if how == "hash" and b["index"] != n["index"]:
             note = f"was #{b['index']}"
+        if b.get("config") != n.get("config"):   # same code, another tile/warp choice
+            changed = sorted(k for k in set(b.get("config") or {}) | set(n.get("config") or {})
+                             if (b.get("config") or {}).get(k) != (n.get("config") or {}).get(k))
+            note = (note + "; " if note else "") + "config changed: " + ", ".join(
+                f"{k} {(b.get('config') or {}).get(k)}->{(n.get('config') or {}).get(k)}" for k in changed)
         row = Row(label, "time", b["time_s"], n["time_s"], note=note, index=n["index"])
         _judge(row, threshold, floor)
         rows.append(row)

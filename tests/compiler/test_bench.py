@@ -302,3 +302,12 @@ def test_program_values_feed_every_kernel_and_match_the_outputs(env):
     out = cm.run(x)
     last = cm.program.calls[-1].outputs[0]
     np.testing.assert_array_equal(vals[id(last)].reshape(out["y"].shape), out["y"])
+
+
+def test_a_changed_config_is_named_in_the_row():
+    base = _measured([10e-6], 10e-6)
+    now = _measured([10e-6], 10e-6)
+    base["kernels"][0]["config"] = {"BLOCK": 128, "num_warps": 4}
+    now["kernels"][0]["config"] = {"BLOCK": 256, "num_warps": 4}
+    row = compare_docs(base, now, 0.05).rows[0]
+    assert row.status == "ok" and row.note == "config changed: BLOCK 128->256"
