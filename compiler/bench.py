@@ -339,7 +339,8 @@ def bench_compiled(cm: CompiledModel, *, device: str | None = None, repeats: int
         "device": tgt.name, "simulated": tgt.simulated,
         "timing": (f"simulated: analytical model of {tgt.spec.name} (deterministic)" if tgt.simulated
                    else f"measured: CUDA events, median of {n}"),
-        "versions": versions(), "artifact_hash": artifact_hash, "model": model_identity(cm),
+        "versions": versions(gpu=not tgt.simulated), "artifact_hash": artifact_hash,
+        "model": model_identity(cm),
         "compiled_on": cm.device, "repeats": n,
         "host": {"machine": platform.machine(), "processor": platform.processor() or "unknown",
                  "python": platform.python_version()},
