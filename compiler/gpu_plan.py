@@ -105,7 +105,7 @@ class GpuPlan:
                 v = arrays[base.arg.name]
             else:
                 v = to_numpy(self.buffers[id(base)])
-            out[name] = np.ascontiguousarray(apply_view(v, n.arg) if base is not n else v)
+            out[name] = np.asarray(apply_view(v, n.arg) if base is not n else v, order="C")
         return out
 
 

@@ -237,12 +237,40 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
         if cm is not None:
             return cm
+    t0 = deadline.elapsed()
+    fe = stage_frontend(model, shapes, example_inputs)
+    cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
+                          use_egraph=use_egraph, quiet=quiet, frontend_s=deadline.elapsed() - t0)
+    if reuse is not None and cm.report_dict()["best_time_s"] is not None:
+        _store_plan(plans / f"{reuse}.lumc", cm)
+    return cm
+
+
+def compile_graph(graph: Graph, *, budget, device: str | None = None, example_inputs: dict | None = None,
+                  use_egraph: bool = True, quiet: bool = True, db: TuningDatabase | None = None,
+                  clock: Callable[[], float] = time.monotonic, name: str = "graph") -> CompiledModel:
+    """Compile an already imported primitive graph (the PyTorch frontend's entry point).
+
+    Same search as :func:`compile_model`; ``example_inputs`` (``{input name: array}``) feed the
+    numerics checks (default: N(0,1) floats and small non-negative integers).
+    """
+    deadline = Deadline(parse_duration(budget), clock)
+    target = resolve_target(device)
+    ver = versions(gpu=not target.simulated)
+    db = db if db is not None else TuningDatabase()
+    return compile_frontend(Frontend(graph, None, name), deadline, target, ver, db,
+                            example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet)
+
+
+def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
+                     db: TuningDatabase, *, example_inputs: dict | None, use_egraph: bool,
+                     quiet: bool, frontend_s: float = 0.0) -> CompiledModel:
+    """Every stage after the frontend: candidates, reference capture, search, plan, report."""
+    budget_s = deadline.budget_s
     progress = Progress(budget_s, target, quiet)
     try:
-        stage_s: dict[str, float] = {}
-        fe = stage_frontend(model, shapes, example_inputs)
+        stage_s: dict[str, float] = {"frontend": frontend_s}
         graph = fe.graph
-        stage_s["frontend"] = deadline.elapsed()
         progress.stage("candidates", deadline)
         programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph)
         stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
@@ -275,11 +303,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                               target, budget_s, deadline, egraph_stats, max(err, kernel_err),
                               use_egraph, db, log)
         report["stage_seconds"] = stage_s
-        cm = CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
-                           fe.source_onnx, target.torch_device)
-        if reuse is not None and result.time_s is not None:
-            _store_plan(plans / f"{reuse}.lumc", cm)
-        return cm
+        return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
+                             fe.source_onnx, target.torch_device)
     finally:
         progress.close()
 

@@ -171,7 +171,7 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
             env[id(n)] = res[oname].astype(n.dtype.np, copy=False)
     out = {}
     for name, n in program.outputs.items():
-        out[name] = np.ascontiguousarray(_value_of(n, env).astype(n.dtype.np, copy=False))
+        out[name] = np.asarray(_value_of(n, env).astype(n.dtype.np, copy=False), order="C")
     return out
 
 

@@ -54,9 +54,12 @@ class DynamoGraph:
         specializations: ``{shape key: Specialization}``.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs, budget_s: float):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, budget_s: float,
+                 search: bool = True, device: str | None = None):
         self.gm = gm
         self.budget_s = budget_s
+        self.search = search
+        self.device = device
         self.names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
         self.specializations: dict[tuple, Specialization] = {}
         self._table = decomposition_table()
@@ -97,8 +100,19 @@ class DynamoGraph:
                                   source="torch.compile (make_fx)")
         imported, info = program.specialize([tuple(a.shape) if isinstance(a, torch.Tensor)
                                              else None for a in args])
-        spec = Specialization(key, imported, ReferenceExecutor(imported.graph), info["op_counts"],
-                              time.perf_counter() - t0, info["flat_outputs"], program)
+        compiled = None
+        if self.search and not any(_is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+            # every compile goes through the kernel search and the tuning database
+            from lumc.compiler.pipeline import compile_graph
+            feed = {slot.name: to_numpy(a) for slot, a in zip(program.inputs, args)
+                    if slot.dims is not None}
+            compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
+                                     example_inputs=feed, name="torch.compile graph")
+            executor = compiled.run
+        else:
+            executor = ReferenceExecutor(imported.graph)
+        spec = Specialization(key, imported, executor, info["op_counts"],
+                              time.perf_counter() - t0, info["flat_outputs"], program, compiled)
         self.specializations[key] = spec
         return spec
 
@@ -120,8 +134,9 @@ class DynamoGraph:
         return tuple(out)
 
     def report(self) -> str:
+        how = "kernel search per shape" if self.search else "reference executor, no kernel search"
         lines = [f"lumc torch.compile graph: {len(self.names)} inputs; budget {self.budget_s:g} s "
-                 "(reference executor: no kernel search yet)"]
+                 f"({how})"]
         for s in self.specializations.values():
             counts = s.imported.graph.op_counts()
             aten = ", ".join(f"{k.removeprefix('aten.')} {v}" for k, v in sorted(
@@ -138,13 +153,16 @@ def _device(args) -> torch.device:
     return torch.device("cpu")
 
 
-def lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, **options):
+def lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search: bool = True,
+                 device: str | None = None, **options):
     """The TorchDynamo backend: returns a callable running ``gm`` with lumc.
 
     Args:
         gm: the graph Dynamo captured.
         example_inputs: Dynamo's example inputs (tensors, and ints for symbolic sizes).
         budget: the compile budget (``"2m"``, seconds); None for ``DEFAULT_BUDGET``.
+        search: run the kernel search per shape (default); False runs the reference executor.
+        device: the compile target (default: the first GPU, else ``sim:h200``).
     Raises:
         UnsupportedOpError: the graph uses ATen ops lumc cannot lower (Dynamo reports it as a
             backend compiler failure).
@@ -153,4 +171,4 @@ def lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, **option
     if options:
         raise TypeError(f"unknown lumc backend options: {', '.join(sorted(options))}")
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
-    return DynamoGraph(gm, example_inputs, budget_s)
+    return DynamoGraph(gm, example_inputs, budget_s, search, device)

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.export import Dim
 
-from lumc.compiler.torch_frontend import compile_module
+import lumc
 
 
 class Block(nn.Module):
@@ -37,7 +37,8 @@ def main():
     torch.manual_seed(0)
     model = Block().eval()
     seq = Dim("seq", min=2, max=512)
-    compiled = compile_module(model, (torch.randn(2, 16, 64),), dynamic_shapes=({1: seq},))
+    compiled = lumc.compile(model, budget="30s", example_inputs=(torch.randn(2, 16, 64),),
+                            dynamic_shapes=({1: seq},))
 
     with torch.no_grad():
         for t in (16, 37):

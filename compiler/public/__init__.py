@@ -8,6 +8,20 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os as _os
+import sys as _sys
+
+
+def _no_nvidia_device() -> bool:
+    return not (_os.path.exists("/dev/nvidiactl") or _os.path.exists("/proc/driver/nvidia/version"))
+
+
+# Triton reads TRITON_INTERPRET once, at its first import, and torch.export may import it before
+# lumc's Triton backend does: decide here, at `import lumc`, cheaply (no torch import). Without an
+# NVIDIA device, generated kernels run in Triton's CPU interpreter.
+if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules and _no_nvidia_device():
+    _os.environ["TRITON_INTERPRET"] = "1"
+
 from lumc.ir.errors import (  # noqa: E402
     ArtifactError, BudgetError, InputError, LumcError, ModelError, ShapeError, UnsupportedOpError,
 )
@@ -21,11 +35,24 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
     ``example_inputs``) into the fastest correct program lumc finds within ``budget``.
 
     See :func:`lumc.compiler.pipeline.compile_model` for the arguments. Returns a
-    :class:`~lumc.compiler.compiled.CompiledModel`.
+    :class:`~lumc.compiler.compiled.CompiledModel`; for a torch module,
+    :func:`lumc.compiler.torch_frontend.compile_module` (extra ``dynamic_shapes=``), a callable on
+    torch tensors compiled per input shape.
     """
+    if type(model).__module__.startswith("torch") or _is_torch_module(model):
+        from lumc.compiler.torch_frontend import compile_module
+        if example_inputs is None:
+            raise InputError("compiling a torch module needs example_inputs=(tensor, ...)")
+        return compile_module(model, example_inputs, budget=budget, device=device, **kwargs)
     from lumc.compiler.pipeline import compile_model
     return compile_model(model, budget=budget, device=device, example_inputs=example_inputs,
                          shapes=shapes, **kwargs)
+
+
+def _is_torch_module(model) -> bool:
+    import sys
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
 
 
 def load(path, device=None):

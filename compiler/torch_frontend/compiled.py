@@ -3,8 +3,10 @@
 :func:`compile_module` captures the module once (:func:`~.capture.capture_module`) and returns a
 :class:`CompiledTorchModule`. Each call flattens its arguments the way the capture did, and looks up
 the specialization for their shapes: lumc graphs are concrete, so a new shape within the captured
-dynamic dims is lowered once (re-specialization) and cached by shape. Until the search pipeline
-takes over (``lumc.compile``), a specialization runs on the reference executor (numpy).
+dynamic dims is lowered once (re-specialization) and cached by shape. Each specialization is
+compiled by the search pipeline (``lumc.compiler.pipeline.compile_graph``: e-graph candidates,
+roofline-pruned timing, the tuning database) within the budget; with ``search=False`` it runs on the
+reference executor (numpy) instead, which is what frontend tests use.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class Specialization:
     seconds: float
     flat_outputs: list
     program: CapturedProgram | None = None
+    compiled: object = None          # the CompiledModel when the search ran
 
 
 def _shape_key(leaves) -> tuple:
@@ -57,10 +60,13 @@ class CompiledTorchModule:
         input_specs: the flat user inputs, dynamic dims by name.
     """
 
-    def __init__(self, program: CapturedProgram, budget_s: float, capture_s: float = 0.0):
+    def __init__(self, program: CapturedProgram, budget_s: float, capture_s: float = 0.0,
+                 search: bool = True, device: str | None = None):
         self.program = program
         self.budget_s = budget_s
         self.capture_s = capture_s
+        self.search = search
+        self.device = device
         self._cache: dict[tuple, Specialization] = {}
 
     @property
@@ -84,8 +90,9 @@ class CompiledTorchModule:
                              f"{in_spec}, got {spec}")
         return leaves
 
-    def specialization(self, leaves) -> Specialization:
-        """The (cached) lowering for the shapes of these flat inputs."""
+    def specialization(self, leaves, feed: dict | None = None) -> Specialization:
+        """The (cached) lowering for the shapes of these flat inputs; ``feed`` (the call's inputs as
+        numpy arrays) drives the compile's numerics checks."""
         key = _shape_key(leaves)
         hit = self._cache.get(key)
         if hit is not None:
@@ -96,8 +103,15 @@ class CompiledTorchModule:
                                  f"got {leaf!r}", node=slot.name)
         shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in leaves]
         imported, info = self.program.specialize(shapes)
-        spec = Specialization(key, imported, ReferenceExecutor(imported.graph), info["op_counts"],
-                              info["seconds"], info["flat_outputs"])
+        if self.search:
+            from lumc.compiler.pipeline import compile_graph
+            compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
+                                     example_inputs=feed, name=self.program.source)
+            executor = compiled.run
+        else:
+            compiled, executor = None, ReferenceExecutor(imported.graph)
+        spec = Specialization(key, imported, executor, info["op_counts"], info["seconds"],
+                              info["flat_outputs"], compiled=compiled)
         self._cache[key] = spec
         return spec
 
@@ -121,7 +135,7 @@ class CompiledTorchModule:
                 raise InputError(f"input {slot.name!r} has dtype {leaf.dtype}, expected "
                                  f"{slot.dtype}", node=slot.name)
             feed[slot.name] = arr
-        spec = self.specialization(leaves)
+        spec = self.specialization(leaves, feed)
         results = spec.executor(feed)
         device = self.program.device
         flat_out = []
@@ -137,8 +151,9 @@ class CompiledTorchModule:
     def report(self) -> str:
         """A short text: inputs and outputs, the ATen ops lowered, node counts per specialization."""
         p = self.program
+        how = "kernel search per shape" if self.search else "reference executor, no kernel search"
         lines = [f"lumc: PyTorch module captured with {p.source} in {self.capture_s:.2f} s; "
-                 f"budget {self.budget_s:g} s (reference executor: no kernel search yet)"]
+                 f"budget {self.budget_s:g} s ({how})"]
         for s in p.input_specs():
             lines.append(f"  input  {s.name}: {s.dtype}[{', '.join(map(str, s.shape))}]")
         for info in p.dims.values():
@@ -161,6 +176,8 @@ class CompiledTorchModule:
                              for k, n in g.outputs.items())
             lines.append(f"  specialization {shapes}: {sum(counts.values())} primitive nodes "
                          f"({prim}); lowered in {s.seconds:.2f} s -> {outs}")
+            if s.compiled is not None:
+                lines.append("    " + s.compiled.report().replace("\n", "\n    "))
         if not self._cache:
             lines.append("  no specialization yet (call it once)")
         return "\n".join(lines)
@@ -172,7 +189,8 @@ class CompiledTorchModule:
 
 
 def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic_shapes=None,
-                   example_kwargs: dict | None = None) -> CompiledTorchModule:
+                   example_kwargs: dict | None = None, search: bool = True,
+                   device: str | None = None) -> CompiledTorchModule:
     """Capture a PyTorch module and return a callable that runs it with lumc.
 
     Args:
@@ -182,6 +200,10 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         budget: a duration (``"2m"``, ``90``) or None for :data:`DEFAULT_BUDGET`.
         dynamic_shapes: as for ``torch.export.export``.
         example_kwargs: keyword example inputs.
+        search: compile each shape specialization with the kernel search (default); False runs
+            the lowered graph on the reference executor.
+        device: the compile target (``cuda[:N]``, ``sim:h100``, ``sim:h200``; default: the first
+            GPU, else ``sim:h200``).
     Returns:
         :class:`CompiledTorchModule`: ``f(*args, **kwargs)`` on torch tensors on the module's
         device, returning the module's output structure; ``f.report()``.
@@ -194,8 +216,10 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     args = _as_args(example_inputs)
     t0 = time.perf_counter()
     program = capture_module(module, args, example_kwargs, dynamic_shapes)
-    compiled = CompiledTorchModule(program, budget_s, time.perf_counter() - t0)
+    compiled = CompiledTorchModule(program, budget_s, time.perf_counter() - t0, search, device)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))
-    compiled.specialization(leaves)
+    feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
+            if slot.dims is not None and isinstance(leaf, torch.Tensor)}
+    compiled.specialization(leaves, feed)
     return compiled
 
