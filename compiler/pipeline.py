@@ -19,7 +19,6 @@ from typing import Callable
 
 import numpy as np
 
-from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.budget import Deadline, parse_duration
 from lumc.compiler.compiled import CompiledModel
 from lumc.compiler.fusion import greedy_program
@@ -152,9 +151,10 @@ def unfused_program(graph: Graph) -> Program:
 
 def stage_reference(graph: Graph, programs: list[Program], inputs: dict
                     ) -> tuple[dict, dict]:
-    """One reference run of the model, keeping every value a kernel of any candidate reads or writes."""
-    keep = {id(n) for p in programs for c in p.calls for n in (*c.inputs, *c.outputs)}
-    return ReferenceExecutor(graph).run_keeping(inputs, keep)
+    """Reference values of every node a kernel of any candidate reads or writes (e-graph
+    candidates bind nodes of rewritten graphs; those are run too), and the model's outputs."""
+    from lumc.compiler.program import reference_values
+    return reference_values(graph, programs, inputs)
 
 
 def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
