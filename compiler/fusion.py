@@ -32,6 +32,7 @@ log = logging.getLogger("lumc.fusion")
 
 MAX_RECOMPUTE_OPS = 48   # longest elementwise chain recomputed in each of several consumers
 CHEAP_OPERAND_OPS = 2    # longest prologue fused under a contraction operand
+MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its epilogue
 
 
 def _chain(x: Node) -> tuple[Node, list]:
@@ -163,28 +164,44 @@ class GreedyFusion:
         return all(v.is_contiguous for v in views)
 
     def _epilogue_region(self, r: Node) -> tuple[set[int], Node]:
-        """Grow the elementwise epilogue of reduction ``r``: the largest set of same-size elementwise
+        """The elementwise epilogue of reduction ``r``: the largest set of same-size elementwise
         consumers in which every node but one (the exit, which the kernel writes) has all its
-        consumers inside the set. Returns ``(member ids, exit)``."""
-        region, best = {id(r)}, ({id(r)}, r)
-        for _ in range(64):
-            open_ = [self.byid[k] for k in region if k in self.outputs or any(
-                id(u) not in region for u, _ in self.uses[k])]
-            if len(open_) == 1:
-                best = (set(region), open_[0])
-            grow = []
-            for x in open_:
-                outside = [(u, v) for u, v in self.uses[id(x)] if id(u) not in region]
-                if id(x) in self.outputs and outside:
-                    return best   # an output that also feeds on: two exits for good
-                for u, views in outside:
-                    if (u.op not in ELEMENTWISE or id(u) in self.group or u.numel != r.numel
-                            or not self._free_reshape(views)):
-                        return best
-                    grow.append(u)
-            if not grow:
-                return best
-            region.update(id(u) for u in grow)
+        consumers inside the set. Returns ``(member ids, exit)``.
+
+        Each candidate exit ``e`` among the fusible descendants of ``r`` (elementwise, same size,
+        read through free reshapes) defines the region of the nodes between ``r`` and ``e``; the
+        largest valid one wins. A descendant that feeds something else (``x * x`` for a second
+        reduction) is simply left out, instead of stopping the growth."""
+        def fusible(u: Node, views: list) -> bool:
+            return (u.op in ELEMENTWISE and id(u) not in self.group and u.numel == r.numel
+                    and self._free_reshape(views))
+
+        desc, order, frontier = {id(r)}, [], [r]
+        while frontier and len(order) < MAX_EPILOGUE_OPS:
+            x = frontier.pop(0)
+            for u, views in self.uses.get(id(x), []):
+                if id(u) not in desc and fusible(u, views):
+                    desc.add(id(u))
+                    order.append(u)
+                    frontier.append(u)
+        pos = {id(n): i for i, n in enumerate(self.order)}
+        order.sort(key=lambda n: pos[id(n)])
+        best = ({id(r)}, r)
+        for e in order:
+            region, stack = {id(e)}, [e]
+            while stack:   # everything in desc that e depends on
+                x = stack.pop()
+                for s in x.srcs:
+                    b = _chain(s)[0]
+                    if id(b) in desc and id(b) not in region:
+                        region.add(id(b))
+                        stack.append(b)
+            if id(r) not in region or len(region) < len(best[0]):
+                continue
+            if all(k == id(e) or (k not in self.outputs and all(
+                    id(u) in region and self._free_reshape(v) for u, v in self.uses[k]))
+                   for k in region):
+                best = (region, e)
         return best
 
     def _why_not_epilogue(self, b: Node, user: Node, views: list) -> str:
