@@ -96,7 +96,7 @@ class KernelMeasurer:
         self.target = target
         self.db = db
         self.versions = versions
-        self.values = values or {}
+        self.values = values if values is not None else {}
         self.log = log if log is not None else []
         self.entries: dict[str, KernelEntry] = {}
         self.checked: dict[tuple[str, int], float] = {}

@@ -142,19 +142,69 @@ def unfused_program(graph: Graph) -> Program:
     it is pruned without compiling whenever a fused program has been measured below its bound.
     """
     from lumc.compiler.fusion import GreedyFusion
-    compute = {id(n) for n in graph.nodes() if n.op not in ("Input", "Constant", "View", "Iota")}
+    nodes = graph.nodes()
+    users: dict[int, list] = {}
+    for n in nodes:
+        for s in n.srcs:
+            users.setdefault(id(s), []).append(n)
+    # every op its own kernel, except the product of a contraction, which stays inside its sum
+    compute = {id(n) for n in nodes if n.op not in ("Input", "Constant", "View", "Iota") and not (
+        n.op == "Mul" and users.get(id(n)) and all(u.op == "SumReduce" for u in users[id(n)]))}
     try:
         return GreedyFusion(graph, realize=compute).program("unfused")
     except Exception:   # a graph greedy cutting cannot split per op: greedy stands alone
         return greedy_program(graph)
 
 
+MAX_KEPT_BYTES = 256 << 20   # a kernel boundary value larger than this is not kept for checks
+
+
+class ReferenceValues:
+    """Reference values of kernel boundary nodes, computed on first use, one graph at a time.
+
+    The model's graph is run once at the start (its outputs are needed anyway); an e-graph
+    candidate bound to a rewritten graph has that graph run only when one of its kernels is first
+    checked, so candidates pruned by their bound cost nothing. Values over
+    :data:`MAX_KEPT_BYTES` are not kept (their kernels are reported unchecked).
+    """
+
+    def __init__(self, graph: Graph, programs: list[Program], inputs: dict):
+        from lumc.backends.reference import ReferenceExecutor
+        self.inputs = inputs
+        self.graphs: dict[int, Graph] = {id(graph): graph}
+        self.keep: dict[int, set[int]] = {}
+        self.owner: dict[int, int] = {}
+        self.done: set[int] = set()
+        self.values: dict[int, np.ndarray] = {}
+        for p in programs:
+            g = p.graph if getattr(p, "graph", None) is not None else graph
+            self.graphs.setdefault(id(g), g)
+            for c in p.calls:
+                for n in (*c.inputs, *c.outputs):
+                    if n.nbytes <= MAX_KEPT_BYTES and n.op not in ("Constant",):
+                        self.keep.setdefault(id(g), set()).add(id(n))
+                        self.owner.setdefault(id(n), id(g))
+        self.outputs, kept = ReferenceExecutor(graph).run_keeping(inputs, self.keep.get(id(graph), set()))
+        self.values.update(kept)
+        self.done.add(id(graph))
+
+    def get(self, key: int, default=None):
+        if key not in self.values:
+            gid = self.owner.get(key)
+            if gid is None or gid in self.done:
+                return default
+            from lumc.backends.reference import ReferenceExecutor
+            self.done.add(gid)
+            want = {k for k in self.keep[gid] if k not in self.values}
+            self.values.update(ReferenceExecutor(self.graphs[gid]).run_keeping(self.inputs, want)[1])
+        return self.values.get(key, default)
+
+
 def stage_reference(graph: Graph, programs: list[Program], inputs: dict
-                    ) -> tuple[dict, dict]:
-    """Reference values of every node a kernel of any candidate reads or writes (e-graph
-    candidates bind nodes of rewritten graphs; those are run too), and the model's outputs."""
-    from lumc.compiler.program import reference_values
-    return reference_values(graph, programs, inputs)
+                    ) -> tuple[dict, ReferenceValues]:
+    """The model's outputs and the (lazy) reference values of every kernel boundary node."""
+    vals = ReferenceValues(graph, programs, inputs)
+    return vals.outputs, vals
 
 
 def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
