@@ -25,7 +25,7 @@ from lumc.compiler.fusion import greedy_program
 from lumc.compiler.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.program import Program, run_program_reference
 from lumc.compiler.search import SearchResult, run_search
-from lumc.compiler.targets import Target, resolve_target, versions
+from lumc.compiler.targets import Target, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.tuning_db import TuningDatabase
 from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph
@@ -281,6 +281,7 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     target = resolve_target(device)
     ver = versions(gpu=not target.simulated)
     db = db if db is not None else TuningDatabase()
+    target = with_measured_ceilings(target, db)
     plans = db.path.parent / "plans"
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver, use_egraph)
     if reuse is not None and reuse_plan:
@@ -308,6 +309,7 @@ def compile_graph(graph: Graph, *, budget, device: str | None = None, example_in
     target = resolve_target(device)
     ver = versions(gpu=not target.simulated)
     db = db if db is not None else TuningDatabase()
+    target = with_measured_ceilings(target, db)
     return compile_frontend(Frontend(graph, None, name), deadline, target, ver, db,
                             example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet)
 

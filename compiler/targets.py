@@ -6,6 +6,7 @@ first CUDA GPU, else ``sim:h200``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec, get_device
@@ -84,3 +85,64 @@ def versions(gpu: bool | None = None) -> dict[str, str]:
         out["driver"] = str(torch.version.cuda) + "/" + ".".join(
             map(str, torch.cuda.get_device_capability(0)))
     return out
+
+
+def measure_ceilings(torch_device: str) -> dict[str, float]:
+    """Measured ceilings of a CUDA GPU: ``{"bandwidth": bytes/s, "bf16": FLOP/s, "f16": FLOP/s}``.
+
+    Bandwidth is a 1 GiB device-to-device copy (read + write counted); compute is an 8192^3 bf16
+    ``torch.matmul``. Each is the median of 10 runs after warm-up, timed with CUDA events (the
+    method of Triton's ``do_bench``).
+    """
+    import statistics
+
+    import torch
+
+    def median_seconds(fn, reps=10):
+        fn()
+        torch.cuda.synchronize(torch_device)
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize(torch_device)
+            times.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(times)
+
+    n = 1 << 28                                   # 1 GiB of fp32
+    src = torch.empty(n, dtype=torch.float32, device=torch_device)
+    dst = torch.empty_like(src)
+    copy_s = median_seconds(lambda: dst.copy_(src))
+    del src, dst
+    m = 8192
+    x = torch.randn(m, m, dtype=torch.bfloat16, device=torch_device)
+    y = torch.randn(m, m, dtype=torch.bfloat16, device=torch_device)
+    mm_s = median_seconds(lambda: torch.matmul(x, y))
+    flops = 2.0 * m ** 3 / mm_s
+    return {"bandwidth": 2.0 * n * 4 / copy_s, "bf16": flops, "f16": flops}
+
+
+def with_measured_ceilings(target: Target, db) -> Target:
+    """The target with its spec's bandwidth and tensor-core peaks replaced by measured ones,
+    measured once per device and versions and cached in the tuning database. Simulated targets are
+    returned unchanged."""
+    if target.simulated:
+        return target
+    from lumc.compiler.tuning_db import Timing, TimingKey
+    ver = versions(gpu=True)
+    keys = {k: TimingKey("__ceiling__", k, target.name, ver["lumc"], ver["triton"], ver["driver"])
+            for k in ("bandwidth", "bf16", "f16")}
+    got = {k: db.get(key) for k, key in keys.items()}
+    if any(v is None for v in got.values()):
+        measured = measure_ceilings(target.torch_device)
+        for k, key in keys.items():
+            db.put(key, Timing(measured[k], True, False, "measured ceiling"))
+        vals = measured
+    else:
+        vals = {k: v.seconds for k, v in got.items()}
+    tensor = dict(target.spec.tensor_flops)
+    tensor.update({"bf16": vals["bf16"], "f16": vals["f16"]})
+    spec = dataclasses.replace(target.spec, hbm_bandwidth=vals["bandwidth"], tensor_flops=tensor)
+    return dataclasses.replace(target, spec=spec)
