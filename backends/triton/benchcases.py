@@ -98,6 +98,9 @@ def bench_cases(d: dt.DType = dt.bf16, scale: int = 1) -> list[BenchCase]:
         BenchCase("attention", _kernel("attention", _attention(hd ** -0.5),
                                        [((b, h, L, hd), d)] * 3),
                   lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "compute", "sdpa", {}),
+        # one very long row: the split (two-stage) reduction, else one program for the whole GPU
+        BenchCase("global-sum", _kernel("reduction", lambda x: x.sum(None), [((n_pw,), d)]),
+                  lambda x: x.float().sum().to(x.dtype), "memory", "copy", {}),
     ]
     return cases
 

@@ -63,7 +63,12 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
                "num_stages": (2, 3, 4, 5)},
     "attention": {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (16, 32, 64, 128),
                   "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    # two-stage reduction: SPLIT programs per row block, each reducing a chunk in BLOCK_K steps
+    "split": {"BLOCK_M": (1, 2, 4, 8), "BLOCK_K": (512, 1024, 2048, 4096),
+              "SPLIT": (16, 32, 64, 128, 256, 512, 1024), "num_warps": (4, 8, 16),
+              "num_stages": (2,)},
 }
+SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
 
 
 def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
@@ -112,7 +117,19 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         if bm * max(bn, p["BLOCK_DV"]) > REG_TILE * w:
             return False
         return shared_memory_estimate(space, p, c) <= SMEM_LIMIT
+    if space == "split":
+        bm, bk, sp = c["BLOCK_M"], c["BLOCK_K"], c["SPLIT"]
+        if bm > next_pow2(p["M"]) or bk * sp > next_pow2(p["K"]):   # every chunk >= one block
+            return False
+        if cdiv(p["M"], bm) * sp > 64 * SPLIT_PROGRAMS:               # partials stay a few KiB/row
+            return False
+        tile = bm * bk
+        return tile <= REG_TILE * w and tile >= 32 * w * 4 and bm * sp <= REG_TILE * w
     raise KeyError(f"unknown config space {space!r}")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def config_space(space: str, problem: dict) -> list[Config]:
@@ -153,6 +170,12 @@ def default_config(space: str, problem: dict) -> Config:
         bm = min(128, max(16, next_pow2(problem["M"])))
         bn = min(64, max(16, next_pow2(problem["N"])))
         return make(4 if bm <= 64 else 8, 2, BLOCK_M=bm, BLOCK_N=bn)
+    if space == "split":
+        bk = min(4096, next_pow2(problem["K"]) // 16)
+        # enough stage-1 programs to fill the GPU, each chunk still at least one block
+        split = next_pow2(cdiv(SPLIT_PROGRAMS, problem["M"]))
+        split = max(16, min(1024, split, next_pow2(problem["K"]) // bk))
+        return make(8 if bk >= 2048 else 4, 2, BLOCK_M=1, BLOCK_K=bk, SPLIT=split)
     raise KeyError(f"unknown config space {space!r}")
 
 
@@ -172,4 +195,7 @@ def interpreter_config(space: str, problem: dict) -> Config:
     if space == "attention":
         return make(4, 1, BLOCK_M=min(128, max(16, next_pow2(problem["M"]))),
                     BLOCK_N=min(256, max(16, next_pow2(problem["N"]))))
+    if space == "split":   # few programs, long steps: the interpreter pays per program and per op
+        bk = min(16384, max(512, next_pow2(problem["K"]) // 16))
+        return make(4, 2, BLOCK_M=min(8, next_pow2(problem["M"])), BLOCK_K=bk, SPLIT=16)
     raise KeyError(f"unknown config space {space!r}")

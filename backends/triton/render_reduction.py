@@ -3,7 +3,7 @@ normalizations built on them (softmax, layer norm, RMS norm).
 
 Each program owns ``BLOCK_M`` rows (see ``rowplan``). An element of a row tile is addressed by the
 row index ``rm`` (unravelled over the kept dims) and the reduction index ``rk`` (unravelled over the
-reduced axes), so any axes can be reduced, not only the last. Two variants:
+reduced axes), so any axes can be reduced, not only the last. Three variants:
 
 * ``one-pass``: the row fits in one ``BLOCK_K`` tile (``K <= ROW_FIT``): each input element is loaded
   once, every reduction and every output is computed from registers. Bytes: inputs once, outputs once.
@@ -11,6 +11,9 @@ reduced axes), so any axes can be reduced, not only the last. Two variants:
   for full-size outputs. Online forms (``render_norm``) merge softmax's max and sum, and layer norm's
   mean and centered sum of squares (Chan/Welford), into one loop, so softmax and layer norm read
   their input twice and RMS norm twice.
+* ``split`` (``render_split``): few rows (``M < 256``) of ``K >= 2**16`` elements, single-level
+  reductions only: the rows are cut into ``SPLIT`` chunks reduced by separate programs, then merged
+  by a second kernel, so a global sum fills the GPU instead of one SM.
 
 fp16/bf16 sums accumulate in fp32 and are rounded once to the node's dtype (what the reference does);
 integer sums narrower than 32 bits accumulate in int32 and wrap on the final cast, as the reference.
@@ -149,7 +152,8 @@ class RowKernel:
             self.w.line(f"{comp} = tl.zeros([BLOCK_M], {exprs.tl_dtype(ad)})", 0)
             self.w.line(f"y = tl.sum({tile}, axis=1) - {comp}")
             self.w.line(f"t = {acc} + y")
-            self.w.line(f"{comp} = (t - {acc}) - y")
+            # a compensation is kept only while the sum is finite: (inf - inf) would turn it NaN
+            self.w.line(f"{comp} = tl.where(tl.abs(t) < float('inf'), (t - {acc}) - y, 0.0)")
             self.w.line(f"{acc} = t")
         elif r.op == "SumReduce":
             self.w.line(f"{acc} += tl.sum({tile}, axis=1)")
@@ -227,8 +231,12 @@ def render_row(kernel: Kernel, variant: str | None = None) -> KernelParts:
             raise RenderError(f"output {name} ({o.shape}) is neither per row nor per element")
         if plan.outputs[name] == "full" and o.numel != plan.M * plan.K:
             raise RenderError(f"output {name} ({o.shape}) is neither per row nor per element")
+    from lumc.backends.triton.render_split import prefers_split, render_split
     if variant in (None, "generic"):
-        variant = "one-pass" if next_pow2(plan.K) <= ROW_FIT else "looped"
+        variant = ("one-pass" if next_pow2(plan.K) <= ROW_FIT else
+                   "split" if prefers_split(kernel, plan) else "looped")
+    if variant == "split":
+        return render_split(kernel, plan)
     if variant not in ("one-pass", "looped"):
         raise ValueError(f"unknown row-kernel variant {variant!r}")
     rk = RowKernel(kernel, plan, variant == "one-pass")

@@ -43,6 +43,20 @@ class KernelParts:
     notes: list[str] = field(default_factory=list)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     extra_constexprs: dict[str, object] = field(default_factory=dict)  # fixed, not tuned
+    # multi-kernel forms (the split reduction): scratch buffers the launcher allocates, more
+    # ``@triton.jit`` bodies with the same signature (``{suffix: body}``), and the launcher's body
+    workspaces: list["Workspace"] = field(default_factory=list)
+    extra_kernels: dict[str, str] = field(default_factory=dict)
+    launcher: str | None = None
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A scratch buffer the launcher allocates per launch (``torch.empty(shape)``); ``shape`` is a
+    Python expression over the config's constexprs (``"(3, SPLIT)"``)."""
+    name: str
+    shape: str
+    dtype: dt.DType
 
 
 @dataclass
@@ -59,6 +73,8 @@ class RenderedKernel:
     constants: dict[str, np.ndarray]
     digest: str
     fixed_constexprs: dict[str, object] = field(default_factory=dict)
+    workspaces: list[Workspace] = field(default_factory=list)
+    kernel_names: tuple[str, ...] = ()     # every @triton.jit function of the module, main first
 
     @property
     def inputs(self) -> list[Param]:
@@ -67,6 +83,11 @@ class RenderedKernel:
     @property
     def outputs(self) -> list[Param]:
         return [p for p in self.params if p.role == "out"]
+
+    @property
+    def pointer_signature(self) -> list[tuple[str, dt.DType]]:
+        """``(name, element dtype)`` of each pointer argument of the jitted kernels, in order."""
+        return [(p.name, p.dtype) for p in self.params] + [(w.name, w.dtype) for w in self.workspaces]
 
 
 def _describe(kernel: Kernel, limit: int = 40) -> list[str]:
@@ -78,8 +99,8 @@ def _describe(kernel: Kernel, limit: int = 40) -> list[str]:
 
 def assemble(kernel: Kernel, parts: KernelParts) -> RenderedKernel:
     """The full module source of a rendered kernel."""
-    sig = ", ".join([p.name for p in parts.params] + [f"{c}: tl.constexpr" for c in
-                                                       (*parts.constexprs, *parts.extra_constexprs)])
+    sig = ", ".join([p.name for p in parts.params] + [w.name for w in parts.workspaces]
+                    + [f"{c}: tl.constexpr" for c in (*parts.constexprs, *parts.extra_constexprs)])
     args = ", ".join(p.name for p in parts.params)
     cfg_kw = ", ".join(f"{c}={c}" for c in parts.constexprs)
     covers = ", ".join(map(str, kernel.covers)) if kernel.covers else "(standalone kernel)"
@@ -94,33 +115,40 @@ def assemble(kernel: Kernel, parts: KernelParts) -> RenderedKernel:
         head.append(f"# note: {note}")
     params_doc = "\n".join(f"        {p.name}: {p.role} {p.key} {p.dtype}{list(p.shape)}"
                            for p in parts.params)
+    params_doc += "".join(f"\n        {w.name}: workspace {w.dtype}{w.shape}" for w in parts.workspaces)
     fixed = "".join(f", {k}={v!r}" for k, v in parts.extra_constexprs.items())
-    src = "\n".join(head) + f'''
-import triton
-import triton.language as tl
-{exprs.HELPERS}
-
-@triton.jit
-def KERNEL_NAME({sig}):
-    """lumc {parts.form} kernel ({parts.variant}).
+    kernels = [("KERNEL_NAME", "", parts.body)] + [(f"KERNEL_NAME_{k}", f", {k}", b)
+                                                   for k, b in parts.extra_kernels.items()]
+    jitted = "\n\n".join(f'''@triton.jit
+def {fn}({sig}):
+    """lumc {parts.form} kernel ({parts.variant}{label}).
 
     Pointers (role, placeholder, dtype, shape):
 {params_doc}
     """
-{parts.body}
+{body}
+''' for fn, label, body in kernels)
+    launcher = parts.launcher or (f"    grid = ({parts.grid},)\n    KERNEL_NAME[grid]({args}, "
+                                  f"{cfg_kw}{fixed}, num_warps=num_warps, num_stages=num_stages)")
+    torch_import = "import torch\n" if parts.workspaces else ""
+    src = "\n".join(head) + f'''
+{torch_import}import triton
+import triton.language as tl
+{exprs.HELPERS}
 
+{jitted}
 
 def launch({args}, *, {", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
     """Launch on contiguous tensors with one kernel config."""
-    grid = ({parts.grid},)
-    KERNEL_NAME[grid]({args}, {cfg_kw}{fixed}, num_warps=num_warps, num_stages=num_stages)
+{launcher}
 '''
     digest = hashlib.blake2b(src.encode(), digest_size=8).hexdigest()
     name = f"lumc_{parts.form}_{digest}"
     src = src.replace("KERNEL_NAME", name)
+    names = (name,) + tuple(f"{name}_{k}" for k in parts.extra_kernels)
     return RenderedKernel(name, parts.form, parts.variant, src, parts.params, parts.constexprs,
                           parts.problem, parts.config_space, parts.constants, digest,
-                          dict(parts.extra_constexprs))
+                          dict(parts.extra_constexprs), list(parts.workspaces), names)
 
 
 def make_params(kernel: Kernel, reads: list[Node]) -> tuple[list[Param], dict[Node, str],

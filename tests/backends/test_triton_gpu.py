@@ -67,3 +67,11 @@ def test_bench_cases_small_match_torch():
         torch.testing.assert_close(got.float(), want.float().reshape(got.shape), rtol=5e-2,
                                    atol=5e-2 * max(1.0, want.float().abs().max().item()),
                                    msg=case.name)
+
+
+@pytest.mark.parametrize("d", D16, ids=str)
+def test_split_reduction_bf16(d):
+    check(make_kernel("reduction", lambda a: (a.sum(None), a.max(None)), [(((1 << 20) + 3,), d)]),
+          tol=(3e-2, 3e-2))
+    check(make_kernel("reduction", lambda a: a.sum(-1), [((3, 70001), d)]), variant="split",
+          config=configs.make(4, 2, BLOCK_M=2, BLOCK_K=512, SPLIT=64))
