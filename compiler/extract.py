@@ -25,6 +25,7 @@ from typing import Any
 from lumc.ir.graph import Node
 from lumc.ir.views import prod
 from lumc.rewrites.language import FORM_KERNEL, FORMS, OP_OF_CTOR, Tables, decode_node
+from lumc.rewrites.spellings import SPELLINGS
 
 FORM_ATTRS = {"Softmax": ("axis",), "LayerNorm": ("axis", "eps"), "RMSNorm": ("axis", "eps"),
               "Attention": (), "AttentionMasked": (), "AttentionSelect": ()}
@@ -79,8 +80,8 @@ class EGraphView:
                 val = ()
             elif op == "Scalar":
                 val = ("Scalar", [value(kids[0]), value(kids[1])])
-            elif op == "Blob":
-                val = ("Blob", [value(kids[0])])
+            elif op in ("Blob", "Flag"):
+                val = (op, [value(kids[0])])
             else:   # Step constructors
                 val = (op, value(kids[0]))
             v.values[c] = val
@@ -133,6 +134,10 @@ class CostModel:
         if ctor in ("Input", "Const", "Iota"):
             return 0.0
         if ctor in ("SumReduce", "MaxReduce"):
+            ops = _contraction_operands(g, n.args[0]) if ctor == "SumReduce" else None
+            if ops is not None:   # a broadcast product: each operand is read once, not per use
+                reads = sum(base_elems(g, a) for a in ops)
+                return max(self.flops(2 * prod(shp(0)), True), self.bw(reads + out)) + launch
             return self.bw(prod(shp(0)) + out) + launch
         if ctor == "Contiguous":
             return self.bw(2 * out) + launch
@@ -140,6 +145,9 @@ class CostModel:
             a, b = shp(0), shp(1)
             k = a[-1] if a else 1
             return max(self.flops(2 * out * k, True), self.bw(prod(a) + prod(b) + out)) + launch
+        if ctor in SPELLINGS:   # one row kernel reading its tensor arguments once
+            reads = sum(base_elems(g, a) for a in n.args if a in g.classes)
+            return max(self.flops(8 * out, False), self.bw(reads + out)) + launch
         if ctor in ("Softmax", "LayerNorm", "RMSNorm"):
             return max(self.flops(8 * out, False), self.bw(2 * out)) + launch
         if ctor.startswith("Attention"):
@@ -150,6 +158,29 @@ class CostModel:
             return max(self.flops(fl, True), self.bw(prod(q) + prod(kt) + prod(v) + out
                                                      + extra)) + launch
         return self.flops(out, False)
+
+
+def base_elems(g: EGraphView, c: str, depth: int = 8) -> int:
+    """Elements a read of e-class ``c`` must move: views (broadcasts, reshapes) are followed down
+    to the tensor they read, so a broadcast operand counts its own size."""
+    best = prod(g.shapes.get(c, (1,)))
+    for _ in range(depth):
+        view = next((n for n in g.classes.get(c, ()) if n.ctor == "View" and g.values.get(
+            n.args[1], ("",))[0] in ("Expand", "Reshape", "Permute")), None)
+        if view is None:
+            break
+        c = view.args[0]
+        best = min(best, prod(g.shapes.get(c, (1,))))
+    return best
+
+
+def _contraction_operands(g: EGraphView, c: str) -> list[str] | None:
+    """The two operand classes when class ``c`` holds a product of two views, else None."""
+    for n in g.classes.get(c, ()):
+        if n.ctor == "Mul" and all(any(m.ctor == "View" for m in g.classes.get(a, ()))
+                                   for a in n.args):
+            return list(n.args)
+    return None
 
 
 def _expr_kids(g: EGraphView, n: ENode) -> list[str]:
@@ -255,7 +286,7 @@ def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables
         if n.ctor in FORMS and n.ctor != "MatMul":
             ins = [a for a in args if isinstance(a, Node)]
             vals = [a for a in args if not isinstance(a, Node)]
-            attrs = tuple(sorted(zip(FORM_ATTRS[n.ctor], vals)))
+            attrs = tuple(sorted(zip(FORM_ATTRS.get(n.ctor, ()), vals)))
             if n.ctor.startswith("Attention"):
                 kind = {"Attention": "none", "AttentionMasked": "add", "AttentionSelect": "select"}
                 attrs += (("masked", n.ctor != "Attention"), ("mask", kind[n.ctor]))

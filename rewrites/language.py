@@ -14,7 +14,8 @@ and ``(View x (Strided k))`` for any other view (pads, windows, overlapping stri
 a side table; a slice under a reshape/transpose (a split of fused QKV) is a ``Strided`` box slice
 followed by the steps.
 Float scalar constants are ``(Const (Scalar v dtype) shape)`` with the value as f64 (exact for
-every float dtype); NaN, infinities, -0.0, integer and non-scalar constants are
+every float dtype, infinities included); boolean scalars are ``(Const (Flag b) shape)``; NaN, -0.0
+(egglog's f64 equates it with +0.0), integer and non-scalar constants are
 ``(Const (Blob key) shape)``. A view that adds dims always ends in an ``Expand`` step (trivial if
 nothing broadcasts), so a broadcast operand has one spelling.
 Operands of commutative ops are ordered with a broadcast scalar last, so rules need one order.
@@ -74,7 +75,7 @@ def declarations() -> str:
     return "\n".join([
         "(sort IVec (Vec i64))",
         "(datatype Step (Reshape IVec) (Permute IVec) (Expand IVec) (Strided i64))",
-        "(datatype ConstVal (Scalar f64 String) (Blob String))",
+        "(datatype ConstVal (Scalar f64 String) (Blob String) (Flag bool))",
         f"(datatype Expr {ctors})",
         "(function shape (Expr) IVec :merge old)",
     ])
@@ -93,10 +94,15 @@ def f64_text(x: float) -> str:
 
 
 def _is_plain_scalar(value: np.ndarray) -> bool:
+    """A float scalar egglog's f64 holds faithfully: not NaN, not -0.0 (infinities are fine)."""
     if value.size != 1 or not dt.from_numpy(value.dtype).is_float:
         return False
     v = float(value.reshape(-1)[0])
-    return math.isfinite(v) and not (v == 0.0 and math.copysign(1.0, v) < 0)
+    return not math.isnan(v) and not (v == 0.0 and math.copysign(1.0, v) < 0)
+
+
+def _is_flag(value: np.ndarray) -> bool:
+    return value.size == 1 and value.dtype == np.bool_
 
 
 def fold_steps(src_shape, steps: list) -> list:
@@ -151,7 +157,7 @@ class Encoder:
     def _is_fill(self, n: Node) -> bool:
         while n.op == "View":
             n = n.srcs[0]
-        return n.op == "Constant" and _is_plain_scalar(n.arg.value)
+        return n.op == "Constant" and (_is_plain_scalar(n.arg.value) or _is_flag(n.arg.value))
 
     def encode(self, n: Node) -> str:
         """The e-class variable of ``n`` (encoding its operands first, iteratively)."""
@@ -183,6 +189,8 @@ class Encoder:
             val = x.arg.value
             if _is_plain_scalar(val):
                 cv = f'(Scalar {f64_text(float(val.reshape(-1)[0]))} "{x.dtype.name}")'
+            elif _is_flag(val):
+                cv = f"(Flag {'true' if bool(val.reshape(-1)[0]) else 'false'})"
             else:
                 key = x.arg.digest[:20]
                 self.tables.blobs[key] = x
@@ -280,6 +288,8 @@ def decode_step(src: Node, step: tuple, tables: Tables) -> Node:
 def decode_node(ctor: str, args: list, tables: Tables) -> Node:
     """IR node of constructor ``ctor`` over decoded ``args`` (Nodes for Expr operands, Python
     values for the rest: tuples for IVec, ``(kind, value)`` for Step and ConstVal)."""
+    if ctor in _spellings.SPELLINGS:
+        return _spellings.SPELLINGS[ctor].build(args, tables)
     if ctor in FORMS:
         return decode_form(ctor, args)
     op = OP_OF_CTOR[ctor]
@@ -289,6 +299,8 @@ def decode_node(ctor: str, args: list, tables: Tables) -> Node:
         (kind, val), shape = args
         if kind == "Blob":
             return tables.blobs[val[0]]
+        if kind == "Flag":
+            return const_node(np.full(tuple(shape), bool(val[0]), dtype=np.bool_))
         v, dname = val
         return const_node(np.full(tuple(shape), v, dtype=dt.BY_NAME[dname].np))
     if op == "Iota":
@@ -306,3 +318,6 @@ def decode_node(ctor: str, args: list, tables: Tables) -> Node:
         return node(op, srcs, int(rest[0]))
     return node(op, srcs, None)
 
+
+# spelling forms register themselves in FORMS and FORM_KERNEL (they need the names above)
+from lumc.rewrites import spellings as _spellings  # noqa: E402

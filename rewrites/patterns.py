@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lumc.ir.graph import Node
-from lumc.rewrites.language import Tables, decode_node, decode_step
+
+if TYPE_CHECKING:   # language imports the spelling forms, which are rules: import it late
+    from lumc.rewrites.language import Tables
 
 RULESETS = ("algebra", "views", "kernels", "layout")
 NUMERICS = ("exact", "reassociating", "domain")
@@ -39,6 +41,8 @@ class Rule:
         sets: extra actions after the union (shapes of new terms).
         cases: soundness cases, each ``{var: binding}``; an ``Expr`` var binds to
             ``("in", shape, dtype)`` (a random input) or to a pattern text over other vars.
+        form: for a *spelling* rule (``lumc.rewrites.spellings``), the kernel form its right side
+            names; the right side is then a form constructor whose meaning is this left side.
     """
     name: str
     numerics: str
@@ -47,6 +51,7 @@ class Rule:
     where: tuple[str, ...] = ()
     sets: tuple[str, ...] = ()
     cases: tuple[dict, ...] = field(default=(), compare=False)
+    form: str = ""
 
     def __post_init__(self):
         if self.numerics not in NUMERICS:
@@ -107,6 +112,8 @@ def parse_sexpr(text: str):
 def _literal(tok: str) -> Any:
     if tok.startswith('"'):
         return tok[1:-1]
+    if tok in ("true", "false"):
+        return tok == "true"
     if re.fullmatch(r"-?\d+", tok):
         return int(tok)
     return float(tok)
@@ -119,12 +126,13 @@ _PRIMS = {
     "vec-get": lambda v, i: v[int(i)],
     "vec-set": lambda v, i, x: tuple(x if k == int(i) else y for k, y in enumerate(v)),
     "vec-length": lambda v: len(v),
+    "vec-append": lambda a, b: tuple(a) + tuple(b),
     "*": lambda a, b: a * b, "/": lambda a, b: a / b, "+": lambda a, b: a + b,
     "-": lambda a, b: a - b, "to-f64": float, "abs": abs,
     "shape": lambda n: tuple(n.shape),
 }
 _STEPS = {"Reshape", "Permute", "Expand", "Strided"}
-_CONSTVALS = {"Scalar", "Blob"}
+_CONSTVALS = {"Scalar", "Blob", "Flag"}
 
 
 def instantiate(text: str, env: dict[str, Any], tables: Tables) -> Any:
@@ -133,6 +141,7 @@ def instantiate(text: str, env: dict[str, Any], tables: Tables) -> Any:
     Expr constructors decode to IR nodes (``lumc.rewrites.language.decode_node``); ``vec-of``
     and arithmetic primitives evaluate in Python; ``Step``/``ConstVal`` values are tuples.
     """
+    from lumc.rewrites.language import decode_node, decode_step
     def ev(t):
         if isinstance(t, str):
             if t.startswith("?"):
@@ -184,6 +193,56 @@ def bind_where(rule: Rule, env: dict[str, Any], tables: Tables) -> dict[str, Any
 
 def _unparse(t) -> str:
     return t if isinstance(t, str) else "(" + " ".join(_unparse(x) for x in t) + ")"
+
+
+# argument sorts of the non-Expr constructors a pattern may use
+_VALUE_SORTS = {"Scalar": ("f64", "String"), "Blob": ("String",), "Flag": ("bool",),
+                "Reshape": ("IVec",), "Permute": ("IVec",), "Expand": ("IVec",),
+                "Strided": ("i64",)}
+_IVEC_PRIMS = {"vec-of", "vec-empty", "vec-push", "vec-set", "shape"}
+
+
+def var_sorts(rule: Rule, ctors: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """The egglog sort of every variable of ``rule``'s left side and ``where`` facts, read off the
+    argument positions it appears in (``ctors``: ``{constructor: argument sorts}``)."""
+    sorts: dict[str, str] = {}
+    table = dict(ctors, **_VALUE_SORTS)
+
+    def walk(t):
+        if not isinstance(t, list):
+            return
+        head, args = t[0], t[1:]
+        if head in table:
+            for a, srt in zip(args, table[head]):
+                if isinstance(a, str) and a.startswith("?"):
+                    sorts.setdefault(a[1:], srt)
+        elif head in ("vec-get", "vec-length", "vec-set", "vec-push") and args:
+            if isinstance(args[0], str) and args[0].startswith("?"):
+                sorts.setdefault(args[0][1:], "IVec")
+        elif head == "=" and len(args) == 2:
+            for var, expr in ((args[0], args[1]), (args[1], args[0])):
+                if isinstance(var, str) and var.startswith("?") and isinstance(expr, list):
+                    sorts.setdefault(var[1:], "IVec" if expr[0] in _IVEC_PRIMS else
+                                     "i64" if expr[0] in ("vec-get", "vec-length") else "Expr")
+        for a in args:
+            walk(a)
+
+    walk(parse_sexpr(rule.lhs))
+    for f in rule.where:
+        walk(parse_sexpr(f))
+    return sorts
+
+
+def bound_vars(rule: Rule) -> set[str]:
+    """Variables a ``where`` fact defines from others (``(= ?v (...))``)."""
+    out = set()
+    for f in rule.where:
+        t = parse_sexpr(f)
+        if t[0] == "=":
+            for var, expr in ((t[1], t[2]), (t[2], t[1])):
+                if isinstance(var, str) and var.startswith("?") and isinstance(expr, list):
+                    out.add(var[1:])
+    return out
 
 
 def lhs_node(rule: Rule, env: dict[str, Any], tables: Tables) -> Node:

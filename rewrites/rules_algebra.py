@@ -38,16 +38,52 @@ def fold_rules() -> list[Rule]:
     out = []
     for op, sym in (("Mul", "*"), ("Add", "+")):
         v = f"({sym} ?a ?b)"
+        # a zero product may be -0.0, which egglog's f64 equates with +0.0: not folded
+        guard = (f"(!= {v} 0.0)",) if op == "Mul" else ()
         out.append(Rule(f"algebra/{op}: fold c1 {sym} c2", "exact", f"({op} {a} {b})",
-                        f"(View {new.format(v=v)} (Expand ?S))",
+                        f"(View {new.format(v=v)} (Expand ?S))", guard,
                         sets=(f"(set (shape {new.format(v=v)}) (vec-empty))",), cases=cases))
     inv = new.format(v="(/ 1.0 ?a)")
     out.append(Rule("algebra/Recip: fold recip(c)", "exact", f"(Recip {a})",
-                    f"(View {inv} (Expand ?S))", ("(!= ?a 0.0)",),
+                    f"(View {inv} (Expand ?S))", ("(!= ?a 0.0)", "(< (abs ?a) inf)"),
                     sets=(f"(set (shape {inv}) (vec-empty))",),
                     cases=({"a": 3.0, "dt": "f32", "z1": (), "S": (4, 3)},
                            {"a": 1.0e-40, "dt": "f32", "z1": (), "S": (2,)})))
     return out
+
+
+def select_rules() -> list[Rule]:
+    """Comparisons of constants and selects on constant conditions (guards exporters emit
+    around values known at export time, e.g. JAX's ``isfinite`` of a constant)."""
+    a, b = fill("?a", "?S", "1"), fill("?b", "?S", "2")
+
+    def flag(v: str) -> str:
+        return f"(View (Const (Flag {v}) (vec-empty)) (Expand ?S))"
+
+    def sets(v: str) -> tuple[str, ...]:
+        return (f"(set (shape (Const (Flag {v}) (vec-empty))) (vec-empty))",)
+
+    ab = {"dt": "f32", "z1": (), "z2": (), "S": (4, 3)}
+    xy = {"x": ("in", (3, 5), "f32"), "y": ("in", (3, 5), "f32"), "z": (), "S": (3, 5)}
+    ninf = fill("-inf", "?S", "1"), fill("-inf", "?S", "2")
+    # egglog orders NaN above inf (ordered floats): the guards keep NaN out of the folds
+    finite = ("(<= ?a inf)", "(<= ?b inf)")
+    return [
+        Rule("algebra/LessThan: fold c1 < c2 (true)", "exact", f"(LessThan {a} {b})", flag("true"),
+             ("(< ?a ?b)",) + finite, sets=sets("true"),
+             cases=(dict(ab, a=0.0, b=float("inf")), dict(ab, a=float("-inf"), b=-3.5))),
+        Rule("algebra/LessThan: fold c1 < c2 (false)", "exact", f"(LessThan {a} {b})",
+             flag("false"), ("(<= ?b ?a)",) + finite, sets=sets("false"),
+             cases=(dict(ab, a=0.0, b=0.0), dict(ab, a=float("inf"), b=1.0e30))),
+        Rule("algebra/Where: where(true, x, y) -> x", "exact",
+             "(Where (View (Const (Flag true) ?z) (Expand ?S)) ?x ?y)", "?x", cases=(xy,)),
+        Rule("algebra/Where: where(false, x, y) -> y", "exact",
+             "(Where (View (Const (Flag false) ?z) (Expand ?S)) ?x ?y)", "?y", cases=(xy,)),
+        # max(x, -inf) as where(x < -inf, -inf, x): nothing is below -inf, NaN included
+        Rule("algebra/Where: where(x < -inf, -inf, x) -> x", "exact",
+             f"(Where (LessThan ?x {ninf[0]}) {ninf[1]} ?x)", "?x",
+             cases=({"x": ("in", (4, 3), "f32"), "dt": "f32", "z1": (), "z2": (), "S": (4, 3)},)),
+    ]
 
 
 def reduction_rules() -> list[Rule]:
@@ -58,12 +94,46 @@ def reduction_rules() -> list[Rule]:
         # sum(x * c) = sum(x) * c: one multiply per output instead of per input (rounding differs)
         Rule("algebra/SumReduce: sum(x * c) -> sum(x) * c", "reassociating",
              f"(SumReduce (Mul ?x {c}) ?ax)", f"(Mul (SumReduce ?x ?ax) {cr})",
-             ("(= ?R (shape ?root))",),
+             ("(= ?R (shape ?root))", "(< (abs ?c) inf)"),
              sets=("(set (shape (SumReduce ?x ?ax)) ?R)", "(set (shape (Const (Scalar ?c ?dt) ?z0)) ?z0)",
                    f"(set (shape {cr}) ?R)"),
              cases=(dict(base, c=0.125, ax=(1,)), dict(base, c=-3.0, ax=(0,)),
                     dict(base, x=("in", (0, 6), "f32"), S=(0, 6), c=2.0, ax=(0,)))),
     ]
+
+
+def squeeze_rules() -> list[Rule]:
+    """A 1x1 convolution (or linear layer) of a global average pool, as the conv lowering writes
+    it over ``F = [N, O, C, 1, 1, 1, 1]``, becomes one contraction over channels and pixels:
+
+        sum_c w[o, c] * (k * sum_hw y[c, h, w])  ->  k * sum_{c, h, w} w[o, c] * y[c, h, w]
+
+    The squeeze of a squeeze-and-excitation block then reads the feature map once, in one kernel,
+    instead of a pooling kernel and a GEMV kernel. Distributing the scale and merging the two sums
+    change the order of rounding: ``reassociating``."""
+    n, c, h, w = (f"(vec-get ?sy {i})" for i in range(4))
+    o = "(vec-get ?F 1)"
+    gap = f"(Mul (SumReduce ?y (vec-of 2 3)) {fill('?k', '?G', '0')})"
+    lhs = f"(SumReduce (Mul (View (View {gap} (Reshape ?s1)) (Expand ?F)) ?wb) (vec-of 2 4 6))"
+    p = f"(vec-of {n} {o} {c} {h} {w})"
+    yb = f"(View (View ?y (Reshape (vec-of {n} 1 {c} {h} {w}))) (Expand {p}))"
+    wb = f"(View (View ?wb (Reshape (vec-of {n} {o} {c} 1 1))) (Expand {p}))"
+    red_shape = f"(vec-of {n} {o} 1 1 1)"
+    red = f"(SumReduce (Mul {yb} {wb}) (vec-of 2 3 4))"
+    kfill = f"(View (Const (Scalar ?k ?dt) ?z0) (Expand {red_shape}))"
+    rhs = f"(View (Mul {red} {kfill}) (Reshape ?F1))"
+    where = ("(= ?sy (shape ?y))", "(= (vec-length ?sy) 4)",
+             f"(= ?s1 (vec-of {n} 1 {c} 1 1 1 1))", f"(= ?F (vec-of {n} {o} {c} 1 1 1 1))",
+             "(= ?F1 (shape ?root))", "(< (abs ?k) inf)")
+    sets = (f"(set (shape {red}) {red_shape})",)
+    case = {"y": ("in", (2, 3, 4, 5), "f32"), "wb": ("in", (2, 6, 3, 1, 1, 1, 1), "f32"),
+            "k": 0.05, "dt": "f32", "z0": (), "G": (2, 3, 1, 1), "s1": (2, 1, 3, 1, 1, 1, 1),
+            "F": (2, 6, 3, 1, 1, 1, 1)}
+    return [Rule("algebra/SumReduce: w . mean_hw(y) -> mean over (c, h, w) of w * y [1x1 conv]",
+                 "reassociating", lhs, rhs, where, sets=sets,
+                 cases=(case, dict(case, k=0.25, y=("in", (1, 4, 1, 1), "f32"), G=(1, 4, 1, 1),
+                                   s1=(1, 1, 4, 1, 1, 1, 1), F=(1, 2, 4, 1, 1, 1, 1),
+                                   wb=("in", (1, 2, 4, 1, 1, 1, 1), "f32"))))]
 
 
 def association_rules() -> list[Rule]:
@@ -93,5 +163,6 @@ EXPANSIVE = frozenset(r.name for r in association_rules())
 
 
 def rules() -> list[Rule]:
-    return identity_rules() + fold_rules() + reduction_rules() + association_rules()
+    return (identity_rules() + fold_rules() + select_rules() + reduction_rules()
+            + squeeze_rules() + association_rules())
 

@@ -62,7 +62,25 @@ def compose_rules() -> list[Rule]:
              ("(= ?s (shape ?x))",),
              cases=({"__lhs__": "(View ?x (Reshape ?s1))", "x": ("in", (4, 6), "f32"),
                      "s1": (4, 6, 1)},)),
+        # a reshape that drops a leading 1 before a broadcast: broadcasting adds it back
+        Rule("views/View: expand(reshape(y, s), S) -> expand(y, S) where shape y = [1, *s]",
+             "exact", "(View (View ?y (Reshape ?s)) (Expand ?S))", "(View ?y (Expand ?S))",
+             ("(= ?sy (shape ?y))", "(= ?sy (vec-append (vec-of 1) ?s))",
+              "(>= (vec-length ?S) (vec-length ?sy))"),
+             cases=({"__lhs__": "(View (Where (LessThan ?m ?ninf) ?ninf ?m) (Expand (vec-of 3 5)))",
+                     "m": "(View (SumReduce ?x (vec-of 1)) (Reshape (vec-of 1)))",
+                     "ninf": '(View (Const (Scalar -inf "f32") (vec-empty)) (Expand (vec-of 1)))',
+                     "x": ("in", (1, 5), "f32")},)),
     ]
+    for k in (1, 2):
+        ones = "(vec-of " + " ".join(["1"] * k) + ")"
+        # numpy broadcasting prepends 1s: spell that reshape out, so one pattern serves both
+        out.append(Rule(
+            f"views/View: expand(x, S) -> expand(reshape(x, [1]*{k} + shape x), S)", "exact",
+            "(View ?x (Expand ?S))", f"(View (View ?x (Reshape (vec-append {ones} ?sx))) (Expand ?S))",
+            ("(= ?sx (shape ?x))", f"(= (vec-length ?S) (+ (vec-length ?sx) {k}))"),
+            cases=({"x": ("in", (3, 1), "f32"), "S": (2,) * k + (3, 4)},
+                   {"x": ("in", (5,), "f32"), "S": (1,) * k + (5,)})))
     return out
 
 

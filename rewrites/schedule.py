@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from egglog import bindings
 
 from lumc.ir.ops import OPS
-from lumc.rewrites import rules_algebra, rules_kernels, rules_layout, rules_views
+from lumc.rewrites import rules_algebra, rules_kernels, rules_layout, rules_views, spellings
 from lumc.rewrites.language import FORMS, declarations
 from lumc.rewrites.patterns import Rule
 
@@ -37,7 +37,7 @@ CHUNK = 64
 def all_rules() -> list[Rule]:
     """Every rule of every ruleset, in schedule order."""
     return (rules_algebra.rules() + rules_views.rules() + rules_layout.rules()
-            + rules_kernels.rules())
+            + rules_kernels.rules() + spellings.rules())
 
 
 def shape_rules() -> list[str]:
