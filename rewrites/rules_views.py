@@ -62,6 +62,13 @@ def compose_rules() -> list[Rule]:
              ("(= ?s (shape ?x))",),
              cases=({"__lhs__": "(View ?x (Reshape ?s1))", "x": ("in", (4, 6), "f32"),
                      "s1": (4, 6, 1)},)),
+        # keepdims=False then unsqueeze, once a guard between them is gone
+        Rule("views/View: reshape(x, shape x) -> x", "exact", "(View ?x (Reshape ?s))", "?x",
+             ("(= ?s (shape ?x))",),
+             cases=({"__lhs__": "(View (Where (LessThan ?m ?ninf) ?ninf ?m) (Reshape (vec-of 3 1)))",
+                     "m": "(View (SumReduce ?x (vec-of 1)) (Reshape (vec-of 3)))",
+                     "ninf": '(View (Const (Scalar -inf "f32") (vec-empty)) (Expand (vec-of 3)))',
+                     "x": ("in", (3, 5), "f32")},)),
         # a reshape that drops a leading 1 before a broadcast: broadcasting adds it back
         Rule("views/View: expand(reshape(y, s), S) -> expand(y, S) where shape y = [1, *s]",
              "exact", "(View (View ?y (Reshape ?s)) (Expand ?S))", "(View ?y (Expand ?S))",

@@ -236,3 +236,90 @@ def test_reference_values_cover_every_candidate_kernel():
         for c in p.calls:
             for n in (*c.inputs, *c.outputs):
                 assert n.op in ("Input", "Constant") or id(n) in vals
+
+
+def _const(name, value):
+    return nh.from_array(np.asarray(value, np.float32), name)
+
+
+@pytest.mark.parametrize("shape,axis", [((1, 24, 16), 1), ((2, 5, 16), 2)])
+def test_jax_one_pass_layer_norm_becomes_one_kernel(shape, axis):
+    """Magika's (jax2onnx) layer norm: variance E[x^2] - E[x]^2 under Max(0, .), scale multiplied
+    into the reciprocal; over a middle axis (Magika) and the last one."""
+    r = list(shape)
+    r[axis] = 1
+    gshape = [1] * len(shape)
+    gshape[axis] = shape[axis]
+    nodes = [oh.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=0),
+             oh.make_node("Mul", ["s", "invn"], ["mean"]),
+             oh.make_node("Mul", ["x", "x"], ["sq"]),
+             oh.make_node("ReduceSum", ["sq", "ax"], ["s2"], keepdims=0),
+             oh.make_node("Mul", ["s2", "invn"], ["ex2"]),
+             oh.make_node("Mul", ["mean", "mean"], ["m2"]), oh.make_node("Sub", ["ex2", "m2"], ["var"]),
+             oh.make_node("Max", ["zero", "var"], ["v0"]), oh.make_node("Reshape", ["v0", "r"], ["vr"]),
+             oh.make_node("Add", ["vr", "eps"], ["ve"]), oh.make_node("Sqrt", ["ve"], ["sd"]),
+             oh.make_node("Reciprocal", ["sd"], ["rs"]), oh.make_node("Mul", ["rs", "g"], ["rg"]),
+             oh.make_node("Reshape", ["mean", "r"], ["mr"]), oh.make_node("Sub", ["x", "mr"], ["d"]),
+             oh.make_node("Mul", ["d", "rg"], ["y0"]), oh.make_node("Add", ["y0", "b"], ["y"])]
+    inits = [nh.from_array(np.array([axis], np.int64), "ax"), _const("invn", 1.0 / shape[axis]),
+             _const("zero", 0.0), _const("eps", 1e-6), nh.from_array(np.array(r, np.int64), "r"),
+             weight("g", gshape), weight("b", gshape)]
+    g, res = compile_and_check(model(nodes, [vi("x", shape)], [vi("y", shape)], inits, opset=13))
+    assert res.best.form_counts() == {"layernorm": 1}   # bias fused as its epilogue
+    assert len(greedy_program(g)) == 3                   # two sums, then the normalization
+    assert res.total.matches.get("kernels/LayerNorm: (x - mean) * rsqrt(max(E[x^2] - mean^2, 0) "
+                                 "+ eps) -> one-pass layer norm [scaled]", 0) > 0
+    # the form's meaning is the composition as written: the kernel computes E[x^2] - E[x]^2
+    k = res.best.calls[0].kernel
+    assert sum(n.op == "SumReduce" for n in k.meaning.nodes()) == 2
+
+
+def test_softmax_with_a_max_guard_becomes_one_form():
+    """JAX's softmax: max(-inf, max x) (with ONNX Max's NaN guard on the constant, which folds)."""
+    s = (3, 7)
+    nodes = [oh.make_node("ReduceMax", ["x"], ["m"], axes=[1], keepdims=0),
+             oh.make_node("Max", ["ninf", "m"], ["mg"]), oh.make_node("Reshape", ["mg", "r"], ["mr"]),
+             oh.make_node("Sub", ["x", "mr"], ["d"]), oh.make_node("Exp", ["d"], ["e"]),
+             oh.make_node("ReduceSum", ["e", "ax"], ["se"], keepdims=1),
+             oh.make_node("Div", ["e", "se"], ["y"])]
+    inits = [_const("ninf", -np.inf), nh.from_array(np.array([3, 1], np.int64), "r"),
+             nh.from_array(np.array([1], np.int64), "ax")]
+    g, res = compile_and_check(model(nodes, [vi("x", s)], [vi("y", s)], inits, opset=13))
+    assert res.best.form_counts() == {"softmax": 1}
+    assert len(greedy_program(g)) == 3
+    m = res.total.matches
+    assert m.get("algebra/Where: where(x < -inf, -inf, x) -> x", 0) > 0
+    assert m.get("algebra/LessThan: fold c1 < c2 (true)", 0) > 0
+
+
+def test_squeeze_excitation_squeeze_is_one_contraction():
+    """PP-OCR's SE block: GlobalAveragePool -> 1x1 conv -> Relu -> 1x1 conv -> HardSigmoid -> Mul.
+    The pool and the first conv become one contraction over channels and pixels."""
+    c, r, hw = 8, 2, 6
+    nodes = [oh.make_node("GlobalAveragePool", ["x"], ["p"]),
+             oh.make_node("Conv", ["p", "w1", "b1"], ["h1"], kernel_shape=[1, 1]),
+             oh.make_node("Relu", ["h1"], ["a1"]),
+             oh.make_node("Conv", ["a1", "w2", "b2"], ["h2"], kernel_shape=[1, 1]),
+             oh.make_node("HardSigmoid", ["h2"], ["gate"], alpha=0.2, beta=0.5),
+             oh.make_node("Mul", ["x", "gate"], ["y"])]
+    inits = [weight("w1", (r, c, 1, 1)), weight("b1", (r,)), weight("w2", (c, r, 1, 1)),
+             weight("b2", (c,))]
+    m = model(nodes, [vi("x", (1, c, hw, hw))], [vi("y", (1, c, hw, hw))], inits)
+    g, res = compile_and_check(m)
+    greedy = greedy_program(g)
+    assert len(res.best) == len(greedy) - 1
+    assert res.bounds[0] < program_time_bound(greedy, "h100")
+    assert res.total.matches.get("algebra/SumReduce: w . mean_hw(y) -> mean over (c, h, w) of "
+                                 "w * y [1x1 conv]", 0) > 0
+    # the squeeze reads x once: a contraction over (c, h, w) whose operands are x and w1
+    sq = [cl for cl in res.best.calls if cl.kernel.form == "matmul"
+          and any(n.op == "Input" and n.shape == (1, c, hw, hw) for n in cl.inputs)]
+    assert len(sq) == 1 and sq[0].kernel.attr("axes") == (2, 3, 4)
+
+
+def test_egraph_is_never_worse_than_greedy_fusion():
+    """The identity extraction (no forms) is a candidate, so the e-graph's best estimate is at or
+    below greedy fusion's (issue 3, item 8)."""
+    g = _layers(2)
+    res = egraph_candidates(g, "h200", k=3)
+    assert res.bounds[0] <= program_time_bound(greedy_program(g), "h200")
