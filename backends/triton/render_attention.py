@@ -86,9 +86,13 @@ class AttentionPlan:
             c1, c2 = c2, c1
         self.c1, self.c2 = c1, c2
         after = dependents(nodes, c2.node)
-        if c2.a.op != "View":
-            raise RenderError("the probabilities must reach the value product through a view")
-        before = toposort([c2.a.srcs[0]])           # the softmax and everything under it
+        left = c2.a
+        # the probabilities reach the value product through a view of the softmax (the meaning
+        # contract), or, where views were pushed through them, as elementwise math in C2's domain
+        self.pushed = _strip_cast(left).op != "View"
+        under = [left.srcs[0]] if not self.pushed else [
+            n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n not in after]
+        before = toposort(under)                    # the softmax and everything under it
         reds = [n for n in before if n.op in ("SumReduce", "MaxReduce") and n is not c1.node]
         self.plan: RowPlan = plan_rows_of(before, reds, {})
         merges = [_match_softmax(r, self.plan) for r in reds]
@@ -98,36 +102,75 @@ class AttentionPlan:
                               "its two contractions")
         self.softmax: OnlineSoftmax = merges[0]
         check_epilogue(nodes, after, c2.node)
-        # C2's left operand is View(E * G) (maybe cast): find E and G
-        left = c2.a
+        self.e = self.softmax.s.srcs[0]             # exp2((x - max) * c): the sum's operand
+        self._match_dims()
+        if self.pushed:
+            self._match_pushed(left)
+            return
+        # C2's left operand is View(E * G) (maybe cast): find G
+        if left.op != "View":
+            raise RenderError("the probabilities must reach the value product through a view")
         self.p_view = left
-        pc = left.srcs[0]
-        self.p_cast = pc.dtype
-        prod_ = _strip_cast(pc)
-        e = self.softmax.s.srcs[0]
-        if prod_.op != "Mul" or e not in prod_.srcs:
+        prod_ = _strip_cast(left.srcs[0])
+        if prod_.op != "Mul" or self.e not in prod_.srcs:
             raise RenderError("the value product's left operand is not exp(...) times a row factor")
-        self.e = e
-        self.g = prod_.srcs[1] if prod_.srcs[0] is e else prod_.srcs[0]
+        self.g = prod_.srcs[1] if prod_.srcs[0] is self.e else prod_.srcs[0]
         if dims_used(self.g) & set(self.plan.axes):
             raise RenderError("the softmax's normalizer varies along the keys")
-        self._match_dims()
+        self._check_p_view()
+
+    def _match_pushed(self, left: Node) -> None:
+        """``C2.a = E2 * G2`` over C2's full shape: ``E2 = exp2((x2 - max) * c)`` (the softmax's
+        numerator, its max read through a row broadcast) and ``G2`` constant along the keys."""
+        c2, sm = self.c2, self.softmax
+        prod_ = _strip_cast(left)
+        if prod_.op != "Mul":
+            raise RenderError("the value product's left operand is not exp(...) times a row factor")
+        if dims_used(left) & set(c2.n_dims):
+            raise RenderError("the probabilities vary along the value's head dims")
+        keys = set(c2.k_dims)
+        a, b = prod_.srcs
+        if not dims_used(b) & keys and _is_exp_of_row(a, sm):
+            self.e2, self.g2 = a, b
+        elif not dims_used(a) & keys and _is_exp_of_row(b, sm):
+            self.e2, self.g2 = b, a
+        else:
+            raise RenderError("the value product's left operand is not exp2((x - max) * c) "
+                              "times a factor constant along the keys")
 
     def _match_dims(self) -> None:
         c1, c2, plan = self.c1, self.c2, self.plan
         t = plan.shape
         fr1 = tuple(1 if d in c1.k_dims else s for d, s in enumerate(c1.full))
-        t2f1 = _t_to_f1(t, fr1)
+        self.t2f1 = _t_to_f1(t, fr1)
         group1 = {}
         for g, dims in (("batch", c1.batch_dims), ("query", c1.m_dims), ("key", c1.n_dims)):
             for d in dims:
                 group1[d] = g
         self.t_groups = {"batch": [], "query": [], "key": []}
-        for j, f in enumerate(t2f1):
+        for j, f in enumerate(self.t2f1):
             if f >= 0:
                 self.t_groups[group1[f]].append(j)
         if sorted(self.t_groups["key"]) != sorted(k for k in plan.axes if t[k] != 1):
             raise RenderError("the softmax does not run over the key dims of the scores")
+        for name, a, b in (("batch", c1.batch_dims, c2.batch_dims), ("query", c1.m_dims, c2.m_dims),
+                           ("key", c1.n_dims, c2.k_dims)):
+            if c1.shape_of(a) != c2.shape_of(b):
+                raise RenderError(f"{name} dims differ between the two products: "
+                                  f"{c1.shape_of(a)} vs {c2.shape_of(b)}")
+        if c1.shape_of(c1.batch_dims) != tuple(t[j] for j in self.t_groups["batch"]):
+            raise RenderError("batch dims of the softmax and the scores differ")
+        # which dim of the scores (C1's output) and of T each dim of C2's full shape stands for
+        self.c2_to_f1: dict[int, int] = {}
+        self.c2_to_t: dict[int, int] = {}
+        for g, d1, d2 in (("batch", c1.batch_dims, c2.batch_dims), ("query", c1.m_dims, c2.m_dims),
+                          ("key", c1.n_dims, c2.k_dims)):
+            self.c2_to_f1.update(zip(d2, d1))
+            self.c2_to_t.update(zip(d2, self.t_groups[g]))
+
+    def _check_p_view(self) -> None:
+        """The view from C2's left operand into T pairs queries, keys and batches as the scores."""
+        c2, t = self.c2, self.plan.shape
         f2t = _f2_to_t(self.p_view.arg, t)
         group2 = {}
         for g, dims in (("batch", c2.batch_dims), ("query", c2.m_dims), ("key", c2.k_dims),
@@ -137,18 +180,56 @@ class AttentionPlan:
         for i, j in enumerate(f2t):
             if j < 0:
                 continue
-            want = {"batch": "batch", "query": "query", "key": "key"}[
-                next(g for g, js in self.t_groups.items() if j in js)]
+            want = next(g for g, js in self.t_groups.items() if j in js)
             if group2.get(i) != want:
                 raise RenderError("the value product does not pair queries, keys and batches the "
                                   "way the scores do")
-        for name, a, b in (("batch", c1.batch_dims, c2.batch_dims), ("query", c1.m_dims, c2.m_dims),
-                           ("key", c1.n_dims, c2.k_dims)):
-            if c1.shape_of(a) != c2.shape_of(b):
-                raise RenderError(f"{name} dims differ between the two products: "
-                                  f"{c1.shape_of(a)} vs {c2.shape_of(b)}")
-        if c1.shape_of(c1.batch_dims) != tuple(t[j] for j in self.t_groups["batch"]):
-            raise RenderError("batch dims of the softmax and the scores differ")
+
+    def tile_view_ok(self, n: Node) -> bool:
+        """True when view ``n`` over the scores (C1) or a softmax row value reads, at each element
+        of T or of C2's full shape, the element of the same batch, query (and key) position; a
+        view into any other shape is trusted (the renderer resolves the source by tile, not by
+        index)."""
+        v, src = n.arg, n.srcs[0]
+        if v.offset or v.mask is not None:
+            return False
+        cs = contiguous_strides(src.shape)
+        if tuple(v.shape) == tuple(self.c2.full):
+            corr = self.c2_to_f1 if src is self.c1.node else {
+                d: j for d, j in self.c2_to_t.items() if d not in self.c2.k_dims}
+        elif tuple(v.shape) == tuple(self.plan.shape):
+            if src is not self.c1.node:
+                return self.plan.is_row_broadcast(v)
+            corr = {j: f for j, f in enumerate(self.t2f1) if f >= 0}
+        else:
+            return True
+        for i, (d, st) in enumerate(zip(v.shape, v.strides)):
+            if d == 1:
+                continue
+            j = corr.get(i)
+            if j is None:
+                if st != 0:
+                    return False
+            elif src.shape[j] != d or st != cs[j]:
+                return False
+        return True
+
+
+def _is_exp_of_row(e: Node, sm: OnlineSoftmax) -> bool:
+    """``e == exp2((x - view(max)) * c)`` with the softmax's own max and scale ``c``: the form whose
+    running-max rescaling the flash loop applies."""
+    from lumc.backends.triton.render_norm import _split_scaled
+    if e.op != "Exp2":
+        return False
+    sc = _split_scaled(e.srcs[0])
+    if sc is None or sc[1] != sm.scale or sc[0].op != "Add":
+        return False
+    for x, y in (sc[0].srcs, reversed(sc[0].srcs)):
+        neg = _split_scaled(y)
+        if neg is not None and neg[1] == -1.0 and neg[0].op == "View" and neg[0].srcs[0] is sm.m:
+            under = toposort([x])
+            return sm.m not in under and sm.s not in under
+    return False
 
 
 def render_attention(kernel: Kernel) -> KernelParts:
@@ -171,7 +252,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
     params, ptrs, consts = make_params(kernel, reads)
     big = needs_int64(nodes, (B * LQ * LK,))
     w = SourceWriter()
-    state = {"scores": None, "row_eval": False}
+    state = {"scores": None, "row_eval": False, "in_loop": False}
     row_vals: dict[Node, str] = {}
     overrides: dict[Node, str] = {}
 
@@ -180,6 +261,18 @@ def render_attention(kernel: Kernel) -> KernelParts:
             return state["scores"]
         if n is c2.node:
             return state["out"]
+        if n.op == "View" and n.srcs[0] in (c1.node, sm.m, sm.s) and not ap.tile_view_ok(n):
+            raise RenderError(f"node {n!r}: the scores or the softmax statistics are read through "
+                              "a view that does not keep each query's (and key's) position")
+        if n.op == "View" and n.srcs[0] is c1.node:
+            return state["scores"]
+        if ap.pushed and n.op == "View" and n.srcs[0] in (sm.m, sm.s) and tuple(n.shape) == c2.full:
+            # a row statistic broadcast over C2's (query, key) tile
+            if state["row_eval"]:
+                return row_vals[n.srcs[0]]
+            if n.srcs[0] is sm.m and state["in_loop"]:
+                return w.bind("m_safe[:, None]", "b", level)
+            raise RenderError(f"node {n!r}: the softmax's sum is read inside the key loop")
         if n in overrides:
             return w.bind(f"{overrides[n]}[:, None]", "b", level)
         if n in row_vals:
@@ -243,6 +336,9 @@ def render_attention(kernel: Kernel) -> KernelParts:
         s = w.bind(f"{s}.to({exprs.tl_dtype(c1.node.dtype)})", "s", 1)
     state["scores"] = s
     full = t_index("rm[:, None]", "rn[None, :]")
+    if ap.pushed:
+        q2 = bind_all(w, unravel("rm[:, None]", c2.shape_of(c2.m_dims)), "pq")
+        k2 = bind_all(w, unravel("rn[None, :]", c2.shape_of(c2.k_dims)), "pk", 1)
     x = ev.value(sm.m.srcs[0], full, "mask2", 1)
     xm = w.bind(f"tl.where(mask2, {x}, float('-inf'))", "a", 1)
     w.line(f"m_blk = tl.max({xm}, axis=1)")
@@ -256,6 +352,13 @@ def render_attention(kernel: Kernel) -> KernelParts:
     del overrides[sm.bcast]
     p = w.bind(f"tl.where(mask2, {e}, 0.0)", "p", 1)
     w.line(f"l_run = l_run * alpha + tl.sum({p}.to({sd}), axis=1)")
+    if ap.pushed:
+        # the value product's own copy of the numerator, in C2's domain at head index 0
+        state["in_loop"] = True
+        e2 = ev.value(ap.e2, place(c2, {c2.batch_dims: bidx, c2.m_dims: q2, c2.k_dims: k2}),
+                      "mask2", 1)
+        state["in_loop"] = False
+        p = w.bind(f"tl.where(mask2, {e2}, 0.0)", "p", 1)
     v_idx = place(c2, {c2.batch_dims: bidx,
                        c2.k_dims: bind_all(w, unravel("rn[:, None]", c2.shape_of(c2.k_dims)), "vn", 1),
                        c2.n_dims: bind_all(w, unravel("rdv[None, :]", c2.shape_of(c2.n_dims)), "vd", 1)})
@@ -269,7 +372,11 @@ def render_attention(kernel: Kernel) -> KernelParts:
     row_vals[sm.s] = w.bind(f"tl.where(m_run == float('-inf'), float('nan'), l_run)"
                             f".to({exprs.tl_dtype(sm.s.dtype)})", "red")
     state["row_eval"] = True
-    g = ev.value(ap.g, row_idx, "rmask", 0)
+    if ap.pushed:
+        q2r = bind_all(w, unravel("rm", c2.shape_of(c2.m_dims)), "gq")
+        g = ev.value(ap.g2, place(c2, {c2.batch_dims: bidx, c2.m_dims: q2r}), "rmask", 0)
+    else:
+        g = ev.value(ap.g, row_idx, "rmask", 0)
     state["row_eval"] = False
     out = f"acc * {g}[:, None]" if g not in ("", None) else "acc"
     if c2.node.dtype != dt.f32:

@@ -11,6 +11,7 @@ import pytest
 from lumc.ir import dtypes as dt
 from lumc.backends.triton import configs, render
 from lumc.backends.triton.codegen import RenderError
+from lumc.ir.library.norm import softmax
 from triton_cases import attention, check, make_kernel
 
 SMALL_BLOCKS = configs.make(4, 1, BLOCK_M=16, BLOCK_N=16)
@@ -56,6 +57,77 @@ def test_boolean_mask_with_fully_masked_row():
     tk = check(k, feed, config=SMALL_BLOCKS)
     (out,) = tk(*feed.values(), config=SMALL_BLOCKS)
     assert np.isnan(out.numpy()[0, 2]).all() and not np.isnan(out.numpy()[0, 1]).any()
+
+
+def _select(scale: float, fill: float, keep_of):
+    """``softmax(where(keep, q k^T * scale, fill)) v`` as torch.export lowers SDPA with a boolean
+    mask (fill -inf) or HF's eager path writes it (fill = the dtype's lowest finite value)."""
+    def f(q, k, v, *masks):
+        s = (q @ k.transpose(-1, -2)) * scale
+        keep = keep_of(*masks)
+        return softmax(keep.where(s, fill), -1).cast(q.dtype) @ v
+    return f
+
+
+def _bert_keep(qm, km):
+    # BERT: query mask [1, 1, L, 1] and key padding [B, 1, 1, S], combined in the kernel
+    return qm.logical_and(km)
+
+
+def _feed(specs, seed, masks):
+    rng = np.random.default_rng(seed)
+    out = {f"in{i}": rng.standard_normal(sh).astype(d.np) for i, (sh, d) in enumerate(specs[:3])}
+    for j, m in enumerate(masks):
+        out[f"in{3 + j}"] = m
+    return out
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16], ids=str)
+@pytest.mark.parametrize("L", [7, 127])
+@pytest.mark.parametrize("fill", ["-inf", "lowest"])
+def test_select_mask_bert_padding_with_a_fully_masked_sequence(fill, L, d):
+    """Batch 1 has every key masked: its rows are NaN with fill -inf (softmax of all -inf, as the
+    reference) and the plain mean of v with a finite fill (every score equal)."""
+    f = float("-inf") if fill == "-inf" else float(np.finfo(d.np).min)
+    B, H, D = 3, 2, 16
+    specs = [((B, H, L, D), d)] * 3 + [((1, 1, L, 1), dt.bool_), ((B, 1, 1, L), dt.bool_)]
+    k = make_kernel("attention", _select(0.25, f, _bert_keep), specs)
+    km = np.ones((B, 1, 1, L), bool)
+    km[1] = False                       # a sequence of padding only
+    km[2, ..., L // 2:] = False         # half padding: whole key blocks masked for every row
+    feed = _feed(specs, 0, [np.ones((1, 1, L, 1), bool), km])
+    cfg = configs.make(4, 1, BLOCK_M=128, BLOCK_N=32)     # 4 key blocks, the last 2 all padding
+    tk = check(k, feed, config=cfg)
+    assert tk.rendered.variant == "flash" and tk.source.count("tl.store(") == 1
+    out = tk(*feed.values(), config=cfg)[0].numpy().astype(np.float64)
+    if fill == "-inf":
+        assert np.isnan(out[1]).all() and not np.isnan(out[[0, 2]]).any()
+    else:
+        want = feed["in2"][1].astype(np.float64).mean(axis=-2, keepdims=True)
+        np.testing.assert_allclose(out[1], np.broadcast_to(want, out[1].shape),
+                                   rtol=2e-2 if d == dt.f16 else 1e-5, atol=2e-2 if d == dt.f16 else 1e-5)
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16], ids=str)
+def test_select_mask_gpt2_causal_and_padding_materialized(d):
+    """GPT-2: one bool [B, 1, L, S] tensor (causal and padding) read per head, fill -inf."""
+    B, H, L, D = 2, 3, 45, 8
+    specs = [((B, H, L, D), d)] * 3 + [((B, 1, L, L), dt.bool_)]
+    k = make_kernel("attention", _select(0.3, float("-inf"), lambda m: m), specs)
+    keep = np.broadcast_to(np.tril(np.ones((L, L), bool)), (B, 1, L, L)).copy()
+    keep[1, ..., :5] = False            # left padding: the first 5 queries of batch 1 see nothing
+    check(k, _feed(specs, 1, [keep]), config=SMALL_BLOCKS)
+
+
+def test_scores_read_transposed_are_refused():
+    """softmax over the *query* axis (scores transposed before the softmax) is not attention's
+    online softmax over keys: refused instead of silently computing the wrong axis."""
+    k = make_kernel("attention",
+                    lambda q, kk, v: softmax((q @ kk.transpose(-1, -2)).transpose(-1, -2) * 0.5,
+                                             -1) @ v,
+                    [((2, 9, 8), dt.f32), ((2, 9, 8), dt.f32), ((2, 9, 8), dt.f32)])
+    with pytest.raises(RenderError, match="keep each query"):
+        render(k)
 
 
 def test_head_dims_differ_and_default_config():

@@ -8,6 +8,7 @@ import pytest
 
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import input_node
+from lumc.ir.kernels import Kernel
 from lumc.ir.tensor import Tensor
 from lumc.backends.triton import configs
 from triton_cases import check
@@ -21,9 +22,16 @@ def _call(name, args, form):
     return build_call([decode_form(name, args)], lambda n: False, form=form).kernel
 
 
-@pytest.mark.parametrize("d", [dt.f32, dt.f16], ids=str)
-@pytest.mark.parametrize("ctor", ["Attention", "AttentionMasked", "AttentionSelect"])
-def test_attention_forms(ctor, d):
+def _pushed(name, args):
+    """The form cut with its views pushed down onto the placeholders (what the cutter did for
+    every kernel before named forms kept their composition): the probabilities then reach the
+    value product as elementwise math over its [.., Lq, Lk, Dv] domain, not through a view."""
+    from lumc.compiler.kernel_builder import build_call
+    from lumc.rewrites.language import decode_form
+    return Kernel("attention", build_call([decode_form(name, args)], lambda n: False).kernel.meaning)
+
+
+def _attention_args(ctor, d):
     q = input_node("q", (2, 37, 16), d)
     k = input_node("k", (2, 45, 16), d)
     v = input_node("v", (2, 45, 24), d)
@@ -32,8 +40,29 @@ def test_attention_forms(ctor, d):
         args.append(input_node("m", (2, 37, 45), d))
     if ctor == "AttentionSelect":
         args += [input_node("keep", (37, 45), dt.bool_), Tensor.const(np.array(-np.inf, d.np)).node]
-    tk = check(_call(ctor, args, "attention"), config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
+    return args
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16], ids=str)
+@pytest.mark.parametrize("ctor", ["Attention", "AttentionMasked", "AttentionSelect"])
+def test_attention_forms(ctor, d):
+    tk = check(_call(ctor, _attention_args(ctor, d), "attention"),
+               config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
     assert tk.rendered.variant == "flash"
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16], ids=str)
+@pytest.mark.parametrize("ctor", ["AttentionMasked", "AttentionSelect"])
+def test_attention_with_views_pushed_through_the_probabilities(ctor, d):
+    kern = _pushed(ctor, _attention_args(ctor, d))
+    left = next(n for n in kern.meaning.nodes() if n.op == "SumReduce" and len(n.shape) == 4
+                and n.shape[-1] == 24).srcs[0].srcs[0]
+    while left.op == "Cast":
+        left = left.srcs[0]
+    assert left.op == "Mul"        # E2 * G2 over [2, 37, 45, 24], no view in between
+    tk = check(kern, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
+    # the pushed copy of exp2((x - max) c) is the same expression: one exp2 per tile plus alpha
+    assert tk.source.count("tl.dot(") == 2 and tk.source.count("tl.exp2(") == 2
 
 
 @pytest.mark.parametrize("d", [dt.f32, dt.f16, dt.f64], ids=str)
