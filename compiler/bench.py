@@ -140,28 +140,8 @@ def gpu_kernel_samples(tk, cfg, ins: list, device: str, repeats: int,
     """Seconds of ``repeats`` launches of a Triton kernel with CUDA events (the method of
     ``lumc.compiler.measure.time_on_gpu``: 256 MiB L2 flush before each launch, rotating copies of
     the inputs), every sample kept so the spread can be reported."""
-    import torch
-    from lumc.backends.triton.launch import to_torch
-    ins = [to_torch(v, device) for v in ins]
-    in_bytes = sum(t.numel() * t.element_size() for t in ins)
-    copies = max(1, min(8, (512 << 20) // max(in_bytes, 1)))
-    sets = [ins] + [[t.clone() for t in ins] for _ in range(copies - 1)]
-    outs = tk(*ins, config=cfg)
-    flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
-    for i in range(warmup):
-        tk(*sets[i % copies], outputs=outs, config=cfg)
-    torch.cuda.synchronize(device)
-    times = []
-    for i in range(repeats):
-        flush.zero_()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        tk(*sets[i % copies], outputs=outs, config=cfg)
-        end.record()
-        torch.cuda.synchronize(device)
-        times.append(start.elapsed_time(end) / 1e3)
-    return times
+    from lumc.compiler.measure import cuda_event_samples
+    return cuda_event_samples(tk, cfg, ins, device, repeats, warmup)
 
 
 def program_values(cm: CompiledModel, inputs: dict) -> dict[int, np.ndarray]:

@@ -317,14 +317,24 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     click.echo("inputs: " + ", ".join(
         f"{n} {_fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
         for n, x in inputs.items()))
-    checks: dict[str, OutputCheck] = {}
+    checks = print_outputs(outputs, _run_onnxruntime(model, inputs) if check else None, rtol)
+    click.echo(f"time: import {t1 - t0:.3f} s, run {t2 - t1:.3f} s "
+               f"({'triton' if backend == 'triton' else 'reference executor'})")
+    if out_path:
+        _write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
+        click.echo(f"wrote {out_path}")
     if check:
-        ref = _run_onnxruntime(model, inputs)
+        finish_check(checks, rtol)
+
+
+def print_outputs(outputs: dict, ref: dict | None, rtol: float) -> dict[str, OutputCheck]:
+    """Print one line per output (name, shape, dtype, and with ``ref`` its errors against
+    onnxruntime); returns the checks."""
+    checks: dict[str, OutputCheck] = {}
+    if ref is not None:
         for name, y in outputs.items():
-            if name in ref:
-                checks[name] = compare_output(np.asarray(y), ref[name], rtol)
-            else:
-                checks[name] = OutputCheck(np.inf, np.inf, False, "not an onnxruntime output")
+            checks[name] = (compare_output(np.asarray(y), ref[name], rtol) if name in ref else
+                            OutputCheck(np.inf, np.inf, False, "not an onnxruntime output"))
     width = max([len(n) for n in outputs] + [6])
     for name, y in outputs.items():
         y = np.asarray(y)
@@ -334,17 +344,16 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
             line += (f"  max_abs {c.max_abs:.3g}  max_rel {c.max_rel:.3g}  "
                      f"{'ok' if c.ok else 'FAIL'}{'  ' + c.note if c.note else ''}")
         click.echo(line)
-    click.echo(f"time: import {t1 - t0:.3f} s, run {t2 - t1:.3f} s "
-               f"({'triton' if backend == 'triton' else 'reference executor'})")
-    if out_path:
-        _write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
-        click.echo(f"wrote {out_path}")
-    if check:
-        bad = [n for n, c in checks.items() if not c.ok]
-        if bad:
-            click.echo(f"check: FAILED for {', '.join(bad)} (rtol {rtol:g}; ints exact)", err=True)
-            sys.exit(1)
-        click.echo(f"check: all {len(checks)} outputs match onnxruntime (rtol {rtol:g})")
+    return checks
+
+
+def finish_check(checks: dict[str, OutputCheck], rtol: float) -> None:
+    """The ``--check`` verdict: exit 1 when any output failed."""
+    bad = [n for n, c in checks.items() if not c.ok]
+    if bad:
+        click.echo(f"check: FAILED for {', '.join(bad)} (rtol {rtol:g}; ints exact)", err=True)
+        sys.exit(1)
+    click.echo(f"check: all {len(checks)} outputs match onnxruntime (rtol {rtol:g})")
 
 
 # ---------------------------------------------------------------------------------------------

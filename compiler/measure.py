@@ -235,28 +235,37 @@ class KernelMeasurer:
         return time_on_gpu(e, cfg, self.values, self.target.torch_device)
 
 
-def time_on_gpu(e: KernelEntry, cfg, values: dict, device: str, repeats: int = 25,
+def time_on_gpu(e: KernelEntry, cfg, values, device: str, repeats: int = 25,
                 warmup: int = 5) -> float:
-    """Median seconds of one launch on the GPU with CUDA events.
+    """Median seconds of one launch of a kernel config on the GPU (see :func:`cuda_event_samples`),
+    on the reference values of its inputs."""
+    ins = []
+    for n in e.call.inputs:
+        v = values.get(id(n))
+        if v is None:
+            v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
+        ins.append(v)
+    return float(statistics.median(cuda_event_samples(e.triton, cfg, ins, device, repeats, warmup)))
+
+
+def cuda_event_samples(launch, cfg, ins: list, device: str, repeats: int = 25,
+                       warmup: int = 5) -> list[float]:
+    """Seconds of ``repeats`` launches of ``launch(*inputs, outputs=, config=cfg)``, timed with
+    CUDA events.
 
     Each repeat first overwrites a 256 MiB buffer (flushing the 50 MB L2 of Hopper), then launches
     on the next of several rotating copies of the inputs, so no launch reads inputs left in L2.
     """
     import torch
     from lumc.backends.triton.launch import to_torch
-    ins = []
-    for n in e.call.inputs:
-        v = values.get(id(n))
-        if v is None:
-            v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
-        ins.append(to_torch(v, device))
+    ins = [to_torch(v, device) for v in ins]
     in_bytes = sum(t.numel() * t.element_size() for t in ins)
     copies = max(1, min(8, (512 << 20) // max(in_bytes, 1)))
     sets = [ins] + [[t.clone() for t in ins] for _ in range(copies - 1)]
-    outs = e.triton(*ins, config=cfg)
+    outs = launch(*ins, config=cfg)
     flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
     for i in range(warmup):
-        e.triton(*sets[i % copies], outputs=outs, config=cfg)
+        launch(*sets[i % copies], outputs=outs, config=cfg)
     torch.cuda.synchronize(device)
     times = []
     for i in range(repeats):
@@ -264,8 +273,8 @@ def time_on_gpu(e: KernelEntry, cfg, values: dict, device: str, repeats: int = 2
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        e.triton(*sets[i % copies], outputs=outs, config=cfg)
+        launch(*sets[i % copies], outputs=outs, config=cfg)
         end.record()
         torch.cuda.synchronize(device)
         times.append(start.elapsed_time(end) / 1e3)
-    return float(statistics.median(times))
+    return times
