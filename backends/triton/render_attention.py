@@ -10,7 +10,17 @@ that is constant along the keys (``1 / sum``). All of it is found in the graph:
 * the softmax domain ``T`` (the max's operand shape) is matched dim by dim to ``C1``'s output
   (a reshape) and to ``C2``'s left operand view (stride matching), so the batch, query and key
   groups agree across the three;
-* the max/sum pair must be the online-softmax pattern of ``render_norm``.
+* the max/sum pair must be the online-softmax pattern of ``render_norm``;
+* the scores and the row statistics are read (from T, or from C2's domain) only through views that
+  keep every batch, query and key position (a transposed read is refused, not resolved by tile).
+
+The probabilities reach ``C2`` in one of two ways. The meaning contract keeps ``View(E * G)`` (the
+softmax in T, then a reshape/expand into C2's full shape). When views were pushed through the
+elementwise math instead, ``C2``'s left operand is ``E2 * G2`` over C2's full shape
+``[.., Lq, Lk, Dv]`` (constant along ``Dv``): a copy of the numerator ``E2 = exp2((x2 - max) * c)``
+with the same max and scale, and a factor ``G2`` constant along the keys. The loop then evaluates
+``E2`` at head index 0 for the value product (textually equal loads and ops are shared with ``E``,
+which still feeds the running sum), and ``G2`` at the end from the final statistics.
 
 A program owns ``BLOCK_M`` queries of one batch, loads its ``q`` tile once, and walks the keys in
 ``BLOCK_N`` blocks: scores by ``tl.dot``, ``f`` on the tile, running max and sum (Milakov &
