@@ -8,6 +8,9 @@ done here in Python from one set of roots (every output of a region at once), ne
 * :class:`EGraphView` holds the ``Expr`` e-classes, their e-nodes, shapes and the primitive values.
 * Views cost nothing (they fold into reads), except a permutation that moves the innermost
   axis, charged half a pass of its bytes: an uncoalesced read, so cancelled transposes win.
+* A reduction of a broadcast product (a contraction) reads each operand once: its bytes are the
+  operands' own sizes (views followed down to the tensor they read), not the product's. A spelling
+  form (``lumc.rewrites.spellings``) costs one row kernel reading its tensor arguments once.
 * :func:`choose` finds, for every e-class, the e-node of least *tree* cost (local cost plus the
   costs of its distinct child classes) by fixpoint iteration; the local cost is the roofline time of
   the kernel an e-node stands for (``enode_cost``), so a form that reads its input once beats the

@@ -4,8 +4,9 @@ Stages, in order (each a loop of iterations, each iteration first saturating the
 analysis so new terms have shapes for the rank checks of the next):
 
 1. ``rewrite``: ``algebra`` (not the expansive association rules), ``views`` and ``layout``;
-2. ``kernels``: form recognition (after the identities and folds it relies on), with the
-   rulesets of stage 1 still running on what recognition adds;
+2. ``kernels``: form recognition (after the identities and folds it relies on), spelling forms
+   (``lumc.rewrites.spellings``) included, with the rulesets of stage 1 still running on what
+   recognition adds;
 3. ``expansive``: matmul association, under egglog's back-off scheduler, passed whole to one
    ``run-schedule`` call so the scheduler persists across iterations (egglog 13.2 rebuilds it per
    call; see EGGLOG-NOTES.md). Unrestricted association otherwise blows up within 6 iterations.
