@@ -44,4 +44,4 @@ gpu-wheels:  ## fetch the wheels gpu-check installs on the GPU machine (CPython 
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d build/wheels \
 		"numpy>=1.26,<2.5" ml_dtypes==0.6.0 platformdirs==4.14.8 pytest==9.2.0 iniconfig==2.3.1 \
-		pluggy==1.7.0 packaging==26.4 hypothesis==6.170.17 sortedcontainers==2.4.0
+		pluggy==1.7.0 packaging==26.4 pygments==2.21.0 hypothesis==6.170.17 sortedcontainers==2.4.0

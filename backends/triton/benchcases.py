@@ -80,7 +80,7 @@ def bench_cases(d: dt.DType = dt.bf16, scale: int = 1) -> list[BenchCase]:
                                     [((32000 // s, 4096), d), ((16384 // s,), dt.i64)]),
                   lambda t, i: t[i], "memory", "copy", {1: 32000 // s}),
         BenchCase("reduction", _kernel("reduction", lambda x: x.sum(-1), [((rows, cols), d)]),
-                  lambda x: x.float().sum(-1).to(x.dtype), "memory", "copy", {}),
+                  lambda x: x.sum(-1, dtype=torch_f32()).to(x.dtype), "memory", "copy", {}),
         BenchCase("softmax", _kernel("softmax", lambda x: softmax(x, -1), [((rows, cols), d)]),
                   lambda x: torch_softmax(x), "memory", "copy", {}),
         BenchCase("layernorm", _kernel("layernorm", lambda x, w, bb: layer_norm(x, w, bb)[0],
@@ -100,9 +100,14 @@ def bench_cases(d: dt.DType = dt.bf16, scale: int = 1) -> list[BenchCase]:
                   lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "compute", "sdpa", {}),
         # one very long row: the split (two-stage) reduction, else one program for the whole GPU
         BenchCase("global-sum", _kernel("reduction", lambda x: x.sum(None), [((n_pw,), d)]),
-                  lambda x: x.float().sum().to(x.dtype), "memory", "copy", {}),
+                  lambda x: x.sum(dtype=torch_f32()).to(x.dtype), "memory", "copy", {}),
     ]
     return cases
+
+
+def torch_f32():
+    import torch
+    return torch.float32
 
 
 def torch_sigmoid(x):

@@ -30,6 +30,7 @@ from lumc.backends.triton.benchcases import BenchCase, bench_cases
 MEM_TARGET = 0.85
 MATMUL_TARGET = 0.90
 NO_GPU_EXIT = 2
+COMPILE_RESERVE_S = 60.0   # budget a torch.compile(max-autotune) must find left before it starts
 
 
 def candidate_configs(tk, limit: int) -> list:
@@ -110,7 +111,8 @@ def bench_case(case: BenchCase, ceil: dict, do_bench, deadline: float, n_configs
     row["configs"] = tried
     row["torch_eager_s"] = do_bench(lambda: case.torch_fn(*args)) * 1e-3
     row["torch_compile_s"] = None
-    if use_compile and time.monotonic() < deadline:
+    # max-autotune compiles many templates (a minute or more for a GEMM): only with time left
+    if use_compile and time.monotonic() < deadline - COMPILE_RESERVE_S:
         try:
             fn = torch.compile(case.torch_fn, mode="max-autotune-no-cudagraphs")
             fn(*args)
@@ -158,9 +160,9 @@ def format_table(rows: list[dict], ceil: dict, device: str) -> str:
             return "-" if x is None else f"{x * 1e3:.3f} ms"
         pct = "-" if r.get("pct_ceiling") is None else f"{r['pct_ceiling']:.0f}%"
         lines.append(f"| {r['case']} ({r.get('variant', '')}) | {ms(r.get('lumc_s'))} | "
-                     f"{ms(r['torch_eager_s'])} | {ms(r.get('torch_compile_s'))} | "
+                     f"{ms(r.get('torch_eager_s'))} | {ms(r.get('torch_compile_s'))} | "
                      f"{r.get('achieved') or '-'} | {pct} | {r['target']}"
-                     f" ({r.get('target_rule', '')}) |")
+                     f" ({r.get('target_rule') or r.get('error') or r.get('note', '')}) |")
     return head + "\n".join(lines)
 
 
@@ -195,31 +197,52 @@ def main(argv: list[str] | None = None) -> int:
     def do_bench(fn):
         return _do_bench(fn, warmup=25, rep=100, return_mode="median")
 
+    from lumc.backends.triton.launch import interpreter_mode
+    if interpreter_mode():
+        print("gpu-check: STOP: TRITON_INTERPRET is set while a CUDA device is present; run with "
+              "TRITON_INTERPRET=0 (gpu_check.sh exports it)", file=sys.stderr)
+        return 3
     t0 = time.monotonic()
     deadline = t0 + a.budget
     device = torch.cuda.get_device_name(0)
     ceil = measure_ceilings(do_bench)
-    rows = []
-    for case in bench_cases(dt.bf16):
-        print(f"gpu-check: {case.name} ...", flush=True)
-        rows.append(bench_case(case, ceil, do_bench, deadline, a.configs, not a.no_compile))
-        torch.cuda.empty_cache()
-    table = format_table(rows, ceil, device)
-    print(table)
     import triton
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": device,
               "versions": {"torch": torch.__version__, "triton": triton.__version__,
                            "python": platform.python_version(), "cuda": torch.version.cuda},
-              "ceilings": ceil, "rows": rows, "seconds": time.monotonic() - t0}
+              "ceilings": ceil, "rows": [], "seconds": 0.0, "complete": False}
+    for case in bench_cases(dt.bf16):
+        print(f"gpu-check: {case.name} ...", flush=True)
+        try:
+            result["rows"].append(bench_case(case, ceil, do_bench, deadline, a.configs,
+                                             not a.no_compile))
+        except Exception as e:  # noqa: BLE001 - one broken case (e.g. out of memory) is a row
+            result["rows"].append({"case": case.name, "form": case.kernel.form, "target": "MISS",
+                                   "torch_eager_s": None,
+                                   "error": f"{type(e).__name__}: {e}"[:300]})
+        torch.cuda.empty_cache()
+        result["seconds"] = time.monotonic() - t0
+        _write(a, result, ceil, device)      # after every case: a timeout keeps what was measured
+    result["complete"] = True
+    table = _write(a, result, ceil, device)
+    print(table)
+    print(f"gpu-check: wrote {a.json}" + (f" and {a.markdown}" if a.markdown else ""))
+    return 0
+
+
+def _write(a, result: dict, ceil: dict, device: str) -> str:
+    """Write the JSON (and the markdown table) of what is measured so far; return the table."""
+    table = format_table(result["rows"], ceil, device)
     with open(a.json, "w") as f:
         json.dump(result, f, indent=1, default=str)
-    print(f"gpu-check: wrote {a.json}")
     if a.markdown:
+        v = result["versions"]
         with open(a.markdown, "w") as f:
-            f.write(f"# GPU results\n\n{result['date']}, {device}, torch {torch.__version__}, "
-                    f"triton {triton.__version__}\n\n{table}\n")
-        print(f"gpu-check: wrote {a.markdown}")
-    return 0
+            f.write(f"# GPU results\n\n{result['date']}, {device}, torch {v['torch']}, "
+                    f"triton {v['triton']}, python {v['python']}, CUDA {v['cuda']}"
+                    f"{'' if result['complete'] else ' (incomplete: the run stopped early)'}"
+                    f"\n\n{table}\n")
+    return table
 
 
 if __name__ == "__main__":

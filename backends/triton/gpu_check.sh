@@ -43,7 +43,7 @@ missing=$("$PY" - <<'EOF'
 import importlib.util
 need = {"numpy": "numpy", "ml_dtypes": "ml_dtypes", "platformdirs": "platformdirs",
         "pytest": "pytest", "iniconfig": "iniconfig", "pluggy": "pluggy", "packaging": "packaging",
-        "hypothesis": "hypothesis", "sortedcontainers": "sortedcontainers"}
+        "pygments": "pygments", "hypothesis": "hypothesis", "sortedcontainers": "sortedcontainers"}
 print(" ".join(w for m, w in need.items() if importlib.util.find_spec(m) is None))
 EOF
 )
@@ -70,7 +70,9 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     exit $?
 fi
 
-# 5. the GPU tests (bf16 included), then the benchmark
+# 5. the GPU tests (bf16 included), then the benchmark; compiled kernels, never the interpreter
+#    (lumc picks the interpreter where it sees no NVIDIA device node, which some containers hide)
+export TRITON_INTERPRET=0
 say "device: $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')"
 timeout 240 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/backends/test_triton_gpu.py \
     --junitxml "$OUT/gpu-tests.xml"

@@ -13,6 +13,7 @@ from lumc.ir import dtypes as dt
 from lumc.backends.triton import configs, render
 from lumc.backends.triton.aot import compile_many
 from lumc.backends.triton.benchcases import bench_cases
+from lumc.ir.library.norm import softmax
 from triton_cases import layernorm_kernel, make_kernel, softmax_kernel
 
 
@@ -41,7 +42,13 @@ def test_every_form_compiles_for_sm90_and_fits(tmp_path):
                                                 [((2 ** 20 + 1, 2049), dt.bf16)]), None),
                 ("matmul-int64", make_kernel("matmul", lambda a, b: a @ b,
                                              [((65537, 32768), dt.bf16), ((32768, 64), dt.bf16)]),
-                 None)]
+                 None),
+                # BERT's select mask: two bool paddings combined in the loop, fill -inf
+                ("attention-select", make_kernel(
+                    "attention", lambda q, k, v, qm, km: softmax(qm.logical_and(km).where(
+                        (q @ k.transpose(-1, -2)) * 0.125, float("-inf")), -1).cast(q.dtype) @ v,
+                    [((8, 16, 512, 64), dt.bf16)] * 3 + [((1, 1, 512, 1), dt.bool_),
+                                                         ((8, 1, 1, 512), dt.bool_)]), None)]
     jobs, names = [], []
     for name, k, variant in kernels:
         rk = render(k, variant)

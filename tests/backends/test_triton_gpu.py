@@ -75,3 +75,22 @@ def test_split_reduction_bf16(d):
           tol=(3e-2, 3e-2))
     check(make_kernel("reduction", lambda a: a.sum(-1), [((3, 70001), d)]), variant="split",
           config=configs.make(4, 2, BLOCK_M=2, BLOCK_K=512, SPLIT=64))
+
+
+@pytest.mark.parametrize("d", D16, ids=str)
+def test_attention_select_mask_bf16(d):
+    """BERT's lowering of SDPA with a padding mask: where(keep, scores, -inf), one sequence all
+    padding (NaN rows, as the reference)."""
+    import numpy as np
+    from lumc.ir.library.norm import softmax
+    from triton_cases import random_inputs
+    B, H, L, D = 3, 4, 300, 64
+    k = make_kernel("attention", lambda q, kk, v, qm, km: softmax(qm.logical_and(km).where(
+        (q @ kk.transpose(-1, -2)) * 0.125, float("-inf")), -1).cast(q.dtype) @ v,
+        [((B, H, L, D), d)] * 3 + [((1, 1, L, 1), dt.bool_), ((B, 1, 1, L), dt.bool_)])
+    feed = random_inputs(k)
+    feed["in3"][:] = True
+    feed["in4"][:] = True
+    feed["in4"][1] = False
+    feed["in4"][2, ..., L // 3:] = False
+    check(k, feed)
