@@ -101,9 +101,16 @@ class TritonKernel:
         return configs.config_space(self.rendered.config_space, self.rendered.problem)
 
     def default_config(self) -> configs.Config:
-        """The untuned config: the GPU default, or big tiles under the interpreter."""
-        pick = configs.interpreter_config if self.interpret else configs.default_config
-        return pick(self.rendered.config_space, self.rendered.problem)
+        """The untuned GPU config (in the config space where the space is not empty), also under
+        the interpreter: a search on a simulated device picks among configs a GPU can run."""
+        return configs.default_config(self.rendered.config_space, self.rendered.problem)
+
+    def run_config(self) -> configs.Config:
+        """The config a launch without one uses: the GPU default, or big tiles under the
+        interpreter (whose cost is per program and per op, not per element)."""
+        if self.interpret:
+            return configs.interpreter_config(self.rendered.config_space, self.rendered.problem)
+        return self.default_config()
 
     def _const(self, name: str, device: str):
         key = f"{name}@{device}"
@@ -129,7 +136,7 @@ class TritonKernel:
         Args:
             inputs: one torch tensor (or numpy array) per placeholder ``in0, in1, ...`` in order.
             outputs: preallocated contiguous output tensors, or None to allocate.
-            config: the launch config; None uses :meth:`default_config`.
+            config: the launch config; None uses :meth:`run_config`.
         Returns:
             list of output tensors, in ``out0, out1, ...`` order.
         Raises:
@@ -163,7 +170,7 @@ class TritonKernel:
                                                                    device=device)
             outs.append(o)
         if all(int(np.prod(p.shape)) > 0 for p in rk.outputs):
-            cfg = config or self.default_config()
+            cfg = config or self.run_config()
             # the interpreter evaluates with numpy, which warns on the inf/NaN IEEE arithmetic makes
             with np.errstate(all="ignore"):
                 self.module.launch(*args, *outs, **cfg.kwargs())
