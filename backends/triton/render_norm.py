@@ -141,7 +141,7 @@ class ChanMoments:
         w.line("m2_run = m2_run + b_m2 + delta * delta * (n_run * n_blk / n_new)")
         w.line("sum_y = b_sum - sum_comp")
         w.line("sum_t = sum_run + sum_y")
-        w.line("sum_comp = (sum_t - sum_run) - sum_y")
+        w.line("sum_comp = tl.where(tl.abs(sum_t) < float('inf'), (sum_t - sum_run) - sum_y, 0.0)")
         w.line("sum_run = sum_t")
         w.line("n_run = n_new")
         w.close()
