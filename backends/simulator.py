@@ -22,8 +22,8 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
 
 The constants are plausible Hopper figures, not measurements; on a real GPU the measurer replaces the
 whole model. Config keys read: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` (contractions), ``BLOCK`` or
-``BLOCK_SIZE`` (elementwise and row kernels), ``num_warps``, ``num_stages``; missing keys take the
-defaults below.
+``BLOCK_SIZE`` (elementwise and row kernels), ``SPLIT`` (programs per row of a split reduction),
+``num_warps``, ``num_stages``; missing keys take the defaults below.
 """
 from __future__ import annotations
 
@@ -148,8 +148,9 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             rows, row = row_dims(kernel)
             rows_pp = int(cfg.get("BLOCK_M", 1))
             chunk = int(cfg.get("BLOCK_K", cfg.get("BLOCK", 1024)))
-            programs = math.ceil(rows / rows_pp)
-            tile_bytes = rows_pp * min(chunk, row) * dtype.itemsize
+            split = int(cfg.get("SPLIT", 1))      # a split reduction: SPLIT programs per row group
+            programs = math.ceil(rows / rows_pp) * split
+            tile_bytes = rows_pp * min(chunk, math.ceil(row / split)) * dtype.itemsize
             issued = programs * rows_pp * math.ceil(row / chunk) * chunk
             flops = flops * max(issued / (rows * row), 1.0)
             # a looped row kernel that normalizes re-reads its row once more
