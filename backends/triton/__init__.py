@@ -4,9 +4,11 @@ Entry points: :func:`render` (Kernel -> generated module source), :class:`Triton
 torch tensors), :func:`compile_aot` (ahead-of-time compile for ``cuda:90``, in a child process) and
 :func:`run_program` (a whole model's kernels in order).
 
-Without a CUDA device the kernels run in the Triton interpreter on CPU tensors. Triton reads
-``TRITON_INTERPRET`` when it is first imported, so this package sets it (unless the user did) before
-anything imports Triton; :func:`interpreter_mode` reports the choice.
+Without a CUDA device the kernels run in the Triton interpreter on CPU tensors: this package sets
+``TRITON_INTERPRET=1`` (unless the user set it). Triton 3.x reads it through ``triton.knobs`` when a
+``@triton.jit`` function is defined, so this works even if Triton was imported first (torch.export
+and transformers import it); older Triton read it once at import, which is then reported.
+:func:`interpreter_mode` reports the choice.
 """
 import os as _os
 import sys as _sys
@@ -26,7 +28,7 @@ def _choose_mode() -> None:
         has_gpu = False
     if has_gpu:
         return
-    if "triton" in _sys.modules:
+    if "triton" in _sys.modules and not hasattr(_sys.modules["triton"], "knobs"):
         MODE_PROBLEM = ("no GPU is present and Triton was imported before lumc.backends.triton "
                         "without TRITON_INTERPRET=1; set TRITON_INTERPRET=1 in the environment")
         return

@@ -9,17 +9,16 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 import os as _os
-import sys as _sys
 
 
 def _no_nvidia_device() -> bool:
     return not (_os.path.exists("/dev/nvidiactl") or _os.path.exists("/proc/driver/nvidia/version"))
 
 
-# Triton reads TRITON_INTERPRET once, at its first import, and torch.export may import it before
-# lumc's Triton backend does: decide here, at `import lumc`, cheaply (no torch import). Without an
-# NVIDIA device, generated kernels run in Triton's CPU interpreter.
-if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules and _no_nvidia_device():
+# Without an NVIDIA device, generated kernels run in Triton's CPU interpreter. Decide at `import
+# lumc`, cheaply (no torch import); Triton 3.x reads the variable when a kernel is defined, so it
+# holds even when torch.export or transformers imported Triton first.
+if "TRITON_INTERPRET" not in _os.environ and _no_nvidia_device():
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from lumc.ir.errors import (  # noqa: E402
