@@ -65,7 +65,8 @@ def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph,
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
     click.echo(f"  candidates: {r['candidates_total']} total, {r['candidates_pruned']} pruned by bound, "
                f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
-               f"{r['candidates_timed']} timed; max rel error {r['max_rel_error']:.2e}")
+               f"{r['candidates_timed']} timed; max rel error "
+               + (f"{r['max_rel_error']:.2e}" if r['max_rel_error'] is not None else "not checked (budget)"))
     eg = r["egraph"]
     if eg.get("used"):
         click.echo(f"  e-graph: {eg.get('enodes')} e-nodes, {eg.get('eclasses')} e-classes, "

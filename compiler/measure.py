@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,6 +102,8 @@ class KernelMeasurer:
         self.entries: dict[str, KernelEntry] = {}
         self.checked: dict[tuple[str, int], float] = {}
         self._verdicts: dict[str, tuple[bool, str]] = {}
+        self.deadline = None             # set by the pipeline: checks are not started past it
+        self._check_s = 1.0              # running estimate of one numerics check, seconds
         self.db_hits = 0
         self.measured = 0
 
@@ -199,6 +202,15 @@ class KernelMeasurer:
 
     def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
         """Run the generated kernel on the captured inputs and compare with the reference."""
+        if self.deadline is not None and self.deadline.remaining() < 1.5 * self._check_s:
+            return False, "error: no budget left for its numerics check"
+        t0 = time.monotonic()
+        try:
+            return self._run_check(e, index, cfg)
+        finally:
+            self._check_s = 0.7 * self._check_s + 0.3 * (time.monotonic() - t0)
+
+    def _run_check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
         call = e.call
         ins = [self.values.get(id(n)) for n in call.inputs]
         refs = [self.values.get(id(n)) for n in call.outputs]
