@@ -4,25 +4,34 @@
     lumc models list
     lumc models fetch minilm-l3
 
-Every :class:`~lumc.ir.errors.LumcError` (a bad model, an unsupported op, a bad input) ends the
-command with one line ``lumc: error: <message>`` on stderr and exit status 2, never a traceback. Any
-other exception is a bug in lumc and keeps its traceback. ``--check`` exits 1 when an output is
-outside tolerance.
+Every :class:`~lumc.ir.errors.LumcError` (a bad model, an unsupported op, a bad input, an output
+that cannot be written) ends the command with one line ``lumc: error: <message>`` on stderr and exit
+status 2, never a traceback; so do running out of memory and Ctrl-C. Any other exception is a bug in
+lumc and keeps its traceback. ``--check`` exits 1 when an output is outside tolerance. lumc's own
+warnings print as one line ``lumc: warning: <message>``.
+
+Output files (``-o``, ``--report``, ``--json``, ``--plot``) are written atomically; missing folders
+are created; a symlink is followed; a device, FIFO or directory is never replaced, and neither is an
+input of the same command.
 """
 from __future__ import annotations
 
+import io
+import math
 import os
 import pathlib
 import re
 import sys
-import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
 import click
 import numpy as np
 
 from lumc.compiler import models
+from lumc.compiler.artifact import check_writable, looks_like_artifact, refuse_same_file, write_atomic
+from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError, LumcError
 
 _TINY = np.finfo(np.float32).tiny  # floor of the rel-error denominator: an all-zero reference
@@ -36,8 +45,17 @@ class _LumcGroup(click.Group):
         try:
             return super().invoke(ctx)
         except LumcError as err:
-            click.echo(f"lumc: error: {' '.join(str(err).split())}", err=True)
-            ctx.exit(2)
+            _fail(ctx, str(err))
+        except MemoryError as err:
+            what = str(err) or "an allocation failed"
+            _fail(ctx, f"out of memory: {what}; use smaller --shape values or inputs")
+        except KeyboardInterrupt:
+            _fail(ctx, "interrupted (Ctrl-C); no output was written half-way")
+
+
+def _fail(ctx: click.Context, message: str):
+    click.echo(f"lumc: error: {' '.join(message.split())}", err=True)
+    ctx.exit(2)
 
 
 @click.group(cls=_LumcGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,7 +66,21 @@ def cli():
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``lumc = lumc.compiler.cli:main``)."""
+    warnings.showwarning = _show_warning
     cli.main(args=argv, prog_name="lumc")
+
+
+_show_warning_default = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """lumc's own RuntimeWarnings (their text starts ``lumc:``; a corrupt tuning database set
+    aside...) as one line ``lumc: warning: ...`` on stderr; every other warning as Python prints it."""
+    text = str(message)
+    if issubclass(category, RuntimeWarning) and text.startswith("lumc:"):
+        click.echo(f"lumc: warning: {' '.join(text[len('lumc:'):].split())}", err=True)
+        return
+    _show_warning_default(message, category, filename, lineno, file, line)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,22 +96,39 @@ class OutputCheck:
         max_rel: ``max_abs / max(max |ort|, tiny)``; inf where shapes, dtypes or NaN positions
             differ.
         ok: floats: ``max_rel <= rtol``; integers and bools: exactly equal.
+        rtol: the tolerance applied (0 for integers and bools).
         note: why the output failed beyond its numbers (shape or dtype mismatch), else "".
     """
     max_abs: float
     max_rel: float
     ok: bool
     note: str = ""
+    rtol: float = 0.0
 
 
-def compare_output(got: np.ndarray, ref: np.ndarray, rtol: float) -> OutputCheck:
-    """Compare one lumc output with the onnxruntime one (see :class:`OutputCheck`)."""
+def output_rtol(dtype: np.dtype, rtol: float | None) -> float:
+    """The tolerance of an output: ``rtol`` for floats when given, else the project's table by dtype
+    (``lumc.ir.dtypes.RTOL``: f32 1e-4, f16 1e-2, bf16 4e-2, f64 1e-10); 0 (exact) for integers
+    and bools."""
+    try:
+        d = dt.from_numpy(dtype)
+    except Exception:   # a dtype lumc does not hold: judge it as f32
+        d = dt.f32
+    if not d.is_float:
+        return 0.0
+    return float(rtol) if rtol is not None else dt.rtol_for(d)
+
+
+def compare_output(got: np.ndarray, ref: np.ndarray, rtol: float | None = None) -> OutputCheck:
+    """Compare one lumc output with the onnxruntime one (see :class:`OutputCheck`); ``rtol`` None
+    takes the tolerance of the output's dtype (:func:`output_rtol`)."""
     if got.shape != ref.shape:
         return OutputCheck(np.inf, np.inf, False, f"shape {got.shape} != onnxruntime {ref.shape}")
     if got.dtype != ref.dtype:
         return OutputCheck(np.inf, np.inf, False, f"dtype {got.dtype} != onnxruntime {ref.dtype}")
+    rtol = output_rtol(ref.dtype, rtol)
     if got.size == 0:
-        return OutputCheck(0.0, 0.0, True)
+        return OutputCheck(0.0, 0.0, True, rtol=rtol)
     a, b = got.astype(np.float64), ref.astype(np.float64)
     nan_a, nan_b = np.isnan(a), np.isnan(b)
     if (nan_a != nan_b).any():
@@ -92,7 +141,14 @@ def compare_output(got: np.ndarray, ref: np.ndarray, rtol: float) -> OutputCheck
     scale = max(float(finite_b.max()) if finite_b.size else 0.0, float(_TINY))
     max_rel = max_abs / scale
     exact = got.dtype.kind in "biu"
-    return OutputCheck(max_abs, max_rel, max_abs == 0 if exact else max_rel <= rtol)
+    return OutputCheck(max_abs, max_rel, max_abs == 0 if exact else max_rel <= rtol, rtol=rtol)
+
+
+def _check_rtol(ctx, param, value):
+    """click callback: ``--rtol`` is a finite number >= 0, or None (per-dtype tolerances)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise InputError(f"--rtol {value:g}: expected a finite number >= 0 (e.g. 1e-4)")
+    return value
 
 
 def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -103,31 +159,89 @@ def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
         if not eq or not name or not (dims == "" or _DIMS.match(dims)):
             raise InputError(f"bad --shape {item!r}: expected NAME=DxDx... (e.g. x=1x3x64x64) "
                              f"or DIM=N (e.g. batch_size=2)")
+        if name in shapes:
+            raise InputError(f"--shape {name} is given twice ({'x'.join(map(str, shapes[name]))} "
+                             f"and {dims}); give it once")
         shapes[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
     return shapes
+
+
+def _read_npy(path: str, what: str) -> np.ndarray:
+    """One array from a .npy file (never unpickles; an .npz or other file is an InputError)."""
+    try:
+        a = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"{what}: {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{what}: {path} is a directory, not a .npy array") from None
+    except OSError as err:
+        raise InputError(f"{what}: cannot read {path}: {err.strerror or err}") from None
+    except (ValueError, EOFError):   # numpy's hint about allow_pickle means: not a .npy file
+        raise InputError(f"{what}: {path} is not a .npy array (or it is truncated)") from None
+    if not isinstance(a, np.ndarray):
+        a.close()
+        raise InputError(f"{what}: {path} is an .npz archive, not a .npy array; give it with "
+                         "--inputs FILE.npz")
+    return a
 
 
 def _load_arrays(npz: str | None, pairs: tuple[str, ...]) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     if npz is not None:
         try:
-            with np.load(npz, allow_pickle=False) as f:
-                if not hasattr(f, "files"):
-                    raise InputError(f"--inputs {npz}: not an .npz archive")
+            f = np.load(npz, allow_pickle=False)
+        except FileNotFoundError:
+            raise InputError(f"--inputs {npz}: no such file") from None
+        except OSError as err:
+            raise InputError(f"--inputs {npz}: cannot read: {err.strerror or err}") from None
+        except (ValueError, EOFError):
+            raise InputError(f"--inputs {npz}: not an .npz archive (or it is truncated)") from None
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise InputError(f"--inputs {npz}: is a .npy array, not an .npz archive; give it with "
+                             "--input NAME=FILE.npy")
+        try:
+            with f:
                 arrays.update({k: f[k] for k in f.files})
-        except (OSError, ValueError) as err:
-            raise InputError(f"--inputs {npz}: cannot read: {err}") from None
+        except (OSError, ValueError, EOFError) as err:
+            raise InputError(f"--inputs {npz}: an array in it cannot be read "
+                             f"({type(err).__name__})") from None
     for item in pairs:
         name, eq, path = item.partition("=")
         if not eq or not name or not path:
             raise InputError(f"bad --input {item!r}: expected NAME=FILE.npy")
-        try:
-            arrays[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise InputError(f"--input {name}: cannot read {path}: {err}") from None
-        if not isinstance(arrays[name], np.ndarray):
-            raise InputError(f"--input {name}: {path} is not an .npy array")
+        arrays[name] = _read_npy(path, f"--input {name}")
     return arrays
+
+
+def _input_files(inputs_npz: str | None, pairs: tuple[str, ...]) -> list[str]:
+    return ([inputs_npz] if inputs_npz else []) + [p.partition("=")[2] for p in pairs
+                                                   if p.partition("=")[2]]
+
+
+def check_input_sizes(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, np.dtype]) -> None:
+    """Refuse inputs that cannot fit in this machine's memory, before allocating them.
+
+    Raises:
+        InputError: naming the input, its shape and the bytes it needs.
+    """
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    for name, shape in shapes.items():
+        need = math.prod(shape) * np.dtype(dtypes[name]).itemsize
+        if need > mem:
+            raise InputError(f"input {name!r} of shape {_fmt_shape(shape)} ({np.dtype(dtypes[name])}) "
+                             f"needs {_fmt_bytes(need)}, more than this machine's {_fmt_bytes(mem)} "
+                             "of memory; use a smaller --shape")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"
 
 
 def _fmt_shape(shape) -> str:
@@ -191,16 +305,10 @@ def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]],
 
 
 def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
-    # write next to the target, then rename: a failed run never leaves a half-written file
-    target = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, target)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    # built in memory, then written atomically: a failed run never leaves a half-written file
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomic(path, buf.getvalue())
 
 
 def _run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -218,9 +326,8 @@ def _run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.n
 
 
 def _is_artifact(path: str) -> bool:
-    """A ``.lumc`` artifact (a zip archive) rather than an ONNX protobuf."""
-    with open(path, "rb") as f:
-        return f.read(4) == b"PK\x03\x04" or str(path).endswith(".lumc")
+    """A ``.lumc`` artifact (a zip archive, whole or damaged) rather than an ONNX protobuf."""
+    return looks_like_artifact(path)
 
 
 _RUN_HELP = f"""Run MODEL (an .onnx file or a compiled .lumc artifact) through lumc; print each
@@ -232,12 +339,18 @@ p = 1/2; for the known models of `lumc models list` (recognized by sha256) it us
 recipe instead (token ids + attention mask, byte values 0..255, audio, a synthetic text image).
 
 Dynamic dims are set with --shape INPUT=1x3x64x64 (a whole input) or --shape DIM=N (a dim name,
-e.g. batch_size=2), or by the shapes of the given arrays; one left unset is an error.
+e.g. batch_size=2), or by the shapes of the given arrays; one left unset is an error. An artifact's
+shapes are fixed at compile time: --shape is refused for one.
 
 --check runs onnxruntime (CPU) on the same inputs and prints, per output, the max abs error
 max|a-b| and the max rel error max|a-b| / max(max|b|, tiny) (a = lumc, b = onnxruntime, tiny =
-the smallest normal fp32); float outputs pass when rel <= --rtol, integer and bool outputs must
-match exactly. Exit status: 0 ok, 1 --check failed, 2 bad model or inputs.
+the smallest normal fp32). A float output passes when rel <= its tolerance: --rtol when given,
+else the tolerance of its dtype (f32 1e-4, f16 1e-2, bf16 4e-2, f64 1e-10); integer and bool
+outputs must match exactly.
+
+-o writes the outputs atomically (missing folders are created; it never replaces the model, an
+input file, a device or a FIFO). Exit status: 0 ok, 1 --check failed, 2 bad model, inputs or
+output path.
 """
 
 
@@ -252,13 +365,15 @@ match exactly. Exit status: 0 ok, 1 --check failed, 2 bad model or inputs.
 @click.option("--shape", "shape_items", multiple=True, metavar="NAME=DxD...",
               help="Shape of an input (x=1x3x64x64) or value of a dynamic dim (batch_size=2).")
 @click.option("--check", is_flag=True, help="Compare every output with onnxruntime.")
-@click.option("--rtol", default=1e-4, show_default=True, type=float,
-              help="Max rel error allowed by --check for float outputs.")
+@click.option("--rtol", default=None, type=float, callback=_check_rtol, metavar="FLOAT",
+              help="Max rel error allowed by --check for float outputs, >= 0 (default: by dtype, "
+                   "f32 1e-4, f16 1e-2, bf16 4e-2, f64 1e-10).")
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), metavar="OUT.npz",
               help="Write the outputs to an .npz keyed by output name.")
 @click.option("--backend", type=click.Choice(["reference", "triton"]), default="reference",
               show_default=True, help="reference: the numpy executor; triton: greedy-fused kernels "
-              "in Triton (the Triton interpreter on CPU when no GPU is present).")
+              "in Triton (the Triton interpreter on CPU when no GPU is present). For an artifact: "
+              "reference runs its plan on the CPU executor (or its GPU), triton launches its kernels.")
 def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check, rtol, out_path,
             backend):
     from lumc.backends.reference import ReferenceExecutor
@@ -267,10 +382,19 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     shape_args = _parse_shapes(shape_items)
     if not os.path.isfile(model):
         raise LumcError(f"{model}: no such file")
+    if out_path:
+        refuse_same_file(out_path, model, "the model")
+        for f in _input_files(inputs_npz, input_pairs):
+            refuse_same_file(out_path, f, "the input file")
+        check_writable(out_path)
+    artifact = _is_artifact(model)
+    if artifact and shape_args:
+        raise InputError(f"--shape applies to an ONNX model, and {model} is a compiled artifact "
+                         "(its shapes are fixed at compile time); recompile with --shape instead")
     arrays = _load_arrays(inputs_npz, input_pairs)
-    if _is_artifact(model):
+    if artifact:
         from lumc.compiler.cli_compile import run_artifact
-        return run_artifact(model, arrays, use_random, seed, check, rtol, out_path)
+        return run_artifact(model, arrays, use_random, seed, check, rtol, out_path, backend)
     onnx_model = fe.load_model(model)
     fe.check_supported(onnx_model)
     specs = fe.model_input_specs(onnx_model)
@@ -293,8 +417,7 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     info = models.identify_model(model)
     inputs = dict(arrays)
     if missing:
-        drawn = models.random_inputs(shapes, {s.name: s.dtype.np for s in specs}, seed, info)
-        inputs.update({s.name: drawn[s.name] for s in missing})
+        inputs.update(random_missing(missing, shapes, seed, info))
 
     t0 = time.perf_counter()
     imported = fe.import_onnx(onnx_model, shapes)
@@ -327,9 +450,27 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
         finish_check(checks, rtol)
 
 
-def print_outputs(outputs: dict, ref: dict | None, rtol: float) -> dict[str, OutputCheck]:
+def random_missing(missing, shapes: dict, seed: int, info) -> dict[str, np.ndarray]:
+    """``--random`` values of the ``missing`` specs at their concrete ``shapes``.
+
+    Raises:
+        InputError: an input too large for this machine's memory (named, before allocating).
+    """
+    dtypes = {s.name: s.dtype.np for s in missing}
+    want = {s.name: tuple(shapes[s.name]) for s in missing}
+    check_input_sizes(want, dtypes)
+    try:
+        drawn = models.random_inputs(want, dtypes, seed, info)
+    except MemoryError:
+        big = max(want, key=lambda n: math.prod(want[n]) * np.dtype(dtypes[n]).itemsize)
+        raise InputError(f"out of memory drawing --random inputs; the largest is {big!r} of shape "
+                         f"{_fmt_shape(want[big])}; use a smaller --shape", node=big) from None
+    return {n: drawn[n] for n in want}
+
+
+def print_outputs(outputs: dict, ref: dict | None, rtol: float | None) -> dict[str, OutputCheck]:
     """Print one line per output (name, shape, dtype, and with ``ref`` its errors against
-    onnxruntime); returns the checks."""
+    onnxruntime, judged by :func:`compare_output` with ``rtol``); returns the checks."""
     checks: dict[str, OutputCheck] = {}
     if ref is not None:
         for name, y in outputs.items():
@@ -347,13 +488,21 @@ def print_outputs(outputs: dict, ref: dict | None, rtol: float) -> dict[str, Out
     return checks
 
 
-def finish_check(checks: dict[str, OutputCheck], rtol: float) -> None:
+def _tolerance_note(checks: dict[str, OutputCheck], rtol: float | None) -> str:
+    if rtol is not None:
+        return f"rtol {rtol:g}; ints exact"
+    used = sorted({c.rtol for c in checks.values() if c.rtol > 0})
+    return (f"rtol {'/'.join(f'{r:g}' for r in used)} by dtype" if used else "rtol by dtype") + \
+        "; ints exact"
+
+
+def finish_check(checks: dict[str, OutputCheck], rtol: float | None) -> None:
     """The ``--check`` verdict: exit 1 when any output failed."""
     bad = [n for n, c in checks.items() if not c.ok]
     if bad:
-        click.echo(f"check: FAILED for {', '.join(bad)} (rtol {rtol:g}; ints exact)", err=True)
+        click.echo(f"check: FAILED for {', '.join(bad)} ({_tolerance_note(checks, rtol)})", err=True)
         sys.exit(1)
-    click.echo(f"check: all {len(checks)} outputs match onnxruntime (rtol {rtol:g})")
+    click.echo(f"check: all {len(checks)} outputs match onnxruntime ({_tolerance_note(checks, rtol)})")
 
 
 # ---------------------------------------------------------------------------------------------

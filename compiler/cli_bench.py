@@ -12,18 +12,46 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
-import zipfile
+import tempfile
 
 import click
 
+from lumc.compiler.artifact import check_writable, looks_like_artifact, refuse_same_file, write_atomic
 from lumc.compiler.cli import _parse_shapes, cli
 from lumc.ir.errors import LumcError
 
 
 def is_artifact(path: str) -> bool:
-    """A ``.lumc`` file is a zip archive; an ONNX model is a protobuf, never a zip."""
-    return zipfile.is_zipfile(path)
+    """A ``.lumc`` file (a zip archive, whole or damaged); an ONNX model is a protobuf, never a zip."""
+    return looks_like_artifact(path)
+
+
+def _check_outputs(inputs: dict, outputs: list) -> None:
+    """Refuse, before any measurement, an output path that is one of the command's ``inputs``
+    (``{what: path}``) or another output, or that cannot be written."""
+    given = [o for o in outputs if o]
+    for o in given:
+        for what, i in inputs.items():
+            if i:
+                refuse_same_file(o, i, what)
+        check_writable(o)
+    if len(given) == 2 and os.path.realpath(given[0]) == os.path.realpath(given[1]):
+        raise LumcError(f"--json and --plot name the same file {given[0]}; give two paths")
+
+
+def _plot_atomic(plot_path: str, draw) -> None:
+    """``draw(tmp_path)`` renders the chart next to nothing the user has; the bytes are then
+    written atomically to ``plot_path`` (its suffix picks the format, as matplotlib does)."""
+    suffix = pathlib.Path(plot_path).suffix or ".png"
+    with tempfile.TemporaryDirectory(prefix="lumc-plot-") as tmp:
+        p = pathlib.Path(tmp) / f"chart{suffix}"
+        try:
+            draw(str(p))
+        except ValueError as e:     # matplotlib: an unknown image format
+            raise LumcError(f"--plot {plot_path}: cannot draw it ({e})") from None
+        write_atomic(plot_path, p.read_bytes())
 
 
 def open_target(target: str, *, budget: str, device: str | None, shape_items: tuple, quiet: bool):
@@ -61,7 +89,6 @@ def device_spec_of(name: str):
 
 
 def _write_json(path: str, doc: dict) -> None:
-    from lumc.compiler.artifact import write_atomic
     write_atomic(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
 
 
@@ -76,7 +103,11 @@ its CUDA graph replay. On a simulated device (sim:h200) kernel times are the ana
 count is worse than the baseline by more than --max-regression (5% by default), after re-measuring
 suspected regressions, and prints kernel | baseline | now | ratio. Kernels match by hash, else by
 position and form; missing or new kernels are reported, not failed. A baseline from another device,
-model or input shapes is refused (exit 2).
+model or input shapes is refused (exit 2), and so is a malformed one (a missing field, a time that
+is not a finite number >= 0, a kernel row given twice).
+
+--json and --plot are written atomically (missing folders are created); neither may be TARGET or
+the baseline.
 
 --vs eager,inductor,onnxruntime runs those rivals in this process on the same inputs and prints
 time ratios; on the CPU also Inductor's kernel count and bytes accessed beside lumc's.
@@ -115,6 +146,7 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
 
     threshold = parse_threshold(max_regression)
     rivals = parse_rivals(vs) if vs else []
+    _check_outputs({"the target": target, "the baseline": baseline}, [json_out, plot_path])
     base = load_baseline(baseline) if baseline else None
     cm, ahash, compiled = open_target(target, budget=budget, device=device, shape_items=shape_items,
                                       quiet=quiet)
@@ -164,8 +196,9 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
         click.echo(f"wrote {json_out}")
     if plot_path:
         from lumc.compiler.roofline_plot import plot_roofline
-        plot_roofline(doc["kernels"], tgt.spec, plot_path, simulated=tgt.simulated,
-                      title=f"lumc bench: {doc['model']['name']} on {tgt.name}")
+        _plot_atomic(plot_path, lambda p: plot_roofline(
+            doc["kernels"], tgt.spec, p, simulated=tgt.simulated,
+            title=f"lumc bench: {doc['model']['name']} on {tgt.name}"))
         click.echo(f"wrote {plot_path}")
     if cmp is not None and not cmp.ok:
         sys.exit(1)
@@ -186,7 +219,8 @@ def inspect_cmd(artifact, plot_path):
         raise LumcError(f"{artifact}: no such file")
     if not is_artifact(artifact):
         raise LumcError(f"{artifact}: not a .lumc artifact; compile the model first "
-                        "(lumc.compile(...).save(path)), or use lumc bench on it")
+                        "(lumc compile MODEL -o OUT.lumc), or use lumc bench on it")
+    _check_outputs({"the artifact": artifact}, [plot_path])
     manifest, _ = load_artifact(artifact, __version__)
     cm = lumc.load(artifact, device="cpu")
     r = cm.report_dict()
@@ -212,6 +246,7 @@ def inspect_cmd(artifact, plot_path):
     if plot_path:
         from lumc.compiler.roofline_plot import plot_roofline
         dtypes = {v[1] for v in (r.get("inputs") or {}).values() if v[1].startswith(("f", "bf"))}
-        plot_roofline(rows, device_spec_of(cm.device), plot_path, simulated=cm.simulated,
-                      title=f"lumc: {r.get('model', 'model')} on {cm.device}", dtypes=dtypes or None)
+        _plot_atomic(plot_path, lambda p: plot_roofline(
+            rows, device_spec_of(cm.device), p, simulated=cm.simulated,
+            title=f"lumc: {r.get('model', 'model')} on {cm.device}", dtypes=dtypes or None))
         click.echo(f"wrote {plot_path}")

@@ -13,10 +13,11 @@ import shutil
 
 import click
 
-from lumc.compiler.artifact import write_atomic
+from lumc.compiler.artifact import (check_writable, looks_like_artifact, refuse_same_file,
+                                    write_atomic)
 from lumc.compiler.budget import parse_duration
 from lumc.compiler.cli import _parse_shapes, cli
-from lumc.ir.errors import LumcError
+from lumc.ir.errors import InputError, LumcError
 
 _COMPILE_HELP = """Compile MODEL (an .onnx file) into the fastest correct program lumc finds within
 the budget, and save it as a self-contained .lumc artifact (weights, plan, report and the source
@@ -26,7 +27,30 @@ DURATION looks like 90s, 30m, 1h or 1h30m; it is a hard deadline for the whole c
 GPU (or with --device sim:h100/sim:h200) kernel times come from an analytical model of that GPU and
 the output says they are simulated; the compiled model then runs on the CPU executor. A second
 compile of the same model reuses the tuning database and re-times nothing.
+
+--shape is checked as `lumc run` checks it: every NAME must be an input or a dynamic dim of the
+model, given once, and bindings must agree. -o and --report are written atomically (missing
+folders are created, a symlink is followed); they never replace the model, each other, a device,
+a FIFO or a directory. Ctrl-C stops the compile with nothing half-written.
 """
+
+
+def _secs(x: float) -> str:
+    """Seconds for a summary line: three significant digits, whole seconds from 100 s up."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _model_shapes(model: str, shape_items: tuple) -> dict:
+    """Whole-input shapes for ``compile_model`` from ``--shape``, checked like ``lumc run``'s
+    (unknown names, repeats, conflicts, unset dynamic dims, inputs too large for memory)."""
+    from lumc.compiler import onnx_frontend as fe
+    from lumc.compiler.cli import check_input_sizes, resolve_shapes
+    shape_args = _parse_shapes(shape_items)
+    m = fe.load_model(model)
+    specs = fe.model_input_specs(m)
+    shapes = resolve_shapes(specs, shape_args, {})
+    check_input_sizes(shapes, {s.name: s.dtype.np for s in specs})
+    return shapes
 
 
 @cli.command("compile", help=_COMPILE_HELP)
@@ -42,25 +66,46 @@ compile of the same model reuses the tuning database and re-times nothing.
 @click.option("--no-egraph", is_flag=True, help="greedy fusion only (the ablation baseline)")
 @click.option("--quiet", is_flag=True, help="no progress display")
 def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, quiet):
+    written: list[str] = []
+    try:
+        _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written)
+    except KeyboardInterrupt:
+        done = (f"only {' and '.join(written)} {'was' if len(written) == 1 else 'were'} written"
+                if written else "nothing was written")
+        raise LumcError(f"interrupted: {done}; timings measured so far are kept in the tuning "
+                        "database") from None
+
+
+def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written):
     from lumc.compiler.pipeline import compile_model
     parse_duration(budget)                     # a bad budget fails before any work
-    shapes = _parse_shapes(shape_items)
     out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
-    try:
-        cm = compile_model(model, budget=budget, device=device, shapes=shapes,
-                           use_egraph=not no_egraph, quiet=quiet)
-    except KeyboardInterrupt:
-        raise LumcError("interrupted: nothing was written; timings measured so far are kept in the "
-                        "tuning database") from None
+    if not pathlib.Path(model).is_file():
+        raise LumcError(f"{model}: no such file" if not pathlib.Path(model).exists()
+                        else f"{model}: not a file")
+    if looks_like_artifact(model):
+        raise LumcError(f"{model} is a compiled .lumc artifact, not an ONNX model; compile the "
+                        "source model (lumc run/bench/inspect take the artifact)")
+    refuse_same_file(out_path, model, "the model")
+    if report_path:
+        refuse_same_file(report_path, model, "the model")
+        refuse_same_file(report_path, out_path, "the artifact output")
+        check_writable(report_path)
+    check_writable(out_path)
+    shapes = _model_shapes(model, shape_items)
+    cm = compile_model(model, budget=budget, device=device, shapes=shapes,
+                       use_egraph=not no_egraph, quiet=quiet)
     cm.save(out_path)
+    written.append(str(out_path))
     r = cm.report_dict()
     if report_path:
         write_atomic(report_path, json.dumps(r, indent=1).encode())
+        written.append(str(report_path))
     unit = "SIMULATED" if r["simulated"] else "measured"
     best = r["best_time_s"]
     best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
-    click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) in {r['compile_s']:.1f} s "
-               f"of {r['budget_s']:.0f} s: {r['stopped_because']}")
+    click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) in {_secs(r['compile_s'])} s "
+               f"of {_secs(r['budget_s'])} s: {r['stopped_because']}")
     click.echo(f"  {r['kernels']} kernels, best {best_s}, roofline bound {r['bound_time_s'] * 1e6:.1f} us"
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
     click.echo(f"  candidates: {r['candidates_total']} total, {r['candidates_pruned']} pruned by bound, "
@@ -89,6 +134,10 @@ def _kernel_cache_dir() -> pathlib.Path | None:
         return None
 
 
+def _size(files) -> str:
+    return f"{sum(p.stat().st_size for p in files if p.exists()) / 1e3:.1f} kB"
+
+
 @cache_grp.command("info")
 def cache_info():
     """Where the caches are, and how much they hold."""
@@ -98,29 +147,39 @@ def cache_info():
     click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {info['bytes'] / 1e3:.1f} kB)")
     for dev, n in sorted(info["by_device"].items()):
         click.echo(f"  {dev}: {n}")
+    plans = db.stored_plans()
+    click.echo(f"stored plans: {db.plans_dir} ({len(plans)} plans, {_size(plans)})")
+    aside = db.set_aside_files()
+    if aside:
+        click.echo(f"set-aside corrupt databases: {len(aside)} files ({_size(aside)}): "
+                   + ", ".join(p.name for p in aside))
     kdir = _kernel_cache_dir()
     if kdir is not None and kdir.exists():
         files = [p for p in kdir.rglob("*") if p.is_file()]
-        click.echo(f"kernel sources: {kdir} ({len(files)} files, "
-                   f"{sum(p.stat().st_size for p in files) / 1e3:.1f} kB)")
+        click.echo(f"kernel sources: {kdir} ({len(files)} files, {_size(files)})")
 
 
 @cache_grp.command("clear")
 def cache_clear():
-    """Delete every stored timing and generated kernel source."""
+    """Delete every stored timing, stored plan, set-aside corrupt database and generated kernel
+    source."""
     from lumc.compiler.tuning_db import TuningDatabase
-    n = TuningDatabase().clear()
+    db = TuningDatabase()
+    n = db.clear()
+    plans, aside = db.clear_plans_and_set_aside()
     kdir = _kernel_cache_dir()
     removed = 0
     if kdir is not None and kdir.exists():
         removed = sum(1 for p in kdir.rglob("*") if p.is_file())
         shutil.rmtree(kdir, ignore_errors=True)
-    click.echo(f"cleared {n} timings and {removed} kernel source files")
+    click.echo(f"cleared {n} timings, {plans} stored plans, {aside} set-aside database files and "
+               f"{removed} kernel source files")
 
 
-def run_artifact(path, arrays, use_random, seed, check, rtol, out_path):
+def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend="reference"):
     """``lumc run ART.lumc``: run a compiled artifact; ``--check`` runs onnxruntime on the source
-    model stored inside it (no original file needed)."""
+    model stored inside it (no original file needed). ``backend="triton"`` launches the artifact's
+    own kernels (``lumc.backends.triton.run_program``; the Triton interpreter without a GPU)."""
     import time
 
     import numpy as np
@@ -128,9 +187,10 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path):
     from lumc.compiler import cli as c
     from lumc.compiler import models
     from lumc.compiler.compiled import load
-    from lumc.ir.errors import InputError
 
     cm = load(path)
+    if check and not cm.source_onnx:
+        raise InputError("--check needs the source ONNX model, and this artifact has none")
     specs = cm.inputs
     names = [s.name for s in specs]
     unknown = sorted(set(arrays) - set(names))
@@ -145,26 +205,27 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path):
     info = models.identify_bytes(cm.source_onnx) if cm.source_onnx else None
     inputs = dict(arrays)
     if missing:
-        drawn = models.random_inputs({s.name: s.shape for s in specs},
-                                     {s.name: s.dtype.np for s in specs}, seed, info)
-        inputs.update({s.name: drawn[s.name] for s in missing})
+        inputs.update(c.random_missing(missing, {s.name: s.shape for s in specs}, seed, info))
     t0 = time.perf_counter()
-    outputs = cm.run(inputs)
+    if backend == "triton":
+        from lumc.backends.triton.runner import execution_mode, run_program
+        outputs = run_program(cm.program, inputs)   # checks shapes and dtypes of what it reads
+        where = f"Triton kernels, {execution_mode()}"
+    else:
+        outputs = cm.run(inputs)
+        where = cm.torch_device if cm.torch_device != "cpu" else "CPU executor"
     t1 = time.perf_counter()
     r = cm.report_dict()
-    where = cm.torch_device if cm.torch_device != "cpu" else "CPU executor"
     click.echo(f"{pathlib.Path(path).name}: compiled for {cm.device}"
                f"{' (simulated times)' if cm.simulated else ''}, {len(cm.program)} kernels, "
                f"running on {where}")
     click.echo("inputs: " + ", ".join(
         f"{n} {c._fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
         for n, x in inputs.items()))
-    if check and not cm.source_onnx:
-        raise InputError("--check needs the source ONNX model, and this artifact has none")
     checks = c.print_outputs(outputs, c._run_onnxruntime(cm.source_onnx, inputs) if check else None,
                              rtol)
     best = r.get("best_time_s")
-    click.echo(f"time: run {t1 - t0:.3f} s on the {where}; compiled plan "
+    click.echo(f"time: run {t1 - t0:.3f} s ({where}); compiled plan "
                + (f"{best * 1e6:.1f} us {'simulated' if cm.simulated else 'measured'} on {cm.device}"
                   if best else "untimed"))
     if out_path:

@@ -3,8 +3,9 @@
 Rules:
 
 * A baseline is refused (:class:`BaselineMismatchError`, one line) when it is not a bench document,
-  when it was measured on another device (GPU index aside), or when it belongs to another model
-  (another source sha256) or to other input shapes.
+  when it is malformed (a missing or mistyped field, a time or size that is not a finite number
+  >= 0, a kernel row given twice), when it was measured on another device (GPU index aside), or
+  when it belongs to another model (another source sha256) or to other input shapes.
 * Kernels are matched by kernel hash (the k-th launch of a hash in the baseline with the k-th in this
   run); those left over are matched by position and form (the same kernel slot whose code changed);
   the rest are reported as ``missing`` (baseline only) or ``new`` (this run only), never an error.
@@ -18,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -69,7 +71,72 @@ def load_baseline(path) -> dict:
     for key in ("device", "model", "kernels", "end_to_end"):
         if key not in doc:
             raise BaselineMismatchError(f"baseline {path}: bench document lacks {key!r}")
+    problem = bench_doc_problem(doc)
+    if problem:
+        raise BaselineMismatchError(f"baseline {path} is malformed: {problem}")
     return doc
+
+
+def _amount(v) -> bool:
+    """A finite number >= 0 (not a bool, not NaN)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0)
+
+
+def bench_doc_problem(doc: dict) -> str | None:
+    """What is wrong with a bench document's fields a comparison reads, or None.
+
+    Checked: ``device`` a string; ``model`` an object with string ``sha256`` and ``inputs``
+    ``{name: [shape, dtype]}``; ``kernels`` a list of objects, each with a unique integer
+    ``index``, string ``kernel`` and ``form``, a finite ``time_s`` >= 0 and a ``config`` object or
+    null; ``end_to_end`` an object whose ``time_s``, ``bytes_moved`` and ``kernel_count`` are finite
+    numbers >= 0.
+    """
+    if not isinstance(doc.get("device"), str) or not doc["device"]:
+        return f"'device' is {doc.get('device')!r}, expected a device name"
+    m = doc.get("model")
+    if not isinstance(m, dict):
+        return f"'model' is {m!r}, expected an object with name, sha256 and inputs"
+    if not isinstance(m.get("sha256"), str):
+        return f"'model' has no sha256 string (got {m.get('sha256')!r})"
+    inputs = m.get("inputs")
+    if not isinstance(inputs, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in v[0])
+            and isinstance(v[1], str) for v in inputs.values()):
+        return "'model.inputs' is not {name: [shape, dtype]}"
+    ks = doc.get("kernels")
+    if not isinstance(ks, list):
+        return f"'kernels' is a {type(ks).__name__}, expected a list of kernel rows"
+    seen: set[int] = set()
+    for pos, k in enumerate(ks):
+        if not isinstance(k, dict):
+            return f"kernel row {pos} is {k!r}, expected an object"
+        idx = k.get("index")
+        if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
+            return f"kernel row {pos} has index {idx!r}, expected an integer >= 0"
+        if idx in seen:
+            return f"kernel row #{idx} appears twice"
+        seen.add(idx)
+        for f in ("kernel", "form"):
+            if not isinstance(k.get(f), str):
+                return f"kernel row #{idx} lacks {f!r} (or it is not a string)"
+        if "time_s" not in k:
+            return f"kernel row #{idx} lacks 'time_s'"
+        if not _amount(k["time_s"]):
+            return f"kernel row #{idx} has time_s {k['time_s']!r}, expected a finite number of " \
+                   "seconds >= 0"
+        if k.get("config") is not None and not isinstance(k["config"], dict):
+            return f"kernel row #{idx} has config {k['config']!r}, expected an object or null"
+    e = doc.get("end_to_end")
+    if not isinstance(e, dict):
+        return f"'end_to_end' is {e!r}, expected an object"
+    for f in ("time_s", "bytes_moved", "kernel_count"):
+        if f not in e:
+            return f"'end_to_end' lacks {f!r}"
+        if not _amount(e[f]):
+            return f"end_to_end {f} is {e[f]!r}, expected a finite number >= 0"
+    return None
 
 
 def check_comparable(base: dict, now: dict, name: str = "baseline") -> None:
@@ -296,5 +363,6 @@ def scale_times(doc: dict, factor: float) -> dict:
     return out
 
 
-__all__ = ["BaselineMismatchError", "BenchError", "Comparison", "Row", "check_comparable",
-           "compare_docs", "load_baseline", "match_kernels", "parse_threshold", "scale_times"]
+__all__ = ["BaselineMismatchError", "BenchError", "Comparison", "Row", "bench_doc_problem",
+           "check_comparable", "compare_docs", "load_baseline", "match_kernels", "parse_threshold",
+           "scale_times"]

@@ -135,6 +135,37 @@ class TuningDatabase:
         self._conn.execute("DELETE FROM timings")
         return int(n)
 
+    @property
+    def plans_dir(self) -> Path:
+        """Where stored plans of earlier compiles live (``<cache dir>/plans/*.lumc``, written by the
+        pipeline's plan reuse)."""
+        return self.path.parent / "plans"
+
+    def stored_plans(self) -> list[Path]:
+        """The stored plan files (``*.lumc`` and any temporary file a killed write left)."""
+        d = self.plans_dir
+        return sorted(p for p in d.iterdir() if p.is_file()) if d.is_dir() else []
+
+    def set_aside_files(self) -> list[Path]:
+        """Unreadable databases set aside by earlier runs (``<name>.corrupt-<time>`` and their
+        ``-wal``/``-shm`` companions)."""
+        return sorted(p for p in self.path.parent.glob(f"{self.path.name}.corrupt-*") if p.is_file())
+
+    def clear_plans_and_set_aside(self) -> tuple[int, int]:
+        """Delete every stored plan and every set-aside database; returns ``(plans, files)``
+        deleted (a file another process removed first is not counted)."""
+        counts = []
+        for files in (self.stored_plans(), self.set_aside_files()):
+            n = 0
+            for p in files:
+                try:
+                    p.unlink()
+                    n += 1
+                except FileNotFoundError:
+                    pass
+            counts.append(n)
+        return counts[0], counts[1]
+
     def close(self) -> None:
         self._conn.close()
 

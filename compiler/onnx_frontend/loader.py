@@ -91,10 +91,13 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
         except OSError as e:
             raise ModelError(f"cannot read model file {path!r}: {e.strerror}") from None
         model = _parse(data, f"model file {path!r}")
+        base = os.path.dirname(os.path.abspath(path))
+        _check_external_files(model, base, path)
         try:
-            onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-        except (OSError, ValueError) as e:
-            raise ModelError(f"external data of {path!r} cannot be loaded: {e}") from None
+            onnx.load_external_data_for_model(model, base)
+        except Exception as e:  # OSError, ValueError, onnx's checker.ValidationError
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ModelError(f"external data of {path!r} cannot be loaded: {first}") from None
     else:
         raise ModelError(f"cannot load a model from a {type(src).__name__}")
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
@@ -107,9 +110,43 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
     return model
 
 
+def _tensors(graph: onnx.GraphProto):
+    """Every initializer and attribute tensor of ``graph`` and its subgraphs."""
+    yield from graph.initializer
+    for n in graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+            elif a.type == onnx.AttributeProto.TENSORS:
+                yield from a.tensors
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from _tensors(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _tensors(g)
+
+
+def _check_external_files(model: onnx.ModelProto, base: str, path: str) -> None:
+    """Every external-data file the model names exists next to it (one line naming the tensor and
+    the file, instead of onnx's checker error)."""
+    for t in _tensors(model.graph):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in t.external_data if e.key == "location"), None)
+        if not location:
+            raise ModelError(f"tensor {t.name!r} of {path!r} is stored externally but names no file")
+        f = os.path.join(base, location)
+        if not os.path.isfile(f):
+            what = "is missing" if not os.path.exists(f) else "is not a regular file"
+            raise ModelError(f"tensor {t.name!r}: its external data file {location!r} {what} "
+                             f"(looked next to {path!r})")
+
+
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
     if not data:
         raise ModelError(f"{what} is empty")
+    if data[:2] == b"PK":   # an ONNX protobuf never starts so (field 10 is not in ModelProto)
+        raise ModelError(f"{what} is a zip archive (a compiled .lumc artifact?), not an ONNX model")
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)

@@ -162,7 +162,14 @@ def check_supported(model: onnx.ModelProto) -> None:
             implemented, a missing library function, an attribute value, an element type) and the
             names of its nodes, with the model's opset.
         ModelError: the model imports no default opset.
+        UnsupportedOpError: the default opset is newer than the installed onnx package knows
+            (``onnx.defs.onnx_opset_version()``): its ops' semantics are unknown to lumc.
     """
+    opset = _opset_or_zero(model)
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise UnsupportedOpError(f"the model imports ai.onnx opset {opset}; lumc supports ai.onnx "
+                                 f"opsets up to {newest} (the newest the installed onnx knows)")
     found = unsupported_nodes(model)
     if not found:
         return

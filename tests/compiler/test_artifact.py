@@ -8,11 +8,15 @@ from lumc.compiler.artifact import load_artifact, save_artifact, write_atomic
 from lumc.ir.errors import ArtifactError
 
 
+PLAN = b'{"device": "sim:h200", "simulated": true, "calls": [], "outputs": {}}'
+
+
 def test_roundtrip(tmp_path):
     p = tmp_path / "m.lumc"
-    h = save_artifact(p, {"plan.json": b"{}", "graph.json": b"[1]"}, "0.1.0")
+    given = {"plan.json": PLAN, "notes.bin": b"\x00\x01"}
+    h = save_artifact(p, given, "0.1.0")
     manifest, parts = load_artifact(p, "0.1.0")
-    assert parts == {"plan.json": b"{}", "graph.json": b"[1]"} and len(h) == 64
+    assert parts == given and len(h) == 64
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign_zip", "flip_part", "version", "missing"])

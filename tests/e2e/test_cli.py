@@ -76,7 +76,7 @@ def test_check_failure_exits_1(tiny_path, monkeypatch):
     assert res.exit_code == 1, res.output
     y_line = next(ln for ln in res.stdout.splitlines() if ln.split()[0] == "y")
     assert "FAIL" in y_line and "max_rel 0.001" in y_line
-    assert res.stderr.strip() == "check: FAILED for y (rtol 0.0001; ints exact)"
+    assert res.stderr.strip() == "check: FAILED for y (rtol 0.0001 by dtype; ints exact)"
     assert lumc("run", tiny_path, "--random", "--shape", "n=3", "--check", "--rtol", "2e-3").exit_code == 0
 
 
