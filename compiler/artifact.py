@@ -28,6 +28,7 @@ import zlib
 from pathlib import Path
 
 from lumc.ir.errors import ArtifactError, LumcError
+from lumc.ir.serialize import FORMAT as GRAPH_FORMAT
 
 FORMAT = "lumc-artifact/1"
 MANIFEST = "manifest.json"
@@ -234,6 +235,9 @@ def _check_parts(path: Path, parts: dict[str, bytes]) -> None:
             if not isinstance(doc.get(k), types):
                 raise ArtifactError(f"{path}: part {name!r} lacks {k!r} or it is not a "
                                     f"{types[0].__name__}")
+        if name == "graph.json" and doc.get("format") != GRAPH_FORMAT:
+            raise ArtifactError(f"{path}: part 'graph.json' has graph format "
+                                f"{doc.get('format')!r}, this lumc reads {GRAPH_FORMAT!r}")
     if "consts.npz" in parts:
         import numpy as np
         try:

@@ -151,7 +151,8 @@ def cache_info():
     click.echo(f"stored plans: {db.plans_dir} ({len(plans)} plans, {_size(plans)})")
     aside = db.set_aside_files()
     if aside:
-        click.echo(f"set-aside corrupt databases: {len(aside)} files ({_size(aside)}): "
+        click.echo(f"set-aside corrupt databases: {len(aside)} file{'s' * (len(aside) != 1)} "
+                   f"({_size(aside)}): "
                    + ", ".join(p.name for p in aside))
     kdir = _kernel_cache_dir()
     if kdir is not None and kdir.exists():

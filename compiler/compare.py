@@ -83,6 +83,12 @@ def _amount(v) -> bool:
             and v >= 0)
 
 
+def _show(v) -> str:
+    """A value as it reads in the JSON file (null, NaN, "fast"), cut to 40 characters."""
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def bench_doc_problem(doc: dict) -> str | None:
     """What is wrong with a bench document's fields a comparison reads, or None.
 
@@ -93,12 +99,12 @@ def bench_doc_problem(doc: dict) -> str | None:
     numbers >= 0.
     """
     if not isinstance(doc.get("device"), str) or not doc["device"]:
-        return f"'device' is {doc.get('device')!r}, expected a device name"
+        return f"'device' is {_show(doc.get('device'))}, expected a device name"
     m = doc.get("model")
     if not isinstance(m, dict):
-        return f"'model' is {m!r}, expected an object with name, sha256 and inputs"
+        return f"'model' is {_show(m)}, expected an object with name, sha256 and inputs"
     if not isinstance(m.get("sha256"), str):
-        return f"'model' has no sha256 string (got {m.get('sha256')!r})"
+        return f"'model' has no sha256 string (got {_show(m.get('sha256'))})"
     inputs = m.get("inputs")
     if not isinstance(inputs, dict) or not all(
             isinstance(v, list) and len(v) == 2 and isinstance(v[0], list)
@@ -111,10 +117,10 @@ def bench_doc_problem(doc: dict) -> str | None:
     seen: set[int] = set()
     for pos, k in enumerate(ks):
         if not isinstance(k, dict):
-            return f"kernel row {pos} is {k!r}, expected an object"
+            return f"kernel row {pos} is {_show(k)}, expected an object"
         idx = k.get("index")
         if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
-            return f"kernel row {pos} has index {idx!r}, expected an integer >= 0"
+            return f"kernel row {pos} has index {_show(idx)}, expected an integer >= 0"
         if idx in seen:
             return f"kernel row #{idx} appears twice"
         seen.add(idx)
@@ -124,18 +130,18 @@ def bench_doc_problem(doc: dict) -> str | None:
         if "time_s" not in k:
             return f"kernel row #{idx} lacks 'time_s'"
         if not _amount(k["time_s"]):
-            return f"kernel row #{idx} has time_s {k['time_s']!r}, expected a finite number of " \
+            return f"kernel row #{idx} has time_s {_show(k['time_s'])}, expected a finite number of " \
                    "seconds >= 0"
         if k.get("config") is not None and not isinstance(k["config"], dict):
-            return f"kernel row #{idx} has config {k['config']!r}, expected an object or null"
+            return f"kernel row #{idx} has config {_show(k['config'])}, expected an object or null"
     e = doc.get("end_to_end")
     if not isinstance(e, dict):
-        return f"'end_to_end' is {e!r}, expected an object"
+        return f"'end_to_end' is {_show(e)}, expected an object"
     for f in ("time_s", "bytes_moved", "kernel_count"):
         if f not in e:
             return f"'end_to_end' lacks {f!r}"
         if not _amount(e[f]):
-            return f"end_to_end {f} is {e[f]!r}, expected a finite number >= 0"
+            return f"end_to_end {f} is {_show(e[f])}, expected a finite number >= 0"
     return None
 
 

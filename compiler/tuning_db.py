@@ -133,6 +133,10 @@ class TuningDatabase:
         """Delete every timing; returns how many were deleted."""
         n = self._conn.execute("SELECT COUNT(*) FROM timings").fetchone()[0]
         self._conn.execute("DELETE FROM timings")
+        try:
+            self._conn.execute("VACUUM")      # give the space back: `cache info` shows the size
+        except sqlite3.OperationalError:      # another process holds the database: keep its pages
+            pass
         return int(n)
 
     @property
