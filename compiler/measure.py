@@ -8,8 +8,10 @@
    from one reference run of the whole model on the example inputs), by the dtype tolerance table;
    a mismatch is ``rejected`` and never chosen. On a GPU every config is checked the first time it
    runs. On ``sim:*`` the check runs in Triton's CPU interpreter, where a small-tile config can take
-   a minute, so each kernel is checked once, at its config with the largest tiles (the same
-   generated source; tiles are compile-time constants), and that verdict stands for its configs;
+   a minute, so each kernel is checked once, at the interpreter's big-tile config (the same
+   generated source; tiles are compile-time constants; ``tests/backends/test_triton_verdicts.py``
+   checks that the GPU default and the largest-tile configs agree), and that verdict stands for its
+   configs;
 4. times it: CUDA events on a GPU (warm-up, L2 flush, rotating inputs, median of repeats), or the
    analytical model of ``lumc.backends.simulator`` on ``sim:*``;
 5. stores the result, committed at once.
@@ -163,6 +165,8 @@ class KernelMeasurer:
             ok, note = self._check_once(e)
         else:
             ok, note = self._check(e, index, cfg_obj)
+        if note.startswith("error: no budget"):
+            return Measurement(None, "budget", note)
         if not ok:
             self.log.append(f"kernel {key[:12]} ({e.kernel.form}) config {cfg_obj}: {note}")
             if note.startswith("rejected"):   # wrong numerics are a fact of this kernel+config+version
@@ -188,13 +192,12 @@ class KernelMeasurer:
             verdict = (hit.ok, hit.note)
             e.max_error = hit.seconds        # the row keeps the check's max rel error
         else:
-            def tiles(c):
-                kw = c.kwargs()
-                return (int(np.prod([v for k, v in kw.items() if k.startswith("BLOCK")] or [1])),
-                        -kw.get("num_stages", 1))
-            index = max(range(len(e.configs)), key=lambda i: tiles(e.configs[i]))
-            ok, note = self._check(e, index, e.configs[index])
-            verdict = (ok, note + f" (at {e.configs[index]}, CPU interpreter)")
+            # the interpreter's cost is per program and per op: check at its big-tile config
+            cfg = e.triton.run_config()
+            ok, note = self._check(e, -1, cfg)
+            verdict = (ok, note + f" (at {cfg}, CPU interpreter)")
+            if note.startswith("error: no budget"):
+                return verdict          # not a verdict on the kernel: not remembered
             if ok or note.startswith("rejected"):
                 self.db.put(dbk, Timing(e.max_error, ok, True, verdict[1]))
         self._verdicts[e.key] = verdict

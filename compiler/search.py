@@ -32,7 +32,8 @@ from lumc.compiler.budget import Deadline
 @dataclass(frozen=True)
 class Measurement:
     """One kernel config measured: ``seconds`` (None when it failed), ``status`` one of ``ok``,
-    ``rejected`` (numerics differ from the reference), ``error`` (did not compile or run)."""
+    ``rejected`` (numerics differ from the reference), ``error`` (did not compile or run),
+    ``budget`` (not measured: no time left for it; the search stops)."""
     seconds: float | None
     status: str = "ok"
     note: str = ""
@@ -109,6 +110,9 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             return False
         tried[k].add(ci)
         m = measure(k, ci)
+        if m.status == "budget":         # the measurer has no time left for this config
+            tried[k].discard(ci)
+            return False
         stats.measurements += 1
         stats.candidates_compiled += 1
         if m.status != "ok" or m.seconds is None:

@@ -179,6 +179,9 @@ def default_config(space: str, problem: dict) -> Config:
     raise KeyError(f"unknown config space {space!r}")
 
 
+INTERP_TILE = 1 << 20   # elements of one operand tile under the interpreter (numpy arrays, 4 MiB fp32)
+
+
 def interpreter_config(space: str, problem: dict) -> Config:
     """Big tiles for the Triton interpreter, whose cost is per program and per op, not per element
     (registers and shared memory do not exist there). Not for GPUs."""
@@ -186,12 +189,13 @@ def interpreter_config(space: str, problem: dict) -> Config:
         return make(4, 1, BLOCK=min(16384, max(16, next_pow2(problem["N"]))))
     if space == "row":
         bk = problem["BLOCK_K_FIXED"] if problem["one_pass"] else min(8192, next_pow2(problem["K"]))
-        bm = max(1, min(next_pow2(problem["M"]), 32768 // bk))
+        bm = max(1, min(next_pow2(problem["M"]), INTERP_TILE // bk))
         return make(4, 1 + (not problem["one_pass"]), BLOCK_M=bm, BLOCK_K=bk)
     if space == "matmul":
-        return make(4, 2, BLOCK_M=min(256, max(16, next_pow2(problem["M"]))),
-                    BLOCK_N=min(256, max(16, next_pow2(problem["N"]))),
-                    BLOCK_K=min(256, max(16, next_pow2(problem["K"]))), GROUP_M=8)
+        bm = min(4096, max(16, next_pow2(problem["M"])))
+        bn = min(256, max(16, next_pow2(problem["N"])))
+        bk = min(16384, max(16, next_pow2(problem["K"])), max(16, INTERP_TILE // max(bm, bn)))
+        return make(4, 2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
     if space == "attention":
         return make(4, 1, BLOCK_M=min(128, max(16, next_pow2(problem["M"]))),
                     BLOCK_N=min(256, max(16, next_pow2(problem["N"]))))
