@@ -267,7 +267,8 @@ def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dic
         with zipfile.ZipFile(path) as z:
             names = set(z.namelist())
             if MANIFEST not in names:
-                raise ArtifactError(f"{path}: not a lumc artifact (no {MANIFEST})")
+                raise ArtifactError(f"{path}: damaged .lumc artifact or another zip archive (no "
+                                    f"{MANIFEST}; truncated?)")
             try:
                 manifest = json.loads(z.read(MANIFEST))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:

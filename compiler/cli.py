@@ -51,6 +51,11 @@ class _LumcGroup(click.Group):
             _fail(ctx, f"out of memory: {what}; use smaller --shape values or inputs")
         except KeyboardInterrupt:
             _fail(ctx, "interrupted (Ctrl-C); no output was written half-way")
+        except click.UsageError as err:   # a subcommand's bad option: one line too, with the way out
+            if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                raise
+            where = err.ctx.command_path if err.ctx is not None else ctx.command_path
+            _fail(ctx, f"{err.format_message()} (see {where} --help)")
 
 
 def _fail(ctx: click.Context, message: str):

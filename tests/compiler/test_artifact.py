@@ -1,11 +1,15 @@
 """Artifact files: round trip, atomic writes, and one clear error for every kind of damage."""
+import hashlib
+import json
 import os
+import stat
 import zipfile
 
 import pytest
 
-from lumc.compiler.artifact import load_artifact, save_artifact, write_atomic
-from lumc.ir.errors import ArtifactError
+from lumc.compiler.artifact import (OutputError, check_writable, load_artifact, looks_like_artifact,
+                                    refuse_same_file, save_artifact, write_atomic)
+from lumc.ir.errors import ArtifactError, LumcError
 
 
 PLAN = b'{"device": "sim:h200", "simulated": true, "calls": [], "outputs": {}}'
@@ -56,3 +60,142 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
         write_atomic(p, None)        # fails while writing
     assert p.read_bytes() == b"old"
     assert [f.name for f in tmp_path.iterdir()] == ["out.bin"]   # no temp file left behind
+
+
+# ---- where and how outputs are written --------------------------------------------------------
+
+def test_write_follows_a_symlink_and_keeps_it(tmp_path):
+    real, link = tmp_path / "real.bin", tmp_path / "link.bin"
+    link.symlink_to(real)
+    write_atomic(link, b"one")
+    write_atomic(link, b"two")
+    assert link.is_symlink() and real.read_bytes() == b"two"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["link.bin", "real.bin"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_write_refuses_special_files(tmp_path, kind):
+    p = tmp_path / "special"
+    os.mkfifo(p) if kind == "fifo" else p.mkdir()
+    for target in (p, tmp_path / "link"):
+        if target != p:
+            target.symlink_to(p)
+        with pytest.raises(OutputError) as e:
+            write_atomic(target, b"data")
+        assert "not a regular file" in str(e.value) and "\n" not in str(e.value)
+    assert stat.S_ISFIFO(p.stat().st_mode) if kind == "fifo" else p.is_dir()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["link", "special"]
+
+
+def test_new_files_follow_the_umask_and_replaced_ones_keep_their_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "new.bin", b"x")
+        assert stat.S_IMODE((tmp_path / "new.bin").stat().st_mode) == 0o640
+        kept = tmp_path / "kept.bin"
+        kept.write_bytes(b"old")
+        kept.chmod(0o604)
+        write_atomic(kept, b"new")
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o604 and kept.read_bytes() == b"new"
+    finally:
+        os.umask(old)
+
+
+def test_missing_folders_are_created_and_unwritable_ones_are_output_errors(tmp_path):
+    write_atomic(tmp_path / "a" / "b" / "c.bin", b"x")
+    assert (tmp_path / "a" / "b" / "c.bin").read_bytes() == b"x"
+    (tmp_path / "file").write_bytes(b"not a folder")
+    bad = [tmp_path / "file" / "x.bin"] + (["/proc/x.lumc"] if os.path.isdir("/proc/self") else [])
+    for p in bad:
+        with pytest.raises(OutputError) as e:
+            write_atomic(p, b"x")
+        assert isinstance(e.value, OSError) and isinstance(e.value, LumcError)   # both, on purpose
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
+        with pytest.raises(OutputError):
+            check_writable(p)
+        with pytest.raises(OutputError):
+            save_artifact(p, {"plan.json": PLAN}, "0.1.0")
+
+
+def test_check_writable_has_no_side_effects(tmp_path):
+    check_writable(tmp_path / "new" / "deeper" / "x.bin")    # missing folders are fine...
+    check_writable(tmp_path / "x.bin")
+    assert list(tmp_path.iterdir()) == []                       # ...and nothing is left behind
+
+
+def test_refuse_same_file(tmp_path):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(b"model")
+    (tmp_path / "alias.onnx").symlink_to(src)
+    os.link(src, tmp_path / "hard.onnx")
+    for same in (src, tmp_path / "alias.onnx", tmp_path / "hard.onnx", tmp_path / "." / "m.onnx"):
+        with pytest.raises(OutputError, match="is the model"):
+            refuse_same_file(same, src, "the model")
+    refuse_same_file(tmp_path / "m.lumc", src, "the model")     # another file: fine
+
+
+# ---- damaged parts are named -----------------------------------------------------------------
+
+def _doctor(src, dst, part, data):
+    """Copy an artifact replacing ``part`` by ``data`` with a matching hash in the manifest (so only
+    the part's content is wrong), or replacing the manifest itself."""
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members[part] = data
+    if part != "manifest.json":
+        man = json.loads(members["manifest.json"])
+        man["parts"][part] = hashlib.sha256(data).hexdigest()
+        members["manifest.json"] = json.dumps(man).encode()
+    with zipfile.ZipFile(dst, "w") as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+
+
+GOOD_PARTS = {"plan.json": PLAN, "report.json": b"{}",
+              "graph.json": b'{"format": "lumc-graph/1", "nodes": [], "inputs": {}, "outputs": {}}'}
+
+
+@pytest.mark.parametrize("part,data,words", [
+    ("manifest.json", b"[1]", ["'manifest.json'", "list"]),
+    ("manifest.json", b'{"format": "lumc-artifact/1", "parts": [1]}', ["'manifest.json'", "parts"]),
+    ("manifest.json", b"\xff\xfe", ["'manifest.json'", "not valid JSON"]),
+    ("report.json", b"[1]", ["'report.json'", "list"]),
+    ("plan.json", b"[1]", ["'plan.json'", "list"]),
+    ("plan.json", b'{"device": "sim:h200", "calls": [], "outputs": {}}', ["'plan.json'", "simulated"]),
+    ("graph.json", b"{garbage", ["'graph.json'", "not valid JSON"]),
+    ("graph.json", b'{"format": "x", "nodes": [], "inputs": {}, "outputs": {}}', ["'graph.json'", "format"]),
+    ("consts.npz", b"garbage", ["'consts.npz'", "npz"]),
+])
+def test_malformed_parts_are_named(tmp_path, part, data, words):
+    import io
+
+    import numpy as np
+    buf = io.BytesIO()
+    np.savez(buf, c0=np.zeros(2, np.float32))
+    good = tmp_path / "good.lumc"
+    save_artifact(good, {**GOOD_PARTS, "consts.npz": buf.getvalue()}, "0.1.0")
+    load_artifact(good, "0.1.0")
+    bad = tmp_path / "bad.lumc"
+    _doctor(good, bad, part, data)
+    with pytest.raises(ArtifactError) as e:
+        load_artifact(bad, "0.1.0")
+    assert "\n" not in str(e.value) and "bad.lumc" in str(e.value)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_looks_like_artifact(tmp_path):
+    art = tmp_path / "a.lumc"
+    save_artifact(art, {"plan.json": PLAN}, "0.1.0")
+    trunc = tmp_path / "t.bin"
+    trunc.write_bytes(art.read_bytes()[:50])
+    onnx_named_lumc = tmp_path / "m.lumc"
+    onnx_named_lumc.write_bytes(b"\x08\x08\x12\x04test")    # ir_version first, as ONNX writes it
+    garbage_lumc = tmp_path / "g.lumc"
+    garbage_lumc.write_bytes(b"\x00garbage")
+    onnx_file = tmp_path / "m.onnx"
+    onnx_file.write_bytes(b"\x08\x08\x12\x04test")
+    assert looks_like_artifact(art) and looks_like_artifact(trunc) and looks_like_artifact(garbage_lumc)
+    assert not looks_like_artifact(onnx_named_lumc) and not looks_like_artifact(onnx_file)
+    with pytest.raises(ArtifactError, match="damaged .lumc artifact"):
+        load_artifact(trunc, "0.1.0")

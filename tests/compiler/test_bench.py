@@ -311,3 +311,71 @@ def test_a_changed_config_is_named_in_the_row():
     now["kernels"][0]["config"] = {"BLOCK": 256, "num_warps": 4}
     row = compare_docs(base, now, 0.05).rows[0]
     assert row.status == "ok" and row.note == "config changed: BLOCK 128->256"
+
+
+def _one_line(res, *words):
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lumc: error: "), res.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def _set(path, value):
+    def f(doc):
+        *head, last = path
+        for k in head:
+            doc = doc[k]
+        if value is _DROP:
+            del doc[last]
+        else:
+            doc[last] = value
+    return f
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("doctor,words", [
+    (_set(["device"], None), ["'device' is null"]),
+    (_set(["end_to_end"], {}), ["'end_to_end' lacks 'time_s'"]),
+    (_set(["kernels"], [1, 2]), ["kernel row 0 is 1"]),
+    (_set(["model"], "x.onnx"), ["'model' is \"x.onnx\""]),
+    (_set(["kernels", 0, "time_s"], _DROP), ["#0 lacks 'time_s'"]),
+    (_set(["kernels", 0, "kernel"], _DROP), ["#0 lacks 'kernel'"]),
+    (_set(["kernels", 0, "time_s"], "fast"), ["time_s \"fast\""]),
+    (_set(["kernels", 0, "time_s"], float("nan")), ["time_s NaN"]),
+    (_set(["kernels", 0, "time_s"], -1), ["time_s -1"]),
+    (_set(["kernels", 0, "time_s"], True), ["time_s true"]),
+    (_set(["end_to_end", "time_s"], float("inf")), ["end_to_end time_s is Infinity"]),
+    (lambda d: d["kernels"].append(dict(d["kernels"][0])), ["kernel row #0 appears twice"]),
+], ids=["device-null", "e2e-empty", "kernels-ints", "model-str", "no-time", "no-kernel",
+        "time-str", "time-nan", "time-negative", "time-bool", "e2e-inf", "duplicate-row"])
+def test_malformed_baselines_are_refused_in_one_line(env, doctor, words):
+    doc = json.loads(json.dumps(env["doc"]))
+    doctor(doc)
+    bad = env["root"] / "doctored.json"
+    bad.write_text(json.dumps(doc))                 # json writes NaN/Infinity as Python does
+    res = run("bench", str(env["art"]), "--compare", str(bad))
+    _one_line(res, "baseline", "doctored.json is malformed", *words)
+
+
+def test_bench_outputs_are_checked_before_measuring(env, tmp_path):
+    art = str(env["art"])
+    _one_line(run("bench", art, "--json", "/proc/b.json"), "/proc/b.json", "cannot")
+    _one_line(run("bench", art, "--plot", "/proc/b.png"), "/proc/b.png", "cannot")
+    _one_line(run("bench", art, "--json", art), "is the target")
+    _one_line(run("bench", art, "--compare", str(env["b"]), "--json", str(env["b"])),
+              "is the baseline")
+    _one_line(run("bench", art, "--json", str(tmp_path / "x"), "--plot", str(tmp_path / "x")),
+              "same file")
+    _one_line(run("inspect", art, "--plot", "/proc/i.png"), "/proc/i.png")
+    assert json.loads(env["b"].read_text()) == env["doc"]
+
+
+def test_plots_go_into_new_folders_atomically(env, tmp_path):
+    out = tmp_path / "missing3" / "b.png"
+    res = run("inspect", str(env["art"]), "--plot", str(out))
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in out.parent.iterdir()] == ["b.png"]

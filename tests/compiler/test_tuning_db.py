@@ -51,3 +51,24 @@ def test_clear(tmp_path):
 
 def test_config_key_is_canonical():
     assert config_key({"b": 1, "a": 2}) == config_key({"a": 2, "b": 1})
+
+
+def test_stored_plans_and_set_aside_files_are_listed_and_cleared(tmp_path):
+    p = tmp_path / "tuning.sqlite"
+    p.write_bytes(b"garbage" * 200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        db = TuningDatabase(p)                      # sets the garbage aside
+    (tmp_path / "other.sqlite.corrupt-1").write_bytes(b"x")    # another database's: not ours
+    assert db.plans_dir == tmp_path / "plans" and db.stored_plans() == []
+    db.plans_dir.mkdir()
+    (db.plans_dir / "k1.lumc").write_bytes(b"plan")
+    (db.plans_dir / ".k2.lumc.1234.tmp").write_bytes(b"half")  # a killed write's leftover
+    aside = db.set_aside_files()
+    assert [f.name for f in aside] == [db.recovered_from.name]
+    assert len(db.stored_plans()) == 2
+    assert db.clear_plans_and_set_aside() == (2, 1)
+    assert db.stored_plans() == [] and db.set_aside_files() == []
+    assert (tmp_path / "other.sqlite.corrupt-1").exists() and p.exists()
+    db.put(key(), Timing(1e-6, True, True))           # the live database still works
+    assert db.get(key()).seconds == pytest.approx(1e-6)

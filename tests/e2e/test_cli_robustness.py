@@ -1,0 +1,363 @@
+"""Bad input at the CLI: one line ``lumc: error: ...``, exit status 2, no traceback; nothing
+half-written; nothing the user had is lost (the QA report's defects, one test each).
+
+Compiles are real but few: one module-scoped compile of the tiny model; tests that need a compile
+to finish reuse it through a patched ``compile_model``, and refusals happen before any work.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+import lumc
+import lumc.compiler.artifact as artifact_mod
+import lumc.compiler.cli as cli_mod
+from lumc.compiler.cli import cli
+from lumc.compiler.cli_compile import _secs
+from lumc.compiler.tuning_db import TuningDatabase
+
+
+def lumc_cli(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_error(res, *words):
+    """Exit 2, exactly one stderr line ``lumc: error: ...`` naming each of ``words``; returns it."""
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("lumc: error: "), lines[0]
+    assert "Traceback" not in res.output and "allow_pickle" not in lines[0]
+    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit)
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def tiny(tmp_path, tiny_path):
+    """A fresh copy of the e2e tiny model (x: f32[n, 3], k: i64[n, 2] -> y, k2)."""
+    p = tmp_path / "tiny.onnx"
+    p.write_bytes(tiny_path.read_bytes())
+    return p
+
+
+def tiny_model(tiny_path):
+    return onnx.load(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory, tiny_path):
+    """``(CompiledModel, artifact path)`` of the tiny model at n = 3, simulated H200."""
+    root = tmp_path_factory.mktemp("robust")
+    (root / "tiny.onnx").write_bytes(tiny_path.read_bytes())
+    cm = lumc.compile(str(root / "tiny.onnx"), budget="30s", device="sim:h200", shapes={"n": 3},
+                      db=TuningDatabase(root / "cache" / "tuning.sqlite"))
+    cm.save(root / "tiny.lumc")
+    return cm, root / "tiny.lumc"
+
+
+@pytest.fixture
+def fake_compile(compiled, monkeypatch):
+    """``lumc compile`` returns the module's compiled model at once (its report may be edited)."""
+    cm = compiled[0]
+    saved = json.loads(json.dumps(cm._report))
+    monkeypatch.setattr("lumc.compiler.pipeline.compile_model", lambda *a, **k: cm)
+    yield cm
+    cm._report = saved
+
+
+# ---------------------------------------------------------------- 1-3: where outputs go, and how
+
+
+def test_compile_writes_through_a_symlink_with_umask_mode(tiny, tmp_path, fake_compile):
+    link, real = tmp_path / "link.lumc", tmp_path / "real.lumc"
+    link.symlink_to(real)
+    old = os.umask(0o022)
+    try:
+        res = lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "-o", link, "--quiet")
+    finally:
+        os.umask(old)
+    assert res.exit_code == 0, res.output
+    assert link.is_symlink() and os.readlink(link) == str(real)     # the link is kept...
+    assert lumc.load(link).inputs == fake_compile.inputs             # ...and its target written
+    assert stat.S_IMODE(real.stat().st_mode) == 0o644                # 0666 & ~umask, not 0600
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "dangling-dir-link"])
+def test_compile_refuses_special_outputs(tiny, tmp_path, kind):
+    out = tmp_path / "out.lumc"
+    if kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "dir":
+        out.mkdir()
+    else:
+        (tmp_path / "d").mkdir()
+        out.symlink_to(tmp_path / "d")
+    res = lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "-o", out)
+    line = one_line_error(res, "out.lumc")
+    assert ("not a regular file" if kind == "fifo" else "is a directory") in line
+    assert stat.S_ISFIFO(out.stat().st_mode) if kind == "fifo" else out.is_dir()
+
+
+def test_compile_never_overwrites_the_model(tiny, tmp_path):
+    before = tiny.read_bytes()
+    one_line_error(lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "-o", tiny),
+                   "tiny.onnx", "is the model")
+    alias = tmp_path / "alias.onnx"
+    alias.symlink_to(tiny)
+    one_line_error(lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "-o", alias),
+                   "is the model")
+    named = tmp_path / "m.lumc"          # an ONNX file named .lumc, default -o = itself
+    named.write_bytes(before)
+    one_line_error(lumc_cli("compile", named, "--budget", "10s", "--shape", "n=3"), "is the model")
+    one_line_error(lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "--report", tiny),
+                   "is the model")
+    assert tiny.read_bytes() == before and named.read_bytes() == before
+
+
+def test_compile_refuses_an_artifact_as_model(compiled):
+    one_line_error(lumc_cli("compile", compiled[1], "--budget", "10s", "-o", "/tmp/unused.lumc"),
+                   "tiny.lumc", "artifact, not an ONNX model")
+
+
+@pytest.mark.parametrize("opt", ["-o", "--report"])
+def test_compile_unwritable_outputs_fail_before_work(tiny, opt, monkeypatch):
+    monkeypatch.setattr("lumc.compiler.pipeline.compile_model",
+                        lambda *a, **k: pytest.fail("compiled although the output is unwritable"))
+    target = "/proc/c.lumc" if opt == "-o" else "/proc/r.json"
+    one_line_error(lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", opt, target),
+                   target, "cannot")
+
+
+def test_api_save_to_unwritable_path_is_a_lumc_error(compiled, tmp_path):
+    from lumc.compiler.artifact import OutputError
+    from lumc.ir.errors import LumcError
+    for bad in ("/proc/x.lumc", tmp_path / "file" / "x.lumc"):
+        (tmp_path / "file").write_bytes(b"a file, not a folder")
+        with pytest.raises(LumcError) as e:
+            compiled[0].save(bad)
+        assert isinstance(e.value, OutputError) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- 4: tracebacks -> one line
+
+
+def test_npy_given_to_inputs(tiny, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    one_line_error(lumc_cli("run", tiny, "--inputs", tmp_path / "x.npy", "--random"),
+                   "x.npy", "not an .npz archive")
+
+
+def test_non_npy_given_to_input(tiny, tmp_path):
+    line = one_line_error(lumc_cli("run", tiny, "--input", f"x={tiny}", "--random"))
+    assert line == f"lumc: error: --input x: {tiny} is not a .npy array (or it is truncated)"
+
+
+@pytest.mark.parametrize("cmd", ["run", "compile"])
+def test_huge_shape_is_refused_naming_the_input(tiny, cmd):
+    args = ["--random"] if cmd == "run" else ["--budget", "10s"]
+    res = lumc_cli(cmd, tiny, *args, "--shape", "n=100000000000")
+    one_line_error(res, "'x'", "[100000000000, 3]", "memory")
+
+
+def test_memory_error_anywhere_is_one_line(tiny, monkeypatch):
+    def boom(self, inputs):
+        raise MemoryError("Unable to allocate 9.1 TiB for an array with shape (10, 10)")
+    monkeypatch.setattr("lumc.backends.reference.ReferenceExecutor.__call__", boom)
+    one_line_error(lumc_cli("run", tiny, "--random", "--shape", "n=2"), "out of memory", "9.1 TiB")
+
+
+def test_run_output_folders_are_created_and_unwritable_ones_refused(tiny, tmp_path):
+    out = tmp_path / "missing2" / "out.npz"
+    res = lumc_cli("run", tiny, "--random", "--shape", "n=2", "-o", out)
+    assert res.exit_code == 0, res.output
+    with np.load(out) as f:
+        assert sorted(f.files) == ["k2", "y"]
+    one_line_error(lumc_cli("run", tiny, "--random", "--shape", "n=2", "-o", "/proc/out.npz"),
+                   "/proc/out.npz")
+    before = tiny.read_bytes()
+    one_line_error(lumc_cli("run", tiny, "--random", "--shape", "n=2", "-o", tiny), "is the model")
+    assert tiny.read_bytes() == before
+
+
+def test_missing_external_data_names_tensor_and_file(tmp_path, tiny_path):
+    d = tmp_path / "ext"
+    d.mkdir()
+    onnx.save_model(tiny_model(tiny_path), d / "e.onnx", save_as_external_data=True, location="e.data",
+                    size_threshold=0)
+    (d / "e.data").unlink()
+    one_line_error(lumc_cli("run", d / "e.onnx", "--random", "--shape", "n=2"),
+                   "'W'", "'e.data'", "missing")
+
+
+def test_ctrl_c_during_the_artifact_write(tiny, tmp_path, fake_compile, monkeypatch):
+    def interrupted(fd):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(artifact_mod.os, "fsync", interrupted)
+    out = tmp_path / "out" / "m.lumc"
+    res = lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "-o", out, "--quiet")
+    one_line_error(res, "interrupted", "nothing was written")
+    assert not out.exists() and not [p for p in out.parent.iterdir()]   # no temporary file either
+
+
+def test_usage_errors_are_one_line(tiny, tmp_path):
+    one_line_error(lumc_cli("compile", tiny), "Missing option '--budget'", "--help")
+    one_line_error(lumc_cli("run", tiny, "--frobnicate"), "No such option", "--frobnicate")
+    one_line_error(lumc_cli("run", tmp_path), "is a directory")
+
+
+def test_ctrl_c_in_any_command_is_one_line(tiny, monkeypatch):
+    def interrupted(self, inputs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("lumc.backends.reference.ReferenceExecutor.__call__", interrupted)
+    one_line_error(lumc_cli("run", tiny, "--random", "--shape", "n=2"), "interrupted")
+
+
+# ---------------------------------------------------------------- 7-9: options on artifacts, --shape, --rtol
+
+
+def test_shape_on_an_artifact_is_refused(compiled):
+    one_line_error(lumc_cli("run", compiled[1], "--shape", "n=3", "--random"),
+                   "--shape", "compiled artifact")
+
+
+def test_triton_backend_runs_the_artifacts_kernels(compiled, tmp_path):
+    a, b = tmp_path / "ref.npz", tmp_path / "tri.npz"
+    res = lumc_cli("run", compiled[1], "--random", "-o", a)
+    assert res.exit_code == 0, res.output
+    res = lumc_cli("run", compiled[1], "--random", "--backend", "triton", "-o", b, "--check")
+    assert res.exit_code == 0, res.output
+    assert "Triton kernels" in res.stdout and "match onnxruntime" in res.stdout
+    with np.load(a) as fa, np.load(b) as fb:
+        np.testing.assert_allclose(fb["y"], fa["y"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(fb["k2"], fa["k2"])
+
+
+@pytest.mark.parametrize("shapes,words", [
+    (["Q=2"], ["--shape Q", "no input or dynamic dim"]),
+    (["n=2", "n=3"], ["--shape n", "given twice"]),
+    (["x=2x3", "n=5"], ["dynamic dim n", "5", "2"]),
+    (["x=2x4"], ["[2, 4]", "[n, 3]"]),
+])
+@pytest.mark.parametrize("cmd", ["run", "compile"])
+def test_shape_validation_is_the_same_for_run_and_compile(tiny, cmd, shapes, words):
+    args = ["--random"] if cmd == "run" else ["--budget", "10s"]
+    res = lumc_cli(cmd, tiny, *args, *[a for s in shapes for a in ("--shape", s)])
+    one_line_error(res, *words)
+
+
+@pytest.mark.parametrize("rtol", ["-1", "nan", "inf"])
+def test_bad_rtol_is_refused(tiny, rtol):
+    one_line_error(lumc_cli("run", tiny, "--random", "--shape", "n=2", "--check", "--rtol", rtol),
+                   "--rtol")
+
+
+def f16_model():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4])
+    c = numpy_helper.from_array(np.array([0.5, 1.0, -2.0, 3.0], np.float16), "c")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "c"], ["y"])], "f16", [x], [y], [c])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_check_tolerance_is_per_dtype_unless_rtol_is_given(tmp_path, monkeypatch):
+    p = tmp_path / "f16.onnx"
+    onnx.save(f16_model(), p)
+    real = cli_mod._run_onnxruntime
+
+    def off_by_1e3(path, inputs):   # 1e-3 of max|y|: inside f16's 1e-2, outside f32's 1e-4
+        ref = real(path, inputs)
+        ref["y"] = (ref["y"].astype(np.float32) * (1 + 1e-3)).astype(np.float16)
+        return ref
+    monkeypatch.setattr(cli_mod, "_run_onnxruntime", off_by_1e3)
+    res = lumc_cli("run", p, "--random", "--check")
+    assert res.exit_code == 0, res.output
+    assert "rtol 0.01 by dtype" in res.stdout
+    res = lumc_cli("run", p, "--random", "--check", "--rtol", "1e-4")
+    assert res.exit_code == 1 and "FAILED for y (rtol 0.0001; ints exact)" in res.stderr
+    assert cli_mod.output_rtol(np.dtype(np.float64), None) == 1e-10
+    assert cli_mod.output_rtol(np.dtype(np.int64), 0.5) == 0.0
+
+
+# ---------------------------------------------------------------- 10-13: opset, messages, warnings, seconds
+
+
+@pytest.mark.parametrize("cmd", ["run", "compile"])
+def test_opset_newer_than_onnx_knows_is_refused(tmp_path, tiny_path, cmd):
+    m = tiny_model(tiny_path)
+    m.opset_import[0].version = 99
+    p = tmp_path / "o99.onnx"
+    onnx.save(m, p)
+    args = ["--random"] if cmd == "run" else ["--budget", "10s"]
+    one_line_error(lumc_cli(cmd, p, *args, "--shape", "n=2"), "opset 99", "up to")
+
+
+def test_truncated_artifact_is_called_a_damaged_artifact(compiled, tmp_path):
+    bad = tmp_path / "t.lumc"
+    bad.write_bytes(compiled[1].read_bytes()[:3000])
+    for cmd in (["run", bad, "--random"], ["bench", bad], ["inspect", bad]):
+        one_line_error(lumc_cli(*cmd), "t.lumc", "damaged .lumc artifact")
+
+
+def test_lumc_warnings_print_as_one_line(cache_dir, monkeypatch):
+    cache_dir.mkdir(parents=True)
+    (cache_dir / "tuning.sqlite").write_bytes(b"not a database" * 300)
+    proc = subprocess.run([sys.executable, "-c", "from lumc.compiler.cli import main; main()",
+                           "cache", "info"], capture_output=True, text=True,
+                          env={**os.environ, "LUMC_CACHE_DIR": str(cache_dir)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("lumc: warning: tuning database ")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    # other warnings go to Python's own printer, untouched
+    seen = []
+    monkeypatch.setattr(cli_mod, "_show_warning_default", lambda *a: seen.append(a))
+    cli_mod._show_warning(UserWarning("plain"), UserWarning, "f.py", 3)
+    cli_mod._show_warning(RuntimeWarning("overflow in exp"), RuntimeWarning, "f.py", 4)
+    assert [str(a[0]) for a in seen] == ["plain", "overflow in exp"]
+
+
+def test_seconds_are_shown_with_enough_digits(tiny, tmp_path, fake_compile):
+    assert [_secs(x) for x in (0.5, 1.5, 0.0123, 59.94, 1800.0)] == ["0.5", "1.5", "0.0123",
+                                                                     "59.9", "1800"]
+    fake_compile._report.update(budget_s=0.5, compile_s=0.4567)
+    res = lumc_cli("compile", tiny, "--budget", "0.5s", "--shape", "n=3", "-o",
+                   tmp_path / "m.lumc", "--quiet")
+    assert res.exit_code == 0, res.output
+    assert " in 0.457 s of 0.5 s: " in res.stdout
+
+
+# ---------------------------------------------------------------- 6: the cache
+
+
+def test_cache_info_and_clear_cover_plans_and_set_aside_databases(cache_dir, compiled):
+    db = TuningDatabase()
+    db.plans_dir.mkdir(parents=True, exist_ok=True)
+    (db.plans_dir / "abc.lumc").write_bytes(compiled[1].read_bytes())
+    (cache_dir / "tuning.sqlite.corrupt-123").write_bytes(b"x" * 10)
+    (cache_dir / "tuning.sqlite.corrupt-123-wal").write_bytes(b"x")
+    db.close()
+    res = lumc_cli("cache", "info")
+    assert res.exit_code == 0, res.output
+    assert "stored plans: " in res.stdout and "(1 plans," in res.stdout
+    assert "set-aside corrupt databases: 2 files" in res.stdout
+    res = lumc_cli("cache", "clear")
+    assert res.exit_code == 0, res.output
+    assert "1 stored plans, 2 set-aside database files" in res.stdout
+    assert not list((cache_dir / "plans").iterdir())
+    assert not list(cache_dir.glob("tuning.sqlite.corrupt-*"))
