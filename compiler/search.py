@@ -194,14 +194,27 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
     # proves it cannot beat the best time; after each new best the best programs are tuned, so the
     # bar the next candidates must pass is a tuned time, and more of them are pruned.
     out_of_time = False
+    pruned: set[int] = set()
+
+    def prune_hopeless() -> None:
+        # free: a bound not below the best time can only stay so as the best time falls
+        for j in order:
+            if j not in pruned and j not in prog_time and cand_bound[j] >= best[0]:
+                pruned.add(j)
+                stats.candidates_pruned += 1
+                stats.log.append(f"candidate {j} pruned: bound {cand_bound[j]:.3e}s >= best "
+                                 f"{best[0]:.3e}s")
+
     for i in order:
-        if cand_bound[i] >= best[0]:
-            stats.candidates_pruned += 1
-            stats.log.append(f"candidate {i} pruned: bound {cand_bound[i]:.3e}s >= best {best[0]:.3e}s")
+        if i in pruned or i in prog_time:
+            continue
+        prune_hopeless()
+        if i in pruned:
             continue
         if not measure_candidate(i):
             out_of_time = True
             break
+        prune_hopeless()
         if prog_time and tune() == "budget":
             out_of_time = True
             break
