@@ -19,7 +19,7 @@ import tempfile
 import click
 
 from lumc.compiler.artifact import check_writable, looks_like_artifact, refuse_same_file, write_atomic
-from lumc.compiler.cli import _parse_shapes, cli
+from lumc.compiler.cli import cli
 from lumc.ir.errors import LumcError
 
 
@@ -71,8 +71,8 @@ def open_target(target: str, *, budget: str, device: str | None, shape_items: tu
                             "(its shapes are fixed)")
         manifest, _ = load_artifact(target, __version__)
         return lumc.load(target), artifact_hash(manifest), False
-    import tempfile
-    cm = lumc.compile(target, budget=budget, device=device, shapes=_parse_shapes(shape_items) or None,
+    from lumc.compiler.cli_compile import _model_shapes
+    cm = lumc.compile(target, budget=budget, device=device, shapes=_model_shapes(target, shape_items),
                       quiet=quiet)
     with tempfile.TemporaryDirectory(prefix="lumc-bench-") as tmp:
         h = cm.save(os.path.join(tmp, "model.lumc"))

@@ -255,8 +255,8 @@ def test_triton_backend_runs_the_artifacts_kernels(compiled, tmp_path):
     (["x=2x3", "n=5"], ["dynamic dim n", "5", "2"]),
     (["x=2x4"], ["[2, 4]", "[n, 3]"]),
 ])
-@pytest.mark.parametrize("cmd", ["run", "compile"])
-def test_shape_validation_is_the_same_for_run_and_compile(tiny, cmd, shapes, words):
+@pytest.mark.parametrize("cmd", ["run", "compile", "bench"])
+def test_shape_validation_is_the_same_for_run_compile_and_bench(tiny, cmd, shapes, words):
     args = ["--random"] if cmd == "run" else ["--budget", "10s"]
     res = lumc_cli(cmd, tiny, *args, *[a for s in shapes for a in ("--shape", s)])
     one_line_error(res, *words)
