@@ -56,6 +56,22 @@ class _LumcGroup(click.Group):
                 raise
             where = err.ctx.command_path if err.ctx is not None else ctx.command_path
             _fail(ctx, f"{err.format_message()} (see {where} --help)")
+        except Exception as err:
+            if not caused_by_interrupt(err):
+                raise
+            _fail(ctx, "interrupted (Ctrl-C); no output was written half-way")
+
+
+def caused_by_interrupt(err: BaseException) -> bool:
+    """Ctrl-C wrapped by another exception (Python turns a KeyboardInterrupt inside a class body's
+    ``__set_name__``, during an import, into a RuntimeError caused by it)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _fail(ctx: click.Context, message: str):

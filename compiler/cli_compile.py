@@ -66,10 +66,13 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @click.option("--no-egraph", is_flag=True, help="greedy fusion only (the ablation baseline)")
 @click.option("--quiet", is_flag=True, help="no progress display")
 def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, quiet):
+    from lumc.compiler.cli import caused_by_interrupt
     written: list[str] = []
     try:
         _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Exception) as err:
+        if not caused_by_interrupt(err):
+            raise
         done = (f"only {' and '.join(written)} {'was' if len(written) == 1 else 'were'} written"
                 if written else "nothing was written")
         raise LumcError(f"interrupted: {done}; timings measured so far are kept in the tuning "
