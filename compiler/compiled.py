@@ -99,7 +99,11 @@ class CompiledModel:
             if type(v).__module__.startswith("torch"):
                 from lumc.backends.triton.launch import to_numpy
                 v = to_numpy(v)
-            arrays[k] = np.asarray(v)
+            a = np.asarray(v) if isinstance(v, (np.ndarray, np.generic, list, tuple, int, float,
+                                                bool)) else None
+            if a is None or a.dtype.kind not in "biuf":
+                raise InputError(f"input {k!r} is a {type(v).__name__}, not a numeric array", node=k)
+            arrays[k] = a
         for k, n in self.graph.inputs.items():
             if k not in arrays:
                 raise InputError(f"missing input {k!r} ({n.dtype}{list(n.shape)})", node=k)
@@ -211,7 +215,10 @@ def load(path, device: str | None = None) -> CompiledModel:
     for need in ("graph.json", "consts.npz", "plan.json", "report.json"):
         if need not in parts:
             raise ArtifactError(f"{path}: artifact lacks {need}")
-    full, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
+    try:
+        full, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
+    except ArtifactError as e:
+        raise ArtifactError(f"{path}: part 'graph.json'/'consts.npz': {e.reason}") from None
     graph = Graph(full.inputs, {k: v for k, v in full.outputs.items() if not k.startswith("__n")})
     try:
         plan = json.loads(parts["plan.json"])

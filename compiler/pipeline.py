@@ -229,8 +229,8 @@ class Progress:
         self.target = target
         self._p = None
         self._task = None
-        if not quiet:
-            from rich.console import Console
+        from rich.console import Console
+        if not quiet and Console(stderr=True).is_terminal:    # no display in logs and pipes
             from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn
             self._p = RP(TextColumn("[bold]{task.fields[stage]:<11}"), BarColumn(bar_width=24),
                          TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
@@ -287,7 +287,7 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     ver = versions(gpu=not target.simulated)
     db = db if db is not None else TuningDatabase()
     target = with_measured_ceilings(target, db)
-    plans = db.path.parent / "plans"
+    plans = db.plans_dir
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver, use_egraph)
     if reuse is not None and reuse_plan:
         cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
