@@ -21,6 +21,7 @@ done here in Python from one set of roots (every output of a region at once), ne
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,33 +196,45 @@ def choose(g: EGraphView, cost: CostModel, forced: dict[str, int] | None = None
     """Least tree-cost e-node per e-class: ``({class: node index}, {class: cost})``.
 
     ``forced`` pins some classes to a given e-node (its cost is then whatever that node costs).
+    An e-node's cost is its local cost plus the costs of its distinct child classes, never below
+    any child's, so Knuth's generalization of Dijkstra's algorithm applies ("A generalization of
+    Dijkstra's algorithm", IPL 1977): classes are settled cheapest first, each once, and an e-node
+    is priced when its last child class settles. A fixpoint iteration instead can re-price a class
+    exponentially often on a DAG with many shared paths. Classes left unsettled (only cycles or
+    infinite costs below them) have no pick and cost ``inf``.
     """
     forced = forced or {}
-    local = {c: [cost.enode_cost(g, c, n) for n in ns] for c, ns in g.classes.items()}
+    kids: dict[tuple[str, int], list[str]] = {}
+    waiting: dict[tuple[str, int], int] = {}
+    parents: dict[str, list[tuple[str, int]]] = {}
+    heap: list[tuple[float, int, int, str]] = []
+    seq = 0
+    for c, ns in g.classes.items():
+        for i in ([forced[c]] if c in forced else range(len(ns))):
+            ks = sorted(set(_expr_kids(g, ns[i])))
+            kids[(c, i)] = ks
+            waiting[(c, i)] = len(ks)
+            for k in ks:
+                parents.setdefault(k, []).append((c, i))
+            if not ks:
+                t = cost.enode_cost(g, c, ns[i])
+                if t < math.inf:
+                    heapq.heappush(heap, (t, i, seq, c))
+                    seq += 1
     best: dict[str, float] = {c: math.inf for c in g.classes}
     pick: dict[str, int] = {}
-    parents: dict[str, list[str]] = {}
-    for c, ns in g.classes.items():
-        for n in ns:
-            for k in _expr_kids(g, n):
-                parents.setdefault(k, []).append(c)
-    work = list(g.classes)
-    in_work = set(work)
-    while work:
-        c = work.pop()
-        in_work.discard(c)
-        cand = [forced[c]] if c in forced else range(len(g.classes[c]))
-        improved = False
-        for i in cand:
-            t = local[c][i] + sum(best[k] for k in set(_expr_kids(g, g.classes[c][i])))
-            if t < best[c]:
-                best[c], pick[c] = t, i
-                improved = True
-        if improved:
-            for p in parents.get(c, ()):
-                if p not in in_work:
-                    work.append(p)
-                    in_work.add(p)
+    while heap:
+        t, i, _, c = heapq.heappop(heap)
+        if c in pick:
+            continue
+        best[c], pick[c] = t, i
+        for p, j in parents.get(c, ()):
+            waiting[(p, j)] -= 1
+            if waiting[(p, j)] == 0 and p not in pick:
+                tp = cost.enode_cost(g, p, g.classes[p][j]) + sum(best[k] for k in kids[(p, j)])
+                if tp < math.inf:
+                    heapq.heappush(heap, (tp, j, seq, p))
+                    seq += 1
     return pick, best
 
 

@@ -127,6 +127,7 @@ _PRIMS = {
     "vec-set": lambda v, i, x: tuple(x if k == int(i) else y for k, y in enumerate(v)),
     "vec-length": lambda v: len(v),
     "vec-append": lambda a, b: tuple(a) + tuple(b),
+    "vec-remove": lambda v, i: tuple(x for k, x in enumerate(v) if k != int(i)),
     "*": lambda a, b: a * b, "/": lambda a, b: a / b, "+": lambda a, b: a + b,
     "-": lambda a, b: a - b, "to-f64": float, "abs": abs,
     "shape": lambda n: tuple(n.shape),
@@ -199,7 +200,8 @@ def _unparse(t) -> str:
 _VALUE_SORTS = {"Scalar": ("f64", "String"), "Blob": ("String",), "Flag": ("bool",),
                 "Reshape": ("IVec",), "Permute": ("IVec",), "Expand": ("IVec",),
                 "Strided": ("i64",)}
-_IVEC_PRIMS = {"vec-of", "vec-empty", "vec-push", "vec-set", "shape"}
+_IVEC_PRIMS = {"vec-of", "vec-empty", "vec-push", "vec-set", "vec-remove", "vec-append",
+               "shape"}
 
 
 def var_sorts(rule: Rule, ctors: dict[str, tuple[str, ...]]) -> dict[str, str]:
@@ -216,7 +218,7 @@ def var_sorts(rule: Rule, ctors: dict[str, tuple[str, ...]]) -> dict[str, str]:
             for a, srt in zip(args, table[head]):
                 if isinstance(a, str) and a.startswith("?"):
                     sorts.setdefault(a[1:], srt)
-        elif head in ("vec-get", "vec-length", "vec-set", "vec-push") and args:
+        elif head in ("vec-get", "vec-length", "vec-set", "vec-push", "vec-remove") and args:
             if isinstance(args[0], str) and args[0].startswith("?"):
                 sorts.setdefault(args[0][1:], "IVec")
         elif head == "=" and len(args) == 2:

@@ -79,6 +79,23 @@ def compose_rules() -> list[Rule]:
                      "ninf": '(View (Const (Scalar -inf "f32") (vec-empty)) (Expand (vec-of 1)))',
                      "x": ("in", (1, 5), "f32")},)),
     ]
+    out.append(Rule(
+        # a contraction over a leading 1 read without it: a batch of one lines up with rank-1-lower
+        # contractions (an LSTM's input and recurrent products), so their kernels can merge. The
+        # same sums, in an order the summing code picks (numpy's einsum and sum differ)
+        "views/SumReduce: sum(p, [a]) with shape p = [1, *s] -> reshape(sum(reshape(p, s), [a-1]))",
+        "reassociating", "(SumReduce ?p ?ax)",
+        "(View (SumReduce (View ?p (Reshape (vec-remove ?sp 0))) (vec-of (- (vec-get ?ax 0) 1))) "
+        "(Reshape ?sr))",
+        ("(= ?p (Mul ?u ?v))", "(= ?sp (shape ?p))", "(>= (vec-length ?sp) 3)",
+         "(= (vec-get ?sp 0) 1)", "(= (vec-length ?ax) 1)", "(>= (vec-get ?ax 0) 1)",
+         "(= ?sr (shape ?root))"),
+        sets=("(set (shape (SumReduce (View ?p (Reshape (vec-remove ?sp 0))) (vec-of (- (vec-get "
+              "?ax 0) 1)))) (vec-set (vec-remove ?sp 0) (- (vec-get ?ax 0) 1) 1))",),
+        cases=({"u": ("in", (1, 1, 6, 5), "f32"), "v": ("in", (1, 1, 6, 5), "f32"),
+                "p": "(Mul ?u ?v)", "ax": (2,)},
+               {"u": ("in", (1, 4, 3), "f32"), "v": ("in", (1, 4, 3), "f32"),
+                "p": "(Mul ?u ?v)", "ax": (1,)})))
     for k in (1, 2):
         ones = "(vec-of " + " ".join(["1"] * k) + ")"
         # numpy broadcasting prepends 1s: spell that reshape out, so one pattern serves both

@@ -98,7 +98,23 @@ def _ln_moments(scaled: bool) -> Rule:
         lhs, where, cases, "layer norm with the one-pass variance max(E[x^2] - E[x]^2, 0), as written")
 
 
-RULES = [_ln_moments(True), _ln_moments(False)]
+def _two_sums() -> Rule:
+    """Two reductions of same-shape operands over the same axes, added (with a bias on the first),
+    as the LSTM lowering writes a gate pre-activation ``x @ W + b + h @ R``: one row kernel with
+    two reductions instead of two kernels (same-shape operands once ``views`` drops a batch of one).
+    """
+    lhs = "(Add (View (Add ?r1 ?b) (Reshape ?s2)) (View ?r2 (Reshape ?s2)))"
+    where = ("(= ?r1 (SumReduce ?p ?ax))", "(= ?r2 (SumReduce ?q ?ax))",
+             "(= (shape ?p) (shape ?q))")
+    case = {"p": ("in", (1, 6, 5), "f32"), "q": ("in", (1, 6, 5), "f32"),
+            "b": ("in", (1, 1, 5), "f32"), "ax": (1,), "s2": (1, 5)}
+    return spelling_rule(
+        "kernels/Add: reshape(sum(p) + b) + reshape(sum(q)) -> one row kernel [two sums]",
+        "TwoSums", "reduction", lhs, where, (case,),
+        "reshape(sum(p, ax) + b) + reshape(sum(q, ax)) with shape p = shape q, as written")
+
+
+RULES = [_ln_moments(True), _ln_moments(False), _two_sums()]
 
 
 def rules() -> list[Rule]:
