@@ -149,9 +149,11 @@ class CostModel:
             a, b = shp(0), shp(1)
             k = a[-1] if a else 1
             return max(self.flops(2 * out * k, True), self.bw(prod(a) + prod(b) + out)) + launch
-        if ctor in SPELLINGS:   # one row kernel reading its tensor arguments once
-            reads = sum(base_elems(g, a) for a in n.args if a in g.classes)
-            return max(self.flops(8 * out, False), self.bw(reads + out)) + launch
+        if ctor in SPELLINGS:   # one row kernel (CUDA cores) reading its tensor arguments once
+            args = [a for a in n.args if a in g.classes]
+            reads = sum(base_elems(g, a) for a in args)
+            work = 2 * sum(prod(g.shapes.get(a, (1,))) for a in args) + 8 * out
+            return max(self.flops(work, False), self.bw(reads + out)) + launch
         if ctor in ("Softmax", "LayerNorm", "RMSNorm"):
             return max(self.flops(8 * out, False), self.bw(2 * out)) + launch
         if ctor.startswith("Attention"):
