@@ -66,6 +66,31 @@ def resolve_target(device: str | None) -> Target:
     raise LumcError(f"unknown device {device!r}; use cuda[:N], sim:h100 or sim:h200")
 
 
+_SOURCE_HASH: str | None = None
+
+
+def source_hash() -> str:
+    """A hash of lumc's own Python sources (12 hex digits): timings and stored plans are keyed by
+    it, so a change to the compiler (a new rule, a simulator fix) never reuses stale results."""
+    global _SOURCE_HASH
+    if _SOURCE_HASH is None:
+        import hashlib
+        import pathlib
+
+        import lumc.backends
+        import lumc.compiler
+        import lumc.ir
+        import lumc.rewrites
+        h = hashlib.sha256()
+        for pkg in (lumc.ir, lumc.rewrites, lumc.backends, lumc.compiler):
+            root = pathlib.Path(pkg.__file__).parent
+            for f in sorted(root.rglob("*.py")):
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+        _SOURCE_HASH = h.hexdigest()[:12]
+    return _SOURCE_HASH
+
+
 def versions(gpu: bool | None = None) -> dict[str, str]:
     """lumc, Triton, torch and CUDA driver versions (``none`` where absent), for keys and reports.
 
@@ -74,7 +99,8 @@ def versions(gpu: bool | None = None) -> dict[str, str]:
     """
     from importlib.metadata import PackageNotFoundError, version
     from lumc import __version__
-    out = {"lumc": __version__, "triton": "none", "torch": "none", "driver": "none"}
+    out = {"lumc": f"{__version__}+{source_hash()}", "triton": "none", "torch": "none",
+           "driver": "none"}
     for pkg in ("triton", "torch"):
         try:
             out[pkg] = version(pkg)

@@ -133,3 +133,25 @@ def test_torch_tensors_in_and_out(model, db):
     y = cm(x)
     assert isinstance(y, torch.Tensor)
     np.testing.assert_allclose(y.numpy(), ort_run(model, x.numpy()), rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_check_falls_back_to_float64_meaning(db):
+    """A kernel closer to the truth than the fp32 reference is not rejected."""
+    from lumc.compiler.measure import KernelMeasurer
+    from lumc.compiler.program import KernelCall
+    from lumc.compiler.targets import resolve_target, versions
+    from lumc.ir import dtypes as dt
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.kernels import Kernel
+    from lumc.ir.tensor import Tensor
+    x = Tensor(input_node("in0", (4, 8), dt.f32))
+    k = Kernel("pointwise", Graph({"in0": x.node}, {"out0": x.exp().node}))
+    xs = np.linspace(-3, 3, 32, dtype=np.float32).reshape(4, 8)
+    truth = np.exp(xs.astype(np.float64)).astype(np.float32)
+    node_in = input_node("x", (4, 8), dt.f32)
+    node_out = Tensor(node_in).exp().node
+    m = KernelMeasurer(resolve_target("sim:h200"), db, versions(gpu=False),
+                       {id(node_in): xs, id(node_out): truth * np.float32(1.001)})
+    key = m.add(KernelCall(k, [node_in], [node_out]))
+    r = m(key, 0)
+    assert r.status == "ok", r.note                     # 1e-3 off the fp32 "reference", exact vs f64
