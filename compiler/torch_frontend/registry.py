@@ -9,14 +9,14 @@ whose library function is missing, or whose arguments a ``check`` rejects, is re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from lumc.compiler.onnx_frontend.registry import library
+# one handler record and library lookup for both frontends (an ATen handler's check takes the fx node)
+from lumc.compiler.onnx_frontend.registry import Handler, lib, library, missing_requirements  # noqa: F401
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import UnsupportedOpError
 from lumc.ir.tensor import Tensor
@@ -51,14 +51,6 @@ def lumc_dtype(td: torch.dtype) -> dt.DType:
 CheckFn = Callable[[torch.fx.Node], "str | None"]
 
 
-@dataclass
-class Handler:
-    """One registered ATen overload: its builder, the library functions it needs, an arg check."""
-    fn: Callable[..., Any]
-    requires: tuple[str, ...] = ()
-    check: CheckFn | None = None
-
-
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -75,22 +67,6 @@ def aten(*overloads: str, requires: Sequence[str] = (), check: CheckFn | None = 
             HANDLERS[f"aten.{o}"] = Handler(fn, tuple(requires), check)
         return fn
     return deco
-
-
-def lib(qualname: str):
-    """The library function ``lumc.ir.library.<module>.<function>``.
-
-    Raises:
-        UnsupportedOpError: the function is not available.
-    """
-    f = library(qualname)
-    if f is None:
-        raise UnsupportedOpError(f"needs lumc.ir.library.{qualname}, which is not available")
-    return f
-
-
-def missing_requirements(h: Handler) -> list[str]:
-    return [q for q in h.requires if library(q) is None]
 
 
 def op_name(target) -> str:
