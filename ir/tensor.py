@@ -18,11 +18,9 @@ import numpy as np
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.graph import Node, const_node, iota_node, node, view_node
+from lumc.ir.tensor_math import HALF_PI, LN2, LOG2E, TensorMath  # noqa: F401
 from lumc.ir.views import View, prod
 
-LOG2E = 1.4426950408889634   # log2(e)
-LN2 = 0.6931471805599453     # ln(2)
-HALF_PI = 1.5707963267948966
 
 
 def normalize_axis(axis: int, rank: int) -> int:
@@ -45,7 +43,7 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Tensor:
+class Tensor(TensorMath):
     """A lazily built tensor: an IR node plus numpy-style methods. Immutable."""
     __slots__ = ("node",)
 
@@ -411,138 +409,6 @@ class Tensor:
         if to == self.dtype:
             return self
         return self._op("Cast", arg=to)
-
-    # ---- transcendental ------------------------------------------------------------------------
-    def _float(self) -> "Tensor":
-        if not self.dtype.is_float:
-            raise ShapeError(f"needs a float tensor, got {self.dtype}")
-        return self
-
-    def exp2(self) -> "Tensor":
-        return self._float()._op("Exp2")
-
-    def log2(self) -> "Tensor":
-        return self._float()._op("Log2")
-
-    def exp(self) -> "Tensor":
-        """``exp(x) = exp2(x * log2 e)``; relative error about ``|x| * eps`` from rounding x*log2e."""
-        return self._float().mul(LOG2E).exp2()
-
-    def log(self) -> "Tensor":
-        """``ln(x) = log2(x) * ln 2``: 1 ulp extra; log(0) = -inf, log(x<0) = NaN."""
-        return self._float().log2().mul(LN2)
-
-    def sqrt(self) -> "Tensor":
-        return self._float()._op("Sqrt")
-
-    def rsqrt(self) -> "Tensor":
-        return self.sqrt().recip()
-
-    def sin(self) -> "Tensor":
-        return self._float()._op("Sin")
-
-    def cos(self) -> "Tensor":
-        """``cos(x) = sin(x + pi/2)``: absolute error about ``ulp(x)`` from rounding ``x + pi/2``."""
-        return self._float().add(HALF_PI).sin()
-
-    def tanh(self) -> "Tensor":
-        """``tanh(x) = sign(x) (1 - e) / (1 + e)`` with ``e = exp(-2|x|)``; below |x| = 2**-4 an odd
-        Taylor polynomial to x**9 (truncation error < 1e-13 relative), so small |x| keep full
-        relative precision. Saturates to ±1 without overflow."""
-        x = self._float()
-        ax = x.abs()
-        e = ax.mul(-2.0).exp()
-        big = x.scalar_like(1.0).sub(e).div(x.scalar_like(1.0).add(e))
-        big = x.lt(x.scalar_like(0.0)).where(big.neg(), big)
-        x2 = x.mul(x)
-        c = [1.0, -1.0 / 3, 2.0 / 15, -17.0 / 315, 62.0 / 2835]
-        p = x2.mul(c[4]).add(c[3])
-        for k in (2, 1, 0):
-            p = p.mul(x2).add(c[k])
-        small = p.mul(x)
-        return ax.lt(ax.scalar_like(0.0625)).where(small, big)
-
-    def sigmoid(self) -> "Tensor":
-        """``1 / (1 + exp(-x))``: exact limits 0 and 1, no overflow NaN."""
-        x = self._float()
-        return x.neg().exp().add(1.0).recip()
-
-    def floor(self) -> "Tensor":
-        """Exact floor from ``fmod``: ``t = x - fmod(x, 1)`` is trunc(x); step down where the
-        remainder is negative. Integers, ±0, ±inf and NaN pass through unchanged."""
-        if not self.dtype.is_float:
-            return self
-        r = self.fmod(1.0)
-        t = self.sub(r)
-        zero = self.scalar_like(0.0)
-        return r.lt(zero).where(t.sub(1.0), zero.lt(r).where(t, self))
-
-    def ceil(self) -> "Tensor":
-        if not self.dtype.is_float:
-            return self
-        return self.neg().floor().neg()
-
-    def round(self) -> "Tensor":
-        """Round half to even (ONNX ``Round``), exact."""
-        if not self.dtype.is_float:
-            return self
-        fl = self.floor()
-        d = self.sub(fl)
-        half = self.scalar_like(0.5)
-        up = fl.add(1.0)
-        even = fl.fmod(2.0).eq(fl.scalar_like(0.0)).where(fl, up)
-        r = half.lt(d).where(up, d.lt(half).where(fl, even))
-        # a zero result keeps the sign of x (round(-0.4) == -0.0); x * 0 carries that sign
-        return r.eq(r.scalar_like(0.0)).where(self.mul(0.0), r)
-
-    def pow(self, o) -> "Tensor":
-        """ONNX ``Pow``. A constant integer exponent uses repeated squaring (exact for integer
-        results, correct for negative bases). Otherwise ``sign * exp2(y * log2|x|)`` with the IEEE
-        special cases (x < 0 with non-integer y gives NaN; 0**negative gives inf; x**0 gives 1)."""
-        if not isinstance(o, Tensor):
-            y = np.asarray(o)
-            if y.ndim == 0 and float(y) == int(float(y)) and abs(int(float(y))) <= 64:
-                return self.powi(int(float(y)))
-            o = self._coerce(o)
-        if o.node.op == "Constant":
-            vals = o.node.arg.value
-            if vals.size == 1 and np.isfinite(vals).all() and float(vals.flat[0]) == int(vals.flat[0]) \
-                    and abs(int(vals.flat[0])) <= 64:
-                return self.powi(int(vals.flat[0])).expand(broadcast_shapes(self.shape, o.shape))
-            if vals.size == 1 and float(vals.flat[0]) == 0.5 and self.dtype.is_float:
-                return self.sqrt().expand(broadcast_shapes(self.shape, o.shape))
-        if not self.dtype.is_float:
-            r = self.cast(dt.f64).pow(o.cast(dt.f64))
-            return r.round().cast(self.dtype)
-        x, y = self._bcast(o.cast(self.dtype))
-        ax = x.abs()
-        mag = y.mul(ax.log2()).exp2()
-        y_int = y.floor().eq(y)
-        y_odd = y_int.logical_and(y.fmod(2.0).abs().eq(y.scalar_like(1.0)))
-        zero = x.scalar_like(0.0)
-        neg = x.lt(zero)
-        r = neg.logical_and(y_odd).where(mag.neg(), mag)
-        r = neg.logical_and(y_int.logical_not()).logical_and(y.isinf().logical_not()).where(
-            x.scalar_like(np.nan), r)
-        r = y.eq(zero).where(x.scalar_like(1.0), r)
-        return r
-
-    def powi(self, n: int) -> "Tensor":
-        """``x ** n`` for a Python int ``n`` by repeated squaring (``n < 0``: reciprocal)."""
-        if n == 0:
-            return self.scalar_like(1)
-        if n < 0:
-            if not self.dtype.is_float:
-                raise ShapeError("negative integer power of an integer tensor")
-            return self.powi(-n).recip()
-        result, base = None, self
-        while n:
-            if n & 1:
-                result = base if result is None else result.mul(base)
-            n >>= 1
-            if n:
-                base = base.mul(base)
-        return result
 
     # ---- reductions ----------------------------------------------------------------------------
     def _axes(self, axes) -> tuple[int, ...]:
