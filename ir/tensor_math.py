@@ -111,6 +111,7 @@ class TensorMath:
             if y.ndim == 0 and float(y) == int(float(y)) and abs(int(float(y))) <= 64:
                 return self.powi(int(float(y)))
             o = self._coerce(o)
+        from lumc.ir.tensor import broadcast_shapes   # tensor.py imports this module
         if o.node.op == "Constant":
             vals = o.node.arg.value
             if vals.size == 1 and np.isfinite(vals).all() and float(vals.flat[0]) == int(vals.flat[0]) \
