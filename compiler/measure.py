@@ -111,6 +111,8 @@ class KernelMeasurer:
         self._verdicts: dict[str, tuple[bool, str]] = {}
         self.deadline = None             # set by the pipeline: checks are not started past it
         self._check_s = 1.0              # running estimate of one numerics check, seconds
+        self.pool = None                 # a CheckPool: sim checks run there ahead of need
+        self._pending: dict[str, object] = {}   # kernel key -> Future of its check's outputs
         self.db_hits = 0
         self.measured = 0
 
@@ -133,6 +135,30 @@ class KernelMeasurer:
                 e.configs = [None]
             self.entries[key] = e
         return key
+
+    def prefetch(self, keys) -> None:
+        """Start the numerics checks of these kernels in the pool (sim targets), so they run while
+        the search measures others; a kernel already judged or pending is skipped."""
+        if self.pool is None or not self.target.simulated:
+            return
+        for key in dict.fromkeys(keys):
+            e = self.entries[key]
+            if key in self._verdicts or key in self._pending or e.render_error is not None:
+                continue
+            dbk = TimingKey(key, "numerics-check", self.target.name, self.versions["lumc"],
+                            self.versions["triton"], self.versions["driver"])
+            if self.db.get(dbk) is not None:
+                continue
+            ins = self._inputs(e)
+            if ins is None or sum(int(np.prod(n.shape)) for n in e.call.outputs) > INTERPRETER_MAX_ELEMENTS:
+                continue
+            self._pending[key] = self.pool.submit(e.kernel, e.triton.run_config().kwargs(), ins)
+
+    def _inputs(self, e: KernelEntry) -> list | None:
+        ins = [self.values.get(id(n)) for n in e.call.inputs]
+        ins = [x if x is not None else (n.arg.value if n.op == "Constant" else None)
+               for x, n in zip(ins, e.call.inputs)]
+        return None if any(x is None for x in ins) else ins
 
     def n_configs(self, key: str) -> int:
         return len(self.entries[key].configs)
@@ -210,7 +236,8 @@ class KernelMeasurer:
 
     def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
         """Run the generated kernel on the captured inputs and compare with the reference."""
-        if self.deadline is not None and self.deadline.remaining() < 1.5 * self._check_s:
+        if e.key not in self._pending and self.deadline is not None and \
+                self.deadline.remaining() < 1.5 * self._check_s:
             return False, "error: no budget left for its numerics check"
         t0 = time.monotonic()
         try:
@@ -228,14 +255,22 @@ class KernelMeasurer:
             return True, "unchecked: no reference values captured"
         if self.target.simulated and sum(int(np.prod(n.shape)) for n in call.outputs) > INTERPRETER_MAX_ELEMENTS:
             return True, "unchecked: too large for the CPU interpreter"
+        fut = self._pending.pop(e.key, None) if index == -1 else None
         try:
-            outs = e.triton(*ins, config=cfg)
+            if fut is not None:          # started in the pool ahead of need
+                left = self.deadline.remaining() if self.deadline is not None else None
+                try:
+                    outs = fut.result(timeout=left)
+                except TimeoutError:
+                    return False, "error: no budget left for its numerics check"
+            else:
+                outs = e.triton(*ins, config=cfg)
         except Exception as err:
             return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         from lumc.backends.triton.launch import to_numpy
         worst = 0.0
         for o, r, n in zip(outs, refs, call.outputs):
-            got = to_numpy(o)
+            got = o if isinstance(o, np.ndarray) else to_numpy(o)   # pool results are numpy
             if n.dtype.is_float:
                 err = max_rel_error(got, r)
                 tol = dt.rtol_for(n.dtype)

@@ -340,14 +340,23 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         log: list[str] = []
         measurer = KernelMeasurer(target, db, ver, values, log)
         measurer.deadline = deadline
+        if target.simulated and (os.cpu_count() or 1) > 1 and not deadline.expired():
+            from lumc.compiler.check_pool import CheckPool
+            measurer.pool = CheckPool()
         keys = [[measurer.add(c) for c in p.calls] for p in programs]
         ceil = target.spec.as_ceilings()
         bounds = {k: kernel_time_bound(measurer.entries[k].kernel, ceil) for ks in keys for k in ks}
         nconf = {k: measurer.n_configs(k) for ks in keys for k in ks}
         stage_s["reference"] = deadline.elapsed() - sum(stage_s.values())
-        result = run_search(keys, bounds, nconf, measurer, deadline,
-                            on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
-                            config_bounds=measurer.bound)
+        try:
+            result = run_search(keys, bounds, nconf, measurer, deadline,
+                                on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
+                                config_bounds=measurer.bound,
+                                before_candidate=lambda i: measurer.prefetch(keys[i]))
+        finally:
+            if measurer.pool is not None:
+                measurer.pool.close()
+                measurer.pool = None
         stage_s["search"] = deadline.elapsed() - sum(stage_s.values())
         progress.stage("plan", deadline)
         chosen = programs[result.candidate]

@@ -68,7 +68,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                measure: Callable[[Hashable, int], Measurement], deadline: Deadline, *,
                slack: float = 0.01, min_gain: float = 0.01, window: int = 24,
                retime_top: int = 3, on_progress: Callable[[SearchStats, float, float], None] | None = None,
-               config_bounds: Callable[[Hashable, int], float] | None = None) -> SearchResult:
+               config_bounds: Callable[[Hashable, int], float] | None = None,
+               before_candidate: Callable[[int], None] | None = None) -> SearchResult:
     """Choose the fastest candidate within the deadline (see module docstring).
 
     Args:
@@ -86,6 +87,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         config_bounds: ``(kernel key, config index) -> seconds``, a lower bound for that config
             (e.g. the roofline of its padded tiles); a config whose bound is not below the kernel's
             best measured time is pruned without compiling.
+        before_candidate: called with a candidate's index before it is measured (the pipeline
+            starts that candidate's numerics checks in a process pool).
     """
     stats = SearchStats()
     n = len(candidates)
@@ -211,6 +214,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         prune_hopeless()
         if i in pruned:
             continue
+        if before_candidate is not None:
+            before_candidate(i)
         if not measure_candidate(i):
             out_of_time = True
             break
