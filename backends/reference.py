@@ -76,15 +76,7 @@ class ReferenceExecutor:
             remaining[k] = remaining.get(k, 0) + 1   # never freed
         f64 = self.precision == "float64"
         for name, n in self.graph.inputs.items():
-            if name not in inputs:
-                raise InputError(f"missing input {name!r}", node=name)
-            x = np.asarray(inputs[name])
-            if tuple(x.shape) != n.shape:
-                raise InputError(f"input {name!r} has shape {tuple(x.shape)}, expected {n.shape}",
-                                 node=name)
-            if x.dtype != n.dtype.np:
-                raise InputError(f"input {name!r} has dtype {x.dtype}, expected {n.dtype.np}",
-                                 node=name)
+            x = checked_input(n, inputs)
             vals[id(n)] = x.astype(np.float64) if (f64 and n.dtype.is_float) else x
         kept: dict[int, np.ndarray] = {}
         for n in self.order:
@@ -131,6 +123,23 @@ class ReferenceExecutor:
         if n.op == "Mul" and id(n) in self._fused_mul and not force:
             raise AssertionError("fused Mul evaluated")
         return row.reference(xs, n.arg)
+
+
+def checked_input(n: Node, inputs: dict) -> np.ndarray:
+    """The array given for graph input ``n`` (an ``Input`` node), as numpy.
+
+    Raises:
+        InputError: when it is missing, or of another shape or dtype (one line naming the input).
+    """
+    name = n.arg.name
+    if name not in inputs:
+        raise InputError(f"missing input {name!r}", node=name)
+    x = np.asarray(inputs[name])
+    if tuple(x.shape) != n.shape:
+        raise InputError(f"input {name!r} has shape {tuple(x.shape)}, expected {n.shape}", node=name)
+    if x.dtype != n.dtype.np:
+        raise InputError(f"input {name!r} has dtype {x.dtype}, expected {n.dtype.np}", node=name)
+    return x
 
 
 def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DType,

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumc.backends.devices import DeviceSpec, get_device
-from lumc.backends.reference import ReferenceExecutor
-from lumc.ir.errors import InputError
+from lumc.backends.reference import ReferenceExecutor, checked_input
 from lumc.ir.graph import Graph, Node
 from lumc.ir.kernels import Kernel
 from lumc.ir.ops import apply_view
@@ -155,14 +154,8 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
         InputError: on a missing input or one of the wrong shape or dtype.
     """
     env: dict[int, np.ndarray] = {}
-    for name, n in graph.inputs.items():
-        if name not in inputs:
-            raise InputError(f"missing input {name!r}", node=name)
-        x = np.asarray(inputs[name])
-        if tuple(x.shape) != n.shape or x.dtype != n.dtype.np:
-            raise InputError(f"input {name!r} is {x.dtype}{tuple(x.shape)}, expected "
-                             f"{n.dtype.np}{n.shape}", node=name)
-        env[id(n)] = x
+    for n in graph.inputs.values():
+        env[id(n)] = checked_input(n, inputs)
     for c in program.calls:
         k = c.kernel
         feed = {ph.arg.name: _value_of(n, env) for ph, n in zip(k.inputs, c.inputs)}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lumc.ir.errors import InputError
+from lumc.backends.reference import checked_input
 from lumc.ir.graph import Node
 from lumc.backends.triton.launch import (TritonKernel, default_device, interpreter_mode, to_numpy,
                                          to_torch, torch_dtype)
@@ -60,14 +60,7 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
         if got is not None:
             return got
         if n.op == "Input":
-            name = n.arg.name
-            if name not in inputs:
-                raise InputError(f"missing input {name!r}", node=name)
-            x = np.asarray(inputs[name])
-            if tuple(x.shape) != n.shape or x.dtype != n.dtype.np:
-                raise InputError(f"input {name!r} is {x.dtype}{tuple(x.shape)}, expected "
-                                 f"{n.dtype.np}{n.shape}", node=name)
-            t = to_torch(x, device)
+            t = to_torch(checked_input(n, inputs), device)
         elif n.op == "Constant":
             t = to_torch(n.arg.value, device)
         elif n.op == "View" and n.arg.is_contiguous and n.numel == n.srcs[0].numel:

@@ -92,6 +92,21 @@ def missing_requirements(h: Handler) -> list[str]:
     return [q for q in h.requires if library(q) is None]
 
 
+def handler_problems(h: Handler | None, *check_args) -> list[str]:
+    """Why a node cannot be lowered by ``h`` (both frontends): no handler, a missing library
+    function, or its check's reason on ``check_args``; empty when it can."""
+    if h is None:
+        return ["not implemented"]
+    out = []
+    missing = missing_requirements(h)
+    if missing:
+        out.append("needs " + ", ".join(f"lumc.ir.library.{m}" for m in missing))
+    reason = h.check(*check_args) if h.check is not None else None
+    if reason:
+        out.append(reason)
+    return out
+
+
 def attribute_value(a: onnx.AttributeProto):
     """A Python value for an attribute: ints, floats, str (decoded), TensorProto, GraphProto, lists."""
     if a.type == AttributeProto.STRING:

@@ -15,7 +15,7 @@ import onnx.inliner
 from onnx import AttributeProto
 
 from lumc.compiler.onnx_frontend.loader import ONNX_TO_DTYPE, default_opset, onnx_type_name
-from lumc.compiler.onnx_frontend.registry import HANDLERS, missing_requirements
+from lumc.compiler.onnx_frontend.registry import HANDLERS, handler_problems
 from lumc.ir.errors import ModelError, UnsupportedOpError
 
 # attributes that name an element type the node produces
@@ -95,14 +95,7 @@ def _node_problems(node: onnx.NodeProto, opset: int, types) -> list[str]:
     h = HANDLERS.get(node.op_type)
     if h is None:
         return ["not implemented"]
-    out = []
-    missing = missing_requirements(h)
-    if missing:
-        out.append("needs " + ", ".join(f"lumc.ir.library.{m}" for m in missing))
-    if h.check is not None:
-        reason = h.check(node, opset)
-        if reason:
-            out.append(reason)
+    out = handler_problems(h, node, opset)
     bad = set()
     for name in list(node.input) + list(node.output):
         if name:

@@ -105,17 +105,6 @@ def _floor_divide(ctx, a, b):
     return _div_mode(ctx, a, b, rounding_mode="floor")
 
 
-@aten("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")
-def _remainder(ctx, a, b):
-    # Python modulo: fmod moved by b where signs differ (Tensor.mod works for floats and ints)
-    a, b = promote(a, b)
-    return a.mod(b)
-
-
-@aten("fmod.Tensor", "fmod.Scalar")
-def _fmod(ctx, a, b):
-    a, b = promote(a, b)
-    return a.fmod(b)
 
 
 @aten("pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar")
@@ -198,16 +187,6 @@ def _isfinite(ctx, x):
     return x.isnan().logical_or(x.isinf()).logical_not()
 
 
-@aten("maximum.default", "max.other")
-def _maximum(ctx, a, b):
-    a, b = promote(a, b)
-    return a.maximum(b)
-
-
-@aten("minimum.default", "min.other")
-def _minimum(ctx, a, b):
-    a, b = promote(a, b)
-    return a.minimum(b)
 
 
 @aten("clamp.default", "clamp.Tensor")
@@ -454,3 +433,21 @@ def _atan2(ctx, y, x):
     corner = negx.where(x.scalar_like(0.75 * math.pi), x.scalar_like(0.25 * math.pi))
     both_inf = y.isinf().logical_and(x.isinf())
     return both_inf.where(negy.where(corner.neg(), corner), r)
+
+
+def _promoted(method: str):
+    """A handler applying the Tensor method ``method`` to both operands after type promotion."""
+    def handler(ctx, a, b):
+        a, b = promote(a, b)
+        return getattr(a, method)(b)
+    return handler
+
+
+# remainder is Python modulo (Tensor.mod: fmod moved by b where signs differ), fmod is C's;
+# maximum/minimum propagate NaN
+for _overloads, _method in [
+        (("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor"), "mod"),
+        (("fmod.Tensor", "fmod.Scalar"), "fmod"),
+        (("maximum.default", "max.other"), "maximum"),
+        (("minimum.default", "min.other"), "minimum")]:
+    aten(*_overloads)(_promoted(_method))

@@ -17,14 +17,8 @@ from lumc.ir.tensor import Tensor
 
 
 # ---- matrix products -------------------------------------------------------------------------------
-@aten("mm.default", "bmm.default", "matmul.default")
+@aten("mm.default", "bmm.default", "matmul.default", "dot.default", "mv.default")
 def _mm(ctx, a, b):
-    a, b = promote(a, b)
-    return a.matmul(b)
-
-
-@aten("dot.default", "mv.default")
-def _dot(ctx, a, b):
     a, b = promote(a, b)
     return a.matmul(b)
 

@@ -19,7 +19,8 @@ import torch
 
 from lumc.compiler.onnx_frontend.folding import ConstantFolder
 from lumc.compiler.torch_frontend.registry import (HANDLERS, TORCH_TO_DTYPE, LoweringContext,
-                                                   missing_requirements, op_name)
+                                                   op_name)
+from lumc.compiler.onnx_frontend.registry import handler_problems
 from lumc.ir.errors import LumcError, ShapeError, UnsupportedOpError
 from lumc.ir.tensor import Tensor
 
@@ -84,14 +85,7 @@ def node_problems(node: torch.fx.Node) -> list[str]:
     h = HANDLERS.get(name)
     if h is None:
         return ["not implemented"]
-    out = []
-    missing = missing_requirements(h)
-    if missing:
-        out.append("needs " + ", ".join(f"lumc.ir.library.{m}" for m in missing))
-    if h.check is not None:
-        reason = h.check(node)
-        if reason:
-            out.append(reason)
+    out = handler_problems(h, node)
     bad = _dtype_problems(node)
     if bad:
         out.append("on " + ", ".join(sorted(bad)))
