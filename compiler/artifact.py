@@ -211,85 +211,181 @@ def looks_like_artifact(path: str | os.PathLike) -> bool:
     return str(path).endswith(".lumc") and not head.startswith(b"\x08")
 
 
-# what lumc.compiler.compiled.load reads from each JSON part (key -> accepted types)
-_JSON_PARTS = {
-    "plan.json": {"device": (str,), "simulated": (bool,), "calls": (list,), "outputs": (dict,)},
-    "report.json": {},
-    "graph.json": {"nodes": (list,), "inputs": (dict,), "outputs": (dict,)},
-}
+# Member caps (bytes, uncompressed), checked against the zip directory before anything is inflated.
+# lumc deflates only its JSON parts; graph and plan of a GPT-2-sized model are a few MB, so these
+# caps leave two orders of magnitude of room and still bound a zip bomb's memory.
+MAX_JSON_BYTES = {MANIFEST: 1 << 20, "report.json": 16 << 20, "graph.json": 128 << 20,
+                  "plan.json": 128 << 20}
+MAX_INFLATION = 32   # a compressed non-JSON member may inflate at most 32x (floats barely compress)
+_CHUNK = 1 << 20
 
 
-def _check_parts(path: Path, parts: dict[str, bytes]) -> None:
-    """Each known part is readable and has the shape its reader expects (names the part)."""
-    for name, keys in _JSON_PARTS.items():
-        if name not in parts:
-            continue
-        try:
-            doc = json.loads(parts[name])
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ArtifactError(f"{path}: part {name!r} is not valid JSON ({e})") from None
-        if not isinstance(doc, dict):
-            raise ArtifactError(f"{path}: part {name!r} is a JSON {type(doc).__name__}, expected an "
-                                "object")
-        for k, types in keys.items():
-            if not isinstance(doc.get(k), types):
-                raise ArtifactError(f"{path}: part {name!r} lacks {k!r} or it is not a "
-                                    f"{types[0].__name__}")
-        if name == "graph.json" and doc.get("format") != GRAPH_FORMAT:
-            raise ArtifactError(f"{path}: part 'graph.json' has graph format "
-                                f"{doc.get('format')!r}, this lumc reads {GRAPH_FORMAT!r}")
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (``sysconf``), or None where it is not known."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _member_cap(info: zipfile.ZipInfo) -> int:
+    """The most bytes member ``info`` may hold uncompressed (see :data:`MAX_JSON_BYTES`)."""
+    if info.filename in MAX_JSON_BYTES:
+        return MAX_JSON_BYTES[info.filename]
+    if info.compress_type == zipfile.ZIP_STORED:
+        return info.compress_size
+    return max(_CHUNK, MAX_INFLATION * info.compress_size)
+
+
+def _check_sizes(path: Path, infos: list[zipfile.ZipInfo], file_size: int) -> None:
+    """Refuse, from the zip directory alone, members larger than their cap or than memory."""
+    total = 0
+    for info in infos:
+        cap = _member_cap(info)
+        if info.file_size > cap:
+            raise ArtifactError(f"{path}: part {info.filename!r} claims {info.file_size} bytes "
+                                f"uncompressed, more than the {cap} a lumc artifact allows "
+                                "(a zip bomb?)")
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size > file_size:
+            raise ArtifactError(f"{path}: part {info.filename!r} is larger than the file "
+                                "(truncated?)")
+        total += info.file_size
+    mem = memory_bytes()
+    if mem is not None and total > mem // 2:
+        raise ArtifactError(f"{path}: its parts need {total} bytes, more than half of this "
+                            f"machine's {mem} bytes of memory")
+
+
+def _open_regular(path: Path):
+    """Open ``path`` for reading only if it is a regular file (never blocks on a FIFO, never
+    reads a device: a link to /dev/zero is refused, not read)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no such artifact") from None
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ArtifactError(f"{path}: is {_kind(st.st_mode)}, not a .lumc artifact (a regular "
+                            "file)")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read it ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):    # replaced between stat and open
+        os.close(fd)
+        raise ArtifactError(f"{path}: is {_kind(st.st_mode)}, not a .lumc artifact")
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, want: str) -> bytes | None:
+    """The member's bytes if their sha256 is ``want``, else None. A compressed member is hashed
+    in a first streaming pass and kept only when it matches; zipfile never reads past the
+    declared size."""
+    h = hashlib.sha256()
+    keep = info.compress_type == zipfile.ZIP_STORED
+    chunks = []
+    with z.open(info) as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            if keep:
+                chunks.append(chunk)
+    if h.hexdigest() != want:
+        return None
+    if keep:
+        return b"".join(chunks)
+    return z.read(info)
+
+
+def check_npz(path: Path, data: bytes, part: str = "consts.npz") -> None:
+    """``consts.npz`` is itself a zip of ``.npy`` members: cap each as above and check that every
+    array header's shape fits the bytes its member holds, before numpy allocates it.
+
+    Raises:
+        ArtifactError: naming ``part``.
+    """
+    import numpy as np
+    bad = f"{path}: part {part!r} is not a readable .npz archive"
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            infos = z.infolist()
+            _check_sizes(path, infos, len(data))
+            for info in infos:
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                    if dtype.hasobject:
+                        raise ArtifactError(f"{bad} (member {info.filename!r} holds Python "
+                                            "objects; lumc never unpickles)")
+                    need = dtype.itemsize
+                    for d in shape:
+                        need *= int(d)
+                    if need > info.file_size:
+                        raise ArtifactError(f"{bad} (member {info.filename!r} declares shape "
+                                            f"{tuple(shape)} but holds {info.file_size} bytes)")
+    except ArtifactError:
+        raise
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, zlib.error, TypeError,
+            NotImplementedError, RuntimeError, OverflowError) as e:
+        raise ArtifactError(f"{bad} ({type(e).__name__})") from None
+
+
+def _check_parts(path: Path, parts: dict[str, bytes]) -> dict[str, dict]:
+    """Each known part is readable and has the shape its reader expects (names the part);
+    returns the parsed JSON parts."""
+    from lumc.compiler.artifact_schema import check_json_part
+    docs = {}
+    for name in ("graph.json", "plan.json", "report.json"):
+        if name in parts:
+            docs[name] = check_json_part(str(path), name, parts[name])
+    if "graph.json" in docs and docs["graph.json"].get("format") != GRAPH_FORMAT:
+        raise ArtifactError(f"{path}: part 'graph.json' has graph format "
+                            f"{docs['graph.json'].get('format')!r}, this lumc reads {GRAPH_FORMAT!r}")
     if "consts.npz" in parts:
-        import numpy as np
-        try:
-            with np.load(io.BytesIO(parts["consts.npz"]), allow_pickle=False) as z:
-                z.files  # noqa: B018  (np.load of a non-npz returns an array: no .files)
-        except (AttributeError, OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-            raise ArtifactError(f"{path}: part 'consts.npz' is not a readable .npz archive "
-                                f"({type(e).__name__})") from None
+        check_npz(path, parts["consts.npz"])
+    return docs
 
 
 def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dict[str, bytes]]:
     """Read and verify an artifact.
 
+    Only a regular file is read (a FIFO, device or directory is refused without reading); every
+    member's uncompressed size is capped from the zip directory before it is inflated
+    (:data:`MAX_JSON_BYTES`, :data:`MAX_INFLATION`, half the machine's memory in all); hashes are
+    computed while streaming; every JSON part is schema-checked
+    (:func:`lumc.compiler.artifact_schema.check_json_part`).
+
     Returns:
         ``(manifest, parts)``.
     Raises:
-        ArtifactError: a missing, truncated, corrupt or foreign file, a malformed manifest, a part
-            whose hash does not match or that its reader could not parse (naming the part), or an
-            artifact from another lumc version.
+        ArtifactError: a missing, truncated, corrupt or foreign file, a malformed manifest, an
+            oversized member, a part whose hash does not match or that its reader could not parse
+            (naming the part), or an artifact from another lumc version.
     """
+    from lumc.compiler.artifact_schema import check_json_part
     path = Path(path)
-    if not path.exists():
-        raise ArtifactError(f"{path}: no such artifact")
-    if path.is_dir():
-        raise ArtifactError(f"{path}: is a directory, not a .lumc artifact")
+    f, file_size = _open_regular(path)
     try:
-        with zipfile.ZipFile(path) as z:
-            names = set(z.namelist())
-            if MANIFEST not in names:
+        with f, zipfile.ZipFile(f) as z:
+            infos = {i.filename: i for i in z.infolist()}
+            if MANIFEST not in infos:
                 raise ArtifactError(f"{path}: damaged .lumc artifact or another zip archive (no "
                                     f"{MANIFEST}; truncated?)")
-            try:
-                manifest = json.loads(z.read(MANIFEST))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ArtifactError(f"{path}: part {MANIFEST!r} is not valid JSON ({e})") from None
-            if not isinstance(manifest, dict):
-                raise ArtifactError(f"{path}: part {MANIFEST!r} is a JSON {type(manifest).__name__}, "
-                                    "expected an object")
+            _check_sizes(path, list(infos.values()), file_size)
+            manifest = check_json_part(str(path), MANIFEST, z.read(MANIFEST))
             if manifest.get("format") != FORMAT:
                 raise ArtifactError(f"{path}: artifact format {manifest.get('format')!r}, "
                                     f"this lumc reads {FORMAT!r}")
-            listed = manifest.get("parts")
-            if not isinstance(listed, dict) or not all(
-                    isinstance(k, str) and isinstance(h, str) for k, h in listed.items()):
-                raise ArtifactError(f"{path}: part {MANIFEST!r} has no valid 'parts' table "
-                                    "(name -> sha256)")
             parts = {}
-            for k, h in listed.items():
-                if k not in names:
+            for k, h in manifest["parts"].items():
+                if k not in infos:
                     raise ArtifactError(f"{path}: artifact is missing its part {k!r}")
-                data = z.read(k)
-                if hashlib.sha256(data).hexdigest() != h:
+                data = _read_member(z, infos[k], h)
+                if data is None:
                     raise ArtifactError(f"{path}: part {k!r} is corrupt (hash mismatch)")
                 parts[k] = data
     except ArtifactError:
@@ -298,7 +394,7 @@ def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dic
         raise ArtifactError(f"{path}: damaged .lumc artifact (truncated or not a zip archive: "
                             f"{e})") from None
     except (zlib.error, KeyError, OSError, EOFError, ValueError, TypeError, RuntimeError,
-            NotImplementedError) as e:
+            NotImplementedError, OverflowError) as e:
         raise ArtifactError(f"{path}: damaged .lumc artifact ({type(e).__name__}: {e})") from None
     if manifest.get("lumc_version") != lumc_version:
         raise ArtifactError(f"{path}: compiled by lumc {manifest.get('lumc_version')}, this is lumc "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumc.compiler.artifact import load_artifact, save_artifact
+from lumc.compiler.artifact import check_npz, load_artifact, memory_bytes, save_artifact
 from lumc.compiler.program import KernelCall, Program, run_program_reference
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ArtifactError, InputError
@@ -200,6 +200,19 @@ class CompiledModel:
         return save_artifact(path, parts, __version__)
 
 
+def _check_node_sizes(path, nodes) -> None:
+    """A hostile graph may declare values larger than memory: refuse before running it (an
+    executor would otherwise be killed for memory half-way instead of failing in one line)."""
+    mem = memory_bytes()
+    if mem is None:
+        return
+    for n in nodes:
+        if n.nbytes > mem:
+            raise ArtifactError(f"{path}: part 'graph.json' declares a {n.op} value of shape "
+                                f"{list(n.shape)} ({n.nbytes} bytes), more than this machine's "
+                                f"{mem} bytes of memory")
+
+
 def load(path, device: str | None = None) -> CompiledModel:
     """Load a ``.lumc`` artifact.
 
@@ -219,13 +232,16 @@ def load(path, device: str | None = None) -> CompiledModel:
         full, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
     except ArtifactError as e:
         raise ArtifactError(f"{path}: part 'graph.json'/'consts.npz': {e.reason}") from None
+    _check_node_sizes(path, nodes)
     graph = Graph(full.inputs, {k: v for k, v in full.outputs.items() if not k.startswith("__n")})
     try:
         plan = json.loads(parts["plan.json"])
         report = json.loads(parts["report.json"])
         calls, configs = [], []
-        for c in plan["calls"]:
-            meaning, _ = graph_from_bytes(c["meaning"].encode(), bytes.fromhex(c["meaning_consts"]))
+        for i, c in enumerate(plan["calls"]):
+            mnpz = bytes.fromhex(c["meaning_consts"])
+            check_npz(path, mnpz, f"plan.json calls[{i}].meaning_consts")
+            meaning, _ = graph_from_bytes(c["meaning"].encode(), mnpz)
             k = Kernel(c["form"], meaning, tuple((a, _from_jsonable(v)) for a, v in c["attrs"]),
                        tuple(c["covers"]))
             calls.append(KernelCall(k, [nodes[i] for i in c["inputs"]], [nodes[i] for i in c["outputs"]]))
