@@ -72,7 +72,7 @@ _SATURATORS: dict[tuple, Saturator] = {}
 def saturator(limits: Limits) -> Saturator:
     """A loaded engine for these limits (parsing the rules once per process; regions run between
     ``push`` and ``pop``)."""
-    key = (limits.domain,)   # the loaded rules depend on this only; the rest is per run
+    key = (limits.domain, limits.fast_math)   # the loaded rules depend on these; the rest is per run
     if key not in _SATURATORS:
         _SATURATORS[key] = Saturator(limits)
     sat = _SATURATORS[key]
@@ -123,6 +123,21 @@ class _NoForms(CostModel):
         return super().enode_cost(g, c, n)
 
 
+def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
+    """The least-cost choice with every class that is a column slice of a wider contraction
+    (``Part``, ``lumc.rewrites.horizontal``) read from the widest one, or None without any."""
+    forced = {}
+    for c, ns in view.classes.items():
+        parts = [(view.shapes.get(n.args[0], (0,))[-1], i) for i, n in enumerate(ns)
+                 if n.ctor == "Part"]
+        if parts:
+            forced[c] = max(parts)[1]
+    if not forced:
+        return None
+    pick, _ = choose(view, cost, forced)
+    return pick
+
+
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
                      tables: Tables, label: str) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
@@ -156,6 +171,12 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     base = [r.pick for r in results]
     plans: list[tuple[str, list[dict]]] = [("egraph-argmin", base),
                                            ("egraph-identity", [r.original for r in results])]
+    # horizontal fusion everywhere: tree cost counts a shared wide contraction once per slice,
+    # so argmin never picks it; the program bound (each kernel once) judges it instead
+    wide = [_widest_parts(r.view, cost) for r in results]
+    if any(w is not None for w in wide):
+        plans.append(("egraph-horizontal", [w if w is not None else r.pick
+                                            for w, r in zip(wide, results)]))
     # single flips, cheapest first across regions: programs argmin extraction never returns
     flips = sorted((d, i, c, n) for i, r in enumerate(results) for d, c, n in r.alts)
     for d, i, c, n in flips[:max_flips]:

@@ -69,6 +69,8 @@ class EGraphView:
                 v.classes.setdefault(c, []).append(ENode(op, kids))
             elif op == "shape":
                 shape_rows.append((kids[0], c))
+            elif op in ("hbase", "hlast"):   # horizontal fusion's keys: not values
+                continue
             elif typ in ("i64", "f64", "String", "bool"):
                 v.values[c] = _literal(op, typ)
             else:
@@ -137,6 +139,12 @@ class CostModel:
             return 0.0
         if ctor in ("Input", "Const", "Iota"):
             return 0.0
+        if ctor == "Part":   # a column slice: a view
+            return 0.0
+        if ctor == "HCat":   # constants concatenate at compile time; anything else is a copy
+            if all(_is_constant(g, a) for a in n.args):
+                return 0.0
+            return self.bw(2 * out) + launch
         if ctor in ("SumReduce", "MaxReduce"):
             ops = _contraction_operands(g, n.args[0]) if ctor == "SumReduce" else None
             if ops is not None:   # a broadcast product: each operand is read once, not per use
@@ -178,6 +186,22 @@ def base_elems(g: EGraphView, c: str, depth: int = 8) -> int:
         c = view.args[0]
         best = min(best, prod(g.shapes.get(c, (1,))))
     return best
+
+
+def _is_constant(g: EGraphView, c: str, depth: int = 16) -> bool:
+    """Whether class ``c`` holds a constant, possibly through views and concatenations."""
+    for _ in range(depth):
+        ns = g.classes.get(c, ())
+        if any(n.ctor == "Const" for n in ns):
+            return True
+        cat = next((n for n in ns if n.ctor == "HCat"), None)
+        if cat is not None:
+            return all(_is_constant(g, a, depth - 1) for a in cat.args)
+        view = next((n for n in ns if n.ctor == "View"), None)
+        if view is None:
+            return False
+        c = view.args[0]
+    return False
 
 
 def _contraction_operands(g: EGraphView, c: str) -> list[str] | None:

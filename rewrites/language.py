@@ -31,6 +31,7 @@ from lumc.ir.graph import IotaArg, Node, const_node, iota_node, node, view_node
 from lumc.ir.ops import OPS
 from lumc.ir.tensor import Tensor
 from lumc.ir.views import View
+from lumc.rewrites import horizontal as _horizontal
 from lumc.rewrites.movement import compose_view, decompose_sliced, decompose_view
 
 # non-tensor argument sorts of each op, after its Expr operands
@@ -66,6 +67,7 @@ def constructors() -> dict[str, tuple[str, ...]]:
         out[row.egglog] = ("Expr",) * row.arity + ARG_SORTS.get(name, ())
     for name, (sorts, _) in FORMS.items():
         out[name] = sorts
+    out.update(_horizontal.CTORS)
     return out
 
 
@@ -78,6 +80,7 @@ def declarations() -> str:
         "(datatype ConstVal (Scalar f64 String) (Blob String) (Flag bool))",
         f"(datatype Expr {ctors})",
         "(function shape (Expr) IVec :merge old)",
+        *_horizontal.FUNCTIONS,
     ])
 
 
@@ -146,6 +149,15 @@ class Encoder:
         self.var: dict[int, str] = {}
         self.lines: list[str] = []
         self._n = 0
+        self._keys: dict[str, int] = {}   # leaf (or view of one) -> its key (rewrites.horizontal)
+
+    def _key(self, var: str, key: int | None = None) -> str:
+        """Give ``var`` the termination key of horizontal fusion (a new one by default)."""
+        k = len(self._keys) if key is None else key
+        self._keys[var] = k
+        self.lines.append(f"(set (hbase {var}) {k})")
+        self.lines.append(f"(set (hlast {var}) {k})")
+        return var
 
     def _fresh(self, expr: str, shape) -> str:
         name = f"$e{self._n}"
@@ -180,11 +192,11 @@ class Encoder:
         if id(x) in self.externals:
             name = self.externals[id(x)]
             self.tables.leaves[name] = x
-            return self._fresh(f'(Input "{name}")', x.shape)
+            return self._key(self._fresh(f'(Input "{name}")', x.shape))
         row = OPS[x.op]
         if x.op == "Input":
             self.tables.leaves[x.arg.name] = x
-            return self._fresh(f'(Input "{x.arg.name}")', x.shape)
+            return self._key(self._fresh(f'(Input "{x.arg.name}")', x.shape))
         if x.op == "Constant":
             val = x.arg.value
             if _is_plain_scalar(val):
@@ -194,7 +206,7 @@ class Encoder:
             else:
                 key = x.arg.digest[:20]
                 self.tables.blobs[key] = x
-                cv = f'(Blob "{key}")'
+                return self._key(self._fresh(f'(Const (Blob "{key}") {ivec(x.shape)})', x.shape))
             return self._fresh(f"(Const {cv} {ivec(x.shape)})", x.shape)
         if x.op == "Iota":
             a: IotaArg = x.arg
@@ -224,7 +236,10 @@ class Encoder:
                 else:
                     shape = tuple(arg)
                     step = f"({kind.capitalize()} {ivec(arg)})"
-                cur = self._fresh(f"(View {cur} {step})", shape)
+                nxt = self._fresh(f"(View {cur} {step})", shape)
+                if cur in self._keys:   # a view of a leaf (a transposed weight) keeps its key
+                    self._key(nxt, self._keys[cur])
+                cur = nxt
             return cur
         ops = [self.var[id(s)] for s in x.srcs]
         if "commutative" in row.props and self._is_fill(x.srcs[0]) and not self._is_fill(x.srcs[1]):
@@ -290,6 +305,10 @@ def decode_node(ctor: str, args: list, tables: Tables) -> Node:
     values for the rest: tuples for IVec, ``(kind, value)`` for Step and ConstVal)."""
     if ctor in _spellings.SPELLINGS:
         return _spellings.SPELLINGS[ctor].build(args, tables)
+    if ctor == "HCat":
+        return _horizontal.decode_hcat(args[0], args[1])
+    if ctor == "Part":
+        return _horizontal.decode_part(args[0], args[1], args[2])
     if ctor in FORMS:
         return decode_form(ctor, args)
     op = OP_OF_CTOR[ctor]

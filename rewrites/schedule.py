@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from egglog import bindings
 
 from lumc.ir.ops import OPS
-from lumc.rewrites import rules_algebra, rules_kernels, rules_layout, rules_views, spellings
+from lumc.rewrites import (horizontal, rules_algebra, rules_kernels, rules_layout, rules_views,
+                           spellings)
 from lumc.rewrites.language import FORMS, declarations
 from lumc.rewrites.patterns import Rule
 
@@ -38,7 +39,7 @@ CHUNK = 64
 def all_rules() -> list[Rule]:
     """Every rule of every ruleset, in schedule order."""
     return (rules_algebra.rules() + rules_views.rules() + rules_layout.rules()
-            + rules_kernels.rules() + spellings.rules())
+            + rules_kernels.rules() + spellings.rules() + horizontal.rules())
 
 
 def shape_rules() -> list[str]:
@@ -77,6 +78,8 @@ class Limits:
         backoff_iterations: iterations of the expansive stage.
         domain: include ``domain`` rules (wrong on some inputs; off by default).
         expansive: run the association stage at all.
+        fast_math: include the fast-math rules (``rules_algebra.FAST_MATH``: division as a
+            reciprocal product; off by default).
     """
     iterations: int = 12
     nodes: int = 60_000
@@ -84,6 +87,7 @@ class Limits:
     backoff_iterations: int = 6
     domain: bool = False
     expansive: bool = True
+    fast_math: bool = False
 
 
 @dataclass
@@ -126,7 +130,8 @@ class Saturator:
     def __init__(self, limits: Limits | None = None, rules: list[Rule] | None = None):
         self.limits = limits or Limits()
         rules = all_rules() if rules is None else rules
-        self.rules = [r for r in rules if self.limits.domain or r.numerics != "domain"]
+        self.rules = [r for r in rules if (self.limits.domain or r.numerics != "domain")
+                      and (self.limits.fast_math or r.name not in rules_algebra.FAST_MATH)]
         self.egraph = bindings.EGraph()
         self._ctors = set()
         from lumc.rewrites.language import constructors

@@ -1,0 +1,126 @@
+"""Horizontal fusion: contractions that share an operand become one over concatenated weights.
+
+Two projections of the same activation, ``x @ w1 (+ b1)`` and ``x @ w2 (+ b2)`` (BERT's Q, K and
+V; a gated MLP's gate and up), are each unioned with a column slice of one wider contraction::
+
+    x @ w1 + b1  ==  Part(x @ HCat(w1, w2) + HCat(b1, b2), 0, N1)
+    x @ w2 + b2  ==  Part(x @ HCat(w1, w2) + HCat(b1, b2), N1, N1 + N2)
+
+``HCat(a, b)`` concatenates along the last axis; ``Part(e, lo, hi)`` reads columns ``lo..hi`` of
+the last axis (a view). Applied again to a result and a third projection, it builds the three-way
+QKV contraction; ``Part`` of a ``Part`` composes. Each output column of a contraction is computed
+from the same operands in the same order whatever the other columns are, so both rules are
+``exact``.
+
+Termination: every leaf (input or constant) gets an integer key at encoding (``hbase``, also on
+views of it); ``hlast`` of a concatenation is the key of its last part. The rule only appends a
+*leaf* weight whose key is above the ``hlast`` of the left side, so each set of projections is
+built in one order, once: ``n`` projections of one ``x`` give ``2^n - n - 1`` concatenations.
+
+Weights are concatenated at compile time: :func:`decode_hcat` folds a concatenation of constants
+(through views without masks) into one new constant; anything else decodes to the library's
+``concat`` (a runtime copy whose cost the bound then shows).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lumc.ir.graph import Node, const_node
+from lumc.ir.tensor import Tensor, concat
+from lumc.rewrites.patterns import Rule
+
+# constructors this module adds to the language: name -> argument sorts
+CTORS = {"HCat": ("Expr", "Expr"), "Part": ("Expr", "i64", "i64")}
+# key functions of the termination order (see the module docstring)
+FUNCTIONS = ("(function hbase (Expr) i64 :merge (min old new))",
+             "(function hlast (Expr) i64 :merge (min old new))")
+
+
+def _const_value(n: Node, depth: int = 16) -> np.ndarray | None:
+    """The value of ``n`` when it is a constant read through unmasked views, else None."""
+    views = []
+    while n.op == "View" and depth > 0:
+        if n.arg.mask is not None:
+            return None
+        views.append(n.arg)
+        n = n.srcs[0]
+        depth -= 1
+    if n.op != "Constant":
+        return None
+    val = np.ascontiguousarray(n.arg.value)
+    for v in reversed(views):
+        flat = val.reshape(-1)
+        item = flat.itemsize
+        val = np.lib.stride_tricks.as_strided(
+            flat[v.offset:] if flat.size else flat, shape=tuple(v.shape),
+            strides=tuple(s * item for s in v.strides))
+        val = np.ascontiguousarray(val)
+    return val
+
+
+def decode_hcat(a: Node, b: Node) -> Node:
+    """``concat([a, b], axis=-1)``: a new constant when both are constants, else the library's
+    concatenation (pads and a select)."""
+    va, vb = _const_value(a), _const_value(b)
+    if va is not None and vb is not None:
+        return const_node(np.concatenate([va, vb], axis=-1))
+    return concat([Tensor(a), Tensor(b)], -1).node
+
+
+def decode_part(x: Node, lo: int, hi: int) -> Node:
+    """Columns ``lo..hi`` of the last axis of ``x`` (a view)."""
+    return Tensor(x).slice([int(lo)], [int(hi)], [-1]).node
+
+
+def _linear(x: str, w: str, b: str | None, s: str) -> str:
+    mm = f"(MatMul {x} {w})"
+    return f"(Add {mm} (View {b} (Expand {s})))" if b else mm
+
+
+def _pair_rule(bias: bool) -> Rule:
+    b1, b2 = ("?b1", "?b2") if bias else (None, None)
+    lhs = _linear("?x", "?w1", b1, "?S")
+    wide_w = "(HCat ?w1 ?w2)"
+    wide = _linear("?x", wide_w, "(HCat ?b1 ?b2)" if bias else None, "?W")
+    where = [
+        f"(= ?o2 {_linear('?x', '?w2', b2, '?S2')})",
+        "(= ?k1 (hlast ?w1))", "(= ?k2 (hbase ?w2))", "(< ?k1 ?k2)",
+        "(= ?sw1 (shape ?w1))", "(= (vec-length ?sw1) 2)",
+        "(= ?sw2 (shape ?w2))", "(= (vec-length ?sw2) 2)",
+        "(= (vec-get ?sw1 0) (vec-get ?sw2 0))",
+        "(= ?n1 (vec-get ?sw1 1))", "(= ?n (+ ?n1 (vec-get ?sw2 1)))",
+        "(= ?S (shape ?root))", "(= ?S2 (shape ?o2))",
+        "(= ?W (vec-set ?S (- (vec-length ?S) 1) ?n))",
+    ]
+    sets = [
+        f"(set (shape {wide_w}) (vec-of (vec-get ?sw1 0) ?n))",
+        f"(set (hlast {wide_w}) ?k2)",
+        f"(set (shape (MatMul ?x {wide_w})) ?W)",
+        f"(set (shape (Part {wide} 0 ?n1)) ?S)",
+        f"(union ?o2 (Part {wide} ?n1 ?n))",
+        f"(set (shape (Part {wide} ?n1 ?n)) ?S2)",
+    ]
+    if bias:
+        where += ["(= ?sb1 (shape ?b1))", "(= (vec-length ?sb1) 1)",
+                  "(= ?sb2 (shape ?b2))", "(= (vec-length ?sb2) 1)"]
+        sets.insert(0, "(set (shape (HCat ?b1 ?b2)) (vec-of ?n))")
+    host = f"(Add {lhs} {_linear('?x', '?w2', b2, '?S')})"
+    case = {"x": ("in", (5, 6), "f32"), "w1": ("in", (6, 4), "f32"), "w2": ("in", (6, 4), "f32"),
+            "S": (5, 4), "__lhs__": host}
+    if bias:
+        case.update(b1=("in", (4,), "f32"), b2=("in", (4,), "f32"))
+    tag = "bias" if bias else "no bias"
+    return Rule(f"kernels/MatMul: x @ w1, x @ w2 -> parts of x @ concat(w1, w2) [{tag}]", "exact",
+                lhs, f"(Part {wide} 0 ?n1)", tuple(where), sets=tuple(sets), cases=(case,))
+
+
+def _compose_rule() -> Rule:
+    return Rule("kernels/View: part(part(e, a, b), c, d) -> part(e, a + c, a + d)", "exact",
+                "(Part (Part ?e ?a ?b) ?c ?d)", "(Part ?e (+ ?a ?c) (+ ?a ?d))",
+                ("(= ?S (shape ?root))",),
+                sets=("(set (shape (Part ?e (+ ?a ?c) (+ ?a ?d))) ?S)",),
+                cases=({"e": ("in", (3, 9), "f32"), "a": 2, "b": 8, "c": 1, "d": 4},))
+
+
+def rules() -> list[Rule]:
+    return [_pair_rule(True), _pair_rule(False), _compose_rule()]
