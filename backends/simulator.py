@@ -52,6 +52,29 @@ class Contraction:
     k: int
 
 
+def dot_peak(dev: DeviceSpec, cfg: dict, operand_dtype: str) -> float:
+    """FLOP/s of a contraction config: the peak of its ``PRECISION`` knob (``DeviceSpec.dot_peak``:
+    ``ieee`` on CUDA cores, ``tf32x3`` a third of TF32, ...), else the operand dtype's tensor peak."""
+    p = cfg.get("PRECISION")
+    if p is not None:
+        return dev.dot_peak(p)
+    return dev.tensor_flops.get(operand_dtype, min(dev.vector_flops.values()))
+
+
+FP8_SCALE_OPS = 6   # CUDA-core ops per operand element per K step: abs, max, div, clamp (2), convert
+
+
+def fp8_scaling_seconds(c: "Contraction", cfg: dict, dev: DeviceSpec) -> float:
+    """CUDA-core time of the in-kernel fp8 scaling (``dot_precision.py``): every program scales its
+    ``BLOCK_M x BLOCK_K`` and ``BLOCK_K x BLOCK_N`` tiles at each K step (:data:`FP8_SCALE_OPS`
+    each) and rescales its ``BLOCK_M x BLOCK_N`` partial product (2 ops), at the fp32 vector peak."""
+    bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
+    programs = c.batch * math.ceil(c.m / bm) * math.ceil(c.n / bn)
+    steps = math.ceil(c.k / bk)
+    ops = programs * steps * (FP8_SCALE_OPS * (bm + bn) * bk + 2 * bm * bn)
+    return ops / dev.vector_flops["f32"]
+
+
 def contraction_dims(kernel: Kernel) -> Contraction | None:
     """Find ``SumReduce(Mul(a, b))`` in the kernel's meaning and classify its iteration space.
 
@@ -133,7 +156,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         area = min(1.0, (bm * bn) / (128 * 128))
         tile_eff = (0.35 + 0.65 * area ** 0.5) * (0.7 if stages <= 1 else 0.85 if stages == 2 else 1.0)
         tile_eff *= min(1.0, bk / 32) ** 0.25
-        peak = dev.tensor_flops.get(dtype.name, min(dev.vector_flops.values()))
+        peak = dot_peak(dev, cfg, dtype.name)
         tile_bytes = (bm + bn) * bk * dtype.itemsize * max(stages - 1, 1)
     else:
         out_elems = max(sum(prod(n.shape) for n in kernel.outputs), 1)
@@ -165,6 +188,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     waves = max(1, math.ceil(programs / slots))
     quant = waves * slots / max(programs, 1) if programs >= slots else 1.0
     body = max(flops / (peak * tile_eff), hbm / (dev.hbm_bandwidth * bw_eff))
+    if c is not None and cfg.get("PRECISION") == "fp8":
+        body += fp8_scaling_seconds(c, cfg, dev)
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
     return dev.launch_overhead_s + body + waves * DRAM_LATENCY_S
@@ -189,7 +214,7 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         padded = 2 * c.batch * (math.ceil(c.m / bm) * bm) * (math.ceil(c.n / bn) * bn) * \
             (math.ceil(c.k / bk) * bk)
         flops = max(flops, padded)
-        peak = dev.tensor_flops.get(dtype.name, min(dev.vector_flops.values()))
+        peak = dot_peak(dev, cfg, dtype.name)
     else:
         out_elems = max(sum(prod(n.shape) for n in kernel.outputs), 1)
         block = int(cfg.get("BLOCK", cfg.get("BLOCK_K", 1)))

@@ -1,7 +1,9 @@
 """Kernel config spaces as data, pruned by legality.
 
 A :class:`Config` is the set of ``BLOCK_*`` sizes (powers of two), ``num_warps`` and ``num_stages`` one
-launch uses. Each space below is a table of candidate values per knob; :func:`config_space` takes the
+launch uses; a contraction's config also names the operand precision of its ``tl.dot``
+(``PRECISION``, a string constexpr: ``ieee``, ``tf32x3``, ``tf32``, ``bf16``, ``fp16`` or ``fp8``;
+see ``dot_precision.py``), so precision is a knob the search tunes like a tile size. Each space below is a table of candidate values per knob; :func:`config_space` takes the
 product and keeps the configs that are legal for the problem:
 
 * blocks no larger than the problem needs (``BLOCK <= next_pow2(dim)``, with ``tl.dot``'s minimum 16);
@@ -29,9 +31,27 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+# the tl.dot operand precision a contraction config takes when none is chosen, per operand dtype
+DEFAULT_PRECISION = {"f32": "tf32x3", "bf16": "bf16", "f16": "fp16"}
+
+
+def with_precision(cfg: "Config", problem: dict, precision: str | None = None) -> "Config":
+    """``cfg`` with its ``PRECISION`` knob set (the default for the problem's ``dot_dtype`` when
+    ``precision`` is None); configs of kernels without a ``tl.dot`` are returned unchanged."""
+    d = problem.get("dot_dtype")
+    if d is None:
+        return cfg
+    b = dict(cfg.blocks)
+    if precision is None and "PRECISION" in b:
+        return cfg                      # already chosen
+    b["PRECISION"] = precision or DEFAULT_PRECISION[d]
+    return Config(tuple(sorted(b.items())), cfg.num_warps, cfg.num_stages)
+
+
 @dataclass(frozen=True)
 class Config:
-    """One launch config: block sizes plus ``num_warps`` and ``num_stages``."""
+    """One launch config: block sizes (and a contraction's ``PRECISION``) plus ``num_warps`` and
+    ``num_stages``."""
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 2
@@ -69,6 +89,35 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
               "num_stages": (2,)},
 }
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
+SM_COUNT = 132                   # H100/H200 SXM ([H100-WP]): the grid a default tile aims to fill
+MIN_FILL_TILE = 16 * 32          # smallest tile area legal at 4 warps (the REG_TILE floor below)
+
+# Known-good configs tried right after the default, per form, as (BLOCK_M, BLOCK_N, BLOCK_K,
+# num_stages, num_warps): the CUDA configs of Triton's tutorial 03-matrix-multiplication
+# (``get_cuda_autotune_config``, the ones with 4 or 8 warps) and of Inductor's ``mm_configs``
+# (torch/_inductor/kernel/mm_common.py); attention: tutorial 06-fused-attention's forward tiles.
+KNOWN_GOOD = {
+    "matmul": ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+               (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (64, 64, 32, 2, 4), (64, 128, 32, 3, 4),
+               (128, 64, 32, 3, 4), (64, 32, 32, 5, 8), (32, 64, 32, 5, 8), (128, 128, 32, 2, 8),
+               (64, 64, 64, 3, 8), (32, 32, 128, 2, 4), (64, 64, 16, 2, 4)),
+    "attention": ((128, 64, 0, 3, 8), (128, 64, 0, 2, 4), (64, 64, 0, 3, 4), (128, 32, 0, 3, 8)),
+}
+
+
+def known_good(space: str, problem: dict) -> list[Config]:
+    """The :data:`KNOWN_GOOD` configs of ``space`` that are legal for ``problem``, in table order,
+    at the default operand precision."""
+    out = []
+    for bm, bn, bk, stages, warps in KNOWN_GOOD.get(space, ()):
+        c = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+        if space == "matmul":
+            c.update(BLOCK_K=bk, GROUP_M=8)
+        if not _legal(space, problem, c):
+            continue
+        blocks = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
+        out.append(with_precision(make(warps, stages, **blocks), problem))
+    return out
 
 
 def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
@@ -133,7 +182,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def config_space(space: str, problem: dict) -> list[Config]:
-    """Every legal config of ``space`` for ``problem`` (the sizes a renderer recorded)."""
+    """Every legal config of ``space`` for ``problem`` (the sizes a renderer recorded), at the
+    default operand precision (the compiler adds the other precisions its policy allows)."""
     table = SPACES[space]
     keys = list(table)
     out = []
@@ -141,12 +191,17 @@ def config_space(space: str, problem: dict) -> list[Config]:
         c = dict(zip(keys, values))
         if _legal(space, problem, c):
             blocks = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
-            out.append(make(c["num_warps"], c["num_stages"], **blocks))
+            out.append(with_precision(make(c["num_warps"], c["num_stages"], **blocks), problem))
     return out
 
 
 def default_config(space: str, problem: dict) -> Config:
-    """A good untuned config (the pick of the Triton tutorials for each form)."""
+    """A good untuned config (the pick of the Triton tutorials for each form), at the default
+    operand precision."""
+    return with_precision(_default_config(space, problem), problem)
+
+
+def _default_config(space: str, problem: dict) -> Config:
     if space == "pointwise":
         b = min(1024, max(128, next_pow2(problem["N"])))
         return make(4, 1, BLOCK=b)
@@ -162,6 +217,14 @@ def default_config(space: str, problem: dict) -> Config:
     if space == "matmul":
         bm = min(128, max(16, next_pow2(problem["M"])))
         bn = min(128, max(16, next_pow2(problem["N"])))
+        # shrink the tile until the grid fills the GPU (one program per SM at least): a 128x384
+        # GEMM gets 48 programs of 32x32, not 3 of 128x128 on 132 SMs
+        while problem.get("batch", 1) * cdiv(problem["M"], bm) * cdiv(problem["N"], bn) < SM_COUNT \
+                and bm * bn > MIN_FILL_TILE:
+            if bm >= bn:
+                bm //= 2
+            else:
+                bn //= 2
         bk = min(64 if problem.get("itemsize", 4) <= 2 else 32, max(16, next_pow2(problem["K"])))
         stages = 3 if next_pow2(problem["K"]) > bk else 2
         return make(8 if bm * bn >= 128 * 128 else 4, stages, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -182,9 +245,14 @@ def default_config(space: str, problem: dict) -> Config:
 INTERP_TILE = 1 << 20   # elements of one operand tile under the interpreter (numpy arrays, 4 MiB fp32)
 
 
-def interpreter_config(space: str, problem: dict) -> Config:
+def interpreter_config(space: str, problem: dict, precision: str | None = None) -> Config:
     """Big tiles for the Triton interpreter, whose cost is per program and per op, not per element
-    (registers and shared memory do not exist there). Not for GPUs."""
+    (registers and shared memory do not exist there), at ``precision`` (default: the problem's).
+    Not for GPUs."""
+    return with_precision(_interpreter_config(space, problem), problem, precision)
+
+
+def _interpreter_config(space: str, problem: dict) -> Config:
     if space == "pointwise":
         return make(4, 1, BLOCK=min(16384, max(16, next_pow2(problem["N"]))))
     if space == "row":

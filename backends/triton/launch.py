@@ -54,9 +54,9 @@ def to_torch(x, device: str):
         return x.to(device)
     a = np.asarray(x)
     if a.dtype == dt.bf16.np:
-        bits = torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy())
+        bits = torch.from_numpy(np.array(a, order="C").view(np.int16))   # keeps rank 0
         return bits.view(torch.bfloat16).to(device)
-    return torch.from_numpy(np.ascontiguousarray(a).copy()).to(device)
+    return torch.from_numpy(np.array(a, order="C")).to(device)   # a copy; keeps rank 0
 
 
 def to_numpy(t) -> np.ndarray:
@@ -123,6 +123,7 @@ class TritonKernel:
     def bound_launch(self, inputs: list, outputs: list, config: configs.Config):
         """A zero-argument callable that launches on these exact tensors (for timing loops: the
         checks and conversions of :meth:`__call__` are done once, here)."""
+        config = configs.with_precision(config, self.rendered.problem)
         self(*inputs, outputs=outputs, config=config)
         args = [t.contiguous() for t in inputs]
         dev = str(args[0].device) if args else default_device()
@@ -170,7 +171,7 @@ class TritonKernel:
                                                                    device=device)
             outs.append(o)
         if all(int(np.prod(p.shape)) > 0 for p in rk.outputs):
-            cfg = config or self.run_config()
+            cfg = configs.with_precision(config, rk.problem) if config else self.run_config()
             # the interpreter evaluates with numpy, which warns on the inf/NaN IEEE arithmetic makes
             with np.errstate(all="ignore"):
                 self.module.launch(*args, *outs, **cfg.kwargs())

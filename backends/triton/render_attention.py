@@ -38,6 +38,7 @@ from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.configs import next_pow2
 from lumc.backends.triton.contraction import dims_used, find_contractions
+from lumc.backends.triton.dot_precision import attention_dot, dot_dtype
 from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
 from lumc.backends.triton.render_matmul import DOT_DTYPES, bind_all, check_epilogue, dependents, place
 from lumc.backends.triton.render_norm import OnlineSoftmax, _match_softmax
@@ -324,8 +325,6 @@ def render_attention(kernel: Kernel) -> KernelParts:
                        c1.k_dims: bind_all(w, unravel("rd[None, :]", c1.shape_of(c1.k_dims)), "qd")})
     w.line(f"q_mask = rmask[:, None] & (rd[None, :] < {D})")
     q = ev.value(c1.a, q_idx, "q_mask", 0)
-    prec1 = ', input_precision="ieee"' if c1.a.dtype == dt.f32 else ""
-    prec2 = ', input_precision="ieee"' if c2.b.dtype == dt.f32 else ""
     md = exprs.tl_dtype(sm.m.dtype)
     sd = exprs.tl_dtype(sm.s.dtype.accumulator)
     w.line(f"m_run = tl.full([BLOCK_M], float('-inf'), {md})")
@@ -341,7 +340,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
                         c1.n_dims: bind_all(w, unravel("rn[None, :]", c1.shape_of(c1.n_dims)), "kn", 1)})
     w.line(f"k_mask = (rd[:, None] < {D}) & nmask[None, :]")
     kt = ev.value(c1.b, kt_idx, "k_mask", 1)
-    s = w.bind(f"tl.dot({q}, {kt}{prec1})", "s", 1)
+    s = attention_dot(w, w.fresh("s"), q, kt, c1.a.dtype, 1)
     if c1.node.dtype != dt.f32:
         s = w.bind(f"{s}.to({exprs.tl_dtype(c1.node.dtype)})", "s", 1)
     state["scores"] = s
@@ -374,7 +373,8 @@ def render_attention(kernel: Kernel) -> KernelParts:
                        c2.n_dims: bind_all(w, unravel("rdv[None, :]", c2.shape_of(c2.n_dims)), "vd", 1)})
     w.line(f"v_mask = nmask[:, None] & (rdv[None, :] < {DV})")
     v = ev.value(c2.b, v_idx, "v_mask", 1)
-    w.line(f"acc = acc * alpha[:, None] + tl.dot({p}.to({exprs.tl_dtype(c2.b.dtype)}), {v}{prec2})")
+    pv = attention_dot(w, w.fresh("pv"), f"{p}.to({exprs.tl_dtype(c2.b.dtype)})", v, c2.b.dtype, 1)
+    w.line(f"acc = acc * alpha[:, None] + {pv}")
     w.line("m_run = m_new")
     w.close()
     # the softmax's statistics per row, then the row factor G, then C2 and its epilogue
@@ -404,13 +404,14 @@ def render_attention(kernel: Kernel) -> KernelParts:
         val = ev.value(o, reshape_index(o_idx, fr2, o.shape), "o_mask", 0)
         w.line(f"tl.store({name}_ptr + ({addr}), {val}, mask=o_mask)")
     problem = {"M": LQ, "N": LK, "D": D, "DV": DV, "batch": B, "BLOCK_D": BD, "BLOCK_DV": BDV,
-               "itemsize": c1.a.dtype.itemsize}
+               "itemsize": c1.a.dtype.itemsize, "dot_dtype": dot_dtype(c1.a.dtype)}
     notes = [f"attention batch={B} queries={LQ} keys={LK} head={D}/{DV}; softmax scale "
              f"{sm.scale!r} (exp2 base)"]
     if big:
         notes.append("int64 indexing (a tensor or address passes 2**31)")
     return KernelParts(
-        form=kernel.form, variant="flash", params=params, constexprs=("BLOCK_M", "BLOCK_N"),
+        form=kernel.form, variant="flash", params=params,
+        constexprs=("BLOCK_M", "BLOCK_N", "PRECISION"),
         body=w.body(), grid=f"triton.cdiv({LQ}, BLOCK_M), {B}", problem=problem,
         config_space="attention", constants=consts, notes=notes,
         extra_constexprs={"BLOCK_D": BD, "BLOCK_DV": BDV})

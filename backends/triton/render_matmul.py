@@ -10,8 +10,9 @@ groups of ``GROUP_M`` row tiles so neighbouring programs share ``b`` tiles in L2
 
 The epilogue (bias, activation, residual: anything elementwise over the product, through pure
 reshapes) runs on the accumulator tile before the single store. fp16/bf16 operands multiply on
-tensor cores and accumulate in fp32; fp32 operands use ``input_precision="ieee"`` (no TF32: the
-reference multiplies in full fp32). Other dtypes (fp64, integers) go through the row engine.
+tensor cores and accumulate in fp32; the operand precision of the ``tl.dot`` is the config's
+``PRECISION`` knob (``dot_precision.py``: fp32 operands default to split TF32, ``tf32x3``, on tensor
+cores). Other dtypes (fp64, integers) go through the row engine.
 
 FLOPs ``2*M*N*K`` per batch; bytes at least ``A + B + C`` once; the target is the tensor-core peak.
 """
@@ -24,6 +25,7 @@ from lumc.ir.ops import ELEMENTWISE
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.contraction import Contraction, find_contractions
+from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
                                            reshape_index, unravel)
 from lumc.backends.triton.source import KernelParts, make_params
@@ -145,8 +147,7 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", 1)
     if c.b.op not in ("View", "Input"):
         b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", 1)
-    prec = ', input_precision="ieee"' if c.a.dtype == dt.f32 else ""
-    w.line(f"acc = tl.dot({a}, {b}, acc{prec})")
+    emit_dot(w, a, b, "acc", c.a.dtype, 1)
     w.close()
     # epilogue on the output tile
     fr = tuple(1 if d in c.k_dims else s for d, s in enumerate(c.full))
@@ -162,13 +163,14 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     for name, o in kernel.meaning.outputs.items():
         v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", 0)
         w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)")
-    problem = {"M": M, "N": N, "K": K, "batch": B, "itemsize": c.a.dtype.itemsize}
+    problem = {"M": M, "N": N, "K": K, "batch": B, "itemsize": c.a.dtype.itemsize,
+               "dot_dtype": dot_dtype(c.a.dtype)}
     notes = [f"GEMM M={M} (dims {list(c.m_dims)}) N={N} (dims {list(c.n_dims)}) "
              f"K={K} (dims {list(c.k_dims)}) batch={B} over {list(c.full)}"]
     if big:
         notes.append("int64 indexing (a tensor or address passes 2**31)")
     return KernelParts(
         form=kernel.form, variant="dot", params=params, constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_K",
-                                                                    "GROUP_M"),
+                                                                    "GROUP_M", "PRECISION"),
         body=w.body(), grid=f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}",
         problem=problem, config_space="matmul", constants=consts, notes=notes)

@@ -86,6 +86,9 @@ def test_config_space_is_data_and_legal(form):
     for c in space:
         kw = c.kwargs()
         for name, v in c.blocks:
+            if name == "PRECISION":                     # the tl.dot operand precision knob
+                assert v in ("ieee", "tf32x3", "tf32", "bf16", "fp16", "fp8"), v
+                continue
             assert v & (v - 1) == 0, (name, v)          # powers of two
         assert configs.shared_memory_estimate(rk.config_space, rk.problem, kw) <= configs.SMEM_LIMIT
     # blocks no larger than the problem needs
