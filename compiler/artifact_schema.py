@@ -45,7 +45,7 @@ _PLAN_CALL = {"form": ((str,), True), "attrs": ((list,), True), "covers": ((list
               "meaning": ((str,), True), "meaning_consts": ((str,), True),
               "inputs": ((list,), True), "outputs": ((list,), True), "config": ((dict,), True)}
 _GRAPH_NODE = {"op": ((str,), True), "srcs": ((list,), True), "arg": ((dict, type(None)), True)}
-_PER_KERNEL = {"form": ((str,), True), "time_s": (OPT_NUM, False), "bound_s": (NUM, True),
+_PER_KERNEL = {"form": ((str,), True), "impl": ((str,), False), "time_s": (OPT_NUM, False), "bound_s": (NUM, True),
                "flops": (NUM, True), "bytes": (NUM, True), "pct_of_bound": (OPT_NUM, False),
                "config": ((dict, type(None)), False), "kernel": ((str,), False),
                "covers": ((list,), False), "arithmetic_intensity": (OPT_NUM, False)}

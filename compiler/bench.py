@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lumc.backends.extern import is_extern, simulate_extern_time
 from lumc.backends.simulator import simulate_kernel_time
 from lumc.compiler.compiled import CompiledModel
 from lumc.compiler.measure import kernel_hash
@@ -128,11 +129,8 @@ def device_key(name: str) -> str:
 # ---- timing ---------------------------------------------------------------------------------------
 
 def _config_obj(cfg: dict | None):
-    if cfg is None:
-        return None
-    from lumc.backends.triton.configs import make
-    c = dict(cfg)
-    return make(c.pop("num_warps", 4), c.pop("num_stages", 2), **c)
+    from lumc.compiler.extern import config_from_dict
+    return config_from_dict(cfg)
 
 
 def gpu_kernel_samples(tk, cfg, ins: list, device: str, repeats: int,
@@ -200,14 +198,16 @@ class Bencher:
         cfg = self.cm.configs[index]
         if self.target.simulated:
             try:
+                if is_extern(cfg):
+                    return [simulate_extern_time(call.kernel, dict(cfg), self.target.spec)]
                 return [simulate_kernel_time(call.kernel, dict(cfg or {}), self.target.spec)]
             except ValueError as e:     # a config the simulated device cannot run
                 raise BenchError(f"kernel {index} ({call.kernel.form}): {e}") from None
         if self._values is None:
             self._values = program_values(self.cm, self.inputs)
         if index not in self._kernels:
-            from lumc.backends.triton.launch import TritonKernel
-            self._kernels[index] = TritonKernel(call.kernel)
+            from lumc.compiler.extern import launcher_for
+            self._kernels[index] = launcher_for(call.kernel, cfg)
         ins = []
         for n in call.inputs:
             v = self._values.get(id(n))

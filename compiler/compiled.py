@@ -128,7 +128,7 @@ class CompiledModel:
             if self._gpu_plan is None:
                 self._gpu_plan = GpuPlan(self)
             return self._gpu_plan.run_numpy(arrays)
-        return run_program_reference(self.program, self.graph, arrays)
+        return run_program_reference(self.program, self.graph, arrays, configs=self.configs)
 
     def __call__(self, *args, **kwargs):
         """Run on numpy arrays (or torch tensors), positionally in input order or by name.

@@ -22,18 +22,14 @@ class GpuPlan:
 
     def __init__(self, cm):
         import torch
-        from lumc.backends.triton.configs import make
-        from lumc.backends.triton.launch import TritonKernel, to_torch
+        from lumc.backends.triton.launch import to_torch
+        from lumc.compiler.extern import config_from_dict, launcher_for
         self.cm = cm
         self.device = cm.torch_device
         self.kernels = []
         for c, cfg in zip(cm.program.calls, cm.configs):
-            tk = TritonKernel(c.kernel)
-            conf = None
-            if cfg is not None:
-                cfg = dict(cfg)
-                conf = make(cfg.pop("num_warps", 4), cfg.pop("num_stages", 2), **cfg)
-            self.kernels.append((c, tk, conf))
+            # a Triton kernel, or an extern (vendor) implementation through torch
+            self.kernels.append((c, launcher_for(c.kernel, cfg), config_from_dict(cfg)))
         # lifetimes: last call index reading each node
         last: dict[int, int] = {}
         for i, c in enumerate(cm.program.calls):

@@ -12,9 +12,14 @@
    generated source; tiles are compile-time constants; ``tests/backends/test_triton_verdicts.py``
    checks that the GPU default and the largest-tile configs agree), and that verdict stands for its
    configs;
-4. times it: CUDA events on a GPU (warm-up, L2 flush, rotating inputs, median of repeats), or the
-   analytical model of ``lumc.backends.simulator`` on ``sim:*``;
+4. times it: CUDA-graph replays between CUDA events on a GPU (``lumc.compiler.gpu_timing``: a
+   pre-bound launcher, L2 flush, rotating inputs, median of repeats), or the analytical model of
+   ``lumc.backends.simulator`` (``lumc.backends.extern`` for vendor configs) on ``sim:*``;
 5. stores the result, committed at once.
+
+A kernel's config list holds its Triton configs (the default first) and then its extern
+implementations (``{"IMPL": "cublas"}``, ``lumc.backends.extern``), checked (torch on the CPU, every
+extern config), timed and stored the same way; a kernel Triton cannot render keeps only those.
 
 On a machine without a GPU the numerics check runs the generated source in Triton's interpreter
 (``TRITON_INTERPRET=1``) on CPU tensors.
@@ -28,7 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lumc.backends.extern import extern_bound, extern_configs, is_extern, simulate_extern_time
 from lumc.backends.simulator import config_bound, simulate_kernel_time
+from lumc.compiler.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.program import KernelCall
 from lumc.compiler.search import Measurement
 from lumc.compiler.targets import Target
@@ -75,6 +82,25 @@ def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(g[fin] - r[fin]).max() / scale)
 
 
+def ordered_configs(kernel: Kernel, tk, spec) -> list:
+    """A kernel's Triton configs in the order the search tries them: the default, then the
+    known-good configs of Triton's tutorials for the form (``configs.known_good``), then the rest
+    by their simulated time on ``spec`` (fastest first; the simulator as a cost model, as
+    Inductor's and Luminal's searches rank by an analytical model before timing)."""
+    from lumc.backends.triton import configs as cf
+    space = tk.config_space()
+    default = tk.default_config()
+    good = [c for c in cf.known_good(tk.rendered.config_space, tk.rendered.problem) if c in space]
+
+    def sim(c) -> float:
+        try:
+            return simulate_kernel_time(kernel, c.kwargs(), spec)
+        except ValueError:              # cannot run (shared memory): last
+            return float("inf")
+    rest = sorted((c for c in space if c != default and c not in good), key=sim)
+    return list(dict.fromkeys([default, *good, *rest]))
+
+
 @dataclass
 class KernelEntry:
     """What the measurer knows about one distinct kernel."""
@@ -85,6 +111,7 @@ class KernelEntry:
     render_error: str | None = None
     triton: object = None
     max_error: float = 0.0
+    externs: dict = field(default_factory=dict)    # impl -> ExternKernel (GPU timing)
 
 
 class KernelMeasurer:
@@ -122,17 +149,19 @@ class KernelMeasurer:
         key = kernel_hash(call.kernel)
         if key not in self.entries:
             e = KernelEntry(call.kernel, call, key)
+            triton_cfgs = []
             try:
                 from lumc.backends.triton.launch import TritonKernel
                 e.triton = TritonKernel(call.kernel)
-                e.configs = e.triton.config_space() or [e.triton.default_config()]
-                default = e.triton.default_config()
-                if default in e.configs:
-                    e.configs.remove(default)
-                e.configs.insert(0, default)
+                triton_cfgs = ordered_configs(call.kernel, e.triton, self.target.spec)
             except Exception as err:  # not renderable: the search must choose another candidate
                 e.render_error = f"{type(err).__name__}: {err}"
-                e.configs = [None]
+            # the Triton default first, then the vendor implementations through torch
+            # (lumc.backends.extern; Inductor's max-autotune always times cuBLAS too), then the rest
+            from lumc.compiler.extern import ExternConfig
+            ext = [ExternConfig(c["IMPL"], c.get("PRECISION"))
+                   for c in extern_configs(call.kernel, self.target.spec)]
+            e.configs = triton_cfgs[:1] + ext + triton_cfgs[1:] or [None]
             self.entries[key] = e
         return key
 
@@ -170,6 +199,8 @@ class KernelMeasurer:
     def bound(self, key: str, index: int) -> float:
         """Lower bound of one kernel config (its padded tiles' roofline); see ``config_bound``."""
         cfg = self.config_of(key, index)
+        if is_extern(cfg):
+            return extern_bound(self.entries[key].kernel, cfg, self.target.spec)
         return config_bound(self.entries[key].kernel, cfg or {}, self.target.spec)
 
     def _db_key(self, key: str, index: int) -> TimingKey:
@@ -187,12 +218,15 @@ class KernelMeasurer:
             if not hit.ok:
                 return Measurement(None, "rejected" if hit.note.startswith("rejected") else "error", hit.note)
             return Measurement(hit.seconds)
-        if e.render_error is not None:
+        cfg_obj = e.configs[index]
+        extern = cfg_obj is not None and is_extern(cfg_obj.kwargs())
+        if e.render_error is not None and not extern:
             note = f"error: cannot render {e.kernel.form} kernel ({e.render_error})"
             self.log.append(f"kernel {key[:12]} ({e.kernel.form}): {note}")
             return Measurement(None, "error", note)
-        cfg_obj = e.configs[index]
-        if self.target.simulated:
+        if extern:
+            ok, note = self._check(e, index, cfg_obj)      # torch on the CPU: fast, every config
+        elif self.target.simulated:
             ok, note = self._check_once(e)
         else:
             ok, note = self._check(e, index, cfg_obj)
@@ -210,6 +244,24 @@ class KernelMeasurer:
             return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
         self.measured += 1
         self.db.put(dbk, Timing(seconds, True, self.target.simulated, note))
+        return Measurement(seconds)
+
+    def remeasure(self, key: str, index: int) -> Measurement:
+        """Time a config again, ignoring the database's timing (the search's final re-time of the
+        top programs): on a GPU it runs the kernel again and stores the new time; on ``sim:*`` the
+        simulated time is deterministic, so it is the stored one."""
+        e = self.entries[key]
+        if self.target.simulated or e.configs[index] is None:
+            return self(key, index)
+        first = self(key, index)          # checks numerics (or reads the verdict) as usual
+        if first.status != "ok":
+            return first
+        try:
+            seconds = self._time(e, e.configs[index])
+        except Exception as err:
+            return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
+        self.measured += 1
+        self.db.put(self._db_key(key, index), Timing(seconds, True, False, "re-timed"))
         return Measurement(seconds)
 
     def _check_once(self, e: KernelEntry) -> tuple[bool, str]:
@@ -253,11 +305,16 @@ class KernelMeasurer:
                for x, n in zip(ins, call.inputs)]
         if any(x is None for x in ins) or any(r is None for r in refs):
             return True, "unchecked: no reference values captured"
-        if self.target.simulated and sum(int(np.prod(n.shape)) for n in call.outputs) > INTERPRETER_MAX_ELEMENTS:
+        if self.target.simulated and not (cfg is not None and is_extern(cfg.kwargs())) and \
+                sum(int(np.prod(n.shape)) for n in call.outputs) > INTERPRETER_MAX_ELEMENTS:
             return True, "unchecked: too large for the CPU interpreter"
         fut = self._pending.pop(e.key, None) if index == -1 else None
+        extern = cfg is not None and is_extern(cfg.kwargs())
         try:
-            if fut is not None:          # started in the pool ahead of need
+            if extern:
+                from lumc.compiler.extern import run_extern_numpy
+                outs = run_extern_numpy(e.kernel, cfg.kwargs(), ins)
+            elif fut is not None:          # started in the pool ahead of need
                 left = self.deadline.remaining() if self.deadline is not None else None
                 try:
                     outs = fut.result(timeout=left)
@@ -296,51 +353,27 @@ class KernelMeasurer:
         return [out[k] for k in e.kernel.meaning.outputs]
 
     def _time(self, e: KernelEntry, cfg) -> float:
+        kw = cfg.kwargs() if cfg is not None else {}
         if self.target.simulated:
-            return simulate_kernel_time(e.kernel, cfg.kwargs() if cfg is not None else {}, self.target.spec)
+            if is_extern(kw):
+                return simulate_extern_time(e.kernel, kw, self.target.spec)
+            return simulate_kernel_time(e.kernel, kw, self.target.spec)
         return time_on_gpu(e, cfg, self.values, self.target.torch_device)
 
 
 def time_on_gpu(e: KernelEntry, cfg, values, device: str, repeats: int = 25,
                 warmup: int = 5) -> float:
-    """Median seconds of one launch of a kernel config on the GPU (see :func:`cuda_event_samples`),
-    on the reference values of its inputs."""
+    """Median seconds of one launch of a kernel config on the GPU (see
+    :func:`lumc.compiler.gpu_timing.cuda_event_samples`), on the reference values of its inputs;
+    an extern config runs its torch implementation (``lumc.compiler.extern``)."""
     ins = []
     for n in e.call.inputs:
         v = values.get(id(n))
         if v is None:
             v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
         ins.append(v)
-    return float(statistics.median(cuda_event_samples(e.triton, cfg, ins, device, repeats, warmup)))
-
-
-def cuda_event_samples(launch, cfg, ins: list, device: str, repeats: int = 25,
-                       warmup: int = 5) -> list[float]:
-    """Seconds of ``repeats`` launches of ``launch(*inputs, outputs=, config=cfg)``, timed with
-    CUDA events.
-
-    Each repeat first overwrites a 256 MiB buffer (flushing the 50 MB L2 of Hopper), then launches
-    on the next of several rotating copies of the inputs, so no launch reads inputs left in L2.
-    """
-    import torch
-    from lumc.backends.triton.launch import to_torch
-    ins = [to_torch(v, device) for v in ins]
-    in_bytes = sum(t.numel() * t.element_size() for t in ins)
-    copies = max(1, min(8, (512 << 20) // max(in_bytes, 1)))
-    sets = [ins] + [[t.clone() for t in ins] for _ in range(copies - 1)]
-    outs = launch(*ins, config=cfg)
-    flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
-    for i in range(warmup):
-        launch(*sets[i % copies], outputs=outs, config=cfg)
-    torch.cuda.synchronize(device)
-    times = []
-    for i in range(repeats):
-        flush.zero_()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch(*sets[i % copies], outputs=outs, config=cfg)
-        end.record()
-        torch.cuda.synchronize(device)
-        times.append(start.elapsed_time(end) / 1e3)
-    return times
+    launch = e.triton
+    if cfg is not None and is_extern(cfg.kwargs()):
+        from lumc.compiler.extern import ExternKernel
+        launch = e.externs.get(cfg.impl) or e.externs.setdefault(cfg.impl, ExternKernel(e.kernel, cfg.impl))
+    return float(statistics.median(cuda_event_samples(launch, cfg, ins, device, repeats, warmup)))

@@ -22,6 +22,7 @@ import numpy as np
 from lumc.compiler.budget import Deadline, parse_duration
 from lumc.compiler.compiled import CompiledModel
 from lumc.compiler.fusion import greedy_program
+from lumc.backends.extern import impl_of
 from lumc.compiler.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.program import Program, run_program_reference
 from lumc.compiler.search import SearchResult, run_search
@@ -352,7 +353,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
             result = run_search(keys, bounds, nconf, measurer, deadline,
                                 on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
                                 config_bounds=measurer.bound,
-                                before_candidate=lambda i: measurer.prefetch(keys[i]))
+                                before_candidate=lambda i: measurer.prefetch(keys[i]),
+                                remeasure=measurer.remeasure)
         finally:
             if measurer.pool is not None:
                 measurer.pool.close()
@@ -365,7 +367,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         # the chosen program end to end on the CPU against the reference, when time is left
         err = None
         if ref_out is not None and not deadline.expired():
-            out = run_program_reference(chosen, graph, inputs)
+            out = run_program_reference(chosen, graph, inputs, configs=configs)
             err = max((max_rel_error(out[k], ref_out[k]) if graph.outputs[k].dtype.is_float else
                        (0.0 if np.array_equal(out[k], ref_out[k]) else float("inf")))
                       for k in graph.outputs) if graph.outputs else 0.0
@@ -445,7 +447,7 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
     for c, k, cfg in zip(chosen.calls, ck, configs):
         t = result.kernel_times.get(k)
         per_kernel.append({
-            "form": c.kernel.form, "kernel": k, "covers": list(c.kernel.covers)[:16],
+            "form": c.kernel.form, "impl": impl_of(cfg), "kernel": k, "covers": list(c.kernel.covers)[:16],
             "time_s": t, "bound_s": bounds[k], "flops": c.kernel.flops(), "bytes": c.kernel.min_bytes(),
             "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
             "arithmetic_intensity": c.kernel.arithmetic_intensity()})

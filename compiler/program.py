@@ -140,7 +140,8 @@ def _value_of(n: Node, env: dict[int, np.ndarray]) -> np.ndarray:
 
 
 def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.ndarray],
-                          precision: str = "native") -> dict[str, np.ndarray]:
+                          precision: str = "native", configs: list | None = None
+                          ) -> dict[str, np.ndarray]:
     """Run each kernel's meaning with the reference executor, in launch order.
 
     Args:
@@ -148,6 +149,9 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
         graph: the model graph (for its inputs).
         inputs: ``{input name: array}`` as for :class:`ReferenceExecutor`.
         precision: ``native`` or ``float64`` (per kernel).
+        configs: the plan's config per call (None: all reference); a call whose config names an
+            extern implementation (``IMPL``, ``lumc.backends.extern``) runs it through torch on the
+            CPU (``lumc.compiler.extern``) instead, with ``native`` precision.
     Returns:
         ``{output name: contiguous array}`` in the graph's declared dtypes.
     Raises:
@@ -156,10 +160,16 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
     env: dict[int, np.ndarray] = {}
     for n in graph.inputs.values():
         env[id(n)] = checked_input(n, inputs)
-    for c in program.calls:
+    for i, c in enumerate(program.calls):
         k = c.kernel
-        feed = {ph.arg.name: _value_of(n, env) for ph, n in zip(k.inputs, c.inputs)}
-        res = ReferenceExecutor(k.meaning, precision)(feed)
+        cfg = configs[i] if configs is not None else None
+        if cfg is not None and cfg.get("IMPL", "triton") != "triton" and precision == "native":
+            from lumc.compiler.extern import run_extern_numpy
+            outs = run_extern_numpy(k, cfg, [_value_of(n, env) for n in c.inputs])
+            res = dict(zip(k.meaning.outputs, outs))
+        else:
+            feed = {ph.arg.name: _value_of(n, env) for ph, n in zip(k.inputs, c.inputs)}
+            res = ReferenceExecutor(k.meaning, precision)(feed)
         for (oname, _), n in zip(k.meaning.outputs.items(), c.outputs):
             env[id(n)] = res[oname].astype(n.dtype.np, copy=False)
     out = {}

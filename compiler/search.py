@@ -14,7 +14,8 @@ launch overhead included) and a config space. The loop:
    than that (counted as pruned), and a config whose own bound (``config_bounds``) is not below the
    kernel's best time is pruned. Tuning stops when the best time has not improved by ``min_gain``
    over ``window`` measurements; then breadth goes on against the tuned best.
-3. **Re-time.** The top 3 programs are re-measured with their chosen configs and the fastest is
+3. **Re-time.** The top 3 programs are re-measured with their chosen configs (``remeasure``: timed
+   again on a GPU, not read from the tuning database; each shared kernel once) and the fastest is
    chosen, ties broken by candidate order, so the same inputs give the same choice.
 
 The deadline is checked before every measurement; a tiny budget still returns the best-bound
@@ -69,7 +70,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                slack: float = 0.01, min_gain: float = 0.01, window: int = 24,
                retime_top: int = 3, on_progress: Callable[[SearchStats, float, float], None] | None = None,
                config_bounds: Callable[[Hashable, int], float] | None = None,
-               before_candidate: Callable[[int], None] | None = None) -> SearchResult:
+               before_candidate: Callable[[int], None] | None = None,
+               remeasure: Callable[[Hashable, int], Measurement] | None = None) -> SearchResult:
     """Choose the fastest candidate within the deadline (see module docstring).
 
     Args:
@@ -89,6 +91,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             best measured time is pruned without compiling.
         before_candidate: called with a candidate's index before it is measured (the pipeline
             starts that candidate's numerics checks in a process pool).
+        remeasure: like ``measure`` but timing again rather than reading a memoized time, for the
+            final re-time of the top programs (default: ``measure``).
     """
     stats = SearchStats()
     n = len(candidates)
@@ -231,10 +235,12 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         top = sorted(prog_time, key=lambda i: (prog_time[i], order.index(i)))[:retime_top]
         if len(top) > 1 and not deadline.expired():
             retimed = {}
+            again = remeasure or measure
+            fresh: dict = {}         # a kernel shared by several top programs is re-timed once
             for i in top:
                 total = 0.0
                 for k in candidates[i]:
-                    m = measure(k, best_cfg[k])
+                    m = fresh.get(k) or fresh.setdefault(k, again(k, best_cfg[k]))
                     total += m.seconds if m.seconds is not None else math.inf
                 retimed[i] = total
             best[1] = min(top, key=lambda i: (retimed[i], order.index(i)))

@@ -3,7 +3,9 @@
 Triton compiles only functions defined in files (``@triton.jit`` reads the function's source), so each
 rendered kernel is written to ``<cache>/kernels/<name>.py`` where ``<cache>`` is
 ``platformdirs.user_cache_dir("lumc")`` (``LUMC_CACHE_DIR`` overrides it), and imported by path. The
-name carries the content hash, so a file is never rewritten with different content; writes go through
+name carries the hash of the code (the ``# covers model nodes`` comment aside: kernels of repeated
+layers share one file, which keeps the first one's comment), so a file is never rewritten with
+different code; writes go through
 a temporary file and an atomic rename, so a crash never leaves half a kernel behind.
 
 Interpreted or compiled is a property of the process: ``@triton.jit`` (Triton's own library included)
@@ -39,13 +41,28 @@ def cache_dir() -> Path:
 def write_source(rk: RenderedKernel) -> Path:
     """Write ``rk.source`` to ``<cache>/kernels/<rk.name>.py`` unless it is already there."""
     path = cache_dir() / f"{rk.name}.py"
-    if path.exists() and path.read_text() == rk.source:
-        return path
+    if path.exists() and _code(path.read_text()) == _code(rk.source):
+        return path        # same code (the name hashes it); only the covered-nodes comment differs
     fd, tmp = tempfile.mkstemp(prefix=f".{rk.name}.", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(rk.source)
     os.replace(tmp, path)
     return path
+
+
+def _code(src: str) -> list[str]:
+    """The source without its ``# covers model nodes`` comment (which the name does not hash)."""
+    lines = src.splitlines()
+    out, skipping = [], False
+    for ln in lines:
+        if ln.startswith("# covers model nodes: "):
+            skipping = True
+            continue
+        if skipping and ln.startswith("#   ") and not ln.startswith("# meaning"):
+            continue
+        skipping = False
+        out.append(ln)
+    return out
 
 
 def load_module(rk: RenderedKernel) -> ModuleType:

@@ -2,7 +2,8 @@
 
 Every renderer fills a :class:`KernelParts`; :func:`assemble` turns it into readable source and a
 :class:`RenderedKernel` (the source plus what the host needs to call it). The kernel name carries a
-hash of the source, so the cache file name and the function name both identify the content.
+hash of the source without the ``# covers model nodes`` comment, so the cache file name and the
+function name identify the code, and identical kernels of repeated layers share one module.
 """
 from __future__ import annotations
 
@@ -104,10 +105,11 @@ def assemble(kernel: Kernel, parts: KernelParts) -> RenderedKernel:
     args = ", ".join(p.name for p in parts.params)
     cfg_kw = ", ".join(f"{c}={c}" for c in parts.constexprs)
     covers = ", ".join(map(str, kernel.covers)) if kernel.covers else "(standalone kernel)"
+    covers_lines = [("# covers model nodes: " if i == 0 else "#   ") + part
+                    for i, part in enumerate(textwrap.wrap(covers, 96) or [covers])]
     head = [
         f"# lumc generated kernel: form {parts.form} ({parts.variant})",
-        *[("# covers model nodes: " if i == 0 else "#   ") + part
-          for i, part in enumerate(textwrap.wrap(covers, 96) or [covers])],
+        *covers_lines,
         "# meaning (primitive graph over placeholders in0.. producing out0..):",
         *[f"#   {ln}" for ln in _describe(kernel)],
     ]
@@ -128,8 +130,9 @@ def {fn}({sig}):
     """
 {body}
 ''' for fn, label, body in kernels)
-    launcher = parts.launcher or (f"    grid = ({parts.grid},)\n    KERNEL_NAME[grid]({args}, "
-                                  f"{cfg_kw}{fixed}, num_warps=num_warps, num_stages=num_stages)")
+    launcher = parts.launcher or (f"    grid = ({parts.grid},)\n    KERNEL_NAME[grid]({args},\n"
+                                  f"        {cfg_kw}{fixed},\n"
+                                  "        num_warps=num_warps, num_stages=num_stages)")
     torch_import = "import torch\n" if parts.workspaces else ""
     src = "\n".join(head) + f'''
 {torch_import}import triton
@@ -142,7 +145,10 @@ def launch({args}, *, {", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
     """Launch on contiguous tensors with one kernel config."""
 {launcher}
 '''
-    digest = hashlib.blake2b(src.encode(), digest_size=8).hexdigest()
+    # the name hashes the signature and body, not the model nodes covered: identical kernels of
+    # repeated layers share one module, one file and one Triton compile
+    body_src = src.replace("\n".join(covers_lines) + "\n", "", 1)
+    digest = hashlib.blake2b(body_src.encode(), digest_size=8).hexdigest()
     name = f"lumc_{parts.form}_{digest}"
     src = src.replace("KERNEL_NAME", name)
     names = (name,) + tuple(f"{name}_{k}" for k in parts.extra_kernels)

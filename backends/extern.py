@@ -1,0 +1,182 @@
+"""Vendor ("extern") implementations of a kernel: which apply, their configs and their simulated price.
+
+A contraction kernel can also run through torch, on the vendor libraries torch calls: its
+contractions as ``torch.matmul``/``bmm`` (cuBLAS/cuBLASLt, impl ``cublas``), an attention's core as
+``F.scaled_dot_product_attention`` (FlashAttention/cuDNN, impl ``sdpa``), everything else in the
+kernel (prologue, epilogue) as torch ops. Such an implementation is one more entry in the kernel's
+config list, a plain dict with the string knob ``IMPL`` (absent or ``"triton"``: the generated Triton
+kernel), so the search times, checks and stores it exactly like a Triton config
+(``lumc.compiler.measure``), and the CPU executor and the GPU plan run it (``lumc.compiler.extern``).
+
+Which implementations apply follows the kernel's meaning, never a model pattern:
+
+* ``cublas``: the meaning holds at least one contraction ``SumReduce(Mul(a, b))``;
+* ``sdpa``: the kernel is an ``attention`` form (two contractions around one softmax) whose
+  score function is affine in the scores (scale, additive bias, masks through ``Where``), which
+  ``lumc.compiler.extern`` verifies numerically before it accepts the config.
+
+Simulated price (``sim:*``): the roofline of what the torch path launches, at a vendor efficiency.
+
+* Contractions: ``max(2 B M N K / (peak * eff * fill), bytes / (bandwidth * BW_EFFICIENCY))`` plus
+  one launch each. ``peak`` follows the operand precision: bf16/fp16 tensor cores; fp32 is IEEE fp32
+  on CUDA cores (torch's default ``allow_tf32=False``) unless ``PRECISION`` is ``tf32``.
+* ``eff`` (:data:`CUBLAS_EFFICIENCY`, :data:`SDPA_EFFICIENCY`) is the share of dense peak the vendor
+  kernel reaches on large problems; ``fill`` the share of SMs a small problem can occupy with
+  64 x 64 output tiles (cuBLAS's smallest common Hopper tile), counting split-K over long K.
+* Every other op of the meaning runs as its own eager torch kernel: one launch each, reading its
+  operands and writing its result once (views are free, as ``as_strided`` is).
+
+All figures are estimates until a GPU measures them (``make gpu-check``); on a GPU the measurer times
+the torch path itself.
+"""
+from __future__ import annotations
+
+import math
+
+from lumc.backends.devices import DeviceSpec
+from lumc.ir.kernels import Kernel
+
+IMPLS = ("triton", "cublas", "sdpa")
+
+# Share of dense tensor-core peak cuBLAS reaches on large bf16/fp16 GEMMs on H100/H200 SXM: public
+# benchmarks (the cuBLAS line of Triton's 03-matrix-multiplication tutorial on H100, NVIDIA's
+# "Hopper GEMM" CUTLASS/cuBLAS figures) put it at 700-800 TFLOP/s of 989.4; 0.78 ~ 770 TFLOP/s.
+CUBLAS_EFFICIENCY = 0.78
+# Share of fp32 CUDA-core peak (66.9 TFLOP/s) an IEEE fp32 SGEMM reaches: ~50 TFLOP/s (estimate).
+CUBLAS_FP32_EFFICIENCY = 0.75
+# FlashAttention-2 through SDPA reaches ~35-50% of bf16 peak on H100 forward passes (Dao, 2023,
+# "FlashAttention-2", fig. 7; FlashAttention-3, 2024, reports FA2 at 350-400 TFLOP/s); 0.40.
+SDPA_EFFICIENCY = 0.40
+BW_EFFICIENCY = 0.92     # best share of HBM bandwidth a streaming kernel reaches (as the simulator)
+VENDOR_TILE = 64         # smallest common output tile of Hopper cuBLAS kernels (for ``fill``)
+SPLIT_K_MIN = 256        # K per split-K slice below which cuBLAS does not split further
+SPLIT_K_MAX = 8
+
+
+def impl_of(cfg: dict | None) -> str:
+    """The implementation a config names (``triton`` when it names none)."""
+    return str((cfg or {}).get("IMPL", "triton"))
+
+
+def is_extern(cfg: dict | None) -> bool:
+    return impl_of(cfg) != "triton"
+
+
+def _contractions(kernel: Kernel) -> list:
+    from lumc.backends.triton.contraction import find_contractions
+    return find_contractions(kernel.meaning.nodes())
+
+
+def extern_impls(kernel: Kernel) -> list[str]:
+    """The extern implementations that apply to ``kernel`` by its meaning (see module doc)."""
+    cs = _contractions(kernel)
+    if not cs:
+        return []
+    return ["cublas"]
+
+
+# operand precisions torch's vendor GEMMs run (``allow_tf32`` off/on, or operands rounded to half)
+TORCH_PRECISIONS = ("ieee", "tf32", "bf16", "fp16")
+
+
+def extern_configs(kernel: Kernel, dev: DeviceSpec | None = None) -> list[dict]:
+    """The extern configs of ``kernel``: per implementation, one per operand precision the device's
+    policy (``DeviceSpec.dot_precisions``) allows that torch can run (``{"IMPL": "cublas",
+    "PRECISION": "ieee"}``); an operand dtype without a policy runs natively (no ``PRECISION``)."""
+    d = _dtype(kernel).name
+    allowed = (dev.dot_precisions.get(d) if dev is not None and hasattr(dev, "dot_precisions")
+               else None)
+    precs = [p for p in (allowed or ()) if p in TORCH_PRECISIONS] or [None]
+    out = []
+    for impl in extern_impls(kernel):
+        for p in precs:
+            out.append({"IMPL": impl} if p is None else {"IMPL": impl, "PRECISION": p})
+    return out
+
+
+def _dtype(kernel: Kernel):
+    return max((n.dtype for n in kernel.inputs if n.dtype.is_float), key=lambda d: d.itemsize,
+               default=kernel.outputs[0].dtype)
+
+
+def _peak(dev: DeviceSpec, dtype_name: str, precision: str | None) -> tuple[float, float]:
+    """``(peak FLOP/s, efficiency)`` of a vendor GEMM at this operand precision (``ieee``: fp32
+    CUDA cores; the others at their tensor-core peak, ``DeviceSpec.dot_peak``)."""
+    if dtype_name == "f64":
+        return dev.vector_flops["f64"], CUBLAS_FP32_EFFICIENCY
+    prec = precision or {"f32": "ieee", "bf16": "bf16", "f16": "fp16"}.get(dtype_name, "ieee")
+    if prec == "ieee":
+        return dev.vector_flops["f32"], CUBLAS_FP32_EFFICIENCY
+    return dev.dot_peak(prec), CUBLAS_EFFICIENCY
+
+
+def _fill(c, dev: DeviceSpec) -> float:
+    tiles = c.batch * math.ceil(c.M / VENDOR_TILE) * math.ceil(c.N / VENDOR_TILE)
+    tiles *= max(1, min(SPLIT_K_MAX, c.K // SPLIT_K_MIN))
+    return min(1.0, tiles / dev.sm_count)
+
+
+def _eager_ops(kernel: Kernel, skip: set[int]) -> list:
+    """The meaning's nodes that become one eager torch kernel each (not views, leaves, or the
+    products a contraction consumes)."""
+    return [n for n in kernel.meaning.nodes()
+            if id(n) not in skip and n.op not in ("Input", "Constant", "Iota", "View")]
+
+
+def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
+    """Simulated seconds of one run of ``kernel`` through its extern implementation ``cfg["IMPL"]``.
+
+    Raises:
+        ValueError: when the implementation does not apply to the kernel.
+    """
+    impl = impl_of(cfg)
+    if impl not in extern_impls(kernel):
+        raise ValueError(f"implementation {impl!r} does not apply to this {kernel.form} kernel")
+    cs = _contractions(kernel)
+    dtype = _dtype(kernel)
+    peak, eff = _peak(dev, dtype.name, cfg.get("PRECISION"))
+    isz = dtype.itemsize
+    total = 0.0
+    skip: set[int] = set()
+    if impl == "sdpa":
+        c1, c2 = cs
+        # the fused attention: q, k, v and out once; FLOPs of both products
+        flops = 2 * c1.batch * c1.M * c1.N * c1.K + 2 * c2.batch * c2.M * c2.N * c2.K
+        nbytes = (c1.batch * (c1.M + c1.N) * c1.K + c2.batch * c2.K * c2.N + c2.batch * c2.M * c2.N) * isz
+        eff_a = SDPA_EFFICIENCY if peak in dev.tensor_flops.values() else eff
+        total += max(flops / (peak * eff_a * _fill(c1, dev)), nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY))
+        total += dev.launch_overhead_s
+        # the softmax and score function run inside it: only ops after the value product remain
+        from lumc.backends.triton.render_matmul import dependents
+        nodes = kernel.meaning.nodes()
+        after = {id(n) for n in dependents(nodes, c2.node)}
+        skip = {id(n) for n in nodes if id(n) not in after}
+    else:
+        for c in cs:
+            flops = 2 * c.batch * c.M * c.N * c.K
+            nbytes = (c.batch * c.M * c.K + c.batch * c.K * c.N + c.batch * c.M * c.N) * isz
+            total += max(flops / (peak * eff * _fill(c, dev)),
+                         nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY)) + dev.launch_overhead_s
+            skip |= {id(c.node), id(c.node.srcs[0])}
+    for n in _eager_ops(kernel, skip):
+        nbytes = sum(s.nbytes for s in n.srcs if s.op != "Constant" or s.numel > 1) + n.nbytes
+        total += nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + dev.launch_overhead_s
+    return total
+
+
+def extern_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
+    """A lower bound on the extern implementation's time: the kernel's pure roofline plus one launch
+    per kernel the torch path issues (at least one)."""
+    flops = kernel.flops()
+    dtype = _dtype(kernel)
+    peak, _ = _peak(dev, dtype.name, cfg.get("PRECISION"))
+    peak = max(peak, dev.tensor_flops.get(dtype.name, peak)) if impl_of(cfg) == "sdpa" else peak
+    launches = max(1, len(_contractions(kernel)) if impl_of(cfg) == "cublas" else 1)
+    return max(flops / peak, kernel.min_bytes() / dev.hbm_bandwidth) + launches * dev.launch_overhead_s
+
+
+def matmul_flops(kernel: Kernel) -> int:
+    """FLOPs of the kernel's contractions alone (``2 B M N K`` each)."""
+    return sum(2 * c.batch * c.M * c.N * c.K for c in _contractions(kernel))
+
+

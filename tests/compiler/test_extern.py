@@ -1,0 +1,171 @@
+"""Vendor (extern) implementations: numerics through torch CPU, config lists, simulated price, the
+CPU executor and artifacts running plans with ``IMPL`` configs."""
+import numpy as np
+import pytest
+
+from lumc.backends import extern as bx
+from lumc.backends.devices import H200
+from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.triton.benchcases import _attention, _kernel
+from lumc.compiler.extern import ExternConfig, ExternKernel, config_from_dict, run_extern_numpy
+from lumc.compiler.measure import KernelMeasurer, max_rel_error
+from lumc.compiler.program import KernelCall
+from lumc.compiler.targets import resolve_target
+from lumc.compiler.tuning_db import TuningDatabase
+from lumc.ir import dtypes as dt
+from lumc.ir.library.conv import conv
+
+VERSIONS = {"lumc": "t", "triton": "t", "driver": "t"}
+
+
+def _cases():
+    return {
+        "matmul-bias-relu": ("matmul", lambda a, b, c: ((a @ b) + c).maximum(0.0),
+                             [((37, 61), dt.f32), ((61, 29), dt.f32), ((29,), dt.f32)]),
+        "batched": ("matmul", lambda a, b: a @ b, [((3, 17, 23), dt.f32), ((3, 23, 11), dt.f32)]),
+        "conv": ("matmul", lambda x, w: conv(x, w, pads=[1, 1, 1, 1]),
+                 [((2, 5, 9, 7), dt.f32), ((6, 5, 3, 3), dt.f32)]),
+        "attention": ("attention", _attention(0.125), [((2, 3, 17, 16), dt.f32)] * 3),
+        "bf16": ("matmul", lambda a, b: a @ b, [((33, 64), dt.bf16), ((64, 40), dt.bf16)]),
+    }
+
+
+def _inputs(specs, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32).astype(d.np) for s, d in specs]
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_extern_matches_float64_meaning(name):
+    form, f, specs = _cases()[name]
+    k = _kernel(form, f, specs)
+    ins = _inputs(specs)
+    feed = {f"in{i}": x for i, x in enumerate(ins)}
+    ref = ReferenceExecutor(k.meaning, "float64")(feed)["out0"]
+    got = run_extern_numpy(k, {"IMPL": "cublas"}, ins)[0]
+    assert got.shape == ref.shape and got.dtype == k.outputs[0].dtype.np
+    tol = 1e-5 if specs[0][1] == dt.f32 else 1e-2
+    assert max_rel_error(got, ref) < tol
+
+
+def test_extern_precision_bf16_rounds_fp32_operands():
+    form, f, specs = _cases()["batched"]
+    k = _kernel(form, f, specs)
+    ins = _inputs(specs, 1)
+    exact = run_extern_numpy(k, {"IMPL": "cublas", "PRECISION": "ieee"}, ins)[0]
+    rounded = run_extern_numpy(k, {"IMPL": "cublas", "PRECISION": "bf16"}, ins)[0]
+    a = ins[0].astype(dt.bf16.np).astype(np.float64)
+    b = ins[1].astype(dt.bf16.np).astype(np.float64)
+    want = a @ b
+    assert max_rel_error(rounded, want) < 1e-5          # bf16 operands, fp32 accumulation
+    assert max_rel_error(exact, want) > 1e-4            # the IEEE run did not round its operands
+
+
+def test_extern_writes_preallocated_outputs():
+    import torch
+    form, f, specs = _cases()["matmul-bias-relu"]
+    k = _kernel(form, f, specs)
+    ins = [torch.from_numpy(x) for x in _inputs(specs)]
+    out = torch.full((37, 29), float("nan"))
+    ExternKernel(k)(*ins, outputs=[out])
+    run = ExternKernel(k).bound_launch(ins, [out2 := torch.zeros(37, 29)], ExternConfig("cublas"))
+    run()
+    want = np.maximum(ins[0].numpy().astype(np.float64) @ ins[1].numpy() + ins[2].numpy(), 0)
+    assert max_rel_error(out.numpy(), want) < 1e-5 and max_rel_error(out2.numpy(), want) < 1e-5
+
+
+def test_which_kernels_get_externs():
+    mm = _kernel(*_cases()["conv"][:2], _cases()["conv"][2])
+    pw = _kernel("pointwise", lambda x: x.maximum(0.0), [((64,), dt.f32)])
+    assert bx.extern_impls(pw) == [] and bx.extern_configs(pw, H200) == []
+    assert bx.extern_configs(mm, H200) == [{"IMPL": "cublas", "PRECISION": "ieee"}]   # policy: f32
+    bf = _kernel(*_cases()["bf16"][:2], _cases()["bf16"][2])
+    assert bx.extern_configs(bf, H200) == [{"IMPL": "cublas", "PRECISION": "bf16"}]
+    with pytest.raises(ValueError):
+        ExternKernel(pw)
+
+
+def test_simulated_extern_price():
+    n = 8192
+    k = _kernel("matmul", lambda a, b: a @ b, [((n, n), dt.bf16), ((n, n), dt.bf16)])
+    cfg = {"IMPL": "cublas", "PRECISION": "bf16"}
+    t = bx.simulate_extern_time(k, cfg, H200)
+    want = 2 * n ** 3 / (989.4e12 * bx.CUBLAS_EFFICIENCY) + H200.launch_overhead_s
+    assert t == pytest.approx(want, rel=1e-9)
+    assert t >= bx.extern_bound(k, cfg, H200) >= 2 * n ** 3 / 989.4e12
+    # fp32 without TF32 runs on CUDA cores: far slower than the bf16 tensor-core GEMM
+    k32 = _kernel("matmul", lambda a, b: a @ b, [((n, n), dt.f32), ((n, n), dt.f32)])
+    t32 = bx.simulate_extern_time(k32, {"IMPL": "cublas", "PRECISION": "ieee"}, H200)
+    assert t32 == pytest.approx(2 * n ** 3 / (66.9e12 * bx.CUBLAS_FP32_EFFICIENCY) + 4e-6, rel=1e-9)
+    # an epilogue is one more eager kernel: a launch plus its bytes
+    kb = _kernel("matmul", lambda a, b, c: (a @ b) + c, [((n, n), dt.bf16), ((n, n), dt.bf16),
+                                                          ((n,), dt.bf16)])
+    assert bx.simulate_extern_time(kb, cfg, H200) > t + H200.launch_overhead_s
+
+
+def _call(kernel):
+    from lumc.ir.graph import input_node
+    ins = [input_node(f"x{i}", ph.shape, ph.dtype) for i, ph in enumerate(kernel.inputs)]
+    outs = [input_node(f"y{i}", o.shape, o.dtype) for i, o in enumerate(kernel.outputs)]
+    return KernelCall(kernel, ins, outs)
+
+
+def test_measurer_lists_times_and_checks_externs(tmp_path, monkeypatch):
+    form, f, specs = _cases()["matmul-bias-relu"]
+    k = _kernel(form, f, specs)
+    call = _call(k)
+    ins = _inputs(specs)
+    ref = ReferenceExecutor(k.meaning)({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    values = {id(n): v for n, v in zip(call.inputs, ins)}
+    values[id(call.outputs[0])] = ref
+    m = KernelMeasurer(resolve_target("sim:h200"), TuningDatabase(tmp_path / "db.sqlite"), VERSIONS, values)
+    key = m.add(call)
+    cfgs = [m.config_of(key, i) for i in range(m.n_configs(key))]
+    assert bx.impl_of(cfgs[0]) == "triton" and cfgs[1] == {"IMPL": "cublas", "PRECISION": "ieee"}
+    assert sum(bx.is_extern(c) for c in cfgs) == 1
+    res = m(key, 1)
+    assert res.status == "ok"
+    assert res.seconds == pytest.approx(bx.simulate_extern_time(k, cfgs[1], H200))
+    assert m.bound(key, 1) <= res.seconds
+    assert m.checked[(key, 1)] < 1e-6           # checked on torch CPU against the reference
+    # a wrong extern result is rejected and stored as such
+    import lumc.compiler.extern as ce
+    monkeypatch.setattr(ce, "run_extern_numpy", lambda kernel, cfg, xs: [ref + 1.0])
+    m2 = KernelMeasurer(resolve_target("sim:h200"), TuningDatabase(tmp_path / "db2.sqlite"), VERSIONS,
+                        values)
+    key2 = m2.add(call)
+    assert m2(key2, 1).status == "rejected"
+    assert not m2.db.get(m2._db_key(key2, 1)).ok
+
+
+def test_config_dicts_round_trip():
+    assert config_from_dict({"IMPL": "cublas", "PRECISION": "ieee"}) == ExternConfig("cublas", "ieee")
+    c = config_from_dict({"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 3})
+    assert c.kwargs() == {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 3}
+    assert config_from_dict(None) is None
+
+
+def test_cpu_executor_runs_a_plan_with_extern_kernels(tmp_path, monkeypatch):
+    """A compiled plan whose contraction kernels are switched to cuBLAS configs runs on the CPU
+    executor through torch, matches onnxruntime, and survives save/load."""
+    import onnxruntime as ort
+    import lumc
+    from tests.compiler.test_compile import small_model
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    model = small_model(m=13, k=24, n=40)
+    cm = lumc.compile(model, budget="60s", device="sim:h200")
+    n_ext = 0
+    for i, c in enumerate(cm.program.calls):
+        ext = bx.extern_configs(c.kernel, H200)
+        if ext:
+            cm.configs[i] = ext[0]
+            n_ext += 1
+    assert n_ext >= 1
+    x = np.random.default_rng(3).standard_normal((13, 24)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert max_rel_error(cm(x), want) < 1e-5
+    cm.save(tmp_path / "m.lumc")
+    back = lumc.load(tmp_path / "m.lumc")
+    assert [bx.impl_of(c) for c in back.configs].count("cublas") == n_ext
+    assert max_rel_error(back(x), want) < 1e-5
