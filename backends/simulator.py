@@ -42,6 +42,29 @@ MAX_WARPS_PER_SM = 64    # Hopper: 2048 threads per SM
 SMEM_PER_SM = 228 * 1024
 TENSOR_FORMS = ("matmul", "attention")
 
+# Calibration of tensor-core kernels to what generated (pointer-based, non-TMA, non-warp-
+# specialized) Triton GEMMs reach on Hopper: 700-790 TFLOP/s bf16 at 4096^3-8192^3 on H100/H200
+# SXM (the figure of lumc issue 11, from Triton's 03-matrix-multiplication tutorial benchmark run
+# on Hopper; to be replaced by `make gpu-check`'s measurement), i.e. 0.71-0.80 of the 989.4 dense
+# peak. The best tile reaches TRITON_MMA_EFFICIENCY of peak; smaller tiles, fewer stages and
+# shorter K steps less (simulate_kernel_time then adds waves, L2 re-reads and launch: 8192^3 bf16
+# at 128x256x64 is ~740 TFLOP/s simulated):
+TRITON_MMA_EFFICIENCY = 0.78   # ~770 TFLOP/s bf16 at the best tile (was 1.0: ~926 after waves)
+TILE_AREA_FLOOR = 0.35         # share of the best tile's rate a 16x16 tile still reaches (estimate)
+STAGE_EFFICIENCY = {1: 0.7, 2: 0.85}   # no / double buffering vs >= 3 stages (estimate)
+
+
+def tensor_core_efficiency(bm: int, bn: int, bk: int, stages: int) -> float:
+    """Share of the ``tl.dot`` peak a tile config reaches: ``TRITON_MMA_EFFICIENCY`` at a
+    128x128 (or larger) tile with >= 3 stages and ``BLOCK_K >= 32``, less for smaller tiles (operand
+    reuse grows with the tile side), shallower pipelines and shorter K steps. The pure roofline
+    (``config_bound``) does not use it: it stays a bound."""
+    area = min(1.0, (bm * bn) / (128 * 128))
+    eff = (TILE_AREA_FLOOR + (1 - TILE_AREA_FLOOR) * area ** 0.5) * \
+        STAGE_EFFICIENCY.get(max(stages, 1), 1.0)
+    eff *= min(1.0, bk / 32) ** 0.25
+    return TRITON_MMA_EFFICIENCY * eff
+
 
 @dataclass(frozen=True)
 class Contraction:
@@ -153,9 +176,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         hbm += (a_bytes * (tn - 1) + b_bytes * (tm - 1)) * (1 - L2_HIT)
         padded = 2 * c.batch * tm * bm * tn * bn * math.ceil(c.k / bk) * bk
         flops = max(flops, padded)
-        area = min(1.0, (bm * bn) / (128 * 128))
-        tile_eff = (0.35 + 0.65 * area ** 0.5) * (0.7 if stages <= 1 else 0.85 if stages == 2 else 1.0)
-        tile_eff *= min(1.0, bk / 32) ** 0.25
+        tile_eff = tensor_core_efficiency(bm, bn, bk, stages)
         peak = dot_peak(dev, cfg, dtype.name)
         tile_bytes = (bm + bn) * bk * dtype.itemsize * max(stages - 1, 1)
     else:
