@@ -202,7 +202,7 @@ def graph_module(graph: Graph):
         if op == "Constant":
             name = f"const{nconst}"
             nconst += 1
-            value = np.ascontiguousarray(n.arg.value)
+            value = np.array(n.arg.value, order="C")   # keeps rank 0
             if n.dtype == dt.bf16:
                 t = torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
             else:
@@ -223,8 +223,9 @@ def graph_module(graph: Graph):
                 info = np.iinfo(n.arg.np)
                 sat = (float(info.min), float(info.max))
             r = cf(cast_op, (ins[0], _TORCH_NAMES[n.arg.name], sat))
-        elif op in ("Add", "Mul", "Mod", "LessThan"):
-            fn = {"Add": torch.add, "Mul": torch.mul, "Mod": torch.fmod, "LessThan": torch.lt}[op]
+        elif op in ("Add", "Mul", "Div", "Mod", "LessThan"):
+            fn = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": torch.fmod,
+                  "LessThan": torch.lt}[op]
             r = cf(fn, (ins[0], ins[1]))
         elif op == "Where":
             r = cf(torch.where, tuple(ins))

@@ -289,7 +289,7 @@ def run_torch(cm: CompiledModel, names: list[str], inputs: dict, ref: list, devi
     src_note = f"from {source}" + (f" ({why})" if why else "")
     on_gpu = device.startswith("cuda")
     mod = mod.to(device)
-    args = [torch.from_numpy(np.ascontiguousarray(inputs[i.name])).to(device) for i in cm.inputs]
+    args = [torch.from_numpy(np.array(inputs[i.name], order="C")).to(device) for i in cm.inputs]
     sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else None
     rows = []
     with torch.no_grad():

@@ -4,8 +4,9 @@ Each row gives the op's name, group, arity, dtype rule, shape rule, numpy refere
 count, egglog constructor, Triton rendering and algebraic properties. Adding an op means adding one
 row; ``tests/ir/test_op_table.py`` fails where any column is missing.
 
-Semantics follow IEEE-754 and the ONNX spec. ``Mod`` is the C ``fmod`` (the result has the sign of
-the dividend) for floats and integers alike; Python-style modulo is a composition in
+Semantics follow IEEE-754 and the ONNX spec. ``Div`` is correctly rounded float division (integer
+division, truncating, is a composition in ``Tensor.idiv``). ``Mod`` is the C ``fmod`` (the result
+has the sign of the dividend) for floats and integers alike; Python-style modulo is a composition in
 ``lumc.ir.library``. Reductions keep the reduced dims (size 1) so ranks never change under them, and
 accumulate f16/bf16 inputs in fp32.
 """
@@ -65,6 +66,13 @@ def _same_numeric(dts, arg):
         raise ShapeError(f"operand dtypes differ: {dts[0]} vs {dts[1]}")
     if dts[0].is_bool:
         raise ShapeError("needs numeric operands, got bool")
+    return dts[0]
+
+
+def _float_binary(dts, arg):
+    _same_numeric(dts, arg)
+    if not dts[0].is_float:
+        raise ShapeError(f"needs float operands, got {dts[0]}")
     return dts[0]
 
 
@@ -257,6 +265,11 @@ _ROWS = [
     OpDef("Mul", "binary", 2, _same_numeric, _same_shape,
           _np_errstate(lambda xs, a: np.multiply(xs[0], xs[1], dtype=xs[0].dtype)), _ewise_flops,
           "Mul", "({0} * {1})", frozenset({"elementwise", "commutative", "associative"})),
+    # IEEE division, correctly rounded (numpy's float divide is IEEE; f16/bf16 via f32 and one
+    # rounding, innocuous since 24 >= 2p + 2, Figueroa 1995); integer division is a composition
+    OpDef("Div", "binary", 2, _float_binary, _same_shape,
+          _np_errstate(lambda xs, a: np.divide(xs[0], xs[1], dtype=xs[0].dtype)), _ewise_flops,
+          "Div", "tl.math.div_rn({0}, {1})", frozenset({"elementwise"})),
     OpDef("Mod", "binary", 2, _same_numeric, _same_shape,
           _np_errstate(lambda xs, a: np.fmod(xs[0], xs[1])), _ewise_flops,
           "Mod", "_fmod({0}, {1})", frozenset({"elementwise"})),

@@ -258,18 +258,19 @@ class Tensor(TensorMath):
         return self._op("Recip")
 
     def div(self, o) -> "Tensor":
-        """ONNX ``Div``. Floats: ``a * (1/b)`` (within 1.5 ulp of IEEE division; inf/NaN/0 cases
-        as IEEE). Integers: truncation toward zero, exact for |a| < 2**52 (computed in f64)."""
+        """ONNX ``Div``. Floats: the ``Div`` primitive, correctly rounded (IEEE-754; the reciprocal
+        form ``a * (1/b)``, up to 1.5 ulp off, is only a fast-math rewrite). Integers: truncation
+        toward zero, exact for |a| < 2**52 (computed in f64)."""
         a, b = self._bcast(o)
         if a.dtype.is_float:
-            return a.mul(b.recip())
+            return a._op("Div", b)
         return a.idiv(b)
 
     def idiv(self, o) -> "Tensor":
         """Integer division truncating toward zero (C semantics): ``(a - fmod(a, b)) / b`` is an exact
         multiple, so rounding its f64 quotient to nearest recovers it exactly for |a| < 2**52."""
         a, b = self._bcast(o)
-        q = a.sub(a.fmod(b)).cast(dt.f64).mul(b.cast(dt.f64).recip())
+        q = a.sub(a.fmod(b)).cast(dt.f64).div(b.cast(dt.f64))
         half = q.scalar_like(0.5)
         q = q.lt(q.scalar_like(0.0)).where(q.sub(half), q.add(half))
         return q.cast(a.dtype)

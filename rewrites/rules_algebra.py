@@ -27,7 +27,25 @@ def identity_rules() -> list[Rule]:
         # 1 / (1 / x) loses x where 1/x overflows or underflows
         Rule("algebra/Recip: recip(recip(x)) -> x", "domain", "(Recip (Recip ?x))", "?x",
              cases=({"x": ("in", (4, 3), "f32")},)),
+        # x / 1 = x for every x, NaN and -0.0 included (IEEE division by 1 is exact)
+        Rule("algebra/Div: x / 1 -> x", "exact", f"(Div ?x {one})", "?x", cases=(_X, _X0)),
     ]
+
+
+def fast_math_rules() -> list[Rule]:
+    """Rewrites that change results beyond the sign of zero for speed; only under fast math
+    (``Limits.fast_math``), never by default."""
+    xy = {"x": ("in", (4, 5), "f32"), "y": ("in", (4, 5), "f32")}
+    return [
+        # a / b = a * (1/b): two roundings instead of one (up to 1.5 ulp), and 1/b may overflow
+        # or underflow where a / b does not; a reciprocal shared by many quotients is cheaper
+        Rule("algebra/Div: a / b -> a * recip(b) [fast math]", "reassociating", "(Div ?x ?y)",
+             "(Mul ?x (Recip ?y))", cases=(xy, dict(xy, x=("in", (0, 5), "f32"),
+                                                    y=("in", (0, 5), "f32")))),
+    ]
+
+
+FAST_MATH = frozenset(r.name for r in fast_math_rules())
 
 
 def fold_rules() -> list[Rule]:
@@ -44,6 +62,14 @@ def fold_rules() -> list[Rule]:
                         f"(View {new.format(v=v)} (Expand ?S))", guard,
                         sets=(f"(set (shape {new.format(v=v)}) (vec-empty))",), cases=cases))
     inv = new.format(v="(/ 1.0 ?a)")
+    quot = new.format(v="(/ ?a ?b)")
+    # a zero quotient may be -0.0 (egglog's f64 equates it with +0.0), x/0 is inf or NaN: not folded
+    out.append(Rule("algebra/Div: fold c1 / c2", "exact", f"(Div {a} {b})",
+                    f"(View {quot} (Expand ?S))", ("(!= ?b 0.0)", "(!= ?a 0.0)", "(< (abs ?a) inf)",
+                                                   "(< (abs ?b) inf)", "(!= (/ ?a ?b) 0.0)"),
+                    sets=(f"(set (shape {quot}) (vec-empty))",),
+                    cases=({"a": 14.999999, "b": 3.0, "dt": "f32", "z1": (), "z2": (), "S": (4, 3)},
+                           {"a": 3.0e38, "b": 0.1, "dt": "f32", "z1": (), "z2": (1,), "S": (2,)})))
     out.append(Rule("algebra/Recip: fold recip(c)", "exact", f"(Recip {a})",
                     f"(View {inv} (Expand ?S))", ("(!= ?a 0.0)", "(< (abs ?a) inf)"),
                     sets=(f"(set (shape {inv}) (vec-empty))",),
@@ -164,5 +190,5 @@ EXPANSIVE = frozenset(r.name for r in association_rules())
 
 def rules() -> list[Rule]:
     return (identity_rules() + fold_rules() + select_rules() + reduction_rules()
-            + squeeze_rules() + association_rules())
+            + squeeze_rules() + association_rules() + fast_math_rules())
 

@@ -137,12 +137,47 @@ def softmax_rules() -> list[Rule]:
             where = (f"(= ?e {e})", "(= ?S (shape ?x))", f"(= (vec-length ?S) {r})",
                      "(> ?l2e 1.44)", "(< ?l2e 1.446)")
             shape = tuple((2, 3, 5, 4)[:r])
+            cases = ({"x": ("in", shape, "f32"), "dt": "f32", "z1": (), "z2": (), "l2e": F32_LOG2E},
+                     {"x": ("in", (0,) + shape[1:], "f32"), "dt": "f32", "z1": (), "z2": (),
+                      "l2e": F32_LOG2E})
             rules.append(Rule(f"kernels/Softmax: exp(x - max x) / sum exp(x - max x) -> softmax(x) "
                               f"[r={r} axis={a}]", "exact", lhs, f"(Softmax ?x {a})", where,
-                              cases=({"x": ("in", shape, "f32"), "dt": "f32", "z1": (),
-                                      "z2": (), "l2e": F32_LOG2E},
-                                     {"x": ("in", (0,) + shape[1:], "f32"), "dt": "f32",
-                                      "z1": (), "z2": (), "l2e": F32_LOG2E})))
+                              cases=cases))
+            # an exporter's ReduceSum/Div spelling divides (IEEE Div); the form multiplies by one
+            # reciprocal per row: at most 1 ulp more per probability, so ``reassociating``
+            div = f"(Div ?e (View (SumReduce ?e (vec-of {a})) (Expand ?S)))"
+            rules.append(Rule(f"kernels/Softmax: exp(x - max x) / sum exp(x - max x) [Div] -> "
+                              f"softmax(x) [r={r} axis={a}]", "reassociating", div,
+                              f"(Softmax ?x {a})", where, cases=cases))
+    return rules
+
+
+def softmax_scale_rules() -> list[Rule]:
+    """``softmax(s / c [+ m | where(keep, ., f)])`` -> the same with ``s * (1/c)``, for a finite
+    non-zero scalar ``c`` (attention's ``scores / sqrt(d)``), so the attention forms, which scale
+    by a product, match. Only inside a softmax: the quotient's extra half ulp enters an ``exp``
+    whose own error is larger, so the probabilities move by about 1 ulp (``reassociating``); the
+    general reciprocal rewrite is fast-math only (``rules_algebra.FAST_MATH``)."""
+    rules = []
+    inv = "(Const (Scalar (/ 1.0 ?c) ?dt) (vec-empty))"
+    scaled = f"(Mul ?s (View {inv} (Expand ?S)))"
+    contexts = {"": "{}", " + m": "(Add {} ?m)", " select": "(Where ?keep {} ?f)"}
+    for r in range(1, 5):
+        a = r - 1
+        shape = tuple((2, 3, 5, 4)[:r])
+        case = {"s": ("in", shape, "f32"), "c": 5.656854249492381, "dt": "f32", "z0": (), "S": shape,
+                "m": ("in", shape, "f32"), "keep": ("in", shape, "bool"), "f": ("in", shape, "f32")}
+        for tag, ctx in contexts.items():
+            lhs_arg = ctx.format(f"(Div ?s {fill('?c', '?S', '0')})")
+            rhs_arg = ctx.format(scaled)
+            rules.append(Rule(
+                f"kernels/Softmax: softmax(s / c{tag}) -> softmax(s * (1/c){tag}) [r={r}]",
+                "reassociating", f"(Softmax {lhs_arg} {a})", f"(Softmax {rhs_arg} {a})",
+                ("(= ?S (shape ?s))", f"(= (vec-length ?S) {r})", "(!= ?c 0.0)",
+                 "(< (abs ?c) inf)"),
+                sets=(f"(set (shape {inv}) (vec-empty))", f"(set (shape (View {inv} (Expand ?S))) ?S)",
+                      f"(set (shape {scaled}) ?S)", f"(set (shape {rhs_arg}) ?S)"),
+                cases=({k: v for k, v in case.items() if f"?{k}" in lhs_arg or k in ("dt", "z0", "S")},)))
     return rules
 
 
@@ -178,6 +213,15 @@ def norm_rules() -> list[Rule]:
         rules.append(Rule(f"kernels/RMSNorm: x * rsqrt(mean(x*x) + eps) -> rmsnorm(x) [r={r}]",
                           "exact", f"(Mul ?x {rsq})", f"(RMSNorm ?x {r - 1} ?eps)", rms_where,
                           cases=(_norm_case(shape),)))
+        # an exporter's Sqrt/Div spelling divides (IEEE Div); the forms multiply by one reciprocal
+        # square root per row: at most 1 ulp more per element, so ``reassociating``
+        sq = f"(View (Sqrt (Add ?var {fill('?eps', '?R', '3')})) (Expand ?S))"
+        rules.append(Rule(f"kernels/LayerNorm: (x - mean x) / sqrt(var x + eps) -> layernorm(x) "
+                          f"[r={r} Div]", "reassociating", f"(Div ?d {sq})",
+                          f"(LayerNorm ?x {r - 1} ?eps)", ln_where, cases=(_norm_case(shape),)))
+        rules.append(Rule(f"kernels/RMSNorm: x / sqrt(mean(x*x) + eps) -> rmsnorm(x) [r={r} Div]",
+                          "reassociating", f"(Div ?x {sq})", f"(RMSNorm ?x {r - 1} ?eps)",
+                          rms_where, cases=(_norm_case(shape),)))
     return rules
 
 
@@ -212,4 +256,5 @@ def attention_rules() -> list[Rule]:
 
 
 def rules() -> list[Rule]:
-    return squeeze_rules() + operand_rules() + matmul_rules() + softmax_rules() + norm_rules() + attention_rules()
+    return (squeeze_rules() + operand_rules() + matmul_rules() + softmax_rules()
+            + softmax_scale_rules() + norm_rules() + attention_rules())

@@ -4,8 +4,9 @@ Every elementwise primitive renders through :func:`render_op`, which formats the
 (``lumc.ir.ops.OPS[op].triton``) over operand expressions. A few ops need more than the template to
 keep IEEE results on every dtype; each override says why:
 
-* ``Recip``: Triton's ``/`` on fp32 is ``div.full.f32`` (2 ulp); ``tl.math.div_rn`` is IEEE.
-* ``Sqrt``/``Exp2``/``Log2``/``Sin``/``Recip``/``Mod`` on fp16/bf16: computed in fp32 and rounded once,
+* ``Recip``/``Div``: Triton's ``/`` on fp32 is ``div.full.f32`` (2 ulp); ``tl.math.div_rn`` is IEEE;
+  on fp64 ``/`` is ``div.rn.f64`` (div_rn is fp32-only).
+* ``Sqrt``/``Exp2``/``Log2``/``Sin``/``Recip``/``Div``/``Mod`` on fp16/bf16: computed in fp32 and rounded once,
   which is what the numpy reference does (Triton's math ops take fp32/fp64 only).
 * ``Cast`` to bool is ``x != 0`` (NaN is True, as ONNX); float to int truncates and saturates, NaN
   gives 0 (the reference's deterministic choice for what ONNX leaves undefined).
@@ -109,6 +110,13 @@ def render_op(n: Node, operands: list[str]) -> str:
         return f"tl.sqrt({operands[0]})"
     if op in ("Sqrt", "Exp2", "Log2", "Sin"):
         return _upcast(operands[0], d, row.triton.replace("{0}", "{x}"))
+    if op == "Div":
+        a, b = operands
+        if d == dt.f64:
+            return f"({a} / {b})"
+        if d in LOW_FLOATS:  # IEEE fp32 quotient rounded once: correctly rounded (24 >= 2p + 2)
+            return f"tl.math.div_rn({a}.to(tl.float32), {b}.to(tl.float32)).to({tl_dtype(d)})"
+        return row.triton.format(a, b)
     if op == "Mod":
         a, b = operands
         if d in LOW_FLOATS:  # fmod is exact, so fp32 then round changes nothing

@@ -82,7 +82,8 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
             stats.per_form[call.kernel.form] = stats.per_form.get(call.kernel.form, 0) + 1
     if device != "cpu" and torch.cuda.is_available():
         torch.cuda.synchronize()
-    result = {name: np.ascontiguousarray(to_numpy(value_of(n))) for name, n in program.outputs.items()}
+    # np.array, not ascontiguousarray: that one makes a rank-0 output shape (1,)
+    result = {name: np.array(to_numpy(value_of(n)), order="C") for name, n in program.outputs.items()}
     if stats is not None:
         stats.seconds = time.perf_counter() - t0
     return result

@@ -57,7 +57,7 @@ def _softmax_guarded(x: Tensor) -> Tensor:
     e = x.sub(safe).exp()
     s = e.sum(-1, keepdims=True)
     s = s.eq(s.scalar_like(0.0)).where(s.scalar_like(1.0), s)
-    return e.div(s)
+    return e.mul(s.expand(e.shape).recip())   # the softmax spelling the kernel forms match
 
 
 @handler("Attention")

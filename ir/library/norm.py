@@ -48,7 +48,8 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     xc = _widen(x, "Softmax")
     axis = normalize_axis(axis, x.ndim)
     e = xc.sub(xc.max(axis, keepdims=True)).exp()
-    return e.div(e.sum(axis, keepdims=True)).cast(x.dtype)
+    # one reciprocal per row, then products: the spelling the softmax kernel form matches
+    return e.mul(e.sum(axis, keepdims=True).expand(e.shape).recip()).cast(x.dtype)
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:

@@ -10,7 +10,7 @@ from lumc.ir.ops import OPS, OpDef
 
 COLUMNS = [f.name for f in dataclasses.fields(OpDef)]
 DESIGN_OPS = {"Input", "Constant", "Iota", "Exp2", "Log2", "Sin", "Sqrt", "Recip", "Cast", "Add",
-              "Mul", "Mod", "LessThan", "Where", "SumReduce", "MaxReduce", "Gather", "View",
+              "Mul", "Div", "Mod", "LessThan", "Where", "SumReduce", "MaxReduce", "Gather", "View",
               "Contiguous"}
 
 

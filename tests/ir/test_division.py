@@ -1,0 +1,109 @@
+"""IEEE division: ``Tensor.div`` is the correctly rounded ``Div`` primitive on every path
+(reference executor, Triton interpreter, the torch replay), and the reciprocal form is a fast-math
+rewrite only."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, input_node
+from lumc.ir.tensor import Tensor
+from lumc.rewrites import rules_algebra
+from lumc.rewrites.schedule import Limits, Saturator, all_rules
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
+
+
+def _specials(dtype, rng, n=4000) -> tuple[np.ndarray, np.ndarray]:
+    """Random quotients near exact integers, plus inf, NaN, +-0, subnormals and huge values."""
+    b = rng.integers(1, 50, n).astype(np.float64) * rng.choice([-1, 1], n)
+    q = rng.integers(-100, 100, n).astype(np.float64)
+    a = (q * b).astype(dtype)
+    # one ulp either side of the exact multiple: the cases a * (1/b) rounds the wrong way
+    a[: n // 3] = np.nextafter(a[: n // 3], np.asarray(np.inf, dtype))
+    a[n // 3: 2 * n // 3] = np.nextafter(a[n // 3: 2 * n // 3], np.asarray(-np.inf, dtype))
+    a[-200:] = rng.standard_normal(200).astype(dtype)
+    b = b.astype(dtype)
+    sp = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3e38, -3e38, 1.0], np.float64)
+    with np.errstate(all="ignore"):
+        sp = sp.astype(dtype)
+    a = np.concatenate([a, np.repeat(sp, len(sp))])
+    b = np.concatenate([b, np.tile(sp, len(sp))])
+    return a, b
+
+
+def _div_graph(d: dt.DType, n: int) -> Graph:
+    x, y = input_node("a", (n,), d), input_node("b", (n,), d)
+    return Graph({"a": x, "b": y}, {"q": Tensor(x).div(Tensor(y)).node,
+                                    "t": Tensor(x).div(Tensor(y)).floor().node})
+
+
+def _bits_equal(got: np.ndarray, want: np.ndarray) -> bool:
+    u = f"u{want.dtype.itemsize}"
+    same = (np.ascontiguousarray(got).view(u) == np.ascontiguousarray(want).view(u))
+    return bool((same | (np.isnan(got) & np.isnan(want))).all())
+
+
+def test_floor_of_quotient_is_ieee():
+    """floor(14.999999f / 3) is 4 in IEEE fp32; the reciprocal form gives 5."""
+    a = np.array([14.999999, 6.0, -9.0, 0.3], np.float32)
+    b = np.array([3.0, 3.0, 3.0, 0.1], np.float32)
+    out = ReferenceExecutor(_div_graph(dt.f32, 4))({"a": a, "b": b})
+    np.testing.assert_array_equal(out["t"], np.floor(a / b))
+    assert out["t"][0] == 4.0
+    assert np.float32(a[0] * np.float32(1 / np.float32(3))) == np.float32(5.0)   # why it matters
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16, dt.f64], ids=str)
+def test_reference_div_is_correctly_rounded(d):
+    a, b = _specials(d.np, np.random.default_rng(0))
+    out = ReferenceExecutor(_div_graph(d, len(a)))({"a": a, "b": b})
+    with np.errstate(all="ignore"):
+        want = (a.astype(np.float64) / b.astype(np.float64)).astype(d.np) if d != dt.f64 else a / b
+    assert out["q"].dtype == d.np
+    assert _bits_equal(out["q"], want)
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16, dt.f64], ids=str)
+def test_triton_div_is_correctly_rounded(d):
+    """The Triton rendering (``div_rn``; fp16 via one fp32 quotient) gives IEEE bits."""
+    from triton_cases import make_kernel
+    from lumc.backends.triton import TritonKernel
+    from lumc.backends.triton.launch import to_numpy
+    a, b = _specials(d.np, np.random.default_rng(1), n=900)
+    k = make_kernel("pointwise", lambda x, y: (x.div(y), x.div(y).floor()),
+                    [((len(a),), d), ((len(a),), d)])
+    q, t = (to_numpy(o) for o in TritonKernel(k)(a, b))
+    with np.errstate(all="ignore"):
+        want = (a.astype(np.float64) / b.astype(np.float64)).astype(d.np)
+    assert q.dtype == d.np and t.dtype == d.np
+    assert _bits_equal(q, want)
+    with np.errstate(all="ignore"):
+        assert _bits_equal(t, np.floor(want))
+
+
+def test_torch_replay_div():
+    """The primitive graph replayed as torch (the compiled CPU path) divides in IEEE too."""
+    from lumc.compiler.graph_torch import graph_module
+    import torch
+    a, b = _specials(np.float32, np.random.default_rng(2), n=600)
+    gm = graph_module(_div_graph(dt.f32, len(a)))
+    q, t = gm(torch.from_numpy(a), torch.from_numpy(b))
+    with np.errstate(all="ignore"):
+        want = a / b
+    assert _bits_equal(q.numpy(), want)
+
+
+def test_reciprocal_rewrite_is_fast_math_only():
+    names = {r.name for r in all_rules()}
+    assert rules_algebra.FAST_MATH and rules_algebra.FAST_MATH <= names
+    assert all(r.numerics == "reassociating" for r in rules_algebra.fast_math_rules())
+    default = {r.name for r in Saturator(Limits()).rules}
+    fast = {r.name for r in Saturator(Limits(fast_math=True)).rules}
+    assert not default & rules_algebra.FAST_MATH
+    assert rules_algebra.FAST_MATH <= fast
