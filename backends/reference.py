@@ -18,7 +18,7 @@ import string
 import numpy as np
 
 from lumc.ir import dtypes as dt
-from lumc.ir.errors import InputError
+from lumc.ir.errors import IndexRangeError, InputError
 from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import OPS, cast_array
 
@@ -29,13 +29,17 @@ class ReferenceExecutor:
     Args:
         graph: the primitive graph.
         precision: ``"native"`` (each node in its own dtype) or ``"float64"``.
+        dot_operands: optional ``f(operand, reduced_axes) -> operand`` applied to both operands of
+            every ``SumReduce(Mul(a, b))`` before the product: a reduced-precision tensor-core
+            contraction (``lumc.backends.precision.round_operand``). Native precision only.
     """
 
-    def __init__(self, graph: Graph, precision: str = "native"):
+    def __init__(self, graph: Graph, precision: str = "native", dot_operands=None):
         if precision not in ("native", "float64"):
             raise ValueError(f"precision must be 'native' or 'float64', got {precision!r}")
         self.graph = graph
         self.precision = precision
+        self.dot_operands = dot_operands if precision == "native" else None
         self.order = graph.nodes()
         users: dict[int, int] = {}
         for n in self.order:
@@ -82,7 +86,10 @@ class ReferenceExecutor:
         for n in self.order:
             if id(n) in vals or (id(n) in self._fused_mul and id(n) not in keep):
                 continue
-            vals[id(n)] = self._eval(n, vals, f64, force=id(n) in keep)
+            try:
+                vals[id(n)] = self._eval(n, vals, f64, force=id(n) in keep)
+            except IndexError as e:   # a Gather index outside its axis (from an input or a constant)
+                raise IndexRangeError(str(e), op=n.op) from None
             if id(n) in keep:
                 kept[id(n)] = vals[id(n)]
             for s in n.srcs:
@@ -111,7 +118,7 @@ class ReferenceExecutor:
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             a, b = vals[id(m.srcs[0])], vals[id(m.srcs[1])]
-            return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64)
+            return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64, self.dot_operands)
         xs = [vals[id(s)] for s in n.srcs]
         if n.op == "Cast":
             if f64 and n.arg.is_float:
@@ -143,7 +150,7 @@ def checked_input(n: Node, inputs: dict) -> np.ndarray:
 
 
 def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DType,
-                           f64: bool) -> np.ndarray:
+                           f64: bool, dot_operands=None) -> np.ndarray:
     """``sum(a * b, axes, keepdims=True)`` without materializing ``a * b``.
 
     ``a`` and ``b`` have the same shape (the ``Mul`` rule). Broadcast dims (numpy stride 0) of each
@@ -169,6 +176,9 @@ def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DTy
     ca, sa = compact(a)
     cb, sb = compact(b)
     red = set(axes)
+    if dot_operands is not None and out_dtype.is_float:
+        ca = dot_operands(ca, tuple(i for i, ch in enumerate(sa) if letters.index(ch) in red))
+        cb = dot_operands(cb, tuple(i for i, ch in enumerate(sb) if letters.index(ch) in red))
     present = set(sa) | set(sb)
     out_sub = "".join(letters[k] for k in range(rank) if k not in red and letters[k] in present)
     with np.errstate(all="ignore"):

@@ -5,17 +5,45 @@ most expensive step of a compile. :class:`CheckPool` runs those checks in worker
 so they inherit the interpreter setting and the imported modules) while the main process goes on
 with the search; the measurer takes the result when it needs the verdict. A kernel travels as its
 serialized meaning (``lumc.ir.serialize``), inputs and outputs as numpy arrays.
+
+Workers die with their parent: each watches a pipe whose only write end the parent holds (EOF when
+the parent exits, however it exits: ``kill -9`` included) and its parent pid, and ends itself at
+once; they ignore SIGINT, so a Ctrl-C at the terminal reaches the parent alone (which closes the
+pool) and no worker prints a ``KeyboardInterrupt`` traceback.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
+import select
+import signal
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
 
 from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+
+
+_PARENT_POLL_S = 1.0   # how often a worker re-checks its parent pid beside the pipe
+
+
+def _die_with_parent(read_fd: int, write_fd: int, parent: int) -> None:
+    """Worker initializer: ignore SIGINT, and exit at once when the parent goes away (EOF on the
+    pipe, or a new parent pid when another forked process still holds the write end)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.close(write_fd)
+
+    def watch():
+        while True:
+            ready, _, _ = select.select([read_fd], [], [], _PARENT_POLL_S)
+            if (ready and not os.read(read_fd, 1)) or os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="lumc-parent-watch", daemon=True).start()
+    if os.getppid() != parent:     # the parent died before the thread started
+        os._exit(0)
 
 
 def _run_kernel(form: str, attrs: tuple, doc: bytes, npz: bytes, cfg: dict,
@@ -39,7 +67,10 @@ class CheckPool:
 
     def __init__(self, workers: int | None = None):
         n = workers or min(4, os.cpu_count() or 1)
-        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork"))
+        self._read_fd, self._write_fd = os.pipe()   # both close-on-exec; workers close the write end
+        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork"),
+                                         initializer=_die_with_parent,
+                                         initargs=(self._read_fd, self._write_fd, os.getpid()))
 
     def submit(self, kernel: Kernel, cfg: dict, ins: list[np.ndarray]) -> Future:
         """Run ``kernel`` at ``cfg`` on ``ins`` in a worker; the future gives its output arrays."""
@@ -50,8 +81,19 @@ class CheckPool:
     def close(self) -> None:
         """Stop now: queued checks are dropped and running ones killed (the deadline has passed
         or the compile is done; nothing waits for them)."""
-        procs = list(getattr(self._pool, "_processes", {}).values())
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
         self._pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             if p.is_alive():
                 p.terminate()
+        for p in procs:    # reap them now, so nothing of the pool is left running at exit
+            p.join(timeout=2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2.0)
+        for fd in (self._write_fd, self._read_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._write_fd = self._read_fd = -1

@@ -9,6 +9,7 @@ timing measured so far.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+
+from lumc.ir.errors import ArtifactError
 
 SCHEMA_VERSION = 1
 
@@ -53,18 +56,34 @@ class TuningDatabase:
 
     Args:
         path: database file; created with its folder if missing.
+    Raises:
+        ArtifactError: the cache folder cannot be created or written, or the path is a folder
+            (one line naming it; an unreadable database file is set aside instead).
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path is not None else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.recovered_from: Path | None = None
         self.hits = 0
         self.misses = 0
+        self.bad_rows = 0
+        self.write_failed = False
         try:
-            self._conn = self._open()
-        except sqlite3.DatabaseError as e:
-            self._conn = self._set_aside_and_rebuild(e)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not self.path.is_file():
+                raise ArtifactError(f"tuning database {self.path} is not a regular file; remove it "
+                                    "or set LUMC_CACHE_DIR to another folder")
+            try:
+                self._conn = self._open()
+            except sqlite3.DatabaseError as e:
+                self._conn = self._set_aside_and_rebuild(e)
+        except sqlite3.Error as e:   # still failing on a fresh file: the folder is the problem
+            raise ArtifactError(f"tuning database {self.path} cannot be opened ({e}); set "
+                                "LUMC_CACHE_DIR to a writable folder") from None
+        except OSError as e:
+            raise ArtifactError(f"cache dir {self.path.parent} cannot be used: "
+                                f"{e.strerror or e}; set LUMC_CACHE_DIR to a writable folder"
+                                ) from None
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
@@ -103,24 +122,64 @@ class TuningDatabase:
                 (key.kernel_hash, key.config, key.device, key.lumc_version, key.triton_version,
                  key.driver_version)).fetchone()
         except sqlite3.DatabaseError as e:
-            self._conn = self._set_aside_and_rebuild(e)
+            try:
+                self._conn = self._set_aside_and_rebuild(e)
+            except (sqlite3.Error, OSError) as e2:
+                self._warn_unwritable(e2)
             row = None
-        if row is None:
+        timing = None if row is None else self._valid_timing(key, row)
+        if timing is None:
             self.misses += 1
             return None
         self.hits += 1
-        return Timing(float(row[0]), bool(row[1]), bool(row[2]), row[3] or "")
+        return timing
+
+    def _valid_timing(self, key: TimingKey, row: tuple) -> Timing | None:
+        """The row as a Timing, or None (with one warning per database) when another program or a
+        damaged file left values no measurement gives: ``seconds`` not a number, NULL, negative or
+        NaN (or infinite for a passing kernel), flags other than 0/1, a note that is not text."""
+        seconds, ok, simulated, note = row
+        bad = None
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            bad = f"seconds is {'NULL' if seconds is None else type(seconds).__name__}"
+        elif not seconds >= 0 or (ok == 1 and not math.isfinite(seconds)):
+            bad = f"seconds is {seconds!r}"
+        elif ok not in (0, 1) or simulated not in (0, 1) or isinstance(ok, float) \
+                or isinstance(simulated, float):
+            bad = f"ok/simulated are {ok!r}/{simulated!r}, not 0 or 1"
+        elif note is not None and not isinstance(note, str):
+            bad = f"note is {type(note).__name__}"
+        if bad is None:
+            return Timing(float(seconds), bool(ok), bool(simulated), note or "")
+        self.bad_rows += 1
+        if self.bad_rows == 1:
+            warnings.warn(f"lumc: tuning database {self.path} has invalid rows (kernel "
+                          f"{key.kernel_hash[:12]}: {bad}); ignoring them, they will be re-measured",
+                          RuntimeWarning, stacklevel=3)
+        return None
 
     def put(self, key: TimingKey, timing: Timing) -> None:
         """Store (or replace) a timing; committed at once."""
         args = (key.kernel_hash, key.config, key.device, key.lumc_version, key.triton_version,
                 key.driver_version, float(timing.seconds), int(timing.ok), int(timing.simulated),
                 timing.note, time.time())
+        sql = "INSERT OR REPLACE INTO timings VALUES (?,?,?,?,?,?,?,?,?,?,?)"
         try:
-            self._conn.execute("INSERT OR REPLACE INTO timings VALUES (?,?,?,?,?,?,?,?,?,?,?)", args)
+            self._conn.execute(sql, args)
+        except sqlite3.OperationalError as e:   # read-only or locked: keep compiling without it
+            self._warn_unwritable(e)
         except sqlite3.DatabaseError as e:
-            self._conn = self._set_aside_and_rebuild(e)
-            self._conn.execute("INSERT OR REPLACE INTO timings VALUES (?,?,?,?,?,?,?,?,?,?,?)", args)
+            try:
+                self._conn = self._set_aside_and_rebuild(e)
+                self._conn.execute(sql, args)
+            except (sqlite3.Error, OSError) as e2:
+                self._warn_unwritable(e2)
+
+    def _warn_unwritable(self, err: Exception) -> None:
+        if not self.write_failed:
+            warnings.warn(f"lumc: tuning database {self.path} cannot be written ({err}); timings of "
+                          "this compile are not kept", RuntimeWarning, stacklevel=4)
+        self.write_failed = True
 
     def info(self) -> dict:
         """Path, size in bytes, row count, and rows per device."""

@@ -58,3 +58,9 @@ class BudgetError(LumcError):
 
 class ArtifactError(LumcError):
     """A saved artifact or cache is corrupt, foreign, or from an incompatible version."""
+
+
+class IndexRangeError(InputError, ModelError):
+    """An index (``Gather``'s) lies outside its axis at run time. It comes from an input or from
+    a model constant (then it is found while folding, at import): both an input and a model error.
+    """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lumc.compiler.onnx_frontend.registry import OpContext, handler, lib
+from lumc.ir.errors import ModelError
 
 _COMMON = ("hidden_size", "direction", "activations", "activation_alpha", "activation_beta", "clip",
            "layout")
@@ -15,5 +16,7 @@ def _recurrent(ctx: OpContext):
     op = ctx.node.op_type
     args = [ctx.opt(i) for i in range(_N_INPUTS[op])]
     kw = {k: ctx.attr(k) for k in _COMMON + _EXTRA[op] if k in ctx.attrs}
-    kw.setdefault("hidden_size", None)
+    if "hidden_size" not in kw:   # optional in the schema, required by onnxruntime: refused alike
+        raise ModelError("attribute 'hidden_size' is missing (onnxruntime requires it)",
+                         node=ctx.node.name or None, op=op)
     return list(lib(f"recurrent.{op.lower()}")(*args, **kw))

@@ -77,8 +77,10 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
     """
     if isinstance(src, onnx.ModelProto):
         model = src
+        check_model_valid(model, "the model")
     elif isinstance(src, (bytes, bytearray, memoryview)):
         model = _parse(bytes(src), "model bytes")
+        check_model_valid(model, "model bytes")
     elif isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
         if not os.path.exists(path):
@@ -91,6 +93,7 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
         except OSError as e:
             raise ModelError(f"cannot read model file {path!r}: {e.strerror}") from None
         model = _parse(data, f"model file {path!r}")
+        check_model_valid(model, f"model file {path!r}")  # before external data: a small proto
         base = os.path.dirname(os.path.abspath(path))
         _check_external_files(model, base, path)
         try:
@@ -108,6 +111,39 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
         except Exception as e:  # onnx raises its C++ errors as plain exceptions
             raise ModelError(f"cannot inline the model's local functions: {e}") from None
     return model
+
+
+def check_model_valid(model: onnx.ModelProto, what: str = "the model") -> None:
+    """Validate ``model`` as onnxruntime would before running it: ``onnx.checker.check_model``
+    (IR version, opset imports, every node against its op schema: input and output counts,
+    required attributes, attribute types; graph topology) and declared dims >= 0.
+
+    Raises:
+        ModelError: one line with the checker's reason and the node it names.
+    """
+    for vi in (*model.graph.input, *model.graph.output, *model.graph.value_info):
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is not None and tt.HasField("shape"):
+            for k, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    raise ModelError(f"{what} is invalid: value {vi.name!r} declares dim {k} as "
+                                     f"{d.dim_value}; dims are >= 0")
+    # the checker demands a shape on every graph input and output, onnxruntime does not: lend an
+    # empty one for the check and take it back (no copy of a model that may hold its weights)
+    lent = [vi.type.tensor_type for vi in (*model.graph.input, *model.graph.output)
+            if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
+    for tt in lent:
+        tt.shape.SetInParent()
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        reason = " ".join(str(e).replace("==> Context:", ";").split())
+        raise ModelError(f"{what} is invalid (onnx.checker): {reason[:400]}") from None
+    except ValueError:   # a proto over protobuf's 2 GB limit: it cannot be checked in memory
+        pass
+    finally:
+        for tt in lent:
+            tt.ClearField("shape")
 
 
 def _tensors(graph: onnx.GraphProto):
