@@ -125,6 +125,8 @@ class CompiledModel:
         arrays, _ = self._bind((inputs,), {})
         if self.torch_device.startswith("cuda"):
             from lumc.compiler.gpu_plan import GpuPlan
+            from lumc.compiler.targets import set_current_device
+            set_current_device(self.torch_device)     # cuda:N: its kernels launch there
             if self._gpu_plan is None:
                 self._gpu_plan = GpuPlan(self)
             return self._gpu_plan.run_numpy(arrays)
@@ -171,6 +173,8 @@ class CompiledModel:
         lines.append(f"total: {len(r.get('per_kernel', []))} kernels, "
                      f"time {bt * 1e6:.2f} us" if bt is not None else "total: untimed")
         lines[-1] += f", bound {r.get('bound_time_s', 0) * 1e6:.2f} us"
+        if r.get("unused_inputs"):
+            lines.append("unused inputs (accepted, read by nothing): " + ", ".join(r["unused_inputs"]))
         return "\n".join(lines)
 
     # ---- artifacts -------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumc.backends.extern import extern_bound, extern_configs, is_extern, simulate_extern_time
+from lumc.backends.precision import dot_rounding
+from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.program import KernelCall
@@ -80,6 +82,38 @@ def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
         return 0.0
     scale = max(float(np.abs(r[fin]).max()), np.finfo(np.float32).tiny)
     return float(np.abs(g[fin] - r[fin]).max() / scale)
+
+
+# dots the Triton interpreter computes as a GPU would (its tf32 is exact fp32, within tolerance)
+INTERPRETER_EXACT_DOTS = ("ieee", "tf32x3", "tf32", "fp16")
+# how far a reduced-precision kernel may be from its numpy emulation (lumc.backends.precision):
+# the summation order, plus for tf32 the hardware's own operand rounding (1 tf32 ulp, 2^-10) and
+# for fp8 Hopper's reduced-precision accumulation inside one MMA (DeepSeek-V3, arXiv:2412.19437
+# section 3.3.2: about 14 bits)
+PRECISION_CHECK_RTOL = {"tf32": 2e-3, "bf16": 1e-3, "fp16": 1e-3, "fp8": 2e-2}
+
+
+def precision_variants(cfgs: list, tk, spec) -> list:
+    """Triton contraction configs at every operand precision the compile's policy allows
+    (``spec.dot_precisions``; the first allowed precision is the default), the default config's
+    variants first; configs of kernels without a ``tl.dot`` are returned as they are. fp8 needs
+    ``BLOCK_K >= 32`` (the e4m3 MMA's K step on Hopper)."""
+    from lumc.backends.triton import configs as cf
+    problem = tk.rendered.problem if tk is not None else {}
+    d = problem.get("dot_dtype")
+    if not cfgs or d is None:
+        return cfgs
+    from lumc.backends.triton.dot_precision import ATTENTION_RENDERABLE, RENDERABLE
+    table = ATTENTION_RENDERABLE if tk.rendered.config_space == "attention" else RENDERABLE
+    allowed = [p for p in spec.dot_precisions.get(d, (cf.DEFAULT_PRECISION[d],)) if p in table[d]]
+    allowed = allowed or [cf.DEFAULT_PRECISION[d]]
+
+    def ok(c, p):
+        return p != "fp8" or dict(c.blocks).get("BLOCK_K", 32) >= 32
+
+    first = [cf.with_precision(cfgs[0], problem, p) for p in allowed if ok(cfgs[0], p)]
+    rest = [cf.with_precision(c, problem, p) for c in cfgs[1:] for p in allowed if ok(c, p)]
+    return list(dict.fromkeys(first + rest)) or [cf.with_precision(cfgs[0], problem, allowed[0])]
 
 
 def ordered_configs(kernel: Kernel, tk, spec) -> list:
@@ -161,6 +195,7 @@ class KernelMeasurer:
             from lumc.compiler.extern import ExternConfig
             ext = [ExternConfig(c["IMPL"], c.get("PRECISION"))
                    for c in extern_configs(call.kernel, self.target.spec)]
+            triton_cfgs = precision_variants(triton_cfgs, e.triton, self.target.spec)
             e.configs = triton_cfgs[:1] + ext + triton_cfgs[1:] or [None]
             self.entries[key] = e
         return key
@@ -188,6 +223,10 @@ class KernelMeasurer:
         ins = [x if x is not None else (n.arg.value if n.op == "Constant" else None)
                for x, n in zip(ins, e.call.inputs)]
         return None if any(x is None for x in ins) else ins
+
+    def runnable(self, key: str) -> bool:
+        """False when the kernel has no config that can run (not renderable, no extern)."""
+        return self.entries[key].configs != [None]
 
     def n_configs(self, key: str) -> int:
         return len(self.entries[key].configs)
@@ -227,7 +266,7 @@ class KernelMeasurer:
         if extern:
             ok, note = self._check(e, index, cfg_obj)      # torch on the CPU: fast, every config
         elif self.target.simulated:
-            ok, note = self._check_once(e)
+            ok, note = self._check_once(e, (cfg_obj.kwargs() if cfg_obj else {}).get("PRECISION"))
         else:
             ok, note = self._check(e, index, cfg_obj)
         if note.startswith("error: no budget"):
@@ -264,26 +303,37 @@ class KernelMeasurer:
         self.db.put(self._db_key(key, index), Timing(seconds, True, False, "re-timed"))
         return Measurement(seconds)
 
-    def _check_once(self, e: KernelEntry) -> tuple[bool, str]:
-        """The per-kernel numerics verdict on ``sim:*`` (memoized here and in the database)."""
-        if e.key in self._verdicts:
-            return self._verdicts[e.key]
-        dbk = TimingKey(e.key, "numerics-check", self.target.name, self.versions["lumc"],
-                        self.versions["triton"], self.versions["driver"])
+    def _check_once(self, e: KernelEntry, precision: str | None = None) -> tuple[bool, str]:
+        """The numerics verdict on ``sim:*`` of a kernel at one operand precision (memoized here
+        and in the database). The Triton interpreter's bf16 and fp8 dots are wrong (its bf16
+        arithmetic truncates, its fp8 products are not exact), so a ``bf16`` or ``fp8`` config is
+        checked at the kernel's exact precision, which runs the same source but for the dot's
+        operand casts; the reduced-precision dot itself is emulated in numpy
+        (``lumc.backends.precision``) by the CPU executor and measured by the quality gate."""
+        from lumc.backends.triton import configs as cf
+        problem = e.triton.rendered.problem
+        default = cf.DEFAULT_PRECISION.get(problem.get("dot_dtype") or "", None)
+        p = precision if precision in INTERPRETER_EXACT_DOTS else default
+        vkey = e.key if p == default else f"{e.key}:{p}"
+        if vkey in self._verdicts:
+            return self._verdicts[vkey]
+        dbk = TimingKey(e.key, "numerics-check" if p == default else f"numerics-check:{p}",
+                        self.target.name, self.versions["lumc"], self.versions["triton"],
+                        self.versions["driver"])
         hit = self.db.get(dbk)
         if hit is not None:
             verdict = (hit.ok, hit.note)
             e.max_error = hit.seconds        # the row keeps the check's max rel error
         else:
             # the interpreter's cost is per program and per op: check at its big-tile config
-            cfg = e.triton.run_config()
-            ok, note = self._check(e, -1, cfg)
+            cfg = cf.with_precision(e.triton.run_config(), problem, p)
+            ok, note = self._check(e, -1 if p == default else -2, cfg)
             verdict = (ok, note + f" (at {cfg}, CPU interpreter)")
             if note.startswith("error: no budget"):
                 return verdict          # not a verdict on the kernel: not remembered
             if ok or note.startswith("rejected"):
                 self.db.put(dbk, Timing(e.max_error, ok, True, verdict[1]))
-        self._verdicts[e.key] = verdict
+        self._verdicts[vkey] = verdict
         return verdict
 
     def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
@@ -326,15 +376,25 @@ class KernelMeasurer:
             return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         from lumc.backends.triton.launch import to_numpy
         worst = 0.0
+        rounding = None if extern else dot_rounding(cfg.kwargs() if cfg is not None else None)
+        if rounding is not None and self.target.simulated:
+            rounding = None if cfg.kwargs()["PRECISION"] == "tf32" else rounding  # interpreter: exact
+        p_tol = 0.0
+        if rounding is not None:
+            # a reduced-precision dot is judged against its meaning with the same operand rounding
+            feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
+            emu = ReferenceExecutor(e.kernel.meaning, dot_operands=rounding)(feed)
+            refs = [emu[k] for k in e.kernel.meaning.outputs]
+            p_tol = PRECISION_CHECK_RTOL[cfg.kwargs()["PRECISION"]]
         for o, r, n in zip(outs, refs, call.outputs):
             got = o if isinstance(o, np.ndarray) else to_numpy(o)   # pool results are numpy
             if n.dtype.is_float:
                 err = max_rel_error(got, r)
-                tol = dt.rtol_for(n.dtype)
+                tol = max(dt.rtol_for(n.dtype), p_tol)
             else:
                 err = 0.0 if np.array_equal(got, r) else float("inf")
                 tol = 0.0
-            if err > tol and n.dtype.is_float:
+            if err > tol and n.dtype.is_float and rounding is None:
                 # the fp32 reference rounds too (numpy sums naively along strided axes): judge the
                 # kernel against its meaning in float64 before rejecting it
                 err = max_rel_error(got, self._f64_reference(e, ins)[n_index(call, n)])

@@ -26,7 +26,7 @@ from lumc.backends.extern import impl_of
 from lumc.compiler.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.program import Program, run_program_reference
 from lumc.compiler.search import SearchResult, run_search
-from lumc.compiler.targets import Target, resolve_target, versions, with_measured_ceilings
+from lumc.compiler.targets import Target, fork_safe, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.tuning_db import TuningDatabase
 from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph
@@ -341,7 +341,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         log: list[str] = []
         measurer = KernelMeasurer(target, db, ver, values, log)
         measurer.deadline = deadline
-        if target.simulated and (os.cpu_count() or 1) > 1 and not deadline.expired():
+        if target.simulated and (os.cpu_count() or 1) > 1 and not deadline.expired() \
+                and fork_safe():
             from lumc.compiler.check_pool import CheckPool
             measurer.pool = CheckPool()
         keys = [[measurer.add(c) for c in p.calls] for p in programs]
@@ -354,7 +355,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                                 on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
                                 config_bounds=measurer.bound,
                                 before_candidate=lambda i: measurer.prefetch(keys[i]),
-                                remeasure=measurer.remeasure)
+                                remeasure=measurer.remeasure, runnable=measurer.runnable)
         finally:
             if measurer.pool is not None:
                 measurer.pool.close()
@@ -440,6 +441,13 @@ def _store_plan(path, cm: CompiledModel) -> None:
         pass                              # a read-only cache must not fail the compile
 
 
+def unused_inputs(graph: Graph) -> list[str]:
+    """Names of the graph inputs no output depends on (an input whose uses constant folding
+    removed, such as one read only by ``Shape``), in model order."""
+    reached = {id(n) for n in graph.nodes()}
+    return [k for k, n in graph.inputs.items() if id(n) not in reached]
+
+
 def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult, measurer, bounds,
                  target, budget_s, deadline, egraph_stats, max_err, use_egraph, db, log) -> dict:
     """The ``--report`` JSON (see the issue for the field list)."""
@@ -479,4 +487,6 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
         "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},
         "outputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.outputs.items()},
+        # inputs that feed no output once constant folding is done: still accepted at call time
+        "unused_inputs": unused_inputs(graph),
     }

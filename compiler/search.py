@@ -71,7 +71,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                retime_top: int = 3, on_progress: Callable[[SearchStats, float, float], None] | None = None,
                config_bounds: Callable[[Hashable, int], float] | None = None,
                before_candidate: Callable[[int], None] | None = None,
-               remeasure: Callable[[Hashable, int], Measurement] | None = None) -> SearchResult:
+               remeasure: Callable[[Hashable, int], Measurement] | None = None,
+               runnable: Callable[[Hashable], bool] | None = None) -> SearchResult:
     """Choose the fastest candidate within the deadline (see module docstring).
 
     Args:
@@ -93,6 +94,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             starts that candidate's numerics checks in a process pool).
         remeasure: like ``measure`` but timing again rather than reading a memoized time, for the
             final re-time of the top programs (default: ``measure``).
+        runnable: ``kernel key -> bool``, False for a kernel with no config that can run (Triton
+            cannot render it and no extern applies); the untimed fallback skips candidates holding one.
     """
     stats = SearchStats()
     n = len(candidates)
@@ -250,8 +253,10 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         return SearchResult(chosen, {k: best_cfg[k] for k in candidates[chosen]}, best[0],
                             cand_bound[chosen], {k: best_t[k] for k in candidates[chosen]}, stats,
                             dict(prog_time))
-    # nothing measured: the best-bound candidate, untimed, default configs
+    # nothing measured: the best-bound candidate that can run, untimed, default configs
     chosen = order[0] if order else 0
+    if runnable is not None:
+        chosen = next((i for i in order if all(runnable(k) for k in candidates[i])), chosen)
     if out_of_time:
         stats.stopped_because = "budget (nothing timed: best-bound candidate returned untimed)"
     else:

@@ -62,8 +62,33 @@ def resolve_target(device: str | None) -> Target:
             raise LumcError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
         gpu = torch.cuda.get_device_name(idx)
         key = "h200" if "H200" in gpu else "h100-sxm"
+        set_current_device(f"cuda:{idx}")     # cuda:N > 0: allocation, launch and timing there
         return Target(f"cuda:{idx} {gpu}", get_device(key), False, f"cuda:{idx}")
     raise LumcError(f"unknown device {device!r}; use cuda[:N], sim:h100 or sim:h200")
+
+
+def fork_safe() -> bool:
+    """True when worker processes may be forked: kernels run in the Triton interpreter (no GPU
+    here) and CUDA has not been initialized in this process. A child forked after CUDA was touched
+    cannot use it (CUDA's rule; torch raises "Cannot re-initialize CUDA in forked subprocess"), so
+    on a machine with a GPU a ``sim:*`` compile checks kernels in-process, on the GPU."""
+    import sys
+    from lumc.backends.triton.launch import interpreter_mode
+    if not interpreter_mode():
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        return not (torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def set_current_device(torch_device: str) -> None:
+    """Make ``cuda:N`` the current CUDA device (allocation and launches that name plain ``cuda``,
+    Triton's launcher, events); nothing for ``cpu``."""
+    if torch_device.startswith("cuda"):
+        import torch
+        torch.cuda.set_device(torch.device(torch_device))
 
 
 _SOURCE_HASH: str | None = None
@@ -109,7 +134,7 @@ def versions(gpu: bool | None = None) -> dict[str, str]:
     if gpu is not False and _cuda_available():
         import torch
         out["driver"] = str(torch.version.cuda) + "/" + ".".join(
-            map(str, torch.cuda.get_device_capability(0)))
+            map(str, torch.cuda.get_device_capability()))   # the current device (cuda:N)
     return out
 
 
