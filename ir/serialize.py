@@ -71,6 +71,9 @@ def graph_to_bytes(graph: Graph) -> tuple[bytes, bytes, dict[int, int]]:
         list, so callers (plans) can refer to nodes by position.
     """
     order = graph.nodes()
+    reached = {id(n) for n in order}
+    # an input that feeds nothing (folded away) is still part of the signature: keep it first
+    order = [n for n in graph.inputs.values() if id(n) not in reached] + order
     index = {id(n): k for k, n in enumerate(order)}
     consts: list[np.ndarray] = []
     nodes = [{"op": n.op, "srcs": [index[id(s)] for s in n.srcs], "arg": _arg_to_json(n.arg, consts)}
