@@ -22,6 +22,7 @@ from lumc.rewrites.schedule import Limits, RunStats, Saturator, total_stats
 
 from lumc.compiler.extract import (CostModel, EGraphView, FormRecord, alternatives, choose,
                                    decode)
+from lumc.compiler.constfold import fold_constants
 from lumc.compiler.fusion import greedy_program
 from lumc.compiler.partition import Region, partition
 from lumc.compiler.program import Program, program_time_bound
@@ -163,6 +164,7 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     best estimated time first (see the module docstring)."""
     dev = get_device(device) if isinstance(device, str) else device
     ceil = dev.as_ceilings()
+    graph = fold_constants(graph)
     itemsize, dname = _dominant_itemsize(graph)
     cost = CostModel(ceil, itemsize, dname)
     t0 = time.perf_counter()

@@ -50,8 +50,12 @@ def partition(graph: Graph, max_ops: int = 400, min_ops: int | None = None) -> l
     """Cut ``graph`` into regions of at most about ``max_ops`` compute nodes.
 
     Each cut lies between ``min_ops`` (default ``max_ops // 2``) and ``max_ops`` nodes after the
-    previous one, at the position with the smallest live set (the last such on ties).
+    previous one, at the position with the smallest live set (the last such on ties). A live value
+    that greedy fusion would not write to memory (the centred input inside a layer norm) counts
+    twice: a cut there splits a row kernel the e-graph could otherwise recognize whole.
     """
+    from lumc.compiler.fusion import GreedyFusion
+    realized = GreedyFusion(graph).realized
     order = graph.nodes()
     compute = [n for n in order if _is_compute(n)]
     if min_ops is None:
@@ -72,8 +76,9 @@ def partition(graph: Graph, max_ops: int = 400, min_ops: int | None = None) -> l
     for n in compute:
         i, j = pos[id(n)], last_use.get(id(n), pos[id(n)])
         if j > i:
-            delta[i] += 1
-            delta[j] -= 1
+            w = 1 if id(n) in realized else 2
+            delta[i] += w
+            delta[j] -= w
     live, acc = [], 0
     for i in range(len(compute)):
         acc += delta[i]

@@ -1,0 +1,62 @@
+"""Constant folding before the e-graph: small input-independent values become constants.
+
+Exporters compute index tensors from constants at run time: torch.export writes BERT's mask
+preparation as ``where(arange < 0, arange + 128, arange)`` and a gather of the mask by it, two tiny
+kernels before the first attention. Folded, the index is a constant; a gather of a 1-D table by
+the constant ``arange(n)`` is the table itself (a reshape), so the mask reaches the attention
+kernel as a view of the model input, and the attention form reads it in its prologue.
+
+* A compute node whose leaves are all constants (no ``Input``) and that has at most
+  :data:`MAX_FOLD_ELEMS` elements is evaluated with the reference executor and replaced by a
+  constant. Larger ones (a broadcast scalar expanded to a whole tensor) stay as they are: folding
+  would only add bytes to read.
+* ``Gather(t, idx, 0)`` with ``t`` 1-D and a constant ``idx`` equal to ``arange(len(t))`` along its
+  flattened order is ``reshape(t, idx.shape)``.
+Both are exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.ir.graph import Graph, Node, const_node, node
+from lumc.ir.tensor import Tensor
+
+MAX_FOLD_ELEMS = 1 << 16
+
+
+def _identity_gather(table: Node, idx: np.ndarray) -> bool:
+    return (len(table.shape) == 1 and idx.size == table.shape[0]
+            and np.array_equal(idx.reshape(-1), np.arange(table.shape[0])))
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """``graph`` with small constant sub-expressions folded and identity gathers removed (see the
+    module docstring); the same graph object when nothing changes."""
+    new: dict[int, Node] = {}
+    constant: dict[int, bool] = {}
+    changed = False
+    for n in graph.nodes():
+        srcs = tuple(new[id(s)] for s in n.srcs)
+        if n.op in ("Constant", "Iota"):
+            constant[id(n)] = True
+            new[id(n)] = n
+            continue
+        if n.op == "Input":
+            constant[id(n)] = False
+            new[id(n)] = n
+            continue
+        is_const = all(constant[id(s)] for s in n.srcs)
+        x = n if srcs == n.srcs else node(n.op, srcs, n.arg)
+        if is_const and n.op != "View" and n.numel <= MAX_FOLD_ELEMS:
+            val = ReferenceExecutor(Graph({}, {"v": x}))({})["v"]
+            x = const_node(np.ascontiguousarray(val).astype(n.dtype.np, copy=False))
+        elif n.op == "Gather" and int(n.arg) == 0 and srcs[1].op == "Constant" and \
+                _identity_gather(srcs[0], srcs[1].arg.value):
+            x = Tensor(srcs[0]).reshape(n.shape).node
+        constant[id(n)] = is_const
+        changed |= x is not n
+        new[id(n)] = x
+    if not changed:
+        return graph
+    return Graph(graph.inputs, {k: new[id(o)] for k, o in graph.outputs.items()})
