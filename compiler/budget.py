@@ -29,7 +29,8 @@ def parse_duration(text: str | float | int) -> float:
         s = str(text).strip().lower()
         if s.startswith("-"):
             raise BudgetError(f"budget {text!r} must be positive")
-        parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)?", s)
+        # ASCII digits only: float() would read '١٠' as 10, but a budget is written in 0-9
+        parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)?", s, flags=re.ASCII)
         rebuilt = "".join(a + (u or "") for a, u in parts)
         if not parts or rebuilt != s.replace(" ", "") or (len(parts) > 1 and not all(u for _, u in parts)):
             raise BudgetError(f"budget {text!r} is not a duration; write e.g. 90s, 30m or 1h")

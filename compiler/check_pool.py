@@ -13,6 +13,7 @@ pool) and no worker prints a ``KeyboardInterrupt`` traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import select
@@ -25,8 +26,27 @@ import numpy as np
 from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
 
-
 _PARENT_POLL_S = 1.0   # how often a worker re-checks its parent pid beside the pipe
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold Ctrl-C while the executor forks: a KeyboardInterrupt raised inside ``os.fork``'s
+    at-fork hooks is swallowed by Python (the parent would go on as if nothing happened) and one
+    in a just-forked child prints a traceback. A SIGINT that arrives meanwhile is re-sent to this
+    process once the fork is done, so the handler in force before (the CLI's) sees it as usual.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _die_with_parent(read_fd: int, write_fd: int, parent: int) -> None:
@@ -75,8 +95,9 @@ class CheckPool:
     def submit(self, kernel: Kernel, cfg: dict, ins: list[np.ndarray]) -> Future:
         """Run ``kernel`` at ``cfg`` on ``ins`` in a worker; the future gives its output arrays."""
         doc, npz, _ = graph_to_bytes(kernel.meaning)
-        return self._pool.submit(_run_kernel, kernel.form, kernel.attrs, doc, npz, cfg,
-                                 [np.asarray(x) for x in ins])
+        with _interrupts_deferred():    # the executor forks its workers on demand, inside submit
+            return self._pool.submit(_run_kernel, kernel.form, kernel.attrs, doc, npz, cfg,
+                                     [np.asarray(x) for x in ins])
 
     def close(self) -> None:
         """Stop now: queued checks are dropped and running ones killed (the deadline has passed
@@ -91,6 +112,9 @@ class CheckPool:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=2.0)
+        manager = getattr(self._pool, "_executor_manager_thread", None)
+        if manager is not None:   # it sees the workers gone and ends; joined so exit finds it done
+            manager.join(timeout=5.0)
         for fd in (self._write_fd, self._read_fd):
             try:
                 os.close(fd)

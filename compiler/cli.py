@@ -21,9 +21,13 @@ import math
 import os
 import pathlib
 import re
+import signal
 import sys
+import threading
 import time
 import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass
 
 import click
@@ -35,7 +39,8 @@ from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError, LumcError
 
 _TINY = np.finfo(np.float32).tiny  # floor of the rel-error denominator: an all-zero reference
-_DIMS = re.compile(r"^\d+(x\d+)*$")
+_DIMS = re.compile(r"^\d+(x\d+)*$", re.ASCII)   # ASCII digits only: no '١x٢'
+SEED = click.IntRange(min=0)   # numpy.random.default_rng takes any integer >= 0
 
 
 class _LumcGroup(click.Group):
@@ -74,6 +79,13 @@ def caused_by_interrupt(err: BaseException) -> bool:
     return False
 
 
+def nonempty_path(ctx, param, value):
+    """click callback: a path option given as ``''`` is refused (instead of meaning 'not given')."""
+    if value is not None and not str(value).strip():
+        raise click.BadParameter("an empty path; give a file name", ctx=ctx, param=param)
+    return value
+
+
 def _fail(ctx: click.Context, message: str):
     click.echo(f"lumc: error: {' '.join(message.split())}", err=True)
     ctx.exit(2)
@@ -88,7 +100,31 @@ def cli():
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``lumc = lumc.compiler.cli:main``)."""
     warnings.showwarning = _show_warning
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _first_interrupt)
     cli.main(args=argv, prog_name="lumc")
+
+
+_EXIT_AFTER_INTERRUPT_S = 20.0   # cleanup after Ctrl-C is bounded (the pool's joins take <= 9 s)
+
+
+def _first_interrupt(signum, frame):
+    """SIGINT handler of the CLI: the first Ctrl-C raises KeyboardInterrupt (turned into one error
+    line); later ones are ignored, so they cannot interrupt the cleanup or the error line with a
+    traceback. A watchdog ends the process with status 2 if the cleanup ever stalls."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watchdog():
+        time.sleep(_EXIT_AFTER_INTERRUPT_S)
+        try:
+            sys.stderr.write("lumc: error: interrupted (Ctrl-C); cleanup did not finish, "
+                             "stopping now\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(2)
+
+    threading.Thread(target=watchdog, name="lumc-interrupt-watchdog", daemon=True).start()
+    raise KeyboardInterrupt
 
 
 _show_warning_default = warnings.showwarning
@@ -215,7 +251,7 @@ def _load_arrays(npz: str | None, pairs: tuple[str, ...]) -> dict[str, np.ndarra
             raise InputError(f"--inputs {npz}: no such file") from None
         except OSError as err:
             raise InputError(f"--inputs {npz}: cannot read: {err.strerror or err}") from None
-        except (ValueError, EOFError):
+        except (ValueError, EOFError, zipfile.BadZipFile):
             raise InputError(f"--inputs {npz}: not an .npz archive (or it is truncated)") from None
         if not isinstance(f, np.lib.npyio.NpzFile):
             raise InputError(f"--inputs {npz}: is a .npy array, not an .npz archive; give it with "
@@ -223,7 +259,8 @@ def _load_arrays(npz: str | None, pairs: tuple[str, ...]) -> dict[str, np.ndarra
         try:
             with f:
                 arrays.update({k: f[k] for k in f.files})
-        except (OSError, ValueError, EOFError) as err:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error,
+                NotImplementedError) as err:
             raise InputError(f"--inputs {npz}: an array in it cannot be read "
                              f"({type(err).__name__})") from None
     for item in pairs:
@@ -380,9 +417,10 @@ output path.
 @click.option("--input", "input_pairs", multiple=True, metavar="NAME=FILE.npy",
               help="An input array from a .npy file (repeatable).")
 @click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), metavar="FILE.npz",
+              callback=nonempty_path,
               help="Input arrays from an .npz keyed by input name.")
 @click.option("--random", "use_random", is_flag=True, help="Random values for inputs not given.")
-@click.option("--seed", default=0, show_default=True, help="Seed for --random.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed for --random (>= 0).")
 @click.option("--shape", "shape_items", multiple=True, metavar="NAME=DxD...",
               help="Shape of an input (x=1x3x64x64) or value of a dynamic dim (batch_size=2).")
 @click.option("--check", is_flag=True, help="Compare every output with onnxruntime.")
@@ -390,6 +428,7 @@ output path.
               help="Max rel error allowed by --check for float outputs, >= 0 (default: by dtype, "
                    "f32 1e-4, f16 1e-2, bf16 4e-2, f64 1e-10).")
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), metavar="OUT.npz",
+              callback=nonempty_path,
               help="Write the outputs to an .npz keyed by output name.")
 @click.option("--backend", type=click.Choice(["reference", "triton"]), default="reference",
               show_default=True, help="reference: the numpy executor; triton: greedy-fused kernels "

@@ -19,7 +19,7 @@ import tempfile
 import click
 
 from lumc.compiler.artifact import check_writable, looks_like_artifact, refuse_same_file, write_atomic
-from lumc.compiler.cli import cli
+from lumc.compiler.cli import SEED, cli, nonempty_path
 from lumc.ir.errors import LumcError
 
 
@@ -117,6 +117,7 @@ time ratios; on the CPU also Inductor's kernel count and bytes accessed beside l
 @cli.command("bench", help=_BENCH_HELP)
 @click.argument("target", type=click.Path(dir_okay=False))
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), metavar="OUT.json",
+              callback=nonempty_path,
               help="Write the bench document (device, versions, artifact hash, per-kernel and "
                    "end-to-end figures).")
 @click.option("--compare", "baseline", type=click.Path(dir_okay=False), metavar="BASELINE.json",
@@ -132,10 +133,11 @@ time ratios; on the CPU also Inductor's kernel count and bytes accessed beside l
 @click.option("--shape", "shape_items", multiple=True, metavar="NAME=DxD...",
               help="Input shape or dynamic dim when TARGET is a model (repeatable).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="OUT.png",
+              callback=nonempty_path,
               help="Also draw the roofline chart of these times.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, metavar="N",
               help="CPU threads of the torch and onnxruntime rivals (default: theirs).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random inputs (>= 0).")
 @click.option("--quiet", is_flag=True, help="No compile progress display.")
 def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, device, shape_items,
               plot_path, threads, seed, quiet):
@@ -207,6 +209,7 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
 @cli.command("inspect")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="OUT.png",
+              callback=nonempty_path,
               help="Draw every kernel on the device's roofline (PNG).")
 def inspect_cmd(artifact, plot_path):
     """Print the per-kernel table of a compiled ARTIFACT and draw its roofline chart."""

@@ -16,7 +16,7 @@ import click
 from lumc.compiler.artifact import (check_writable, looks_like_artifact, refuse_same_file,
                                     write_atomic)
 from lumc.compiler.budget import parse_duration
-from lumc.compiler.cli import _parse_shapes, cli
+from lumc.compiler.cli import _parse_shapes, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
 _COMPILE_HELP = """Compile MODEL (an .onnx file) into the fastest correct program lumc finds within
@@ -56,13 +56,14 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @cli.command("compile", help=_COMPILE_HELP)
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--budget", "budget", required=True, metavar="DURATION", help="e.g. 90s, 30m, 1h")
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False),
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), callback=nonempty_path,
               help="artifact path (default: MODEL with .lumc)")
 @click.option("--device", default=None, help="cuda[:N], sim:h100 or sim:h200 (default: first GPU, "
               "else sim:h200)")
 @click.option("--shape", "shape_items", multiple=True, metavar="NAME=DIMS",
               help="an input's shape (x=1x3x224x224) or a dynamic dim (batch_size=2); repeatable")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="write the report JSON")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), callback=nonempty_path,
+              help="write the report JSON")
 @click.option("--no-egraph", is_flag=True, help="greedy fusion only (the ablation baseline)")
 @click.option("--quiet", is_flag=True, help="no progress display")
 def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, quiet):
