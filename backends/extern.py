@@ -10,7 +10,8 @@ kernel), so the search times, checks and stores it exactly like a Triton config
 
 Which implementations apply follows the kernel's meaning, never a model pattern:
 
-* ``cublas``: the meaning holds at least one contraction ``SumReduce(Mul(a, b))``;
+* ``cublas``: the meaning holds at least one contraction ``SumReduce(Mul(a, b))`` that is a
+  matrix or matrix-vector product (:func:`vendor_contractions`);
 * ``sdpa``: the kernel is an ``attention`` form (two contractions around one softmax) whose
   score function is affine in the scores (scale, additive bias, masks through ``Where``), which
   ``lumc.compiler.extern`` verifies numerically before it accepts the config.
@@ -67,12 +68,16 @@ def _contractions(kernel: Kernel) -> list:
     return find_contractions(kernel.meaning.nodes())
 
 
+def vendor_contractions(kernel: Kernel) -> list:
+    """The contractions of ``kernel``'s meaning a BLAS serves: a matrix (or matrix-vector) product,
+    ``M > 1`` or ``N > 1``, summed over ``K > 1``. A batch of dot products (``M = N = 1``: a sum of
+    squares in a norm, ``x * w`` summed per row) is a row reduction, not a GEMM."""
+    return [c for c in _contractions(kernel) if max(c.M, c.N) > 1 and c.K > 1]
+
+
 def extern_impls(kernel: Kernel) -> list[str]:
     """The extern implementations that apply to ``kernel`` by its meaning (see module doc)."""
-    cs = _contractions(kernel)
-    if not cs:
-        return []
-    return ["cublas"]
+    return ["cublas"] if vendor_contractions(kernel) else []
 
 
 # operand precisions torch's vendor GEMMs run (``allow_tf32`` off/on, or operands rounded to half)
