@@ -6,10 +6,14 @@ kernels before the first attention. Folded, the index is a constant; a gather of
 the constant ``arange(n)`` is the table itself (a reshape), so the mask reaches the attention
 kernel as a view of the model input, and the attention form reads it in its prologue.
 
-* A compute node whose leaves are all constants (no ``Input``) and that has at most
+* An integer or boolean compute node over integer or boolean operands that a gather index is
+  computed from (index arithmetic; every other constant expression is left to the e-graph's
+  ``algebra`` folds, which keep the scalar spellings rules match), whose leaves are all constants
+  (no ``Input``), and that has at most
   :data:`MAX_FOLD_ELEMS` elements is evaluated with the reference executor and replaced by a
   constant. Larger ones (a broadcast scalar expanded to a whole tensor) stay as they are: folding
-  would only add bytes to read.
+  would only add bytes to read. A value whose elements are all the same (bit for bit) becomes a
+  broadcast scalar, the spelling every rule matches.
 * ``Gather(t, idx, 0)`` with ``t`` 1-D and a constant ``idx`` equal to ``arange(len(t))`` along its
   flattened order is ``reshape(t, idx.shape)``.
 Both are exact.
@@ -30,13 +34,32 @@ def _identity_gather(table: Node, idx: np.ndarray) -> bool:
             and np.array_equal(idx.reshape(-1), np.arange(table.shape[0])))
 
 
+def _folded(n: Node, val: np.ndarray) -> Node:
+    """A constant for ``val``: a broadcast scalar when every element is the same (the spelling
+    the rules match, ``lumc.rewrites.language``), else the whole array."""
+    val = np.ascontiguousarray(val).astype(n.dtype.np, copy=False)
+    flat = val.reshape(-1)
+    if flat.size and (flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8)).all():
+        scalar = Tensor(const_node(flat[0].copy()))
+        return scalar.reshape((1,) * len(n.shape)).expand(n.shape).node if n.shape else scalar.node
+    return const_node(val)
+
+
 def fold_constants(graph: Graph) -> Graph:
     """``graph`` with small constant sub-expressions folded and identity gathers removed (see the
     module docstring); the same graph object when nothing changes."""
+    order = graph.nodes()
+    index: set[int] = set()   # nodes a gather index is computed from
+    stack = [n.srcs[1] for n in order if n.op == "Gather"]
+    while stack:
+        x = stack.pop()
+        if id(x) not in index:
+            index.add(id(x))
+            stack.extend(x.srcs)
     new: dict[int, Node] = {}
     constant: dict[int, bool] = {}
     changed = False
-    for n in graph.nodes():
+    for n in order:
         srcs = tuple(new[id(s)] for s in n.srcs)
         if n.op in ("Constant", "Iota"):
             constant[id(n)] = True
@@ -48,9 +71,9 @@ def fold_constants(graph: Graph) -> Graph:
             continue
         is_const = all(constant[id(s)] for s in n.srcs)
         x = n if srcs == n.srcs else node(n.op, srcs, n.arg)
-        if is_const and n.op != "View" and n.numel <= MAX_FOLD_ELEMS:
-            val = ReferenceExecutor(Graph({}, {"v": x}))({})["v"]
-            x = const_node(np.ascontiguousarray(val).astype(n.dtype.np, copy=False))
+        if is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
+                t.dtype.is_float for t in (n, *n.srcs)):
+            x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
         elif n.op == "Gather" and int(n.arg) == 0 and srcs[1].op == "Constant" and \
                 _identity_gather(srcs[0], srcs[1].arg.value):
             x = Tensor(srcs[0]).reshape(n.shape).node
