@@ -65,12 +65,27 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), callback=nonempty_path,
               help="write the report JSON")
 @click.option("--no-egraph", is_flag=True, help="greedy fusion only (the ablation baseline)")
+@click.option("--precision", default="fp32", show_default=True,
+              type=click.Choice(["fp32", "tf32", "bf16", "fp16", "fp8", "auto"]),
+              help="contraction precision policy (fp32 runs on tensor cores as split TF32)")
+@click.option("--weights", default="same", show_default=True, type=click.Choice(["same", "int8"]),
+              help="weight-only quantization of contraction weights (int8: per output channel)")
+@click.option("--tolerance", default=None, type=float, metavar="RTOL",
+              help="quality gate: max rel error of every output (default by --precision)")
+@click.option("--max-kl", "max_kl", default=None, type=float, metavar="X",
+              help="quality gate: mean KL divergence per row of probability/logit outputs")
+@click.option("--logits", "logits", multiple=True, metavar="NAME",
+              help="an output holding logits (KL and top-1 after softmax); repeatable")
 @click.option("--quiet", is_flag=True, help="no progress display")
-def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, quiet):
+def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, precision, weights,
+                tolerance, max_kl, logits, quiet):
     from lumc.compiler.cli import caused_by_interrupt
     written: list[str] = []
+    policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
+              "max_kl": max_kl, "logits": tuple(logits)}
     try:
-        _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written)
+        _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
+                 policy)
     except (KeyboardInterrupt, Exception) as err:
         if not caused_by_interrupt(err):
             raise
@@ -80,7 +95,8 @@ def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph,
                         "database") from None
 
 
-def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written):
+def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
+             policy: dict | None = None):
     from lumc.compiler.pipeline import compile_model
     parse_duration(budget)                     # a bad budget fails before any work
     out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
@@ -96,9 +112,11 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
         refuse_same_file(report_path, out_path, "the artifact output")
         check_writable(report_path)
     check_writable(out_path)
+    from lumc.compiler.precision import PrecisionPolicy
+    PrecisionPolicy(**(policy or {}))          # bad options fail before any work
     shapes = _model_shapes(model, shape_items)
     cm = compile_model(model, budget=budget, device=device, shapes=shapes,
-                       use_egraph=not no_egraph, quiet=quiet)
+                       use_egraph=not no_egraph, quiet=quiet, **(policy or {}))
     cm.save(out_path)
     written.append(str(out_path))
     r = cm.report_dict()
@@ -116,6 +134,18 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
                f"{r['candidates_timed']} timed; max rel error "
                + (f"{r['max_rel_error']:.2e}" if r['max_rel_error'] is not None else "not checked (budget)"))
+    q = r.get("quality")
+    if q is not None:
+        parts = [f"max rel error {q['max_rel']:.2e} (tolerance {q['tolerance']:g})",
+                 f"cosine >= {q['min_cosine']:.6f}"]
+        if q.get("kl_mean") is not None:
+            top1 = min(v["top1"] for v in q["outputs"].values() if "top1" in v)
+            parts.append(f"mean KL {q['kl_mean']:.3g}, top-1 {100 * top1:.1f}%")
+        click.echo(f"  precision {r['precision']} (weights {r['weights']}) vs fp32: "
+                   + ", ".join(parts) + ("" if q["passed"] else f"; GATE FAILED: {q['reason']}"))
+    for w in r.get("warnings", []):
+        if w.startswith("precision "):
+            click.echo(f"  note: {w}")
     eg = r["egraph"]
     if eg.get("used"):
         click.echo(f"  e-graph: {eg.get('enodes')} e-nodes, {eg.get('eclasses')} e-classes, "
@@ -181,7 +211,8 @@ def cache_clear():
                f"{removed} kernel source files")
 
 
-def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend="reference"):
+def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend="reference",
+                 atol=None):
     """``lumc run ART.lumc``: run a compiled artifact; ``--check`` runs onnxruntime on the source
     model stored inside it (no original file needed). ``backend="triton"`` launches the artifact's
     own kernels (``lumc.backends.triton.run_program``; the Triton interpreter without a GPU)."""
@@ -228,7 +259,7 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         f"{n} {c._fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
         for n, x in inputs.items()))
     checks = c.print_outputs(outputs, c._run_onnxruntime(cm.source_onnx, inputs) if check else None,
-                             rtol)
+                             rtol, atol, lambda: c.float64_outputs(cm.graph, inputs))
     best = r.get("best_time_s")
     click.echo(f"time: run {t1 - t0:.3f} s ({where}); compiled plan "
                + (f"{best * 1e6:.1f} us {'simulated' if cm.simulated else 'measured'} on {cm.device}"
@@ -237,4 +268,4 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         c._write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
         click.echo(f"wrote {out_path}")
     if check:
-        c.finish_check(checks, rtol)
+        c.finish_check(checks, rtol, atol)

@@ -72,12 +72,24 @@ def test_check_failure_exits_1(tiny_path, monkeypatch):
         ref["y"] = ref["y"] + np.float32(1e-3) * np.abs(ref["y"]).max()
         return ref
     monkeypatch.setattr(cli_mod, "_run_onnxruntime", off_by_a_little)
+    # onnxruntime off, lumc on the float64 result: lumc passes, and the line says who is closer
+    res = lumc("run", tiny_path, "--random", "--shape", "n=3", "--check")
+    assert res.exit_code == 0, res.output
+    y_line = next(ln for ln in res.stdout.splitlines() if ln.split()[0] == "y")
+    assert " ok " in y_line and "max_rel 0.001" in y_line and "lumc is closer" in y_line
+    assert "y differ from onnxruntime, and lumc is within tolerance of float64" in res.stdout
+    # the float64 judge agreeing with onnxruntime: lumc is the one off, exit 1
+    real64 = cli_mod.float64_outputs
+    monkeypatch.setattr(cli_mod, "float64_outputs",
+                        lambda g, inputs: off_by_a_little(tiny_path, inputs) | {})
     res = lumc("run", tiny_path, "--random", "--shape", "n=3", "--check")
     assert res.exit_code == 1, res.output
     y_line = next(ln for ln in res.stdout.splitlines() if ln.split()[0] == "y")
-    assert "FAIL" in y_line and "max_rel 0.001" in y_line
-    assert res.stderr.strip() == "check: FAILED for y (rtol 0.0001 by dtype; ints exact)"
-    assert lumc("run", tiny_path, "--random", "--shape", "n=3", "--check", "--rtol", "2e-3").exit_code == 0
+    assert "FAIL" in y_line and "onnxruntime is closer" in y_line
+    assert res.stderr.strip() == "check: FAILED for y (atol 1e-05 + rtol 0.0001 by dtype; ints exact)"
+    # a shift of 1e-3 max|y| on every element: inside atol 1e-2, whatever the float64 judge says
+    assert lumc("run", tiny_path, "--random", "--shape", "n=3", "--check", "--atol", "1e-2").exit_code == 0
+    assert real64 is not None
 
 
 def test_run_inputs_npz_binds_dynamic_dims(tiny_path, arrays, tmp_path):
@@ -96,6 +108,18 @@ def test_random_generic_rule_is_seeded(tiny_path, tmp_path):
         np.testing.assert_array_equal(fa["y"], fb["y"])
         # k is drawn from [0, 8): k2 = 2k lies in [0, 14] and is even
         assert fa["k2"].min() >= 0 and fa["k2"].max() <= 14 and (fa["k2"] % 2 == 0).all()
+
+
+def test_check_is_atol_plus_rtol_by_dtype():
+    """A sigmoid map near 0 (DBNet): 1.1e-7 absolute, 1.9e-3 relative passes; pure rtol would not."""
+    ref = np.array([1e-4, 0.5, 0.999], np.float32)
+    got = ref + np.array([1.1e-7, 0.0, 0.0], np.float32)
+    c = compare_output(got, ref)
+    assert c.ok and c.atol == 1e-5 and c.rtol == 1e-4
+    assert not compare_output(got, ref, atol=0.0).ok   # the old rule: relative only
+    assert not compare_output(ref + np.float32(2e-5), ref).ok   # beyond 1e-5 + 1e-4 * 1e-4
+    h = np.array([0.0, 1.0], np.float16)
+    assert compare_output(h + np.float16(5e-4), h).ok and compare_output(h, h).atol == 1e-3
 
 
 def test_compare_output_definition():

@@ -1,0 +1,137 @@
+"""``lumc run --check``: judging an output against onnxruntime, and against float64 when they differ.
+
+An element passes when ``|got - ref| <= atol + rtol * |ref|`` (``numpy.isclose``'s and
+``torch.testing.assert_close``'s rule), with ``rtol`` and ``atol`` by dtype unless given: a pure
+relative tolerance fails correct runs whose outputs sit near 0 (a sigmoid map, a softmax tail),
+where both runtimes round to different tiny values. Integers and bools must be equal; NaN must be
+at the same positions; equal infinities are exact.
+
+When lumc and onnxruntime disagree beyond that, both are judged against a float64 evaluation of
+the same graph (the reference executor in float64): the check says which is closer, and passes
+when lumc is within the tolerance of float64 (onnxruntime was the one off).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+
+# atol by dtype: about 100 ulp of 1.0 for f32, a few ulp for f16/bf16, as torch.testing's defaults
+# are in spirit (torch: f32 1e-5, f16 1e-5, bf16 1e-5; ours are looser for the half types, whose
+# kernels accumulate in f32 and round once, while onnxruntime rounds every op)
+ATOL: dict[str, float] = {"f64": 1e-12, "f32": 1e-5, "f16": 1e-3, "bf16": 1e-2}
+
+_TINY = float(np.finfo(np.float32).tiny)   # floor of the rel-error denominator
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output compared with a reference.
+
+    Attributes:
+        max_abs: max |got - ref| over elements (0 for empty outputs).
+        max_rel: ``max_abs / max(max |ref|, tiny)``; inf where shapes, dtypes or NaN positions
+            differ.
+        ok: floats: every element within ``atol + rtol * |ref|``; integers and bools: equal.
+        note: why the output failed beyond its numbers, or what the float64 judge said, else "".
+        rtol, atol: the tolerances applied (0 for integers and bools).
+        excess: max over elements of ``|got - ref| / (atol + rtol * |ref|)`` (<= 1 passes).
+    """
+    max_abs: float
+    max_rel: float
+    ok: bool
+    note: str = ""
+    rtol: float = 0.0
+    atol: float = 0.0
+    excess: float = 0.0
+
+
+def _dtype_of(dtype: np.dtype) -> dt.DType:
+    try:
+        return dt.from_numpy(dtype)
+    except Exception:   # a dtype lumc does not hold: judge it as f32
+        return dt.f32
+
+
+def output_rtol(dtype: np.dtype, rtol: float | None) -> float:
+    """The relative tolerance of an output: ``rtol`` for floats when given, else the project's
+    table by dtype (``lumc.ir.dtypes.RTOL``: f32 1e-4, f16 1e-2, bf16 4e-2, f64 1e-10); 0 (exact)
+    for integers and bools."""
+    d = _dtype_of(dtype)
+    if not d.is_float:
+        return 0.0
+    return float(rtol) if rtol is not None else dt.rtol_for(d)
+
+
+def output_atol(dtype: np.dtype, atol: float | None) -> float:
+    """The absolute tolerance of an output: ``atol`` for floats when given, else :data:`ATOL` by
+    dtype; 0 for integers and bools."""
+    d = _dtype_of(dtype)
+    if not d.is_float:
+        return 0.0
+    return float(atol) if atol is not None else ATOL.get(d.name, 1e-5)
+
+
+def compare_output(got: np.ndarray, ref: np.ndarray, rtol: float | None = None,
+                   atol: float | None = None) -> OutputCheck:
+    """Compare one output with a reference (see the module docstring); None tolerances take the
+    output dtype's defaults (:func:`output_rtol`, :func:`output_atol`)."""
+    if got.shape != ref.shape:
+        return OutputCheck(np.inf, np.inf, False, f"shape {got.shape} != onnxruntime {ref.shape}")
+    if got.dtype != ref.dtype:
+        return OutputCheck(np.inf, np.inf, False, f"dtype {got.dtype} != onnxruntime {ref.dtype}")
+    rtol, atol = output_rtol(ref.dtype, rtol), output_atol(ref.dtype, atol)
+    if got.size == 0:
+        return OutputCheck(0.0, 0.0, True, rtol=rtol, atol=atol)
+    a, b = got.astype(np.float64), ref.astype(np.float64)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    if (nan_a != nan_b).any():
+        return OutputCheck(np.inf, np.inf, False, "NaN at different positions", rtol, atol, np.inf)
+    same = (a == b) | nan_a  # equal infinities count as exact
+    with np.errstate(invalid="ignore"):  # inf - inf where `same` already says equal
+        diff = np.where(same, 0.0, np.abs(a - b))
+    max_abs = float(diff.max())
+    finite_b = np.abs(b[np.isfinite(b)])
+    scale = max(float(finite_b.max()) if finite_b.size else 0.0, _TINY)
+    if got.dtype.kind in "biu":
+        return OutputCheck(max_abs, max_abs / scale, max_abs == 0, rtol=0.0, atol=0.0,
+                           excess=np.inf if max_abs else 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        allowed = atol + rtol * np.where(np.isfinite(b), np.abs(b), 0.0)
+        ratio = np.where(same, 0.0, diff / np.maximum(allowed, 1e-300))
+    excess = float(ratio.max())
+    return OutputCheck(max_abs, max_abs / scale, excess <= 1.0, rtol=rtol, atol=atol, excess=excess)
+
+
+def judge_by_float64(got: np.ndarray, ort: np.ndarray, f64: np.ndarray, rtol: float | None,
+                     atol: float | None) -> OutputCheck:
+    """The verdict where lumc (``got``) and onnxruntime (``ort``) disagree: both against the
+    float64 evaluation ``f64`` (cast to the output dtype's values in float64). Passes when lumc
+    is within tolerance of float64; the note says which side is closer and by how much."""
+    base = compare_output(got, ort, rtol, atol)
+    if got.shape != f64.shape:
+        return base
+    f64 = np.asarray(f64, np.float64)
+    ours = compare_output(got.astype(np.float64), f64, output_rtol(got.dtype, rtol),
+                          output_atol(got.dtype, atol))
+    theirs = compare_output(ort.astype(np.float64), f64, output_rtol(got.dtype, rtol),
+                            output_atol(got.dtype, atol))
+    closer = "lumc" if ours.max_abs <= theirs.max_abs else "onnxruntime"
+    note = (f"vs float64: lumc max_abs {ours.max_abs:.3g}, onnxruntime {theirs.max_abs:.3g}; "
+            f"{closer} is closer")
+    return OutputCheck(base.max_abs, base.max_rel, ours.ok, note, base.rtol, base.atol, base.excess)
+
+
+def tolerance_note(checks: dict[str, OutputCheck], rtol: float | None, atol: float | None) -> str:
+    """``atol 1e-05 + rtol 0.0001 by dtype; ints exact`` (what the verdict line says)."""
+    def part(name, given, vals):
+        if given is not None:
+            return f"{name} {given:g}"
+        used = sorted({v for v in vals if v > 0})
+        return f"{name} {'/'.join(f'{v:g}' for v in used)}" if used else name
+    a = part("atol", atol, [c.atol for c in checks.values()])
+    r = part("rtol", rtol, [c.rtol for c in checks.values()])
+    by = " by dtype" if rtol is None or atol is None else ""
+    return f"{a} + {r}{by}; ints exact"
