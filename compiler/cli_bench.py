@@ -211,7 +211,11 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="OUT.png",
               callback=nonempty_path,
               help="Draw every kernel on the device's roofline (PNG).")
-def inspect_cmd(artifact, plot_path):
+@click.option("--aot", "aot_target", default=None, metavar="cuda:90",
+              help="Also compile every kernel ahead of time for this GPU (no GPU needed) and print "
+                   "registers, spills, stack and shared memory (ptxas -v) and the tensor-core "
+                   "instructions of its SASS.")
+def inspect_cmd(artifact, plot_path, aot_target):
     """Print the per-kernel table of a compiled ARTIFACT and draw its roofline chart."""
     import lumc
     from lumc import __version__
@@ -224,6 +228,9 @@ def inspect_cmd(artifact, plot_path):
         raise LumcError(f"{artifact}: not a .lumc artifact; compile the model first "
                         "(lumc compile MODEL -o OUT.lumc), or use lumc bench on it")
     _check_outputs({"the artifact": artifact}, [plot_path])
+    if aot_target is not None:
+        from lumc.compiler.aot_inspect import check_aot_target
+        aot_target = check_aot_target(aot_target)
     manifest, _ = load_artifact(artifact, __version__)
     cm = lumc.load(artifact, device="cpu")
     r = cm.report_dict()
@@ -253,3 +260,9 @@ def inspect_cmd(artifact, plot_path):
             rows, device_spec_of(cm.device), p, simulated=cm.simulated,
             title=f"lumc: {r.get('model', 'model')} on {cm.device}", dtypes=dtypes or None))
         click.echo(f"wrote {plot_path}")
+    if aot_target is not None:
+        from lumc.compiler.aot_inspect import aot_rows, aot_summary, format_aot_table
+        arows = aot_rows(cm, aot_target)
+        click.echo(format_aot_table(arows, f"ahead-of-time compile for {aot_target} (Triton "
+                                           "-> ptxas, no GPU; registers/spills per thread)"))
+        click.echo(aot_summary(arows))
