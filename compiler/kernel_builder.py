@@ -70,34 +70,63 @@ class _Cutter:
         return p
 
     def build(self, n: Node, views: tuple[View, ...] = ()) -> Node:
-        key = (id(n), views)
-        got = self.memo.get(key)
-        if got is not None:
-            return got
+        """The meaning of ``n`` read through ``views``, over placeholders.
+
+        Iterative (an explicit stack, depth-first in source order, so placeholders and covers
+        are numbered as a recursive walk would number them): a region may be thousands of nodes
+        deep (a ``Sum`` of 1,000 inputs is a chain of 999 adds).
+        """
+        stack = [(n, views)]
+        while stack:
+            n, views = stack[-1]
+            key = (id(n), views)
+            if key in self.memo:
+                stack.pop()
+                continue
+            out = self._step(n, views, stack)
+            if out is None:          # sources pushed: come back when they are built
+                continue
+            self.memo[key] = out
+            stack.pop()
+        return self.memo[(id(n), views)]
+
+    def _step(self, n: Node, views: tuple[View, ...], stack: list) -> Node | None:
+        """Build ``n`` through ``views`` if what it needs is in the memo; else push that and
+        return None."""
+        def need(*frames):
+            missing = [f for f in frames if (id(f[0]), f[1]) not in self.memo]
+            stack.extend(reversed(missing))
+            return not missing
+
         if self._is_boundary(n):
             out = self.placeholder(n)
             for v in views:
                 out = _apply_view(out, v)
-        elif n.op == "View":
-            out = self.build(n.srcs[0], (n.arg,) + views)
-        elif n.op in ("Constant", "Iota", "Input"):
+            return out
+        if n.op == "View":
+            src = (n.srcs[0], (n.arg,) + views)
+            return self.memo[(id(src[0]), src[1])] if need(src) else None
+        if n.op in ("Constant", "Iota", "Input"):
             out = n
             for v in views:
                 out = _apply_view(out, v)
-        else:
-            if id(n) not in self._covered:
-                self._covered.add(id(n))
-                self.covers.append(n)
-            pushable = (self.push_views and n.op in ELEMENTWISE
-                        and all(v.mask is None for v in views))
-            if views and not pushable:
-                out = self.build(n, ())
-                for v in views:
-                    out = _apply_view(out, v)
-            else:
-                out = node(n.op, [self.build(s, views) for s in n.srcs], n.arg)
-        self.memo[key] = out
-        return out
+            return out
+        if id(n) not in self._covered:
+            self._covered.add(id(n))
+            self.covers.append(n)
+        pushable = (self.push_views and n.op in ELEMENTWISE
+                    and all(v.mask is None for v in views))
+        if views and not pushable:
+            if not need((n, ())):
+                return None
+            out = self.memo[(id(n), ())]
+            for v in views:
+                out = _apply_view(out, v)
+            return out
+        srcs = [(s, views) for s in n.srcs]
+        if not need(*srcs):
+            return None
+        return node(n.op, [self.memo[(id(s), v)] for s, v in srcs], n.arg)
 
 
 def _base(x: Node) -> Node:
