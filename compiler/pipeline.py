@@ -11,6 +11,7 @@ and timed alone.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -24,7 +25,10 @@ from lumc.compiler.compiled import CompiledModel
 from lumc.compiler.fusion import greedy_program
 from lumc.backends.extern import impl_of
 from lumc.compiler.measure import KernelMeasurer, max_rel_error
+from lumc.compiler.precision import FALLBACK, PrecisionPolicy, precision_report, store_weights
+from lumc.compiler.precision_gate import stage_quality
 from lumc.compiler.program import Program, run_program_reference
+from lumc.compiler.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
 from lumc.compiler.search import SearchResult, run_search
 from lumc.compiler.targets import Target, fork_safe, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.tuning_db import TuningDatabase
@@ -157,55 +161,6 @@ def unfused_program(graph: Graph) -> Program:
         return greedy_program(graph)
 
 
-MAX_KEPT_BYTES = 256 << 20   # a kernel boundary value larger than this is not kept for checks
-
-
-class ReferenceValues:
-    """Reference values of kernel boundary nodes, computed on first use, one candidate at a time.
-
-    The model runs once at the start, for its outputs only. The first time a kernel of a
-    candidate program is checked, that program's graph (the model's, or an e-graph rewrite of it)
-    runs again keeping just that program's boundary values; so candidates pruned by their bound
-    cost nothing, and memory holds the values of the programs actually measured. Values over
-    :data:`MAX_KEPT_BYTES` are not kept (their kernels are reported unchecked).
-    """
-
-    def __init__(self, graph: Graph, programs: list[Program], inputs: dict):
-        from lumc.backends.reference import ReferenceExecutor
-        self.graph = graph
-        self.inputs = inputs
-        self.programs = programs
-        self.owners: dict[int, list[int]] = {}
-        for i, p in enumerate(programs):
-            for c in p.calls:
-                for n in (*c.inputs, *c.outputs):
-                    if n.op != "Constant" and n.nbytes <= MAX_KEPT_BYTES:
-                        self.owners.setdefault(id(n), []).append(i)
-        self.captured: set[int] = set()
-        self.values: dict[int, np.ndarray] = {}
-        self.outputs, kept = ReferenceExecutor(graph).run_keeping(
-            inputs, {id(n) for n in graph.inputs.values()})
-        self.values.update(kept)
-
-    def _capture(self, i: int) -> None:
-        from lumc.backends.reference import ReferenceExecutor
-        self.captured.add(i)
-        p = self.programs[i]
-        g = p.graph if getattr(p, "graph", None) is not None else self.graph
-        want = {id(n) for c in p.calls for n in (*c.inputs, *c.outputs)
-                if n.op != "Constant" and n.nbytes <= MAX_KEPT_BYTES and id(n) not in self.values}
-        if want:
-            self.values.update(ReferenceExecutor(g).run_keeping(self.inputs, want)[1])
-
-    def get(self, key: int, default=None):
-        if key not in self.values:
-            for i in self.owners.get(key, ()):
-                if i not in self.captured:
-                    self._capture(i)
-                    break
-        return self.values.get(key, default)
-
-
 def stage_reference(graph: Graph, programs: list[Program], inputs: dict
                     ) -> tuple[dict, ReferenceValues]:
     """The model's outputs and the (lazy) reference values of every kernel boundary node."""
@@ -218,7 +173,12 @@ def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
     from lumc.compiler.models import random_inputs
     shapes = {k: n.shape for k, n in graph.inputs.items()}
     dtypes = {k: n.dtype.np for k, n in graph.inputs.items()}
-    return random_inputs(shapes, dtypes, seed=seed, info=fe.known_model)
+    highs = {}
+    if fe.source_onnx and fe.known_model is None:   # ints indexing a table: drawn in its range
+        import onnx
+        from lumc.compiler.index_ranges import index_uses, random_int_highs
+        highs = random_int_highs(index_uses(onnx.load_from_string(fe.source_onnx), shapes))
+    return random_inputs(shapes, dtypes, seed=seed, info=fe.known_model, int_high=highs)
 
 
 class Progress:
@@ -262,7 +222,9 @@ class Progress:
 def compile_model(model, *, budget, device: str | None = None, example_inputs: dict | None = None,
                   shapes: dict | None = None, use_egraph: bool = True, quiet: bool = True,
                   db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic,
-                  reuse_plan: bool = True) -> CompiledModel:
+                  reuse_plan: bool = True, precision: str = "fp32", weights: str = "same",
+                  tolerance: float | None = None, max_kl: float | None = None,
+                  logits: tuple = ()) -> CompiledModel:
     """Compile an ONNX model into the fastest correct program lumc finds within ``budget``.
 
     Args:
@@ -279,9 +241,13 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         db: the tuning database (default: the user cache dir's).
         reuse_plan: return the stored result of an identical earlier compile (same model bytes,
             shapes, device and versions) when its search finished; no re-timing at all.
+        precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
+            (``lumc.compiler.precision``: ``fp32`` on tensor cores by default; ``tf32``, ``bf16``,
+            ``fp16``, ``fp8``, ``auto``; weight-only ``int8``).
     Raises:
         BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
     """
+    policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
     budget_s = parse_duration(budget)
     deadline = Deadline(budget_s, clock)
     target = resolve_target(device)
@@ -289,7 +255,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     db = db if db is not None else TuningDatabase()
     target = with_measured_ceilings(target, db)
     plans = db.plans_dir
-    reuse = _plan_cache_key(model, shapes, example_inputs, target, ver, use_egraph)
+    reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
+                            (use_egraph, sorted(policy.as_dict().items())))
     if reuse is not None and reuse_plan:
         cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
         if cm is not None:
@@ -297,7 +264,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     t0 = deadline.elapsed()
     fe = stage_frontend(model, shapes, example_inputs)
     cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
-                          use_egraph=use_egraph, quiet=quiet, frontend_s=deadline.elapsed() - t0)
+                          use_egraph=use_egraph, quiet=quiet, frontend_s=deadline.elapsed() - t0,
+                          policy=policy)
     if reuse is not None and cm.report_dict()["best_time_s"] is not None:
         _store_plan(plans / f"{reuse}.lumc", cm)
     return cm
@@ -305,7 +273,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
 
 def compile_graph(graph: Graph, *, budget, device: str | None = None, example_inputs: dict | None = None,
                   use_egraph: bool = True, quiet: bool = True, db: TuningDatabase | None = None,
-                  clock: Callable[[], float] = time.monotonic, name: str = "graph") -> CompiledModel:
+                  clock: Callable[[], float] = time.monotonic, name: str = "graph",
+                  policy: PrecisionPolicy | None = None) -> CompiledModel:
     """Compile an already imported primitive graph (the PyTorch frontend's entry point).
 
     Same search as :func:`compile_model`; ``example_inputs`` (``{input name: array}``) feed the
@@ -317,18 +286,24 @@ def compile_graph(graph: Graph, *, budget, device: str | None = None, example_in
     db = db if db is not None else TuningDatabase()
     target = with_measured_ceilings(target, db)
     return compile_frontend(Frontend(graph, None, name), deadline, target, ver, db,
-                            example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet)
+                            example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet,
+                            policy=policy)
 
 
 def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
                      db: TuningDatabase, *, example_inputs: dict | None, use_egraph: bool,
-                     quiet: bool, frontend_s: float = 0.0) -> CompiledModel:
-    """Every stage after the frontend: candidates, reference capture, search, plan, report."""
+                     quiet: bool, frontend_s: float = 0.0,
+                     policy: PrecisionPolicy | None = None) -> CompiledModel:
+    """Every stage after the frontend: precision (weights stored as the policy says), candidates,
+    reference capture, search, the quality gate, plan, report."""
+    policy = policy or PrecisionPolicy()
     budget_s = deadline.budget_s
     progress = Progress(budget_s, target, quiet)
     try:
         stage_s: dict[str, float] = {"frontend": frontend_s}
-        graph = fe.graph
+        graph, weight_stats = store_weights(fe.graph, policy)
+        target = dataclasses.replace(target, spec=dataclasses.replace(
+            target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)
         programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph)
         stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
@@ -372,6 +347,18 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
             err = max((max_rel_error(out[k], ref_out[k]) if graph.outputs[k].dtype.is_float else
                        (0.0 if np.array_equal(out[k], ref_out[k]) else float("inf")))
                       for k in graph.outputs) if graph.outputs else 0.0
+        quality = None
+        if ref_out is not None and not deadline.expired():
+            configs, quality = stage_quality(chosen, graph, fe.graph, inputs, ck, configs, measurer,
+                                             policy, deadline)
+        if quality is not None and not quality["passed"] and policy.precision in FALLBACK:
+            down = dataclasses.replace(policy, precision=FALLBACK[policy.precision])
+            fe.warnings.append(f"precision {policy.precision} misses the quality gate "
+                               f"({quality['reason']}); compiled at {down.precision} instead")
+            progress.close()
+            return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
+                                    use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,
+                                    policy=down)
         kernel_err = max((measurer.entries[k].max_error for k in ck), default=0.0)
         if err is not None or kernel_err:
             err = max(err or 0.0, kernel_err)
@@ -379,6 +366,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         report = build_report(fe, graph, programs, chosen, ck, configs, result, measurer, bounds,
                               target, budget_s, deadline, egraph_stats, err, use_egraph, db, log)
         report["stage_seconds"] = stage_s
+        report["reference_s"] = round(getattr(values, "seconds", 0.0), 3)   # incl. in the stages
+        report.update(precision_report(policy, quality, weight_stats, report["per_kernel"]))
         return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                              fe.source_onnx, target.torch_device)
     finally:

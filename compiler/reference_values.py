@@ -1,0 +1,111 @@
+"""Reference values of kernel boundaries, captured incrementally for the numerics checks.
+
+Every kernel a search times is first checked against the reference executor on the values its
+inputs take in the model. Candidates are many programs over mostly the same nodes (e-graph
+rewrites keep every node they do not change: nodes are hash-consed), so a candidate's boundary
+values are largely held already when it is first checked. A capture computes only what is missing,
+on the sub-graph between the values held and the values wanted: every held value becomes an input
+of that sub-graph, so nothing above it runs again.
+
+* The model runs once at the start for its outputs, keeping the boundary values of the first
+  (best-bound) candidate that are nodes of the model graph, which the search checks first.
+* A later candidate's capture evaluates the nodes between the held values and its missing
+  boundary values, once.
+* Values over :data:`MAX_KEPT_BYTES` are not kept (their kernels are reported unchecked).
+* ``seconds`` is the wall time spent in reference runs here (the report's ``reference_s``).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.ir.graph import Graph, Node, input_node, node
+
+MAX_KEPT_BYTES = 256 << 20   # a kernel boundary value larger than this is not kept for checks
+
+
+def _boundaries(p) -> list[Node]:
+    return [n for c in p.calls for n in (*c.inputs, *c.outputs)
+            if n.op != "Constant" and n.nbytes <= MAX_KEPT_BYTES]
+
+
+class ReferenceValues:
+    """Reference values of kernel boundary nodes (``{id(node): array}`` through :meth:`get`),
+    computed on first use (see the module docstring).
+
+    Args:
+        graph: the model's primitive graph.
+        programs: the candidates (``Program.graph`` is the graph their calls bind, if rewritten).
+        inputs: ``{input name: array}`` of the checks.
+    """
+
+    def __init__(self, graph: Graph, programs: list, inputs: dict):
+        self.graph = graph
+        self.inputs = inputs
+        self.programs = programs
+        self.seconds = 0.0
+        self.owners: dict[int, list[int]] = {}
+        for i, p in enumerate(programs):
+            for n in _boundaries(p):
+                self.owners.setdefault(id(n), []).append(i)
+        self.captured: set[int] = set()
+        self.values: dict[int, np.ndarray] = {}
+        keep = {id(n) for n in graph.inputs.values()}
+        if programs:
+            in_model = {id(n) for n in graph.nodes()}
+            keep |= {id(n) for n in _boundaries(programs[0]) if id(n) in in_model}
+        t0 = time.perf_counter()
+        self.outputs, kept = ReferenceExecutor(graph).run_keeping(inputs, keep)
+        self.seconds += time.perf_counter() - t0
+        self.values.update(kept)
+
+    def _capture(self, i: int) -> None:
+        self.captured.add(i)
+        want = [n for n in _boundaries(self.programs[i]) if id(n) not in self.values]
+        if want:
+            t0 = time.perf_counter()
+            self.values.update(self.compute(want))
+            self.seconds += time.perf_counter() - t0
+
+    def compute(self, want: list[Node]) -> dict[int, np.ndarray]:
+        """``{id(node): value}`` of ``want``, evaluating only the nodes between the values held
+        and them (held values and model inputs become inputs of that sub-graph)."""
+        memo: dict[int, Node] = {}
+        feed: dict[str, np.ndarray] = {}
+        leaves: dict[str, Node] = {}
+        for w in want:
+            stack = [(w, False)]
+            while stack:
+                x, ready = stack.pop()
+                if id(x) in memo:
+                    continue
+                if id(x) in self.values or x.op == "Input":   # held: an input here
+                    name = f"held{x.id}" if x.op != "Input" else x.arg.name
+                    ph = input_node(name, x.shape, x.dtype) if x.op != "Input" else x
+                    feed[name] = self.values[id(x)] if id(x) in self.values else \
+                        self.inputs[x.arg.name]
+                    leaves[name] = ph
+                    memo[id(x)] = ph
+                    continue
+                if x.op in ("Constant", "Iota"):
+                    memo[id(x)] = x
+                    continue
+                if not ready:
+                    stack.append((x, True))
+                    stack.extend((s, False) for s in x.srcs if id(s) not in memo)
+                    continue
+                srcs = tuple(memo[id(s)] for s in x.srcs)
+                memo[id(x)] = x if srcs == x.srcs else node(x.op, srcs, x.arg)
+        sub = Graph(leaves, {f"w{k}": memo[id(w)] for k, w in enumerate(want)})
+        _, kept = ReferenceExecutor(sub).run_keeping(feed, {id(memo[id(w)]) for w in want})
+        return {id(w): kept[id(memo[id(w)])] for w in want if id(memo[id(w)]) in kept}
+
+    def get(self, key: int, default=None):
+        if key not in self.values:
+            for i in self.owners.get(key, ()):
+                if i not in self.captured:
+                    self._capture(i)
+                    break
+        return self.values.get(key, default)
