@@ -83,11 +83,19 @@ def max_address(v: View) -> int:
     return abs(v.offset) + sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0)
 
 
-def needs_int64(nodes: list[Node], extra_sizes: tuple[int, ...] = ()) -> bool:
-    """True when any tensor, view address or iteration space can pass ``2**31 - 1``."""
+def needs_int64(nodes: list[Node], extra_sizes: tuple[int, ...] = (),
+                virtual_shapes: tuple[tuple[int, ...], ...] = ()) -> bool:
+    """True when any tensor, view address or iteration space can pass ``2**31 - 1``.
+
+    ``virtual_shapes``: iteration spaces no index is computed over as a whole (a contraction's
+    ``M x N x K`` product space, walked in tiles): nodes of that shape count by the addresses they
+    read, not by their element count, so only a real address past ``2**31`` forces int64.
+    """
     bound = max(extra_sizes, default=0)
+    virtual = {tuple(s) for s in virtual_shapes}
     for n in nodes:
-        bound = max(bound, n.numel)
+        if tuple(n.shape) not in virtual or n.op in ("Input", "Constant"):
+            bound = max(bound, n.numel)
         if n.op == "View":
             bound = max(bound, max_address(n.arg), n.srcs[0].numel)
     return bound >= INT32_LIMIT

@@ -261,7 +261,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
     nodes = kernel.meaning.nodes()
     reads = reads_of(nodes)
     params, ptrs, consts = make_params(kernel, reads)
-    big = needs_int64(nodes, (B * LQ * LK,))
+    big = needs_int64(nodes, (B * LQ * LK,), (c1.full, c2.full))
     w = SourceWriter()
     state = {"scores": None, "row_eval": False, "in_loop": False}
     row_vals: dict[Node, str] = {}

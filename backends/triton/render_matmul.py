@@ -91,7 +91,7 @@ def render_matmul(kernel: Kernel) -> KernelParts:
             raise RenderError(f"output {name} does not depend on the product")
     reads = reads_of(nodes)
     params, ptrs, consts = make_params(kernel, reads)
-    big = needs_int64(nodes, (c.M * c.N * c.batch, c.M * c.K, c.K * c.N))
+    big = needs_int64(nodes, (c.M * c.N * c.batch, c.M * c.K, c.K * c.N), (c.full,))
     w = SourceWriter()
     acc_name = "acc"
 
