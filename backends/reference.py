@@ -121,15 +121,27 @@ class ReferenceExecutor:
             return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64, self.dot_operands)
         xs = [vals[id(s)] for s in n.srcs]
         if n.op == "Cast":
-            if f64 and n.arg.is_float:
-                return xs[0].astype(np.float64)
-            return cast_array(xs[0], n.arg)
+            # a cast of a broadcast view (a weight expanded over a contraction's product space)
+            # converts its distinct elements once and stays a broadcast view
+            x, full = _compact_broadcast(xs[0])
+            y = x.astype(np.float64) if (f64 and n.arg.is_float) else cast_array(x, n.arg)
+            return y if full is None else np.broadcast_to(y, full)
         if n.op == "Constant" or n.op == "Iota":
             v = row.reference(xs, n.arg)
             return v.astype(np.float64) if (f64 and n.dtype.is_float) else v
         if n.op == "Mul" and id(n) in self._fused_mul and not force:
             raise AssertionError("fused Mul evaluated")
         return row.reference(xs, n.arg)
+
+
+def _compact_broadcast(x: np.ndarray) -> tuple[np.ndarray, tuple | None]:
+    """``(x without its stride-0 dims (kept as size 1), x's shape)``, or ``(x, None)`` when ``x``
+    has no broadcast dim."""
+    if not isinstance(x, np.ndarray) or not any(st == 0 and d > 1 for st, d in zip(x.strides, x.shape)):
+        return x, None
+    idx = tuple(slice(0, 1) if (st == 0 and d > 1) else slice(None)
+                for st, d in zip(x.strides, x.shape))
+    return x[idx], x.shape
 
 
 def checked_input(n: Node, inputs: dict) -> np.ndarray:

@@ -240,8 +240,16 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
                          f"give --input {s.name}=FILE.npy, --inputs FILE.npz or --random", node=s.name)
     info = models.identify_bytes(cm.source_onnx) if cm.source_onnx else None
     inputs = dict(arrays)
+    uses = {}
+    if cm.source_onnx:
+        import onnx
+        from lumc.compiler.index_ranges import index_uses
+        uses = index_uses(onnx.load_from_string(cm.source_onnx), {s.name: s.shape for s in specs})
+    from lumc.compiler.index_ranges import check_index_inputs, random_int_highs
     if missing:
-        inputs.update(c.random_missing(missing, {s.name: s.shape for s in specs}, seed, info))
+        inputs.update(c.random_missing(missing, {s.name: s.shape for s in specs}, seed, info,
+                                       random_int_highs(uses)))
+    check_index_inputs(uses, inputs)   # an index outside its table: one line, on every backend
     t0 = time.perf_counter()
     if backend == "triton":
         from lumc.backends.triton.runner import execution_mode, run_program

@@ -82,6 +82,11 @@ def cast_op(x, to_name: str, saturate: tuple | None):
         lo, hi = saturate
         y = torch.nan_to_num(torch.trunc(x.to(torch.float64)), nan=0.0, posinf=hi, neginf=lo)
         return torch.clamp(y, lo, hi).to(to)
+    if any(st == 0 and d > 1 for st, d in zip(x.stride(), x.shape)):
+        # a broadcast view: convert its distinct elements once, stay a view
+        idx = tuple(slice(0, 1) if (st == 0 and d > 1) else slice(None)
+                    for st, d in zip(x.stride(), x.shape))
+        return x[idx].to(to).expand(x.shape)
     return x.to(to)
 
 

@@ -376,9 +376,10 @@ class KernelMeasurer:
             return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         from lumc.backends.triton.launch import to_numpy
         worst = 0.0
-        rounding = None if extern else dot_rounding(cfg.kwargs() if cfg is not None else None)
-        if rounding is not None and self.target.simulated:
-            rounding = None if cfg.kwargs()["PRECISION"] == "tf32" else rounding  # interpreter: exact
+        rounding = dot_rounding(cfg.kwargs() if cfg is not None else None)
+        if rounding is not None and (self.target.simulated or extern) and \
+                cfg.kwargs()["PRECISION"] == "tf32":
+            rounding = None     # the interpreter's and torch CPU's tf32 dots are exact fp32
         p_tol = 0.0
         if rounding is not None:
             # a reduced-precision dot is judged against its meaning with the same operand rounding

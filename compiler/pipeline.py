@@ -121,8 +121,16 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
         regions = max(1, -(-n_compute // MAX_REGION_OPS))
         limits = Limits(seconds=max(0.05, min(Limits().seconds, share / regions)))
         t0 = time.monotonic()
-        res = egraph_pipeline.egraph_candidates(graph, target.spec, k=MAX_CANDIDATES, limits=limits,
-                                                max_region_ops=MAX_REGION_OPS)
+        try:   # the e-graph's share is a deadline too: checked between regions
+            res = egraph_pipeline.egraph_candidates(graph, target.spec, k=MAX_CANDIDATES,
+                                                    limits=limits, max_region_ops=MAX_REGION_OPS,
+                                                    deadline=t0 + share if deadline.clock is
+                                                    time.monotonic else None)
+        except egraph_pipeline.EGraphDeadline as e:
+            stats["error"] = (f"e-graph stopped at its share of the budget ({share:.2g} s) {e}; "
+                              "greedy candidates only")
+            res = None
+    if use_egraph and res is not None:
         tot = res.total
         stats.update({"enodes": tot.enodes, "eclasses": tot.eclasses, "iterations": tot.iterations,
                       "saturation_s": res.seconds.get("saturate", tot.seconds),

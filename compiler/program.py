@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumc.backends.devices import DeviceSpec, get_device
+from lumc.backends.precision import dot_rounding
 from lumc.backends.reference import ReferenceExecutor, checked_input
 from lumc.ir.graph import Graph, Node
 from lumc.ir.kernels import Kernel
@@ -149,7 +150,9 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
         graph: the model graph (for its inputs).
         inputs: ``{input name: array}`` as for :class:`ReferenceExecutor`.
         precision: ``native`` or ``float64`` (per kernel).
-        configs: the plan's config per call (None: all reference); a call whose config names an
+        configs: the plan's config per call (None: all reference). A contraction whose config has
+            a reduced ``PRECISION`` rounds its operands as the tensor cores do
+            (``lumc.backends.precision``); a call whose config names an
             extern implementation (``IMPL``, ``lumc.backends.extern``) runs it through torch on the
             CPU (``lumc.compiler.extern``) instead, with ``native`` precision.
     Returns:
@@ -169,7 +172,8 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
             res = dict(zip(k.meaning.outputs, outs))
         else:
             feed = {ph.arg.name: _value_of(n, env) for ph, n in zip(k.inputs, c.inputs)}
-            res = ReferenceExecutor(k.meaning, precision)(feed)
+            # a reduced-precision tl.dot (the config's PRECISION) rounds its operands first
+            res = ReferenceExecutor(k.meaning, precision, dot_operands=dot_rounding(cfg))(feed)
         for (oname, _), n in zip(k.meaning.outputs.items(), c.outputs):
             env[id(n)] = res[oname].astype(n.dtype.np, copy=False)
     out = {}

@@ -1,0 +1,90 @@
+"""numpy emulation of a contraction's operand precision (the ``PRECISION`` knob of
+``backends/triton/dot_precision.py``), for the CPU executor and the numerics checks.
+
+A reduced-precision ``tl.dot`` rounds its operand tiles and then multiplies exactly with fp32
+accumulation (the products of two bf16, fp16, tf32 or e4m3 values are exact in fp32). Rounding the
+operands here and contracting them in fp32 therefore reproduces the kernel up to the summation order:
+
+* ``bf16``, ``fp16``: round to nearest even (``ml_dtypes``/numpy casts; fp16 overflows to inf), as
+  Triton's ``.to(tl.bfloat16)`` / ``.to(tl.float16)``;
+* ``tf32``: the tensor core reads the top 19 bits of each fp32 operand (1 sign, 8 exponent, 10
+  mantissa) and ignores the low 13 (PTX ISA, "Matrix multiply-accumulate ... .tf32": "the lower 13
+  bits are ignored"), so the emulation truncates them;
+* ``tf32x3`` and ``ieee``: no rounding (3xTF32 keeps all but the ``lo * lo`` term, below 2^-22 of
+  each product);
+* ``fp8``: per slice of ``block_k`` consecutive elements along the (flattened) reduced axes, each
+  row of the operand is scaled by ``amax / 448`` (1 where the slice is all zero), clamped to
+  +-448, rounded to float8 e4m3 (``ml_dtypes.float8_e4m3fn``, round to nearest even) and scaled
+  back. Scaling back before the product equals the kernel's scaling of the partial product (both
+  scales are exact factors of an exact fp32 product, up to one rounding).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+FP8_MAX = 448.0   # largest finite float8 e4m3 (OCP 8-bit floating point specification, v1.0)
+EXACT = ("ieee", "tf32x3")
+PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16", "fp16", "fp8")
+
+
+def round_operand(x: np.ndarray, precision: str, reduced: tuple[int, ...] = (),
+                  block_k: int = 32) -> np.ndarray:
+    """``x`` as the tensor cores see it at ``precision``, in fp32.
+
+    Args:
+        x: an fp32 (or fp16/bf16) operand of a contraction; any shape.
+        precision: one of :data:`PRECISIONS`.
+        reduced: the axes of ``x`` the contraction sums over (only ``fp8`` uses them).
+        block_k: the kernel's ``BLOCK_K`` (only ``fp8``: the scaling slice along K).
+    Returns:
+        an fp32 array of ``x``'s shape.
+    Raises:
+        ValueError: for an unknown precision.
+    """
+    a = np.asarray(x, dtype=np.float32)
+    if precision in EXACT:
+        return a
+    if precision == "bf16":
+        return a.astype(ml_dtypes.bfloat16).astype(np.float32)
+    if precision == "fp16":
+        with np.errstate(over="ignore"):
+            return a.astype(np.float16).astype(np.float32)
+    if precision == "tf32":
+        bits = np.ascontiguousarray(a).view(np.uint32) & np.uint32(0xFFFFE000)
+        return bits.view(np.float32).reshape(a.shape)
+    if precision == "fp8":
+        return _fp8_blocks(a, tuple(sorted(r % max(a.ndim, 1) for r in reduced)), block_k)
+    raise ValueError(f"unknown operand precision {precision!r}; known: {PRECISIONS}")
+
+
+def _fp8_blocks(a: np.ndarray, reduced: tuple[int, ...], block_k: int) -> np.ndarray:
+    keep = [d for d in range(a.ndim) if d not in reduced]
+    moved = np.transpose(a, keep + list(reduced))
+    rows_shape = moved.shape[:len(keep)]
+    k = int(np.prod(moved.shape[len(keep):], dtype=np.int64))
+    flat = moved.reshape(-1, k)
+    bk = max(1, int(block_k))
+    pad = (-k) % bk
+    if pad:
+        flat = np.concatenate([flat, np.zeros((flat.shape[0], pad), np.float32)], axis=1)
+    blocks = flat.reshape(flat.shape[0], -1, bk)
+    with np.errstate(all="ignore"):
+        amax = np.max(np.abs(blocks), axis=2, keepdims=True)
+        scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1.0)).astype(np.float32)
+        q = np.clip(blocks / scale, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+        back = q.astype(np.float32) * scale
+    back = back.reshape(flat.shape[0], -1)[:, :k].reshape(rows_shape + moved.shape[len(keep):])
+    inv = np.argsort(keep + list(reduced))
+    return np.ascontiguousarray(np.transpose(back, inv))
+
+
+def dot_rounding(config: dict | None):
+    """The ``ReferenceExecutor(dot_operands=...)`` hook of a kernel config: None where the config
+    multiplies exactly (no ``PRECISION``, ``ieee`` or ``tf32x3``), else the operand rounding of its
+    ``PRECISION`` at its ``BLOCK_K``."""
+    p = (config or {}).get("PRECISION")
+    if p is None or p in EXACT:
+        return None
+    bk = int((config or {}).get("BLOCK_K", 32))
+    return lambda x, reduced: round_operand(x, p, reduced, bk)
