@@ -426,8 +426,11 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
                          node=s.name)
     info = models.identify_model(model)
     inputs = dict(arrays)
+    from lumc.compiler.index_ranges import check_index_inputs, index_uses, random_int_highs
+    uses = index_uses(onnx_model, shapes)
     if missing:
-        inputs.update(random_missing(missing, shapes, seed, info))
+        inputs.update(random_missing(missing, shapes, seed, info, random_int_highs(uses)))
+    check_index_inputs(uses, inputs)   # an index outside its table: one line, on every backend
 
     t0 = time.perf_counter()
     imported = fe.import_onnx(onnx_model, shapes)
@@ -468,8 +471,10 @@ def float64_outputs(graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return ReferenceExecutor(graph, "float64")({k: inputs[k] for k in graph.inputs})
 
 
-def random_missing(missing, shapes: dict, seed: int, info) -> dict[str, np.ndarray]:
-    """``--random`` values of the ``missing`` specs at their concrete ``shapes``.
+def random_missing(missing, shapes: dict, seed: int, info, int_high: dict | None = None
+                   ) -> dict[str, np.ndarray]:
+    """``--random`` values of the ``missing`` specs at their concrete ``shapes`` (integer inputs
+    indexing a table of ``n`` entries, ``int_high[name] = n``, drawn in ``[0, n)``).
 
     Raises:
         InputError: an input too large for this machine's memory (named, before allocating).
@@ -478,7 +483,7 @@ def random_missing(missing, shapes: dict, seed: int, info) -> dict[str, np.ndarr
     want = {s.name: tuple(shapes[s.name]) for s in missing}
     check_input_sizes(want, dtypes)
     try:
-        drawn = models.random_inputs(want, dtypes, seed, info)
+        drawn = models.random_inputs(want, dtypes, seed, info, int_high)
     except MemoryError:
         big = max(want, key=lambda n: math.prod(want[n]) * np.dtype(dtypes[n]).itemsize)
         raise InputError(f"out of memory drawing --random inputs; the largest is {big!r} of shape "

@@ -114,7 +114,20 @@ class CompiledModel:
             if a.dtype != n.dtype.np:
                 raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
                                  node=k)
+        from lumc.compiler.index_ranges import check_index_inputs
+        check_index_inputs(self._index_uses(), arrays)   # a GPU kernel would read out of bounds
         return arrays, is_torch
+
+    def _index_uses(self) -> dict:
+        """The inputs that index a table, from the source model (``lumc.compiler.index_ranges``)."""
+        if getattr(self, "_uses", None) is None:
+            self._uses = {}
+            if self.source_onnx and any(n.dtype.is_int for n in self.graph.inputs.values()):
+                import onnx
+                from lumc.compiler.index_ranges import index_uses
+                self._uses = index_uses(onnx.load_from_string(self.source_onnx),
+                                        {k: n.shape for k, n in self.graph.inputs.items()})
+        return self._uses
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
         """Run on ``{input name: numpy array}``; returns ``{output name: numpy array}``.

@@ -34,13 +34,16 @@ GENERIC_INT_HIGH = 8
 
 
 def generic_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype],
-                   rng: np.random.Generator) -> dict[str, np.ndarray]:
+                   rng: np.random.Generator, int_high: Mapping[str, int] | None = None
+                   ) -> dict[str, np.ndarray]:
     """Random inputs for any model: floats from N(0, 1), integers in [0, 8), bools with p = 1/2.
 
     Args:
         shapes: ``{input name: concrete shape}``.
         dtypes: ``{input name: numpy dtype}`` (same keys).
         rng: the random generator (seeded by the caller for reproducibility).
+        int_high: ``{input name: n}`` for integer inputs that index a table of ``n`` entries
+            (``lumc.compiler.index_ranges``): drawn in ``[0, n)`` instead.
     Returns:
         ``{input name: array}`` of exactly those shapes and dtypes.
     """
@@ -52,7 +55,8 @@ def generic_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype],
         elif d.kind == "b":
             out[name] = rng.random(shape) < 0.5
         else:
-            out[name] = rng.integers(0, GENERIC_INT_HIGH, shape).astype(d)
+            high = (int_high or {}).get(name, GENERIC_INT_HIGH)
+            out[name] = rng.integers(0, high, shape).astype(d)
     return out
 
 
@@ -277,7 +281,8 @@ def fetch_model(name: str) -> pathlib.Path:
 
 
 def random_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype], seed: int = 0,
-                  info: ModelInfo | None = None) -> dict[str, np.ndarray]:
+                  info: ModelInfo | None = None, int_high: Mapping[str, int] | None = None
+                  ) -> dict[str, np.ndarray]:
     """Random inputs by the model's recipe when it is known, else by :func:`generic_inputs`.
 
     Args:
@@ -285,10 +290,13 @@ def random_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype], seed: int = 0,
         dtypes: ``{input name: numpy dtype}``.
         seed: seed of ``numpy.random.default_rng``.
         info: the known model (see :func:`identify_model`), or None for the generic rule.
+        int_high: integer inputs that index a table: ``{name: n}``, drawn in ``[0, n)`` by the
+            generic rule (see :func:`generic_inputs`).
     """
     rng = np.random.default_rng(seed)
-    recipe = info.make_inputs if info is not None else generic_inputs
-    return recipe(dict(shapes), dict(dtypes), rng)
+    if info is not None:
+        return info.make_inputs(dict(shapes), dict(dtypes), rng)
+    return generic_inputs(dict(shapes), dict(dtypes), rng, int_high)
 
 
 def dims_of(shapes: Sequence[tuple[int, ...]]) -> str:

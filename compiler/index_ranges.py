@@ -1,0 +1,141 @@
+"""Graph inputs that index a table: their valid ranges, for ``--random`` and for run-time checks.
+
+An integer graph input that reaches the index operand of a ``Gather``, ``GatherElements`` or
+``GatherND`` node (directly, or through value-preserving ops: ``Cast``, ``Identity``, ``Reshape``,
+``Unsqueeze``, ``Squeeze``, ``Flatten``, ``Expand``, ``Transpose``) must lie in ``[-n, n)``, ``n``
+the size of the axis it indexes (ONNX). :func:`index_uses` finds those inputs and sizes from the
+ONNX graph (table shapes from initializers, else ONNX shape inference at the concrete input
+shapes), so that
+
+* ``--random`` (and a compile's default example inputs) draws such an input in ``[0, n)`` instead
+  of the generic ``[0, 8)`` (token-type ids into a 2-row table);
+* a run checks the given values first and refuses an index outside its table in one line naming
+  the node, the index and the range (:func:`check_index_inputs`), on every backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import onnx
+
+from lumc.ir.errors import InputError
+
+_PASS_THROUGH = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand",
+                 "Transpose"}
+_GATHERS = {"Gather", "GatherElements", "GatherND"}
+
+
+class IndexRangeInputError(InputError):
+    """A graph input indexes a table outside ``[-n, n)``."""
+
+
+@dataclass(frozen=True)
+class IndexUse:
+    """One table an input indexes: the node (name or ``op #k``), its op, and the axis size ``n``
+    (valid indices ``[-n, n)``)."""
+    node: str
+    op: str
+    size: int
+
+
+def _shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[str, tuple]:
+    """``{value name: static shape}`` for initializers and, by shape inference, other values."""
+    out = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in m.graph.input:
+        if vi.name in input_shapes and vi.type.HasField("tensor_type"):
+            shape = vi.type.tensor_type.shape
+            shape.Clear()
+            for d in input_shapes[vi.name]:
+                shape.dim.add().dim_value = int(d)
+    try:
+        m = onnx.shape_inference.infer_shapes(m)
+    except Exception:   # an exotic model: initializer shapes are still known
+        return out
+    for vi in list(m.graph.value_info) + list(m.graph.input):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(
+                d.HasField("dim_value") for d in tt.shape.dim):
+            out.setdefault(vi.name, tuple(d.dim_value for d in tt.shape.dim))
+    return out
+
+
+def _axis_size(node: onnx.NodeProto, data_shape: tuple, index_shape: tuple | None) -> int | None:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    r = len(data_shape)
+    if node.op_type == "GatherND":
+        b = int(attrs.get("batch_dims", 0))
+        if index_shape is None or not index_shape:
+            return None
+        k = index_shape[-1]
+        dims = data_shape[b:b + k]
+        return min(dims) if dims else None
+    axis = int(attrs.get("axis", 0))
+    if not -r <= axis < r:
+        return None
+    return data_shape[axis]
+
+
+def index_uses(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[str, list[IndexUse]]:
+    """``{graph input name: [IndexUse]}`` for the integer inputs that index a table (top-level
+    graph only; see the module docstring). ``input_shapes`` gives the concrete input shapes."""
+    inits = {t.name for t in model.graph.initializer}
+    ints = [vi.name for vi in model.graph.input if vi.name not in inits
+            and vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in (
+                onnx.TensorProto.INT64, onnx.TensorProto.INT32)]
+    if not ints:
+        return {}
+    consumers: dict[str, list[tuple[int, onnx.NodeProto]]] = {}
+    for node in model.graph.node:
+        for k, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((k, node))
+    shapes = None
+    out: dict[str, list[IndexUse]] = {}
+    for name in ints:
+        seen, stack = set(), [name]
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            for k, node in consumers.get(v, []):
+                if node.op_type in _PASS_THROUGH and k == 0:
+                    stack.extend(o for o in node.output if o)
+                elif node.op_type in _GATHERS and k == 1:
+                    if shapes is None:
+                        shapes = _shapes(model, input_shapes)
+                    data = shapes.get(node.input[0])
+                    size = _axis_size(node, data, shapes.get(v)) if data is not None else None
+                    if size is not None:
+                        pos = list(model.graph.node).index(node)
+                        out.setdefault(name, []).append(
+                            IndexUse(node.name or f"{node.op_type} #{pos}", node.op_type, int(size)))
+    return out
+
+
+def random_int_highs(uses: Mapping[str, list[IndexUse]]) -> dict[str, int]:
+    """``{input name: n}``: draw the input in ``[0, n)``, ``n`` the smallest table it indexes."""
+    return {k: min(u.size for u in v) for k, v in uses.items() if v and min(u.size for u in v) > 0}
+
+
+def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, np.ndarray]) -> None:
+    """Refuse an input value outside the range of a table it indexes.
+
+    Raises:
+        IndexRangeInputError: one line naming the node, the input, the index and the range.
+    """
+    for name, lst in uses.items():
+        x = inputs.get(name)
+        if x is None or np.asarray(x).size == 0:
+            continue
+        x = np.asarray(x)
+        lo, hi = int(x.min()), int(x.max())
+        for u in lst:
+            if lo < -u.size or hi >= u.size:
+                bad = lo if lo < -u.size else hi
+                raise IndexRangeInputError(
+                    f"index {bad} in input {name!r} is out of range [{-u.size}, {u.size}) of the "
+                    f"table it indexes", node=u.node, op=u.op)

@@ -1,0 +1,107 @@
+"""Integer inputs that index a table: ``--random`` draws them in the table's range, and a value
+outside it is one line ``lumc: error:`` naming the node, the index and the range, on the reference
+and Triton backends, for artifacts, and through the Python API."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+import lumc
+from lumc.compiler.cli import cli
+from lumc.compiler.index_ranges import index_uses, random_int_highs
+from lumc.compiler.tuning_db import TuningDatabase
+from lumc.ir.errors import InputError
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def bert_like() -> onnx.ModelProto:
+    """Word and token-type embeddings (30 and 2 rows); token types reach their Gather through
+    Cast and Unsqueeze/Squeeze; GatherElements over a 3-wide axis from another input."""
+    rng = np.random.default_rng(0)
+    word = nh.from_array(rng.standard_normal((30, 4)).astype(np.float32), "word")
+    tt = nh.from_array(rng.standard_normal((2, 4)).astype(np.float32), "tt")
+    ax = nh.from_array(np.array([0], np.int64), "ax")
+    nodes = [oh.make_node("Gather", ["word", "input_ids"], ["w"], name="word_embed"),
+             oh.make_node("Cast", ["token_type_ids"], ["t32"], to=TP.INT32),
+             oh.make_node("Unsqueeze", ["t32", "ax"], ["t3"]),
+             oh.make_node("Squeeze", ["t3", "ax"], ["t2"]),
+             oh.make_node("Gather", ["tt", "t2"], ["t"], name="type_embed"),
+             oh.make_node("Add", ["w", "t"], ["y"]),
+             oh.make_node("GatherElements", ["x", "pick"], ["z"], axis=1, name="pick_cols")]
+    ins = [oh.make_tensor_value_info("input_ids", TP.INT64, [2, 7]),
+           oh.make_tensor_value_info("token_type_ids", TP.INT64, [2, 7]),
+           oh.make_tensor_value_info("x", TP.FLOAT, [2, 3]),
+           oh.make_tensor_value_info("pick", TP.INT64, [2, 5]),
+           oh.make_tensor_value_info("other", TP.INT64, [2])]
+    outs = [oh.make_tensor_value_info("y", TP.FLOAT, None), oh.make_tensor_value_info("z", TP.FLOAT, None),
+            oh.make_tensor_value_info("o", TP.INT64, None)]
+    nodes.append(oh.make_node("Identity", ["other"], ["o"]))
+    g = oh.make_graph(nodes, "bert_like", ins, outs, [word, tt, ax])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def bert_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("idx") / "bert_like.onnx"
+    onnx.save(bert_like(), p)
+    return p
+
+
+def test_index_uses_found_through_value_preserving_ops():
+    shapes = {"input_ids": (2, 7), "token_type_ids": (2, 7), "x": (2, 3), "pick": (2, 5)}
+    uses = index_uses(bert_like(), shapes)
+    assert random_int_highs(uses) == {"input_ids": 30, "token_type_ids": 2, "pick": 3}
+    assert [(u.node, u.op) for u in uses["token_type_ids"]] == [("type_embed", "Gather")]
+
+
+def test_random_draws_in_the_table_range_and_check_passes(bert_path, tmp_path):
+    out = tmp_path / "o.npz"
+    res = _run("run", bert_path, "--random", "--check", "-o", out, "--seed", "3")
+    assert res.exit_code == 0, res.output
+    with np.load(out) as f:
+        assert f["o"].min() >= 0 and f["o"].max() < 8    # not an index: the generic [0, 8)
+    # the drawn ids themselves, through the same rule
+    from lumc.compiler.models import random_inputs
+    x = random_inputs({"token_type_ids": (64, 7), "input_ids": (64, 7)},
+                      {"token_type_ids": np.int64, "input_ids": np.int64}, 3,
+                      int_high={"token_type_ids": 2, "input_ids": 30})
+    assert set(np.unique(x["token_type_ids"])) == {0, 1}
+    assert x["input_ids"].max() >= 8 and x["input_ids"].max() < 30
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("bad,node,rng", [("token_type_ids", "type_embed", "[-2, 2)"),
+                                          ("input_ids", "word_embed", "[-30, 30)"),
+                                          ("pick", "pick_cols", "[-3, 3)")])
+def test_out_of_range_index_is_one_line(bert_path, tmp_path, backend, bad, node, rng):
+    vals = {"input_ids": np.zeros((2, 7), np.int64), "token_type_ids": np.ones((2, 7), np.int64),
+            "x": np.ones((2, 3), np.float32), "pick": np.zeros((2, 5), np.int64),
+            "other": np.zeros(2, np.int64)}
+    vals[bad] = vals[bad].copy()
+    vals[bad].flat[3] = -31 if bad == "input_ids" else 3
+    np.savez(tmp_path / "in.npz", **vals)
+    res = _run("run", bert_path, "--inputs", tmp_path / "in.npz", "--backend", backend)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lumc: error: ") and "Traceback" not in res.output
+    want = str(vals[bad].flat[3])
+    assert f"node '{node}'" in lines[0] and f"index {want}" in lines[0] and rng in lines[0]
+
+
+def test_out_of_range_index_through_the_api(tmp_path):
+    f = lumc.compile(bert_like(), budget="30s", device="sim:h200",
+                     db=TuningDatabase(tmp_path / "db.sqlite"))
+    ok = {"input_ids": np.full((2, 7), 29, np.int64), "token_type_ids": np.ones((2, 7), np.int64),
+          "x": np.ones((2, 3), np.float32), "pick": np.full((2, 5), -3, np.int64),
+          "other": np.zeros(2, np.int64)}
+    f(**ok)
+    with pytest.raises(InputError, match=r"type_embed.*index 2 .*\[-2, 2\)"):
+        f(**(ok | {"token_type_ids": np.full((2, 7), 2, np.int64)}))
