@@ -236,6 +236,11 @@ class Evaluator:
         table, index = n.srcs
         a = n.arg
         ni = len(index.shape)
+        if self.is_scalar_constant(index) and 0 <= int(index.arg.value.reshape(-1)[0]) < table.shape[a]:
+            # a constant in-range index (a Resize's or Slice's pick): a plain read, no bounds test
+            # (a 0-d bounds test and-ed into the load mask is refused by the interpreter)
+            k = str(int(index.arg.value.reshape(-1)[0]))
+            return self.value(table, tuple(idx[:a]) + (k,) + tuple(idx[a + ni:]), mask, level)
         g = self.value(index, idx[a:a + ni], mask, level)
         g = self.w.bind(f"{g}.to({self.index_dtype})", "g", level)
         # an index outside [0, n) reads zero instead of foreign memory (the reference raises)
