@@ -34,9 +34,9 @@ clean:  ## remove build and test leftovers (not .venv, not the model cache)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print | xargs rm -rf
 
 # ---- Triton backend on a GPU (backends/triton/gpu_check.sh) ----------------------------------------
-.PHONY: gpu-check gpu-wheels
+.PHONY: gpu-check gpu-wheels gpu-models
 
-gpu-check:  ## GPU tests (bf16) + per-form benchmark vs torch on an H100/H200; stops with a message without a GPU
+gpu-check:  ## the main job on an H100/H200 (gpu tests, 6 models compiled, CUDA-graph checked, vs eager/inductor -> docs/gpu-results.md); stops with exit 2 without a GPU
 	bash backends/triton/gpu_check.sh
 
 gpu-wheels:  ## fetch the wheels gpu-check installs on the GPU machine (CPython 3.12) into build/wheels
@@ -44,4 +44,10 @@ gpu-wheels:  ## fetch the wheels gpu-check installs on the GPU machine (CPython 
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d build/wheels \
 		"numpy>=1.26,<2.5" ml_dtypes==0.6.0 platformdirs==4.14.8 pytest==9.2.0 iniconfig==2.3.1 \
-		pluggy==1.7.0 packaging==26.4 pygments==2.21.0 hypothesis==6.170.17 sortedcontainers==2.4.0
+		pluggy==1.7.0 packaging==26.4 pygments==2.21.0 hypothesis==6.170.17 sortedcontainers==2.4.0 \
+		onnx==1.23.2 protobuf==7.36.2 onnxruntime==1.32.0 flatbuffers==25.12.19 click==8.5.1 \
+		rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 networkx==3.6.1
+
+gpu-models:  ## copy the four MODELS.md models into build/gpu-models (carried to the GPU machine)
+	mkdir -p build/gpu-models
+	for m in silero-vad magika ppocr-det minilm-l3; do cp "$$($(LUMC) models fetch $$m)" build/gpu-models/; done

@@ -169,3 +169,23 @@ def test_cpu_executor_runs_a_plan_with_extern_kernels(tmp_path, monkeypatch):
     back = lumc.load(tmp_path / "m.lumc")
     assert [bx.impl_of(c) for c in back.configs].count("cublas") == n_ext
     assert max_rel_error(back(x), want) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_plan_runs_extern_kernels_through_cuda_graphs(tmp_path, monkeypatch):
+    import onnxruntime as ort
+    import lumc
+    from tests.compiler.test_compile import small_model
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    model = small_model(m=13, k=24, n=40)
+    cm = lumc.compile(model, budget="60s", device="sim:h200")
+    for i, c in enumerate(cm.program.calls):
+        ext = bx.extern_configs(c.kernel, H200)
+        if ext:
+            cm.configs[i] = ext[0]
+    cm.torch_device = "cuda:0"
+    x = np.random.default_rng(3).standard_normal((13, 24)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert max_rel_error(cm(x), want) < 1e-5
+    assert cm._gpu_plan.graph                      # replayed through a CUDA graph
