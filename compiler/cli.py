@@ -504,11 +504,12 @@ def print_outputs(outputs: dict, ref: dict | None, rtol: float | None, atol: flo
                 checks[name] = OutputCheck(np.inf, np.inf, False, "not an onnxruntime output")
                 continue
             got = np.asarray(y)
-            c = compare_output(got, ref[name], rtol, atol)
+            a = atol.get(name) if isinstance(atol, dict) else atol   # per output (precision)
+            c = compare_output(got, ref[name], rtol, a)
             if not c.ok and float64 is not None and not c.note and got.dtype.kind == "f":
                 judge = judge if judge is not None else float64()
                 if name in judge:
-                    c = judge_by_float64(got, ref[name], judge[name], rtol, atol)
+                    c = judge_by_float64(got, ref[name], judge[name], rtol, a)
             checks[name] = c
     width = max([len(n) for n in outputs] + [6])
     for name, y in outputs.items():

@@ -135,10 +135,18 @@ def _base(x: Node) -> Node:
     return x
 
 
-def _is_broadcast_read(x: Node) -> bool:
+def _is_broadcast_read(x: Node, depth: int = 0) -> bool:
+    """A contraction operand a tile can be loaded from: a broadcast (stride-0) view, under casts or
+    an elementwise prologue of such reads and scalars (a weight dequantized in the prologue:
+    ``Cast(q) * scale``), at most a few ops deep."""
     while x.op == "Cast":
         x = x.srcs[0]
-    return x.op == "View" and any(st == 0 and d > 1 for st, d in zip(x.arg.strides, x.arg.shape))
+    if x.op == "View":
+        return any(st == 0 and d > 1 for st, d in zip(x.arg.strides, x.arg.shape))
+    if x.op in ELEMENTWISE and x.srcs and depth < 3:
+        reads = [s for s in x.srcs if not (s.op in ("Constant", "View") and s.numel == 1)]
+        return bool(reads) and all(_is_broadcast_read(s, depth + 1) for s in reads)
+    return False
 
 
 def classify(meaning: Graph) -> tuple[str, tuple]:

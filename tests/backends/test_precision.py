@@ -1,0 +1,126 @@
+"""Operand precision of contractions: numpy emulation, Triton branches in the interpreter, peaks,
+simulated prices and bounds per precision.
+
+The Triton interpreter computes ``ieee``, ``tf32x3``, ``tf32`` (as exact fp32) and ``fp16`` dots as a
+GPU would; its bf16 arithmetic truncates and its fp8 products are not exact, so the bf16 and fp8
+branches are checked here by their source and by the numpy emulation, and on a GPU by the ``gpu``
+tests (``lumc.compiler.measure`` checks every config there).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from lumc.backends import devices
+from lumc.backends.precision import FP8_MAX, dot_rounding, round_operand
+from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.simulator import config_bound, simulate_kernel_time
+from lumc.backends.triton import configs
+from lumc.backends.triton.launch import TritonKernel
+from lumc.ir import dtypes as dt
+from triton_cases import matmul_kernel
+
+RNG = np.random.default_rng(7)
+
+
+def test_bf16_fp16_rounding_is_round_to_nearest_even():
+    x = RNG.standard_normal(1000).astype(np.float32) * 100
+    np.testing.assert_array_equal(round_operand(x, "bf16"),
+                                  x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(round_operand(x, "fp16"), x.astype(np.float16).astype(np.float32))
+    assert round_operand(np.float32([1e6]), "fp16")[0] == np.inf   # fp16 overflows to inf
+
+
+def test_tf32_keeps_ten_mantissa_bits():
+    x = RNG.standard_normal(1000).astype(np.float32)
+    r = round_operand(x, "tf32")
+    assert np.all(r.view(np.uint32) & 0x1FFF == 0)
+    assert np.all(np.abs(r - x) <= np.abs(x) * 2.0 ** -10)
+    np.testing.assert_array_equal(round_operand(x, "tf32x3"), x)   # 3xTF32 is emulated as fp32
+
+
+@pytest.mark.parametrize("k,bk", [(70, 32), (64, 64), (5, 32), (129, 16)])
+def test_fp8_block_scales(k, bk):
+    x = RNG.standard_normal((6, k)).astype(np.float32) * np.float32(RNG.uniform(0.01, 50))
+    x[2] = 0.0                                   # an all-zero row stays zero (scale 1)
+    r = round_operand(x, "fp8", (1,), bk)
+    assert np.all(r[2] == 0)
+    for j in range(0, k, bk):
+        blk, rb = x[:, j:j + bk], r[:, j:j + bk]
+        amax = np.abs(blk).max(axis=1, keepdims=True)
+        scale = np.where(amax > 0, amax / FP8_MAX, 1.0).astype(np.float32)
+        # every value is an e4m3 value times its slice's scale, the slice's amax kept exactly
+        q = (rb / scale).astype(np.float32)
+        np.testing.assert_allclose(q, q.astype(ml_dtypes.float8_e4m3fn).astype(np.float32),
+                                   rtol=1e-6, atol=1e-30)
+        np.testing.assert_allclose(np.abs(rb).max(axis=1, keepdims=True), amax, rtol=1e-6)
+    # e4m3 has 3 mantissa bits: relative error per element at most 2^-4 of its slice's amax
+    assert np.all(np.abs(r - x) <= np.abs(x).max() * 2.0 ** -4 + 1e-30)
+
+
+def test_fp8_scales_follow_the_reduced_axes():
+    x = RNG.standard_normal((40, 3)).astype(np.float32)
+    a = round_operand(x, "fp8", (0,), 32)        # K is axis 0: columns are scaled separately
+    b = round_operand(x.T.copy(), "fp8", (1,), 32).T
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("p", ["ieee", "tf32x3", "tf32", "fp16"])
+@pytest.mark.parametrize("mkn", [(1, 7, 127), (37, 45, 130), (127, 33, 1023)])
+def test_interpreter_dot_matches_its_emulation(mkn, p):
+    k = matmul_kernel(*mkn, dt.f32)
+    tk = TritonKernel(k)
+    ins = [RNG.standard_normal(n.shape).astype(np.float32) for n in k.inputs]
+    cfg = configs.make(4, 2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, PRECISION=p)
+    got = tk(*ins, config=cfg)[0].numpy()
+    feed = {n.arg.name: v for n, v in zip(k.inputs, ins)}
+    # the interpreter's tf32 is exact fp32: compare it with the exact meaning
+    hook = dot_rounding(cfg.kwargs()) if p != "tf32" else None
+    ref = next(iter(ReferenceExecutor(k.meaning, dot_operands=hook)(feed).values()))
+    exact = next(iter(ReferenceExecutor(k.meaning, "float64")(feed).values()))
+    scale = np.abs(exact).max()
+    assert np.abs(got - ref).max() / scale < 2e-6
+    if p == "fp16":   # and the precision really is lower than fp32's
+        assert np.abs(ref - exact).max() / scale > 1e-5
+
+
+def test_every_precision_is_a_constexpr_branch_of_one_module():
+    tk = TritonKernel(matmul_kernel(64, 64, 64, dt.f32))
+    src = tk.source
+    assert "PRECISION: tl.constexpr" in src
+    assert "input_precision=PRECISION" in src and "tl.float8e4nv" in src and "tl.bfloat16" in src
+    d = tk.default_config()
+    assert d["PRECISION"] == "tf32x3"                      # fp32 on tensor cores by default
+    tk16 = TritonKernel(matmul_kernel(64, 64, 64, dt.f16))
+    assert tk16.default_config()["PRECISION"] == "fp16" and "input_precision" not in tk16.source
+
+
+def test_dot_peaks_and_policy_bound():
+    h = devices.H200
+    assert h.dot_peak("tf32x3") == pytest.approx(h.tensor_flops["f32"] / 3)
+    assert h.dot_peak("ieee") == h.vector_flops["f32"]
+    assert h.dot_peak("fp8") == pytest.approx(2 * h.dot_peak("bf16"), rel=1e-3)
+    assert h.dot_peak("bf16") == pytest.approx(2 * h.dot_peak("tf32"), rel=1e-3)
+    # the fp32 bound is the 3xTF32 rate, not plain TF32 (the 7x-optimistic bound of round 1)
+    assert h.as_ceilings()["tensor_flops"]["f32"] == pytest.approx(494.7e12 / 3)
+    import dataclasses
+    fp8 = dataclasses.replace(h, dot_precisions={"f32": ("fp8", "bf16")})
+    assert fp8.as_ceilings()["tensor_flops"]["f32"] == h.dot_peak("fp8")
+
+
+def test_simulated_time_follows_the_emitted_precision():
+    k = matmul_kernel(4096, 4096, 4096, dt.f32)
+    base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)
+    t = {p: simulate_kernel_time(k, {**base, "PRECISION": p}, devices.H200)
+         for p in ("ieee", "tf32x3", "tf32", "bf16", "fp8")}
+    assert t["ieee"] > t["tf32x3"] > t["tf32"] > t["bf16"]
+    # fp8 scales its operand tiles on CUDA cores at every K step: a longer BLOCK_K amortizes it
+    fp8_128 = simulate_kernel_time(k, {**base, "BLOCK_K": 64, "num_stages": 2, "PRECISION": "fp8"},
+                                   devices.H200)
+    assert fp8_128 < t["fp8"]
+    assert t["fp8"] > 2 * 4096 ** 3 / devices.H200.dot_peak("fp8")
+    # an FFMA GEMM cannot beat the CUDA-core roofline: 2*4096^3 / 66.9e12 = 2.05 ms
+    assert t["ieee"] >= 2 * 4096 ** 3 / 66.9e12
+    for p, v in t.items():
+        assert config_bound(k, {**base, "PRECISION": p}, devices.H200) <= v, p

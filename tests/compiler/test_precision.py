@@ -1,0 +1,136 @@
+"""The precision policy end to end on small ONNX models (sim:h200): weights stored as asked,
+quality measured against the fp32 model and float64, the gate, and the report fields."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lumc
+from lumc.backends.reference import ReferenceExecutor
+from lumc.compiler.precision import (PrecisionPolicy, contraction_reduced_axes, output_quality,
+                                     store_weights)
+from lumc.compiler.tuning_db import TuningDatabase
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Graph, input_node
+from lumc.ir.tensor import Tensor
+
+
+def classifier(m=16, k=256, h=192, n=10, seed=0):
+    """x[m, k] -> relu(x @ w1 + b1) @ w2 + b2 -> softmax: class probabilities."""
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array((rng.standard_normal((k, h)) / np.sqrt(k)).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal((h,)).astype(np.float32) * 0.1, "b1")
+    w2 = numpy_helper.from_array((rng.standard_normal((h, n)) * 2 / np.sqrt(h)).astype(np.float32), "w2")
+    b2 = numpy_helper.from_array(rng.standard_normal((n,)).astype(np.float32) * 0.1, "b2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["z"]),
+             helper.make_node("Add", ["z", "b2"], ["zb"]),
+             helper.make_node("Softmax", ["zb"], ["y"], axis=-1)]
+    g = helper.make_graph(nodes, "cls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                          [w1, b1, w2, b2])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def numpy_reference(model, x):
+    init = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    h = np.maximum(x.astype(np.float64) @ init["w1"] + init["b1"], 0)
+    z = h @ init["w2"] + init["b2"]
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.fixture()
+def db(tmp_path):
+    return TuningDatabase(tmp_path / "tuning.sqlite")
+
+
+@pytest.mark.parametrize("precision,weights", [("bf16", "same"), ("fp8", "same"), ("fp32", "int8")])
+def test_reduced_precision_compile_measures_its_quality(precision, weights, db):
+    model = classifier()
+    cm = lumc.compile(model, budget="40s", device="sim:h200", db=db, use_egraph=False,
+                      precision=precision, weights=weights)
+    r = cm.report_dict()
+    assert r["precision"] == precision and r["weights"] == weights
+    q = r["quality"]
+    assert q is not None and q["passed"], q
+    out = q["outputs"]["y"]
+    assert {"max_abs", "max_rel", "cosine", "kl_mean", "kl_max", "top1"} <= set(out)
+    # the report's figures are the compiled program's own, against float64
+    x = np.random.default_rng(5).standard_normal((16, 256)).astype(np.float32)
+    got = cm(x)
+    ref = numpy_reference(model, x)
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err <= r["tolerance"]
+    assert err > 1e-6                       # reduced precision really ran (fp32 is ~1e-7 here)
+    kl = np.sum(ref * (np.log(ref) - np.log(np.clip(got, 1e-30, None))), -1).mean()
+    assert kl < 0.05
+    contractions = [k for k in r["per_kernel"] if k["form"] == "matmul"]
+    assert contractions and all("precision" in k for k in r["per_kernel"])
+    if precision == "bf16":
+        assert all(k["precision"] == "bf16" for k in contractions)
+        assert r["weight_storage"]["bytes_after"] * 2 == r["weight_storage"]["bytes_before"]
+    if weights == "int8":
+        assert r["weight_storage"]["int8"] == 2
+
+
+def test_fp32_default_is_tensor_core_split_tf32(db):
+    cm = lumc.compile(classifier(), budget="30s", device="sim:h200", db=db, use_egraph=False)
+    r = cm.report_dict()
+    assert r["precision"] == "fp32" and r["quality"] is None
+    precs = {k["precision"] for k in r["per_kernel"] if k["form"] == "matmul"}
+    assert precs <= {"tf32x3", "ieee"} and precs
+    assert r["max_rel_error"] <= 1e-4
+
+
+def test_gate_that_cannot_be_met_falls_back_and_says_so(db):
+    cm = lumc.compile(classifier(), budget="60s", device="sim:h200", db=db, use_egraph=False,
+                      precision="bf16", tolerance=1e-9)
+    r = cm.report_dict()
+    assert r["precision"] == "fp32"
+    assert any("misses the quality gate" in w for w in r["warnings"])
+
+
+def test_bad_policy_is_one_line():
+    with pytest.raises(InputError, match="--precision"):
+        PrecisionPolicy("fp4")
+    with pytest.raises(InputError, match="nvfp4"):
+        PrecisionPolicy("fp32", "nvfp4")
+    with pytest.raises(InputError, match="--max-kl"):
+        PrecisionPolicy("bf16", max_kl=-1.0)
+
+
+def test_int8_weights_dequantize_bit_exactly_per_output_channel():
+    rng = np.random.default_rng(3)
+    x = Tensor(input_node("x", (5, 64), dt.f32))
+    w_val = rng.standard_normal((64, 48)).astype(np.float32) * np.linspace(0.1, 3, 48, dtype=np.float32)
+    w = Tensor.const(w_val)
+    y = x @ w
+    g = Graph({"x": x.node}, {"y": y.node})
+    assert contraction_reduced_axes(w.node, g.users()) == (0,)
+    q8, stats = store_weights(g, PrecisionPolicy("fp32", "int8"))
+    assert stats["int8"] == 1
+    # the numpy dequantizer: per column scale amax/127, round half to even, clip
+    scale = np.abs(w_val).max(axis=0, keepdims=True) / np.float32(127)
+    q = np.clip(np.rint(w_val / scale), -127, 127).astype(np.int8)
+    deq = q.astype(np.float32) * scale.astype(np.float32)
+    xv = rng.standard_normal((5, 64)).astype(np.float32)
+    got = ReferenceExecutor(q8)({"x": xv})["y"]
+    np.testing.assert_array_equal(got, ReferenceExecutor(
+        Graph({"x": x.node}, {"y": (x @ Tensor.const(deq)).node}))({"x": xv})["y"])
+
+
+def test_quality_figures_against_float64():
+    p = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
+    q = np.array([[0.6, 0.3, 0.1], [0.2, 0.1, 0.7]])
+    f = output_quality(q, p)
+    kl = (p * np.log(p / q)).sum(-1)
+    assert f["kl_mean"] == pytest.approx(kl.mean(), rel=1e-12)
+    assert f["kl_max"] == pytest.approx(kl.max(), rel=1e-12)
+    assert f["top1"] == 1.0
+    assert f["cosine"] == pytest.approx(float(p.ravel() @ q.ravel() / np.linalg.norm(p) / np.linalg.norm(q)))
+    logits = output_quality(np.array([[2.0, 0.0]]), np.array([[0.0, 2.0]]), logits=True)
+    assert logits["top1"] == 0.0 and logits["kl_mean"] > 1.0
+    assert "kl_mean" not in output_quality(np.ones((2, 3)), np.ones((2, 3)))   # not probabilities
