@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from types import SimpleNamespace
 from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
@@ -19,6 +20,7 @@ from torch.utils import _pytree as pytree
 from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.budget import parse_duration
 from lumc.compiler.onnx_frontend import ImportedModel
+from lumc.compiler.torch_frontend import plan_cache
 from lumc.compiler.torch_frontend.capture import (CapturedProgram, _as_args, capture_module,
                                                   from_numpy, to_numpy)
 from lumc.ir.errors import InputError
@@ -67,6 +69,7 @@ class CompiledTorchModule:
         self.capture_s = capture_s
         self.search = search
         self.device = device
+        self.reused: str | None = None   # the stored plan a recompile reused (plan_cache)
         self._cache: dict[tuple, Specialization] = {}
 
     @property
@@ -154,6 +157,9 @@ class CompiledTorchModule:
         how = "kernel search per shape" if self.search else "reference executor, no kernel search"
         lines = [f"lumc: PyTorch module captured with {p.source} in {self.capture_s:.2f} s; "
                  f"budget {self.budget_s:g} s ({how})"]
+        if self.reused:
+            lines[0] = (f"lumc: PyTorch module: reused the stored plan {self.reused}; "
+                        f"budget {self.budget_s:g} s")
         for s in p.input_specs():
             lines.append(f"  input  {s.name}: {s.dtype}[{', '.join(map(str, s.shape))}]")
         for info in p.dims.values():
@@ -190,7 +196,7 @@ class CompiledTorchModule:
 
 def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic_shapes=None,
                    example_kwargs: dict | None = None, search: bool = True,
-                   device: str | None = None) -> CompiledTorchModule:
+                   device: str | None = None, reuse_plan: bool = True) -> CompiledTorchModule:
     """Capture a PyTorch module and return a callable that runs it with lumc.
 
     Args:
@@ -204,6 +210,9 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             the lowered graph on the reference executor.
         device: the compile target (``cuda[:N]``, ``sim:h100``, ``sim:h200``; default: the first
             GPU, else ``sim:h200``).
+        reuse_plan: return the stored result of an identical earlier static-shape compile (same
+            module class, structure, weights, inputs, device and versions: ``plan_cache``) without
+            capturing the module again; ``f.reused`` then names the stored plan.
     Returns:
         :class:`CompiledTorchModule`: ``f(*args, **kwargs)`` on torch tensors on the module's
         device, returning the module's output structure; ``f.report()``.
@@ -214,12 +223,49 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     """
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     args = _as_args(example_inputs)
+    t_start = time.monotonic()
+    stored = None
+    if search and reuse_plan and dynamic_shapes is None:
+        stored = _stored_plan(module, args, dict(example_kwargs or {}), budget_s, device, t_start)
+        if isinstance(stored, CompiledTorchModule):
+            return stored
     t0 = time.perf_counter()
     program = capture_module(module, args, example_kwargs, dynamic_shapes)
     compiled = CompiledTorchModule(program, budget_s, time.perf_counter() - t0, search, device)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))
     feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
             if slot.dims is not None and isinstance(leaf, torch.Tensor)}
-    compiled.specialization(leaves, feed)
+    spec = compiled.specialization(leaves, feed)
+    if stored is not None and spec.compiled is not None and \
+            spec.compiled.report_dict().get("best_time_s") is not None:
+        plan_cache.store(stored[0], stored[1], compiled, spec)
+    return compiled
+
+
+def _stored_plan(module, args, kwargs, budget_s, device, t_start):
+    """The reused :class:`CompiledTorchModule`, or ``(plans dir, key)`` to store the result under."""
+    from lumc.compiler.budget import Deadline
+    from lumc.compiler.pipeline import _reuse_plan
+    from lumc.compiler.targets import resolve_target, versions
+    from lumc.compiler.tuning_db import TuningDatabase
+    target = resolve_target(device)
+    plans = TuningDatabase().plans_dir
+    key = plan_cache.module_key(module, args, kwargs, None, target.name,
+                                versions(gpu=not target.simulated))
+    shell = plan_cache.load_shell(plans, key)
+    if shell is None:
+        return plans, key
+    cm = _reuse_plan(plans / f"{key}.lumc", budget_s, Deadline(budget_s, time.monotonic))
+    if cm is None:
+        return plans, key
+    fields = {f: shell[f] for f in plan_cache.SHELL_FIELDS}
+    program = CapturedProgram(graph_module=None, weights={}, device=torch.device(shell["device"]),
+                              **fields)
+    compiled = CompiledTorchModule(program, budget_s, 0.0, True, device)
+    spec = Specialization(shell["key"], SimpleNamespace(graph=cm.graph), cm.run,
+                          shell["op_counts"], shell["seconds"], shell["flat_outputs"], compiled=cm)
+    compiled._cache[spec.key] = spec
+    compiled.reused = f"{key}.lumc ({time.monotonic() - t_start:.2f} s, nothing captured or re-timed)"
+    cm._report["compile_s"] = time.monotonic() - t_start
     return compiled
 
