@@ -176,6 +176,7 @@ class KernelMeasurer:
         self._pending: dict[str, object] = {}   # kernel key -> Future of its check's outputs
         self.db_hits = 0
         self.measured = 0
+        self.spills: dict[tuple[str, int], int] = {}   # GPU: bytes spilled per thread, by config
 
     # ---- kernels ---------------------------------------------------------------------------------
     def add(self, call: KernelCall) -> str:
@@ -271,6 +272,8 @@ class KernelMeasurer:
             ok, note = self._check(e, index, cfg_obj)
         if note.startswith("error: no budget"):
             return Measurement(None, "budget", note)
+        if ok and self.spills.get((key, index), 0) > 0:   # pruned before timing: it spills
+            ok, note = False, f"rejected: spills {self.spills[(key, index)]} B per thread (pruned)"
         if not ok:
             self.log.append(f"kernel {key[:12]} ({e.kernel.form}) config {cfg_obj}: {note}")
             if note.startswith("rejected"):   # wrong numerics are a fact of this kernel+config+version
@@ -371,7 +374,7 @@ class KernelMeasurer:
                 except TimeoutError:
                     return False, "error: no budget left for its numerics check"
             else:
-                outs = e.triton(*ins, config=cfg)
+                outs = self._launch_counting_spills(e, index, cfg, ins)
         except Exception as err:
             return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         from lumc.backends.triton.launch import to_numpy
@@ -405,6 +408,18 @@ class KernelMeasurer:
         e.max_error = max(e.max_error, worst)
         self.checked[(e.key, index)] = worst
         return True, f"checked: max rel error {worst:.3g}"
+
+    def _launch_counting_spills(self, e: KernelEntry, index: int, cfg, ins: list):
+        """Run the Triton kernel; on a GPU, note the register spills of what that launch compiled
+        (``backends/triton/resources.py``) in ``self.spills[(key, index)]``."""
+        if self.target.simulated or index < 0:
+            return e.triton(*ins, config=cfg)
+        from lumc.backends.triton.resources import spills_of_launch
+        n, outs = spills_of_launch(e.triton.module, e.triton.rendered.kernel_names,
+                                   lambda: e.triton(*ins, config=cfg))
+        if n is not None:
+            self.spills[(e.key, index)] = n
+        return outs
 
     def _f64_reference(self, e: KernelEntry, ins: list) -> list[np.ndarray]:
         """The kernel's meaning evaluated in float64 on the same inputs (outputs in order)."""

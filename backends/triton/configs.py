@@ -154,7 +154,11 @@ def _legal(space: str, p: dict, c: dict) -> bool:
             return False
         if bk > max(16, next_pow2(p["K"])):
             return False
-        if bm * bn > REG_TILE * w or bm * bn < 16 * 16 * w // 2:
+        # fp32 operands (split TF32 / IEEE) keep hi/lo operand fragments live beside the
+        # accumulator: half the accumulator tile (64x256 at 4 warps spills 3.4 KiB/thread in
+        # ptxas, `lumc inspect --aot cuda:90` on Magika)
+        reg = REG_TILE * w // (2 if p.get("itemsize", 4) >= 4 else 1)
+        if bm * bn > reg or bm * bn < 16 * 16 * w // 2:
             return False
         if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:  # one K step: nothing to pipeline
             return False

@@ -189,3 +189,24 @@ def test_gpu_plan_runs_extern_kernels_through_cuda_graphs(tmp_path, monkeypatch)
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert max_rel_error(cm(x), want) < 1e-5
     assert cm._gpu_plan.graph                      # replayed through a CUDA graph
+
+
+def test_gpu_configs_that_spill_are_pruned_before_timing(tmp_path, monkeypatch):
+    import dataclasses
+    import lumc.backends.triton.resources as res
+    form, f, specs = _cases()["matmul-bias-relu"]
+    k = _kernel(form, f, specs)
+    call = _call(k)
+    ins = _inputs(specs)
+    ref = ReferenceExecutor(k.meaning)({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    values = {id(n): v for n, v in zip(call.inputs, ins)}
+    values[id(call.outputs[0])] = ref
+    gpu = dataclasses.replace(resolve_target("sim:h200"), name="cuda:0 fake", simulated=False)
+    m = KernelMeasurer(gpu, TuningDatabase(tmp_path / "db.sqlite"), VERSIONS, values)
+    key = m.add(call)
+    monkeypatch.setattr(res, "spills_of_launch", lambda mod, names, launch: (512, launch()))
+    monkeypatch.setattr(m, "_time", lambda e, cfg: 1e-5)
+    r = m(key, 0)
+    assert r.status == "rejected" and "spills 512 B" in r.note
+    monkeypatch.setattr(res, "spills_of_launch", lambda mod, names, launch: (0, launch()))
+    assert m(key, 2).status == "ok"
