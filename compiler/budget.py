@@ -1,14 +1,18 @@
 """The compile budget: a hard wall-clock deadline for the whole compile.
 
 ``parse_duration("30m")`` turns the user's DURATION into seconds; :class:`Deadline` tracks what is
-left against an injectable clock, so tests drive it with a fake timer.
+left against an injectable clock, so tests drive it with a fake timer; :func:`hard_deadline` makes
+it hold for any graph, whatever stage is running when it passes.
 """
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from lumc.ir.errors import BudgetError
 
@@ -78,3 +82,43 @@ class Deadline:
     def sub(self, fraction: float) -> "Deadline":
         """A deadline for one stage: ``fraction`` of what remains now, on the same clock."""
         return Deadline(self.remaining() * fraction, self.clock)
+
+
+class _DeadlinePassed(BaseException):
+    """Raised by the SIGALRM handler of :func:`hard_deadline`; a BaseException, so that no
+    ``except Exception`` on the way swallows it (it re-fires every 2 s regardless)."""
+
+
+@contextlib.contextmanager
+def hard_deadline(deadline: Deadline, what: str = "the compile") -> Iterator[None]:
+    """End the block with :class:`BudgetError` once ``deadline``'s budget plus its grace
+    (:func:`grace_seconds`) has passed, whatever it is doing (a SIGALRM timer).
+
+    Stages check the deadline themselves and degrade (no e-graph, the best-bound candidate
+    untimed); this is the guarantee behind them, for graphs so large that even the cheapest path
+    cannot finish in time. Active only on the main thread with a real clock (``time.monotonic``);
+    elsewhere the block runs unguarded.
+
+    Raises:
+        BudgetError: the budget and grace ran out inside the block (one line).
+    """
+    if (deadline.clock is not time.monotonic or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    limit = max(0.01, deadline.remaining() + grace_seconds(deadline.budget_s))
+
+    def on_alarm(signum, frame):
+        raise _DeadlinePassed()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit, 2.0)
+    try:
+        yield
+    except _DeadlinePassed:
+        raise BudgetError(f"the budget of {deadline.budget_s:g} s (+{grace_seconds(deadline.budget_s):g}"
+                          f" s grace) ran out after {deadline.elapsed():.1f} s before {what} could "
+                          "return a program; this graph needs a larger --budget") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -81,13 +81,27 @@ def saturator(limits: Limits) -> Saturator:
     return sat
 
 
-def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: CostModel
-                     ) -> tuple[list[RegionResult], Tables]:
+class EGraphDeadline(Exception):
+    """The e-graph stage's deadline passed (raised between regions or candidate decodes, so the
+    overrun is at most one region's work); the caller falls back to greedy candidates."""
+
+
+def _check_deadline(deadline: float | None, what: str) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise EGraphDeadline(what)
+
+
+def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: CostModel,
+                     deadline: float | None = None) -> tuple[list[RegionResult], Tables]:
+    """Saturate and extract each region of ``graph``; ``deadline`` (``time.monotonic`` seconds)
+    is checked before each region (raises :class:`EGraphDeadline`)."""
     tables = Tables()
     sat = saturator(limits)
     ctors = set(constructors())
     out = []
-    for reg in partition(graph, max_region_ops):
+    regions = partition(graph, max_region_ops)
+    for i, reg in enumerate(regions):
+        _check_deadline(deadline, f"after {i} of {len(regions)} regions")
         enc = Encoder(tables, {id(x): f"ext{x.id}" for x in reg.externals})
         root_vars = [enc.encode(r) for r in reg.roots]
         data, stats = sat.saturate(enc.lines, reg.name)
@@ -159,16 +173,21 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
 
 def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 4,
                       limits: Limits | None = None, max_region_ops: int = 400,
-                      max_flips: int = 12) -> EGraphResult:
+                      max_flips: int = 12, deadline: float | None = None) -> EGraphResult:
     """Saturate ``graph`` region by region and return up to ``k`` distinct candidate programs,
-    best estimated time first (see the module docstring)."""
+    best estimated time first (see the module docstring).
+
+    Raises:
+        EGraphDeadline: ``deadline`` (``time.monotonic`` seconds) passed before every region was
+            saturated; past it during decoding, the candidates decoded so far are returned.
+    """
     dev = get_device(device) if isinstance(device, str) else device
     ceil = dev.as_ceilings()
     graph = fold_constants(graph)
     itemsize, dname = _dominant_itemsize(graph)
     cost = CostModel(ceil, itemsize, dname)
     t0 = time.perf_counter()
-    results, tables = saturate_regions(graph, limits or Limits(), max_region_ops, cost)
+    results, tables = saturate_regions(graph, limits or Limits(), max_region_ops, cost, deadline)
     t1 = time.perf_counter()
     base = [r.pick for r in results]
     plans: list[tuple[str, list[dict]]] = [("egraph-argmin", base),
@@ -204,6 +223,8 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         plans.append((f"all:{key}", alt))
     progs, bounds, seen = [], [], set()
     for label, picks in plans:
+        if progs and deadline is not None and time.monotonic() > deadline:
+            break                       # out of time: the candidates decoded so far
         try:
             p = decode_candidate(graph, results, picks, tables, label)
             p.validate()

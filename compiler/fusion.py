@@ -259,6 +259,9 @@ class GreedyFusion:
             if not self._is_compute(n) or id(n) in self.group or id(n) in self.realized:
                 continue
             uses = self.uses[id(n)]
+            if len({id(u) for u, _ in uses}) <= 1 and not any(
+                    views or u.op == "Mul" for u, views in uses):
+                continue   # one plain consumer: nothing below applies (and a chain stays linear)
             reads, ops, gather = self._inline_region(n)
             big = [r for r in reads if r.numel > 1 and 2 * r.numel >= n.numel]
             for u, views in uses:

@@ -20,15 +20,16 @@ from typing import Callable
 
 import numpy as np
 
-from lumc.compiler.budget import Deadline, parse_duration
+from lumc.compiler.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.compiled import CompiledModel
 from lumc.compiler.fusion import greedy_program
 from lumc.backends.extern import impl_of
 from lumc.compiler.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.precision import FALLBACK, PrecisionPolicy, precision_report, store_weights
 from lumc.compiler.precision_gate import stage_quality
-from lumc.compiler.program import Program, run_program_reference
+from lumc.compiler.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
+from lumc.compiler.why_not import why_not
 from lumc.compiler.search import SearchResult, run_search
 from lumc.compiler.targets import Target, fork_safe, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.tuning_db import TuningDatabase
@@ -37,6 +38,7 @@ from lumc.ir.graph import Graph
 from lumc.rewrites.cost import kernel_time_bound
 
 EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
+EGRAPH_MIN_S = 0.25   # below this share the e-graph is not started (loading its rules alone costs more)
 MAX_CANDIDATES = 16   # distinct programs taken from extraction (the bound prunes the hopeless ones free)
 MAX_REGION_OPS = 400  # primitive ops per e-graph region (EGGLOG-NOTES: per-layer regions)
 
@@ -121,15 +123,19 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
         regions = max(1, -(-n_compute // MAX_REGION_OPS))
         limits = Limits(seconds=max(0.05, min(Limits().seconds, share / regions)))
         t0 = time.monotonic()
-        try:   # the e-graph's share is a deadline too: checked between regions
-            res = egraph_pipeline.egraph_candidates(graph, target.spec, k=MAX_CANDIDATES,
-                                                    limits=limits, max_region_ops=MAX_REGION_OPS,
-                                                    deadline=t0 + share if deadline.clock is
-                                                    time.monotonic else None)
-        except egraph_pipeline.EGraphDeadline as e:
-            stats["error"] = (f"e-graph stopped at its share of the budget ({share:.2g} s) {e}; "
-                              "greedy candidates only")
-            res = None
+        res = None
+        if share < EGRAPH_MIN_S and deadline.clock is time.monotonic:
+            stats["error"] = (f"e-graph skipped: {share:.2g} s of the budget left for it (building "
+                              "the greedy candidates took the rest)")
+        else:
+            try:   # the e-graph's share is a deadline too: checked between regions
+                res = egraph_pipeline.egraph_candidates(
+                    graph, target.spec, k=MAX_CANDIDATES, limits=limits,
+                    max_region_ops=MAX_REGION_OPS,
+                    deadline=t0 + share if deadline.clock is time.monotonic else None)
+            except egraph_pipeline.EGraphDeadline as e:
+                stats["error"] = (f"e-graph stopped at its share of the budget ({share:.2g} s) "
+                                  f"{e}; greedy candidates only")
     if use_egraph and res is not None:
         tot = res.total
         stats.update({"enodes": tot.enodes, "eclasses": tot.eclasses, "iterations": tot.iterations,
@@ -270,10 +276,11 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         if cm is not None:
             return cm
     t0 = deadline.elapsed()
-    fe = stage_frontend(model, shapes, example_inputs)
-    cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
-                          use_egraph=use_egraph, quiet=quiet, frontend_s=deadline.elapsed() - t0,
-                          policy=policy)
+    with hard_deadline(deadline):    # the budget holds for any graph: BudgetError past its grace
+        fe = stage_frontend(model, shapes, example_inputs)
+        cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
+                              use_egraph=use_egraph, quiet=quiet,
+                              frontend_s=deadline.elapsed() - t0, policy=policy)
     if reuse is not None and cm.report_dict()["best_time_s"] is not None:
         _store_plan(plans / f"{reuse}.lumc", cm)
     return cm
@@ -293,9 +300,10 @@ def compile_graph(graph: Graph, *, budget, device: str | None = None, example_in
     ver = versions(gpu=not target.simulated)
     db = db if db is not None else TuningDatabase()
     target = with_measured_ceilings(target, db)
-    return compile_frontend(Frontend(graph, None, name), deadline, target, ver, db,
-                            example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet,
-                            policy=policy)
+    with hard_deadline(deadline):
+        return compile_frontend(Frontend(graph, None, name), deadline, target, ver, db,
+                                example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet,
+                                policy=policy)
 
 
 def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
@@ -375,6 +383,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                               target, budget_s, deadline, egraph_stats, err, use_egraph, db, log)
         report["stage_seconds"] = stage_s
         report["reference_s"] = round(getattr(values, "seconds", 0.0), 3)   # incl. in the stages
+        report["why_not"] = why_not(chosen, programs, [program_time_bound(p, target.spec)
+                                                       for p in programs])
         report.update(precision_report(policy, quality, weight_stats, report["per_kernel"]))
         return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                              fe.source_onnx, target.torch_device)
