@@ -124,3 +124,50 @@ def test_simulated_time_follows_the_emitted_precision():
     assert t["ieee"] >= 2 * 4096 ** 3 / 66.9e12
     for p, v in t.items():
         assert config_bound(k, {**base, "PRECISION": p}, devices.H200) <= v, p
+
+
+@pytest.mark.parametrize("d", [dt.f16], ids=str)
+def test_fused_fp16_values_keep_their_rounding_where_observed(d):
+    """A value the model types fp16 is rounded to fp16 before a comparison reads it, even inside one
+    fused kernel: ``(a / b) < c`` and ``sum(x) == s`` compare the rounded quotient and sum, as
+    the reference (numpy in fp16) does; computing them in fp32 and comparing unrounded changes
+    results (an Inductor bug class). Inputs are built so that rounding decides many comparisons."""
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.tensor import Tensor
+    from lumc.ir.kernels import Kernel
+    from lumc.backends.triton.launch import to_numpy
+    n = 4096
+    rng = np.random.default_rng(11)
+    a = rng.integers(1, 2048, n).astype(np.float16)
+    b = rng.integers(1, 64, n).astype(np.float16)
+    q32 = a.astype(np.float32) / b.astype(np.float32)
+    c = q32.astype(np.float16)      # c == round(a/b): an unrounded quotient misjudges about half
+    xa, xb, xc = (Tensor(input_node(k, (n,), d)) for k in ("in0", "in1", "in2"))
+    y = (xa / xb) < xc
+    k = Kernel("pointwise", Graph({"in0": xa.node, "in1": xb.node, "in2": xc.node},
+                                  {"out0": y.node}))
+    ref = ReferenceExecutor(k.meaning)({"in0": a, "in1": b, "in2": c})["out0"]
+    np.testing.assert_array_equal(ref, (a / b) < c)                    # numpy's fp16 semantics
+    assert ((q32 < c.astype(np.float32)) != ref).sum() > n // 10        # rounding decides these
+    got = to_numpy(TritonKernel(k)(a, b, c)[0])
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_fused_fp16_sum_is_rounded_before_it_is_compared():
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.tensor import Tensor
+    from lumc.ir.kernels import Kernel
+    from lumc.backends.triton.launch import to_numpy
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((512, 33)) * 8).astype(np.float16)
+    s32 = x.astype(np.float32).sum(-1, keepdims=True)            # fp32 accumulation, as DESIGN says
+    s = s32.astype(np.float16)
+    xt, st = Tensor(input_node("in0", x.shape, dt.f16)), Tensor(input_node("in1", s.shape, dt.f16))
+    y = xt.sum(-1, keepdims=True) < st
+    k = Kernel("reduction", Graph({"in0": xt.node, "in1": st.node}, {"out0": y.node}),
+               (("axes", (1,)), ("reduce", "sum")))
+    ref = ReferenceExecutor(k.meaning)({"in0": x, "in1": s})["out0"]
+    assert not ref.any()                                 # the rounded sum never exceeds itself
+    assert (s32 < s.astype(np.float32)).sum() > 50       # unrounded, many rows would compare true
+    got = to_numpy(TritonKernel(k)(x, s)[0])
+    np.testing.assert_array_equal(got, ref)
