@@ -215,7 +215,11 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
               help="Also compile every kernel ahead of time for this GPU (no GPU needed) and print "
                    "registers, spills, stack and shared memory (ptxas -v) and the tensor-core "
                    "instructions of its SASS.")
-def inspect_cmd(artifact, plot_path, aot_target):
+@click.option("--why-not", "why_not", is_flag=True,
+              help="For each value one kernel writes and another reads, say why the two are not "
+                   "one kernel: the fusion decision, the e-graph rule that would be needed, and "
+                   "the candidates with fewer kernels and the bound they lost by.")
+def inspect_cmd(artifact, plot_path, aot_target, why_not=False):
     """Print the per-kernel table of a compiled ARTIFACT and draw its roofline chart."""
     import lumc
     from lumc import __version__
@@ -253,6 +257,16 @@ def inspect_cmd(artifact, plot_path, aot_target):
         click.echo(f"search: {r.get('candidates_total')} candidates, {r.get('candidates_pruned')} pruned "
                    f"by bound, {r.get('candidates_timed')} timed, {r.get('candidates_rejected')} "
                    f"rejected; stopped: {r.get('stopped_because')}; compile {r.get('compile_s', 0):.1f} s")
+    if why_not:
+        from lumc.compiler.why_not import why_not_lines
+        doc = r.get("why_not")
+        if doc is None:
+            click.echo("why not: this artifact records no fusion decisions (compiled before "
+                       "--why-not existed); compile it again")
+        else:
+            click.echo(f"why not ({len(doc.get('pairs', []))} producer -> consumer pairs):")
+            for line in why_not_lines(doc):
+                click.echo("  " + line)
     if plot_path:
         from lumc.compiler.roofline_plot import plot_roofline
         dtypes = {v[1] for v in (r.get("inputs") or {}).values() if v[1].startswith(("f", "bf"))}

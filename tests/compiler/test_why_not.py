@@ -1,0 +1,39 @@
+"""``lumc inspect ART --why-not``: every producer -> consumer pair of the chosen program is named
+with the fusion decision and the rule that would be needed; the artifact carries it."""
+import numpy as np
+from click.testing import CliRunner
+
+from lumc.compiler.cli import cli
+from lumc.compiler.pipeline import compile_graph
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, const_node, input_node
+from lumc.ir.tensor import Tensor
+
+
+def _pre_ln_block() -> Graph:
+    rng = np.random.default_rng(0)
+    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
+    mu = x.mean((2,), keepdims=True)
+    d = x.sub(mu)
+    ln = d.mul(d.mul(d).mean((2,), keepdims=True).add(
+        Tensor(const_node(np.float32(1e-5)))).sqrt().recip())
+    w = Tensor(const_node(rng.standard_normal((32, 48)).astype(np.float32)))
+    return Graph({"x": x.node}, {"y": (ln @ w).node})
+
+
+def test_why_not_names_both_kernels_and_the_missing_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    cm = compile_graph(_pre_ln_block(), budget="30s", device="sim:h200")
+    doc = cm.report_dict()["why_not"]
+    forms = [(e["producer_form"], e["consumer_form"]) for e in doc["pairs"]]
+    assert ("layernorm", "matmul") in forms
+    e = doc["pairs"][forms.index(("layernorm", "matmul"))]
+    assert "prologue" in e["rule"] and e["value"] == "f32[1, 8, 32]"
+    assert "broadcast view" in e["fusion"]
+    assert len(doc["pairs"]) == len(cm.program.calls) - 1   # a chain: one pair per edge
+    art = tmp_path / "m.lumc"
+    cm.save(art)
+    res = CliRunner().invoke(cli, ["inspect", str(art), "--why-not"])
+    assert res.exit_code == 0, res.output
+    assert "#0 layernorm -> #1 matmul (f32[1, 8, 32]): not one kernel" in res.output
+    assert "rule:   no kernels rule offers LayerNorm/RMSNorm as the prologue" in res.output
