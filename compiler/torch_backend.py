@@ -55,7 +55,8 @@ class DynamoGraph:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, budget_s: float,
-                 search: bool = True, device: str | None = None):
+                 search: bool = True, device: str | None = None, policy=None):
+        self.policy = policy             # the precision policy (lumc.compiler.precision)
         self.gm = gm
         self.budget_s = budget_s
         self.search = search
@@ -107,7 +108,8 @@ class DynamoGraph:
             feed = {slot.name: to_numpy(a) for slot, a in zip(program.inputs, args)
                     if slot.dims is not None}
             compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
-                                     example_inputs=feed, name="torch.compile graph")
+                                     example_inputs=feed, name="torch.compile graph",
+                                     policy=self.policy)
             executor = compiled.run
         else:
             executor = ReferenceExecutor(imported.graph)
@@ -153,8 +155,24 @@ def _device(args) -> torch.device:
     return torch.device("cpu")
 
 
-def lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search: bool = True,
-                 device: str | None = None, **options):
+_BACKEND_OPTIONS = ("budget", "search", "device", "precision", "weights", "tolerance", "max_kl",
+                    "logits")
+
+
+def lumc_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kw):
+    """The TorchDynamo backend (see :func:`_lumc_backend` for the options): ``torch.compile``
+    passes ``options={...}`` as one dict; calling it directly may pass them as keywords."""
+    merged = {**dict(options or {}), **kw}
+    unknown = sorted(set(merged) - set(_BACKEND_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown lumc backend options: {', '.join(unknown)}; known: "
+                        f"{', '.join(_BACKEND_OPTIONS)}")
+    return _lumc_backend(gm, example_inputs, **merged)
+
+
+def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search: bool = True,
+                  device: str | None = None, precision: str = "fp32", weights: str = "same",
+                  tolerance: float | None = None, max_kl: float | None = None, logits=()):
     """The TorchDynamo backend: returns a callable running ``gm`` with lumc.
 
     Args:
@@ -163,12 +181,16 @@ def lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search: 
         budget: the compile budget (``"2m"``, seconds); None for ``DEFAULT_BUDGET``.
         search: run the kernel search per shape (default); False runs the reference executor.
         device: the compile target (default: the first GPU, else ``sim:h200``).
+        precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
+            (``lumc.compiler.precision``), as ``torch.compile(m, backend="lumc",
+            options={"precision": "bf16"})``.
     Raises:
+        InputError: an unknown precision or weights option.
         UnsupportedOpError: the graph uses ATen ops lumc cannot lower (Dynamo reports it as a
             backend compiler failure).
         BudgetError: a malformed budget.
     """
-    if options:
-        raise TypeError(f"unknown lumc backend options: {', '.join(sorted(options))}")
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
-    return DynamoGraph(gm, example_inputs, budget_s, search, device)
+    from lumc.compiler.precision import PrecisionPolicy
+    policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
+    return DynamoGraph(gm, example_inputs, budget_s, search, device, policy)

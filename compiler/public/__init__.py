@@ -33,7 +33,9 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
     """Compile ``model`` (an ONNX path, ``onnx.ModelProto`` or bytes; or a ``torch.nn.Module`` with
     ``example_inputs``) into the fastest correct program lumc finds within ``budget``.
 
-    See :func:`lumc.compiler.pipeline.compile_model` for the arguments. Returns a
+    See :func:`lumc.compiler.pipeline.compile_model` for the arguments (``precision=``,
+    ``weights=``, ``tolerance=``, ``max_kl=``, ``logits=``: the precision policy and its quality
+    gate, :mod:`lumc.compiler.precision`). Returns a
     :class:`~lumc.compiler.compiled.CompiledModel`; for a torch module,
     :func:`lumc.compiler.torch_frontend.compile_module` (extra ``dynamic_shapes=``), a callable on
     torch tensors compiled per input shape.

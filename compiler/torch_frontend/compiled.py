@@ -63,7 +63,8 @@ class CompiledTorchModule:
     """
 
     def __init__(self, program: CapturedProgram, budget_s: float, capture_s: float = 0.0,
-                 search: bool = True, device: str | None = None):
+                 search: bool = True, device: str | None = None, policy=None):
+        self.policy = policy             # the precision policy (lumc.compiler.precision)
         self.program = program
         self.budget_s = budget_s
         self.capture_s = capture_s
@@ -109,7 +110,8 @@ class CompiledTorchModule:
         if self.search:
             from lumc.compiler.pipeline import compile_graph
             compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
-                                     example_inputs=feed, name=self.program.source)
+                                     example_inputs=feed, name=self.program.source,
+                                     policy=self.policy)
             executor = compiled.run
         else:
             compiled, executor = None, ReferenceExecutor(imported.graph)
@@ -196,7 +198,9 @@ class CompiledTorchModule:
 
 def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic_shapes=None,
                    example_kwargs: dict | None = None, search: bool = True,
-                   device: str | None = None, reuse_plan: bool = True) -> CompiledTorchModule:
+                   device: str | None = None, reuse_plan: bool = True, precision: str = "fp32",
+                   weights: str = "same", tolerance: float | None = None,
+                   max_kl: float | None = None, logits=()) -> CompiledTorchModule:
     """Capture a PyTorch module and return a callable that runs it with lumc.
 
     Args:
@@ -213,6 +217,8 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         reuse_plan: return the stored result of an identical earlier static-shape compile (same
             module class, structure, weights, inputs, device and versions: ``plan_cache``) without
             capturing the module again; ``f.reused`` then names the stored plan.
+        precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
+            (``lumc.compiler.precision``); bf16/fp16 tensors at the call boundary work as given.
     Returns:
         :class:`CompiledTorchModule`: ``f(*args, **kwargs)`` on torch tensors on the module's
         device, returning the module's output structure; ``f.report()``.
@@ -221,17 +227,21 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         ModelError: ``torch.export`` failed.
         UnsupportedOpError: ATen ops lumc cannot lower, all listed in one line.
     """
+    from lumc.compiler.precision import PrecisionPolicy
+    policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     args = _as_args(example_inputs)
     t_start = time.monotonic()
     stored = None
     if search and reuse_plan and dynamic_shapes is None:
-        stored = _stored_plan(module, args, dict(example_kwargs or {}), budget_s, device, t_start)
+        stored = _stored_plan(module, args, dict(example_kwargs or {}), budget_s, device, t_start,
+                              policy)
         if isinstance(stored, CompiledTorchModule):
             return stored
     t0 = time.perf_counter()
     program = capture_module(module, args, example_kwargs, dynamic_shapes)
-    compiled = CompiledTorchModule(program, budget_s, time.perf_counter() - t0, search, device)
+    compiled = CompiledTorchModule(program, budget_s, time.perf_counter() - t0, search, device,
+                                   policy)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))
     feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
             if slot.dims is not None and isinstance(leaf, torch.Tensor)}
@@ -242,7 +252,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     return compiled
 
 
-def _stored_plan(module, args, kwargs, budget_s, device, t_start):
+def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None):
     """The reused :class:`CompiledTorchModule`, or ``(plans dir, key)`` to store the result under."""
     from lumc.compiler.budget import Deadline
     from lumc.compiler.pipeline import _reuse_plan
@@ -250,7 +260,9 @@ def _stored_plan(module, args, kwargs, budget_s, device, t_start):
     from lumc.compiler.tuning_db import TuningDatabase
     target = resolve_target(device)
     plans = TuningDatabase().plans_dir
-    key = plan_cache.module_key(module, args, kwargs, None, target.name,
+    # the precision policy is part of what the plan was compiled for
+    where = target.name if policy is None else f"{target.name} {sorted(policy.as_dict().items())}"
+    key = plan_cache.module_key(module, args, kwargs, None, where,
                                 versions(gpu=not target.simulated))
     shell = plan_cache.load_shell(plans, key)
     if shell is None:
@@ -261,7 +273,7 @@ def _stored_plan(module, args, kwargs, budget_s, device, t_start):
     fields = {f: shell[f] for f in plan_cache.SHELL_FIELDS}
     program = CapturedProgram(graph_module=None, weights={}, device=torch.device(shell["device"]),
                               **fields)
-    compiled = CompiledTorchModule(program, budget_s, 0.0, True, device)
+    compiled = CompiledTorchModule(program, budget_s, 0.0, True, device, policy)
     spec = Specialization(shell["key"], SimpleNamespace(graph=cm.graph), cm.run,
                           shell["op_counts"], shell["seconds"], shell["flat_outputs"], compiled=cm)
     compiled._cache[spec.key] = spec

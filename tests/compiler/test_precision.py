@@ -134,3 +134,25 @@ def test_quality_figures_against_float64():
     logits = output_quality(np.array([[2.0, 0.0]]), np.array([[0.0, 2.0]]), logits=True)
     assert logits["top1"] == 0.0 and logits["kl_mean"] > 1.0
     assert "kl_mean" not in output_quality(np.ones((2, 3)), np.ones((2, 3)))   # not probabilities
+
+
+def test_torch_module_and_backend_take_the_policy(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.GELU(), torch.nn.Linear(48, 10),
+                            torch.nn.Softmax(-1)).eval()
+    x = torch.randn(8, 64)
+    f = lumc.compile(m, budget="30s", example_inputs=(x,), device="sim:h200", precision="bf16")
+    r = f.specializations[0].compiled.report_dict()
+    assert r["precision"] == "bf16" and r["quality"]["passed"]
+    with torch.no_grad():
+        want = m.double()(x.double()).numpy()          # float64 reference
+    m.float()
+    got = f(x).numpy()
+    assert 1e-6 < np.abs(got - want).max() <= r["tolerance"]
+    g = torch.compile(m, backend="lumc", options={"budget": "30s", "device": "sim:h200",
+                                                  "precision": "bf16"})
+    np.testing.assert_allclose(g(x).numpy(), got, rtol=0, atol=1e-6)
+    with pytest.raises(Exception, match="--precision"):
+        torch.compile(m, backend="lumc", options={"precision": "int4"})(x)
