@@ -1,7 +1,8 @@
 """Element types of lumc tensors.
 
-Nine dtypes: f64, f32, f16, bf16, i64, i32, i8, u8, bool. ``bf16`` is backed by ``ml_dtypes.bfloat16``
-(the same numpy extension type the ``onnx`` package uses), so numpy arrays can hold it.
+Thirteen dtypes: f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, bool. ``bf16`` is backed
+by ``ml_dtypes.bfloat16`` (the same numpy extension type the ``onnx`` package uses), so numpy arrays
+can hold it. Integer arithmetic wraps (two's complement), as numpy, torch and Triton do.
 """
 from __future__ import annotations
 
@@ -71,11 +72,15 @@ f16 = DType("f16", np.dtype(np.float16), 2, "float", "tl.float16")
 bf16 = DType("bf16", np.dtype(ml_dtypes.bfloat16), 2, "float", "tl.bfloat16")
 i64 = DType("i64", np.dtype(np.int64), 8, "int", "tl.int64")
 i32 = DType("i32", np.dtype(np.int32), 4, "int", "tl.int32")
+i16 = DType("i16", np.dtype(np.int16), 2, "int", "tl.int16")
 i8 = DType("i8", np.dtype(np.int8), 1, "int", "tl.int8")
+u64 = DType("u64", np.dtype(np.uint64), 8, "uint", "tl.uint64")
+u32 = DType("u32", np.dtype(np.uint32), 4, "uint", "tl.uint32")
+u16 = DType("u16", np.dtype(np.uint16), 2, "uint", "tl.uint16")
 u8 = DType("u8", np.dtype(np.uint8), 1, "uint", "tl.uint8")
 bool_ = DType("bool", np.dtype(np.bool_), 1, "bool", "tl.int1")
 
-ALL_DTYPES: tuple[DType, ...] = (f64, f32, f16, bf16, i64, i32, i8, u8, bool_)
+ALL_DTYPES: tuple[DType, ...] = (f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, bool_)
 FLOAT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_float)
 INT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_int)
 BY_NAME = {d.name: d for d in ALL_DTYPES}
@@ -86,7 +91,7 @@ def from_numpy(dt) -> DType:
     """The lumc dtype of a numpy dtype.
 
     Raises:
-        KeyError: for numpy dtypes lumc does not support (complex, strings, u16...).
+        KeyError: for numpy dtypes lumc does not support (complex, strings, float8...).
     """
     dt = np.dtype(dt)
     try:

@@ -158,8 +158,11 @@ def cast_array(x: np.ndarray, to: dt.DType) -> np.ndarray:
             x = np.trunc(x.astype(np.float64))
             info = np.iinfo(to.np)
             # out-of-range and NaN are undefined in ONNX; saturate so results are deterministic
-            x = np.nan_to_num(x, nan=0.0, posinf=info.max, neginf=info.min)
-            return np.clip(x, info.min, info.max).astype(to.np)
+            # the largest double below 2**63 (2**64 unsigned): a 64-bit max rounds up to it
+            hi = float(info.max) if to.itemsize < 8 else (
+                float(2 ** 64 - 2048) if to.kind == "uint" else float(2 ** 63 - 1024))
+            x = np.nan_to_num(x, nan=0.0, posinf=hi, neginf=float(info.min))
+            return np.clip(x, float(info.min), hi).astype(to.np)
     return x.astype(to.np)
 
 

@@ -30,7 +30,7 @@ LOW_FLOATS = (dt.f16, dt.bf16)
 # Triton's signature spelling of each dtype's pointer element (``*fp32``), for AOT compiles.
 SIGNATURE_TYPE = {
     "f64": "fp64", "f32": "fp32", "f16": "fp16", "bf16": "bf16", "i64": "i64", "i32": "i32",
-    "i8": "i8", "u8": "u8", "bool": "i1",
+    "i16": "i16", "i8": "i8", "u64": "u64", "u32": "u32", "u16": "u16", "u8": "u8", "bool": "i1",
 }
 
 
@@ -88,7 +88,8 @@ def render_cast(expr: str, src: dt.DType, to: dt.DType) -> str:
         x = f"{expr}.to(tl.float64)"
         lo, hi = float(info.min), float(info.max)
         if to.itemsize == 8:
-            hi = float(2 ** 63 - 1024)  # the largest double below 2**63 (int64 max rounds up)
+            # the largest double below 2**63 (2**64 unsigned): the type's max rounds up
+            hi = float(2 ** 64 - 2048) if to.kind == "uint" else float(2 ** 63 - 1024)
         return (f"tl.where({x} != {x}, 0.0, tl.minimum(tl.maximum({x}, {lo!r}), {hi!r}))"
                 f".to({tl_dtype(to)})")
     if src.is_bool:

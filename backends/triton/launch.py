@@ -21,7 +21,8 @@ from lumc.backends.triton import cache, configs
 from lumc.backends.triton.render import render
 
 _TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
-                "i64": "int64", "i32": "int32", "i8": "int8", "u8": "uint8", "bool": "bool"}
+                "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u64": "uint64",
+                "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool"}
 
 
 def torch_dtype(d: dt.DType):

@@ -3,7 +3,7 @@
 ``ConvInteger``, ``QLinearMatMul``, ``QLinearConv``, following the ONNX reference
 (``onnx/reference/ops/op_quantize_linear.py`` and friends): ``saturate(round_half_even(x / scale) +
 zp)``, ``(x - zp) * scale`` in f32, integer products accumulated exactly in i32 and requantized in
-f64. Float8/int4/16-bit quantized types are rejected by the dtype check.
+f64. 16-bit quantized types saturate to their range; float8/int4 are rejected by the dtype check.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.tensor import Tensor, normalize_axis
 
-_RANGES = {dt.u8: (0, 255), dt.i8: (-128, 127), dt.i32: (-2 ** 31, 2 ** 31 - 1)}
+_RANGES = {dt.u8: (0, 255), dt.i8: (-128, 127), dt.u16: (0, 65535), dt.i16: (-32768, 32767),
+           dt.i32: (-2 ** 31, 2 ** 31 - 1)}
 
 
 def _broadcast_param(p: Tensor, shape: tuple[int, ...], axis: int, block: int) -> Tensor:
@@ -54,8 +55,8 @@ def _quantize(ctx: OpContext):
     axis, block = ctx.attr("axis", 1), ctx.attr("block_size", 0)
     out = zp.dtype if zp is not None else (
         dtype_of(ctx.attr("output_dtype")) if ctx.attr("output_dtype") else dt.u8)
-    if out not in (dt.u8, dt.i8):
-        raise ShapeError(f"quantized type {out} is not supported (uint8/int8 only)")
+    if out not in (dt.u8, dt.i8, dt.u16, dt.i16):
+        raise ShapeError(f"quantized type {out} is not supported (uint8/int8/uint16/int16 only)")
     s = _broadcast_param(scale, x.shape, axis, block)
     work = dtype_of(ctx.attr("precision")) if ctx.attr("precision") else (
         x.dtype if x.dtype == s.dtype else dt.f32)

@@ -18,8 +18,8 @@ from onnx import TensorProto, numpy_helper
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ModelError
 
-# ONNX element types lumc can hold; every other type (string, int16, uint16/32/64, complex, float8,
-# int4...) makes the node that touches it unsupported.
+# ONNX element types lumc can hold; every other type (string, complex, float8, int4...) makes the
+# node that touches it unsupported.
 ONNX_TO_DTYPE: dict[int, dt.DType] = {
     TensorProto.FLOAT: dt.f32,
     TensorProto.DOUBLE: dt.f64,
@@ -27,7 +27,11 @@ ONNX_TO_DTYPE: dict[int, dt.DType] = {
     TensorProto.BFLOAT16: dt.bf16,
     TensorProto.INT64: dt.i64,
     TensorProto.INT32: dt.i32,
+    TensorProto.INT16: dt.i16,
     TensorProto.INT8: dt.i8,
+    TensorProto.UINT64: dt.u64,
+    TensorProto.UINT32: dt.u32,
+    TensorProto.UINT16: dt.u16,
     TensorProto.UINT8: dt.u8,
     TensorProto.BOOL: dt.bool_,
 }
