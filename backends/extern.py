@@ -12,9 +12,10 @@ Which implementations apply follows the kernel's meaning, never a model pattern:
 
 * ``cublas``: the meaning holds at least one contraction ``SumReduce(Mul(a, b))`` that is a
   matrix or matrix-vector product (:func:`vendor_contractions`);
-* ``sdpa``: the kernel is an ``attention`` form (two contractions around one softmax) whose
-  score function is affine in the scores (scale, additive bias, masks through ``Where``), which
-  ``lumc.compiler.extern`` verifies numerically before it accepts the config.
+* ``sdpa``: the kernel is an ``attention`` form (two contractions around one softmax normalized
+  by ``1 / sum``, :func:`attention_plan`) whose score function is affine in the scores (a scale,
+  an additive bias, masks through ``Where``, causal masks from ``Iota``), which
+  ``lumc.compiler.extern_sdpa`` verifies numerically before it accepts the config.
 
 Simulated price (``sim:*``): the roofline of what the torch path launches, at a vendor efficiency.
 
@@ -77,7 +78,32 @@ def vendor_contractions(kernel: Kernel) -> list:
 
 def extern_impls(kernel: Kernel) -> list[str]:
     """The extern implementations that apply to ``kernel`` by its meaning (see module doc)."""
-    return ["cublas"] if vendor_contractions(kernel) else []
+    if not vendor_contractions(kernel):
+        return []
+    return (["sdpa"] if attention_plan(kernel) is not None else []) + ["cublas"]
+
+
+def attention_plan(kernel: Kernel):
+    """The ``AttentionPlan`` of an ``attention`` kernel that SDPA can compute structurally (the
+    probabilities a view of ``exp2(...) / sum``), else None. Whether its score function is affine
+    (a scale and a mask) is checked numerically by ``lumc.compiler.extern_sdpa``."""
+    if kernel.form != "attention":
+        return None
+    from lumc.backends.triton.codegen import RenderError
+    from lumc.backends.triton.render_attention import AttentionPlan
+    try:
+        p = AttentionPlan(kernel)
+    except RenderError:
+        return None
+    if p.pushed:
+        return None
+    g = p.g
+    while g.op in ("View", "Cast"):
+        g = g.srcs[0]
+    s = g.srcs[0] if g.op == "Recip" else None
+    while s is not None and s.op in ("View", "Cast"):
+        s = s.srcs[0]
+    return p if s is p.softmax.s else None
 
 
 # operand precisions torch's vendor GEMMs run (``allow_tf32`` off/on, or operands rounded to half)
@@ -148,14 +174,15 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         # the fused attention: q, k, v and out once; FLOPs of both products
         flops = 2 * c1.batch * c1.M * c1.N * c1.K + 2 * c2.batch * c2.M * c2.N * c2.K
         nbytes = (c1.batch * (c1.M + c1.N) * c1.K + c2.batch * c2.K * c2.N + c2.batch * c2.M * c2.N) * isz
-        eff_a = SDPA_EFFICIENCY if peak in dev.tensor_flops.values() else eff
+        # FlashAttention for half types; fp32 runs SDPA's memory-efficient kernel on CUDA cores
+        eff_a = SDPA_EFFICIENCY if dtype.itemsize <= 2 else eff
         total += max(flops / (peak * eff_a * _fill(c1, dev)), nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY))
         total += dev.launch_overhead_s
         # the softmax and score function run inside it: only ops after the value product remain
         from lumc.backends.triton.render_matmul import dependents
         nodes = kernel.meaning.nodes()
         after = {id(n) for n in dependents(nodes, c2.node)}
-        skip = {id(n) for n in nodes if id(n) not in after}
+        skip = {id(n) for n in nodes if id(n) not in after} | {id(c2.node)}
     else:
         for c in cs:
             flops = 2 * c.batch * c.M * c.N * c.K
@@ -164,7 +191,9 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
                          nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY)) + dev.launch_overhead_s
             skip |= {id(c.node), id(c.node.srcs[0])}
     for n in _eager_ops(kernel, skip):
-        nbytes = sum(s.nbytes for s in n.srcs if s.op != "Constant" or s.numel > 1) + n.nbytes
+        # a broadcast operand (a view) is read once from memory, at its source's size
+        nbytes = sum(min(s.nbytes, s.srcs[0].nbytes) if s.op == "View" else s.nbytes
+                     for s in n.srcs if s.op != "Constant" or s.numel > 1) + n.nbytes
         total += nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + dev.launch_overhead_s
     return total
 

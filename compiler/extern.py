@@ -77,6 +77,10 @@ class ExternKernel:
         self.kernel = kernel
         self.impl = impl
         self._modules: dict[tuple, object] = {}
+        self._sdpa = None
+        if impl == "sdpa":
+            from lumc.compiler.extern_sdpa import SdpaAttention
+            self._sdpa = SdpaAttention(kernel)       # ValueError where the scores are not affine
 
     def _module(self, device: str, precision: str | None):
         key = (device, precision)
@@ -113,15 +117,29 @@ class ExternKernel:
         """A zero-argument callable that runs on these exact tensors and writes ``outputs``."""
         args, device = self._args(inputs)
         prec = _precision(config)
-        mod = self._module(device, prec)
-        allow = prec == "tf32"
+        compute = self._compute(device, prec)
 
         def run():
-            with _tf32(allow):
-                res = mod(*args)
-            for o, r in zip(outputs, res):
+            for o, r in zip(outputs, compute(args)):
                 o.copy_(r)
         return run
+
+    def _compute(self, device: str, prec: str | None):
+        """``args -> list of output tensors`` for this implementation on ``device``."""
+        allow = prec == "tf32"
+        if self._sdpa is not None:
+            names = [ph.arg.name for ph in self.kernel.inputs]
+
+            def sdpa(args):
+                with _tf32(allow):
+                    return self._sdpa(dict(zip(names, args)), device)
+            return sdpa
+        mod = self._module(device, prec)
+
+        def replay(args):
+            with _tf32(allow):
+                return list(mod(*args))
+        return replay
 
     def __call__(self, *inputs, outputs=None, config=None):
         """Run on torch tensors (or numpy arrays, run on the CPU); returns the output tensors in
@@ -131,9 +149,7 @@ class ExternKernel:
             InputError: on a wrong number of inputs or a wrong shape or dtype.
         """
         args, device = self._args(inputs)
-        prec = _precision(config)
-        with _tf32(prec == "tf32"):
-            res = list(self._module(device, prec)(*args))
+        res = self._compute(device, _precision(config))(args)
         if outputs is None:
             return [r.contiguous() for r in res]
         for o, r in zip(outputs, res):
