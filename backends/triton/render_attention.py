@@ -35,6 +35,7 @@ from lumc.ir.graph import Node, toposort
 from lumc.ir.kernels import Kernel
 from lumc.ir.views import contiguous_strides
 from lumc.backends.triton import exprs
+from lumc.backends.triton.attention_mask import key_limit_offset
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.configs import next_pow2
 from lumc.backends.triton.contraction import dims_used, find_contractions
@@ -330,7 +331,12 @@ def render_attention(kernel: Kernel) -> KernelParts:
     w.line(f"m_run = tl.full([BLOCK_M], float('-inf'), {md})")
     w.line(f"l_run = tl.zeros([BLOCK_M], {sd})")
     w.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)")
-    w.open(f"for n_start in range(0, {LK}, BLOCK_N):")
+    lim = key_limit_offset(sm.m.srcs[0], c1.node, ap.t_groups, LK)
+    if lim is None:
+        w.open(f"for n_start in range(0, {LK}, BLOCK_N):")
+    else:   # a static (causal) mask: key blocks past the last one any of these queries sees
+        w.line(f"n_end = tl.minimum({LK}, (pid_m + 1) * BLOCK_M + {lim})   # later keys: masked")
+        w.open("for n_start in range(0, n_end, BLOCK_N):")
     w.line(f"rn = n_start{i64} + tl.arange(0, BLOCK_N)" if big else
            "rn = n_start + tl.arange(0, BLOCK_N)")
     w.line(f"nmask = rn < {LK}")
