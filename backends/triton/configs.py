@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 SMEM_LIMIT = 227 * 1024          # bytes of shared memory one block may use on sm_90
 REG_TILE = 32 * 128              # live fp32 tile elements per warp before spilling
+F32_TILE_REGS = 152              # fp32-operand matmul: accumulator + hi/lo operand values per thread
 ROW_FIT = 16384                  # longest row (elements) a row kernel keeps in registers
 
 
@@ -159,6 +160,13 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         # ptxas, `lumc inspect --aot cuda:90` on Magika)
         reg = REG_TILE * w // (2 if p.get("itemsize", 4) >= 4 else 1)
         if bm * bn > reg or bm * bn < 16 * 16 * w // 2:
+            return False
+        # ... and the hi and lo parts of both operand tiles: accumulator + 2 (A + B) fp32 values
+        # per thread at most F32_TILE_REGS (ptxas -v at tf32x3 on MiniLM's 128x1536x384 and
+        # 128x384x1536, 64 configs: spills of 40-824 B/thread at 160-288 values, e.g. the chosen
+        # 32x128x64 and 64x256x32 at 4 warps; none of the configs at <= 152 values spilled but
+        # one 8 B quirk of Triton's --regAllocOptLevel=2)
+        if p.get("itemsize", 4) >= 4 and bm * bn + 2 * bk * (bm + bn) > F32_TILE_REGS * 32 * w:
             return False
         if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:  # one K step: nothing to pipeline
             return False

@@ -3,8 +3,8 @@ kernels of the MODELS.md models compiled ahead of time for Hopper.
 
 The readers of ``ptxas -v`` and SASS text are checked on real tool output (lines copied from
 Triton 3.9 / ptxas 12.x compiles of lumc kernels). The model walk takes the contraction kernels
-(matmul and attention forms) a compile considers, the greedy program of the imported graph plus,
-where the e-graph forms attention, that kernel from the e-graph candidates, at their default configs
+(matmul and attention forms) a compile considers, the greedy program of the imported graph (plus,
+under ``slow``, the e-graph candidates') and MiniLM's attention as one kernel, at their default configs
 and at ``PRECISION`` tf32x3 (the fp32 default), bf16 and fp8 (attention has no fp8 branch: bf16),
 compiles them for ``cuda:90`` in one child process, identical kernels once, and fails when one has
 no tensor-core instruction or spills. MiniLM runs in the default suite; all four models under
@@ -116,10 +116,28 @@ def _contraction_kernels(name, model_path, egraph: bool):
     return list(out.values())
 
 
+def minilm_attention_kernel():
+    """MiniLM-L3's attention at the demo's shape as one attention kernel: 12 heads of 32, sequence
+    128, scores scaled by 1/sqrt(32) plus the additive mask, softmax, times V (fp32). The e-graph
+    forms attention kernels only where its limits allow, so the walk always includes this one."""
+    from lumc.ir import dtypes as dt
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.kernels import Kernel
+    from lumc.ir.library.norm import softmax
+    from lumc.ir.tensor import Tensor
+    ins = {f"in{i}": input_node(f"in{i}", (1, 12, 128, 32), dt.f32) for i in range(3)}
+    ins["in3"] = input_node("in3", (1, 1, 1, 128), dt.f32)
+    q, k, v, m = (Tensor(n) for n in ins.values())
+    out = softmax((q @ k.transpose(-1, -2)) * (32 ** -0.5) + m, -1) @ v
+    return Kernel("attention", Graph(ins, {"out0": out.node}), ())
+
+
 def _walk(names, model_path, egraph: bool):
     items, where = [], []
     for name in names:
         kernels = _contraction_kernels(name, model_path, egraph)
+        if name == "minilm-l3":
+            kernels.append(minilm_attention_kernel())
         assert kernels, f"{name}: no contraction kernel"
         for k in kernels:
             rk = render(k)
@@ -149,6 +167,7 @@ def _assert_on_tensor_cores(rows):
 def test_minilm_contractions_run_on_tensor_cores_without_spills(model_path):
     rows = _walk(["minilm-l3"], model_path, egraph=False)
     assert {r["precision"] for r in rows} == {"tf32x3", "bf16", "fp8"}
+    assert {r["form"] for r in rows} == {"matmul", "attention"}
     assert len(rows) >= 12
     _assert_on_tensor_cores(rows)
 
