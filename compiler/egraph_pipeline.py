@@ -141,10 +141,20 @@ class _NoForms(CostModel):
 def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
     """The least-cost choice with every class that is a column slice of a wider contraction
     (``Part``, ``lumc.rewrites.horizontal``) read from the widest one, or None without any."""
+    reach: dict[str, int] = {}
+
+    def widest(c: str) -> int:
+        """The width of the widest contraction class ``c`` is a column part of, transitively
+        (a part of a part: Q of the Q/K pair, which is a part of Q/K/V)."""
+        if c not in reach:
+            parts = [n.args[0] for n in view.classes.get(c, ()) if n.ctor == "Part"]
+            own = (view.shapes.get(c) or (0,))[-1]
+            reach[c] = max([own] + [widest(p) for p in parts])
+        return reach[c]
+
     forced = {}
     for c, ns in view.classes.items():
-        parts = [(view.shapes.get(n.args[0], (0,))[-1], i) for i, n in enumerate(ns)
-                 if n.ctor == "Part"]
+        parts = [(widest(n.args[0]), i) for i, n in enumerate(ns) if n.ctor == "Part"]
         if parts:
             forced[c] = max(parts)[1]
     if not forced:

@@ -8,7 +8,8 @@ V; a gated MLP's gate and up), are each unioned with a column slice of one wider
 
 ``HCat(a, b)`` concatenates along the last axis; ``Part(e, lo, hi)`` reads columns ``lo..hi`` of
 the last axis (a view). Applied again to a result and a third projection, it builds the three-way
-QKV contraction; ``Part`` of a ``Part`` composes. Each output column of a contraction is computed
+QKV contraction, whose column parts the first pair's parts are (the extraction's horizontal
+candidate reads every projection from the widest contraction). Each output column of a contraction is computed
 from the same operands in the same order whatever the other columns are, so both rules are
 ``exact``.
 
@@ -114,13 +115,5 @@ def _pair_rule(bias: bool) -> Rule:
                 lhs, f"(Part {wide} 0 ?n1)", tuple(where), sets=tuple(sets), cases=(case,))
 
 
-def _compose_rule() -> Rule:
-    return Rule("kernels/View: part(part(e, a, b), c, d) -> part(e, a + c, a + d)", "exact",
-                "(Part (Part ?e ?a ?b) ?c ?d)", "(Part ?e (+ ?a ?c) (+ ?a ?d))",
-                ("(= ?S (shape ?root))",),
-                sets=("(set (shape (Part ?e (+ ?a ?c) (+ ?a ?d))) ?S)",),
-                cases=({"e": ("in", (3, 9), "f32"), "a": 2, "b": 8, "c": 1, "d": 4},))
-
-
 def rules() -> list[Rule]:
-    return [_pair_rule(True), _pair_rule(False), _compose_rule()]
+    return [_pair_rule(True), _pair_rule(False)]
