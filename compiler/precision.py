@@ -13,7 +13,7 @@ the quality gate that measures what reduced precision cost.
 ``fp8``    bf16 weights, contractions at e4m3 with per-1xBLOCK_K scales (``dot_precision.py``) or bf16
            where that is faster: tolerance 1.5e-1
 ``auto``   per kernel, fp8, bf16 or tf32x3, the fastest that keeps the quality gate, chosen from
-           each contraction's measured sensitivity (:mod:`lumc.compiler.precision_auto`)
+           each contraction's measured sensitivity (:mod:`lumc.compiler.precision_gate`)
 =========  ===========================================================================================
 
 The tolerances are relative to the largest reference magnitude of each output (``max_rel_error``):
@@ -118,7 +118,8 @@ class PrecisionPolicy:
 def store_weights(graph: Graph, policy: PrecisionPolicy) -> tuple[Graph, dict]:
     """The graph with its weights stored as the policy says; compute stays in the graph's dtypes.
 
-    Every fp32 ``Constant`` of at least :data:`MIN_WEIGHT_ELEMENTS` elements becomes ``Cast(W', f32)``
+    Every fp32 ``Constant`` of at least :data:`MIN_WEIGHT_ELEMENTS` elements that is not a gather
+    table becomes ``Cast(W', f32)``
     of its bf16/fp16 rounding (round to nearest even) under ``bf16``/``fp16``/``fp8``/``auto``; with
     ``weights="int8"``, a weight read only by contractions becomes ``Cast(Q, f32) * scale`` with
     ``Q`` int8 per output channel (see module docstring). Returns ``(graph, stats)`` where stats
@@ -143,8 +144,24 @@ def store_weights(graph: Graph, policy: PrecisionPolicy) -> tuple[Graph, dict]:
     return out, stats
 
 
+def _gathered(n: Node, users: dict) -> bool:
+    """True when ``n`` is (through views) the table of a ``Gather``: an embedding reads only the
+    rows it gathers, so storing it narrower saves little, and a cast of the whole table would be a
+    kernel of its own (the gather form reads its table directly)."""
+    todo, seen = [n], set()
+    while todo:
+        x = todo.pop()
+        for u in users.get(id(x), []):
+            if u.op == "Gather" and u.srcs[0] is x:
+                return True
+            if u.op == "View" and id(u) not in seen:
+                seen.add(id(u))
+                todo.append(u)
+    return False
+
+
 def _store_constant(n: Node, users: dict, to, weights: str, stats: dict) -> Node:
-    if n.dtype != dt.f32 or n.numel < MIN_WEIGHT_ELEMENTS:
+    if n.dtype != dt.f32 or n.numel < MIN_WEIGHT_ELEMENTS or _gathered(n, users):
         return n
     value = np.asarray(n.arg.value, dtype=np.float32)
     if weights == "int8":
