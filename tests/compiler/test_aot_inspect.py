@@ -132,8 +132,8 @@ def minilm_attention_kernel():
     return Kernel("attention", Graph(ins, {"out0": out.node}), ())
 
 
-def _walk(names, model_path, egraph: bool):
-    items, where = [], []
+def _walk(names, model_path, egraph: bool, extra=()):
+    items, where = list(extra), ["extra"] * len(extra)
     for name in names:
         kernels = _contraction_kernels(name, model_path, egraph)
         if name == "minilm-l3":
@@ -165,7 +165,21 @@ def _assert_on_tensor_cores(rows):
 
 @pytest.mark.models
 def test_minilm_contractions_run_on_tensor_cores_without_spills(model_path):
-    rows = _walk(["minilm-l3"], model_path, egraph=False)
+    # the detectors discriminate: MiniLM's FFN-up matmul (128x1536x384) at IEEE precision runs
+    # FFMA on CUDA cores, and at the 64x256x32 tf32x3 4-warp tile a 60 s compile once chose
+    # (before configs.F32_TILE_REGS made it illegal) it spills
+    ffn = next(k for k in _contraction_kernels("minilm-l3", model_path, False)
+               if render(k).problem.get("N") == 1536 and render(k).problem.get("K") == 384)
+    rk = render(ffn)
+    ieee = configs.with_precision(configs.default_config(rk.config_space, rk.problem), rk.problem,
+                                  "ieee")
+    big = configs.make(4, 4, BLOCK_M=64, BLOCK_N=256, BLOCK_K=32, GROUP_M=8, PRECISION="tf32x3")
+    assert big not in configs.config_space(rk.config_space, rk.problem)
+    rows = _walk(["minilm-l3"], model_path, egraph=False, extra=[(ffn, ieee), (ffn, big)])
+    r_ieee, r_big, rows = rows[0], rows[1], rows[2:]
+    assert r_ieee["compiled"] and r_ieee["tensor_core"] == {} and r_ieee["mma_types"] == []
+    assert r_big["compiled"] and r_big["spill_stores"] > 0 and r_big["registers"] == 255
+    assert any("spills" in p for p in tensor_core_problems([r_big]))
     assert {r["precision"] for r in rows} == {"tf32x3", "bf16", "fp8"}
     assert {r["form"] for r in rows} == {"matmul", "attention"}
     assert len(rows) >= 12
