@@ -390,7 +390,8 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
 
     shape_args = _parse_shapes(shape_items)
     if not os.path.isfile(model):
-        raise LumcError(f"{model}: no such file")
+        raise LumcError(f"{model}: no such file" if not os.path.lexists(model) else
+                        f"{model}: not a regular file (a FIFO, device or folder is never read)")
     if out_path:
         refuse_same_file(out_path, model, "the model")
         for f in _input_files(inputs_npz, input_pairs):
