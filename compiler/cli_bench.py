@@ -4,6 +4,7 @@
     lumc bench m.lumc --compare b.json --max-regression 5%   # exit 1 on a regression
     lumc bench model.onnx --budget 60s --shape x=1x3x64x64 --vs onnxruntime,inductor
     lumc inspect m.lumc --plot roofline.png
+    lumc inspect m.lumc --aot cuda:90                      # registers, spills, tensor cores (no GPU)
 
 Registered on the ``lumc`` click group (``lumc.compiler.cli`` imports this module). Errors are one
 line and exit status 2 (a ``LumcError`` reaching the group); a regression is exit status 1.
