@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 SMEM_LIMIT = 227 * 1024          # bytes of shared memory one block may use on sm_90
 REG_TILE = 32 * 128              # live fp32 tile elements per warp before spilling
-F32_TILE_REGS = 152              # fp32-operand matmul: accumulator + hi/lo operand values per thread
+F32_TILE_REGS = 152              # tf32x3 matmul: accumulator + hi/lo operand values per thread
 ROW_FIT = 16384                  # longest row (elements) a row kernel keeps in registers
 
 
@@ -91,6 +91,7 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
 }
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
 SM_COUNT = 132                   # H100/H200 SXM ([H100-WP]): the grid a default tile aims to fill
+FP32_REGS_PER_THREAD = 128       # live fp32 values per thread of an fp32-operand tl.dot tile
 MIN_FILL_TILE = 16 * 32          # smallest tile area legal at 4 warps (the REG_TILE floor below)
 
 # Known-good configs tried right after the default, per form, as (BLOCK_M, BLOCK_N, BLOCK_K,
@@ -161,12 +162,10 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         reg = REG_TILE * w // (2 if p.get("itemsize", 4) >= 4 else 1)
         if bm * bn > reg or bm * bn < 16 * 16 * w // 2:
             return False
-        # ... and the hi and lo parts of both operand tiles: accumulator + 2 (A + B) fp32 values
-        # per thread at most F32_TILE_REGS (ptxas -v at tf32x3 on MiniLM's 128x1536x384 and
-        # 128x384x1536, 64 configs: spills of 40-824 B/thread at 160-288 values, e.g. the chosen
-        # 32x128x64 and 64x256x32 at 4 warps; none of the configs at <= 152 values spilled but
-        # one 8 B quirk of Triton's --regAllocOptLevel=2)
-        if p.get("itemsize", 4) >= 4 and bm * bn + 2 * bk * (bm + bn) > F32_TILE_REGS * 32 * w:
+        # and their hi/lo operand fragments: accumulator + 2 (BM + BN) BK values per thread stay
+        # within FP32_REGS_PER_THREAD (32x32x128 at 4 warps spilled 784 B/thread on PP-OCR)
+        if p.get("itemsize", 4) >= 4 and \
+                (bm * bn + 2 * (bm + bn) * bk) > FP32_REGS_PER_THREAD * 32 * w:
             return False
         if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:  # one K step: nothing to pipeline
             return False
@@ -187,6 +186,22 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         tile = bm * bk
         return tile <= REG_TILE * w and tile >= 32 * w * 4 and bm * sp <= REG_TILE * w
     raise KeyError(f"unknown config space {space!r}")
+
+
+def fits_registers(space: str, problem: dict, cfg: "Config") -> bool:
+    """False for a split-TF32 (``PRECISION`` tf32x3) matmul config over fp32 operands that keeps
+    more than :data:`F32_TILE_REGS` fp32 values per thread live: the accumulator plus the hi and
+    lo parts of both operand tiles, ``(BM BN + 2 BK (BM + BN)) / (32 num_warps)``. Calibrated with
+    ``ptxas -v`` (``lumc inspect --aot cuda:90``) on MiniLM's 128x1536x384 and 128x384x1536 at
+    tf32x3, 64 configs: spills of 40-824 B/thread at 160-288 values (the chosen 32x128x64 and
+    64x256x32 at 4 warps among them); none at <= 152 values but one 8 B quirk of Triton's
+    ``--regAllocOptLevel=2``. Other precisions and spaces: True (the search applies it per
+    precision, ``lumc.compiler.measure.precision_variants``)."""
+    b = dict(cfg.blocks)
+    if space != "matmul" or b.get("PRECISION") != "tf32x3" or problem.get("itemsize", 4) < 4:
+        return True
+    bm, bn, bk = b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"]
+    return bm * bn + 2 * bk * (bm + bn) <= F32_TILE_REGS * 32 * cfg.num_warps
 
 
 def cdiv(a: int, b: int) -> int:
