@@ -11,7 +11,9 @@ same pipeline runs greedy fusion only.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -99,11 +101,19 @@ def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: Co
     sat = saturator(limits)
     ctors = set(constructors())
     out = []
+    seen: dict[str, tuple[RegionResult, list[str], list[str]]] = {}
     regions = partition(graph, max_region_ops)
     for i, reg in enumerate(regions):
         _check_deadline(deadline, f"after {i} of {len(regions)} regions")
         enc = Encoder(tables, {id(x): f"ext{x.id}" for x in reg.externals})
         root_vars = [enc.encode(r) for r in reg.roots]
+        sig, names = _signature(enc.lines, tables.strided)
+        if sig in seen:   # a repeated layer: the first copy's e-graph and choices, renamed
+            first, first_vars, first_names = seen[sig]
+            if root_vars == first_vars:
+                out.append(_renamed(first, reg, dict(zip(first_names, names))))
+                log.info("%s: saturated as %s (same structure)", reg.name, first.region.name)
+                continue
         data, stats = sat.saturate(enc.lines, reg.name)
         view = EGraphView.from_json(data, ctors)
         roots = [view.lets[v] for v in root_vars]
@@ -111,8 +121,44 @@ def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: Co
         orig = _identity_pick(view, cost, enc)
         out.append(RegionResult(reg, view, roots, pick, best,
                                 alternatives(view, pick, best, roots), orig, stats))
+        seen.setdefault(sig, (out[-1], root_vars, names))
         log.info(stats.line())
     return out, tables
+
+
+_LEAF_NAME = re.compile(r'\((Blob|Input) "([^"]*)"\)|\(Strided (\d+)\)')
+
+
+def _signature(lines: list[str], strided: list) -> tuple[str, list[str]]:
+    """A region's encoding with its weight keys and input names replaced by their order of first
+    appearance, and those names: two regions with the same signature are the same program over
+    other weights (the layers of a transformer), so they saturate and extract alike."""
+    names: dict[str, int] = {}
+
+    def sub(m):
+        if m.group(3) is not None:   # a side-table view: compared by value (views are equal)
+            return f"(Strided {strided[int(m.group(3))]!r})"
+        k = names.setdefault(m.group(2), len(names))
+        return f"({m.group(1)} #{k})"
+    return "\n".join(_LEAF_NAME.sub(sub, ln) for ln in lines), list(names)
+
+
+def _renamed(first: RegionResult, reg: Region, rename: dict[str, str]) -> RegionResult:
+    """``first``'s saturated e-graph and choices for region ``reg`` of the same signature: the
+    same classes, with the weight keys and input names of ``reg``."""
+    def new(v):
+        if isinstance(v, str):
+            return rename.get(v, v)
+        if isinstance(v, tuple) and len(v) == 2 and v[0] == "Blob":
+            return ("Blob", [rename.get(v[1][0], v[1][0])])
+        return v
+    view = EGraphView(first.view.classes, {c: new(v) for c, v in first.view.values.items()},
+                      first.view.shapes, first.view.lets)
+    # the first copy's figures, no time: the region was not saturated again
+    stats = dataclasses.replace(first.stats, region=reg.name, seconds=0.0,
+                                stages=[("reused", 0, f"same as {first.region.name}")])
+    return RegionResult(reg, view, first.roots, first.pick, first.best, first.alts,
+                        first.original, stats)
 
 
 def _identity_pick(view: EGraphView, cost: CostModel, enc: Encoder) -> dict[str, int]:
@@ -232,6 +278,7 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
             alt[i], _ = choose(results[i].view, cost, forced)
         plans.append((f"all:{key}", alt))
     progs, bounds, seen = [], [], set()
+    t_choose = time.perf_counter()
     for label, picks in plans:
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
@@ -254,8 +301,13 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     t2 = time.perf_counter()
     order = sorted(range(len(progs)), key=lambda i: bounds[i])[:k]
     stats = [r.stats for r in results]
+    # saturate: egglog runs; extract: choosing e-nodes (per region, then the plans' choices);
+    # decode: building, fusing and bounding the candidate programs
+    sat_s = sum(r.stats.seconds for r in results)
     res = EGraphResult([progs[i] for i in order], [bounds[i] for i in order], stats,
-                       total_stats(stats), {"saturate": t1 - t0, "extract": t2 - t1})
+                       total_stats(stats), {"saturate": sat_s,
+                                            "extract": (t_choose - t0) - sat_s,
+                                            "decode": t2 - t_choose})
     res.total.seconds = t2 - t0
     return res
 

@@ -46,6 +46,50 @@ def _view_base(n: Node) -> Node:
     return n
 
 
+MIN_LAYER_OPS = 40     # a repeated segment smaller than this merges into the next one
+MIN_REPEATS = 4        # layer cuts only for a structure repeated at least this often
+
+
+def layer_cuts(compute: list[Node], live: list[int], max_ops: int) -> list[int] | None:
+    """Cuts at every narrowest point (the least live set of the graph's middle), when the pieces
+    between them repeat: the layers of a transformer, each then a region of its own, so that
+    structurally identical regions are saturated once (``egraph_pipeline.saturate_regions``).
+
+    Pieces under :data:`MIN_LAYER_OPS` nodes merge into the next; None (window cuts instead) when
+    no piece structure occurs :data:`MIN_REPEATS` times or a piece exceeds ``2 * max_ops``.
+    """
+    n = len(compute)
+    if n < 2 * MIN_REPEATS * MIN_LAYER_OPS:
+        return None
+    mid = live[n // 10: n - n // 10]
+    m = min(mid)
+    points = [i + 1 for i in range(n - 1) if live[i] == m]
+    # of those, the kind that recurs most (by the nodes on either side: before each layer norm,
+    # not inside one softmax that happens to be as narrow)
+    kinds: dict[tuple, list[int]] = {}
+    for c in points:
+        kinds.setdefault((compute[c - 1].op, compute[c - 1].shape, compute[c].op,
+                          compute[c].shape), []).append(c)
+    if not kinds:
+        return None
+    points = max(kinds.values(), key=len)
+    cuts, start = [], 0
+    for c in points:
+        if c - start >= MIN_LAYER_OPS:
+            cuts.append(c)
+            start = c
+    if not cuts:
+        return None
+    bounds = [0] + cuts + [n]
+    sigs: dict[tuple, int] = {}
+    for a, b in zip(bounds, bounds[1:]):
+        if b - a > 2 * max_ops:
+            return None
+        sig = tuple((x.op, x.shape) for x in compute[a:b])
+        sigs[sig] = sigs.get(sig, 0) + 1
+    return cuts if max(sigs.values()) >= MIN_REPEATS else None
+
+
 def partition(graph: Graph, max_ops: int = 400, min_ops: int | None = None) -> list[Region]:
     """Cut ``graph`` into regions of at most about ``max_ops`` compute nodes.
 
@@ -83,7 +127,9 @@ def partition(graph: Graph, max_ops: int = 400, min_ops: int | None = None) -> l
     for i in range(len(compute)):
         acc += delta[i]
         live.append(acc)
-    cuts, start = [], 0
+    cuts = layer_cuts(compute, live, max_ops)
+    start = len(compute) if cuts is not None else 0
+    cuts = cuts or []
     while len(compute) - start > max_ops:
         lo, hi = start + min_ops, min(start + max_ops, len(compute) - 1)
         best = min(range(lo, hi + 1), key=lambda i: (live[i], -i))

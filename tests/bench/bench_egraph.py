@@ -84,6 +84,7 @@ def run_one(name: str, device: str) -> dict:
         "enodes": tot.enodes, "eclasses": tot.eclasses, "iterations": tot.iterations,
         "regions": len(res.regions), "stop": tot.stop,
         "saturate_s": round(res.seconds["saturate"], 2), "extract_s": round(res.seconds["extract"], 2),
+        "decode_s": round(res.seconds.get("decode", 0.0), 2),
         "egraph_s": round(t_eg, 2), "rss_before_mb": round(rss_before), "peak_rss_mb": round(_rss_mb()),
     }
 
