@@ -250,7 +250,19 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
                                            ("egraph-identity", [r.original for r in results])]
     # horizontal fusion everywhere: tree cost counts a shared wide contraction once per slice,
     # so argmin never picks it; the program bound (each kernel once) judges it instead
-    wide = [_widest_parts(r.view, cost) for r in results]
+    # a repeated layer shares its first copy's classes: each choice is made once per structure
+    memo: dict = {}
+
+    def choose_once(view, forced):
+        key = (id(view.classes), tuple(sorted(forced.items())))
+        if key not in memo:
+            memo[key] = choose(view, cost, forced)[0]
+        return memo[key]
+    wide_memo: dict = {}
+    for r in results:
+        if id(r.view.classes) not in wide_memo:
+            wide_memo[id(r.view.classes)] = _widest_parts(r.view, cost)
+    wide = [wide_memo[id(r.view.classes)] for r in results]
     if any(w is not None for w in wide):
         plans.append(("egraph-horizontal", [w if w is not None else r.pick
                                             for w, r in zip(wide, results)]))
@@ -258,7 +270,7 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     flips = sorted((d, i, c, n) for i, r in enumerate(results) for d, c, n in r.alts)
     for d, i, c, n in flips[:max_flips]:
         r = results[i]
-        pick, _ = choose(r.view, cost, {c: n})
+        pick = choose_once(r.view, {c: n})
         alt = list(base)
         alt[i] = pick
         node = r.view.classes[c][n]
@@ -275,7 +287,7 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         for i, c, n in items:
             by_region.setdefault(i, {})[c] = n
         for i, forced in by_region.items():
-            alt[i], _ = choose(results[i].view, cost, forced)
+            alt[i] = choose_once(results[i].view, forced)
         plans.append((f"all:{key}", alt))
     progs, bounds, seen = [], [], set()
     t_choose = time.perf_counter()
