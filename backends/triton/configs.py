@@ -91,7 +91,10 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
 }
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
 SM_COUNT = 132                   # H100/H200 SXM ([H100-WP]): the grid a default tile aims to fill
-FP32_REGS_PER_THREAD = 128       # live fp32 values per thread of an fp32-operand tl.dot tile
+# live fp32 values per thread of an fp32-operand tl.dot tile: ptxas (cuda:90, Triton 3.9) on a
+# 508x512x1280 tf32x3 GEMM spills at 128x128x32/8 warps (128 by this count, 476 B) and 64x128x32/4
+# (160, 592 B), not at 64x128x32/8 or 128x64x32/8 (80, 222 registers)
+FP32_REGS_PER_THREAD = 96
 MIN_FILL_TILE = 16 * 32          # smallest tile area legal at 4 warps (the REG_TILE floor below)
 
 # Known-good configs tried right after the default, per form, as (BLOCK_M, BLOCK_N, BLOCK_K,
@@ -163,7 +166,7 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         if bm * bn > reg or bm * bn < 16 * 16 * w // 2:
             return False
         # and their hi/lo operand fragments: accumulator + 2 (BM + BN) BK values per thread stay
-        # within FP32_REGS_PER_THREAD (32x32x128 at 4 warps spilled 784 B/thread on PP-OCR)
+        # within FP32_REGS_PER_THREAD (32x32x128 at 4 warps, 136, spilled 784 B/thread on PP-OCR)
         if p.get("itemsize", 4) >= 4 and \
                 (bm * bn + 2 * (bm + bn) * bk) > FP32_REGS_PER_THREAD * 32 * w:
             return False
@@ -254,8 +257,12 @@ def _default_config(space: str, problem: dict) -> Config:
                 bn //= 2
         bk = min(64 if problem.get("itemsize", 4) <= 2 else 32, max(16, next_pow2(problem["K"])))
         stages = 3 if next_pow2(problem["K"]) > bk else 2
-        return make(8 if bm * bn >= 128 * 128 else 4, stages, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                    GROUP_M=8)
+        if problem.get("itemsize", 4) >= 4:      # fp32 operands: 64x128 at 8 warps (no spills)
+            bm = min(bm, 64)
+            warps = 8 if bm * bn >= 64 * 128 else 4
+        else:
+            warps = 8 if bm * bn >= 128 * 128 else 4
+        return make(warps, stages, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
     if space == "attention":
         bm = min(128, max(16, next_pow2(problem["M"])))
         bn = min(64, max(16, next_pow2(problem["N"])))

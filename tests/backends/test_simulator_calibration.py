@@ -34,3 +34,17 @@ def test_calibration_keeps_the_bound_a_bound():
 def test_best_tile_efficiency_is_the_documented_constant(bm, bn, bk, st):
     assert sim.tensor_core_efficiency(bm, bn, bk, st) == pytest.approx(sim.TRITON_MMA_EFFICIENCY)
     assert sim.tensor_core_efficiency(16, 16, 16, 1) < 0.3 * sim.TRITON_MMA_EFFICIENCY
+
+
+def test_fp32_operand_tiles_that_ptxas_spills_are_not_in_the_space():
+    """ptxas (cuda:90) on a 508x512x1280 tf32x3 GEMM: 128x128x32/8 warps, 64x128x32/4 and
+    64x256x32/8 spill; 64x128x32/8 and 128x64x32/8 do not (backends/triton/configs.py)."""
+    from lumc.backends.triton import configs as cf
+    p = {"M": 508, "N": 512, "K": 1280, "batch": 1, "itemsize": 4, "dot_dtype": "f32"}
+    space = {(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.num_warps) for c in cf.config_space("matmul", p)}
+    for spills in ((128, 128, 32, 8), (64, 128, 32, 4), (64, 256, 32, 8), (32, 32, 128, 4)):
+        assert spills not in space
+    for fine in ((64, 128, 32, 8), (128, 64, 32, 8)):
+        assert fine in space
+    d = cf.default_config("matmul", p)
+    assert (d["BLOCK_M"], d["BLOCK_N"], d["BLOCK_K"], d.num_warps) in space
