@@ -18,7 +18,7 @@ from onnx import TensorProto, numpy_helper
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ModelError
 
-# ONNX element types lumc can hold; every other type (string, complex, float8, int4...) makes the
+# ONNX element types lumc can hold; every other type (string, complex, float8e8m0...) makes the
 # node that touches it unsupported.
 ONNX_TO_DTYPE: dict[int, dt.DType] = {
     TensorProto.FLOAT: dt.f32,
@@ -34,6 +34,16 @@ ONNX_TO_DTYPE: dict[int, dt.DType] = {
     TensorProto.UINT16: dt.u16,
     TensorProto.UINT8: dt.u8,
     TensorProto.BOOL: dt.bool_,
+    # storage-only: cast and moved, never computed on (lumc.ir.dtypes)
+    TensorProto.FLOAT8E4M3FN: dt.f8e4m3fn,
+    TensorProto.FLOAT8E4M3FNUZ: dt.f8e4m3fnuz,
+    TensorProto.FLOAT8E5M2: dt.f8e5m2,
+    TensorProto.FLOAT8E5M2FNUZ: dt.f8e5m2fnuz,
+    TensorProto.FLOAT4E2M1: dt.f4e2m1,
+    TensorProto.INT4: dt.i4,
+    TensorProto.UINT4: dt.u4,
+    TensorProto.INT2: dt.i2,
+    TensorProto.UINT2: dt.u2,
 }
 DTYPE_TO_ONNX: dict[dt.DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
 
@@ -97,9 +107,9 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
         except OSError as e:
             raise ModelError(f"cannot read model file {path!r}: {e.strerror}") from None
         model = _parse(data, f"model file {path!r}")
-        check_model_valid(model, f"model file {path!r}")  # before external data: a small proto
         base = os.path.dirname(os.path.abspath(path))
         _check_external_files(model, base, path)
+        check_model_valid(model, f"model file {path!r}")  # before external data: a small proto
         try:
             onnx.load_external_data_for_model(model, base)
         except Exception as e:  # OSError, ValueError, onnx's checker.ValidationError
