@@ -20,7 +20,7 @@ class DType:
         name: short name (``f32``); also its egglog and text-dump spelling.
         np: the numpy dtype used by the reference executor.
         itemsize: bytes per element.
-        kind: ``"float"``, ``"int"``, ``"uint"`` or ``"bool"``.
+        kind: ``"float"``, ``"int"``, ``"uint"``, ``"bool"`` or ``"storage"`` (held and cast only).
         triton: the Triton type name (``tl.float32``).
     """
     name: str
@@ -40,6 +40,11 @@ class DType:
     @property
     def is_bool(self) -> bool:
         return self.kind == "bool"
+
+    @property
+    def is_storage(self) -> bool:
+        """A storage-only type (float8, float4, int4, int2): no arithmetic, only casts and moves."""
+        return self.kind == "storage"
 
     @property
     def accumulator(self) -> "DType":
@@ -80,7 +85,22 @@ u16 = DType("u16", np.dtype(np.uint16), 2, "uint", "tl.uint16")
 u8 = DType("u8", np.dtype(np.uint8), 1, "uint", "tl.uint8")
 bool_ = DType("bool", np.dtype(np.bool_), 1, "bool", "tl.int1")
 
-ALL_DTYPES: tuple[DType, ...] = (f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, bool_)
+# storage-only types (ONNX float8, float4, int4, int2): held, cast and moved, never computed on;
+# a Cast to one rounds as ml_dtypes does (the ONNX reference's own conversion)
+f8e4m3fn = DType("f8e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), 1, "storage", "")
+f8e4m3fnuz = DType("f8e4m3fnuz", np.dtype(ml_dtypes.float8_e4m3fnuz), 1, "storage", "")
+f8e5m2 = DType("f8e5m2", np.dtype(ml_dtypes.float8_e5m2), 1, "storage", "")
+f8e5m2fnuz = DType("f8e5m2fnuz", np.dtype(ml_dtypes.float8_e5m2fnuz), 1, "storage", "")
+f4e2m1 = DType("f4e2m1", np.dtype(ml_dtypes.float4_e2m1fn), 1, "storage", "")
+i4 = DType("i4", np.dtype(ml_dtypes.int4), 1, "storage", "")
+u4 = DType("u4", np.dtype(ml_dtypes.uint4), 1, "storage", "")
+i2 = DType("i2", np.dtype(ml_dtypes.int2), 1, "storage", "")
+u2 = DType("u2", np.dtype(ml_dtypes.uint2), 1, "storage", "")
+STORAGE_DTYPES = (f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz, f4e2m1, i4, u4, i2, u2)
+FLOAT8_DTYPES = (f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz)
+
+ALL_DTYPES: tuple[DType, ...] = (f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, bool_,
+                                 *STORAGE_DTYPES)
 FLOAT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_float)
 INT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_int)
 BY_NAME = {d.name: d for d in ALL_DTYPES}

@@ -64,8 +64,8 @@ def _float_unary(dts, arg):
 def _same_numeric(dts, arg):
     if dts[0] != dts[1]:
         raise ShapeError(f"operand dtypes differ: {dts[0]} vs {dts[1]}")
-    if dts[0].is_bool:
-        raise ShapeError("needs numeric operands, got bool")
+    if dts[0].is_bool or dts[0].is_storage:
+        raise ShapeError(f"needs numeric operands, got {dts[0]}")
     return dts[0]
 
 
@@ -148,8 +148,15 @@ def _np_errstate(fn):
     return wrapped
 
 
+_STORAGE_NP = frozenset(d.np for d in dt.STORAGE_DTYPES)
+
+
 def cast_array(x: np.ndarray, to: dt.DType) -> np.ndarray:
-    """ONNX ``Cast``: float to int truncates toward zero; to bool is ``x != 0`` (NaN is True)."""
+    """ONNX ``Cast``: float to int truncates toward zero; to bool is ``x != 0`` (NaN is True).
+    To or from a storage type (float8, int4...): ml_dtypes' conversion, as the ONNX reference
+    (round to nearest even; the Cast handler saturates first where ``saturate`` asks)."""
+    if to.is_storage or x.dtype in _STORAGE_NP:
+        return x.astype(to.np)
     if to.is_bool:
         return x != 0
     src_float = x.dtype.kind == "f" or x.dtype == dt.bf16.np
@@ -191,6 +198,8 @@ def _ref_gather(xs, axis):
 
 def apply_view(x: np.ndarray, v: View) -> np.ndarray:
     """Evaluate a view on a numpy array; zero-copy (``as_strided``) unless it is masked."""
+    if x.dtype in _STORAGE_NP:   # as_strided cannot read ml_dtypes' 1-byte types: move the bytes
+        return apply_view(np.asarray(x).view(np.uint8), v).view(x.dtype)
     flat = np.asarray(x, order="C").reshape(-1)
     if v.numel == 0:
         return np.zeros(v.shape, dtype=x.dtype)

@@ -3,9 +3,12 @@
 ``ConvInteger``, ``QLinearMatMul``, ``QLinearConv``, following the ONNX reference
 (``onnx/reference/ops/op_quantize_linear.py`` and friends): ``saturate(round_half_even(x / scale) +
 zp)``, ``(x - zp) * scale`` in f32, integer products accumulated exactly in i32 and requantized in
-f64. 16-bit quantized types saturate to their range; float8/int4 are rejected by the dtype check.
+f64. 16/4/2-bit integer types saturate to their range; float8/float4 quantize as ``x / scale + zp``
+saturated to the type's finite range and rounded to nearest even by the cast.
 """
 from __future__ import annotations
+
+import ml_dtypes
 
 from lumc.compiler.onnx_frontend.loader import dtype_of
 from lumc.compiler.onnx_frontend.registry import OpContext, handler, lib
@@ -14,7 +17,8 @@ from lumc.ir.errors import ShapeError
 from lumc.ir.tensor import Tensor, normalize_axis
 
 _RANGES = {dt.u8: (0, 255), dt.i8: (-128, 127), dt.u16: (0, 65535), dt.i16: (-32768, 32767),
-           dt.i32: (-2 ** 31, 2 ** 31 - 1)}
+           dt.i32: (-2 ** 31, 2 ** 31 - 1), dt.i4: (-8, 7), dt.u4: (0, 15), dt.i2: (-2, 1),
+           dt.u2: (0, 3)}
 
 
 def _broadcast_param(p: Tensor, shape: tuple[int, ...], axis: int, block: int) -> Tensor:
@@ -55,11 +59,20 @@ def _quantize(ctx: OpContext):
     axis, block = ctx.attr("axis", 1), ctx.attr("block_size", 0)
     out = zp.dtype if zp is not None else (
         dtype_of(ctx.attr("output_dtype")) if ctx.attr("output_dtype") else dt.u8)
-    if out not in (dt.u8, dt.i8, dt.u16, dt.i16):
-        raise ShapeError(f"quantized type {out} is not supported (uint8/int8/uint16/int16 only)")
     s = _broadcast_param(scale, x.shape, axis, block)
     work = dtype_of(ctx.attr("precision")) if ctx.attr("precision") else (
         x.dtype if x.dtype == s.dtype else dt.f32)
+    if out.is_storage and out not in (dt.i4, dt.u4, dt.i2, dt.u2):
+        # float8/float4: x / scale + zp, saturated to the type's range (default), rounded by the cast
+        v = _div(x.cast(work), s.cast(work))
+        if zp is not None:
+            v = v.add(_broadcast_param(zp, x.shape, axis, block).cast(dt.f32).cast(work))
+        if ctx.attr("saturate", 1):
+            big = float(ml_dtypes.finfo(out.np).max)
+            v = v.clip(v.scalar_like(-big), v.scalar_like(big))
+        return v.cast(out)
+    if out not in _RANGES:
+        raise ShapeError(f"quantized type {out} is not supported")
     q = _div(x.cast(work), s.cast(work)).round().cast(dt.i32)
     if zp is not None:
         q = q.add(_broadcast_param(zp, x.shape, axis, block).cast(dt.i32))

@@ -6,6 +6,7 @@ import time, which the folder guarantees for any shape subgraph that does not re
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -168,14 +169,26 @@ def _expand(ctx: OpContext):
     return ctx.input(0).broadcast_to(ctx.const_ints(1, "shape"))
 
 
+def _cast_to(x, to, saturate: bool):
+    """``Cast`` to ``to``; to a float8 type with ``saturate`` (the default) values beyond the
+    type's range, infinities included, become its largest finite value (ONNX Cast-19)."""
+    if saturate and to in dt.FLOAT8_DTYPES and x.dtype != to:
+        if x.dtype.is_storage:
+            x = x.cast(dt.f32)
+        if x.dtype.is_float:
+            big = float(ml_dtypes.finfo(to.np).max)
+            x = x.clip(x.scalar_like(-big), x.scalar_like(big))
+    return x.cast(to)
+
+
 @handler("Cast")
 def _cast(ctx: OpContext):
-    return ctx.input(0).cast(dtype_of(ctx.attr("to")))
+    return _cast_to(ctx.input(0), dtype_of(ctx.attr("to")), bool(ctx.attr("saturate", 1)))
 
 
 @handler("CastLike")
 def _cast_like(ctx: OpContext):
-    return ctx.input(0).cast(ctx.input(1).dtype)
+    return _cast_to(ctx.input(0), ctx.input(1).dtype, bool(ctx.attr("saturate", 1)))
 
 
 def _check_dropout(node: onnx.NodeProto, opset: int) -> str | None:
