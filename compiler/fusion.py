@@ -57,6 +57,7 @@ class GreedyFusion:
         self.graph = graph
         self.order = graph.nodes()
         self.byid = {id(n): n for n in self.order}
+        self.pos = {id(n): i for i, n in enumerate(self.order)}   # topological position
         self.outputs = {id(n) for n in graph.outputs.values()}
         self.users: dict[int, list[Node]] = {}
         for n in self.order:
@@ -184,8 +185,7 @@ class GreedyFusion:
                     desc.add(id(u))
                     order.append(u)
                     frontier.append(u)
-        pos = {id(n): i for i, n in enumerate(self.order)}
-        order.sort(key=lambda n: pos[id(n)])
+        order.sort(key=lambda n: self.pos[id(n)])
         best = ({id(r)}, r)
         for e in order:
             region, stack = {id(e)}, [e]
