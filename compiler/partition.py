@@ -3,7 +3,9 @@
 A region is a run of compute nodes in topological order. Cuts go where the fewest values cross
 them (the *live set*: computed values made before the cut and read after it), which in a
 transformer is between layers, where only the hidden state and a mask are live; a pattern such as
-softmax, whose inside keeps two or more values live, is never cut in half at those points. Leaves
+softmax, whose inside keeps two or more values live, is never cut in half at those points. When
+the pieces between the narrowest points repeat (a deep model's layers, :func:`layer_cuts`), every
+such point is a cut, so each layer is a region and identical ones are saturated once. Leaves
 (inputs, weights) are not assigned to regions: every region that reads one encodes it itself, so
 they stay shared by name.
 """
