@@ -139,9 +139,11 @@ def check_model_valid(model: onnx.ModelProto, what: str = "the model") -> None:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
         if tt is not None and tt.HasField("shape"):
             for k, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value") and d.dim_value < 0:
+                # -1 is how Paddle and others write an unknown dim (onnxruntime accepts it; it
+                # becomes a dynamic dim, see value_spec); any other negative dim is invalid
+                if d.HasField("dim_value") and d.dim_value < -1:
                     raise ModelError(f"{what} is invalid: value {vi.name!r} declares dim {k} as "
-                                     f"{d.dim_value}; dims are >= 0")
+                                     f"{d.dim_value}; dims are >= 0 (or -1, unknown)")
     # the checker demands a shape on every graph input and output, onnxruntime does not: lend an
     # empty one for the check and take it back (no copy of a model that may hold its weights)
     lent = [vi.type.tensor_type for vi in (*model.graph.input, *model.graph.output)
@@ -225,7 +227,8 @@ def initializer_names(graph: onnx.GraphProto) -> set[str]:
 
 
 def value_spec(vi: onnx.ValueInfoProto, *, strict: bool = True) -> TensorSpec:
-    """The declared spec of a graph input/output; unnamed dynamic dims become ``<name>_dim<k>``.
+    """The declared spec of a graph input/output; unnamed dynamic dims (no name, ``dim_value`` -1,
+    or a placeholder name like ``?``, :data:`PLACEHOLDER_DIMS`) become ``<name>_dim<k>``.
 
     Raises:
         ModelError: (``strict``) for a non-tensor value or an unsupported element type.
@@ -238,13 +241,18 @@ def value_spec(vi: onnx.ValueInfoProto, *, strict: bool = True) -> TensorSpec:
     dims: list[int | str] = []
     if tt.HasField("shape"):
         for k, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
-            elif d.HasField("dim_param") and d.dim_param:
+            elif d.HasField("dim_param") and d.dim_param.strip() not in PLACEHOLDER_DIMS:
                 dims.append(d.dim_param)
-            else:
+            else:   # -1, '?' (Paddle and others): each axis its own dynamic dim
                 dims.append(f"{vi.name}_dim{k}")
     return TensorSpec(vi.name, tuple(dims), dtype)
+
+
+# dim_param spellings exporters use for "unknown" (Paddle writes '?' on every dynamic axis, others
+# -1 or None): not a name, so two axes spelled alike are not the same dim
+PLACEHOLDER_DIMS = frozenset({"", "?", "-1", "None", "none", "unknown", "dynamic"})
 
 
 def has_shape(vi: onnx.ValueInfoProto) -> bool:
