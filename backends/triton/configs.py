@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 SMEM_LIMIT = 227 * 1024          # bytes of shared memory one block may use on sm_90
 REG_TILE = 32 * 128              # live fp32 tile elements per warp before spilling
-F32_TILE_REGS = 152              # tf32x3 matmul: accumulator + hi/lo operand values per thread
 ROW_FIT = 16384                  # longest row (elements) a row kernel keeps in registers
 
 
@@ -189,22 +188,6 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         tile = bm * bk
         return tile <= REG_TILE * w and tile >= 32 * w * 4 and bm * sp <= REG_TILE * w
     raise KeyError(f"unknown config space {space!r}")
-
-
-def fits_registers(space: str, problem: dict, cfg: "Config") -> bool:
-    """False for a split-TF32 (``PRECISION`` tf32x3) matmul config over fp32 operands that keeps
-    more than :data:`F32_TILE_REGS` fp32 values per thread live: the accumulator plus the hi and
-    lo parts of both operand tiles, ``(BM BN + 2 BK (BM + BN)) / (32 num_warps)``. Calibrated with
-    ``ptxas -v`` (``lumc inspect --aot cuda:90``) on MiniLM's 128x1536x384 and 128x384x1536 at
-    tf32x3, 64 configs: spills of 40-824 B/thread at 160-288 values (the chosen 32x128x64 and
-    64x256x32 at 4 warps among them); none at <= 152 values but one 8 B quirk of Triton's
-    ``--regAllocOptLevel=2``. Other precisions and spaces: True (the search applies it per
-    precision, ``lumc.compiler.measure.precision_variants``)."""
-    b = dict(cfg.blocks)
-    if space != "matmul" or b.get("PRECISION") != "tf32x3" or problem.get("itemsize", 4) < 4:
-        return True
-    bm, bn, bk = b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"]
-    return bm * bn + 2 * bk * (bm + bn) <= F32_TILE_REGS * 32 * cfg.num_warps
 
 
 def cdiv(a: int, b: int) -> int:

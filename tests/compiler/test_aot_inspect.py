@@ -167,7 +167,7 @@ def _assert_on_tensor_cores(rows):
 def test_minilm_contractions_run_on_tensor_cores_without_spills(model_path):
     # the detectors discriminate: MiniLM's FFN-up matmul (128x1536x384) at IEEE precision runs
     # FFMA on CUDA cores, and at the 64x256x32 tf32x3 4-warp tile a 60 s compile once chose
-    # (before configs.F32_TILE_REGS made it illegal) it spills
+    # (before configs.FP32_REGS_PER_THREAD made it illegal) it spills
     ffn = next(k for k in _contraction_kernels("minilm-l3", model_path, False)
                if render(k).problem.get("N") == 1536 and render(k).problem.get("K") == 384)
     rk = render(ffn)
