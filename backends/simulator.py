@@ -75,10 +75,23 @@ class Contraction:
     k: int
 
 
+def warpgroup_mma(cfg: dict) -> bool:
+    """True when Triton lowers the config's ``tl.dot`` to Hopper's warpgroup MMA (wgmma: HGMMA,
+    QGMMA): ``num_warps`` a multiple of 4 and at least 64 rows per warpgroup (``BLOCK_M >= 16 *
+    num_warps``). Smaller tiles take the per-warp ``mma.sync`` path, where e4m3 operands are
+    converted to fp16 first. Source: the SASS of every MODELS.md matmul compiled for sm_90 with
+    Triton 3.9 (``lumc inspect --aot cuda:90``): QGMMA only at warpgroup tiles, HMMA.16816.F32
+    (fp16) at the others."""
+    w = int(cfg.get("num_warps", 4))
+    return w % 4 == 0 and int(cfg.get("BLOCK_M", 64)) >= 16 * w
+
+
 def dot_peak(dev: DeviceSpec, cfg: dict, operand_dtype: str) -> float:
     """FLOP/s of a contraction config: the peak of its ``PRECISION`` knob (``DeviceSpec.dot_peak``:
     ``ieee`` on CUDA cores, ``tf32x3`` a third of TF32, ...), else the operand dtype's tensor peak."""
     p = cfg.get("PRECISION")
+    if p == "fp8" and not warpgroup_mma(cfg):
+        p = "fp16"      # the per-warp MMA path converts e4m3 to fp16 (HMMA.16816.F32 in the SASS)
     if p is not None:
         return dev.dot_peak(p)
     return dev.tensor_flops.get(operand_dtype, min(dev.vector_flops.values()))

@@ -171,3 +171,14 @@ def test_fused_fp16_sum_is_rounded_before_it_is_compared():
     assert (s32 < s.astype(np.float32)).sum() > 50       # unrounded, many rows would compare true
     got = to_numpy(TritonKernel(k)(x, s)[0])
     np.testing.assert_array_equal(got, ref)
+
+
+def test_fp8_below_a_warpgroup_tile_is_priced_as_fp16():
+    """Triton runs fp8 dots on fp8 tensor cores (QGMMA) only at warpgroup tiles; smaller tiles
+    convert e4m3 to fp16 (HMMA), so the simulator and the bound must not price them at fp8."""
+    from lumc.backends.simulator import dot_peak, warpgroup_mma
+    small = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "PRECISION": "fp8"}
+    big = {**small, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}
+    assert not warpgroup_mma(small) and warpgroup_mma(big)
+    assert dot_peak(devices.H200, small, "f32") == devices.H200.dot_peak("fp16")
+    assert dot_peak(devices.H200, big, "f32") == devices.H200.dot_peak("fp8")
