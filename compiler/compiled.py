@@ -21,8 +21,8 @@ from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
 
 
-# float8/int4... arrays (ml_dtypes) are numeric too: held and cast by the executor
-_STORAGE_NP = frozenset(d.np for d in dt.STORAGE_DTYPES)
+# bf16, float8, int4... arrays (ml_dtypes, numpy kind 'V') are numeric too
+_EXTRA_NP = frozenset(d.np for d in (dt.bf16, *dt.STORAGE_DTYPES))
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class CompiledModel:
                 v = to_numpy(v)
             a = np.asarray(v) if isinstance(v, (np.ndarray, np.generic, list, tuple, int, float,
                                                 bool)) else None
-            if a is None or (a.dtype.kind not in "biuf" and a.dtype not in _STORAGE_NP):
+            if a is None or (a.dtype.kind not in "biuf" and a.dtype not in _EXTRA_NP):
                 raise InputError(f"input {k!r} is a {type(v).__name__}, not a numeric array", node=k)
             arrays[k] = a
         for k, n in self.graph.inputs.items():
