@@ -76,16 +76,19 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
               help="quality gate: mean KL divergence per row of probability/logit outputs")
 @click.option("--logits", "logits", multiple=True, metavar="NAME",
               help="an output holding logits (KL and top-1 after softmax); repeatable")
+@click.option("--fast-math", "fast_math", is_flag=True,
+              help="allow rewrites that change results for speed (a / b as a * (1/b)); off by "
+                   "default, where division is IEEE")
 @click.option("--quiet", is_flag=True, help="no progress display")
 def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, precision, weights,
-                tolerance, max_kl, logits, quiet):
+                tolerance, max_kl, logits, fast_math, quiet):
     from lumc.compiler.cli import caused_by_interrupt
     written: list[str] = []
     policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
               "max_kl": max_kl, "logits": tuple(logits)}
     try:
         _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
-                 policy)
+                 policy, fast_math=fast_math)
     except (KeyboardInterrupt, Exception) as err:
         if not caused_by_interrupt(err):
             raise
@@ -96,7 +99,7 @@ def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph,
 
 
 def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
-             policy: dict | None = None):
+             policy: dict | None = None, fast_math: bool = False):
     from lumc.compiler.pipeline import compile_model
     parse_duration(budget)                     # a bad budget fails before any work
     out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
@@ -116,7 +119,8 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     PrecisionPolicy(**(policy or {}))          # bad options fail before any work
     shapes = _model_shapes(model, shape_items)
     cm = compile_model(model, budget=budget, device=device, shapes=shapes,
-                       use_egraph=not no_egraph, quiet=quiet, **(policy or {}))
+                       use_egraph=not no_egraph, quiet=quiet, fast_math=fast_math,
+                       **(policy or {}))
     cm.save(out_path)
     written.append(str(out_path))
     r = cm.report_dict()

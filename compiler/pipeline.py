@@ -99,7 +99,8 @@ def _scalar_dim(v) -> int:
     return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
 
 
-def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egraph: bool
+def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egraph: bool,
+                     fast_math: bool = False
                      ) -> tuple[list[Program], dict]:
     """Candidate programs, best-bound first, and the e-graph statistics.
 
@@ -121,7 +122,8 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
         share = deadline.remaining() * EGRAPH_SHARE
         n_compute = sum(1 for n in graph.nodes() if n.op not in ("Input", "Constant", "View"))
         regions = max(1, -(-n_compute // MAX_REGION_OPS))
-        limits = Limits(seconds=max(0.05, min(Limits().seconds, share / regions)))
+        limits = Limits(seconds=max(0.05, min(Limits().seconds, share / regions)),
+                        fast_math=fast_math)
         t0 = time.monotonic()
         res = None
         if share < EGRAPH_MIN_S and deadline.clock is time.monotonic:
@@ -238,7 +240,7 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                   db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic,
                   reuse_plan: bool = True, precision: str = "fp32", weights: str = "same",
                   tolerance: float | None = None, max_kl: float | None = None,
-                  logits: tuple = ()) -> CompiledModel:
+                  logits: tuple = (), fast_math: bool = False) -> CompiledModel:
     """Compile an ONNX model into the fastest correct program lumc finds within ``budget``.
 
     Args:
@@ -258,6 +260,9 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
             (``lumc.compiler.precision``: ``fp32`` on tensor cores by default; ``tf32``, ``bf16``,
             ``fp16``, ``fp8``, ``auto``; weight-only ``int8``).
+        fast_math: also offer the e-graph the rewrites that change results for speed
+            (``lumc.rewrites.rules_algebra.FAST_MATH``: ``a / b`` as ``a * (1/b)``); off by default,
+            where division is IEEE.
     Raises:
         BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
     """
@@ -270,7 +275,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     target = with_measured_ceilings(target, db)
     plans = db.plans_dir
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
-                            (use_egraph, sorted(policy.as_dict().items())))
+                            (use_egraph, sorted(policy.as_dict().items()))
+                            + (("fast_math",) if fast_math else ()))
     if reuse is not None and reuse_plan:
         cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
         if cm is not None:
@@ -280,7 +286,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         fe = stage_frontend(model, shapes, example_inputs)
         cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
                               use_egraph=use_egraph, quiet=quiet,
-                              frontend_s=deadline.elapsed() - t0, policy=policy)
+                              frontend_s=deadline.elapsed() - t0, policy=policy,
+                              fast_math=fast_math)
     if reuse is not None and cm.report_dict()["best_time_s"] is not None:
         _store_plan(plans / f"{reuse}.lumc", cm)
     return cm
@@ -309,7 +316,7 @@ def compile_graph(graph: Graph, *, budget, device: str | None = None, example_in
 def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
                      db: TuningDatabase, *, example_inputs: dict | None, use_egraph: bool,
                      quiet: bool, frontend_s: float = 0.0,
-                     policy: PrecisionPolicy | None = None) -> CompiledModel:
+                     policy: PrecisionPolicy | None = None, fast_math: bool = False) -> CompiledModel:
     """Every stage after the frontend: precision (weights stored as the policy says), candidates,
     reference capture, search, the quality gate, plan, report."""
     policy = policy or PrecisionPolicy()
@@ -321,7 +328,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         target = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)
-        programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph)
+        programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph, fast_math)
         stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
         inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
         inputs = {k: np.asarray(v) for k, v in inputs.items()}

@@ -107,3 +107,33 @@ def test_reciprocal_rewrite_is_fast_math_only():
     fast = {r.name for r in Saturator(Limits(fast_math=True)).rules}
     assert not default & rules_algebra.FAST_MATH
     assert rules_algebra.FAST_MATH <= fast
+
+
+def test_fast_math_reaches_the_egraph_only_when_asked(tmp_path, monkeypatch):
+    """``lumc.compile(..., fast_math=True)`` (``lumc compile --fast-math``) loads the fast-math
+    rules; by default they are left out, and a quotient stays IEEE through the compiled model."""
+    import onnx
+    from onnx import TensorProto as TP, helper as oh, numpy_helper as nh
+    import lumc
+    from lumc.compiler import egraph_pipeline
+    from lumc.compiler.tuning_db import TuningDatabase
+    seen = []
+    real = egraph_pipeline.saturator
+
+    def spy(limits):
+        seen.append(limits.fast_math)
+        return real(limits)
+    monkeypatch.setattr(egraph_pipeline, "saturator", spy)
+    g = oh.make_graph([oh.make_node("Div", ["x", "c"], ["q"]), oh.make_node("Floor", ["q"], ["y"])],
+                      "div", [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, [4])],
+                      [nh.from_array(np.array(3.0, np.float32), "c")])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    x = np.array([14.999999, 6.0, -9.0, 2.9999998], np.float32)
+    f = lumc.compile(m, budget="30s", device="sim:h200", db=TuningDatabase(tmp_path / "a.sqlite"))
+    np.testing.assert_array_equal(f(x), np.floor(x / np.float32(3)))
+    assert seen and not any(seen)
+    seen.clear()
+    lumc.compile(m, budget="30s", device="sim:h200", db=TuningDatabase(tmp_path / "b.sqlite"),
+                 fast_math=True)
+    assert seen and all(seen)
