@@ -159,9 +159,9 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         if bk > max(16, next_pow2(p["K"])):
             return False
         # fp32 operands (split TF32 / IEEE) keep hi/lo operand fragments live beside the
-        # accumulator: half the accumulator tile (64x256 at 4 warps spills 3.4 KiB/thread in
-        # ptxas, `lumc inspect --aot cuda:90` on Magika)
-        reg = REG_TILE * w // (2 if p.get("itemsize", 4) >= 4 else 1)
+        # accumulator: a quarter of the accumulator tile (ptxas, `lumc inspect --aot cuda:90` on
+        # Magika: 64x256/4 warps spills 3.4 KiB/thread, 128x128x16/8 warps 452 B)
+        reg = REG_TILE * w // (4 if p.get("itemsize", 4) >= 4 else 1)   # <= 32 acc/thread
         if bm * bn > reg or bm * bn < 16 * 16 * w // 2:
             return False
         # and their hi/lo operand fragments: accumulator + 2 (BM + BN) BK values per thread stay
