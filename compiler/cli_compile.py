@@ -76,19 +76,22 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
               help="quality gate: mean KL divergence per row of probability/logit outputs")
 @click.option("--logits", "logits", multiple=True, metavar="NAME",
               help="an output holding logits (KL and top-1 after softmax); repeatable")
+@click.option("--bind", "bind_items", multiple=True, metavar="NAME=VALUE",
+              help="fix an input at compile time (a sample rate: sr=16000); an If on it folds to "
+                   "its branch, and the artifact no longer takes it; repeatable")
 @click.option("--fast-math", "fast_math", is_flag=True,
               help="allow rewrites that change results for speed (a / b as a * (1/b)); off by "
                    "default, where division is IEEE")
 @click.option("--quiet", is_flag=True, help="no progress display")
 def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, precision, weights,
-                tolerance, max_kl, logits, fast_math, quiet):
+                tolerance, max_kl, logits, bind_items, fast_math, quiet):
     from lumc.compiler.cli import caused_by_interrupt
     written: list[str] = []
     policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
               "max_kl": max_kl, "logits": tuple(logits)}
     try:
         _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
-                 policy, fast_math=fast_math)
+                 policy, fast_math=fast_math, bind=parse_binds(bind_items))
     except (KeyboardInterrupt, Exception) as err:
         if not caused_by_interrupt(err):
             raise
@@ -98,8 +101,31 @@ def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph,
                         "database") from None
 
 
+def parse_binds(items) -> dict:
+    """``--bind NAME=VALUE`` (a number, or comma-separated numbers) -> ``{name: value}``.
+
+    Raises:
+        InputError: a malformed item or a name given twice.
+    """
+    from lumc.ir.errors import InputError
+    out: dict = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        try:
+            vals = [int(t) if t.strip().lstrip("+-").isdigit() else float(t)
+                    for t in text.split(",")] if eq and name and text else None
+        except ValueError:
+            vals = None
+        if vals is None:
+            raise InputError(f"bad --bind {item!r}: expected NAME=VALUE (e.g. sr=16000)")
+        if name in out:
+            raise InputError(f"--bind {name} is given twice")
+        out[name] = vals[0] if len(vals) == 1 else vals
+    return out
+
+
 def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
-             policy: dict | None = None, fast_math: bool = False):
+             policy: dict | None = None, fast_math: bool = False, bind: dict | None = None):
     from lumc.compiler.pipeline import compile_model
     parse_duration(budget)                     # a bad budget fails before any work
     out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
@@ -119,7 +145,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     PrecisionPolicy(**(policy or {}))          # bad options fail before any work
     shapes = _model_shapes(model, shape_items)
     cm = compile_model(model, budget=budget, device=device, shapes=shapes,
-                       use_egraph=not no_egraph, quiet=quiet, fast_math=fast_math,
+                       use_egraph=not no_egraph, quiet=quiet, fast_math=fast_math, bind=bind,
                        **(policy or {}))
     cm.save(out_path)
     written.append(str(out_path))

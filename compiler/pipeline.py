@@ -240,7 +240,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                   db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic,
                   reuse_plan: bool = True, precision: str = "fp32", weights: str = "same",
                   tolerance: float | None = None, max_kl: float | None = None,
-                  logits: tuple = (), fast_math: bool = False) -> CompiledModel:
+                  logits: tuple = (), fast_math: bool = False,
+                  bind: dict | None = None) -> CompiledModel:
     """Compile an ONNX model into the fastest correct program lumc finds within ``budget``.
 
     Args:
@@ -263,10 +264,16 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         fast_math: also offer the e-graph the rewrites that change results for speed
             (``lumc.rewrites.rules_algebra.FAST_MATH``: ``a / b`` as ``a * (1/b)``); off by default,
             where division is IEEE.
+        bind: ``{input name: value}`` inputs fixed at compile time (``--bind NAME=VALUE``): they
+            become constants, so an ``If`` on them folds to its branch; the artifact no longer
+            takes them (``lumc.compiler.onnx_frontend.bind_inputs``).
     Raises:
         BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
     """
     policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
+    if bind:
+        from lumc.compiler.onnx_frontend import bind_inputs, load_model
+        model = bind_inputs(load_model(model), bind)
     budget_s = parse_duration(budget)
     deadline = Deadline(budget_s, clock)
     target = resolve_target(device)

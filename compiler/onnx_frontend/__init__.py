@@ -23,12 +23,12 @@ from lumc.compiler.onnx_frontend import (handlers_attention, handlers_bits,  # n
                                          handlers_recurrent, handlers_reduce, handlers_sample,
                                          handlers_select, handlers_shape, handlers_state,
                                          handlers_trig)
-from lumc.compiler.onnx_frontend.importer import ImportedModel, import_onnx
+from lumc.compiler.onnx_frontend.importer import ImportedModel, bind_inputs, import_onnx
 from lumc.compiler.onnx_frontend.loader import (TensorSpec, load_model, model_input_specs,
                                                 model_output_specs)
 from lumc.compiler.onnx_frontend.registry import HANDLERS, NeedsConstantError
 from lumc.compiler.onnx_frontend.support import check_supported, unsupported_nodes
 
-__all__ = ["ImportedModel", "TensorSpec", "check_supported", "import_onnx", "load_model",
+__all__ = ["ImportedModel", "TensorSpec", "bind_inputs", "check_supported", "import_onnx", "load_model",
            "model_input_specs", "model_output_specs", "unsupported_nodes", "HANDLERS",
            "NeedsConstantError"]

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 
 from lumc.compiler.onnx_frontend.registry import OpContext, constant, handler
-from lumc.ir.errors import ShapeError, UnsupportedOpError
+from lumc.ir.errors import LumcError, ShapeError, UnsupportedOpError
 from lumc.ir.tensor import Tensor, normalize_axis, stack
 
 
@@ -30,8 +30,16 @@ def _if(ctx: OpContext):
             raise UnsupportedOpError(f"condition has {v.size} elements, expected 1")
         branch = ctx.attr("then_branch") if bool(v.reshape(-1)[0]) else ctx.attr("else_branch")
         return ctx.run_subgraph(branch)
-    then = ctx.run_subgraph(ctx.attr("then_branch"))
-    other = ctx.run_subgraph(ctx.attr("else_branch"))
+    branches = []
+    for which in ("then_branch", "else_branch"):
+        try:
+            branches.append(ctx.run_subgraph(ctx.attr(which)))
+        except LumcError as e:   # this branch does not apply at these shapes (a sample-rate switch)
+            raise UnsupportedOpError(
+                f"the condition is known only at run time and {which} does not import at these "
+                f"shapes ({e.reason}); fix the condition's input at compile time with --bind "
+                "NAME=VALUE (bind= in the API)") from None
+    then, other = branches
     c = cond.reshape(())
     outs = []
     for k, (a, b) in enumerate(zip(then, other)):

@@ -14,6 +14,7 @@ from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import onnx
 
 from lumc.compiler.onnx_frontend.folding import ConstantFolder
@@ -175,6 +176,47 @@ def resolve_input_specs(model: onnx.ModelProto,
         out.append(spec)
     if problems:
         raise InputError("; ".join(problems))
+    return out
+
+
+def bind_inputs(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs in ``values`` are constants (initializers): the
+    compile specializes on them, so an ``If`` on such an input (a sample-rate switch,
+    ``if sr == 16000``) folds to the branch that applies (``--bind sr=16000``, ``bind=``).
+
+    Args:
+        values: ``{input name: number or array}``, converted to the input's declared dtype (and
+            to its declared shape when it has as many elements).
+    Raises:
+        InputError: an unknown input, or a value that does not fit its shape or dtype.
+    """
+    from onnx import numpy_helper
+    inits = initializer_names(model.graph)
+    real = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    arrays = {}
+    for name, v in values.items():
+        if name not in real:
+            raise InputError(f"--bind {name}: no input of that name; inputs: "
+                             f"{', '.join(real) or 'none'}", node=name)
+        spec = value_spec(real[name])
+        try:
+            a = np.asarray(v, dtype=spec.dtype.np)
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"--bind {name}={v!r}: not a {spec.dtype.np} value", node=name) from None
+        static = all(isinstance(d, int) for d in spec.shape)
+        if static and has_shape(real[name]):
+            if a.size != int(np.prod(spec.shape)):
+                raise InputError(f"--bind {name}: {a.size} values for shape "
+                                 f"{_fmt_dims(spec.shape)}", node=name)
+            a = a.reshape(tuple(int(d) for d in spec.shape))
+        arrays[name] = a
+    keep = [vi for vi in out.graph.input if vi.name not in arrays]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    for name, a in arrays.items():
+        out.graph.initializer.append(numpy_helper.from_array(a, name))
     return out
 
 
