@@ -41,14 +41,6 @@ def zip_bomb_member(path, name: str, size: int, *, manifest: dict | None = None,
     m = json.loads(json.dumps(manifest or {"format": "lumc-artifact/1", "lumc_version": "0"}))
     m["parts"] = {k: hashlib.sha256(v).hexdigest() for k, v in parts.items()}
     m["parts"][name] = h.hexdigest()
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr("manifest.json", json.dumps(m))
-        for k, v in parts.items():
-            if k != name:
-                z.writestr(k, v)
-        with z.open(zipfile.ZipInfo(name), "w", force_zip64=True) as f:
-            pass
-    # zipfile's ZipInfo default is stored: rewrite the member deflated, streaming
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=level) as z:
         z.writestr("manifest.json", json.dumps(m))
         for k, v in parts.items():
