@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("expecttest")   # torch.testing's OpInfo database imports it
 
-SAMPLE_OPS = 8
+SAMPLE_OPS = 5
 SEED = 14
 MAX_SAMPLES = 4
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (2e-3, 2e-3)}

@@ -25,7 +25,7 @@ from lumc.compiler.tuning_db import TuningDatabase
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import UnsupportedOpError
 
-SAMPLE = 24
+SAMPLE = 16
 STORAGE_NP = {d.np for d in dt.STORAGE_DTYPES}
 SEED = 14
 
