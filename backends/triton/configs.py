@@ -94,6 +94,9 @@ SM_COUNT = 132                   # H100/H200 SXM ([H100-WP]): the grid a default
 # 508x512x1280 tf32x3 GEMM spills at 128x128x32/8 warps (128 by this count, 476 B) and 64x128x32/4
 # (160, 592 B), not at 64x128x32/8 or 128x64x32/8 (80, 222 registers)
 FP32_REGS_PER_THREAD = 96
+# ...and BLOCK_K = 128 spills at any tile (PP-OCR: 32x32x128 and 64x16x128 at 8 warps, 800 and 112
+# B/thread), BLOCK_K = 32 at none with <= 32 accumulators per thread
+FP32_MAX_BLOCK_K = 32
 MIN_FILL_TILE = 16 * 32          # smallest tile area legal at 4 warps (the REG_TILE floor below)
 
 # Known-good configs tried right after the default, per form, as (BLOCK_M, BLOCK_N, BLOCK_K,
@@ -167,7 +170,7 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         # and their hi/lo operand fragments: accumulator + 2 (BM + BN) BK values per thread stay
         # within FP32_REGS_PER_THREAD (32x32x128 at 4 warps, 136, spilled 784 B/thread on PP-OCR)
         if p.get("itemsize", 4) >= 4 and \
-                (bm * bn + 2 * (bm + bn) * bk) > FP32_REGS_PER_THREAD * 32 * w:
+                (bm * bn + 2 * (bm + bn) * bk > FP32_REGS_PER_THREAD * 32 * w or bk > FP32_MAX_BLOCK_K):
             return False
         if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:  # one K step: nothing to pipeline
             return False

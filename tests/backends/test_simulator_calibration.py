@@ -43,7 +43,7 @@ def test_fp32_operand_tiles_that_ptxas_spills_are_not_in_the_space():
     p = {"M": 508, "N": 512, "K": 1280, "batch": 1, "itemsize": 4, "dot_dtype": "f32"}
     space = {(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.num_warps) for c in cf.config_space("matmul", p)}
     for spills in ((128, 128, 32, 8), (128, 128, 16, 8), (64, 128, 32, 4), (64, 256, 32, 8),
-                   (32, 32, 128, 4)):
+                   (32, 32, 128, 4), (32, 32, 128, 8), (64, 16, 128, 8)):
         assert spills not in space
     for fine in ((64, 128, 32, 8), (128, 64, 32, 8)):
         assert fine in space
