@@ -70,3 +70,19 @@ def test_other_weights_or_shapes_compile_afresh(cache):
     assert compile_module(m, (torch.randn(2, 7, 16),), budget="20s",
                           device="sim:h200").reused is None
     assert len(list(cache.glob("plans/*.torch"))) == 3
+
+
+def test_a_pickle_in_the_plan_cache_is_never_unpickled(tmp_path):
+    """The stored capture interface is JSON: a pickle planted under a plan's key (which would run
+    code when unpickled) is refused as unreadable data and the plan is recompiled."""
+    import pickle
+    from lumc.compiler.torch_frontend import plan_cache
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+    (tmp_path / "k.lumc").write_bytes(b"")
+    (tmp_path / "k.torch").write_bytes(pickle.dumps(Payload()))
+    assert plan_cache.load_shell(tmp_path, "k") is None
+    assert not marker.exists()
