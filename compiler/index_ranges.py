@@ -34,10 +34,12 @@ class IndexRangeInputError(InputError):
 @dataclass(frozen=True)
 class IndexUse:
     """One table an input indexes: the node (name or ``op #k``), its op, and the axis size ``n``
-    (valid indices ``[-n, n)``)."""
+    (valid indices ``[-n, n)``); for ``GatherND``, ``per_last`` gives each component's size
+    along the index's last axis (``size`` is their minimum)."""
     node: str
     op: str
     size: int
+    per_last: tuple[int, ...] = ()
 
 
 def _shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[str, tuple]:
@@ -63,20 +65,22 @@ def _shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[s
     return out
 
 
-def _axis_size(node: onnx.NodeProto, data_shape: tuple, index_shape: tuple | None) -> int | None:
+def _axis_sizes(node: onnx.NodeProto, data_shape: tuple, index_shape: tuple | None
+                ) -> tuple[int, ...] | None:
+    """The sizes an index addresses: one axis (Gather, GatherElements), or GatherND's ``k``
+    dims after the batch dims, one per component of the index's last axis."""
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     r = len(data_shape)
     if node.op_type == "GatherND":
         b = int(attrs.get("batch_dims", 0))
         if index_shape is None or not index_shape:
             return None
-        k = index_shape[-1]
-        dims = data_shape[b:b + k]
-        return min(dims) if dims else None
+        dims = tuple(data_shape[b:b + index_shape[-1]])
+        return dims if dims and len(dims) == index_shape[-1] else None
     axis = int(attrs.get("axis", 0))
     if not -r <= axis < r:
         return None
-    return data_shape[axis]
+    return (data_shape[axis],)
 
 
 def index_uses(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[str, list[IndexUse]]:
@@ -108,11 +112,13 @@ def index_uses(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dic
                     if shapes is None:
                         shapes = _shapes(model, input_shapes)
                     data = shapes.get(node.input[0])
-                    size = _axis_size(node, data, shapes.get(v)) if data is not None else None
-                    if size is not None:
+                    sizes = _axis_sizes(node, data, shapes.get(v)) if data is not None else None
+                    if sizes:
                         pos = list(model.graph.node).index(node)
+                        per = tuple(int(d) for d in sizes) if node.op_type == "GatherND" else ()
                         out.setdefault(name, []).append(
-                            IndexUse(node.name or f"{node.op_type} #{pos}", node.op_type, int(size)))
+                            IndexUse(node.name or f"{node.op_type} #{pos}", node.op_type,
+                                     int(min(sizes)), per))
     return out
 
 
@@ -132,10 +138,13 @@ def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, 
         if x is None or np.asarray(x).size == 0:
             continue
         x = np.asarray(x)
-        lo, hi = int(x.min()), int(x.max())
         for u in lst:
-            if lo < -u.size or hi >= u.size:
-                bad = lo if lo < -u.size else hi
-                raise IndexRangeInputError(
-                    f"index {bad} in input {name!r} is out of range [{-u.size}, {u.size}) of the "
-                    f"table it indexes", node=u.node, op=u.op)
+            parts = ([(x[..., j], n) for j, n in enumerate(u.per_last)]
+                     if u.per_last and x.ndim and x.shape[-1] == len(u.per_last) else [(x, u.size)])
+            for comp, n in parts:
+                lo, hi = int(comp.min()), int(comp.max())
+                if lo < -n or hi >= n:
+                    bad = lo if lo < -n else hi
+                    raise IndexRangeInputError(
+                        f"index {bad} in input {name!r} is out of range [{-n}, {n}) of the "
+                        f"table it indexes", node=u.node, op=u.op)
