@@ -6,7 +6,7 @@ contractions as ``torch.matmul``/``bmm`` (cuBLAS/cuBLASLt, impl ``cublas``), an 
 kernel (prologue, epilogue) as torch ops. Such an implementation is one more entry in the kernel's
 config list, a plain dict with the string knob ``IMPL`` (absent or ``"triton"``: the generated Triton
 kernel), so the search times, checks and stores it exactly like a Triton config
-(``lumc.compiler.measure``), and the CPU executor and the GPU plan run it (``lumc.compiler.extern``).
+(``lumc.compiler.core.measure``), and the CPU executor and the GPU plan run it (``lumc.compiler.runtime.extern``).
 
 Which implementations apply follows the kernel's meaning, never a model pattern:
 
@@ -15,7 +15,7 @@ Which implementations apply follows the kernel's meaning, never a model pattern:
 * ``sdpa``: the kernel is an ``attention`` form (two contractions around one softmax normalized
   by ``1 / sum``, :func:`attention_plan`) whose score function is affine in the scores (a scale,
   an additive bias, masks through ``Where``, causal masks from ``Iota``), which
-  ``lumc.compiler.extern_sdpa`` verifies numerically before it accepts the config.
+  ``lumc.compiler.runtime.extern_sdpa`` verifies numerically before it accepts the config.
 
 Simulated price (``sim:*``): the roofline of what the torch path launches, at a vendor efficiency.
 
@@ -86,7 +86,7 @@ def extern_impls(kernel: Kernel) -> list[str]:
 def attention_plan(kernel: Kernel):
     """The ``AttentionPlan`` of an ``attention`` kernel that SDPA can compute structurally (the
     probabilities a view of ``exp2(...) / sum``), else None. Whether its score function is affine
-    (a scale and a mask) is checked numerically by ``lumc.compiler.extern_sdpa``."""
+    (a scale and a mask) is checked numerically by ``lumc.compiler.runtime.extern_sdpa``."""
     if kernel.form != "attention":
         return None
     from lumc.backends.triton.codegen import RenderError

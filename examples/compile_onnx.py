@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 import lumc
-from lumc.compiler.models import fetch_model
+from lumc.compiler.frontends.models import fetch_model
 
 
 def main():
@@ -30,7 +30,7 @@ def main():
     print(compiled.report())
 
     # run it on realistic inputs and compare with onnxruntime
-    from lumc.compiler.models import identify_model, random_inputs
+    from lumc.compiler.frontends.models import identify_model, random_inputs
     feeds = random_inputs({i.name: i.shape for i in compiled.inputs},
                           {i.name: i.dtype.np for i in compiled.inputs}, seed=1,
                           info=identify_model(path))

@@ -50,6 +50,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def model_path():
-    """``model_path(name) -> pathlib.Path`` of a MODELS.md model (see ``lumc.compiler.models``)."""
-    from lumc.compiler.models import fetch_model
+    """``model_path(name) -> pathlib.Path`` of a MODELS.md model (see ``lumc.compiler.frontends.models``)."""
+    from lumc.compiler.frontends.models import fetch_model
     return fetch_model

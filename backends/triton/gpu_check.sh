@@ -10,7 +10,7 @@
 #      (lumc -> compiler/public, lumc.ir -> ir, ...) with symlinks;
 #   4. without a CUDA device: render every benchmark case, print the plan below and stop, exit 2;
 #   5. run every test marked gpu (tests/, bf16 included; ~90 s);
-#   6. the main job (python -m lumc.compiler.gpu_main, ~7 min): the four MODELS.md models (carried
+#   6. the main job (python -m lumc.compiler.tools.gpu_main, ~7 min): the four MODELS.md models (carried
 #      in build/gpu-models, `make gpu-models`), GPT-2 small and BERT-base at seq 128 in fp32 and
 #      bf16: compile --device cuda, run the plan through CUDA graphs checked against the float64
 #      reference, bench against torch eager and torch.compile(max-autotune); one table, written to
@@ -76,7 +76,7 @@ export PYTHONPATH="$ROOT/$SITE/pkg:$ROOT/$SITE/deps${PYTHONPATH:+:$PYTHONPATH}"
 # 4. no GPU: the CPU part only, the plan, then a clear stop (exit 2)
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     "$PY" -m lumc.backends.triton.gpu_check --json "$OUT/gpu-check.json"
-    "$PY" -m lumc.compiler.gpu_main --json "$OUT/gpu-main.json"
+    "$PY" -m lumc.compiler.tools.gpu_main --json "$OUT/gpu-main.json"
     exit $?
 fi
 
@@ -91,7 +91,7 @@ say "gpu tests: exit $tests_rc ($(( $(date +%s) - t0 )) s so far)"
 left=$(( 570 - ($(date +%s) - t0) ))
 main_budget=$(( left - 90 ))
 [ "$main_budget" -lt 60 ] && main_budget=60
-timeout $(( main_budget + 60 )) "$PY" -m lumc.compiler.gpu_main --budget "$main_budget" \
+timeout $(( main_budget + 60 )) "$PY" -m lumc.compiler.tools.gpu_main --budget "$main_budget" \
     --json "$OUT/gpu-main.json" --markdown docs/gpu-results.md
 main_rc=$?
 say "main job: exit $main_rc ($(( $(date +%s) - t0 )) s so far)"

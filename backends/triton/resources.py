@@ -1,7 +1,7 @@
 """What a config compiled to on the GPU: register spills read from Triton's compiled kernels.
 
 A config that spills registers to local memory is slow in a way no tile model predicts, so the
-measurer prunes it before timing (``lumc.compiler.measure``). On a GPU the first launch of a config
+measurer prunes it before timing (``lumc.compiler.core.measure``). On a GPU the first launch of a config
 JIT-compiles it; Triton keeps the result per ``@triton.jit`` function (``device_caches`` in
 Triton 3, ``cache`` before), and each ``CompiledKernel`` carries ``n_spills`` and ``n_regs`` once
 loaded. :func:`spills_of_launch` diffs those caches around one launch, so the kernels it adds are

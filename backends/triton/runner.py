@@ -1,6 +1,6 @@
 """Run a whole program (kernel calls bound to a model's nodes) with every kernel in Triton.
 
-The program is duck-typed (``lumc.compiler.program.Program``: ``calls`` with ``kernel``, ``inputs``,
+The program is duck-typed (``lumc.compiler.runtime.program.Program``: ``calls`` with ``kernel``, ``inputs``,
 ``outputs`` node lists, and ``outputs`` ``{name: node}``) so that ``backends`` does not import
 ``compiler``. Values live in a dict keyed by model node; model inputs are found by their ``Input``
 name, weights are uploaded once, and a program output that is a free reshape of a value is a view.

@@ -33,19 +33,19 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
     """Compile ``model`` (an ONNX path, ``onnx.ModelProto`` or bytes; or a ``torch.nn.Module`` with
     ``example_inputs``) into the fastest correct program lumc finds within ``budget``.
 
-    See :func:`lumc.compiler.pipeline.compile_model` for the arguments (``precision=``,
+    See :func:`lumc.compiler.core.pipeline.compile_model` for the arguments (``precision=``,
     ``weights=``, ``tolerance=``, ``max_kl=``, ``logits=``: the precision policy and its quality
-    gate, :mod:`lumc.compiler.precision`). Returns a
-    :class:`~lumc.compiler.compiled.CompiledModel`; for a torch module,
-    :func:`lumc.compiler.torch_frontend.compile_module` (extra ``dynamic_shapes=``), a callable on
+    gate, :mod:`lumc.compiler.core.precision`). Returns a
+    :class:`~lumc.compiler.runtime.compiled.CompiledModel`; for a torch module,
+    :func:`lumc.compiler.core.torch_compile.compile_module` (extra ``dynamic_shapes=``), a callable on
     torch tensors compiled per input shape.
     """
     if type(model).__module__.startswith("torch") or _is_torch_module(model):
-        from lumc.compiler.torch_frontend import compile_module
+        from lumc.compiler.core.torch_compile import compile_module
         if example_inputs is None:
             raise InputError("compiling a torch module needs example_inputs=(tensor, ...)")
         return compile_module(model, example_inputs, budget=budget, device=device, **kwargs)
-    from lumc.compiler.pipeline import compile_model
+    from lumc.compiler.core.pipeline import compile_model
     return compile_model(model, budget=budget, device=device, example_inputs=example_inputs,
                          shapes=shapes, **kwargs)
 
@@ -57,6 +57,6 @@ def _is_torch_module(model) -> bool:
 
 
 def load(path, device=None):
-    """Load a ``.lumc`` artifact as a :class:`~lumc.compiler.compiled.CompiledModel`."""
-    from lumc.compiler.compiled import load as _load
+    """Load a ``.lumc`` artifact as a :class:`~lumc.compiler.runtime.compiled.CompiledModel`."""
+    from lumc.compiler.runtime.compiled import load as _load
     return _load(path, device)

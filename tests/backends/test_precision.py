@@ -4,7 +4,7 @@ simulated prices and bounds per precision.
 The Triton interpreter computes ``ieee``, ``tf32x3``, ``tf32`` (as exact fp32) and ``fp16`` dots as a
 GPU would; its bf16 arithmetic truncates and its fp8 products are not exact, so the bf16 and fp8
 branches are checked here by their source and by the numpy emulation, and on a GPU by the ``gpu``
-tests (``lumc.compiler.measure`` checks every config there).
+tests (``lumc.compiler.core.measure`` checks every config there).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton import configs
 from lumc.backends.triton.benchcases import _kernel
 from lumc.backends.triton.launch import TritonKernel, to_numpy
-from lumc.compiler.measure import max_rel_error
+from lumc.compiler.core.measure import max_rel_error
 from lumc.ir import dtypes as dt
 from lumc.ir.library.norm import softmax
 from lumc.ir.tensor import Tensor

@@ -17,7 +17,7 @@ LOOP = configs.make(4, 2, BLOCK_M=1, BLOCK_K=256)
 
 
 def _call(name, args, form):
-    from lumc.compiler.kernel_builder import build_call
+    from lumc.compiler.core.kernel_builder import build_call
     from lumc.rewrites.language import decode_form
     return build_call([decode_form(name, args)], lambda n: False, form=form).kernel
 
@@ -26,7 +26,7 @@ def _pushed(name, args):
     """The form cut with its views pushed down onto the placeholders (what the cutter did for
     every kernel before named forms kept their composition): the probabilities then reach the
     value product as elementwise math over its [.., Lq, Lk, Dv] domain, not through a view."""
-    from lumc.compiler.kernel_builder import build_call
+    from lumc.compiler.core.kernel_builder import build_call
     from lumc.rewrites.language import decode_form
     return Kernel("attention", build_call([decode_form(name, args)], lambda n: False).kernel.meaning)
 

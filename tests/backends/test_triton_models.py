@@ -17,7 +17,7 @@ from lumc.backends.triton.runner import RunStats, run_program
 
 
 def test_run_program_of_a_small_block_matches_the_reference():
-    from lumc.compiler.fusion import greedy_program
+    from lumc.compiler.core.fusion import greedy_program
     x = input_node("x", (2, 9, 16), dt.f32)
     w = input_node("w", (16, 16), dt.f32)
     g = input_node("g", (16,), dt.f32)
@@ -45,8 +45,8 @@ MODELS = ["silero-vad", "magika", "minilm-l3", "ppocr-det"]
 @pytest.mark.models
 @pytest.mark.parametrize("name", MODELS)
 def test_model_runs_on_triton_and_matches_onnxruntime(name, model_path):
-    from lumc.compiler import models
-    from lumc.compiler.cli import cli
+    from lumc.compiler.frontends import models
+    from lumc.compiler.tools.cli import cli
     shapes = models.MODEL_INFO[name].test_shapes[0]
     args = ["run", str(model_path(name)), "--random", "--check", "--backend", "triton"]
     for k, v in shapes.items():

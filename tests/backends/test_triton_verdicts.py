@@ -29,11 +29,11 @@ def _largest(tk, space):
 
 
 def _verdicts(path, shapes):
-    from lumc.compiler.budget import Deadline
-    from lumc.compiler.measure import INTERPRETER_MAX_ELEMENTS, kernel_hash, max_rel_error
-    from lumc.compiler.pipeline import (example_inputs_for, stage_candidates, stage_frontend,
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.measure import INTERPRETER_MAX_ELEMENTS, kernel_hash, max_rel_error
+    from lumc.compiler.core.pipeline import (example_inputs_for, stage_candidates, stage_frontend,
                                         stage_reference)
-    from lumc.compiler.targets import resolve_target
+    from lumc.compiler.runtime.targets import resolve_target
     fe = stage_frontend(path, shapes, None)
     programs, _ = stage_candidates(fe.graph, resolve_target("sim:h200"), Deadline(60.0), True)
     inputs = {k: np.asarray(v) for k, v in example_inputs_for(fe.graph, fe).items()}
@@ -71,7 +71,7 @@ def _verdicts(path, shapes):
 
 
 def _run(name, model_path, forms_needed):
-    from lumc.compiler import models
+    from lumc.compiler.frontends import models
     forms, bad = _verdicts(model_path(name), models.MODEL_INFO[name].test_shapes[0])
     assert not bad, "\n".join(bad)
     assert forms_needed <= set(forms), forms

@@ -37,7 +37,7 @@ def load_graph(name: str):
         import torch
         import transformers
         from transformers.utils import logging as tlog
-        from lumc.compiler.torch_frontend.capture import import_torch
+        from lumc.compiler.frontends.torch_frontend.capture import import_torch
         tlog.set_verbosity_error()
         torch.manual_seed(0)
         if name == "bert-base":
@@ -47,8 +47,8 @@ def load_graph(name: str):
             model = transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)).eval()
             args = (torch.randint(0, 50000, (1, 128)),)
         return import_torch(model, args).graph
-    from lumc.compiler.models import fetch_model, model_info
-    from lumc.compiler.onnx_frontend import import_onnx
+    from lumc.compiler.frontends.models import fetch_model, model_info
+    from lumc.compiler.frontends.onnx_frontend import import_onnx
     base, _, seq = name.partition("@")
     info = model_info(base)
     shapes = dict(info.test_shapes[0])
@@ -58,9 +58,9 @@ def load_graph(name: str):
 
 
 def run_one(name: str, device: str) -> dict:
-    from lumc.compiler.egraph_pipeline import egraph_candidates
-    from lumc.compiler.fusion import greedy_program
-    from lumc.compiler.program import program_time_bound
+    from lumc.compiler.core.egraph_pipeline import egraph_candidates
+    from lumc.compiler.core.fusion import greedy_program
+    from lumc.compiler.runtime.program import program_time_bound
     t0 = time.perf_counter()
     g = load_graph(name)
     t_import = time.perf_counter() - t0

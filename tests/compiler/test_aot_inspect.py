@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import lumc.compiler.cli_bench  # noqa: F401  (registers inspect)
+import lumc.compiler.tools.cli_bench  # noqa: F401  (registers inspect)
 from lumc.backends.triton import configs, render
 from lumc.backends.triton.sass import (mma_input_type, ptxas_resources, sass_opcodes,
                                        tensor_core_ops)
-from lumc.compiler.aot_inspect import (aot_rows, check_aot_target, format_aot_table,
+from lumc.compiler.tools.aot_inspect import (aot_rows, check_aot_target, format_aot_table,
                                        kernel_aot_rows, tensor_core_problems)
-from lumc.compiler.cli import cli
+from lumc.compiler.tools.cli import cli
 from lumc.ir.errors import LumcError
 
 PTXAS_LOG = """\
@@ -96,14 +96,14 @@ PRECISIONS = {"matmul": ("tf32x3", "bf16", "fp8"), "attention": ("tf32x3", "bf16
 def _contraction_kernels(name, model_path, egraph: bool):
     """The distinct matmul/attention kernels (by generated module) of the greedy program and, with
     ``egraph``, of the e-graph candidates of model ``name``."""
-    from lumc.compiler import models
-    from lumc.compiler.fusion import greedy_program
-    from lumc.compiler.pipeline import stage_frontend
+    from lumc.compiler.frontends import models
+    from lumc.compiler.core.fusion import greedy_program
+    from lumc.compiler.core.pipeline import stage_frontend
     shapes = SHAPES.get(name, models.MODEL_INFO[name].test_shapes[0])
     graph = stage_frontend(str(model_path(name)), shapes, None).graph
     programs = [greedy_program(graph)]
     if egraph:
-        from lumc.compiler.egraph_pipeline import egraph_candidates
+        from lumc.compiler.core.egraph_pipeline import egraph_candidates
         from lumc.rewrites.schedule import Limits
         programs += list(egraph_candidates(graph, "h200", k=2, limits=Limits(seconds=2.0)).candidates)
     out = {}
@@ -199,8 +199,8 @@ def test_every_model_contraction_runs_on_tensor_cores_without_spills(model_path)
 def _artifact(tmp_path):
     """A two-call artifact without a search: x @ w at a Triton config (bf16 operands), then the
     same product through cuBLAS (a vendor kernel)."""
-    from lumc.compiler.compiled import CompiledModel
-    from lumc.compiler.fusion import greedy_program
+    from lumc.compiler.runtime.compiled import CompiledModel
+    from lumc.compiler.core.fusion import greedy_program
     from lumc.ir import dtypes as dt
     from lumc.ir.graph import Graph, const_node, input_node
     from lumc.ir.tensor import Tensor

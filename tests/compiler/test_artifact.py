@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from lumc.compiler.artifact import (OutputError, check_writable, load_artifact, looks_like_artifact,
+from lumc.compiler.runtime.artifact import (OutputError, check_writable, load_artifact, looks_like_artifact,
                                     refuse_same_file, save_artifact, write_atomic)
 from lumc.ir.errors import ArtifactError, LumcError
 

@@ -11,19 +11,19 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 import lumc
-import lumc.compiler.cli_bench  # noqa: F401  (registers bench and inspect)
+import lumc.compiler.tools.cli_bench  # noqa: F401  (registers bench and inspect)
 from lumc import __version__
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.simulator import simulate_kernel_time
 from lumc.backends.devices import get_device
-from lumc.compiler.artifact import artifact_hash, load_artifact
-from lumc.compiler.bench import BenchError, bench_target
-from lumc.compiler.cli import cli
-from lumc.compiler.compare import (BaselineMismatchError, compare_docs, match_kernels,
+from lumc.compiler.runtime.artifact import artifact_hash, load_artifact
+from lumc.compiler.tools.bench import BenchError, bench_target
+from lumc.compiler.tools.cli import cli
+from lumc.compiler.tools.compare import (BaselineMismatchError, compare_docs, match_kernels,
                                    parse_threshold, scale_times)
-from lumc.compiler.graph_torch import graph_module
-from lumc.compiler.onnx_frontend import import_onnx
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.runtime.graph_torch import graph_module
+from lumc.compiler.frontends.onnx_frontend import import_onnx
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir.errors import LumcError
 
 
@@ -293,7 +293,7 @@ def test_vs_eager_and_inductor_report_inductor_kernels(env):
 
 
 def test_program_values_feed_every_kernel_and_match_the_outputs(env):
-    from lumc.compiler.bench import bench_inputs, program_values
+    from lumc.compiler.tools.bench import bench_inputs, program_values
     cm = lumc.load(env["art"])
     x = bench_inputs(cm)
     vals = program_values(cm, x)

@@ -13,8 +13,8 @@ from onnx import helper as oh
 from onnx import numpy_helper as nh
 
 import lumc
-from lumc.compiler.cli import cli
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.tools.cli import cli
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir.errors import InputError, UnsupportedOpError
 
 

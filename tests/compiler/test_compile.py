@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import lumc
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir.errors import ArtifactError, BudgetError, InputError
 
 
@@ -137,9 +137,9 @@ def test_torch_tensors_in_and_out(model, db):
 
 def test_kernel_check_falls_back_to_float64_meaning(db):
     """A kernel closer to the truth than the fp32 reference is not rejected."""
-    from lumc.compiler.measure import KernelMeasurer
-    from lumc.compiler.program import KernelCall
-    from lumc.compiler.targets import resolve_target, versions
+    from lumc.compiler.core.measure import KernelMeasurer
+    from lumc.compiler.runtime.program import KernelCall
+    from lumc.compiler.runtime.targets import resolve_target, versions
     from lumc.ir import dtypes as dt
     from lumc.ir.graph import Graph, input_node
     from lumc.ir.kernels import Kernel

@@ -1,9 +1,9 @@
-"""Constant folding before the e-graph (``lumc.compiler.constfold``): results agree with the
+"""Constant folding before the e-graph (``lumc.compiler.core.constfold``): results agree with the
 reference executor on the unfolded graph, the identity gather disappears, big broadcasts stay."""
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.constfold import MAX_FOLD_ELEMS, fold_constants
+from lumc.compiler.core.constfold import MAX_FOLD_ELEMS, fold_constants
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, const_node, input_node, node
 from lumc.ir.tensor import Tensor

@@ -2,7 +2,7 @@
 becomes the current device."""
 import torch
 
-from lumc.compiler import targets
+from lumc.compiler.runtime import targets
 
 
 def test_fork_only_before_cuda_is_touched(monkeypatch):

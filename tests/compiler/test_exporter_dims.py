@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from onnx import TensorProto as TP
 from onnx import helper as oh
 
-from lumc.compiler.cli import cli
-from lumc.compiler.onnx_frontend import import_onnx, model_input_specs
+from lumc.compiler.tools.cli import cli
+from lumc.compiler.frontends.onnx_frontend import import_onnx, model_input_specs
 from lumc.ir.errors import InputError
 
 

@@ -7,11 +7,11 @@ from lumc.backends import extern as bx
 from lumc.backends.devices import H200
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton.benchcases import _attention, _kernel
-from lumc.compiler.extern import ExternConfig, ExternKernel, config_from_dict, run_extern_numpy
-from lumc.compiler.measure import KernelMeasurer, max_rel_error
-from lumc.compiler.program import KernelCall
-from lumc.compiler.targets import resolve_target
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.runtime.extern import ExternConfig, ExternKernel, config_from_dict, run_extern_numpy
+from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
+from lumc.compiler.runtime.program import KernelCall
+from lumc.compiler.runtime.targets import resolve_target
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir import dtypes as dt
 from lumc.ir.library.conv import conv
 
@@ -129,7 +129,7 @@ def test_measurer_lists_times_and_checks_externs(tmp_path, monkeypatch):
     assert m.bound(key, 1) <= res.seconds
     assert m.checked[(key, 1)] < 1e-6           # checked on torch CPU against the reference
     # a wrong extern result is rejected and stored as such
-    import lumc.compiler.extern as ce
+    import lumc.compiler.runtime.extern as ce
     monkeypatch.setattr(ce, "run_extern_numpy", lambda kernel, cfg, xs: [ref + 1.0])
     m2 = KernelMeasurer(resolve_target("sim:h200"), TuningDatabase(tmp_path / "db2.sqlite"), VERSIONS,
                         values)

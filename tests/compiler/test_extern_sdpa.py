@@ -7,8 +7,8 @@ import pytest
 from lumc.backends import extern as bx
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton.benchcases import _kernel
-from lumc.compiler.extern import ExternKernel, run_extern_numpy
-from lumc.compiler.measure import max_rel_error
+from lumc.compiler.runtime.extern import ExternKernel, run_extern_numpy
+from lumc.compiler.core.measure import max_rel_error
 from lumc.ir import dtypes as dt
 from lumc.ir.library.norm import softmax
 from lumc.ir.tensor import Tensor

@@ -12,11 +12,11 @@ from onnx import helper as oh
 from onnx import numpy_helper as nh
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.egraph_pipeline import compile_program, egraph_candidates
-from lumc.compiler.fusion import greedy_program
-from lumc.compiler.onnx_frontend import import_onnx
-from lumc.compiler.partition import partition
-from lumc.compiler.program import program_time_bound, run_program_reference
+from lumc.compiler.core.egraph_pipeline import compile_program, egraph_candidates
+from lumc.compiler.core.fusion import greedy_program
+from lumc.compiler.frontends.onnx_frontend import import_onnx
+from lumc.compiler.core.partition import partition
+from lumc.compiler.runtime.program import program_time_bound, run_program_reference
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.library import norm
 from lumc.ir.tensor import Tensor
@@ -226,7 +226,7 @@ def test_fused_qkv_split_with_causal_mask_becomes_attention():
 
 
 def test_reference_values_cover_every_candidate_kernel():
-    from lumc.compiler.program import reference_values
+    from lumc.compiler.runtime.program import reference_values
     q = Tensor(input_node("q", (2, 5, 8), dt.f32))
     k = Tensor(input_node("k", (2, 5, 8), dt.f32))
     y = norm.softmax((q @ k.transpose(-1, -2)) / np.sqrt(8.0), -1) @ k
@@ -347,7 +347,7 @@ def test_lstm_gate_sums_become_one_row_kernel():
 def test_choose_is_the_least_fixpoint():
     """Extraction settles classes cheapest first; on random e-graphs with shared children and
     cycles it gives the least solution of cost(c) = min over nodes of local + sum of child costs."""
-    from lumc.compiler.extract import ENode, EGraphView, choose
+    from lumc.compiler.core.extract import ENode, EGraphView, choose
     rng = np.random.default_rng(1)
 
     class Flat:   # local cost of an e-node: a number stored in its constructor name

@@ -4,8 +4,8 @@ import pytest
 
 from lumc.backends.devices import DEVICES, H100_SXM, H200, get_device
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.fusion import greedy_program
-from lumc.compiler.program import program_time_bound, run_program_reference
+from lumc.compiler.core.fusion import greedy_program
+from lumc.compiler.runtime.program import program_time_bound, run_program_reference
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.tensor import Tensor, concat

@@ -1,5 +1,5 @@
 """make gpu-check's main job: without a GPU it prints the plan and stops with exit 2; its table."""
-from lumc.compiler import gpu_main
+from lumc.compiler.tools import gpu_main
 
 
 def test_without_gpu_prints_the_plan_and_stops(tmp_path, capsys):

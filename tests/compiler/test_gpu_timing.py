@@ -5,7 +5,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from lumc.compiler import gpu_timing as gt
+from lumc.compiler.runtime import gpu_timing as gt
 
 KERNEL_S = 3e-6      # what one launch of the fake kernel costs on the fake GPU
 HOST_S = 100e-6      # what one Python call costs on the host (never on the GPU clock)

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.onnx_frontend import (check_supported, import_onnx, load_model,
+from lumc.compiler.frontends.onnx_frontend import (check_supported, import_onnx, load_model,
                                          model_input_specs, model_output_specs)
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError, ModelError, ShapeError, UnsupportedOpError
@@ -448,7 +448,7 @@ def test_opset10_resize_matches_onnxruntime(mode, scales):
 
 
 def test_backend_specializes_on_inputs_that_feed_compile_time_values():
-    from lumc.compiler.onnx_backend import LumcBackend
+    from lumc.compiler.tools.onnx_backend import LumcBackend
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
              helper.make_node("ReduceSum", ["r", "axes"], ["y"], keepdims=0)]
     model = make_model(nodes, [vi("x", [2, 6]), vi("shape", [3], TensorProto.INT64),
@@ -465,8 +465,8 @@ def test_backend_specializes_on_inputs_that_feed_compile_time_values():
 
 def test_every_library_function_a_handler_needs_is_importable():
     # a library module that fails to import would silently turn its ops into "unsupported" skips
-    from lumc.compiler.onnx_frontend import HANDLERS
-    from lumc.compiler.onnx_frontend.registry import missing_requirements
+    from lumc.compiler.frontends.onnx_frontend import HANDLERS
+    from lumc.compiler.frontends.onnx_frontend.registry import missing_requirements
     missing = {op: missing_requirements(h) for op, h in HANDLERS.items() if missing_requirements(h)}
     assert missing == {}
     assert len(HANDLERS) >= 160

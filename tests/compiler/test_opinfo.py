@@ -38,7 +38,7 @@ EXCEPTIONS = {
 
 def _claimed():
     from torch.testing._internal.common_methods_invocations import op_db
-    from lumc.compiler.torch_frontend import supported_ops
+    from lumc.compiler.frontends.torch_frontend import supported_ops
     names = {k.split(".")[1] for k in supported_ops()}
     ops = [o for o in op_db if (o.aten_name or o.name) in names and not o.variant_test_name]
     return sorted(ops, key=lambda o: o.name)

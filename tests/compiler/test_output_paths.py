@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper as oh
 
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from three_paths import assert_same, run_compiled, run_reference, run_triton
 
 

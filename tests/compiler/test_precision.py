@@ -8,9 +8,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lumc
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.precision import (PrecisionPolicy, contraction_reduced_axes, output_quality,
+from lumc.compiler.core.precision import (PrecisionPolicy, contraction_reduced_axes, output_quality,
                                      store_weights)
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph, input_node

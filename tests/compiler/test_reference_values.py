@@ -1,13 +1,13 @@
-"""Incremental reference capture (``lumc.compiler.reference_values``): every candidate's boundary
+"""Incremental reference capture (``lumc.compiler.core.reference_values``): every candidate's boundary
 values equal a full run of its own graph, bit for bit, while later captures evaluate only the
 nodes between the values held and the values wanted."""
 import numpy as np
 
 from lumc.backends import reference as ref_mod
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.egraph_pipeline import egraph_candidates
-from lumc.compiler.fusion import greedy_program
-from lumc.compiler.reference_values import ReferenceValues
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.compiler.core.fusion import greedy_program
+from lumc.compiler.core.reference_values import ReferenceValues
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, const_node, input_node
 from lumc.ir.library import norm

@@ -4,9 +4,9 @@ programs, decoded with their own weights, agree with the reference executor."""
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.egraph_pipeline import egraph_candidates
-from lumc.compiler.partition import partition
-from lumc.compiler.program import run_program_reference
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.compiler.core.partition import partition
+from lumc.compiler.runtime.program import run_program_reference
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.library import norm

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from lumc.compiler.budget import Deadline, grace_seconds, parse_duration
-from lumc.compiler.search import Measurement, run_search
+from lumc.compiler.core.budget import Deadline, grace_seconds, parse_duration
+from lumc.compiler.core.search import Measurement, run_search
 from lumc.ir.errors import BudgetError
 
 

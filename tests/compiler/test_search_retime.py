@@ -2,8 +2,8 @@
 skips candidates holding a kernel that cannot run."""
 import pytest
 
-from lumc.compiler.budget import Deadline
-from lumc.compiler.search import Measurement, run_search
+from lumc.compiler.core.budget import Deadline
+from lumc.compiler.core.search import Measurement, run_search
 from tests.compiler.test_search import FakeClock, make_measure
 
 

@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from lumc.compiler import targets
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.runtime import targets
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir.errors import LumcError
 
 

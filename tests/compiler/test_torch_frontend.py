@@ -18,8 +18,9 @@ import functools
 import numpy as np
 
 import lumc
-from lumc.compiler.torch_frontend import (DEFAULT_BUDGET, import_torch, supported_ops)
-from lumc.compiler.torch_frontend import compile_module as _compile_module
+from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
+from lumc.compiler.frontends.torch_frontend import import_torch, supported_ops
+from lumc.compiler.core.torch_compile import compile_module as _compile_module
 from lumc.ir.errors import BudgetError, InputError, ModelError, UnsupportedOpError
 
 # the lowering tests compare against eager on the reference executor; one test below runs the search
@@ -349,7 +350,7 @@ def test_supported_ops_cover_the_core_families():
 # ---- torch.compile ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["lumc", "function"])
 def test_torch_compile_backend(backend):
-    from lumc.compiler.torch_backend import lumc_backend
+    from lumc.compiler.core.torch_backend import lumc_backend
     torch._dynamo.reset()
     torch.manual_seed(7)
     m = CausalSelfAttention().eval()
@@ -361,7 +362,7 @@ def test_torch_compile_backend(backend):
 
 
 def test_torch_compile_inplace_ops_and_budget_option():
-    from lumc.compiler.torch_backend import DynamoGraph, lumc_backend
+    from lumc.compiler.core.torch_backend import DynamoGraph, lumc_backend
     torch._dynamo.reset()
     seen = []
 

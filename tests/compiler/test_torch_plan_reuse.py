@@ -1,4 +1,4 @@
-"""Stored plans for torch modules (``lumc.compiler.torch_frontend.plan_cache``): a recompile of the
+"""Stored plans for torch modules (``lumc.compiler.core.torch_plan_cache``): a recompile of the
 same module reuses the plan without capturing or re-timing anything, returns the same outputs,
 reports the numerics recorded when the plan was chosen; other weights or shapes compile afresh."""
 import time
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from lumc.compiler.torch_frontend import compile_module
-from lumc.compiler.torch_frontend import compiled as compiled_mod
+from lumc.compiler.core.torch_compile import compile_module
+from lumc.compiler.core import torch_compile as compiled_mod
 
 
 class _Block(torch.nn.Module):
@@ -76,7 +76,7 @@ def test_a_pickle_in_the_plan_cache_is_never_unpickled(tmp_path):
     """The stored capture interface is JSON: a pickle planted under a plan's key (which would run
     code when unpickled) is refused as unreadable data and the plan is recompiled."""
     import pickle
-    from lumc.compiler.torch_frontend import plan_cache
+    from lumc.compiler.core import torch_plan_cache as plan_cache
     marker = tmp_path / "pwned"
 
     class Payload:

@@ -3,7 +3,7 @@ import warnings
 
 import pytest
 
-from lumc.compiler.tuning_db import Timing, TimingKey, TuningDatabase, config_key
+from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase, config_key
 
 
 def key(**kw):

@@ -3,8 +3,8 @@ with the fusion decision and the rule that would be needed; the artifact carries
 import numpy as np
 from click.testing import CliRunner
 
-from lumc.compiler.cli import cli
-from lumc.compiler.pipeline import compile_graph
+from lumc.compiler.tools.cli import cli
+from lumc.compiler.core.pipeline import compile_graph
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, const_node, input_node
 from lumc.ir.tensor import Tensor

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.onnx_frontend import import_onnx
+from lumc.compiler.frontends.onnx_frontend import import_onnx
 
 # (rtol, atol) per dtype between paths: kernels reassociate sums and use fused multiply-adds
 TOL = {"float64": (1e-9, 1e-12), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3),
@@ -25,7 +25,7 @@ def run_reference(model, feeds: dict) -> dict:
 
 def run_triton(model, feeds: dict) -> dict:
     from lumc.backends.triton.runner import run_program
-    from lumc.compiler.fusion import greedy_program
+    from lumc.compiler.core.fusion import greedy_program
     imported = import_onnx(model, {k: np.shape(v) for k, v in feeds.items()})
     return run_program(greedy_program(imported.graph), feeds)
 

@@ -21,8 +21,8 @@ import warnings
 import onnx.backend.test
 import pytest
 
-from lumc.compiler.onnx_backend import LumcBackend
-from lumc.compiler.onnx_frontend import unsupported_nodes
+from lumc.compiler.tools.onnx_backend import LumcBackend
+from lumc.compiler.frontends.onnx_frontend import unsupported_nodes
 from lumc.ir.errors import UnsupportedOpError
 
 # test name (without the _cpu suffix) -> why it fails; strict: an unexpected pass fails the run

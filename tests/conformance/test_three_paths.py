@@ -21,7 +21,7 @@ import pytest
 from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests
 
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import UnsupportedOpError
 
@@ -118,7 +118,7 @@ def _expected_check(got: dict, want: list, names: list[str], ref: dict, rtol: fl
 @pytest.mark.parametrize("case,path", _params())
 def test_node_case_three_paths(case, path, tmp_path):
     from test_onnx_backend import ConformanceBackend
-    from lumc.compiler.onnx_backend import _bind_inputs
+    from lumc.compiler.tools.onnx_backend import _bind_inputs
     model = case.model
     ins, outs = (list(x) for x in case.data_sets[0])
     ins, outs = ([numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else
@@ -140,7 +140,7 @@ def test_node_case_three_paths(case, path, tmp_path):
     ref = run(graph_feeds)
     if path == "triton":
         from lumc.backends.triton.runner import run_program
-        from lumc.compiler.fusion import greedy_program
+        from lumc.compiler.core.fusion import greedy_program
         got = run_program(greedy_program(imported.graph), graph_feeds)
     else:
         import lumc

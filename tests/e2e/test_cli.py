@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from lumc.compiler.cli import cli, compare_output
+from lumc.compiler.tools.cli import cli, compare_output
 
 
 def lumc(*args):
@@ -64,7 +64,7 @@ def test_run_random_check_passes(tiny_path):
 
 
 def test_check_failure_exits_1(tiny_path, monkeypatch):
-    import lumc.compiler.cli as cli_mod
+    import lumc.compiler.tools.cli as cli_mod
     real = cli_mod._run_onnxruntime
 
     def off_by_a_little(path, inputs):  # onnxruntime's y, moved by 1e-3 of its max

@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 import lumc
-import lumc.compiler.artifact as artifact_mod
-import lumc.compiler.cli as cli_mod
-from lumc.compiler.cli import cli
-from lumc.compiler.cli_compile import _secs
-from lumc.compiler.tuning_db import TuningDatabase
+import lumc.compiler.runtime.artifact as artifact_mod
+import lumc.compiler.tools.cli as cli_mod
+from lumc.compiler.tools.cli import cli
+from lumc.compiler.tools.cli_compile import _secs
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 
 
 def lumc_cli(*args):
@@ -77,7 +77,7 @@ def fake_compile(compiled, monkeypatch):
     """``lumc compile`` returns the module's compiled model at once (its report may be edited)."""
     cm = compiled[0]
     saved = json.loads(json.dumps(cm._report))
-    monkeypatch.setattr("lumc.compiler.pipeline.compile_model", lambda *a, **k: cm)
+    monkeypatch.setattr("lumc.compiler.core.pipeline.compile_model", lambda *a, **k: cm)
     yield cm
     cm._report = saved
 
@@ -138,7 +138,7 @@ def test_compile_refuses_an_artifact_as_model(compiled):
 
 @pytest.mark.parametrize("opt", ["-o", "--report"])
 def test_compile_unwritable_outputs_fail_before_work(tiny, opt, monkeypatch):
-    monkeypatch.setattr("lumc.compiler.pipeline.compile_model",
+    monkeypatch.setattr("lumc.compiler.core.pipeline.compile_model",
                         lambda *a, **k: pytest.fail("compiled although the output is unwritable"))
     target = "/proc/c.lumc" if opt == "-o" else "/proc/r.json"
     one_line_error(lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", opt, target),
@@ -146,7 +146,7 @@ def test_compile_unwritable_outputs_fail_before_work(tiny, opt, monkeypatch):
 
 
 def test_api_save_to_unwritable_path_is_a_lumc_error(compiled, tmp_path):
-    from lumc.compiler.artifact import OutputError
+    from lumc.compiler.runtime.artifact import OutputError
     from lumc.ir.errors import LumcError
     for bad in ("/proc/x.lumc", tmp_path / "file" / "x.lumc"):
         (tmp_path / "file").write_bytes(b"a file, not a folder")
@@ -222,7 +222,7 @@ def test_ctrl_c_wrapped_by_an_import_is_still_an_interrupt(tiny, tmp_path, monke
             raise KeyboardInterrupt
         except KeyboardInterrupt as e:
             raise RuntimeError("Error calling __set_name__") from e
-    monkeypatch.setattr("lumc.compiler.pipeline.compile_model", wrapped)
+    monkeypatch.setattr("lumc.compiler.core.pipeline.compile_model", wrapped)
     res = lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "-o", tmp_path / "m.lumc")
     one_line_error(res, "interrupted", "nothing was written")
 
@@ -232,7 +232,7 @@ def test_real_sigint_during_a_compile(tiny, tmp_path):
     import time
     cache = tmp_path / "sigcache"
     out = tmp_path / "m.lumc"
-    p = subprocess.Popen([sys.executable, "-c", "from lumc.compiler.cli import main; main()",
+    p = subprocess.Popen([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()",
                           "compile", str(tiny), "--budget", "30s", "--shape", "n=3", "-o", str(out),
                           "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "LUMC_CACHE_DIR": str(cache)})
@@ -353,7 +353,7 @@ def test_truncated_artifact_is_called_a_damaged_artifact(compiled, tmp_path):
 def test_lumc_warnings_print_as_one_line(cache_dir, monkeypatch):
     cache_dir.mkdir(parents=True)
     (cache_dir / "tuning.sqlite").write_bytes(b"not a database" * 300)
-    proc = subprocess.run([sys.executable, "-c", "from lumc.compiler.cli import main; main()",
+    proc = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()",
                            "cache", "info"], capture_output=True, text=True,
                           env={**os.environ, "LUMC_CACHE_DIR": str(cache_dir)}, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def lumc(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-c", "from lumc.compiler.cli import main; main()", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=600)
 
 

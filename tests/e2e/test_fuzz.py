@@ -48,7 +48,7 @@ def corpus(rng: random.Random) -> list[tuple[str, str, int]]:
 
 
 def _shape_args(name: str) -> list[str]:
-    from lumc.compiler.models import MODEL_INFO
+    from lumc.compiler.frontends.models import MODEL_INFO
     shapes = MODEL_INFO[name].test_shapes[0]
     return [a for k, v in shapes.items() for a in ("--shape", f"{k}={'x'.join(map(str, v))}")]
 
@@ -91,7 +91,7 @@ def _child(case, env: dict, out_fd: int) -> None:
     """In the forked child: run the case, write ``{exit, stderr, exc}`` as JSON to ``out_fd``."""
     from click.testing import CliRunner
 
-    from lumc.compiler.cli import cli
+    from lumc.compiler.tools.cli import cli
     work = Path(tempfile.mkdtemp(prefix="fuzz-", dir=env["root"]))
     os.environ["LUMC_CACHE_DIR"] = str(work / "cache")
     log = os.open(work / "fd.log", os.O_WRONLY | os.O_CREAT, 0o644)
@@ -188,7 +188,7 @@ def fuzz_env(tmp_path_factory, model_path):
     cache = root / "cache"
     # compiled in a subprocess: egglog's thread pool must not exist in the process that forks
     # the cases (a forked child would wait forever on threads it does not have)
-    subprocess.run([sys.executable, "-m", "lumc.compiler.cli", "compile", str(tiny), "--budget",
+    subprocess.run([sys.executable, "-m", "lumc.compiler.tools.cli", "compile", str(tiny), "--budget",
                     "30s", "--device", "sim:h200", "--shape", "n=3", "-o", str(root / "tiny.lumc"),
                     "--quiet"], check=True, env=dict(os.environ, LUMC_CACHE_DIR=str(cache)),
                    capture_output=True, timeout=300)

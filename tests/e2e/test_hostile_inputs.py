@@ -27,7 +27,7 @@ from conftest import tiny_model  # noqa: E402
 from hostile import artifact_parts, nested_json, write_artifact, zip_bomb_member  # noqa: E402
 
 import lumc  # noqa: E402
-from lumc.compiler.cli import cli  # noqa: E402
+from lumc.compiler.tools.cli import cli  # noqa: E402
 from lumc.ir.errors import ArtifactError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def artifact(tmp_path_factory):
     """A real artifact of the tiny model (n = 3, simulated H200), compiled in a subprocess."""
     root = tmp_path_factory.mktemp("hostile")
     (root / "tiny.onnx").write_bytes(tiny_model().SerializeToString())
-    subprocess.run([sys.executable, "-m", "lumc.compiler.cli", "compile", root / "tiny.onnx",
+    subprocess.run([sys.executable, "-m", "lumc.compiler.tools.cli", "compile", root / "tiny.onnx",
                     "--budget", "30s", "--device", "sim:h200", "--shape", "n=3",
                     "-o", root / "tiny.lumc", "--quiet"], check=True, capture_output=True,
                    env=dict(os.environ, LUMC_CACHE_DIR=str(root / "cache")), timeout=300)
@@ -154,9 +154,9 @@ def test_truncated_inputs_npz_and_negative_seed(tmp_path):
 
 def test_a_sum_of_1000_inputs_fuses_without_recursion():
     from lumc.backends.reference import ReferenceExecutor
-    from lumc.compiler.fusion import greedy_program
-    from lumc.compiler.onnx_frontend import import_onnx
-    from lumc.compiler.program import run_program_reference
+    from lumc.compiler.core.fusion import greedy_program
+    from lumc.compiler.frontends.onnx_frontend import import_onnx
+    from lumc.compiler.runtime.program import run_program_reference
     n = 1000
     m = _graph([helper.make_node("Sum", [f"x{i}" for i in range(n)], ["y"])],
                [_vi(f"x{i}", [4]) for i in range(n)], [_vi("y", [4])])
@@ -172,7 +172,7 @@ def test_a_sum_of_1000_inputs_fuses_without_recursion():
 
 
 def test_hard_deadline_stops_any_work_with_one_budget_error(monkeypatch):
-    from lumc.compiler import budget
+    from lumc.compiler.core import budget
     from lumc.ir.errors import BudgetError
     monkeypatch.setattr(budget, "grace_seconds", lambda b: 0.2)
     t0 = time.monotonic()
@@ -307,7 +307,7 @@ def test_fifo_and_device_links_are_refused_unread(artifact, tmp_path):
 
 @pytest.mark.parametrize("seconds", ["fast", None, -8e9, float("nan")])
 def test_bad_rows_are_ignored_with_one_warning(tmp_path, seconds):
-    from lumc.compiler.tuning_db import Timing, TimingKey, TuningDatabase
+    from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase
     db = TuningDatabase(tmp_path / "t.sqlite")
     key = TimingKey("k" * 32, "{}", "sim:h200", "v", "t", "d")
     db.put(key, Timing(4.6e-6, True, True))
@@ -328,7 +328,7 @@ def test_bad_rows_are_ignored_with_one_warning(tmp_path, seconds):
 _POOL_CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
-    from lumc.compiler.check_pool import CheckPool
+    from lumc.compiler.core.check_pool import CheckPool
     pool = CheckPool(workers=2)
     futs = [pool._pool.submit(time.sleep, 600) for _ in range(2)]
     while len(pool._pool._processes) < 2:
@@ -384,7 +384,7 @@ def _children(pid: int) -> list[int]:
 
 def _compile_until_pool(tmp_path, i):
     (tmp_path / "tiny.onnx").write_bytes(tiny_model().SerializeToString())
-    p = subprocess.Popen([sys.executable, "-m", "lumc.compiler.cli", "compile", tmp_path / "tiny.onnx",
+    p = subprocess.Popen([sys.executable, "-m", "lumc.compiler.tools.cli", "compile", tmp_path / "tiny.onnx",
                           "--shape", "n=3", "--budget", "60s", "-o", tmp_path / f"t{i}.lumc"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True,

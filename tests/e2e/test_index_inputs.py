@@ -12,9 +12,9 @@ from onnx import helper as oh
 from onnx import numpy_helper as nh
 
 import lumc
-from lumc.compiler.cli import cli
-from lumc.compiler.index_ranges import index_uses, random_int_highs
-from lumc.compiler.tuning_db import TuningDatabase
+from lumc.compiler.tools.cli import cli
+from lumc.compiler.runtime.index_ranges import index_uses, random_int_highs
+from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir.errors import InputError
 
 
@@ -69,7 +69,7 @@ def test_random_draws_in_the_table_range_and_check_passes(bert_path, tmp_path):
     with np.load(out) as f:
         assert f["o"].min() >= 0 and f["o"].max() < 8    # not an index: the generic [0, 8)
     # the drawn ids themselves, through the same rule
-    from lumc.compiler.models import random_inputs
+    from lumc.compiler.frontends.models import random_inputs
     x = random_inputs({"token_type_ids": (64, 7), "input_ids": (64, 7)},
                       {"token_type_ids": np.int64, "input_ids": np.int64}, 3,
                       int_high={"token_type_ids": 2, "input_ids": 30})

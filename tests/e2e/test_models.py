@@ -13,8 +13,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from lumc.compiler import models
-from lumc.compiler.cli import compare_output
+from lumc.compiler.frontends import models
+from lumc.compiler.tools.cli import compare_output
 
 RTOL = 1e-4
 CASES = [pytest.param(name, i, id=f"{name}-{'-'.join('x'.join(map(str, s)) for s in shp.values())}")
@@ -25,7 +25,7 @@ CASES = [pytest.param(name, i, id=f"{name}-{'-'.join('x'.join(map(str, s)) for s
 @pytest.mark.parametrize("name,case", CASES)
 def test_model_matches_onnxruntime(name, case, model_path, record_time):
     from lumc.backends.reference import ReferenceExecutor
-    from lumc.compiler import onnx_frontend as fe
+    from lumc.compiler.frontends import onnx_frontend as fe
 
     info = models.MODEL_INFO[name]
     path = model_path(name)

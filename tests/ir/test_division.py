@@ -89,7 +89,7 @@ def test_triton_div_is_correctly_rounded(d):
 
 def test_torch_replay_div():
     """The primitive graph replayed as torch (the compiled CPU path) divides in IEEE too."""
-    from lumc.compiler.graph_torch import graph_module
+    from lumc.compiler.runtime.graph_torch import graph_module
     import torch
     a, b = _specials(np.float32, np.random.default_rng(2), n=600)
     gm = graph_module(_div_graph(dt.f32, len(a)))
@@ -115,8 +115,8 @@ def test_fast_math_reaches_the_egraph_only_when_asked(tmp_path, monkeypatch):
     import onnx
     from onnx import TensorProto as TP, helper as oh, numpy_helper as nh
     import lumc
-    from lumc.compiler import egraph_pipeline
-    from lumc.compiler.tuning_db import TuningDatabase
+    from lumc.compiler.core import egraph_pipeline
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
     seen = []
     real = egraph_pipeline.saturator
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from lumc.backends.devices import H100_SXM
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.extract import CostModel, EGraphView, choose, decode
+from lumc.compiler.core.extract import CostModel, EGraphView, choose, decode
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node
 from lumc.rewrites.language import Encoder, Tables, constructors

@@ -6,9 +6,9 @@ import pytest
 
 from lumc.backends.devices import H200
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.egraph_pipeline import egraph_candidates
-from lumc.compiler.program import run_program_reference
-from lumc.compiler.extract import CostModel, EGraphView, choose, decode
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.compiler.runtime.program import run_program_reference
+from lumc.compiler.core.extract import CostModel, EGraphView, choose, decode
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, const_node, input_node
 from lumc.ir.tensor import Tensor

@@ -4,7 +4,7 @@ import pytest
 
 from lumc.backends.devices import H100_SXM
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.extract import CostModel, EGraphView, choose, decode
+from lumc.compiler.core.extract import CostModel, EGraphView, choose, decode
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node, node
 from lumc.ir.ops import OPS

@@ -1,0 +1,1 @@
+"""The compile core: the pipeline and each stage (candidates, e-graph, fusion, reference values, search, measurement, precision), and the torch entry points. Imports frontends, runtime, ir, rewrites and backends."""

@@ -1,0 +1,333 @@
+"""The e-graph stage of the pipeline: regions -> saturation -> candidate programs.
+
+    graph ──► partition (regions) ──► encode ──► saturate (rule schedule, limits)
+          ──► choose (roofline tree cost) + structural alternatives ──► decode to IR
+          ──► greedy fusion around the chosen forms ──► Program ──► rank by roofline bound
+
+:func:`egraph_candidates` returns the top K distinct programs by estimated time (the sum of the
+roofline bounds of their kernels on a named device) and the statistics of every region.
+:func:`compile_program` is the switch the CLI's ``--no-egraph`` turns off: without the e-graph the
+same pipeline runs greedy fusion only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+
+from lumc.backends.devices import DeviceSpec, get_device
+from lumc.ir.graph import Graph, Node
+from lumc.rewrites.language import FORMS, Encoder, Tables, constructors
+from lumc.rewrites.schedule import Limits, RunStats, Saturator, total_stats
+
+from lumc.compiler.core.extract import (CostModel, EGraphView, FormRecord, alternatives, choose,
+                                   decode)
+from lumc.compiler.core.constfold import fold_constants
+from lumc.compiler.core.fusion import greedy_program
+from lumc.compiler.core.partition import Region, partition
+from lumc.compiler.runtime.program import Program, program_time_bound
+
+log = logging.getLogger("lumc.egraph")
+
+
+@dataclass
+class RegionResult:
+    region: Region
+    view: EGraphView
+    roots: list[str]             # e-class of each region root, in region.roots order
+    pick: dict[str, int]
+    best: dict[str, float]
+    alts: list
+    original: dict[str, int]     # the e-node each inserted term had (the identity extraction)
+    stats: RunStats
+
+
+@dataclass
+class EGraphResult:
+    """Candidates (best first) and statistics."""
+    candidates: list[Program]
+    bounds: list[float]
+    regions: list[RunStats]
+    total: RunStats
+    seconds: dict = field(default_factory=dict)     # {stage: seconds}
+
+    @property
+    def best(self) -> Program:
+        return self.candidates[0]
+
+
+def _dominant_itemsize(graph: Graph) -> tuple[int, str]:
+    best = {}
+    for n in graph.nodes():
+        if n.dtype.is_float:
+            best[n.dtype] = best.get(n.dtype, 0) + n.numel
+    if not best:
+        return 4, "f32"
+    d = max(best, key=best.get)
+    return d.itemsize, d.name
+
+
+_SATURATORS: dict[tuple, Saturator] = {}
+
+
+def saturator(limits: Limits) -> Saturator:
+    """A loaded engine for these limits (parsing the rules once per process; regions run between
+    ``push`` and ``pop``)."""
+    key = (limits.domain, limits.fast_math)   # the loaded rules depend on these; the rest is per run
+    if key not in _SATURATORS:
+        _SATURATORS[key] = Saturator(limits)
+    sat = _SATURATORS[key]
+    sat.limits = limits
+    return sat
+
+
+class EGraphDeadline(Exception):
+    """The e-graph stage's deadline passed (raised between regions or candidate decodes, so the
+    overrun is at most one region's work); the caller falls back to greedy candidates."""
+
+
+def _check_deadline(deadline: float | None, what: str) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise EGraphDeadline(what)
+
+
+def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: CostModel,
+                     deadline: float | None = None) -> tuple[list[RegionResult], Tables]:
+    """Saturate and extract each region of ``graph``; ``deadline`` (``time.monotonic`` seconds)
+    is checked before each region (raises :class:`EGraphDeadline`)."""
+    tables = Tables()
+    sat = saturator(limits)
+    ctors = set(constructors())
+    out = []
+    seen: dict[str, tuple[RegionResult, list[str], list[str]]] = {}
+    regions = partition(graph, max_region_ops)
+    for i, reg in enumerate(regions):
+        _check_deadline(deadline, f"after {i} of {len(regions)} regions")
+        enc = Encoder(tables, {id(x): f"ext{x.id}" for x in reg.externals})
+        root_vars = [enc.encode(r) for r in reg.roots]
+        sig, names = _signature(enc.lines, tables.strided)
+        if sig in seen:   # a repeated layer: the first copy's e-graph and choices, renamed
+            first, first_vars, first_names = seen[sig]
+            if root_vars == first_vars:
+                out.append(_renamed(first, reg, dict(zip(first_names, names))))
+                log.info("%s: saturated as %s (same structure)", reg.name, first.region.name)
+                continue
+        data, stats = sat.saturate(enc.lines, reg.name)
+        view = EGraphView.from_json(data, ctors)
+        roots = [view.lets[v] for v in root_vars]
+        pick, best = choose(view, cost)
+        orig = _identity_pick(view, cost, enc)
+        out.append(RegionResult(reg, view, roots, pick, best,
+                                alternatives(view, pick, best, roots), orig, stats))
+        seen.setdefault(sig, (out[-1], root_vars, names))
+        log.info(stats.line())
+    return out, tables
+
+
+_LEAF_NAME = re.compile(r'\((Blob|Input) "([^"]*)"\)|\(Strided (\d+)\)')
+
+
+def _signature(lines: list[str], strided: list) -> tuple[str, list[str]]:
+    """A region's encoding with its weight keys and input names replaced by their order of first
+    appearance, and those names: two regions with the same signature are the same program over
+    other weights (the layers of a transformer), so they saturate and extract alike."""
+    names: dict[str, int] = {}
+
+    def sub(m):
+        if m.group(3) is not None:   # a side-table view: compared by value (views are equal)
+            return f"(Strided {strided[int(m.group(3))]!r})"
+        k = names.setdefault(m.group(2), len(names))
+        return f"({m.group(1)} #{k})"
+    return "\n".join(_LEAF_NAME.sub(sub, ln) for ln in lines), list(names)
+
+
+def _renamed(first: RegionResult, reg: Region, rename: dict[str, str]) -> RegionResult:
+    """``first``'s saturated e-graph and choices for region ``reg`` of the same signature: the
+    same classes, with the weight keys and input names of ``reg``."""
+    def new(v):
+        if isinstance(v, str):
+            return rename.get(v, v)
+        if isinstance(v, tuple) and len(v) == 2 and v[0] == "Blob":
+            return ("Blob", [rename.get(v[1][0], v[1][0])])
+        return v
+    view = EGraphView(first.view.classes, {c: new(v) for c, v in first.view.values.items()},
+                      first.view.shapes, first.view.lets)
+    # the first copy's figures, no time: the region was not saturated again
+    stats = dataclasses.replace(first.stats, region=reg.name, seconds=0.0,
+                                stages=[("reused", 0, f"same as {first.region.name}")])
+    return RegionResult(reg, view, first.roots, first.pick, first.best, first.alts,
+                        first.original, stats)
+
+
+def _identity_pick(view: EGraphView, cost: CostModel, enc: Encoder) -> dict[str, int]:
+    """Least-cost choice with every form ruled out: the program greedy fusion alone would see
+    (up to the exact identities, which only drop work)."""
+    forced = {}
+    for c, ns in view.classes.items():
+        ok = [i for i, n in enumerate(ns) if n.ctor not in FORMS]
+        if ok and len(ok) < len(ns):
+            forced[c] = ok
+    pick, _ = choose(view, _NoForms(cost, forced))
+    return pick
+
+
+class _NoForms(CostModel):
+    def __init__(self, base: CostModel, allowed: dict):
+        super().__init__(base.ceilings, base.itemsize, base.dtype)
+        self.allowed = allowed
+
+    def enode_cost(self, g, c, n):
+        if c in self.allowed and g.classes[c].index(n) not in self.allowed[c]:
+            return float("inf")
+        return super().enode_cost(g, c, n)
+
+
+def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
+    """The least-cost choice with every class that is a column slice of a wider contraction
+    (``Part``, ``lumc.rewrites.horizontal``) read from the widest one, or None without any."""
+    reach: dict[str, int] = {}
+
+    def widest(c: str) -> int:
+        """The width of the widest contraction class ``c`` is a column part of, transitively
+        (a part of a part: Q of the Q/K pair, which is a part of Q/K/V)."""
+        if c not in reach:
+            parts = [n.args[0] for n in view.classes.get(c, ()) if n.ctor == "Part"]
+            own = (view.shapes.get(c) or (0,))[-1]
+            reach[c] = max([own] + [widest(p) for p in parts])
+        return reach[c]
+
+    forced = {}
+    for c, ns in view.classes.items():
+        parts = [(widest(n.args[0]), i) for i, n in enumerate(ns) if n.ctor == "Part"]
+        if parts:
+            forced[c] = max(parts)[1]
+    if not forced:
+        return None
+    pick, _ = choose(view, cost, forced)
+    return pick
+
+
+def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
+                     tables: Tables, label: str) -> Program:
+    """The program of one choice per region: decode regions in order, then fuse greedily around
+    the chosen forms."""
+    env: dict[int, Node] = {}
+    forms: dict[int, FormRecord] = {}
+    for res, pick in zip(results, picks):
+        for x in res.region.externals:
+            tables.leaves[f"ext{x.id}"] = env[id(x)]
+        built = decode(res.view, pick, res.roots, tables, forms)
+        for r, c in zip(res.region.roots, res.roots):
+            env[id(r)] = built[c]
+    outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
+    new = Graph(graph.inputs, outs)
+    prog = greedy_program(new, label=label, forms=forms)
+    return prog
+
+
+def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 4,
+                      limits: Limits | None = None, max_region_ops: int = 400,
+                      max_flips: int = 12, deadline: float | None = None) -> EGraphResult:
+    """Saturate ``graph`` region by region and return up to ``k`` distinct candidate programs,
+    best estimated time first (see the module docstring).
+
+    Raises:
+        EGraphDeadline: ``deadline`` (``time.monotonic`` seconds) passed before every region was
+            saturated; past it during decoding, the candidates decoded so far are returned.
+    """
+    dev = get_device(device) if isinstance(device, str) else device
+    ceil = dev.as_ceilings()
+    graph = fold_constants(graph)
+    itemsize, dname = _dominant_itemsize(graph)
+    cost = CostModel(ceil, itemsize, dname)
+    t0 = time.perf_counter()
+    results, tables = saturate_regions(graph, limits or Limits(), max_region_ops, cost, deadline)
+    t1 = time.perf_counter()
+    base = [r.pick for r in results]
+    plans: list[tuple[str, list[dict]]] = [("egraph-argmin", base),
+                                           ("egraph-identity", [r.original for r in results])]
+    # horizontal fusion everywhere: tree cost counts a shared wide contraction once per slice,
+    # so argmin never picks it; the program bound (each kernel once) judges it instead
+    # a repeated layer shares its first copy's classes: each choice is made once per structure
+    memo: dict = {}
+
+    def choose_once(view, forced):
+        key = (id(view.classes), tuple(sorted(forced.items())))
+        if key not in memo:
+            memo[key] = choose(view, cost, forced)[0]
+        return memo[key]
+    wide_memo: dict = {}
+    for r in results:
+        if id(r.view.classes) not in wide_memo:
+            wide_memo[id(r.view.classes)] = _widest_parts(r.view, cost)
+    wide = [wide_memo[id(r.view.classes)] for r in results]
+    if any(w is not None for w in wide):
+        plans.append(("egraph-horizontal", [w if w is not None else r.pick
+                                            for w, r in zip(wide, results)]))
+    # single flips, cheapest first across regions: programs argmin extraction never returns
+    flips = sorted((d, i, c, n) for i, r in enumerate(results) for d, c, n in r.alts)
+    for d, i, c, n in flips[:max_flips]:
+        r = results[i]
+        pick = choose_once(r.view, {c: n})
+        alt = list(base)
+        alt[i] = pick
+        node = r.view.classes[c][n]
+        plans.append((f"flip:{r.region.name}:{node.ctor}", alt))
+    # the same kind of flip in every region at once (e.g. no attention form anywhere)
+    kinds: dict[str, list] = {}
+    for i, r in enumerate(results):
+        for d, c, n in r.alts:
+            key = f"{r.view.classes[c][r.pick[c]].ctor}->{r.view.classes[c][n].ctor}"
+            kinds.setdefault(key, []).append((i, c, n))
+    for key, items in sorted(kinds.items()):
+        alt = list(base)
+        by_region: dict[int, dict] = {}
+        for i, c, n in items:
+            by_region.setdefault(i, {})[c] = n
+        for i, forced in by_region.items():
+            alt[i] = choose_once(results[i].view, forced)
+        plans.append((f"all:{key}", alt))
+    progs, bounds, seen = [], [], set()
+    t_choose = time.perf_counter()
+    for label, picks in plans:
+        if progs and deadline is not None and time.monotonic() > deadline:
+            break                       # out of time: the candidates decoded so far
+        try:
+            p = decode_candidate(graph, results, picks, tables, label)
+            p.validate()
+        except Exception as e:   # a bad alternative must not sink the compile
+            log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(
+                logging.DEBUG))
+            continue
+        sig = p.signature()
+        if sig in seen:
+            continue
+        seen.add(sig)
+        progs.append(p)
+        bounds.append(program_time_bound(p, dev))
+    if not progs:   # every decode failed: the greedy program is always a valid answer
+        progs.append(greedy_program(graph, label="greedy-fallback"))
+        bounds.append(program_time_bound(progs[0], dev))
+    t2 = time.perf_counter()
+    order = sorted(range(len(progs)), key=lambda i: bounds[i])[:k]
+    stats = [r.stats for r in results]
+    # saturate: egglog runs; extract: choosing e-nodes (per region, then the plans' choices);
+    # decode: building, fusing and bounding the candidate programs
+    sat_s = sum(r.stats.seconds for r in results)
+    res = EGraphResult([progs[i] for i in order], [bounds[i] for i in order], stats,
+                       total_stats(stats), {"saturate": sat_s,
+                                            "extract": (t_choose - t0) - sat_s,
+                                            "decode": t2 - t_choose})
+    res.total.seconds = t2 - t0
+    return res
+
+
+def compile_program(graph: Graph, use_egraph: bool = True, device: DeviceSpec | str = "h100",
+                    limits: Limits | None = None) -> Program:
+    """The program the pipeline hands to codegen: the e-graph's best candidate, or greedy fusion
+    alone when ``use_egraph`` is False (``lumc compile --no-egraph``)."""
+    if not use_egraph:
+        return greedy_program(graph)
+    return egraph_candidates(graph, device, k=1, limits=limits).best

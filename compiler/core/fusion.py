@@ -1,0 +1,328 @@
+"""Greedy fusion: a kernel list for any primitive graph, without the e-graph.
+
+This is the ``--no-egraph`` baseline and the fallback that gives every model a program. It decides
+which nodes are *realized* (written to memory by a kernel) and fuses everything else into the kernel
+that reads it:
+
+* A ``View`` is never a kernel: it is folded into the reads of its consumer. ``Contiguous`` is a copy
+  kernel.
+* Elementwise ops and ``Gather`` are inlined into their consumers (pointwise chains fuse; a reduction
+  takes them as its prologue). One with several consumers is recomputed in each when that reads no
+  more than one large buffer and is short, else realized.
+* A reduction (``SumReduce``/``MaxReduce``) starts a kernel; ``SumReduce(Mul(views))`` contractions
+  are matmul kernels. Elementwise ops over the reduction's result (same shape, sole consumer) fuse
+  as its epilogue. A result read through a view (a broadcast back) is realized.
+* Contraction operands must be buffers or cheap single-read prologues (a cast, a scale): recomputing
+  a longer chain once per output column would cost more than storing it.
+
+Each refused fusion is logged once, naming both nodes and the reason (Inductor's ``WhyNoFuse``).
+"""
+from __future__ import annotations
+
+import logging
+
+from lumc.ir.graph import Graph, Node
+from lumc.ir.ops import ELEMENTWISE, REDUCE
+from lumc.ir.views import prod
+
+from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
+from lumc.compiler.runtime.program import Program
+
+log = logging.getLogger("lumc.fusion")
+
+MAX_RECOMPUTE_OPS = 48   # longest elementwise chain recomputed in each of several consumers
+CHEAP_OPERAND_OPS = 2    # longest prologue fused under a contraction operand
+MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its epilogue
+
+
+def _chain(x: Node) -> tuple[Node, list]:
+    """``(base, views)``: follow a stack of views down to the node they read."""
+    views = []
+    while x.op == "View":
+        views.append(x.arg)
+        x = x.srcs[0]
+    return x, views
+
+
+class GreedyFusion:
+    """Realization decisions for one graph; :meth:`program` cuts the kernels.
+
+    Attributes:
+        realized: ids of nodes a kernel writes.
+        group: ``{id(node): id(reduce)}`` for a reduction and the epilogue fused onto it.
+        refusals: one line per refused fusion.
+    """
+
+    def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None):
+        self.graph = graph
+        self.order = graph.nodes()
+        self.byid = {id(n): n for n in self.order}
+        self.pos = {id(n): i for i, n in enumerate(self.order)}   # topological position
+        self.outputs = {id(n) for n in graph.outputs.values()}
+        self.users: dict[int, list[Node]] = {}
+        for n in self.order:
+            for s in n.srcs:
+                self.users.setdefault(id(s), []).append(n)
+        self.uses = {id(n): self._effective_uses(n) for n in self.order if n.op != "View"}
+        self.realized: set[int] = set(realize or ())
+        self.group: dict[int, int] = {}
+        self.refusals: list[str] = []
+        self.forms = self._form_groups(forms or {})
+        self._decide()
+
+    # ---- analysis --------------------------------------------------------------------------
+    def _effective_uses(self, n: Node) -> list[tuple[Node, list]]:
+        """Users of ``n`` seen through views: ``[(user, [views from n up to the user])]``."""
+        out, stack = [], [(n, [])]
+        while stack:
+            x, chain = stack.pop()
+            for u in self.users.get(id(x), []):
+                if u.op == "View":
+                    stack.append((u, chain + [u.arg]))
+                else:
+                    out.append((u, chain))
+            if x is not n and id(x) in self.outputs:
+                out.append((x, chain))
+        return out
+
+    def _refuse(self, n: Node, user: Node | None, reason: str) -> None:
+        line = (f"no fusion %{n.id}:{n.op} -> %{user.id}:{user.op}: {reason}" if user is not None
+                else f"no fusion %{n.id}:{n.op}: {reason}")
+        self.refusals.append(line)
+        log.debug(line)
+
+    def _realize(self, n: Node, user: Node | None, reason: str) -> None:
+        if id(n) not in self.realized and not is_buffer_leaf(n):
+            self.realized.add(id(n))
+            self._refuse(n, user, reason)
+
+    def _is_compute(self, n: Node) -> bool:
+        return n.op not in ("View", "Input", "Constant", "Iota")
+
+    def _inline_region(self, n: Node) -> tuple[list[Node], int, bool]:
+        """Buffers read by ``n``'s inlined expression, its op count, and whether a Gather is inside."""
+        reads, ops, gather, seen = [], 0, False, set()
+        stack = [n]
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            if x is not n and (is_buffer_leaf(x) or id(x) in self.realized):
+                reads.append(x)
+                continue
+            if x.op in ("Constant", "Iota", "Input"):
+                continue
+            if x.op != "View":
+                ops += 1
+                gather |= x.op == "Gather"
+            stack.extend(x.srcs)
+        return reads, ops, gather
+
+    def _contraction_operand(self, user: Node) -> bool:
+        uses = self.uses[id(user)]
+        return bool(uses) and all(u.op == "SumReduce" for u, _ in uses)
+
+    # ---- forms -----------------------------------------------------------------------------
+    def _form_groups(self, forms: dict) -> dict:
+        """Claim each form's inside (root down to its inputs) as one group. A form whose inside is
+        read from outside, or overlaps another form, is dropped (its nodes fuse greedily)."""
+        kept = {}
+        for rid, rec in sorted(forms.items(), key=lambda kv: -len(self._members(kv[0], kv[1]))):
+            if rid not in self.byid:
+                continue
+            members = self._members(rid, rec)
+            root = self.byid[rid]
+            inside = members | {rid}
+            leak = [m for m in members if id(m) in self.outputs or any(
+                id(u) not in inside for u, _ in self.uses.get(m, []))]
+            if leak or any(m in self.group for m in inside):
+                self._refuse(root, None, f"{rec.form} form dropped: its inside is read elsewhere")
+                continue
+            for m in inside:
+                self.group[m] = rid
+            kept[rid] = rec
+        return kept
+
+    def _members(self, rid: int, rec) -> set[int]:
+        # compute nodes between the root and the form's inputs (views are reads, shared freely)
+        stop = {id(x) for x in rec.inputs} | {id(_chain(x)[0]) for x in rec.inputs}
+        out, seen = set(), set()
+        stack = [self.byid[rid]] if rid in self.byid else []
+        while stack:
+            x = stack.pop()
+            for s in x.srcs:
+                if id(s) in stop or id(s) in seen or s.op in ("Input", "Constant", "Iota"):
+                    continue
+                seen.add(id(s))
+                if s.op != "View":
+                    out.add(id(s))
+                stack.append(s)
+        return out
+
+    # ---- decisions -------------------------------------------------------------------------
+    def _free_reshape(self, views: list) -> bool:
+        return all(v.is_contiguous for v in views)
+
+    def _epilogue_region(self, r: Node) -> tuple[set[int], Node]:
+        """The elementwise epilogue of reduction ``r``: the largest set of same-size elementwise
+        consumers in which every node but one (the exit, which the kernel writes) has all its
+        consumers inside the set. Returns ``(member ids, exit)``.
+
+        Each candidate exit ``e`` among the fusible descendants of ``r`` (elementwise, same size,
+        read through free reshapes) defines the region of the nodes between ``r`` and ``e``; the
+        largest valid one wins. A descendant that feeds something else (``x * x`` for a second
+        reduction) is simply left out, instead of stopping the growth."""
+        def fusible(u: Node, views: list) -> bool:
+            return (u.op in ELEMENTWISE and id(u) not in self.group and u.numel == r.numel
+                    and self._free_reshape(views))
+
+        desc, order, frontier = {id(r)}, [], [r]
+        while frontier and len(order) < MAX_EPILOGUE_OPS:
+            x = frontier.pop(0)
+            for u, views in self.uses.get(id(x), []):
+                if id(u) not in desc and fusible(u, views):
+                    desc.add(id(u))
+                    order.append(u)
+                    frontier.append(u)
+        order.sort(key=lambda n: self.pos[id(n)])
+        best = ({id(r)}, r)
+        for e in order:
+            region, stack = {id(e)}, [e]
+            while stack:   # everything in desc that e depends on
+                x = stack.pop()
+                for s in x.srcs:
+                    b = _chain(s)[0]
+                    if id(b) in desc and id(b) not in region:
+                        region.add(id(b))
+                        stack.append(b)
+            if id(r) not in region or len(region) < len(best[0]):
+                continue
+            if all(k == id(e) or (k not in self.outputs and all(
+                    id(u) in region and self._free_reshape(v) for u, v in self.uses[k]))
+                   for k in region):
+                best = (region, e)
+        return best
+
+    def _why_not_epilogue(self, b: Node, user: Node, views: list) -> str:
+        if views and not self._free_reshape(views):
+            return "read through a view (broadcast back)"
+        if user.op not in ELEMENTWISE:
+            return f"{user.op} is not an elementwise epilogue"
+        if id(user) in self.group:
+            return "the consumer already fuses another reduction"
+        return "the epilogue would have several outputs"
+
+    def _decide(self) -> None:
+        for o in self.graph.outputs.values():
+            if o.op != "View":
+                continue
+            if _alias_output(o):
+                self._realize(o.srcs[0], o, "a model output is a free reshape of it")
+            else:
+                self.realized.add(id(o))
+                self._refuse(o, None, "an output view that is not a free reshape is a copy")
+        exits: dict[int, Node] = {}
+        for n in self.order:
+            if not self._is_compute(n):
+                continue
+            mine = self.group.get(id(n))
+            if id(n) in self.forms:
+                members, exit_ = self._epilogue_region(n)
+                for k in members:
+                    self.group[k] = id(n)
+                exits[id(n)] = exit_
+            elif n.op in REDUCE and mine is None:
+                b, _ = _chain(n.srcs[0])
+                if id(b) in self.group:
+                    self._realize(b, n, "a reduction reads another reduction's result")
+                self.group[id(n)] = id(n)
+                members, exit_ = self._epilogue_region(n)
+                for k in members:
+                    self.group[k] = id(n)
+                exits[id(n)] = exit_
+            else:
+                for k, s in enumerate(n.srcs):
+                    b, views = _chain(s)
+                    if id(b) in self.group and self.group[id(b)] != mine and id(b) not in self.realized:
+                        self._realize(b, n, self._why_not_epilogue(b, n, views))
+                    elif n.op == "Gather" and k == 0 and self._is_compute(b):
+                        self._realize(b, n, "a gather table must be in memory")
+                if n.op == "Contiguous":
+                    self._realize(n, None, "Contiguous materializes")
+            if id(n) in self.outputs:
+                self._realize(n, None, "model output")
+        for exit_ in exits.values():
+            self._realize(exit_, None, "end of a reduction kernel")
+        # inlined nodes with several consumers: recompute when cheap, else realize
+        for n in self.order:
+            if not self._is_compute(n) or id(n) in self.group or id(n) in self.realized:
+                continue
+            uses = self.uses[id(n)]
+            if len({id(u) for u, _ in uses}) <= 1 and not any(
+                    views or u.op == "Mul" for u, views in uses):
+                continue   # one plain consumer: nothing below applies (and a chain stays linear)
+            reads, ops, gather = self._inline_region(n)
+            big = [r for r in reads if r.numel > 1 and 2 * r.numel >= n.numel]
+            for u, views in uses:
+                if any(v.mask is not None for v in views):
+                    self._realize(n, u, "read through a masked view (padding)")
+                    break
+                if views and gather:
+                    self._realize(n, u, "a view over a gather result")
+                    break
+                if u.op == "Mul" and self._contraction_operand(u) and not (
+                        ops <= CHEAP_OPERAND_OPS and len(big) <= 1 and not gather):
+                    self._realize(n, u, "contraction operand is not a cheap prologue")
+                    break
+            if id(n) in self.realized:
+                continue
+            consumers = {id(u) for u, _ in uses}
+            if len(consumers) > 1 and (len(big) > 1 or ops > MAX_RECOMPUTE_OPS):
+                self._realize(n, uses[0][0], f"{len(consumers)} consumers and recompute reads "
+                                             f"{len(big)} large buffers / {ops} ops")
+
+    # ---- kernels ---------------------------------------------------------------------------
+    def program(self, label: str = "greedy") -> Program:
+        """The kernel calls in topological order of their outputs."""
+        calls = []
+        done: set[int] = set()
+
+        def boundary(x: Node) -> bool:
+            return id(x) in done
+
+        form_of = {}
+        for rid, rec in self.forms.items():
+            for k, g in self.group.items():
+                if g == rid:
+                    form_of[k] = rec
+        for n in self.order:
+            if id(n) in self.realized:
+                rec = form_of.get(id(n))
+                if rec is not None:
+                    calls.append(build_call([n], boundary, rec.form, rec.attrs))
+                else:
+                    calls.append(build_call([n], boundary))
+                done.add(id(n))
+        outputs = {}
+        for name, n in self.graph.outputs.items():
+            outputs[name] = n
+        prog = Program(calls, outputs, label=label, notes=list(self.refusals), graph=self.graph)
+        return prog
+
+
+def _alias_output(n: Node) -> bool:
+    return n.op == "View" and n.arg.is_contiguous and prod(n.shape) == prod(n.srcs[0].shape)
+
+
+def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None) -> Program:
+    """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
+
+    Model outputs that are model inputs, constants, or free reshapes of a realized node are not
+    copied; every other output is written by a kernel.
+
+    ``forms`` (from e-graph extraction) maps ``id(root node)`` to a record with ``form``,
+    ``attrs`` and ``inputs``: the nodes between the root and its inputs become one kernel of that
+    form (plus any elementwise epilogue), instead of being fused greedily.
+    """
+    return GreedyFusion(graph, forms=forms).program(label)

@@ -1,0 +1,455 @@
+"""Measuring kernel configs: compile, check numerics against the reference, time, memoize.
+
+:class:`KernelMeasurer` is the ``measure`` callback of the search loop. For one kernel config it:
+
+1. looks the timing up in the tuning database (keyed by kernel hash, config, device and versions);
+2. renders the kernel to Triton (a kernel that cannot be rendered is an ``error``);
+3. checks its outputs against the reference executor's values of the same model nodes (captured
+   from one reference run of the whole model on the example inputs), by the dtype tolerance table;
+   a mismatch is ``rejected`` and never chosen. On a GPU every config is checked the first time it
+   runs. On ``sim:*`` the check runs in Triton's CPU interpreter, where a small-tile config can take
+   a minute, so each kernel is checked once, at the interpreter's big-tile config (the same
+   generated source; tiles are compile-time constants; ``tests/backends/test_triton_verdicts.py``
+   checks that the GPU default and the largest-tile configs agree), and that verdict stands for its
+   configs;
+4. times it: CUDA-graph replays between CUDA events on a GPU (``lumc.compiler.runtime.gpu_timing``: a
+   pre-bound launcher, L2 flush, rotating inputs, median of repeats), or the analytical model of
+   ``lumc.backends.simulator`` (``lumc.backends.extern`` for vendor configs) on ``sim:*``;
+5. stores the result, committed at once.
+
+A kernel's config list holds its Triton configs (the default first) and then its extern
+implementations (``{"IMPL": "cublas"}``, ``lumc.backends.extern``), checked (torch on the CPU, every
+extern config), timed and stored the same way; a kernel Triton cannot render keeps only those.
+
+On a machine without a GPU the numerics check runs the generated source in Triton's interpreter
+(``TRITON_INTERPRET=1``) on CPU tensors.
+"""
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumc.backends.extern import extern_bound, extern_configs, is_extern, simulate_extern_time
+from lumc.backends.precision import dot_rounding
+from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.simulator import config_bound, simulate_kernel_time
+from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
+from lumc.compiler.runtime.program import KernelCall
+from lumc.compiler.core.search import Measurement
+from lumc.compiler.runtime.targets import Target
+from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase, config_key
+from lumc.ir import dtypes as dt
+from lumc.ir.kernels import Kernel
+from lumc.ir.serialize import graph_to_bytes
+
+INTERPRETER_MAX_ELEMENTS = 1 << 23   # largest kernel output checked in the CPU interpreter
+
+
+def kernel_hash(kernel: Kernel) -> str:
+    """Content hash of a kernel: its form, attrs and meaning graph (shapes, dtypes, constants)."""
+    doc, npz, _ = graph_to_bytes(kernel.meaning)
+    h = hashlib.sha256()
+    h.update(kernel.form.encode())
+    h.update(repr(kernel.attrs).encode())
+    h.update(doc)
+    h.update(npz)
+    return h.hexdigest()[:32]
+
+
+def n_index(call: KernelCall, n) -> int:
+    """Position of model node ``n`` among the call's outputs."""
+    return next(i for i, o in enumerate(call.outputs) if o is n)
+
+
+def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """``max|got - ref| / max|ref|`` over finite reference values, with NaN/inf required to match
+    exactly (a mismatch there is an error of ``inf``)."""
+    g = np.asarray(got, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    if g.shape != r.shape:
+        return float("inf")
+    if r.size == 0:
+        return 0.0
+    fin = np.isfinite(r)
+    if not np.array_equal(np.isnan(g), np.isnan(r)) or not np.array_equal(g[~fin & ~np.isnan(r)],
+                                                                          r[~fin & ~np.isnan(r)]):
+        return float("inf")
+    if not fin.any():
+        return 0.0
+    scale = max(float(np.abs(r[fin]).max()), np.finfo(np.float32).tiny)
+    return float(np.abs(g[fin] - r[fin]).max() / scale)
+
+
+# dots the Triton interpreter computes as a GPU would (its tf32 is exact fp32, within tolerance)
+INTERPRETER_EXACT_DOTS = ("ieee", "tf32x3", "tf32", "fp16")
+# how far a reduced-precision kernel may be from its numpy emulation (lumc.backends.precision):
+# the summation order, plus for tf32 the hardware's own operand rounding (1 tf32 ulp, 2^-10) and
+# for fp8 Hopper's reduced-precision accumulation inside one MMA (DeepSeek-V3, arXiv:2412.19437
+# section 3.3.2: about 14 bits)
+PRECISION_CHECK_RTOL = {"tf32": 2e-3, "bf16": 1e-3, "fp16": 1e-3, "fp8": 2e-2}
+
+
+def precision_variants(cfgs: list, tk, spec) -> list:
+    """Triton contraction configs at every operand precision the compile's policy allows
+    (``spec.dot_precisions``; the first allowed precision is the default), the default config's
+    variants first; configs of kernels without a ``tl.dot`` are returned as they are. fp8 needs
+    ``BLOCK_K >= 32`` (the e4m3 MMA's K step on Hopper)."""
+    from lumc.backends.triton import configs as cf
+    problem = tk.rendered.problem if tk is not None else {}
+    d = problem.get("dot_dtype")
+    if not cfgs or d is None:
+        return cfgs
+    from lumc.backends.triton.dot_precision import ATTENTION_RENDERABLE, RENDERABLE
+    table = ATTENTION_RENDERABLE if tk.rendered.config_space == "attention" else RENDERABLE
+    allowed = [p for p in spec.dot_precisions.get(d, (cf.DEFAULT_PRECISION[d],)) if p in table[d]]
+    allowed = allowed or [cf.DEFAULT_PRECISION[d]]
+
+    def ok(c, p):
+        return p != "fp8" or dict(c.blocks).get("BLOCK_K", 32) >= 32
+
+    first = [cf.with_precision(cfgs[0], problem, p) for p in allowed if ok(cfgs[0], p)]
+    rest = [cf.with_precision(c, problem, p) for c in cfgs[1:] for p in allowed if ok(c, p)]
+    return list(dict.fromkeys(first + rest)) or [cf.with_precision(cfgs[0], problem, allowed[0])]
+
+
+def ordered_configs(kernel: Kernel, tk, spec) -> list:
+    """A kernel's Triton configs in the order the search tries them: the default, then the
+    known-good configs of Triton's tutorials for the form (``configs.known_good``), then the rest
+    by their simulated time on ``spec`` (fastest first; the simulator as a cost model, as
+    Inductor's and Luminal's searches rank by an analytical model before timing)."""
+    from lumc.backends.triton import configs as cf
+    space = tk.config_space()
+    default = tk.default_config()
+    good = [c for c in cf.known_good(tk.rendered.config_space, tk.rendered.problem) if c in space]
+
+    def sim(c) -> float:
+        try:
+            return simulate_kernel_time(kernel, c.kwargs(), spec)
+        except ValueError:              # cannot run (shared memory): last
+            return float("inf")
+    rest = sorted((c for c in space if c != default and c not in good), key=sim)
+    return list(dict.fromkeys([default, *good, *rest]))
+
+
+@dataclass
+class KernelEntry:
+    """What the measurer knows about one distinct kernel."""
+    kernel: Kernel
+    call: KernelCall
+    key: str
+    configs: list = field(default_factory=list)
+    render_error: str | None = None
+    triton: object = None
+    max_error: float = 0.0
+    externs: dict = field(default_factory=dict)    # impl -> ExternKernel (GPU timing)
+
+
+class KernelMeasurer:
+    """The search loop's ``measure`` callback (see module docstring).
+
+    Args:
+        target: where to time.
+        db: the tuning database.
+        versions: ``{"lumc", "triton", "driver"}`` for the database key.
+        values: ``{id(model node): array}`` from one reference run (inputs of every kernel call
+            and their reference outputs), for the numerics check; None skips checks that need data.
+        log: list receiving one line per rejected or failed config.
+    """
+
+    def __init__(self, target: Target, db: TuningDatabase, versions: dict, values: dict | None,
+                 log: list[str] | None = None):
+        self.target = target
+        self.db = db
+        self.versions = versions
+        self.values = values if values is not None else {}
+        self.log = log if log is not None else []
+        self.entries: dict[str, KernelEntry] = {}
+        self.checked: dict[tuple[str, int], float] = {}
+        self._verdicts: dict[str, tuple[bool, str]] = {}
+        self.deadline = None             # set by the pipeline: checks are not started past it
+        self._check_s = 1.0              # running estimate of one numerics check, seconds
+        self.pool = None                 # a CheckPool: sim checks run there ahead of need
+        self._pending: dict[str, object] = {}   # kernel key -> Future of its check's outputs
+        self.db_hits = 0
+        self.measured = 0
+        self.spills: dict[tuple[str, int], int] = {}   # GPU: bytes spilled per thread, by config
+
+    # ---- kernels ---------------------------------------------------------------------------------
+    def add(self, call: KernelCall) -> str:
+        """Register a kernel call; returns its kernel key (shared by identical kernels)."""
+        key = kernel_hash(call.kernel)
+        if key not in self.entries:
+            e = KernelEntry(call.kernel, call, key)
+            triton_cfgs = []
+            try:
+                from lumc.backends.triton.launch import TritonKernel
+                e.triton = TritonKernel(call.kernel)
+                triton_cfgs = ordered_configs(call.kernel, e.triton, self.target.spec)
+            except Exception as err:  # not renderable: the search must choose another candidate
+                e.render_error = f"{type(err).__name__}: {err}"
+            # the Triton default first, then the vendor implementations through torch
+            # (lumc.backends.extern; Inductor's max-autotune always times cuBLAS too), then the rest
+            from lumc.compiler.runtime.extern import ExternConfig
+            ext = [ExternConfig(c["IMPL"], c.get("PRECISION"))
+                   for c in extern_configs(call.kernel, self.target.spec)]
+            triton_cfgs = precision_variants(triton_cfgs, e.triton, self.target.spec)
+            e.configs = triton_cfgs[:1] + ext + triton_cfgs[1:] or [None]
+            self.entries[key] = e
+        return key
+
+    def prefetch(self, keys) -> None:
+        """Start the numerics checks of these kernels in the pool (sim targets), so they run while
+        the search measures others; a kernel already judged or pending is skipped."""
+        if self.pool is None or not self.target.simulated:
+            return
+        for key in dict.fromkeys(keys):
+            e = self.entries[key]
+            if key in self._verdicts or key in self._pending or e.render_error is not None:
+                continue
+            dbk = TimingKey(key, "numerics-check", self.target.name, self.versions["lumc"],
+                            self.versions["triton"], self.versions["driver"])
+            if self.db.get(dbk) is not None:
+                continue
+            ins = self._inputs(e)
+            if ins is None or sum(int(np.prod(n.shape)) for n in e.call.outputs) > INTERPRETER_MAX_ELEMENTS:
+                continue
+            self._pending[key] = self.pool.submit(e.kernel, e.triton.run_config().kwargs(), ins)
+
+    def _inputs(self, e: KernelEntry) -> list | None:
+        ins = [self.values.get(id(n)) for n in e.call.inputs]
+        ins = [x if x is not None else (n.arg.value if n.op == "Constant" else None)
+               for x, n in zip(ins, e.call.inputs)]
+        return None if any(x is None for x in ins) else ins
+
+    def runnable(self, key: str) -> bool:
+        """False when the kernel has no config that can run (not renderable, no extern)."""
+        return self.entries[key].configs != [None]
+
+    def n_configs(self, key: str) -> int:
+        return len(self.entries[key].configs)
+
+    def config_of(self, key: str, index: int) -> dict | None:
+        c = self.entries[key].configs[index]
+        return None if c is None else c.kwargs()
+
+    def bound(self, key: str, index: int) -> float:
+        """Lower bound of one kernel config (its padded tiles' roofline); see ``config_bound``."""
+        cfg = self.config_of(key, index)
+        if is_extern(cfg):
+            return extern_bound(self.entries[key].kernel, cfg, self.target.spec)
+        return config_bound(self.entries[key].kernel, cfg or {}, self.target.spec)
+
+    def _db_key(self, key: str, index: int) -> TimingKey:
+        cfg = self.config_of(key, index)
+        return TimingKey(key, config_key(cfg or {}), self.target.name, self.versions["lumc"],
+                         self.versions["triton"], self.versions["driver"])
+
+    # ---- the callback ----------------------------------------------------------------------------
+    def __call__(self, key: str, index: int) -> Measurement:
+        e = self.entries[key]
+        dbk = self._db_key(key, index)
+        hit = self.db.get(dbk)
+        if hit is not None:
+            self.db_hits += 1
+            if not hit.ok:
+                return Measurement(None, "rejected" if hit.note.startswith("rejected") else "error", hit.note)
+            return Measurement(hit.seconds)
+        cfg_obj = e.configs[index]
+        extern = cfg_obj is not None and is_extern(cfg_obj.kwargs())
+        if e.render_error is not None and not extern:
+            note = f"error: cannot render {e.kernel.form} kernel ({e.render_error})"
+            self.log.append(f"kernel {key[:12]} ({e.kernel.form}): {note}")
+            return Measurement(None, "error", note)
+        if extern:
+            ok, note = self._check(e, index, cfg_obj)      # torch on the CPU: fast, every config
+        elif self.target.simulated:
+            ok, note = self._check_once(e, (cfg_obj.kwargs() if cfg_obj else {}).get("PRECISION"))
+        else:
+            ok, note = self._check(e, index, cfg_obj)
+        if note.startswith("error: no budget"):
+            return Measurement(None, "budget", note)
+        if ok and self.spills.get((key, index), 0) > 0:   # pruned before timing: it spills
+            ok, note = False, f"rejected: spills {self.spills[(key, index)]} B per thread (pruned)"
+        if not ok:
+            self.log.append(f"kernel {key[:12]} ({e.kernel.form}) config {cfg_obj}: {note}")
+            if note.startswith("rejected"):   # wrong numerics are a fact of this kernel+config+version
+                self.db.put(dbk, Timing(0.0, False, self.target.simulated, note))
+                return Measurement(None, "rejected", note)
+            return Measurement(None, "error", note)   # errors may be environmental: not persisted
+        try:
+            seconds = self._time(e, cfg_obj)
+        except Exception as err:
+            return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
+        self.measured += 1
+        self.db.put(dbk, Timing(seconds, True, self.target.simulated, note))
+        return Measurement(seconds)
+
+    def remeasure(self, key: str, index: int) -> Measurement:
+        """Time a config again, ignoring the database's timing (the search's final re-time of the
+        top programs): on a GPU it runs the kernel again and stores the new time; on ``sim:*`` the
+        simulated time is deterministic, so it is the stored one."""
+        e = self.entries[key]
+        if self.target.simulated or e.configs[index] is None:
+            return self(key, index)
+        first = self(key, index)          # checks numerics (or reads the verdict) as usual
+        if first.status != "ok":
+            return first
+        try:
+            seconds = self._time(e, e.configs[index])
+        except Exception as err:
+            return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
+        self.measured += 1
+        self.db.put(self._db_key(key, index), Timing(seconds, True, False, "re-timed"))
+        return Measurement(seconds)
+
+    def _check_once(self, e: KernelEntry, precision: str | None = None) -> tuple[bool, str]:
+        """The numerics verdict on ``sim:*`` of a kernel at one operand precision (memoized here
+        and in the database). The Triton interpreter's bf16 and fp8 dots are wrong (its bf16
+        arithmetic truncates, its fp8 products are not exact), so a ``bf16`` or ``fp8`` config is
+        checked at the kernel's exact precision, which runs the same source but for the dot's
+        operand casts; the reduced-precision dot itself is emulated in numpy
+        (``lumc.backends.precision``) by the CPU executor and measured by the quality gate."""
+        from lumc.backends.triton import configs as cf
+        problem = e.triton.rendered.problem
+        default = cf.DEFAULT_PRECISION.get(problem.get("dot_dtype") or "", None)
+        p = precision if precision in INTERPRETER_EXACT_DOTS else default
+        vkey = e.key if p == default else f"{e.key}:{p}"
+        if vkey in self._verdicts:
+            return self._verdicts[vkey]
+        dbk = TimingKey(e.key, "numerics-check" if p == default else f"numerics-check:{p}",
+                        self.target.name, self.versions["lumc"], self.versions["triton"],
+                        self.versions["driver"])
+        hit = self.db.get(dbk)
+        if hit is not None:
+            verdict = (hit.ok, hit.note)
+            e.max_error = hit.seconds        # the row keeps the check's max rel error
+        else:
+            # the interpreter's cost is per program and per op: check at its big-tile config
+            cfg = cf.with_precision(e.triton.run_config(), problem, p)
+            ok, note = self._check(e, -1 if p == default else -2, cfg)
+            verdict = (ok, note + f" (at {cfg}, CPU interpreter)")
+            if note.startswith("error: no budget"):
+                return verdict          # not a verdict on the kernel: not remembered
+            if ok or note.startswith("rejected"):
+                self.db.put(dbk, Timing(e.max_error, ok, True, verdict[1]))
+        self._verdicts[vkey] = verdict
+        return verdict
+
+    def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
+        """Run the generated kernel on the captured inputs and compare with the reference."""
+        if e.key not in self._pending and self.deadline is not None and \
+                self.deadline.remaining() < 1.5 * self._check_s:
+            return False, "error: no budget left for its numerics check"
+        t0 = time.monotonic()
+        try:
+            return self._run_check(e, index, cfg)
+        finally:
+            self._check_s = 0.7 * self._check_s + 0.3 * (time.monotonic() - t0)
+
+    def _run_check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
+        call = e.call
+        ins = [self.values.get(id(n)) for n in call.inputs]
+        refs = [self.values.get(id(n)) for n in call.outputs]
+        ins = [x if x is not None else (n.arg.value if n.op == "Constant" else None)
+               for x, n in zip(ins, call.inputs)]
+        if any(x is None for x in ins) or any(r is None for r in refs):
+            return True, "unchecked: no reference values captured"
+        if self.target.simulated and not (cfg is not None and is_extern(cfg.kwargs())) and \
+                sum(int(np.prod(n.shape)) for n in call.outputs) > INTERPRETER_MAX_ELEMENTS:
+            return True, "unchecked: too large for the CPU interpreter"
+        fut = self._pending.pop(e.key, None) if index == -1 else None
+        extern = cfg is not None and is_extern(cfg.kwargs())
+        try:
+            if extern:
+                from lumc.compiler.runtime.extern import run_extern_numpy
+                outs = run_extern_numpy(e.kernel, cfg.kwargs(), ins)
+            elif fut is not None:          # started in the pool ahead of need
+                left = self.deadline.remaining() if self.deadline is not None else None
+                try:
+                    outs = fut.result(timeout=left)
+                except TimeoutError:
+                    return False, "error: no budget left for its numerics check"
+            else:
+                outs = self._launch_counting_spills(e, index, cfg, ins)
+        except Exception as err:
+            return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        from lumc.backends.triton.launch import to_numpy
+        worst = 0.0
+        rounding = dot_rounding(cfg.kwargs() if cfg is not None else None)
+        if rounding is not None and (self.target.simulated or extern) and \
+                cfg.kwargs()["PRECISION"] == "tf32":
+            rounding = None     # the interpreter's and torch CPU's tf32 dots are exact fp32
+        p_tol = 0.0
+        if rounding is not None:
+            # a reduced-precision dot is judged against its meaning with the same operand rounding
+            feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
+            emu = ReferenceExecutor(e.kernel.meaning, dot_operands=rounding)(feed)
+            refs = [emu[k] for k in e.kernel.meaning.outputs]
+            p_tol = PRECISION_CHECK_RTOL[cfg.kwargs()["PRECISION"]]
+        for o, r, n in zip(outs, refs, call.outputs):
+            got = o if isinstance(o, np.ndarray) else to_numpy(o)   # pool results are numpy
+            if n.dtype.is_float:
+                err = max_rel_error(got, r)
+                tol = max(dt.rtol_for(n.dtype), p_tol)
+            else:
+                err = 0.0 if np.array_equal(got, r) else float("inf")
+                tol = 0.0
+            if err > tol and n.dtype.is_float and rounding is None:
+                # the fp32 reference rounds too (numpy sums naively along strided axes): judge the
+                # kernel against its meaning in float64 before rejecting it
+                err = max_rel_error(got, self._f64_reference(e, ins)[n_index(call, n)])
+            worst = max(worst, err)
+            if err > tol:
+                return False, f"rejected: max rel error {err:.3g} > {tol:g} on {n.dtype}"
+        e.max_error = max(e.max_error, worst)
+        self.checked[(e.key, index)] = worst
+        return True, f"checked: max rel error {worst:.3g}"
+
+    def _launch_counting_spills(self, e: KernelEntry, index: int, cfg, ins: list):
+        """Run the Triton kernel; on a GPU, note the register spills of what that launch compiled
+        (``backends/triton/resources.py``) in ``self.spills[(key, index)]``."""
+        if self.target.simulated or index < 0:
+            return e.triton(*ins, config=cfg)
+        from lumc.backends.triton.resources import spills_of_launch
+        n, outs = spills_of_launch(e.triton.module, e.triton.rendered.kernel_names,
+                                   lambda: e.triton(*ins, config=cfg))
+        if n is not None:
+            self.spills[(e.key, index)] = n
+        return outs
+
+    def _f64_reference(self, e: KernelEntry, ins: list) -> list[np.ndarray]:
+        """The kernel's meaning evaluated in float64 on the same inputs (outputs in order)."""
+        from lumc.backends.reference import ReferenceExecutor
+        feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
+        out = ReferenceExecutor(e.kernel.meaning, "float64").run_keeping(feed, set())[0]
+        return [out[k] for k in e.kernel.meaning.outputs]
+
+    def _time(self, e: KernelEntry, cfg) -> float:
+        kw = cfg.kwargs() if cfg is not None else {}
+        if self.target.simulated:
+            if is_extern(kw):
+                return simulate_extern_time(e.kernel, kw, self.target.spec)
+            return simulate_kernel_time(e.kernel, kw, self.target.spec)
+        return time_on_gpu(e, cfg, self.values, self.target.torch_device)
+
+
+def time_on_gpu(e: KernelEntry, cfg, values, device: str, repeats: int = 25,
+                warmup: int = 5) -> float:
+    """Median seconds of one launch of a kernel config on the GPU (see
+    :func:`lumc.compiler.runtime.gpu_timing.cuda_event_samples`), on the reference values of its inputs;
+    an extern config runs its torch implementation (``lumc.compiler.runtime.extern``)."""
+    ins = []
+    for n in e.call.inputs:
+        v = values.get(id(n))
+        if v is None:
+            v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
+        ins.append(v)
+    launch = e.triton
+    if cfg is not None and is_extern(cfg.kwargs()):
+        from lumc.compiler.runtime.extern import ExternKernel
+        launch = e.externs.get(cfg.impl) or e.externs.setdefault(cfg.impl, ExternKernel(e.kernel, cfg.impl))
+    return float(statistics.median(cuda_event_samples(launch, cfg, ins, device, repeats, warmup)))

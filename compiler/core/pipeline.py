@@ -1,0 +1,513 @@
+"""The compile pipeline: every stage of ``lumc compile`` in order, in one place.
+
+    model ──► frontend (load, check, import) ──► primitive graph
+          ──► candidates (e-graph saturation + extraction, or greedy fusion with --no-egraph)
+          ──► reference run (captures every kernel boundary value, for numerics checks)
+          ──► search (roofline bound ─► prune ─► render ─► check numerics ─► time ─► tuning DB)
+          ──► plan (the chosen program and kernel configs) ──► CompiledModel + report
+
+The budget is one hard deadline over all stages. Each stage is a function below, so it can be tested
+and timed alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
+from lumc.compiler.runtime.compiled import CompiledModel
+from lumc.compiler.core.fusion import greedy_program
+from lumc.backends.extern import impl_of
+from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
+from lumc.compiler.core.precision import FALLBACK, PrecisionPolicy, precision_report, store_weights
+from lumc.compiler.core.precision_gate import stage_quality
+from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
+from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
+from lumc.compiler.core.why_not import why_not
+from lumc.compiler.core.search import SearchResult, run_search
+from lumc.compiler.runtime.targets import Target, fork_safe, resolve_target, versions, with_measured_ceilings
+from lumc.compiler.runtime.tuning_db import TuningDatabase
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Graph
+from lumc.rewrites.cost import kernel_time_bound
+
+EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
+EGRAPH_MIN_S = 0.25   # below this share the e-graph is not started (loading its rules alone costs more)
+MAX_CANDIDATES = 16   # distinct programs taken from extraction (the bound prunes the hopeless ones free)
+MAX_REGION_OPS = 400  # primitive ops per e-graph region (EGGLOG-NOTES: per-layer regions)
+
+
+@dataclass
+class Frontend:
+    graph: Graph
+    source_onnx: bytes | None
+    model_name: str
+    warnings: list[str] = field(default_factory=list)
+    known_model: object = None
+
+
+def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> Frontend:
+    """Load, check and import an ONNX model (path, bytes or ``onnx.ModelProto``).
+
+    Raises:
+        ModelError, UnsupportedOpError, InputError: one line each (see ``lumc.compiler.frontends.onnx_frontend``).
+    """
+    from lumc.compiler.frontends.onnx_frontend import check_supported, import_onnx, load_model
+    from lumc.compiler.frontends.models import identify_bytes
+    m = load_model(model)
+    check_supported(m)
+    if isinstance(model, (str, os.PathLike)):
+        with open(model, "rb") as f:
+            src = f.read()               # the file's own bytes: artifacts keep the model as given
+    elif isinstance(model, (bytes, bytearray)):
+        src = bytes(model)
+    else:
+        src = m.SerializeToString()
+    info = identify_bytes(src)
+    input_shapes = dict(shapes or {})
+    if example_inputs:
+        for k, v in example_inputs.items():
+            input_shapes.setdefault(k, tuple(np.shape(v)))
+    imported = import_onnx(m, _resolve_dim_names(m, input_shapes))
+    name = os.path.basename(str(model)) if isinstance(model, (str, os.PathLike)) else "model"
+    return Frontend(imported.graph, src, name, list(imported.warnings), info)
+
+
+def _resolve_dim_names(m, shapes: dict) -> dict:
+    """Turn ``{dim name: n}`` entries (``batch_size=2``) into whole-input shapes."""
+    from lumc.compiler.frontends.onnx_frontend import model_input_specs
+    specs = model_input_specs(m)
+    names = {s.name for s in specs}
+    dims = {k: v for k, v in shapes.items() if k not in names}
+    out = {k: tuple(v) for k, v in shapes.items() if k in names}
+    for s in specs:
+        if s.name in out:
+            continue
+        if any(isinstance(d, str) for d in s.shape):
+            if all(not isinstance(d, str) or d in dims for d in s.shape):
+                out[s.name] = tuple(_scalar_dim(dims[d]) if isinstance(d, str) else d for d in s.shape)
+    return out
+
+
+def _scalar_dim(v) -> int:
+    return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
+
+
+def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egraph: bool,
+                     fast_math: bool = False
+                     ) -> tuple[list[Program], dict]:
+    """Candidate programs, best-bound first, and the e-graph statistics.
+
+    With ``use_egraph`` the e-graph (``lumc.compiler.core.egraph_pipeline``) saturates under limits that fit
+    the deadline and extraction returns up to :data:`MAX_CANDIDATES` distinct programs; the greedy
+    program is always a candidate too (it is the ``--no-egraph`` pipeline).
+    """
+    stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
+    greedy = greedy_program(graph)
+    programs = [greedy, unfused_program(graph)]
+    if use_egraph:
+        try:
+            from lumc.compiler.core import egraph_pipeline
+        except ImportError as e:   # a tree without the e-graph stage: greedy only, said in the report
+            stats["error"] = f"e-graph stage unavailable ({e})"
+            use_egraph = False
+    if use_egraph:
+        from lumc.rewrites.schedule import Limits
+        share = deadline.remaining() * EGRAPH_SHARE
+        n_compute = sum(1 for n in graph.nodes() if n.op not in ("Input", "Constant", "View"))
+        regions = max(1, -(-n_compute // MAX_REGION_OPS))
+        limits = Limits(seconds=max(0.05, min(Limits().seconds, share / regions)),
+                        fast_math=fast_math)
+        t0 = time.monotonic()
+        res = None
+        if share < EGRAPH_MIN_S and deadline.clock is time.monotonic:
+            stats["error"] = (f"e-graph skipped: {share:.2g} s of the budget left for it (building "
+                              "the greedy candidates took the rest)")
+        else:
+            try:   # the e-graph's share is a deadline too: checked between regions
+                res = egraph_pipeline.egraph_candidates(
+                    graph, target.spec, k=MAX_CANDIDATES, limits=limits,
+                    max_region_ops=MAX_REGION_OPS,
+                    deadline=t0 + share if deadline.clock is time.monotonic else None)
+            except egraph_pipeline.EGraphDeadline as e:
+                stats["error"] = (f"e-graph stopped at its share of the budget ({share:.2g} s) "
+                                  f"{e}; greedy candidates only")
+    if use_egraph and res is not None:
+        tot = res.total
+        stats.update({"enodes": tot.enodes, "eclasses": tot.eclasses, "iterations": tot.iterations,
+                      "saturation_s": res.seconds.get("saturate", tot.seconds),
+                      "extraction_s": res.seconds.get("extract", 0.0), "regions": len(res.regions),
+                      "stop_reasons": tot.stop, "used": True, "seconds": time.monotonic() - t0})
+        programs = list(res.candidates) + programs
+    seen, out = set(), []
+    for p in programs:
+        sig = p.signature()
+        if sig not in seen:
+            seen.add(sig)
+            out.append(p)
+    ceil = target.spec.as_ceilings()
+    out.sort(key=lambda p: sum(kernel_time_bound(c.kernel, ceil) for c in p.calls))
+    return out, stats
+
+
+def unfused_program(graph: Graph) -> Program:
+    """One kernel per primitive op (views folded into reads): what an eager executor launches.
+
+    It is always a candidate so that the search shows, by its roofline bound, what fusion buys;
+    it is pruned without compiling whenever a fused program has been measured below its bound.
+    """
+    from lumc.compiler.core.fusion import GreedyFusion
+    nodes = graph.nodes()
+    users: dict[int, list] = {}
+    for n in nodes:
+        for s in n.srcs:
+            users.setdefault(id(s), []).append(n)
+    # every op its own kernel, except the product of a contraction, which stays inside its sum
+    compute = {id(n) for n in nodes if n.op not in ("Input", "Constant", "View", "Iota") and not (
+        n.op == "Mul" and users.get(id(n)) and all(u.op == "SumReduce" for u in users[id(n)]))}
+    try:
+        return GreedyFusion(graph, realize=compute).program("unfused")
+    except Exception:   # a graph greedy cutting cannot split per op: greedy stands alone
+        return greedy_program(graph)
+
+
+def stage_reference(graph: Graph, programs: list[Program], inputs: dict
+                    ) -> tuple[dict, ReferenceValues]:
+    """The model's outputs and the (lazy) reference values of every kernel boundary node."""
+    vals = ReferenceValues(graph, programs, inputs)
+    return vals.outputs, vals
+
+
+def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
+    """Inputs for the numerics checks: the known model's recipe, else N(0,1) floats and small ints."""
+    from lumc.compiler.frontends.models import random_inputs
+    shapes = {k: n.shape for k, n in graph.inputs.items()}
+    dtypes = {k: n.dtype.np for k, n in graph.inputs.items()}
+    highs = {}
+    if fe.source_onnx and fe.known_model is None:   # ints indexing a table: drawn in its range
+        import onnx
+        from lumc.compiler.runtime.index_ranges import index_uses, random_int_highs
+        highs = random_int_highs(index_uses(onnx.load_from_string(fe.source_onnx), shapes))
+    return random_inputs(shapes, dtypes, seed=seed, info=fe.known_model, int_high=highs)
+
+
+class Progress:
+    """The rich progress display: budget used, candidate counters, best time against its bound."""
+
+    def __init__(self, budget_s: float, target: Target, quiet: bool):
+        self.quiet = quiet
+        self.budget_s = budget_s
+        self.target = target
+        self._p = None
+        self._task = None
+        from rich.console import Console
+        if not quiet and Console(stderr=True).is_terminal:    # no display in logs and pipes
+            from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn
+            self._p = RP(TextColumn("[bold]{task.fields[stage]:<11}"), BarColumn(bar_width=24),
+                         TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+                         console=Console(stderr=True), transient=True)
+            self._p.start()
+            self._task = self._p.add_task("compile", total=budget_s, stage="import", info="")
+
+    def stage(self, name: str, deadline: Deadline, info: str = "") -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=min(deadline.elapsed(), self.budget_s), stage=name,
+                           info=info)
+
+    def search(self, deadline: Deadline, stats, best: float, bound: float) -> None:
+        if self._p is None:
+            return
+        unit = "sim" if self.target.simulated else "gpu"
+        best_s = f"{best * 1e6:.1f}us" if best != float("inf") else "-"
+        info = (f"cand {stats.candidates_total} pruned {stats.candidates_pruned} compiled "
+                f"{stats.candidates_compiled} rejected {stats.candidates_rejected} timed "
+                f"{stats.candidates_timed} | best {best_s} ({unit}) bound {bound * 1e6:.1f}us")
+        self.stage("search", deadline, info)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def compile_model(model, *, budget, device: str | None = None, example_inputs: dict | None = None,
+                  shapes: dict | None = None, use_egraph: bool = True, quiet: bool = True,
+                  db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic,
+                  reuse_plan: bool = True, precision: str = "fp32", weights: str = "same",
+                  tolerance: float | None = None, max_kl: float | None = None,
+                  logits: tuple = (), fast_math: bool = False,
+                  bind: dict | None = None) -> CompiledModel:
+    """Compile an ONNX model into the fastest correct program lumc finds within ``budget``.
+
+    Args:
+        model: a path, ``onnx.ModelProto`` or bytes.
+        budget: a DURATION (``"30m"``, ``"90s"``) or seconds; a hard deadline for the whole compile
+            (it returns within the budget plus 5%, or plus 10 s under 3 minutes).
+        device: ``cuda[:N]``, ``sim:h100`` or ``sim:h200``; None picks the first CUDA GPU, else
+            ``sim:h200`` (times then are simulated, and the report says so).
+        example_inputs: ``{name: array}`` used for shapes and the numerics checks; default random
+            inputs by the model's recipe.
+        shapes: ``{input name or dynamic dim name: dims}`` for dynamic dims.
+        use_egraph: False gives the greedy-fusion pipeline (``--no-egraph``).
+        quiet: no progress display.
+        db: the tuning database (default: the user cache dir's).
+        reuse_plan: return the stored result of an identical earlier compile (same model bytes,
+            shapes, device and versions) when its search finished; no re-timing at all.
+        precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
+            (``lumc.compiler.core.precision``: ``fp32`` on tensor cores by default; ``tf32``, ``bf16``,
+            ``fp16``, ``fp8``, ``auto``; weight-only ``int8``).
+        fast_math: also offer the e-graph the rewrites that change results for speed
+            (``lumc.rewrites.rules_algebra.FAST_MATH``: ``a / b`` as ``a * (1/b)``); off by default,
+            where division is IEEE.
+        bind: ``{input name: value}`` inputs fixed at compile time (``--bind NAME=VALUE``): they
+            become constants, so an ``If`` on them folds to its branch; the artifact no longer
+            takes them (``lumc.compiler.frontends.onnx_frontend.bind_inputs``).
+    Raises:
+        BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
+    """
+    policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
+    if bind:
+        from lumc.compiler.frontends.onnx_frontend import bind_inputs, load_model
+        model = bind_inputs(load_model(model), bind)
+    budget_s = parse_duration(budget)
+    deadline = Deadline(budget_s, clock)
+    target = resolve_target(device)
+    ver = versions(gpu=not target.simulated)
+    db = db if db is not None else TuningDatabase()
+    target = with_measured_ceilings(target, db)
+    plans = db.plans_dir
+    reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
+                            (use_egraph, sorted(policy.as_dict().items()))
+                            + (("fast_math",) if fast_math else ()))
+    if reuse is not None and reuse_plan:
+        cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
+        if cm is not None:
+            return cm
+    t0 = deadline.elapsed()
+    with hard_deadline(deadline):    # the budget holds for any graph: BudgetError past its grace
+        fe = stage_frontend(model, shapes, example_inputs)
+        cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
+                              use_egraph=use_egraph, quiet=quiet,
+                              frontend_s=deadline.elapsed() - t0, policy=policy,
+                              fast_math=fast_math)
+    if reuse is not None and cm.report_dict()["best_time_s"] is not None:
+        _store_plan(plans / f"{reuse}.lumc", cm)
+    return cm
+
+
+def compile_graph(graph: Graph, *, budget, device: str | None = None, example_inputs: dict | None = None,
+                  use_egraph: bool = True, quiet: bool = True, db: TuningDatabase | None = None,
+                  clock: Callable[[], float] = time.monotonic, name: str = "graph",
+                  policy: PrecisionPolicy | None = None) -> CompiledModel:
+    """Compile an already imported primitive graph (the PyTorch frontend's entry point).
+
+    Same search as :func:`compile_model`; ``example_inputs`` (``{input name: array}``) feed the
+    numerics checks (default: N(0,1) floats and small non-negative integers).
+    """
+    deadline = Deadline(parse_duration(budget), clock)
+    target = resolve_target(device)
+    ver = versions(gpu=not target.simulated)
+    db = db if db is not None else TuningDatabase()
+    target = with_measured_ceilings(target, db)
+    with hard_deadline(deadline):
+        return compile_frontend(Frontend(graph, None, name), deadline, target, ver, db,
+                                example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet,
+                                policy=policy)
+
+
+def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
+                     db: TuningDatabase, *, example_inputs: dict | None, use_egraph: bool,
+                     quiet: bool, frontend_s: float = 0.0,
+                     policy: PrecisionPolicy | None = None, fast_math: bool = False) -> CompiledModel:
+    """Every stage after the frontend: precision (weights stored as the policy says), candidates,
+    reference capture, search, the quality gate, plan, report."""
+    policy = policy or PrecisionPolicy()
+    budget_s = deadline.budget_s
+    progress = Progress(budget_s, target, quiet)
+    try:
+        stage_s: dict[str, float] = {"frontend": frontend_s}
+        graph, weight_stats = store_weights(fe.graph, policy)
+        target = dataclasses.replace(target, spec=dataclasses.replace(
+            target.spec, dot_precisions=policy.dot_precisions()))
+        progress.stage("candidates", deadline)
+        programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph, fast_math)
+        stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
+        inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
+        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        progress.stage("reference", deadline)
+        # past the deadline already: no reference run, no search; the best-bound candidate
+        ref_out, values = stage_reference(graph, programs, inputs) if not deadline.expired() \
+            else (None, {})
+        log: list[str] = []
+        measurer = KernelMeasurer(target, db, ver, values, log)
+        measurer.deadline = deadline
+        if target.simulated and (os.cpu_count() or 1) > 1 and not deadline.expired() \
+                and fork_safe():
+            from lumc.compiler.core.check_pool import CheckPool
+            measurer.pool = CheckPool()
+        keys = [[measurer.add(c) for c in p.calls] for p in programs]
+        ceil = target.spec.as_ceilings()
+        bounds = {k: kernel_time_bound(measurer.entries[k].kernel, ceil) for ks in keys for k in ks}
+        nconf = {k: measurer.n_configs(k) for ks in keys for k in ks}
+        stage_s["reference"] = deadline.elapsed() - sum(stage_s.values())
+        try:
+            result = run_search(keys, bounds, nconf, measurer, deadline,
+                                on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
+                                config_bounds=measurer.bound,
+                                before_candidate=lambda i: measurer.prefetch(keys[i]),
+                                remeasure=measurer.remeasure, runnable=measurer.runnable)
+        finally:
+            if measurer.pool is not None:
+                measurer.pool.close()
+                measurer.pool = None
+        stage_s["search"] = deadline.elapsed() - sum(stage_s.values())
+        progress.stage("plan", deadline)
+        chosen = programs[result.candidate]
+        ck = keys[result.candidate]
+        configs = [measurer.config_of(k, result.configs.get(k, 0)) for k in ck]
+        # the chosen program end to end on the CPU against the reference, when time is left
+        err = None
+        if ref_out is not None and not deadline.expired():
+            out = run_program_reference(chosen, graph, inputs, configs=configs)
+            err = max((max_rel_error(out[k], ref_out[k]) if graph.outputs[k].dtype.is_float else
+                       (0.0 if np.array_equal(out[k], ref_out[k]) else float("inf")))
+                      for k in graph.outputs) if graph.outputs else 0.0
+        quality = None
+        if ref_out is not None and not deadline.expired():
+            configs, quality = stage_quality(chosen, graph, fe.graph, inputs, ck, configs, measurer,
+                                             policy, deadline)
+        if quality is not None and not quality["passed"] and policy.precision in FALLBACK:
+            down = dataclasses.replace(policy, precision=FALLBACK[policy.precision])
+            fe.warnings.append(f"precision {policy.precision} misses the quality gate "
+                               f"({quality['reason']}); compiled at {down.precision} instead")
+            progress.close()
+            return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
+                                    use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,
+                                    policy=down)
+        kernel_err = max((measurer.entries[k].max_error for k in ck), default=0.0)
+        if err is not None or kernel_err:
+            err = max(err or 0.0, kernel_err)
+        stage_s["plan"] = deadline.elapsed() - sum(stage_s.values())
+        report = build_report(fe, graph, programs, chosen, ck, configs, result, measurer, bounds,
+                              target, budget_s, deadline, egraph_stats, err, use_egraph, db, log)
+        report["stage_seconds"] = stage_s
+        report["reference_s"] = round(getattr(values, "seconds", 0.0), 3)   # incl. in the stages
+        report["why_not"] = why_not(chosen, programs, [program_time_bound(p, target.spec)
+                                                       for p in programs])
+        report.update(precision_report(policy, quality, weight_stats, report["per_kernel"]))
+        return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
+                             fe.source_onnx, target.torch_device)
+    finally:
+        progress.close()
+
+
+# ---- plan reuse: a repeated compile of the same model, shapes, device and versions ----------------
+def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, use_egraph: bool
+                    ) -> str | None:
+    """A key for the compile's result, or None when the model is not given as a file or bytes."""
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            with open(model, "rb") as f:
+                src = f.read()
+        except OSError:
+            return None
+    elif isinstance(model, (bytes, bytearray)):
+        src = bytes(model)
+    else:
+        try:
+            src = model.SerializeToString()
+        except AttributeError:
+            return None
+    h = hashlib.sha256(src)
+    shp = {k: list(np.atleast_1d(v).tolist()) for k, v in sorted((shapes or {}).items())}
+    ex = {k: list(np.shape(v)) for k, v in sorted((example_inputs or {}).items())}
+    h.update(repr((shp, ex, target.name, sorted(ver.items()), use_egraph)).encode())
+    return h.hexdigest()[:32]
+
+
+def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | None:
+    """The stored result of an identical earlier compile, if its search finished (converged or
+    exhausted) or had at least this budget; None otherwise (the search then runs, and the tuning
+    database still makes every timing it measured free)."""
+    from lumc.compiler.runtime.compiled import load
+    from lumc.ir.errors import ArtifactError
+    if not path.exists():
+        return None
+    try:
+        cm = load(path)
+    except ArtifactError:
+        return None                       # unreadable: recompile (and overwrite it)
+    r = cm._report
+    finished = not str(r.get("stopped_because", "")).startswith("budget")
+    if not finished and r.get("budget_s", 0) < budget_s:
+        return None
+    r["reused_plan"] = {"compile_s": r.get("compile_s"), "budget_s": r.get("budget_s"),
+                        "stopped_because": r.get("stopped_because")}
+    r["stopped_because"] = "reused the plan of an identical earlier compile (nothing re-timed)"
+    r["budget_s"] = budget_s
+    r["compile_s"] = deadline.elapsed()
+    r["measured"] = 0
+    return cm
+
+
+def _store_plan(path, cm: CompiledModel) -> None:
+    try:
+        cm.save(path)
+    except OSError:
+        pass                              # a read-only cache must not fail the compile
+
+
+def unused_inputs(graph: Graph) -> list[str]:
+    """Names of the graph inputs no output depends on (an input whose uses constant folding
+    removed, such as one read only by ``Shape``), in model order."""
+    reached = {id(n) for n in graph.nodes()}
+    return [k for k, n in graph.inputs.items() if id(n) not in reached]
+
+
+def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult, measurer, bounds,
+                 target, budget_s, deadline, egraph_stats, max_err, use_egraph, db, log) -> dict:
+    """The ``--report`` JSON (see the issue for the field list)."""
+    per_kernel = []
+    for c, k, cfg in zip(chosen.calls, ck, configs):
+        t = result.kernel_times.get(k)
+        per_kernel.append({
+            "form": c.kernel.form, "impl": impl_of(cfg), "kernel": k, "covers": list(c.kernel.covers)[:16],
+            "time_s": t, "bound_s": bounds[k], "flops": c.kernel.flops(), "bytes": c.kernel.min_bytes(),
+            "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
+            "arithmetic_intensity": c.kernel.arithmetic_intensity()})
+    # weights each read once, as much of them as the program addresses (an embedding table: the
+    # gathered rows), plus graph inputs and outputs once
+    weight_bytes: dict[int, int] = {}
+    for c in chosen.calls:
+        for n, b in zip(c.inputs, c.kernel.read_bytes()):
+            if n.op == "Constant":
+                weight_bytes[id(n)] = min(weight_bytes.get(id(n), n.nbytes), b)
+    ideal = (sum(n.nbytes for n in graph.inputs.values()) + sum(weight_bytes.values())
+             + sum(n.nbytes for n in graph.outputs.values()))
+    st = result.stats
+    return {
+        "model": fe.model_name, "device": target.name, "simulated": target.simulated,
+        "budget_s": budget_s, "compile_s": deadline.elapsed(), "stopped_because": st.stopped_because,
+        "egraph_used": use_egraph, "kernels": len(chosen.calls), "programs": len(programs),
+        "candidate_label": chosen.label,
+        "candidates_total": st.candidates_total, "candidates_pruned": st.candidates_pruned,
+        "candidates_compiled": st.candidates_compiled, "candidates_timed": st.candidates_timed,
+        "candidates_rejected": st.candidates_rejected, "measurements": st.measurements,
+        "db_hits": measurer.db_hits, "measured": measurer.measured,
+        "best_time_s": result.time_s, "bound_time_s": result.bound_s,
+        "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
+        "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
+                                                     "used", "iterations", "stop_reasons", "error",
+                                                     "extraction_s")},
+        "max_rel_error": max_err, "warnings": list(fe.warnings), "log": log[:200],
+        "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
+        "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},
+        "outputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.outputs.items()},
+        # inputs that feed no output once constant folding is done: still accepted at call time
+        "unused_inputs": unused_inputs(graph),
+    }

@@ -1,0 +1,298 @@
+"""The precision policy of a compile: what each contraction may run at, how weights are stored, and
+the quality gate that measures what reduced precision cost.
+
+``--precision`` (``precision=``) names the policy:
+
+=========  ===========================================================================================
+``fp32``   fp32-class results (default): contractions on tensor cores in split TF32 (``tf32x3``), or
+           IEEE FFMA (``ieee``) where the search finds it faster (tiny K); default tolerance 1e-4
+``tf32``   one TF32 MMA per product (10 mantissa bits): tolerance 5e-3
+``bf16``   weights stored in bf16 (half the bytes), contractions on bf16 tensor cores with fp32
+           accumulation; everything else computes in fp32: tolerance 5e-2
+``fp16``   the same with fp16 weights and fp16 tensor cores: tolerance 1e-2
+``fp8``    bf16 weights, contractions at e4m3 with per-1xBLOCK_K scales (``dot_precision.py``) or bf16
+           where that is faster: tolerance 1.5e-1
+``auto``   per kernel, fp8, bf16 or tf32x3, the fastest that keeps the quality gate, chosen from
+           each contraction's measured sensitivity (:mod:`lumc.compiler.core.precision_gate`)
+=========  ===========================================================================================
+
+The tolerances are relative to the largest reference magnitude of each output (``max_rel_error``):
+about 12 ulps of the format at the output's scale for bf16 (2^-8) and fp16 (2^-11 but a narrower
+range), measured to hold on the MODELS.md models; fp32 keeps the project's fp32 table value.
+
+``--weights`` stores contraction weights quantized (weight-only; activations keep the policy):
+``int8`` is symmetric per-output-channel int8 (``scale = amax / 127`` over each channel's reduced
+axes, TensorRT/torchao's weight-only int8), dequantized in the contraction's prologue (``Cast`` and
+a ``Mul`` by the channel's scale), so one byte per weight crosses HBM.
+
+Quality (:func:`measure_quality`) compares the compiled program, run by the CPU executor with every
+reduced-precision contraction emulated (``lumc.backends.precision``), with the fp32 reference of the
+original model on sample inputs: max abs and rel error and cosine similarity per output, and for
+outputs that are probabilities (rows along the last axis non-negative and summing to 1) or named
+logits, the mean and max KL divergence per row against the reference distribution and top-1
+agreement. KL and cosine are computed in float64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Graph, Node, const_node, node
+from lumc.ir.views import View
+
+POLICIES = ("fp32", "tf32", "bf16", "fp16", "fp8", "auto")
+WEIGHTS = ("same", "int8")
+
+# the tl.dot operand precisions each policy allows, per operand dtype (first = preferred default)
+DOT_PRECISIONS = {
+    "fp32": {"f32": ("tf32x3", "ieee"), "bf16": ("bf16",), "f16": ("fp16",)},
+    "tf32": {"f32": ("tf32", "ieee"), "bf16": ("bf16",), "f16": ("fp16",)},
+    "bf16": {"f32": ("bf16",), "bf16": ("bf16",), "f16": ("fp16",)},
+    "fp16": {"f32": ("fp16",), "bf16": ("bf16",), "f16": ("fp16",)},
+    "fp8": {"f32": ("fp8", "bf16"), "bf16": ("fp8", "bf16"), "f16": ("fp8", "fp16")},
+    "auto": {"f32": ("fp8", "bf16", "tf32x3"), "bf16": ("fp8", "bf16"), "f16": ("fp8", "fp16")},
+}
+WEIGHT_DTYPE = {"fp32": None, "tf32": None, "bf16": dt.bf16, "fp16": dt.f16, "fp8": dt.bf16,
+                "auto": dt.bf16}
+DEFAULT_TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 5e-2, "fp16": 1e-2, "fp8": 1.5e-1,
+                     "auto": 5e-2}
+# a weight is a Constant with at least this many elements (scalars and tiny vectors stay exact)
+MIN_WEIGHT_ELEMENTS = 64
+# the order in which the gate raises a failing compile's policy
+FALLBACK = {"fp8": "bf16", "auto": "bf16", "fp16": "fp32", "bf16": "fp32", "tf32": "fp32"}
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """A compile's precision settings.
+
+    Attributes:
+        precision: one of :data:`POLICIES`.
+        weights: one of :data:`WEIGHTS`.
+        tolerance: the largest max rel error (``max|got - ref| / max|ref|`` per output) allowed.
+        max_kl: the largest mean KL divergence per row allowed on probability or logit outputs
+            (None: no KL gate).
+        logits: output names to treat as logits (softmax applied before KL and top-1).
+    """
+    precision: str = "fp32"
+    weights: str = "same"
+    tolerance: float | None = None
+    max_kl: float | None = None
+    logits: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.precision not in POLICIES:
+            raise InputError(f"unknown --precision {self.precision!r}; choose one of "
+                             f"{', '.join(POLICIES)}")
+        if self.weights not in WEIGHTS:
+            hint = " (nvfp4 and fp8 weight storage are not implemented)" \
+                if self.weights in ("nvfp4", "fp8") else ""
+            raise InputError(f"unknown --weights {self.weights!r}; choose one of "
+                             f"{', '.join(WEIGHTS)}{hint}")
+        for name, v in (("--tolerance", self.tolerance), ("--max-kl", self.max_kl)):
+            if v is not None and not (np.isfinite(v) and v >= 0):
+                raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def reduced(self) -> bool:
+        """True when results may differ from fp32 beyond its tolerance (the gate then runs)."""
+        return self.precision != "fp32" or self.weights != "same"
+
+    @property
+    def rtol(self) -> float:
+        return self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.precision] \
+            if self.weights == "same" else max(DEFAULT_TOLERANCE[self.precision], 5e-2)
+
+    def dot_precisions(self) -> dict:
+        return dict(DOT_PRECISIONS[self.precision])
+
+    def as_dict(self) -> dict:
+        return {"precision": self.precision, "weights": self.weights, "tolerance": self.rtol,
+                "max_kl": self.max_kl, "logits": list(self.logits)}
+
+
+# ---- weights -------------------------------------------------------------------------------------
+def store_weights(graph: Graph, policy: PrecisionPolicy) -> tuple[Graph, dict]:
+    """The graph with its weights stored as the policy says; compute stays in the graph's dtypes.
+
+    Every fp32 ``Constant`` of at least :data:`MIN_WEIGHT_ELEMENTS` elements that is not a gather
+    table becomes ``Cast(W', f32)``
+    of its bf16/fp16 rounding (round to nearest even) under ``bf16``/``fp16``/``fp8``/``auto``; with
+    ``weights="int8"``, a weight read only by contractions becomes ``Cast(Q, f32) * scale`` with
+    ``Q`` int8 per output channel (see module docstring). Returns ``(graph, stats)`` where stats
+    counts the weights converted and their bytes before and after.
+    """
+    to = WEIGHT_DTYPE[policy.precision]
+    if to is None and policy.weights == "same":
+        return graph, {"converted": 0}
+    users = graph.users()
+    memo: dict[int, Node] = {}
+    stats = {"converted": 0, "int8": 0, "bytes_before": 0, "bytes_after": 0}
+    for n in graph.nodes():
+        if n.op == "Constant":
+            memo[id(n)] = _store_constant(n, users, to, policy.weights, stats)
+        elif n.srcs:
+            srcs = tuple(memo[id(s)] for s in n.srcs)
+            memo[id(n)] = n if all(a is b for a, b in zip(srcs, n.srcs)) else node(n.op, srcs, n.arg)
+        else:
+            memo[id(n)] = n
+    out = Graph({k: memo[id(v)] for k, v in graph.inputs.items()},
+                {k: memo[id(v)] for k, v in graph.outputs.items()})
+    return out, stats
+
+
+def _gathered(n: Node, users: dict) -> bool:
+    """True when ``n`` is (through views) the table of a ``Gather``: an embedding reads only the
+    rows it gathers, so storing it narrower saves little, and a cast of the whole table would be a
+    kernel of its own (the gather form reads its table directly)."""
+    todo, seen = [n], set()
+    while todo:
+        x = todo.pop()
+        for u in users.get(id(x), []):
+            if u.op == "Gather" and u.srcs[0] is x:
+                return True
+            if u.op == "View" and id(u) not in seen:
+                seen.add(id(u))
+                todo.append(u)
+    return False
+
+
+def _store_constant(n: Node, users: dict, to, weights: str, stats: dict) -> Node:
+    if n.dtype != dt.f32 or n.numel < MIN_WEIGHT_ELEMENTS or _gathered(n, users):
+        return n
+    value = np.asarray(n.arg.value, dtype=np.float32)
+    if weights == "int8":
+        reduced = contraction_reduced_axes(n, users)
+        if reduced is not None:
+            amax = np.max(np.abs(value), axis=reduced, keepdims=True) if value.size else value
+            scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+            q = np.clip(np.rint(value / scale), -127, 127).astype(np.int8)
+            stats["int8"] += 1
+            stats["converted"] += 1
+            stats["bytes_before"] += n.nbytes
+            stats["bytes_after"] += q.nbytes + scale.nbytes
+            sc = node("View", (const_node(scale),), View.contiguous(scale.shape).expand(n.shape))
+            return node("Mul", (node("Cast", (const_node(q),), dt.f32), sc))
+    if to is None:
+        return n
+    low = value.astype(to.np)
+    stats["converted"] += 1
+    stats["bytes_before"] += n.nbytes
+    stats["bytes_after"] += low.nbytes
+    return node("Cast", (const_node(low),), dt.f32)
+
+
+def contraction_reduced_axes(w: Node, users: dict) -> tuple[int, ...] | None:
+    """The axes of weight ``w`` that its contractions sum over, when every use of ``w`` is an operand
+    of ``SumReduce(Mul(...))`` read through one permuting/broadcasting view; None otherwise (the
+    weight is then not quantized per channel). ``users`` is ``Graph.users()``."""
+    from lumc.ir.views import contiguous_strides
+    strides = contiguous_strides(w.shape)
+    found: set[int] | None = None
+
+    def _users_of(x: Node) -> list[Node]:
+        return users.get(id(x), [])
+    if not _users_of(w):
+        return None
+    for u in _users_of(w):
+        if u.op != "View" or u.arg.mask is not None or u.arg.offset != 0:
+            return None
+        muls = [m for m in _users_of(u) if m.op == "Mul"]
+        if not muls or len(muls) != len(_users_of(u)):
+            return None
+        axes = set()
+        for m in muls:
+            sums = _users_of(m)
+            if not sums or any(s.op != "SumReduce" for s in sums):
+                return None
+            for s in sums:
+                for d in s.arg:
+                    st = u.arg.strides[d]
+                    if st == 0:
+                        continue
+                    hits = [j for j, x in enumerate(strides) if x == st and w.shape[j] > 1]
+                    if len(hits) != 1:
+                        return None
+                    axes.add(hits[0])
+        if found is not None and axes != found:
+            return None
+        found = axes
+    return tuple(sorted(found)) if found else None
+
+
+# ---- quality -------------------------------------------------------------------------------------
+def is_probability(x: np.ndarray) -> bool:
+    """True for an output whose rows along the last axis are distributions (>= 0, sum 1 +- 1e-3)."""
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 0 or a.shape[-1] < 2 or a.size == 0 or not np.all(np.isfinite(a)):
+        return False
+    return bool(np.all(a >= 0) and np.allclose(a.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = x - np.max(x, axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def output_quality(got: np.ndarray, ref: np.ndarray, logits: bool = False) -> dict:
+    """Quality figures of one output against its fp32 reference (float64 arithmetic).
+
+    Returns ``{max_abs, max_rel, cosine}`` plus ``{kl_mean, kl_max, top1}`` when the reference is a
+    probability output or ``logits`` is set (KL(ref || got) per row over the last axis, natural log).
+    """
+    from lumc.compiler.core.measure import max_rel_error
+    g = np.asarray(got, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    out = {"max_abs": float(np.max(np.abs(g - r))) if r.size else 0.0,
+           "max_rel": max_rel_error(g, r)}
+    gf, rf = g.ravel(), r.ravel()
+    den = float(np.linalg.norm(gf) * np.linalg.norm(rf))
+    out["cosine"] = float(np.dot(gf, rf) / den) if den > 0 else (1.0 if np.array_equal(gf, rf) else 0.0)
+    prob = is_probability(r)
+    if (prob or logits) and r.ndim >= 1 and r.shape[-1] >= 2:
+        p = r if prob else _softmax(r)
+        q = g if prob else _softmax(g)
+        q = np.clip(q, 1e-30, None)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(p > 0, p * (np.log(np.clip(p, 1e-300, None)) - np.log(q)), 0.0)
+        kl = terms.sum(axis=-1).ravel()
+        out["kl_mean"] = float(np.mean(kl))
+        out["kl_max"] = float(np.max(kl))
+        out["top1"] = float(np.mean(np.argmax(p, axis=-1) == np.argmax(q, axis=-1)))
+    return out
+
+
+def measure_quality(outputs: dict, reference: dict, policy: PrecisionPolicy,
+                    float_names: list[str]) -> dict:
+    """The ``quality`` report of a compile: per output figures, the worst of each, and the gate's
+    verdict (``passed``, with ``reason`` when it failed)."""
+    per = {k: output_quality(outputs[k], reference[k], k in policy.logits) for k in float_names}
+    worst_rel = max((q["max_rel"] for q in per.values()), default=0.0)
+    kls = [q["kl_mean"] for q in per.values() if "kl_mean" in q]
+    q = {"outputs": per, "max_rel": worst_rel, "tolerance": policy.rtol,
+         "min_cosine": min((v["cosine"] for v in per.values()), default=1.0),
+         "kl_mean": max(kls) if kls else None, "max_kl": policy.max_kl}
+    reason = None
+    if not worst_rel <= policy.rtol:
+        reason = f"max rel error {worst_rel:.3g} > tolerance {policy.rtol:g}"
+    elif policy.max_kl is not None and kls and not max(kls) <= policy.max_kl:
+        reason = f"mean KL {max(kls):.3g} > --max-kl {policy.max_kl:g}"
+    q["passed"] = reason is None
+    if reason:
+        q["reason"] = reason
+    return q
+
+
+def precision_report(policy: PrecisionPolicy, quality: dict | None, weight_stats: dict,
+                     per_kernel: list[dict]) -> dict:
+    """The report fields of precision: ``precision``, ``weights``, ``tolerance``, ``quality`` (None
+    for fp32, else :func:`measure_quality`'s figures), ``weight_storage``; each ``per_kernel`` entry
+    gains ``precision`` (its tl.dot operand precision, None for kernels without one)."""
+    for row in per_kernel:
+        row["precision"] = (row.get("config") or {}).get("PRECISION")
+    return {"precision": policy.precision, "weights": policy.weights, "tolerance": policy.rtol,
+            "quality": quality, "weight_storage": weight_stats}

@@ -1,0 +1,120 @@
+"""The quality gate of a reduced-precision compile, and ``--precision auto``'s per-kernel choice.
+
+After the search has chosen a program and a config per kernel (each contraction config names its
+``tl.dot`` operand precision), :func:`stage_quality` runs the program on the CPU executor, with
+every reduced-precision contraction emulated as the tensor cores compute it
+(``lumc.backends.precision``), on the sample inputs, and compares the outputs with the fp32
+reference of the *original* model (``lumc.compiler.core.precision.measure_quality``).
+
+* A plan over the gate is not accepted as it is: each reduced-precision contraction is raised to
+  the fastest measured config of a more precise precision the policy allows, and the plan is
+  measured again. The pipeline then falls back to the next policy (``precision.FALLBACK``) if it
+  still fails, and says so in one line.
+* ``auto`` measures each contraction's sensitivity (that kernel alone at its chosen reduced
+  precision, every other contraction exact: the figures of the gate), then lowers kernels from the
+  least sensitive up, keeping each lowering only while the gate holds: layer sensitivity measured,
+  not guessed. The report gives each kernel's precision and its share of the error.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.compiler.core.precision import PrecisionPolicy, measure_quality
+from lumc.compiler.runtime.program import run_program_reference
+
+# most to least precise; raising a kernel moves it left
+PRECISION_ORDER = ("ieee", "tf32x3", "tf32", "fp16", "bf16", "fp8")
+
+
+def _rank(p: str | None) -> int:
+    return PRECISION_ORDER.index(p) if p in PRECISION_ORDER else 0
+
+
+def best_config_at(measurer, key: str, better_than: str | None) -> int | None:
+    """Index of the fastest config of kernel ``key`` whose precision is more precise than
+    ``better_than`` (measured now where the search did not; ``sim:*`` makes that cheap), or None."""
+    e = measurer.entries[key]
+    best, best_t = None, float("inf")
+    for i, c in enumerate(e.configs):
+        if c is None:
+            continue
+        p = c.kwargs().get("PRECISION")
+        if p is None or _rank(p) >= _rank(better_than):
+            continue
+        hit = measurer.db.get(measurer._db_key(key, i))
+        t = hit.seconds if hit is not None and hit.ok else None
+        if t is None and (best is None):
+            m = measurer(key, i)
+            t = m.seconds if m.status == "ok" else None
+        if t is not None and t < best_t:
+            best, best_t = i, t
+    return best
+
+
+def stage_quality(chosen, graph, graph_ref, inputs: dict, keys: list, configs: list, measurer,
+                  policy: PrecisionPolicy, deadline) -> tuple[list, dict | None]:
+    """Gate the chosen plan (see module docstring). Returns ``(configs, quality)``; quality is None
+    for an exact fp32 compile, else the ``quality`` report with ``passed``."""
+    if not policy.reduced:
+        return configs, None
+    ref = ReferenceExecutor(graph_ref)(inputs)
+    floats = [k for k, n in graph.outputs.items() if n.dtype.is_float]
+
+    def evaluate(cfgs) -> dict:
+        out = run_program_reference(chosen, graph, inputs, configs=cfgs)
+        return measure_quality(out, ref, policy, floats)
+
+    def raised(cfgs, which) -> list:
+        out = list(cfgs)
+        for i in which:
+            cfg = out[i] or {}
+            p = cfg.get("PRECISION")
+            if p is None or p in ("ieee", "tf32x3") or cfg.get("IMPL", "triton") != "triton":
+                continue
+            j = best_config_at(measurer, keys[i], p)
+            if j is not None:
+                out[i] = measurer.config_of(keys[i], j)
+        return out
+
+    reduced = [i for i, c in enumerate(configs)
+               if c and c.get("PRECISION") not in (None, "ieee", "tf32x3")]
+    q = evaluate(configs)
+    if policy.precision == "auto" and not q["passed"] and reduced:
+        configs, q = _auto(configs, reduced, raised, evaluate, deadline, q)
+    elif not q["passed"] and reduced:
+        up = raised(configs, reduced)
+        q2 = evaluate(up)
+        if q2["passed"]:
+            q2["raised_kernels"] = sum(1 for a, b in zip(configs, up) if a != b)
+            configs, q = up, q2
+    q["kernel_precision"] = [(c or {}).get("PRECISION") for c in configs]
+    return configs, q
+
+
+def _auto(configs, reduced, raised, evaluate, deadline, q0) -> tuple[list, dict]:
+    """Per-kernel precision under the gate (see module docstring)."""
+    exact = raised(configs, reduced)
+    sens = {}
+    for i in reduced:
+        if deadline is not None and deadline.remaining() < 2.0:
+            break
+        trial = list(exact)
+        trial[i] = configs[i]
+        qi = evaluate(trial)
+        sens[i] = qi["kl_mean"] if qi.get("kl_mean") is not None else qi["max_rel"]
+    current = list(exact)
+    q = evaluate(current)
+    for i in sorted(sens, key=lambda i: sens[i]):
+        if deadline is not None and deadline.remaining() < 2.0:
+            break
+        trial = list(current)
+        trial[i] = configs[i]
+        qt = evaluate(trial)
+        if qt["passed"]:
+            current, q = trial, qt
+    total = sum(v for v in sens.values() if np.isfinite(v)) or 1.0
+    q["sensitivity"] = {str(i): {"error": float(v), "share": float(v / total)}
+                        for i, v in sens.items()}
+    q["auto_first_try"] = {"max_rel": q0["max_rel"], "kl_mean": q0.get("kl_mean")}
+    return current, q

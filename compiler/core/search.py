@@ -1,0 +1,266 @@
+"""The search loop: roofline-pruned timing of candidate programs within a budget.
+
+A candidate program is a list of kernels (by key). Every kernel has a roofline bound (seconds,
+launch overhead included) and a config space. The loop:
+
+1. **Breadth.** Candidates in order of their bound (the sum of their kernels' bounds). A candidate
+   whose bound is not below the best measured program time is pruned without compiling anything.
+   Otherwise each of its kernels not yet measured is compiled, checked against the reference
+   (``measure`` reports numerics failures; a wrong kernel config is discarded, never chosen) and
+   timed at its first legal config. A program's time is the sum of its kernels' best times.
+2. **Depth**, after each candidate measured. Time goes first to the kernels of the best programs
+   whose best measured time is furthest above their bound; their other configs are tried in order.
+   A kernel whose best time is within ``slack`` of its bound is done: no config can beat it by more
+   than that (counted as pruned), and a config whose own bound (``config_bounds``) is not below the
+   kernel's best time is pruned. Tuning stops when the best time has not improved by ``min_gain``
+   over ``window`` measurements; then breadth goes on against the tuned best.
+3. **Re-time.** The top 3 programs are re-measured with their chosen configs (``remeasure``: timed
+   again on a GPU, not read from the tuning database; each shared kernel once) and the fastest is
+   chosen, ties broken by candidate order, so the same inputs give the same choice.
+
+The deadline is checked before every measurement; a tiny budget still returns the best-bound
+candidate (untimed if nothing could be measured).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+from lumc.compiler.core.budget import Deadline
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One kernel config measured: ``seconds`` (None when it failed), ``status`` one of ``ok``,
+    ``rejected`` (numerics differ from the reference), ``error`` (did not compile or run),
+    ``budget`` (not measured: no time left for it; the search stops)."""
+    seconds: float | None
+    status: str = "ok"
+    note: str = ""
+
+
+@dataclass
+class SearchStats:
+    candidates_total: int = 0
+    candidates_pruned: int = 0
+    candidates_compiled: int = 0
+    candidates_rejected: int = 0
+    candidates_timed: int = 0
+    measurements: int = 0
+    stopped_because: str = "exhausted"
+    log: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SearchResult:
+    """The choice: ``candidate`` index, ``configs`` per kernel key, ``time_s`` (None if untimed),
+    ``bound_s`` of the chosen candidate, and the statistics."""
+    candidate: int
+    configs: dict
+    time_s: float | None
+    bound_s: float
+    kernel_times: dict
+    stats: SearchStats
+    program_times: dict
+
+
+def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: dict,
+               measure: Callable[[Hashable, int], Measurement], deadline: Deadline, *,
+               slack: float = 0.01, min_gain: float = 0.01, window: int = 24,
+               retime_top: int = 3, on_progress: Callable[[SearchStats, float, float], None] | None = None,
+               config_bounds: Callable[[Hashable, int], float] | None = None,
+               before_candidate: Callable[[int], None] | None = None,
+               remeasure: Callable[[Hashable, int], Measurement] | None = None,
+               runnable: Callable[[Hashable], bool] | None = None) -> SearchResult:
+    """Choose the fastest candidate within the deadline (see module docstring).
+
+    Args:
+        candidates: each candidate is the list of its kernel keys (kernels may be shared).
+        bounds: ``{kernel key: roofline bound in seconds}``.
+        configs: ``{kernel key: number of configs}`` (configs are indexed 0..n-1, 0 = default).
+        measure: ``(kernel key, config index) -> Measurement``; it compiles, checks numerics and
+            times, memoizing as it likes (the tuning database).
+        deadline: the budget being spent.
+        slack: a kernel within this fraction of its bound is not tuned further.
+        min_gain, window: early stop when the best time improved by less than ``min_gain``
+            (relative) over the last ``window`` measurements; the window grows to twice the number
+            of distinct kernels being tuned, since one config try improves one kernel only.
+        on_progress: called after each measurement with ``(stats, best_time, best_bound)``.
+        config_bounds: ``(kernel key, config index) -> seconds``, a lower bound for that config
+            (e.g. the roofline of its padded tiles); a config whose bound is not below the kernel's
+            best measured time is pruned without compiling.
+        before_candidate: called with a candidate's index before it is measured (the pipeline
+            starts that candidate's numerics checks in a process pool).
+        remeasure: like ``measure`` but timing again rather than reading a memoized time, for the
+            final re-time of the top programs (default: ``measure``).
+        runnable: ``kernel key -> bool``, False for a kernel with no config that can run (Triton
+            cannot render it and no extern applies); the untimed fallback skips candidates holding one.
+    """
+    stats = SearchStats()
+    n = len(candidates)
+    cand_bound = [sum(bounds[k] for k in c) for c in candidates]
+    order = sorted(range(n), key=lambda i: (cand_bound[i], i))
+    kernels = {k for c in candidates for k in c}
+    stats.candidates_total = n + sum(max(configs[k] - 1, 0) for k in kernels)
+    best_t: dict = {}        # kernel -> best seconds
+    best_cfg: dict = {}      # kernel -> config index
+    tried: dict = {k: set() for k in kernels}
+    dead: set = set()        # kernels with no working config
+    prog_time: dict[int, float] = {}
+    best = [math.inf, order[0] if order else 0]
+    history: list[float] = []
+
+    def progress():
+        if on_progress is not None:
+            on_progress(stats, best[0], cand_bound[best[1]])
+
+    def try_config(k, ci) -> bool:
+        if deadline.expired():
+            return False
+        tried[k].add(ci)
+        m = measure(k, ci)
+        if m.status == "budget":         # the measurer has no time left for this config
+            tried[k].discard(ci)
+            return False
+        stats.measurements += 1
+        stats.candidates_compiled += 1
+        if m.status != "ok" or m.seconds is None:
+            stats.candidates_rejected += 1
+            stats.log.append(f"kernel {k} config {ci}: {m.status} {m.note}".rstrip())
+        else:
+            stats.candidates_timed += 1
+            if m.seconds < best_t.get(k, math.inf):
+                best_t[k], best_cfg[k] = m.seconds, ci
+        return True
+
+    def first_working(k) -> bool:
+        while k not in best_t:
+            nxt = next((ci for ci in range(configs[k]) if ci not in tried[k]), None)
+            if nxt is None:
+                dead.add(k)
+                return True
+            if not try_config(k, nxt):
+                return False
+        return True
+
+    def refresh() -> None:
+        for i in range(n):
+            if all(k in best_t for k in candidates[i]):
+                prog_time[i] = sum(best_t[k] for k in candidates[i])
+                if prog_time[i] < best[0] or (prog_time[i] == best[0] and order.index(i) < order.index(best[1])):
+                    best[0], best[1] = prog_time[i], i
+        history.append(best[0])
+        progress()
+
+    def measure_candidate(i) -> bool:
+        """Default configs for the kernels of candidate ``i`` not measured yet; False if out of time."""
+        for k in candidates[i]:
+            if k in dead:
+                break
+            if not first_working(k):
+                return False
+        if any(k in dead for k in candidates[i]):
+            stats.log.append(f"candidate {i} has a kernel with no working config")
+        refresh()
+        return True
+
+    def tune() -> str | None:
+        """Depth: tune the kernels of the best programs, largest gap to bound first, until the best
+        time stops improving. Returns "budget" when the deadline passed, else None."""
+        start = len(history)
+        while True:
+            if deadline.expired():
+                return "budget"
+            top = sorted(prog_time, key=lambda i: prog_time[i])[:retime_top]
+            pool = {k for i in top for k in candidates[i]}
+            for k in list(pool):
+                if k in best_t and best_t[k] <= bounds[k] * (1 + slack) and len(tried[k]) < configs[k]:
+                    stats.candidates_pruned += configs[k] - len(tried[k])
+                    stats.log.append(f"kernel {k}: within {slack:.0%} of its bound, "
+                                     f"{configs[k] - len(tried[k])} configs pruned")
+                    tried[k].update(range(configs[k]))
+            open_k = [k for k in pool if k in best_t and len(tried[k]) < configs[k]]
+            if not open_k:
+                stats.stopped_because = "exhausted"
+                return None
+            k = max(open_k, key=lambda k: (best_t[k] / max(bounds[k], 1e-12), str(k)))
+            ci = next(ci for ci in range(configs[k]) if ci not in tried[k])
+            if config_bounds is not None and config_bounds(k, ci) >= best_t[k]:
+                tried[k].add(ci)
+                stats.candidates_pruned += 1
+                continue
+            if not try_config(k, ci):
+                return "budget"
+            refresh()
+            win = max(window, 2 * len(pool))
+            if len(history) - start > win and history[-win - 1] < math.inf and \
+                    history[-1] > history[-win - 1] * (1 - min_gain):
+                stats.stopped_because = (f"converged (best improved < {min_gain:.0%} over {win} "
+                                         "measurements)")
+                return None
+
+    # Candidates in bound order. Each is measured at default configs unless its bound already
+    # proves it cannot beat the best time; after each new best the best programs are tuned, so the
+    # bar the next candidates must pass is a tuned time, and more of them are pruned.
+    out_of_time = False
+    pruned: set[int] = set()
+
+    def prune_hopeless() -> None:
+        # free: a bound not below the best time can only stay so as the best time falls
+        for j in order:
+            if j not in pruned and j not in prog_time and cand_bound[j] >= best[0]:
+                pruned.add(j)
+                stats.candidates_pruned += 1
+                stats.log.append(f"candidate {j} pruned: bound {cand_bound[j]:.3e}s >= best "
+                                 f"{best[0]:.3e}s")
+
+    for i in order:
+        if i in pruned or i in prog_time:
+            continue
+        prune_hopeless()
+        if i in pruned:
+            continue
+        if before_candidate is not None:
+            before_candidate(i)
+        if not measure_candidate(i):
+            out_of_time = True
+            break
+        prune_hopeless()
+        if prog_time and tune() == "budget":
+            out_of_time = True
+            break
+    if out_of_time:
+        stats.stopped_because = "budget"
+
+    # 3. re-time the top programs with their chosen configs
+    if prog_time:
+        top = sorted(prog_time, key=lambda i: (prog_time[i], order.index(i)))[:retime_top]
+        if len(top) > 1 and not deadline.expired():
+            retimed = {}
+            again = remeasure or measure
+            fresh: dict = {}         # a kernel shared by several top programs is re-timed once
+            for i in top:
+                total = 0.0
+                for k in candidates[i]:
+                    m = fresh.get(k) or fresh.setdefault(k, again(k, best_cfg[k]))
+                    total += m.seconds if m.seconds is not None else math.inf
+                retimed[i] = total
+            best[1] = min(top, key=lambda i: (retimed[i], order.index(i)))
+            best[0] = retimed[best[1]]
+            prog_time.update(retimed)
+        chosen = best[1]
+        return SearchResult(chosen, {k: best_cfg[k] for k in candidates[chosen]}, best[0],
+                            cand_bound[chosen], {k: best_t[k] for k in candidates[chosen]}, stats,
+                            dict(prog_time))
+    # nothing measured: the best-bound candidate that can run, untimed, default configs
+    chosen = order[0] if order else 0
+    if runnable is not None:
+        chosen = next((i for i in order if all(runnable(k) for k in candidates[i])), chosen)
+    if out_of_time:
+        stats.stopped_because = "budget (nothing timed: best-bound candidate returned untimed)"
+    else:
+        stats.stopped_because = ("no candidate has a working config for every kernel "
+                                 "(best-bound candidate returned untimed)")
+    return SearchResult(chosen, {k: 0 for k in (candidates[chosen] if candidates else [])}, None,
+                        cand_bound[chosen] if candidates else 0.0, {}, stats, {})

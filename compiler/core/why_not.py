@@ -1,0 +1,118 @@
+"""Why two kernels stayed separate (``lumc inspect ART --why-not``), after Inductor's ``WhyNoFuse``.
+
+For every value one kernel of the chosen program writes and another reads, one entry names both
+kernels, the value, and the reasons they are not one kernel:
+
+* **fusion**: the greedy fusion decision that wrote the value to memory (``lumc.compiler.core.fusion``
+  logs one line per refused fusion; here it is matched to the value and said in kernel terms);
+* **rule**: which e-graph rule would have had to match for the pair to be one kernel form, and
+  whether lumc has one (the pairs of forms that no rule joins are listed in :data:`NO_RULE`);
+* **bound**: the e-graph candidates with fewer kernels than the chosen one and the roofline bound
+  (or time) they lost by, once per program (they are whole-program alternatives).
+
+The entries are computed at compile time, when the program's nodes and notes are at hand, and
+stored in the report (``why_not``, ``why_not_candidates``), so an artifact explains itself.
+"""
+from __future__ import annotations
+
+import re
+
+from lumc.compiler.core.fusion import CHEAP_OPERAND_OPS
+
+NO_RULE = {
+    ("layernorm", "matmul"): "no kernels rule offers LayerNorm/RMSNorm as the prologue of the "
+                             "contraction that reads it (pre-LN normalization on load)",
+    ("rmsnorm", "matmul"): "no kernels rule offers RMSNorm as the prologue of the contraction "
+                           "that reads it",
+    ("matmul", "layernorm"): "no kernels rule offers residual add + LayerNorm as a whole-row "
+                             "epilogue of the contraction before it (post-LN)",
+    ("gather", "layernorm"): "the LayerNorm form reads its input from memory: no rule gives it "
+                             "an embedding gather + add prologue",
+    ("matmul", "attention"): "the attention form reads q, k and v from memory (columns of the "
+                             "projection's output): no rule makes a contraction its prologue",
+    ("attention", "matmul"): "no rule fuses attention with the output projection that reads it "
+                             "(heads merged through a view)",
+    ("matmul", "matmul"): "chained contractions are separate kernels: the only back-to-back "
+                          "contraction form is attention",
+    ("layernorm", "reduction"): "no rule fuses a layer norm into the contraction or reduction "
+                                "after it",
+}
+
+_REASONS = {
+    "read through a view (broadcast back)":
+        "the consumer reads it through a broadcast view (a contraction operand or a row "
+        f"statistic): an operand must be in memory or a prologue of at most {CHEAP_OPERAND_OPS} "
+        "elementwise ops",
+    "SumReduce is not an elementwise epilogue":
+        "its consumer is a reduction over it, and an epilogue is elementwise only",
+    "contraction operand is not a cheap prologue":
+        f"a contraction operand longer than {CHEAP_OPERAND_OPS} elementwise ops would be "
+        "recomputed per output column, so it is written",
+}
+
+_NOTE = re.compile(r"^no fusion %(\d+):(\w+)(?: -> %(\d+):(\w+))?: (.*)$")
+
+
+def _fusion_reason(value, notes: dict[int, list[str]]) -> str:
+    reasons = notes.get(value.id)
+    if not reasons:
+        return "written as a kernel output (the producer is a kernel form whose output is its root)"
+    return "; ".join(_REASONS.get(r, r) for r in dict.fromkeys(reasons))
+
+
+def why_not(program, candidates: list | None = None, bounds: list | None = None) -> dict:
+    """``{"pairs": [...], "candidates": [...]}`` for a chosen ``program`` (see the module
+    docstring); ``candidates``/``bounds``: the e-graph's programs and roofline bounds (seconds)."""
+    notes: dict[int, list[str]] = {}
+    for line in program.notes:
+        m = _NOTE.match(line)
+        if m:
+            notes.setdefault(int(m.group(1)), []).append(m.group(5))
+    made = {}
+    for i, c in enumerate(program.calls):
+        for n in c.outputs:
+            made[id(n)] = (i, n)
+    pairs, seen = [], set()
+    for j, c in enumerate(program.calls):
+        for n in c.inputs:
+            if id(n) not in made:
+                continue
+            i, v = made[id(n)]
+            if (i, j) in seen:
+                continue
+            seen.add((i, j))
+            a, b = program.calls[i].kernel.form, c.kernel.form
+            pairs.append({
+                "producer": i, "consumer": j, "producer_form": a, "consumer_form": b,
+                "value": f"{v.dtype.name}[{', '.join(map(str, v.shape))}]",
+                "fusion": _fusion_reason(v, notes),
+                "rule": NO_RULE.get((a, b), f"no kernels rule joins a {a} kernel and the {b} "
+                                            "kernel that reads it")})
+    cands = []
+    if candidates and bounds:
+        mine = len(program.calls)
+        chosen_bound = next((bd for p, bd in zip(candidates, bounds) if p is program), None)
+        for p, bd in zip(candidates, bounds):
+            if p is not program and len(p.calls) < mine:
+                cands.append({"label": p.label, "kernels": len(p.calls), "bound_s": bd,
+                              "chosen_bound_s": chosen_bound})
+    return {"pairs": pairs, "candidates": cands}
+
+
+def why_not_lines(doc: dict, first: int = 0, last: int | None = None) -> list[str]:
+    """Text lines of a stored ``why_not`` document, for kernels ``first..last``."""
+    out = []
+    for e in doc.get("pairs", []):
+        if e["producer"] < first or (last is not None and e["consumer"] > last):
+            continue
+        out.append(f"#{e['producer']} {e['producer_form']} -> #{e['consumer']} "
+                   f"{e['consumer_form']} ({e['value']}): not one kernel")
+        out.append(f"    fusion: {e['fusion']}")
+        out.append(f"    rule:   {e['rule']}")
+    for c in doc.get("candidates", []):
+        cb = c.get("chosen_bound_s")
+        how = "lost on bound" if cb is not None and c["bound_s"] > cb else "lost on time"
+        vs = f" against the chosen {cb * 1e6:.1f} us" if cb is not None else ""
+        out.append(f"candidate {c['label']} ({c['kernels']} kernels) {how}: bound "
+                   f"{c['bound_s'] * 1e6:.1f} us{vs}")
+    return out

@@ -1,0 +1,292 @@
+"""Sampling and spectral ops: ``GridSample`` (N-D nearest / linear / cubic with zeros, border and
+reflection padding), ``AffineGrid``, 2-D ``DeformConv``, ``DFT`` (forward, inverse, one-sided, as contractions with
+constant cos/sin tables) and the Hann / Hamming / Blackman windows.
+
+``GridSample`` follows the ONNX reference (``onnx/reference/ops/op_grid_sample.py``, itself PyTorch's
+``GridSampler.h``): coordinates are un-normalized per ``align_corners``, moved inside the border
+(clamp or reflection) when out of range, and each output reads the ``2^k`` (linear) or ``4^k``
+(cubic, Keys a = -0.75) neighbouring input elements with one ``Gather`` each, weighted by the
+separable tap weights.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from lumc.compiler.frontends.onnx_frontend.loader import dtype_of
+from lumc.compiler.frontends.onnx_frontend.registry import OpContext, constant, handler, lib
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ShapeError, UnsupportedOpError
+from lumc.ir.tensor import Tensor, normalize_axis, stack
+from lumc.ir.views import prod
+
+_CUBIC_A = -0.75
+
+
+def _reflect(x: Tensor, lo: float, hi: float) -> Tensor:
+    """Reflect ``x`` by the nearer border until it lies in ``[lo, hi]``."""
+    span = hi - lo
+    below, above = x.lt(x.scalar_like(lo)), x.scalar_like(hi).lt(x)
+    d = below.where(x.scalar_like(lo).sub(x), x.sub(x.scalar_like(hi)))
+    n = d.mul(1.0 / span).floor() if span > 0 else d.scalar_like(0.0)
+    r = d.sub(n.mul(span))
+    even = n.fmod(2.0).eq(n.scalar_like(0.0))
+    from_lo, from_hi = x.scalar_like(lo).add(r), x.scalar_like(hi).sub(r)
+    out_below = even.where(from_lo, from_hi)
+    out_above = even.where(from_hi, from_lo)
+    return below.where(out_below, above.where(out_above, x))
+
+
+def _cubic_weights(t: Tensor) -> list[Tensor]:
+    """Keys cubic weights of the taps at ``-1, 0, 1, 2`` for a fraction ``t`` in ``[0, 1)``."""
+    a = _CUBIC_A
+
+    def near(s):   # |s| <= 1
+        return s.mul(a + 2).sub(a + 3).mul(s).mul(s).add(1.0)
+
+    def far(s):    # 1 < |s| < 2
+        return s.mul(a).sub(5 * a).mul(s).add(8 * a).mul(s).sub(4 * a)
+
+    one = t.scalar_like(1.0)
+    return [far(t.add(1.0)), near(t), near(one.sub(t)), far(t.scalar_like(2.0).sub(t))]
+
+
+@handler("GridSample", requires=["indexing.gather_elements"])
+def _grid_sample(ctx: OpContext):
+    x, grid = ctx.input(0), ctx.input(1)
+    mode = ctx.attr("mode", "linear" if ctx.opset >= 20 else "bilinear")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    padding = ctx.attr("padding_mode", "zeros")
+    align = bool(ctx.attr("align_corners", 0))
+    if mode not in ("nearest", "linear", "cubic") or padding not in ("zeros", "border",
+                                                                    "reflection"):
+        raise ShapeError(f"unknown mode {mode!r} or padding_mode {padding!r}")
+    n, c = x.shape[:2]
+    dims = x.shape[2:]
+    k = len(dims)
+    if grid.ndim != k + 2 or grid.shape[0] != n or grid.shape[-1] != k:
+        raise ShapeError(f"grid {grid.shape} does not fit input {x.shape}")
+    out_sp = grid.shape[1:-1]
+    m = prod(out_sp)
+    g = grid.reshape((n, m, k))
+    coords = []
+    for i, d in enumerate(dims):
+        v = g.slice([k - 1 - i], [k - i], [2]).reshape((n, m))     # grid stores x (last dim) first
+        v = v.add(1.0).mul(0.5 * (d - 1)) if align else v.add(1.0).mul(0.5 * d).sub(0.5)
+        if mode == "nearest":
+            v = v.round()
+        lo, hi = (0.0, d - 1.0) if align else (-0.5, d - 0.5)
+        if padding == "border":
+            v = v.clip(v.scalar_like(0.0), v.scalar_like(d - 1.0))
+        elif padding == "reflection":
+            v = _reflect(v, lo, hi)
+        coords.append((v, lo, hi))
+    flat = x.reshape((n, c, prod(dims)))
+
+    def fetch(idx: list[Tensor]) -> Tensor:
+        """x at integer positions ``idx`` (one [n, m] i64 tensor per dim), padded per the mode."""
+        valid = None
+        lin = None
+        for i, (ix, d) in enumerate(zip(idx, dims)):
+            if padding == "zeros":
+                ok = ix.lt(ix.scalar_like(0)).logical_not().logical_and(ix.lt(ix.scalar_like(d)))
+                valid = ok if valid is None else valid.logical_and(ok)
+            elif padding == "reflection":
+                _, lo, hi = coords[i]
+                ix = _reflect(ix.cast(dt.f64), lo, hi).cast(dt.i64)
+            ix = ix.clip(ix.scalar_like(0), ix.scalar_like(d - 1))
+            term = ix.mul(int(prod(dims[i + 1:])))
+            lin = term if lin is None else lin.add(term)
+        lin = lin.reshape((n, 1, m)).expand((n, c, m))
+        val = lib("indexing.gather_elements")(flat, lin, axis=2)
+        if valid is not None:
+            val = valid.reshape((n, 1, m)).expand((n, c, m)).where(val, val.scalar_like(0))
+        return val
+
+    if mode == "nearest":
+        y = fetch([v.cast(dt.i64) for v, _, _ in coords])
+    else:
+        taps = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
+        per_dim = []
+        for v, _, _ in coords:
+            base = v.floor()
+            t = v.sub(base)
+            ws = [t.scalar_like(1.0).sub(t), t] if mode == "linear" else _cubic_weights(t)
+            per_dim.append((base.cast(dt.i64), [w.cast(x.dtype) for w in ws]))
+        y = None
+        for combo in itertools.product(range(len(taps)), repeat=k):
+            idx = [b.add(b.scalar_like(taps[j])) for (b, _), j in zip(per_dim, combo)]
+            w = None
+            for (_, ws), j in zip(per_dim, combo):
+                w = ws[j] if w is None else w.mul(ws[j])
+            term = fetch(idx).mul(w.reshape((n, 1, m)).expand((n, c, m)))
+            y = term if y is None else y.add(term)
+    return y.reshape((n, c) + tuple(out_sp))
+
+
+@handler("DFT")
+def _dft(ctx: OpContext):
+    """``DFT`` along ``axis`` of a real ``[..., 1]`` or complex ``[..., 2]`` signal as products with
+    constant cos/sin tables (computed in f64 at build time, rounded once to the signal dtype)."""
+    x = ctx.input(0)
+    if ctx.opset >= 20:
+        axis = int(ctx.const_scalar(2, "axis")) if ctx.has_input(2) else -2
+    else:
+        axis = ctx.attr("axis", 1)
+    axis = normalize_axis(axis, x.ndim)
+    if axis == x.ndim - 1 or x.shape[-1] not in (1, 2):
+        raise ShapeError(f"DFT needs [..., 1|2] with the axis not last, got {x.shape}, axis {axis}")
+    inverse, onesided = bool(ctx.attr("inverse", 0)), bool(ctx.attr("onesided", 0))
+    n_in = x.shape[axis]
+    length = int(ctx.const_scalar(1, "dft_length")) if ctx.has_input(1) else (
+        2 * (n_in - 1) if inverse and onesided else n_in)
+    re = x.slice([0], [1], [-1]).squeeze([-1])
+    im = x.slice([1], [2], [-1]).squeeze([-1]) if x.shape[-1] == 2 else None
+    ax = axis
+    # move the transformed axis last: [..., n_in]
+    perm = [d for d in range(re.ndim) if d != ax] + [ax]
+    back = [int(b) for b in np.argsort(perm)]
+    re = re.permute(perm)
+    im = im.permute(perm) if im is not None else None
+    used = min(n_in, length)
+    t = np.arange(used, dtype=np.float64)
+    if inverse and onesided:
+        bins = length // 2 + 1
+        used = min(n_in, bins)
+        kk = np.arange(used, dtype=np.float64)[:, None]
+        tt = np.arange(length, dtype=np.float64)[None, :]
+        weight = np.full((used, 1), 2.0)
+        weight[0] = 1.0
+        if length % 2 == 0 and used > length // 2:
+            weight[length // 2] = 1.0
+        ang = 2 * np.pi * kk * tt / length
+        cos_t, sin_t = weight * np.cos(ang) / length, weight * np.sin(ang) / length
+        re = re.slice([0], [used], [-1])
+        out_re = _contract(re, cos_t, x.dtype)
+        if im is not None:
+            out_re = out_re.sub(_contract(im.slice([0], [used], [-1]), sin_t, x.dtype))
+        return out_re.permute(back).unsqueeze([x.ndim - 1])
+    n_out = length // 2 + 1 if onesided and not inverse else length
+    ang = 2 * np.pi * t[:, None] * np.arange(n_out, dtype=np.float64)[None, :] / length
+    scale = 1.0 / length if inverse else 1.0
+    sign = 1.0 if inverse else -1.0
+    cos_t, sin_t = np.cos(ang) * scale, sign * np.sin(ang) * scale
+    re = re.slice([0], [used], [-1])
+    out_re = _contract(re, cos_t, x.dtype)
+    out_im = _contract(re, sin_t, x.dtype)
+    if im is not None:
+        im = im.slice([0], [used], [-1])
+        # (a + ib)(cos + i s) with s = sign * sin: real a cos - b s, imaginary a s + b cos
+        out_re = out_re.sub(_contract(im, sin_t, x.dtype))
+        out_im = out_im.add(_contract(im, cos_t, x.dtype))
+    return stack([out_re, out_im], -1).permute(back + [len(back)])
+
+
+def _contract(v: Tensor, table: np.ndarray, dtype: dt.DType) -> Tensor:
+    """``v [..., a] @ table [a, b]`` with the table as a constant of ``dtype``."""
+    return v.matmul(constant(table.astype(dtype.np)))
+
+
+@handler("AffineGrid")
+def _affine_grid(ctx: OpContext):
+    """``theta [N, k, k+1] @ base grid`` with the base grid (normalized ``(x, y[, z], 1)``
+    coordinates of every output position) a constant built from the static ``size``."""
+    theta = ctx.input(0)
+    size = ctx.const_ints(1, "size")
+    align = bool(ctx.attr("align_corners", 0))
+    spatial = size[2:]
+    k = len(spatial)
+    if k not in (2, 3) or theta.shape[1:] != (k, k + 1):
+        raise ShapeError(f"theta {theta.shape} does not fit size {size}")
+    axes = []
+    for d in spatial:
+        if align:
+            a = np.arange(-1, 1 + 0.0001, 2.0 / (d - 1)) if d > 1 else np.array([-1.0])
+        else:
+            step = 2.0 / d
+            a = np.arange(-1 + step / 2, 1, step)
+        axes.append(a[:d])
+    mesh = np.meshgrid(*axes, indexing="ij")
+    base = np.stack([m.reshape(-1) for m in reversed(mesh)] + [np.ones(prod(spatial))], 0)
+    grid = theta.matmul(constant(base.astype(theta.dtype.np)))          # [N, k, P]
+    return grid.permute((0, 2, 1)).reshape((theta.shape[0],) + tuple(spatial) + (k,))
+
+
+_WINDOWS = {
+    "HannWindow": lambda a, n: np.sin(a * np.pi / n) ** 2,
+    "HammingWindow": lambda a, n: 25 / 46 - np.cos(2 * np.pi * a / n) * (1 - 25 / 46),
+    "BlackmanWindow": lambda a, n: 0.42 - 0.5 * np.cos(2 * np.pi * a / n)
+    + 0.08 * np.cos(4 * np.pi * a / n),
+}
+
+
+@handler(*_WINDOWS)
+def _window(ctx: OpContext):
+    """A constant window (f64 formula of the ONNX reference, rounded once to the output dtype)."""
+    size = int(ctx.const_scalar(0, "size"))
+    periodic = bool(ctx.attr("periodic", 1))
+    out = dtype_of(ctx.attr("output_datatype", 1))
+    a = np.arange(size, dtype=np.float64)
+    w = _WINDOWS[ctx.node.op_type](a, size if periodic else size - 1)
+    return constant(w.astype(out.np))
+
+
+@handler("DeformConv", requires=["indexing.gather_elements"])
+def _deform_conv(ctx: OpContext):
+    """2-D deformable convolution (as the ONNX reference): every kernel tap reads the input at its
+    offset position by bilinear interpolation (zero outside the image), optionally scaled by the
+    mask, then a grouped contraction with the weights."""
+    x, w, off, bias, mask = ctx.input(0), ctx.input(1), ctx.input(2), ctx.opt(3), ctx.opt(4)
+    if x.ndim != 4:
+        raise UnsupportedOpError(f"only 2-D DeformConv is supported, got input {x.shape}")
+    n, ic, hh, ww = x.shape
+    oc, icg, kh, kw = w.shape
+    group, og = ctx.attr("group", 1), ctx.attr("offset_group", 1)
+    dil = ctx.attr("dilations") or [1, 1]
+    pads = ctx.attr("pads") or [0, 0, 0, 0]
+    strides = ctx.attr("strides") or [1, 1]
+    oh, ow = off.shape[2:]
+    k, p = kh * kw, oh * ow
+    if ic != icg * group or oc % group or ic % og or off.shape[1] != og * k * 2:
+        raise ShapeError(f"shapes do not fit: x {x.shape}, w {w.shape}, offset {off.shape}, "
+                         f"group {group}, offset_group {og}")
+    off = off.reshape((n, og, kh, kw, 2, oh, ow))
+    base_h = (-pads[0] + strides[0] * np.arange(oh)[None, :] + dil[0] * np.arange(kh)[:, None])
+    base_w = (-pads[1] + strides[1] * np.arange(ow)[None, :] + dil[1] * np.arange(kw)[:, None])
+    f = off.dtype
+    hc = off.slice([0], [1], [4]).squeeze([4]).add(
+        constant(base_h.reshape(kh, 1, oh, 1).astype(f.np)))          # [n, og, kh, kw, oh, ow]
+    wc = off.slice([1], [2], [4]).squeeze([4]).add(
+        constant(base_w.reshape(1, kw, 1, ow).astype(f.np)))
+    h0, w0 = hc.floor(), wc.floor()
+    th, tw = hc.sub(h0), wc.sub(w0)
+    h0, w0 = h0.cast(dt.i64), w0.cast(dt.i64)
+    per = ic // og
+    xg = x.reshape((n, og, per, hh * ww))
+    sampled = None
+    for dh, dw in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        hi, wi = h0.add(h0.scalar_like(dh)), w0.add(w0.scalar_like(dw))
+        inside = hi.lt(hi.scalar_like(0)).logical_not().logical_and(hi.lt(hi.scalar_like(hh))) \
+            .logical_and(wi.lt(wi.scalar_like(0)).logical_not()).logical_and(wi.lt(wi.scalar_like(ww)))
+        lin = hi.clip(hi.scalar_like(0), hi.scalar_like(hh - 1)).mul(ww).add(
+            wi.clip(wi.scalar_like(0), wi.scalar_like(ww - 1)))
+        lin = lin.reshape((n, og, 1, k * p)).expand((n, og, per, k * p))
+        v = lib("indexing.gather_elements")(xg, lin, axis=3)
+        wt_h = th if dh else th.scalar_like(1.0).sub(th)
+        wt_w = tw if dw else tw.scalar_like(1.0).sub(tw)
+        wt = inside.where(wt_h.mul(wt_w), th.scalar_like(0.0)).reshape((n, og, 1, k * p))
+        term = v.mul(wt.expand((n, og, per, k * p)).cast(x.dtype))
+        sampled = term if sampled is None else sampled.add(term)
+    sampled = sampled.reshape((n, og, per, k, p))
+    if mask is not None:
+        m = mask.reshape((n, og, 1, k, p)).expand((n, og, per, k, p))
+        sampled = sampled.mul(m)
+    ocg = oc // group
+    full = (n, group, ocg, icg, k, p)
+    s6 = sampled.reshape((n, group, 1, icg, k, p)).expand(full)
+    w6 = w.reshape((1, group, ocg, icg, k, 1)).expand(full)
+    y = s6.mul(w6).sum([3, 4]).reshape((n, oc, oh, ow))
+    if bias is not None:
+        y = y.add(bias.reshape((1, oc, 1, 1)))
+    return y

@@ -1,0 +1,434 @@
+"""Capturing a PyTorch module: ``torch.export`` to a core-ATen FX graph plus its weights and specs.
+
+:func:`capture_module` exports the module (``torch.export.export``, then ``run_decompositions``
+with the default core-ATen table less ``scaled_dot_product_attention``, which lumc lowers whole),
+copies every parameter, buffer and lifted constant into numpy, records the user inputs with their
+dims (ints, or named symbols from ``torch.export.Dim``, with their ranges), and keeps only the FX
+graph: the :class:`CapturedProgram` holds no reference to the module, its parameters, or the
+``ExportedProgram``.
+
+:meth:`CapturedProgram.specialize` lowers the graph at one set of concrete input shapes (lumc graphs
+are concrete; a new shape is a new specialization, see ``compiled.py``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import ml_dtypes
+import numpy as np
+import sympy
+import torch
+from torch.utils import _pytree as pytree
+
+from lumc.compiler.frontends.onnx_frontend import ImportedModel, TensorSpec
+from lumc.compiler.frontends.torch_frontend.lowering import FxLowering, check_supported
+from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import InputError, ModelError, UnsupportedOpError
+from lumc.ir.graph import Graph, input_node
+from lumc.ir.tensor import Tensor
+
+# kept whole by the decomposition (lowered by handlers_nn): the decomposed CPU attention also
+# trips a stride bug of PyTorch 2.13 under dynamic shapes
+KEEP_UNDECOMPOSED = (
+    torch.ops.aten.scaled_dot_product_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+)
+
+
+def decomposition_table():
+    """The core-ATen decomposition table, less the ops in :data:`KEEP_UNDECOMPOSED`."""
+    table = torch.export.default_decompositions()
+    for op in KEEP_UNDECOMPOSED:
+        table.pop(op, None)
+    return table
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (or copy, off CPU) of a tensor; bf16 is reinterpreted as ``ml_dtypes.bfloat16``."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A new torch tensor holding a copy of ``a``, on ``device``."""
+    a = np.array(a, copy=True, order="C")
+    if a.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
+    return t if device.type == "cpu" else t.to(device)
+
+
+@dataclass
+class DimInfo:
+    """A named dynamic dim: ``name`` and its inclusive range (``max_value`` None: unbounded)."""
+    name: str
+    min_value: int
+    max_value: int | None
+
+
+@dataclass
+class InputSlot:
+    """One flat user input of the captured graph.
+
+    Attributes:
+        name: the placeholder name (also the lumc graph input name).
+        dims: per dim an int or a sympy expression over the symbols of :attr:`CapturedProgram.dims`;
+            None for a non-tensor input.
+        dtype: the lumc dtype (None for a non-tensor input).
+        value: the traced value of a non-tensor input (PyTorch bakes it into the graph).
+    """
+    name: str
+    dims: tuple | None
+    dtype: dt.DType | None
+    value: Any = None
+
+
+@dataclass
+class CapturedProgram:
+    """An ATen-level FX graph with its weights and input/output interface.
+
+    Attributes:
+        graph_module: the FX GraphModule PyTorch built (not the user's module); its ``graph`` has
+            placeholders for weights then user inputs, and each node's ``meta["val"]``.
+        weights: ``{placeholder name or get_attr target: array}`` for parameters, buffers and
+            lifted constants.
+        inputs: the flat user inputs, in call order.
+        dims: ``{sympy symbol: DimInfo}`` of the dynamic dims.
+        in_spec, out_spec: pytree specs of ``(args, kwargs)`` and of the outputs (None: flat).
+        output_index: positions of the user outputs among the graph's outputs.
+        output_names: a readable name per user output.
+        device: where inputs come from and outputs go.
+        source: how the graph was captured (for reports).
+    """
+    graph_module: torch.fx.GraphModule
+    weights: dict[str, np.ndarray]
+    inputs: list[InputSlot]
+    dims: dict[sympy.Symbol, DimInfo]
+    in_spec: Any
+    out_spec: Any
+    output_index: list[int]
+    output_names: list[str]
+    device: torch.device
+    source: str = "torch.export"
+    warnings: list[str] = field(default_factory=list)
+    _weight_tensors: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        return self.graph_module.graph
+
+    # ---- the interface ----------------------------------------------------------------------------
+    def dim_spec(self, d) -> int | str:
+        """An int, or the name of a dim (``seq``; ``2*seq`` for a derived one)."""
+        if isinstance(d, int):
+            return d
+        names = {s: sympy.Symbol(info.name) for s, info in self.dims.items()}
+        return str(d.xreplace(names))
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(s.name, tuple(self.dim_spec(d) for d in s.dims), s.dtype)
+                for s in self.inputs if s.dims is not None]
+
+    def bind(self, shapes: Sequence[tuple[int, ...] | None]) -> dict:
+        """``{symbol: int}`` for concrete input shapes (None for non-tensor inputs).
+
+        Raises:
+            InputError: a static dim differs, a dynamic dim is out of its range, or two inputs
+                disagree on the same dim.
+        """
+        env: dict = {}
+        derived = []
+        for slot, shape in zip(self.inputs, shapes):
+            if slot.dims is None:
+                continue
+            if shape is None or len(shape) != len(slot.dims):
+                got = "a non-tensor" if shape is None else f"rank {len(shape)}"
+                raise InputError(f"input {slot.name!r} expects rank {len(slot.dims)}, got {got}",
+                                 node=slot.name)
+            for k, (d, n) in enumerate(zip(slot.dims, shape)):
+                if isinstance(d, int):
+                    if d != n:
+                        raise InputError(f"input {slot.name!r} dim {k} is {n}, but the module was "
+                                         f"captured with a static {d} (mark it dynamic with "
+                                         "torch.export.Dim)", node=slot.name)
+                elif isinstance(d, sympy.Symbol):
+                    info = self.dims.get(d)
+                    if d in env and env[d] != n:
+                        raise InputError(f"dim {self.dim_spec(d)!r} is {env[d]} in one input and "
+                                         f"{n} in {slot.name!r}", node=slot.name)
+                    if info is not None and (n < info.min_value or
+                                             (info.max_value is not None and n > info.max_value)):
+                        hi = "inf" if info.max_value is None else info.max_value
+                        raise InputError(f"dim {info.name!r} of {slot.name!r} is {n}, outside its "
+                                         f"range [{info.min_value}, {hi}]", node=slot.name)
+                    env[d] = n
+                else:
+                    derived.append((slot, k, d, n))
+        for slot, k, d, n in derived:
+            if not d.free_symbols <= set(env) or int(d.xreplace(env)) != n:
+                raise InputError(f"input {slot.name!r} dim {k} is {n}, expected "
+                                 f"{self.dim_spec(d)}", node=slot.name)
+        return env
+
+    # ---- specialization -------------------------------------------------------------------------
+    def weight_tensors(self) -> dict[str, Tensor]:
+        """The weights as Constant tensors, built once (hashing a large weight takes time)."""
+        if not self._weight_tensors:
+            self._weight_tensors = {k: Tensor.const(v) for k, v in self.weights.items()}
+        return self._weight_tensors
+
+    def specialize(self, shapes: Sequence[tuple[int, ...] | None]) -> tuple[ImportedModel, dict]:
+        """Lower the graph at concrete input shapes.
+
+        Returns:
+            ``(imported, info)``: the :class:`ImportedModel` (concrete graph; input specs with the
+            named dynamic dims; output specs with named dims) and ``{"op_counts", "seconds"}``.
+        Raises:
+            InputError: shapes that do not fit the captured interface (see :meth:`bind`).
+            UnsupportedOpError: an op or argument lumc cannot lower (all listed at once).
+        """
+        t0 = time.perf_counter()
+        env = self.bind(shapes)
+        bindings: dict[str, Any] = dict(self.weight_tensors())
+        inputs = {}
+        for slot, shape in zip(self.inputs, shapes):
+            if slot.dims is None:
+                bindings[slot.name] = slot.value
+                continue
+            n = input_node(slot.name, tuple(shape), slot.dtype)
+            inputs[slot.name] = n
+            bindings[slot.name] = Tensor(n)
+        # weights bind placeholders (torch.export) or get_attr targets (make_fx), by name
+        lowering = FxLowering(self.graph, bindings, env, self.weight_tensors())
+        flat = lowering.run()
+        outputs, out_specs = {}, []
+        out_node = next(n for n in reversed(self.graph.nodes) if n.op == "output")
+        traced = out_node.args[0]
+        for name, i in zip(self.output_names, self.output_index):
+            v = flat[i]
+            if not isinstance(v, Tensor):
+                continue
+            outputs[name] = v.node
+            meta = traced[i].meta.get("val") if isinstance(traced[i], torch.fx.Node) else None
+            dims = tuple(self.dim_spec(_sym_or_int(d)) for d in meta.shape) if meta is not None \
+                else v.shape
+            out_specs.append(TensorSpec(name, dims, v.dtype))
+        graph = Graph(inputs, outputs)
+        imported = ImportedModel(graph, self.input_specs(), out_specs, None, list(self.warnings))
+        info = {"op_counts": dict(lowering.op_counts), "seconds": time.perf_counter() - t0,
+                "flat_outputs": flat}
+        return imported, info
+
+
+def _finite(v) -> int | None:
+    """A range bound as an int; None for PyTorch's symbolic infinity (``int_oo``)."""
+    return int(v) if isinstance(v, (int, sympy.Integer)) else None
+
+
+def _sym_or_int(d):
+    if isinstance(d, torch.SymInt):
+        e = d.node.expr
+        return int(e) if e.is_number else e
+    return int(d)
+
+
+# ---- capture with torch.export ---------------------------------------------------------------------
+def _first_line(e: BaseException) -> str:
+    # the first two lines of PyTorch's messages carry the what and the why (constraint violations)
+    text = [t.strip(" -") for t in str(e).strip().splitlines() if t.strip()]
+    return f"{type(e).__name__}: {' '.join(text[:2])}"
+
+
+def _dim_names(module, args, kwargs, dynamic_shapes) -> dict[int, dict[int, str]]:
+    """``{id(example tensor): {axis: Dim name}}`` from the ``dynamic_shapes`` argument."""
+    if dynamic_shapes is None:
+        return {}
+    try:
+        from torch.export.dynamic_shapes import _combine_args
+        combined = _combine_args(module, args, kwargs)
+    except Exception:
+        return {}
+    if isinstance(dynamic_shapes, dict):
+        pairs = [(combined[k], v) for k, v in dynamic_shapes.items() if k in combined]
+    else:
+        pairs = list(zip(combined.values(), dynamic_shapes))
+    out: dict[int, dict[int, str]] = {}
+
+    def walk(val, spec):
+        if isinstance(val, torch.Tensor):
+            items = spec.items() if isinstance(spec, dict) else \
+                enumerate(spec) if isinstance(spec, (list, tuple)) else ()
+            names = {int(a): getattr(d, "__name__") for a, d in items
+                     if isinstance(getattr(d, "__name__", None), str)}
+            if names:
+                out[id(val)] = names
+        elif isinstance(val, (list, tuple)) and isinstance(spec, (list, tuple)):
+            for v, s in zip(val, spec):
+                walk(v, s)
+        elif isinstance(val, dict) and isinstance(spec, dict):
+            for k, v in val.items():
+                if k in spec:
+                    walk(v, spec[k])
+
+    for val, spec in pairs:
+        walk(val, spec)
+    return out
+
+
+def _output_names(out_spec, n: int) -> list[str]:
+    """``logits``, ``last_hidden_state``, ``output_0``... from the output pytree paths."""
+    try:
+        leaves = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(n)), out_spec))[0]
+        raw = ["".join(ch if ch.isalnum() or ch == "_" else "_" for ch in pytree.keystr(p))
+               .strip("_") for p, _ in leaves]
+    except Exception:
+        raw = [""] * n
+    names, seen = [], set()
+    for k, r in enumerate(raw):
+        name = r if r and not r[0].isdigit() else (f"output_{r}" if r else f"output_{k}")
+        if n == 1 and not r:
+            name = "output"
+        while name in seen:
+            name += "_"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def _device_of(module: torch.nn.Module, leaves) -> torch.device:
+    for t in list(leaves) + list(module.parameters()) + list(module.buffers()):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+def _strip_meta(graph: torch.fx.Graph) -> None:
+    """Keep only the traced values in node metadata (the rest can refer to module classes/code)."""
+    for n in graph.nodes:
+        val = n.meta.get("val")
+        n.meta.clear()
+        if val is not None:
+            n.meta["val"] = val
+
+
+def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
+                   dynamic_shapes=None) -> CapturedProgram:
+    """Export ``module`` at ``(args, kwargs)`` and keep its core-ATen graph, weights and specs.
+
+    Args:
+        module: any ``torch.nn.Module`` that ``torch.export`` can trace (call ``.eval()`` first for
+            inference: train-mode dropout and batch norm are reported as unsupported).
+        args, kwargs: example inputs.
+        dynamic_shapes: as for ``torch.export.export`` (``torch.export.Dim`` names become the dim
+            names of the input specs).
+    Raises:
+        ModelError: ``torch.export`` or the decomposition failed (the first line of its error).
+        UnsupportedOpError: the module mutates its buffers or takes script objects.
+    """
+    kwargs = dict(kwargs or {})
+    try:
+        ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
+        ep = ep.run_decompositions(decomposition_table())
+    except Exception as e:  # export raises many unrelated exception types
+        raise ModelError(f"torch.export failed: {_first_line(e)}") from e
+    check_supported(ep.graph)      # every unsupported op at once, before copying any weight
+    sig = ep.graph_signature
+    weights: dict[str, np.ndarray] = {}
+    user = []
+    for spec in sig.input_specs:
+        kind = spec.kind.name
+        name = spec.arg.name
+        if kind == "USER_INPUT":
+            user.append(name)
+        elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+            src = ep.state_dict.get(spec.target)
+            if src is None:
+                src = ep.constants.get(spec.target)
+            if not isinstance(src, torch.Tensor):
+                raise UnsupportedOpError(f"{kind.lower()} {spec.target!r} is not a tensor")
+            lumc_dtype(src.dtype)
+            weights[name] = np.array(to_numpy(src), copy=True)
+        else:
+            raise UnsupportedOpError(f"graph input of kind {kind} ({spec.target!r})")
+    mutated = [f"{s.kind.name.lower()} {s.target!r}" for s in sig.output_specs
+               if s.kind.name not in ("USER_OUTPUT",)]
+    if mutated:
+        raise UnsupportedOpError("the module mutates state: " + ", ".join(mutated)
+                                 + " (call module.eval() before compiling)")
+    output_index = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
+    leaves = pytree.tree_flatten((tuple(args), kwargs))[0]
+    names_by_tensor = _dim_names(module, tuple(args), kwargs, dynamic_shapes)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    dims: dict[sympy.Symbol, DimInfo] = {}
+    inputs = []
+    for name, leaf in zip(user, leaves):
+        val = placeholders[name].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            inputs.append(InputSlot(name, None, None, leaf))
+            continue
+        dtype = lumc_dtype(val.dtype)
+        shape = []
+        for k, d in enumerate(val.shape):
+            d = _sym_or_int(d)
+            shape.append(d)
+            if isinstance(d, sympy.Symbol) and d not in dims:
+                label = names_by_tensor.get(id(leaf), {}).get(k, f"{name}_dim{k}")
+                vr = ep.range_constraints.get(d)
+                lo = _finite(vr.lower) if vr is not None else None
+                hi = _finite(vr.upper) if vr is not None else None
+                lo = 0 if lo is None else lo
+                dims[d] = DimInfo(label, lo, hi)
+        inputs.append(InputSlot(name, tuple(shape), dtype))
+    gm = ep.graph_module
+    graph = gm.graph
+    _strip_meta(graph)
+    out_names = _output_names(ep.call_spec.out_spec, len(output_index))
+    device = _device_of(module, leaves)
+    program = CapturedProgram(gm, weights, inputs, dims, ep.call_spec.in_spec,
+                              ep.call_spec.out_spec, output_index, out_names, device)
+    del ep
+    return program
+
+
+
+def _as_args(example_inputs) -> tuple:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    return tuple(example_inputs)
+
+
+def example_shapes(program: CapturedProgram, args: tuple, kwargs: dict | None) -> list:
+    """The flat input shapes (None for non-tensors) of example inputs, in the program's order."""
+    leaves = pytree.tree_flatten((tuple(args), dict(kwargs or {})))[0]
+    return [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in leaves]
+
+
+def import_torch(module: torch.nn.Module, example_inputs, dynamic_shapes=None,
+                 example_kwargs: dict | None = None) -> ImportedModel:
+    """A PyTorch module to a lumc primitive graph, specialized to the example input shapes.
+
+    Args:
+        module: the module (``.eval()`` it first for inference).
+        example_inputs: a tensor or a tuple of positional example inputs.
+        dynamic_shapes: as for ``torch.export.export``; named ``torch.export.Dim`` s become named
+            dims of the returned input specs (``TensorSpec("input_ids", (2, "seq"), i64)``).
+        example_kwargs: keyword example inputs.
+    Returns:
+        :class:`ImportedModel`: ``graph`` is concrete (the example shapes); ``inputs`` carry the
+        dynamic dims by name; ``opset`` is None (no ONNX opset). For another shape, use
+        :func:`capture_module` and :meth:`CapturedProgram.specialize`, or ``compile_module``.
+    Raises:
+        ModelError: ``torch.export`` failed.
+        UnsupportedOpError: one line listing every ATen op lumc cannot lower (op, nodes, reason).
+    """
+    args = _as_args(example_inputs)
+    program = capture_module(module, args, example_kwargs, dynamic_shapes)
+    return program.specialize(example_shapes(program, args, example_kwargs))[0]

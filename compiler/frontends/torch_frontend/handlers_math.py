@@ -1,0 +1,453 @@
+"""Handlers for elementwise ATen ops: arithmetic, comparisons, logic, unary math, activations,
+casts, and tensor factories (``full``, ``arange``, ``scalar_tensor``...).
+
+Operands are promoted with PyTorch's rules (:func:`~.registry.result_dtype`: dimensioned tensors over
+0-d tensors over Python scalars) before the :class:`~lumc.ir.tensor.Tensor` method runs, so
+``x_f32 + 1`` and ``mask_bool & mask_bool`` keep their PyTorch dtypes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lumc.compiler.frontends.torch_frontend.registry import (aten, arg, float_of, lib, lumc_dtype, promote,
+                                                   result_dtype, to_tensor)
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ShapeError
+from lumc.ir.tensor import Tensor
+
+
+def _scaled(b: Tensor, alpha) -> Tensor:
+    return b if alpha == 1 else b.mul(to_tensor(alpha, b.dtype))
+
+
+# ---- arithmetic ------------------------------------------------------------------------------------
+@aten("add.Tensor", "add.Scalar")
+def _add(ctx, a, b, *, alpha=1):
+    a, b = promote(a, b)
+    if a.dtype.is_bool:
+        return a.logical_or(b)
+    return a.add(_scaled(b, alpha))
+
+
+@aten("sub.Tensor", "sub.Scalar")
+def _sub(ctx, a, b, *, alpha=1):
+    a, b = promote(a, b)
+    return a.sub(_scaled(b, alpha))
+
+
+@aten("rsub.Tensor", "rsub.Scalar")
+def _rsub(ctx, a, b, alpha=1):
+    a, b = promote(a, b)
+    return b.sub(_scaled(a, alpha))
+
+
+@aten("mul.Tensor", "mul.Scalar")
+def _mul(ctx, a, b):
+    a, b = promote(a, b)
+    if a.dtype.is_bool:
+        return a.logical_and(b)
+    return a.mul(b)
+
+
+@aten("div.Tensor", "div.Scalar")
+def _div(ctx, a, b):
+    a, b = promote(a, b)
+    return float_of(a).div(float_of(b))
+
+
+def _floor_div_float(a: Tensor, b: Tensor) -> Tensor:
+    """PyTorch's ``div_floor_floating``: ``(a - fmod(a, b)) / b`` moved down by one where the
+    remainder's sign differs from ``b``'s, then rounded to the nearest integer; ``a / b`` when
+    ``b == 0``. Exact where PyTorch's is."""
+    a, b = a.broadcast_to(b.shape), b.broadcast_to(a.shape)
+    zero = a.scalar_like(0.0)
+    mod = a.fmod(b)
+    div = a.sub(mod).div(b)
+    fix = mod.ne(zero).logical_and(b.lt(zero).logical_xor(mod.lt(zero)))
+    div = fix.where(div.sub(1.0), div)
+    fl = div.floor()
+    fl = div.sub(fl).gt(div.scalar_like(0.5)).where(fl.add(1.0), fl)
+    # a zero quotient takes the sign of the true quotient, as PyTorch's copysign(0, a / b)
+    fl = div.ne(zero).where(fl, a.div(b).mul(0.0))
+    return b.eq(zero).where(a.div(b), fl)
+
+
+def _floor_div_int(a: Tensor, b: Tensor) -> Tensor:
+    q = a.idiv(b)
+    r = a.fmod(b)
+    zero = r.scalar_like(0)
+    fix = r.ne(zero).logical_and(r.lt(zero).logical_xor(b.broadcast_to(r.shape).lt(zero)))
+    return fix.where(q.sub(1), q)
+
+
+def _trunc(x: Tensor) -> Tensor:
+    if not x.dtype.is_float:
+        return x
+    return x.lt(x.scalar_like(0.0)).where(x.ceil(), x.floor())
+
+
+@aten("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode(ctx, a, b, *, rounding_mode=None):
+    a, b = promote(a, b)
+    if rounding_mode is None:
+        return float_of(a).div(float_of(b))
+    if rounding_mode == "trunc":
+        return _trunc(a.div(b)) if a.dtype.is_float else a.idiv(b)
+    if rounding_mode == "floor":
+        return _floor_div_float(a, b) if a.dtype.is_float else _floor_div_int(a, b)
+    raise ctx.unsupported(f"rounding_mode {rounding_mode!r}")
+
+
+@aten("floor_divide.default", "floor_divide.Scalar")
+def _floor_divide(ctx, a, b):
+    return _div_mode(ctx, a, b, rounding_mode="floor")
+
+
+
+
+@aten("pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar")
+def _pow(ctx, a, b):
+    d = result_dtype(a, b)
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        return to_tensor(a, d).pow(b)
+    x, y = promote(a, b)
+    return x.pow(y)
+
+
+# ---- comparisons and logic ---------------------------------------------------------------------
+def _compare(method):
+    def fn(ctx, a, b):
+        a, b = promote(a, b)
+        if a.dtype.is_bool:   # LessThan needs numbers: compare bools as 0/1
+            a, b = a.cast(dt.u8), b.cast(dt.u8)
+        return method(a, b)
+    return fn
+
+
+for _name, _m in (("eq", Tensor.eq), ("ne", Tensor.ne), ("lt", Tensor.lt), ("le", Tensor.le),
+                  ("gt", Tensor.gt), ("ge", Tensor.ge)):
+    aten(f"{_name}.Tensor", f"{_name}.Scalar")(_compare(_m))
+
+
+def _truth(x) -> Tensor:
+    """``x != 0`` as bool (PyTorch's logical ops accept any dtype)."""
+    x = to_tensor(x, dt.bool_) if not isinstance(x, Tensor) else x
+    return x if x.dtype.is_bool else x.ne(x.scalar_like(0))
+
+
+@aten("logical_not.default")
+def _logical_not(ctx, x):
+    return _truth(x).logical_not()
+
+
+for _name, _m in (("and", Tensor.logical_and), ("or", Tensor.logical_or),
+                  ("xor", Tensor.logical_xor)):
+    aten(f"logical_{_name}.default")(lambda ctx, a, b, _m=_m: _m(_truth(a), _truth(b)))
+
+
+def _bool_only(node) -> str | None:
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and v.dtype != torch.bool:
+        return f"bitwise ops on {str(v.dtype).replace('torch.', '')} (only bool)"
+    return None
+
+
+for _name, _m in (("and", Tensor.logical_and), ("or", Tensor.logical_or),
+                  ("xor", Tensor.logical_xor)):
+    aten(f"bitwise_{_name}.Tensor", f"bitwise_{_name}.Scalar", check=_bool_only)(
+        lambda ctx, a, b, _m=_m: _m(*promote(a, b)))
+aten("bitwise_not.default", check=_bool_only)(lambda ctx, x: x.logical_not())
+
+
+@aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def _where(ctx, cond, a, b):
+    a, b = promote(a, b)
+    return _truth(cond).where(a, b)
+
+
+@aten("masked_fill.Scalar", "masked_fill.Tensor")
+def _masked_fill(ctx, x, mask, value):
+    return _truth(mask).where(to_tensor(value, x.dtype), x)
+
+
+@aten("isnan.default")
+def _isnan(ctx, x):
+    return x.isnan()
+
+
+@aten("isinf.default")
+def _isinf(ctx, x):
+    return x.isinf()
+
+
+@aten("isfinite.default")
+def _isfinite(ctx, x):
+    return x.isnan().logical_or(x.isinf()).logical_not()
+
+
+
+
+@aten("clamp.default", "clamp.Tensor")
+def _clamp(ctx, x, min=None, max=None):
+    d = result_dtype(x, min, max)
+    x = x.cast(d)
+    if min is not None:
+        x = x.maximum(to_tensor(min, d))
+    if max is not None:
+        x = x.minimum(to_tensor(max, d))
+    return x
+
+
+@aten("clamp_min.default", "clamp_min.Tensor")
+def _clamp_min(ctx, x, min):
+    return _clamp(ctx, x, min=min)
+
+
+@aten("clamp_max.default", "clamp_max.Tensor")
+def _clamp_max(ctx, x, max):
+    return _clamp(ctx, x, max=max)
+
+
+# ---- unary math ------------------------------------------------------------------------------------
+_FLOAT_UNARY = {
+    "exp": Tensor.exp, "exp2": Tensor.exp2, "log": Tensor.log, "log2": Tensor.log2,
+    "sqrt": Tensor.sqrt, "rsqrt": Tensor.rsqrt, "sin": Tensor.sin, "cos": Tensor.cos,
+    "tanh": Tensor.tanh, "sigmoid": Tensor.sigmoid, "reciprocal": Tensor.recip,
+    "tan": lambda x: x.sin().div(x.cos()),
+    "log10": lambda x: x.log2().mul(math.log10(2.0)),
+}
+for _name, _m in _FLOAT_UNARY.items():
+    aten(f"{_name}.default")(lambda ctx, x, _m=_m: _m(float_of(x)))
+
+_LIB_UNARY = {"erf": "activations.erf", "expm1": "activations.expm1", "log1p": "activations.log1p",
+              "relu": "activations.relu", "silu": "activations.silu", "mish": "activations.mish",
+              "hardswish": "activations.hard_swish"}
+for _name, _q in _LIB_UNARY.items():
+    aten(f"{_name}.default", requires=[_q])(lambda ctx, x, _q=_q: lib(_q)(float_of(x)))
+
+_SAME_UNARY = {"neg": Tensor.neg, "abs": Tensor.abs, "sign": Tensor.sign, "floor": Tensor.floor,
+               "ceil": Tensor.ceil, "round": Tensor.round, "trunc": _trunc}
+for _name, _m in _SAME_UNARY.items():
+    aten(f"{_name}.default")(lambda ctx, x, _m=_m: _m(x))
+
+
+@aten("round.decimals")
+def _round_decimals(ctx, x, *, decimals=0):
+    if decimals == 0:
+        return x.round()
+    s = 10.0 ** decimals
+    return x.mul(s).round().div(x.scalar_like(s))
+
+
+@aten("gelu.default", requires=["activations.gelu"])
+def _gelu(ctx, x, *, approximate="none"):
+    return lib("activations.gelu")(x, approximate=approximate)
+
+
+@aten("leaky_relu.default", requires=["activations.leaky_relu"])
+def _leaky_relu(ctx, x, negative_slope=0.01):
+    return lib("activations.leaky_relu")(x, alpha=float(negative_slope))
+
+
+@aten("elu.default", requires=["activations.expm1"])
+def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    # PyTorch: x > 0 ? scale x : scale alpha (exp(input_scale x) - 1)
+    neg = lib("activations.expm1")(x.mul(float(input_scale))).mul(float(alpha) * float(scale))
+    pos = x if scale == 1 else x.mul(float(scale))
+    return x.gt(x.scalar_like(0.0)).where(pos, neg)
+
+
+@aten("hardtanh.default")
+def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    return x.clip(to_tensor(min_val, x.dtype), to_tensor(max_val, x.dtype))
+
+
+@aten("hardsigmoid.default", requires=["activations.hard_sigmoid"])
+def _hardsigmoid(ctx, x):
+    return lib("activations.hard_sigmoid")(x, alpha=1.0 / 6.0, beta=0.5)
+
+
+@aten("softplus.default", requires=["activations.softplus"])
+def _softplus(ctx, x, beta=1.0, threshold=20.0):
+    # PyTorch: x beta > threshold ? x : log1p(exp(x beta)) / beta
+    xb = x if beta == 1 else x.mul(float(beta))
+    y = lib("activations.softplus")(xb)
+    y = y if beta == 1 else y.div(x.scalar_like(float(beta)))
+    return xb.gt(x.scalar_like(float(threshold))).where(x, y)
+
+
+# ---- casts and copies ------------------------------------------------------------------------------
+@aten("_to_copy.default")
+def _to_copy(ctx, x, *, dtype=None, **_layout):
+    return x if dtype is None else x.cast(lumc_dtype(dtype))
+
+
+def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+aten("clone.default", "alias.default", "alias_copy.default", "detach.default",
+     "detach_copy.default", "lift_fresh_copy.default", "contiguous.default")(_identity)
+
+
+@aten("copy.default")
+def _copy(ctx, x, src, non_blocking=False):
+    return src.cast(x.dtype).expand(x.shape)
+
+
+# ---- factories -------------------------------------------------------------------------------------
+def _factory_dtype(dtype, value) -> dt.DType:
+    if dtype is not None:
+        return lumc_dtype(dtype)
+    if isinstance(value, bool):
+        return dt.bool_
+    return dt.i64 if isinstance(value, int) else dt.f32
+
+
+def _full(shape, value, d: dt.DType) -> Tensor:
+    if isinstance(value, Tensor):
+        return value.cast(d).expand(tuple(shape))
+    if d.is_int and isinstance(value, float) and not float(value).is_integer():
+        raise ShapeError(f"fill value {value} does not fit {d}")
+    return Tensor.full(tuple(int(s) for s in shape), value, d)
+
+
+@aten("full.default")
+def _full_h(ctx, size, fill_value, *, dtype=None, **_layout):
+    return _full(size, fill_value, _factory_dtype(dtype, fill_value))
+
+
+@aten("full_like.default")
+def _full_like(ctx, x, fill_value, *, dtype=None, **_layout):
+    return _full(x.shape, fill_value, lumc_dtype(dtype) if dtype is not None else x.dtype)
+
+
+@aten("scalar_tensor.default")
+def _scalar_tensor(ctx, s, *, dtype=None, **_layout):
+    return _full((), s, lumc_dtype(dtype) if dtype is not None else dt.f32)
+
+
+for _name, _v in (("zeros", 0), ("ones", 1), ("empty", 0)):
+    # empty memory is undefined; zeros are as good as any value and fold away
+    aten(f"{_name}.memory_format" if _name == "empty" else f"{_name}.default")(
+        lambda ctx, size, *a, dtype=None, _v=_v, **k: _full(size, _v, lumc_dtype(dtype) if dtype
+                                                             else dt.f32))
+    aten(f"{_name}_like.default")(
+        lambda ctx, x, *a, dtype=None, _v=_v, **k: _full(x.shape, _v, lumc_dtype(dtype) if dtype
+                                                         else x.dtype))
+    aten(f"new_{_name}.default")(
+        lambda ctx, x, size, *a, dtype=None, _v=_v, **k: _full(size, _v, lumc_dtype(dtype) if dtype
+                                                               else x.dtype))
+
+
+@aten("empty_strided.default")
+def _empty_strided(ctx, size, stride, *, dtype=None, **_layout):
+    return _full(size, 0, lumc_dtype(dtype) if dtype is not None else dt.f32)
+
+
+@aten("new_full.default")
+def _new_full(ctx, x, size, fill_value, *, dtype=None, **_layout):
+    return _full(size, fill_value, lumc_dtype(dtype) if dtype is not None else x.dtype)
+
+
+@aten("fill.Scalar", "fill.Tensor")
+def _fill(ctx, x, value):
+    return _full(x.shape, value, x.dtype)
+
+
+def _arange(start, end, step, dtype) -> Tensor:
+    ints = all(isinstance(v, int) for v in (start, end, step))
+    d = lumc_dtype(dtype) if dtype is not None else (dt.i64 if ints else dt.f32)
+    if step == 0:
+        raise ShapeError("arange step must be nonzero")
+    n = max(0, math.ceil((end - start) / step))
+    if d.is_int and ints:
+        return Tensor.iota((n,), 0, dt.i64).mul(step).add(start).cast(d)
+    # PyTorch computes start + i * step in double, then rounds once to the result dtype
+    r = Tensor.iota((n,), 0, dt.f64).mul(float(step)).add(float(start))
+    return r.cast(d)
+
+
+@aten("arange.default")
+def _arange_end(ctx, end, *, dtype=None, **_layout):
+    return _arange(0, end, 1, dtype)
+
+
+@aten("arange.start")
+def _arange_start(ctx, start, end, *, dtype=None, **_layout):
+    return _arange(start, end, 1, dtype)
+
+
+@aten("arange.start_step")
+def _arange_step(ctx, start, end, step=1, *, dtype=None, **_layout):
+    return _arange(start, end, step, dtype)
+
+
+def _dropout_check(node) -> str | None:
+    p, train = arg(node, 1, "p", 0.0), arg(node, 2, "train", False)
+    if train and p:
+        return "random dropout in training mode (call module.eval() before compiling)"
+    return None
+
+
+@aten("native_dropout.default", check=_dropout_check)
+def _native_dropout(ctx, x, p, train):
+    return x, Tensor.full(x.shape, True, dt.bool_)
+
+
+@aten("dropout.default", check=_dropout_check)
+def _dropout(ctx, x, p, train):
+    return x
+
+
+
+# ---- inverse trigonometric and hyperbolic (the ONNX frontend's Cephes-based compositions) ---------
+def _trig_fn(name: str):
+    from lumc.compiler.frontends.onnx_frontend import handlers_trig
+    return getattr(handlers_trig, name)
+
+
+for _name in ("atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh"):
+    aten(f"{_name}.default", requires=["activations.expm1", "activations.log1p"])(
+        lambda ctx, x, _n=_name: _trig_fn(_n)(float_of(x)))
+
+
+@aten("atan2.default", requires=["activations.expm1", "activations.log1p"])
+def _atan2(ctx, y, x):
+    """C ``atan2`` from ``atan(y / x)`` moved by ``±pi`` for ``x < 0`` (including ``x = -0.0``);
+    signed zeros and the four infinite corners (``±pi/4``, ``±3pi/4``) as IEEE."""
+    y, x = (float_of(t) for t in promote(y, x))
+    y, x = y.broadcast_to(x.shape), x.broadcast_to(y.shape)
+    zero = x.scalar_like(0.0)
+    q = _trig_fn("atan")(y.div(x))
+
+    def negative(t):   # t < 0, or t == -0.0 (1 / -0.0 == -inf)
+        return t.lt(zero).logical_or(t.eq(zero).logical_and(t.recip().lt(zero)))
+    negx, negy = negative(x), negative(y)
+    pi = negy.where(x.scalar_like(-math.pi), x.scalar_like(math.pi))
+    r = negx.where(q.add(pi), q)
+    both_zero = y.eq(zero).logical_and(x.eq(zero))
+    r = both_zero.where(negx.where(pi, y), r)
+    corner = negx.where(x.scalar_like(0.75 * math.pi), x.scalar_like(0.25 * math.pi))
+    both_inf = y.isinf().logical_and(x.isinf())
+    return both_inf.where(negy.where(corner.neg(), corner), r)
+
+
+def _promoted(method: str):
+    """A handler applying the Tensor method ``method`` to both operands after type promotion."""
+    def handler(ctx, a, b):
+        a, b = promote(a, b)
+        return getattr(a, method)(b)
+    return handler
+
+
+# remainder is Python modulo (Tensor.mod: fmod moved by b where signs differ), fmod is C's;
+# maximum/minimum propagate NaN
+for _overloads, _method in [
+        (("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor"), "mod"),
+        (("fmod.Tensor", "fmod.Scalar"), "fmod"),
+        (("maximum.default", "max.other"), "maximum"),
+        (("minimum.default", "min.other"), "minimum")]:
+    aten(*_overloads)(_promoted(_method))

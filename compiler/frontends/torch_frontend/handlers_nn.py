@@ -1,0 +1,291 @@
+"""Handlers for the network ops: matrix products (``mm``, ``bmm``, ``addmm``...), ``convolution``,
+pooling (max, average, adaptive average), upsampling, and attention
+(``scaled_dot_product_attention``, kept whole by the capture's decomposition table).
+
+PyTorch's geometry arguments (``padding`` per spatial dim, both sides; ``stride=[]`` meaning the
+kernel size; one value standing for every dim) are turned into the ONNX form the library takes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lumc.compiler.frontends.torch_frontend.registry import aten, arg, lib, promote, to_tensor
+from lumc.ir import dtypes as dt
+from lumc.ir.tensor import Tensor
+
+
+# ---- matrix products -------------------------------------------------------------------------------
+@aten("mm.default", "bmm.default", "matmul.default", "dot.default", "mv.default")
+def _mm(ctx, a, b):
+    a, b = promote(a, b)
+    return a.matmul(b)
+
+
+def _scaled_sum(bias: Tensor, prod: Tensor, beta, alpha) -> Tensor:
+    """``beta * bias + alpha * prod``; ``beta == 0`` ignores ``bias`` (even NaN), as PyTorch."""
+    if alpha != 1:
+        prod = prod.mul(to_tensor(alpha, prod.dtype))
+    if beta == 0:
+        return prod
+    bias = bias.cast(prod.dtype)
+    if beta != 1:
+        bias = bias.mul(to_tensor(beta, prod.dtype))
+    return bias.add(prod)
+
+
+@aten("addmm.default", "baddbmm.default", "addmv.default")
+def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
+    a, b = promote(a, b)
+    return _scaled_sum(bias, a.matmul(b), beta, alpha)
+
+
+# ---- convolution -----------------------------------------------------------------------------------
+def _per_dim(v, n: int) -> list[int]:
+    v = [int(v)] if isinstance(v, int) else [int(a) for a in v]
+    return v * n if len(v) == 1 else v
+
+
+@aten("convolution.default", requires=["conv.conv", "conv.conv_transpose"])
+def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    unbatched = x.ndim == w.ndim - 1
+    if unbatched:
+        x = x.unsqueeze([0])
+    x, w = promote(x, w)
+    nsp = x.ndim - 2
+    pads = _per_dim(padding, nsp) * 2
+    kw = dict(strides=_per_dim(stride, nsp), pads=pads, dilations=_per_dim(dilation, nsp),
+              group=int(groups))
+    if transposed:
+        y = lib("conv.conv_transpose")(x, w, bias, output_padding=_per_dim(output_padding, nsp), **kw)
+    else:
+        y = lib("conv.conv")(x, w, bias, **kw)
+    return y.squeeze([0]) if unbatched else y
+
+
+# ---- pooling ---------------------------------------------------------------------------------------
+def _pool_args(x: Tensor, nsp: int, kernel_size, stride, padding, dilation=1):
+    kernel = _per_dim(kernel_size, nsp)
+    strides = _per_dim(stride, nsp) if stride not in (None, [], ()) else kernel
+    pads = _per_dim(padding, nsp) * 2
+    return kernel, strides, pads, _per_dim(dilation, nsp)
+
+
+def _batched(x: Tensor, nsp: int) -> tuple[Tensor, bool]:
+    """Pools accept ``[C, *spatial]`` as well as ``[N, C, *spatial]``."""
+    if x.ndim == nsp + 1:
+        return x.unsqueeze([0]), True
+    return x, False
+
+
+def _max_pool(nsp: int):
+    def fn(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        xb, unb = _batched(x, nsp)
+        kernel, strides, pads, dil = _pool_args(xb, nsp, kernel_size, stride, padding, dilation)
+        y, idx = lib("pool.max_pool_indices")(xb, kernel, strides=strides, pads=pads,
+                                              dilations=dil, ceil_mode=bool(ceil_mode))
+        # ONNX indices are flat over [N, C, *spatial]; PyTorch's are flat over one plane
+        n, c = xb.shape[:2]
+        plane = int(np.prod(xb.shape[2:]))
+        base = Tensor.iota((n, c), 0).mul(c * plane).add(Tensor.iota((n, c), 1).mul(plane))
+        idx = idx.sub(base.reshape((n, c) + (1,) * nsp))
+        if unb:
+            y, idx = y.squeeze([0]), idx.squeeze([0])
+        return y, idx
+    return fn
+
+
+aten("max_pool2d_with_indices.default", requires=["pool.max_pool_indices"])(_max_pool(2))
+aten("max_pool3d_with_indices.default", requires=["pool.max_pool_indices"])(_max_pool(3))
+
+
+def _avg_check(node) -> str | None:
+    if arg(node, 6, "divisor_override") is not None:
+        return "divisor_override"
+    return None
+
+
+def _avg_pool(nsp: int):
+    def fn(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+           divisor_override=None):
+        xb, unb = _batched(x, nsp)
+        kernel, strides, pads, _ = _pool_args(xb, nsp, kernel_size, stride, padding)
+        y = lib("pool.avg_pool")(xb, kernel, strides=strides, pads=pads, ceil_mode=bool(ceil_mode),
+                                 count_include_pad=bool(count_include_pad))
+        return y.squeeze([0]) if unb else y
+    return fn
+
+
+aten("avg_pool1d.default", requires=["pool.avg_pool"], check=_avg_check)(_avg_pool(1))
+aten("avg_pool2d.default", requires=["pool.avg_pool"], check=_avg_check)(_avg_pool(2))
+aten("avg_pool3d.default", requires=["pool.avg_pool"], check=_avg_check)(_avg_pool(3))
+
+
+def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """``[n_out, n_in]`` averaging weights of adaptive pooling: output ``i`` averages inputs
+    ``floor(i n_in / n_out) .. ceil((i + 1) n_in / n_out) - 1`` (PyTorch's windows)."""
+    m = np.zeros((n_out, n_in), np.float64)
+    for i in range(n_out):
+        lo, hi = (i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+
+
+def _adaptive_avg(nsp: int):
+    def fn(ctx, x, output_size):
+        xb, unb = _batched(x, nsp)
+        outs = _per_dim(output_size, nsp)
+        y = xb
+        for i, o in enumerate(outs):
+            ax = 2 + i
+            n_in = y.shape[ax]
+            if o == n_in:
+                continue
+            if o == 1:
+                y = y.mean([ax], keepdims=True)
+                continue
+            # the spatial axis goes last, meets the constant [n_in, o] matrix, and returns
+            m = Tensor.const(_adaptive_matrix(n_in, o).T.astype(y.dtype.np))
+            perm = [k for k in range(y.ndim) if k != ax] + [ax]
+            back = list(np.argsort(perm))
+            y = y.permute(perm).matmul(m).permute(back)
+        return y.squeeze([0]) if unb else y
+    return fn
+
+
+aten("_adaptive_avg_pool2d.default")(_adaptive_avg(2))
+aten("_adaptive_avg_pool3d.default")(_adaptive_avg(3))
+aten("adaptive_avg_pool1d.default")(_adaptive_avg(1))
+
+
+def _indices_unused(node) -> str | None:
+    """Adaptive max pooling is lowered for its values; its indices only where nothing reads them."""
+    for u in node.users:
+        if not (u.op == "call_function" and u.target.__name__ == "getitem" and u.args[1] == 0):
+            return "the indices output of adaptive max pooling"
+    return None
+
+
+def _adaptive_max(nsp: int):
+    def fn(ctx, x, output_size):
+        xb, unb = _batched(x, nsp)
+        y = xb
+        for i, o in enumerate(_per_dim(output_size, nsp)):
+            ax = 2 + i
+            n_in = y.shape[ax]
+            if o == n_in:
+                continue
+            # windows of PyTorch's adaptive pooling, padded to one length by repeating their
+            # first element (a repeat never changes a max): one Gather, one max per axis
+            wins = [((j * n_in) // o, -(-((j + 1) * n_in) // o)) for j in range(o)]
+            span = max(hi - lo for lo, hi in wins)
+            table = np.array([[lo + min(t, hi - lo - 1) for t in range(span)] for lo, hi in wins],
+                             np.int64)
+            g = lib("indexing.take")(y, Tensor.const(table.reshape(-1)), ax)
+            g = g.reshape(y.shape[:ax] + (o, span) + y.shape[ax + 1:])
+            y = g.max([ax + 1])
+        y = y.squeeze([0]) if unb else y
+        return y, Tensor.full(y.shape, 0, dt.i64)
+    return fn
+
+
+aten("adaptive_max_pool2d.default", requires=["indexing.take"], check=_indices_unused)(
+    _adaptive_max(2))
+aten("adaptive_max_pool3d.default", requires=["indexing.take"], check=_indices_unused)(
+    _adaptive_max(3))
+
+
+# ---- upsampling ------------------------------------------------------------------------------------
+def _upsample(x: Tensor, nsp: int, output_size, scale_factors, mode: str, align_corners=False):
+    axes = list(range(2, 2 + nsp))
+    if output_size:
+        kw = dict(sizes=_per_dim(output_size, nsp))
+    else:
+        kw = dict(scales=[float(s) for s in scale_factors])
+    if mode == "nearest":
+        ct, extra = "asymmetric", dict(nearest_mode="floor")
+    else:
+        ct, extra = ("align_corners" if align_corners else "pytorch_half_pixel"), {}
+    return lib("resize.resize")(x, mode=mode, coordinate_transformation_mode=ct, axes=axes,
+                                **kw, **extra)
+
+
+for _nsp, _d in ((1, "1d"), (2, "2d"), (3, "3d")):
+    aten(f"upsample_nearest{_d}.vec", requires=["resize.resize"])(
+        lambda ctx, x, output_size, scale_factors, _n=_nsp:
+            _upsample(x, _n, output_size, scale_factors, "nearest"))
+    aten(f"upsample_nearest{_d}.default", requires=["resize.resize"])(
+        lambda ctx, x, output_size, *scales, _n=_nsp:
+            _upsample(x, _n, output_size, None, "nearest"))
+
+aten("upsample_bilinear2d.vec", "upsample_linear1d.vec", "upsample_trilinear3d.vec",
+     requires=["resize.resize"])(
+    lambda ctx, x, output_size, align_corners, scale_factors:
+        _upsample(x, x.ndim - 2, output_size, scale_factors, "linear", align_corners))
+aten("upsample_bilinear2d.default", requires=["resize.resize"])(
+    lambda ctx, x, output_size, align_corners, *scales:
+        _upsample(x, 2, output_size, None, "linear", align_corners))
+
+
+# ---- attention -------------------------------------------------------------------------------------
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale,
+               enable_gqa: bool) -> tuple[Tensor, Tensor]:
+    """``(softmax(scores) v, scores)`` with ``scores = q k^T * scale + mask`` over the last two dims.
+
+    A bool ``mask`` keeps the ``True`` positions (others get ``-inf``); a float mask is added;
+    ``is_causal`` keeps ``j <= i`` (top-left aligned, as PyTorch). With ``enable_gqa`` each of the
+    ``Hk`` key/value heads serves ``Hq / Hk`` query heads.
+    """
+    q, k, v = promote(q, k, v)
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    if enable_gqa and k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+
+        def widen(t):
+            h = t.shape[-3]
+            t = t.reshape(t.shape[:-2] + (1,) + t.shape[-2:])
+            t = t.expand(t.shape[:-3] + (g,) + t.shape[-2:])
+            return t.reshape(t.shape[:-4] + (h * g,) + t.shape[-2:])
+        k, v = widen(k), widen(v)
+    s = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    scores = q.matmul(k.transpose(-2, -1)).mul(s)
+    neg_inf = scores.scalar_like(float("-inf"))
+    if is_causal:
+        keep = Tensor.iota((L, S), 1).le(Tensor.iota((L, S), 0))
+        scores = keep.where(scores, neg_inf)
+    if mask is not None:
+        if mask.dtype.is_bool:
+            scores = mask.where(scores, neg_inf)
+        else:
+            scores = scores.add(mask.cast(scores.dtype))
+    p = lib("norm.softmax")(scores, axis=-1)
+    return p.matmul(v), scores
+
+
+def _sdpa_check(node) -> str | None:
+    if arg(node, 4, "dropout_p", 0.0):
+        return "attention dropout (dropout_p > 0)"
+    return None
+
+
+@aten("scaled_dot_product_attention.default", requires=["norm.softmax"], check=_sdpa_check)
+def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+          enable_gqa=False):
+    return _attention(q, k, v, attn_mask, bool(is_causal), scale, bool(enable_gqa))[0]
+
+
+def _flash_check(node) -> str | None:
+    if arg(node, 3, "dropout_p", 0.0):
+        return "attention dropout (dropout_p > 0)"
+    return None
+
+
+@aten("_scaled_dot_product_flash_attention_for_cpu.default",
+      requires=["norm.softmax", "reduce.reduce"], check=_flash_check)
+def _flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    out, scores = _attention(q, k, v, attn_mask, bool(is_causal), scale, False)
+    # the second result: log-sum-exp of each query's scores, f32 [B, H, L]
+    lse = lib("reduce.reduce")(scores.cast(dt.f32), "log_sum_exp", [-1], keepdims=False)
+    return out, lse
+

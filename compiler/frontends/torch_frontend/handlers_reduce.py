@@ -1,0 +1,293 @@
+"""Handlers for reductions (``sum``, ``mean``, ``amax``, ``max.dim``, ``var``, ``cumsum``...), softmax
+and the normalizations (``native_layer_norm``, batch norm in inference mode, ``native_group_norm``).
+
+Integer and bool sums accumulate in i64 as PyTorch does; an empty ``dim`` list means every dim.
+The normalizations return PyTorch's tuples: the statistics outputs are built only if a later node
+reads them (unused IR is never part of the graph).
+"""
+from __future__ import annotations
+
+from lumc.compiler.frontends.torch_frontend.registry import aten, arg, float_of, lib, lumc_dtype
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ShapeError
+from lumc.ir.tensor import Tensor, normalize_axis
+from lumc.ir.views import prod
+
+
+def _axes(x: Tensor, dim) -> list[int] | None:
+    """``dim`` as a list of axes; None (every dim) for None or an empty list."""
+    if dim is None:
+        return None
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return [normalize_axis(d, max(x.ndim, 1)) for d in dims] or None
+
+
+def _sum_dtype(x: Tensor, dtype) -> Tensor:
+    if dtype is not None:
+        return x.cast(lumc_dtype(dtype))
+    return x.cast(dt.i64) if (x.dtype.is_int or x.dtype.is_bool) else x
+
+
+def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
+    if x.ndim == 0:
+        return x
+    return lib("reduce.reduce")(x, kind, _axes(x, dim), keepdims=bool(keepdim))
+
+
+@aten("sum.dim_IntList", requires=["reduce.reduce"])
+def _sum(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    return _reduce(_sum_dtype(x, dtype), "sum", dim, keepdim)
+
+
+@aten("sum.default", requires=["reduce.reduce"])
+def _sum_all(ctx, x, *, dtype=None):
+    return _reduce(_sum_dtype(x, dtype), "sum", None, False)
+
+
+@aten("mean.dim", requires=["reduce.reduce"])
+def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = x.cast(lumc_dtype(dtype))
+    return _reduce(x, "mean", dim, keepdim)
+
+
+@aten("mean.default", requires=["reduce.reduce"])
+def _mean_all(ctx, x, *, dtype=None):
+    return _mean(ctx, x, None, False, dtype=dtype)
+
+
+@aten("prod.dim_int", requires=["reduce.reduce"])
+def _prod(ctx, x, dim, keepdim=False, *, dtype=None):
+    return _reduce(_sum_dtype(x, dtype), "prod", dim, keepdim)
+
+
+@aten("prod.default", requires=["reduce.reduce"])
+def _prod_all(ctx, x, *, dtype=None):
+    return _reduce(_sum_dtype(x, dtype), "prod", None, False)
+
+
+@aten("amax.default", "max.default", requires=["reduce.reduce"])
+def _amax(ctx, x, dim=(), keepdim=False):
+    return _reduce(x, "max", dim, keepdim)
+
+
+@aten("amin.default", "min.default", requires=["reduce.reduce"])
+def _amin(ctx, x, dim=(), keepdim=False):
+    return _reduce(x, "min", dim, keepdim)
+
+
+@aten("logsumexp.default", requires=["reduce.reduce"])
+def _logsumexp(ctx, x, dim, keepdim=False):
+    return _reduce(float_of(x), "log_sum_exp", dim, keepdim)
+
+
+def _truth(x: Tensor) -> Tensor:
+    return x if x.dtype.is_bool else x.ne(x.scalar_like(0))
+
+
+@aten("any.default", "any.dim", "any.dims", requires=["reduce.reduce"])
+def _any(ctx, x, dim=None, keepdim=False):
+    return _reduce(_truth(x), "max", dim, keepdim)
+
+
+@aten("all.default", "all.dim", "all.dims", requires=["reduce.reduce"])
+def _all(ctx, x, dim=None, keepdim=False):
+    return _reduce(_truth(x), "min", dim, keepdim)
+
+
+def _arg(x: Tensor, dim, keepdim: bool, largest: bool) -> Tensor:
+    fn = lib("reduce.argmax" if largest else "reduce.argmin")
+    if dim is None:
+        r = fn(x.reshape((x.numel,)), axis=0, keepdims=False)
+        return r.reshape((1,) * x.ndim) if keepdim else r
+    if x.ndim == 0:
+        return Tensor.full((), 0, dt.i64)
+    return fn(x, axis=dim, keepdims=bool(keepdim))
+
+
+@aten("argmax.default", requires=["reduce.argmax"])
+def _argmax(ctx, x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, True)
+
+
+@aten("argmin.default", requires=["reduce.argmin"])
+def _argmin(ctx, x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, False)
+
+
+@aten("max.dim", requires=["reduce.reduce", "reduce.argmax"])
+def _max_dim(ctx, x, dim, keepdim=False):
+    return _reduce(x, "max", dim, keepdim), _arg(x, dim, keepdim, True)
+
+
+@aten("min.dim", requires=["reduce.reduce", "reduce.argmin"])
+def _min_dim(ctx, x, dim, keepdim=False):
+    return _reduce(x, "min", dim, keepdim), _arg(x, dim, keepdim, False)
+
+
+def _var_mean(x: Tensor, dim, correction, keepdim) -> tuple[Tensor, Tensor]:
+    """Two-pass variance ``sum((x - mean)^2) / (N - correction)`` (PyTorch's default correction 1)."""
+    x = float_of(x)
+    axes = _axes(x, dim) or list(range(x.ndim))
+    n = prod(x.shape[a] for a in axes)
+    c = 1 if correction is None else correction
+    mean = x.mean(axes, keepdims=True)
+    d = x.sub(mean)
+    ss = d.mul(d).sum(axes, keepdims=bool(keepdim))
+    # N <= correction divides by zero: inf, or NaN where the sum is 0, as PyTorch
+    var = ss.mul(float("inf")) if n - c <= 0 else ss.mul(1.0 / (n - c))
+    return var, (mean if keepdim else mean.reshape(ss.shape))
+
+
+@aten("var.correction")
+def _var(ctx, x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)[0]
+
+
+@aten("var_mean.correction")
+def _var_mean_h(ctx, x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)
+
+
+@aten("cumsum.default", requires=["reduce.cumsum"])
+def _cumsum(ctx, x, dim, *, dtype=None):
+    x = _sum_dtype(x, dtype)
+    if x.ndim == 0:
+        return x
+    return lib("reduce.cumsum")(x, normalize_axis(dim, x.ndim))
+
+
+# ---- softmax ---------------------------------------------------------------------------------------
+@aten("_softmax.default", requires=["norm.softmax"])
+def _softmax(ctx, x, dim, half_to_float=False):
+    y = lib("norm.softmax")(x.cast(dt.f32) if half_to_float else x, axis=dim)
+    return y
+
+
+@aten("_log_softmax.default", requires=["norm.log_softmax"])
+def _log_softmax(ctx, x, dim, half_to_float=False):
+    return lib("norm.log_softmax")(x.cast(dt.f32) if half_to_float else x, axis=dim)
+
+
+@aten("_safe_softmax.default", requires=["norm.softmax"])
+def _safe_softmax(ctx, x, dim, dtype=None):
+    # a row that is all -inf gives 0 instead of NaN (fully masked attention rows)
+    if dtype is not None:
+        x = x.cast(lumc_dtype(dtype))
+    y = lib("norm.softmax")(x, axis=dim)
+    masked = x.eq(x.scalar_like(float("-inf"))).logical_not().max([dim], keepdims=True)
+    return masked.where(y, y.scalar_like(0.0))
+
+
+# ---- normalizations --------------------------------------------------------------------------------
+def _ones(n: int, like: Tensor) -> Tensor:
+    return Tensor.full((n,), 1.0, like.dtype)
+
+
+def _zeros(n: int, like: Tensor) -> Tensor:
+    return Tensor.full((n,), 0.0, like.dtype)
+
+
+@aten("native_layer_norm.default", requires=["norm.layer_norm"])
+def _layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    k = len(normalized_shape)
+    tail = x.shape[x.ndim - k:]
+    scale = weight if weight is not None else Tensor.full(tail, 1.0, x.dtype)
+    y, mean, inv = lib("norm.layer_norm")(x, scale, bias, axis=x.ndim - k, epsilon=float(eps))
+    return y, mean, inv
+
+
+def _bn_training(node) -> str | None:
+    # training mode updates the running statistics: a side effect lumc graphs cannot express
+    if arg(node, 5, "training", False):
+        return "batch norm in training mode (call module.eval() before compiling)"
+    return None
+
+
+def _batch_norm(x, weight, bias, mean, var, eps):
+    c = x.shape[1]
+    w = weight if weight is not None else _ones(c, x)
+    b = bias if bias is not None else _zeros(c, x)
+    y = lib("norm.batch_norm")(x, w, b, mean, var, epsilon=float(eps))
+    empty = Tensor.full((0,), 0.0, x.dtype)
+    return y, empty, empty
+
+
+@aten("_native_batch_norm_legit_no_training.default", requires=["norm.batch_norm"])
+def _bn_no_training(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(x, weight, bias, running_mean, running_var, eps)
+
+
+@aten("native_batch_norm.default", requires=["norm.batch_norm"], check=_bn_training)
+def _native_bn(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if running_mean is None or running_var is None:
+        raise ShapeError("batch norm without running statistics")
+    return _batch_norm(x, weight, bias, running_mean, running_var, eps)
+
+
+@aten("native_group_norm.default", requires=["norm.group_norm"])
+def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
+    y = lib("norm.group_norm")(x, weight if weight is not None else _ones(c, x),
+                               bias if bias is not None else _zeros(c, x), int(group),
+                               epsilon=float(eps))
+    # PyTorch also returns the per-(n, group) mean and 1/std
+    g = float_of(x).reshape((n, group, -1))
+    mean = g.mean([2], keepdims=True)
+    d = g.sub(mean)
+    rstd = d.mul(d).mean([2]).add(float(eps)).rsqrt()
+    return y, mean.reshape((n, group)), rstd
+
+
+@aten("linalg_vector_norm.default", requires=["reduce.reduce"])
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """``||x||_ord`` over ``dim``: 2 and 1 as ``l2``/``l1`` reductions, ``±inf`` as max/min of
+    ``|x|``, 0 as the count of nonzeros, other orders as ``(sum |x|^p)^(1/p)``."""
+    x = float_of(x.cast(lumc_dtype(dtype)) if dtype is not None else x)
+    if x.ndim == 0:
+        x = x.reshape((1,))
+    ord = float(ord)
+    if ord == 2:
+        return _reduce(x, "l2", dim, keepdim)
+    if ord == 1:
+        return _reduce(x, "l1", dim, keepdim)
+    if ord == float("inf"):
+        return _reduce(x.abs(), "max", dim, keepdim)
+    if ord == float("-inf"):
+        return _reduce(x.abs(), "min", dim, keepdim)
+    if ord == 0:
+        return _reduce(x.ne(x.scalar_like(0.0)).cast(x.dtype), "sum", dim, keepdim)
+    return _reduce(x.abs().pow(ord), "sum", dim, keepdim).pow(1.0 / ord)
+
+
+def _batch_stats(x: Tensor, eps) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and ``1/sqrt(var + eps)`` over every dim but 1 (biased variance)."""
+    axes = [0] + list(range(2, x.ndim))
+    xc = float_of(x)
+    mean = xc.mean(axes, keepdims=True)
+    d = xc.sub(mean)
+    rstd = d.mul(d).mean(axes, keepdims=True).add(float(eps)).rsqrt()
+    return mean, rstd
+
+
+def _bn_batch_stats(x, weight, bias, eps):
+    """Batch norm with the batch's own statistics (no running statistics are read or written)."""
+    mean, rstd = _batch_stats(x, eps)
+    c = x.shape[1]
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    y = float_of(x).sub(mean).mul(rstd)
+    if weight is not None:
+        y = y.mul(weight.cast(y.dtype).reshape(shape))
+    if bias is not None:
+        y = y.add(bias.cast(y.dtype).reshape(shape))
+    return y.cast(x.dtype), mean.reshape((c,)), rstd.reshape((c,))
+
+
+@aten("_native_batch_norm_legit.no_stats")
+def _bn_no_stats(ctx, x, weight, bias, training, momentum, eps):
+    # InstanceNorm without running stats lands here (input reshaped to [1, N*C, ...])
+    return _bn_batch_stats(x, weight, bias, eps)
+
+
+@aten("_native_batch_norm_legit.default", requires=["norm.batch_norm"], check=_bn_training)
+def _bn_legit(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(x, weight, bias, running_mean, running_var, eps)

@@ -1,0 +1,283 @@
+"""CompiledModel: the optimized callable lumc returns, and its artifact form.
+
+A compiled model holds the primitive graph (weights included), the chosen program (kernel calls
+with their configs), the device it was tuned for, the compile report and the source ONNX model.
+Calling it runs the plan: generated Triton kernels on a CUDA GPU, or, without one, the same kernels'
+meanings on the CPU executor (numpy), with the same outputs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumc.compiler.runtime.artifact import check_npz, load_artifact, memory_bytes, save_artifact
+from lumc.compiler.runtime.program import KernelCall, Program, run_program_reference
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import ArtifactError, InputError
+from lumc.ir.graph import Graph, Node
+from lumc.ir.kernels import Kernel
+from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+
+
+# bf16, float8, int4... arrays (ml_dtypes, numpy kind 'V') are numeric too
+_EXTRA_NP = frozenset(d.np for d in (dt.bf16, *dt.STORAGE_DTYPES))
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, shape and dtype of a compiled model's input or output."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: dt.DType
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.dtype}{list(self.shape)}"
+
+
+def _jsonable(v):
+    if isinstance(v, tuple):
+        return {"t": [_jsonable(x) for x in v]}
+    return v
+
+
+def _from_jsonable(v):
+    if isinstance(v, dict) and "t" in v:
+        return tuple(_from_jsonable(x) for x in v["t"])
+    return v
+
+
+class CompiledModel:
+    """An optimized callable.
+
+    Attributes:
+        graph: the primitive graph (concrete shapes).
+        program: the chosen kernel calls, in launch order.
+        configs: one kernel config (dict, or None for an untuned kernel) per call.
+        device: the device it was tuned for (``sim:h200``, ``cuda:0 NVIDIA H200``).
+        simulated: True when its times are simulated.
+        source_onnx: the source model's bytes (None when compiled from a torch module).
+    """
+
+    def __init__(self, graph: Graph, program: Program, configs: list, device: str, simulated: bool,
+                 report: dict, source_onnx: bytes | None = None, torch_device: str = "cpu"):
+        self.graph = graph
+        self.program = program
+        self.configs = list(configs)
+        self.device = device
+        self.simulated = simulated
+        self._report = report
+        self.source_onnx = source_onnx
+        self.torch_device = torch_device
+        self._gpu_plan = None
+
+    # ---- specs -----------------------------------------------------------------------------------
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return [TensorInfo(k, n.shape, n.dtype) for k, n in self.graph.inputs.items()]
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return [TensorInfo(k, n.shape, n.dtype) for k, n in self.graph.outputs.items()]
+
+    # ---- running ---------------------------------------------------------------------------------
+    def _bind(self, args, kwargs) -> tuple[dict, bool]:
+        names = list(self.graph.inputs)
+        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+            given = dict(args[0])
+        else:
+            if len(args) > len(names):
+                raise InputError(f"takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+            given = dict(zip(names, args))
+            for k, v in kwargs.items():
+                if k in given:
+                    raise InputError(f"input {k!r} given twice")
+                given[k] = v
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}")
+        is_torch = any(type(v).__module__.startswith("torch") for v in given.values())
+        arrays = {}
+        for k, v in given.items():
+            if type(v).__module__.startswith("torch"):
+                from lumc.backends.triton.launch import to_numpy
+                v = to_numpy(v)
+            a = np.asarray(v) if isinstance(v, (np.ndarray, np.generic, list, tuple, int, float,
+                                                bool)) else None
+            if a is None or (a.dtype.kind not in "biuf" and a.dtype not in _EXTRA_NP):
+                raise InputError(f"input {k!r} is a {type(v).__name__}, not a numeric array", node=k)
+            arrays[k] = a
+        for k, n in self.graph.inputs.items():
+            if k not in arrays:
+                raise InputError(f"missing input {k!r} ({n.dtype}{list(n.shape)})", node=k)
+            a = arrays[k]
+            if tuple(a.shape) != n.shape:
+                raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for {n.shape}",
+                                 node=k)
+            if a.dtype != n.dtype.np:
+                raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
+                                 node=k)
+        from lumc.compiler.runtime.index_ranges import check_index_inputs
+        check_index_inputs(self._index_uses(), arrays)   # a GPU kernel would read out of bounds
+        return arrays, is_torch
+
+    def _index_uses(self) -> dict:
+        """The inputs that index a table, from the source model (``lumc.compiler.runtime.index_ranges``)."""
+        if getattr(self, "_uses", None) is None:
+            self._uses = {}
+            if self.source_onnx and any(n.dtype.is_int for n in self.graph.inputs.values()):
+                import onnx
+                from lumc.compiler.runtime.index_ranges import index_uses
+                self._uses = index_uses(onnx.load_from_string(self.source_onnx),
+                                        {k: n.shape for k, n in self.graph.inputs.items()})
+        return self._uses
+
+    def run(self, inputs: dict) -> dict[str, np.ndarray]:
+        """Run on ``{input name: numpy array}``; returns ``{output name: numpy array}``.
+
+        Raises:
+            InputError: on a missing or unknown input, or a wrong shape or dtype.
+        """
+        arrays, _ = self._bind((inputs,), {})
+        if self.torch_device.startswith("cuda"):
+            from lumc.compiler.runtime.gpu_plan import GpuPlan
+            from lumc.compiler.runtime.targets import set_current_device
+            set_current_device(self.torch_device)     # cuda:N: its kernels launch there
+            if self._gpu_plan is None:
+                self._gpu_plan = GpuPlan(self)
+            return self._gpu_plan.run_numpy(arrays)
+        return run_program_reference(self.program, self.graph, arrays, configs=self.configs)
+
+    def __call__(self, *args, **kwargs):
+        """Run on numpy arrays (or torch tensors), positionally in input order or by name.
+
+        Returns one array for a single-output model, else a tuple in output order; torch tensors
+        in give torch tensors out (on the input's device).
+        """
+        arrays, is_torch = self._bind(args, kwargs)
+        out = self.run(arrays)
+        vals = [out[k] for k in self.graph.outputs]
+        if is_torch:
+            import torch
+            dev = next(v.device for v in (list(args) + list(kwargs.values()))
+                       if isinstance(v, torch.Tensor)) if any(
+                isinstance(v, torch.Tensor) for v in list(args) + list(kwargs.values())) else "cpu"
+            from lumc.backends.triton.launch import to_torch
+            vals = [to_torch(v, str(dev)) for v in vals]
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    # ---- report ----------------------------------------------------------------------------------
+    def report_dict(self) -> dict:
+        """The compile report (the JSON ``--report`` writes)."""
+        return json.loads(json.dumps(self._report))
+
+    def report(self) -> str:
+        """A per-kernel table: form, time, bound, % of bound, FLOPs, bytes, config."""
+        r = self._report
+        unit = "simulated" if self.simulated else "measured"
+        lines = [f"lumc compiled model on {self.device} ({unit} times)",
+                 f"{'#':>3} {'form':<10} {'time us':>10} {'bound us':>10} {'% bound':>8} "
+                 f"{'GFLOP':>9} {'MB':>9}  config"]
+        for i, k in enumerate(r.get("per_kernel", [])):
+            t = k.get("time_s")
+            ts = f"{t * 1e6:10.2f}" if t is not None else f"{'untimed':>10}"
+            pct = f"{k['pct_of_bound']:7.1f}%" if k.get("pct_of_bound") is not None else f"{'-':>8}"
+            cfg = " ".join(f"{a}={b}" for a, b in (k.get("config") or {}).items())
+            lines.append(f"{i:>3} {k['form']:<10} {ts} {k['bound_s'] * 1e6:10.2f} {pct} "
+                         f"{k['flops'] / 1e9:9.4f} {k['bytes'] / 1e6:9.3f}  {cfg}")
+        bt = r.get("best_time_s")
+        lines.append(f"total: {len(r.get('per_kernel', []))} kernels, "
+                     f"time {bt * 1e6:.2f} us" if bt is not None else "total: untimed")
+        lines[-1] += f", bound {r.get('bound_time_s', 0) * 1e6:.2f} us"
+        if r.get("unused_inputs"):
+            lines.append("unused inputs (accepted, read by nothing): " + ", ".join(r["unused_inputs"]))
+        return "\n".join(lines)
+
+    # ---- artifacts -------------------------------------------------------------------------------
+    def save(self, path) -> str:
+        """Write a self-contained ``.lumc`` artifact atomically; returns its hash."""
+        from lumc import __version__
+        # the program may be bound to a rewritten graph (e-graph candidates): index every node any
+        # call touches, plus the model outputs
+        touched = {f"__n{i}_{j}": n for i, c in enumerate(self.program.calls)
+                   for j, n in enumerate((*c.inputs, *c.outputs))}
+        doc, npz, index = graph_to_bytes(Graph(self.graph.inputs, {**touched, **self.program.outputs}))
+        calls = []
+        for c, cfg in zip(self.program.calls, self.configs):
+            mdoc, mnpz, _ = graph_to_bytes(c.kernel.meaning)
+            calls.append({"form": c.kernel.form, "attrs": [[k, _jsonable(v)] for k, v in c.kernel.attrs],
+                          "covers": list(c.kernel.covers), "meaning": mdoc.decode(),
+                          "meaning_consts": mnpz.hex(),
+                          "inputs": [index[id(n)] for n in c.inputs],
+                          "outputs": [index[id(n)] for n in c.outputs], "config": cfg})
+        plan = {"device": self.device, "simulated": self.simulated, "calls": calls,
+                "outputs": {k: index[id(n)] for k, n in self.program.outputs.items()},
+                "label": self.program.label}
+        parts = {"graph.json": doc, "consts.npz": npz, "plan.json": json.dumps(plan).encode(),
+                 "report.json": json.dumps(self._report, indent=1).encode()}
+        if self.source_onnx is not None:
+            parts["source.onnx"] = self.source_onnx
+        return save_artifact(path, parts, __version__)
+
+
+def _check_node_sizes(path, nodes) -> None:
+    """A hostile graph may declare values larger than memory: refuse before running it (an
+    executor would otherwise be killed for memory half-way instead of failing in one line)."""
+    mem = memory_bytes()
+    if mem is None:
+        return
+    for n in nodes:
+        if n.nbytes > mem:
+            raise ArtifactError(f"{path}: part 'graph.json' declares a {n.op} value of shape "
+                                f"{list(n.shape)} ({n.nbytes} bytes), more than this machine's "
+                                f"{mem} bytes of memory")
+
+
+def load(path, device: str | None = None) -> CompiledModel:
+    """Load a ``.lumc`` artifact.
+
+    Args:
+        path: the artifact file.
+        device: where to execute (``cuda:N`` or ``cpu``); None: a CUDA GPU when the artifact was
+            tuned on one and one is present, else the CPU.
+    Raises:
+        ArtifactError: a corrupt, foreign or incompatible artifact (one line).
+    """
+    from lumc import __version__
+    manifest, parts = load_artifact(path, __version__)
+    for need in ("graph.json", "consts.npz", "plan.json", "report.json"):
+        if need not in parts:
+            raise ArtifactError(f"{path}: artifact lacks {need}")
+    try:
+        full, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
+    except ArtifactError as e:
+        raise ArtifactError(f"{path}: part 'graph.json'/'consts.npz': {e.reason}") from None
+    _check_node_sizes(path, nodes)
+    graph = Graph(full.inputs, {k: v for k, v in full.outputs.items() if not k.startswith("__n")})
+    try:
+        plan = json.loads(parts["plan.json"])
+        report = json.loads(parts["report.json"])
+        calls, configs = [], []
+        for i, c in enumerate(plan["calls"]):
+            mnpz = bytes.fromhex(c["meaning_consts"])
+            check_npz(path, mnpz, f"plan.json calls[{i}].meaning_consts")
+            meaning, _ = graph_from_bytes(c["meaning"].encode(), mnpz)
+            k = Kernel(c["form"], meaning, tuple((a, _from_jsonable(v)) for a, v in c["attrs"]),
+                       tuple(c["covers"]))
+            calls.append(KernelCall(k, [nodes[i] for i in c["inputs"]], [nodes[i] for i in c["outputs"]]))
+            configs.append(c["config"])
+        program = Program(calls, {k: nodes[i] for k, i in plan["outputs"].items()}, plan.get("label", ""))
+        program.validate()
+    except ArtifactError:
+        raise
+    except Exception as e:
+        raise ArtifactError(f"{path}: artifact plan is corrupt ({type(e).__name__}: {e})") from None
+    torch_device = "cpu"
+    if device is not None:
+        torch_device = device
+    elif not plan["simulated"]:
+        from lumc.compiler.runtime.targets import _cuda_available
+        torch_device = "cuda:0" if _cuda_available() else "cpu"
+    return CompiledModel(graph, program, configs, plan["device"], plan["simulated"], report,
+                         parts.get("source.onnx"), torch_device)

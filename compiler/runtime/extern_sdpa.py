@@ -1,0 +1,214 @@
+"""An attention kernel through ``F.scaled_dot_product_attention`` (FlashAttention / cuDNN / the
+memory-efficient kernel on a GPU; torch's CPU kernel here): the ``sdpa`` extern implementation.
+
+The kernel's meaning is ``out = epilogue(softmax2(f(q . k)) @ v)`` in primitives
+(``lumc.backends.triton.render_attention.AttentionPlan`` finds the two contractions ``C1``, ``C2``,
+the online-softmax pair and the normalizer). SDPA computes ``softmax(scale * q k^T + mask) v``, so
+the score function ``f`` must be affine in the scores, ``f(S) = alpha * S + beta``, with ``alpha`` a
+constant and ``beta`` any mask or bias (``-inf`` where ``Where`` masks). That is checked, not assumed:
+at construction ``f`` is evaluated at ``S = 0, 1, 2`` on two random draws of the kernel's inputs,
+``alpha`` must be one positive constant and ``f(2) = 2 alpha + beta``; otherwise the implementation
+does not apply (``ValueError``). Per call, ``beta`` is ``f`` evaluated at ``S = 0`` (the mask's own
+inputs only: no score matrix is formed), and since ``softmax2(c x) = softmax(c ln2 x)``, SDPA gets
+``scale = alpha c ln 2`` and ``attn_mask = beta c ln 2``. The normalizer must be ``1 / sum`` (what SDPA
+applies). Everything before the products (prologues) and after ``C2`` (the epilogue) is evaluated
+with torch ops (:class:`TorchEvaluator`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lumc.ir.graph import Node
+from lumc.ir.kernels import Kernel
+
+
+class TorchEvaluator:
+    """Values of a meaning's nodes as torch tensors, on demand and memoized; ``overrides`` fixes
+    some nodes' values (what the rest is computed from). Semantics: ``lumc.compiler.runtime.graph_torch``."""
+
+    def __init__(self, kernel: Kernel, feed: dict, device, overrides: dict | None = None,
+                 memo: dict | None = None, constants: dict | None = None):
+        self.kernel, self.feed, self.device = kernel, feed, device
+        # weights copied to the device once (a host copy cannot happen inside a CUDA-graph capture)
+        self.constants = constants if constants is not None else {}
+        self.memo: dict[int, object] = dict(memo or {})
+        for n, v in (overrides or {}).items():
+            self.memo[id(n)] = v
+
+    def __call__(self, n: Node):
+        hit = self.memo.get(id(n))
+        if hit is not None:
+            return hit
+        for m in _topo(n, self.memo):
+            if id(m) not in self.memo:
+                self.memo[id(m)] = self._eval(m)
+        return self.memo[id(n)]
+
+    def _eval(self, n: Node):
+        import torch
+        from lumc.compiler.runtime import graph_torch as gt
+        from lumc.compiler.runtime.extern import _native_contraction
+        op = n.op
+        v = [self.memo.get(id(s)) for s in n.srcs]
+        if op == "Input":
+            return self.feed[n.arg.name]
+        if op == "Constant":
+            key = (id(n), str(self.device))
+            if key not in self.constants:
+                from lumc.backends.triton.launch import to_torch
+                self.constants[key] = to_torch(np.ascontiguousarray(n.arg.value), str(self.device))
+            return self.constants[key]
+        if op == "Iota":
+            like = torch.empty(0, device=self.device)
+            return gt.iota_op(n.arg.shape, n.arg.axis, gt._TORCH_NAMES[n.dtype.name], like)
+        unary = {"Exp2": torch.exp2, "Log2": torch.log2, "Sin": torch.sin, "Sqrt": torch.sqrt,
+                 "Recip": torch.reciprocal}
+        if op in unary:
+            return unary[op](v[0])
+        if op == "Cast":
+            sat = None
+            if n.srcs[0].dtype.is_float and n.arg.is_int:
+                info = np.iinfo(n.arg.np)
+                sat = (float(info.min), float(info.max))
+            return gt.cast_op(v[0], gt._TORCH_NAMES[n.arg.name], sat)
+        binary = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": torch.fmod,
+                  "LessThan": torch.lt}
+        if op in binary:
+            return binary[op](v[0], v[1])
+        if op == "Where":
+            return torch.where(*v)
+        if op == "SumReduce":
+            if n.srcs[0].op == "Mul":
+                a, b = n.srcs[0].srcs
+                return _native_contraction(None)(self(a), self(b), *gt._contraction_args(n))
+            acc = n.dtype.accumulator if n.dtype.is_float else n.dtype
+            return gt.sum_op(v[0], tuple(n.arg), gt._TORCH_NAMES[n.dtype.name],
+                             gt._TORCH_NAMES[acc.name])
+        if op == "MaxReduce":
+            fill = n.dtype.min_value()
+            fill = float(fill) if n.dtype.is_float else (bool(fill) if n.dtype.is_bool else int(fill))
+            return gt.max_op(v[0], tuple(n.arg), fill)
+        if op == "Gather":
+            return gt.gather_op(v[0], v[1], int(n.arg))
+        if op == "View":
+            a = n.arg
+            return gt.view_op(v[0], tuple(a.shape), tuple(a.strides), int(a.offset), a.mask)
+        if op == "Contiguous":
+            return v[0].contiguous()
+        raise NotImplementedError(f"no torch evaluation for primitive op {op}")
+
+
+def _topo(root: Node, known: dict) -> list[Node]:
+    """``root`` and what it depends on, sources first, stopping at nodes already ``known``
+    (iterative: meanings can be deep)."""
+    out, seen, stack = [], set(), [(root, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            out.append(n)
+            continue
+        if id(n) in seen or id(n) in known:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        # a contraction's product is never materialized: its operands are evaluated instead
+        srcs = n.srcs[0].srcs if (n.op == "SumReduce" and n.srcs and n.srcs[0].op == "Mul") else n.srcs
+        stack.extend((s, False) for s in srcs)
+    return out
+
+
+def _compact(t, c, groups):
+    """``t`` over ``c.full`` as a ``[prod(group) for group]`` tensor (other dims read at 0)."""
+    keep = [d for g in groups for d in g]
+    idx = tuple(slice(None) if d in keep else 0 for d in range(len(c.full)))
+    sub = t.expand(c.full)[idx] if tuple(t.shape) != tuple(c.full) else t[idx]
+    kept = [d for d in range(len(c.full)) if d in keep]
+    sub = sub.permute([kept.index(d) for d in keep])
+    return sub.reshape([math.prod(c.full[d] for d in g) for g in groups])
+
+
+class SdpaAttention:
+    """The ``sdpa`` implementation of one attention kernel (see module docstring).
+
+    Raises:
+        ValueError: when the kernel's meaning is not an attention SDPA can compute.
+    """
+
+    def __init__(self, kernel: Kernel):
+        from lumc.backends.extern import attention_plan
+        p = attention_plan(kernel)
+        if p is None:
+            raise ValueError("not an SDPA attention (two products around one softmax, normalized "
+                             "by 1 / sum)")
+        self.kernel, self.p = kernel, p
+        self.constants: dict = {}
+        self.x = p.softmax.m.srcs[0]
+        self.alpha = self._probe_alpha()
+
+    def _probe_alpha(self) -> float:
+        import torch
+        c1 = self.p.c1
+        alphas = []
+        for seed in (0, 1):
+            rng = np.random.default_rng(seed)
+            feed = {}
+            for ph in self.kernel.inputs:
+                if ph.dtype.is_float:
+                    a = rng.standard_normal(ph.shape).astype(np.float32)
+                else:
+                    a = rng.integers(0, 2, ph.shape)
+                from lumc.backends.triton.launch import to_torch
+                feed[ph.arg.name] = to_torch(a.astype(ph.dtype.np), "cpu")
+            xs = []
+            for s in (0.0, 1.0, 2.0):
+                ov = {c1.node: torch.full(c1.node.shape, s, dtype=_torch_dt(c1.node))}
+                xs.append(TorchEvaluator(self.kernel, feed, "cpu", ov)(self.x).double())
+            fin = torch.isfinite(xs[0])
+            # alpha from positions with a moderate bias; where the bias is huge (a -1e4 or
+            # finfo.min mask) fp32 keeps alpha only to the bias's rounding, which is what's checked
+            mod = fin & (xs[0].abs() < 1e4)
+            if not bool(mod.any()) or not bool(torch.equal(torch.isfinite(xs[1]), fin)):
+                continue
+            d1, d2 = xs[1] - xs[0], xs[2] - xs[0]
+            a = float(d1[mod].mean())
+            slack = 1e-5 * max(1.0, abs(a)) + 4 * 2.0 ** -23 * xs[0].abs()
+            if not (a > 0 and bool(((d1 - a).abs() <= slack)[fin].all())
+                    and bool(((d2 - 2 * a).abs() <= 2 * slack)[fin].all())):
+                raise ValueError("not an SDPA attention: the score function is not alpha * S + mask")
+            alphas.append(a)
+        if not alphas or max(alphas) - min(alphas) > 1e-6 * max(alphas):
+            raise ValueError("not an SDPA attention: the score scale depends on the inputs")
+        return alphas[0]
+
+    def __call__(self, feed: dict, device) -> list:
+        """The kernel's outputs (``out0..`` order) for ``feed`` (``{placeholder: tensor}``)."""
+        import torch
+        from torch.nn import functional as F
+        p, c1, c2 = self.p, self.p.c1, self.p.c2
+        ev = TorchEvaluator(self.kernel, feed, device, constants=self.constants)
+        q = _compact(ev(c1.a), c1, (c1.batch_dims, c1.m_dims, c1.k_dims))
+        k = _compact(ev(c1.b), c1, (c1.batch_dims, c1.n_dims, c1.k_dims))
+        v = _compact(ev(c2.b), c2, (c2.batch_dims, c2.k_dims, c2.n_dims))
+        zero = torch.zeros(c1.node.shape, dtype=_torch_dt(c1.node), device=device)
+        beta = TorchEvaluator(self.kernel, feed, device, {c1.node: zero}, ev.memo,
+                              self.constants)(self.x)
+        ln2c = p.softmax.scale * math.log(2.0)
+        fr1 = c1.node.shape
+        mask = _compact((beta.to(torch.float32) * ln2c).reshape(fr1), c1,
+                        (c1.batch_dims, c1.m_dims, c1.n_dims)).to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.alpha * ln2c)
+        # back to C2's output layout: [batch.., query.., value..] at their dims, 1 elsewhere
+        dims = list(c2.batch_dims) + list(c2.m_dims) + list(c2.n_dims)
+        t = out.reshape([c2.full[d] for d in dims])
+        order = sorted(dims)
+        t = t.permute([dims.index(d) for d in order]).reshape(c2.node.shape)
+        t = t.to(_torch_dt(c2.node))
+        fin = TorchEvaluator(self.kernel, feed, device, {c2.node: t}, ev.memo, self.constants)
+        return [fin(o) for o in self.kernel.meaning.outputs.values()]
+
+
+def _torch_dt(n: Node):
+    from lumc.backends.triton.launch import torch_dtype
+    return torch_dtype(n.dtype)

@@ -1,0 +1,321 @@
+"""``lumc compile`` and ``lumc cache``: the main job and its tuning database, on the command line.
+
+    lumc compile MODEL --budget 30m [-o OUT.lumc] [--device cuda[:N] | sim:h100 | sim:h200]
+                 [--shape NAME=DIMS ...] [--report REPORT.json] [--no-egraph] [--quiet]
+    lumc cache info
+    lumc cache clear
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import click
+
+from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, refuse_same_file,
+                                    write_atomic)
+from lumc.compiler.core.budget import parse_duration
+from lumc.compiler.tools.cli import _parse_shapes, cli, nonempty_path
+from lumc.ir.errors import InputError, LumcError
+
+_COMPILE_HELP = """Compile MODEL (an .onnx file) into the fastest correct program lumc finds within
+the budget, and save it as a self-contained .lumc artifact (weights, plan, report and the source
+model).
+
+DURATION looks like 90s, 30m, 1h or 1h30m; it is a hard deadline for the whole compile. Without a
+GPU (or with --device sim:h100/sim:h200) kernel times come from an analytical model of that GPU and
+the output says they are simulated; the compiled model then runs on the CPU executor. A second
+compile of the same model reuses the tuning database and re-times nothing.
+
+--shape is checked as `lumc run` checks it: every NAME must be an input or a dynamic dim of the
+model, given once, and bindings must agree. -o and --report are written atomically (missing
+folders are created, a symlink is followed); they never replace the model, each other, a device,
+a FIFO or a directory. Ctrl-C stops the compile with nothing half-written.
+"""
+
+
+def _secs(x: float) -> str:
+    """Seconds for a summary line: three significant digits, whole seconds from 100 s up."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _model_shapes(model: str, shape_items: tuple) -> dict:
+    """Whole-input shapes for ``compile_model`` from ``--shape``, checked like ``lumc run``'s
+    (unknown names, repeats, conflicts, unset dynamic dims, inputs too large for memory)."""
+    from lumc.compiler.frontends import onnx_frontend as fe
+    from lumc.compiler.tools.cli import check_input_sizes, resolve_shapes
+    shape_args = _parse_shapes(shape_items)
+    m = fe.load_model(model)
+    specs = fe.model_input_specs(m)
+    shapes = resolve_shapes(specs, shape_args, {})
+    check_input_sizes(shapes, {s.name: s.dtype.np for s in specs})
+    return shapes
+
+
+@cli.command("compile", help=_COMPILE_HELP)
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--budget", "budget", required=True, metavar="DURATION", help="e.g. 90s, 30m, 1h")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), callback=nonempty_path,
+              help="artifact path (default: MODEL with .lumc)")
+@click.option("--device", default=None, help="cuda[:N], sim:h100 or sim:h200 (default: first GPU, "
+              "else sim:h200)")
+@click.option("--shape", "shape_items", multiple=True, metavar="NAME=DIMS",
+              help="an input's shape (x=1x3x224x224) or a dynamic dim (batch_size=2); repeatable")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), callback=nonempty_path,
+              help="write the report JSON")
+@click.option("--no-egraph", is_flag=True, help="greedy fusion only (the ablation baseline)")
+@click.option("--precision", default="fp32", show_default=True,
+              type=click.Choice(["fp32", "tf32", "bf16", "fp16", "fp8", "auto"]),
+              help="contraction precision policy (fp32 runs on tensor cores as split TF32)")
+@click.option("--weights", default="same", show_default=True, type=click.Choice(["same", "int8"]),
+              help="weight-only quantization of contraction weights (int8: per output channel)")
+@click.option("--tolerance", default=None, type=float, metavar="RTOL",
+              help="quality gate: max rel error of every output (default by --precision)")
+@click.option("--max-kl", "max_kl", default=None, type=float, metavar="X",
+              help="quality gate: mean KL divergence per row of probability/logit outputs")
+@click.option("--logits", "logits", multiple=True, metavar="NAME",
+              help="an output holding logits (KL and top-1 after softmax); repeatable")
+@click.option("--bind", "bind_items", multiple=True, metavar="NAME=VALUE",
+              help="fix an input at compile time (a sample rate: sr=16000); an If on it folds to "
+                   "its branch, and the artifact no longer takes it; repeatable")
+@click.option("--fast-math", "fast_math", is_flag=True,
+              help="allow rewrites that change results for speed (a / b as a * (1/b)); off by "
+                   "default, where division is IEEE")
+@click.option("--quiet", is_flag=True, help="no progress display")
+def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, precision, weights,
+                tolerance, max_kl, logits, bind_items, fast_math, quiet):
+    from lumc.compiler.tools.cli import caused_by_interrupt
+    written: list[str] = []
+    policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
+              "max_kl": max_kl, "logits": tuple(logits)}
+    try:
+        _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
+                 policy, fast_math=fast_math, bind=parse_binds(bind_items))
+    except (KeyboardInterrupt, Exception) as err:
+        if not caused_by_interrupt(err):
+            raise
+        done = (f"only {' and '.join(written)} {'was' if len(written) == 1 else 'were'} written"
+                if written else "nothing was written")
+        raise LumcError(f"interrupted: {done}; timings measured so far are kept in the tuning "
+                        "database") from None
+
+
+def parse_binds(items) -> dict:
+    """``--bind NAME=VALUE`` (a number, or comma-separated numbers) -> ``{name: value}``.
+
+    Raises:
+        InputError: a malformed item or a name given twice.
+    """
+    from lumc.ir.errors import InputError
+    out: dict = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        try:
+            vals = [int(t) if t.strip().lstrip("+-").isdigit() else float(t)
+                    for t in text.split(",")] if eq and name and text else None
+        except ValueError:
+            vals = None
+        if vals is None:
+            raise InputError(f"bad --bind {item!r}: expected NAME=VALUE (e.g. sr=16000)")
+        if name in out:
+            raise InputError(f"--bind {name} is given twice")
+        out[name] = vals[0] if len(vals) == 1 else vals
+    return out
+
+
+def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
+             policy: dict | None = None, fast_math: bool = False, bind: dict | None = None):
+    from lumc.compiler.core.pipeline import compile_model
+    parse_duration(budget)                     # a bad budget fails before any work
+    out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
+    if not pathlib.Path(model).is_file():
+        raise LumcError(f"{model}: no such file" if not pathlib.Path(model).exists()
+                        else f"{model}: not a file")
+    if looks_like_artifact(model):
+        raise LumcError(f"{model} is a compiled .lumc artifact, not an ONNX model; compile the "
+                        "source model (lumc run/bench/inspect take the artifact)")
+    refuse_same_file(out_path, model, "the model")
+    if report_path:
+        refuse_same_file(report_path, model, "the model")
+        refuse_same_file(report_path, out_path, "the artifact output")
+        check_writable(report_path)
+    check_writable(out_path)
+    from lumc.compiler.core.precision import PrecisionPolicy
+    PrecisionPolicy(**(policy or {}))          # bad options fail before any work
+    shapes = _model_shapes(model, shape_items)
+    cm = compile_model(model, budget=budget, device=device, shapes=shapes,
+                       use_egraph=not no_egraph, quiet=quiet, fast_math=fast_math, bind=bind,
+                       **(policy or {}))
+    cm.save(out_path)
+    written.append(str(out_path))
+    r = cm.report_dict()
+    if report_path:
+        write_atomic(report_path, json.dumps(r, indent=1).encode())
+        written.append(str(report_path))
+    unit = "SIMULATED" if r["simulated"] else "measured"
+    best = r["best_time_s"]
+    best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
+    click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) in {_secs(r['compile_s'])} s "
+               f"of {_secs(r['budget_s'])} s: {r['stopped_because']}")
+    click.echo(f"  {r['kernels']} kernels, best {best_s}, roofline bound {r['bound_time_s'] * 1e6:.1f} us"
+               f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
+    click.echo(f"  candidates: {r['candidates_total']} total, {r['candidates_pruned']} pruned by bound, "
+               f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
+               f"{r['candidates_timed']} timed; max rel error "
+               + (f"{r['max_rel_error']:.2e}" if r['max_rel_error'] is not None else "not checked (budget)"))
+    q = r.get("quality")
+    if q is not None:
+        parts = [f"max rel error {q['max_rel']:.2e} (tolerance {q['tolerance']:g})",
+                 f"cosine >= {q['min_cosine']:.6f}"]
+        if q.get("kl_mean") is not None:
+            top1 = min(v["top1"] for v in q["outputs"].values() if "top1" in v)
+            parts.append(f"mean KL {q['kl_mean']:.3g}, top-1 {100 * top1:.1f}%")
+        click.echo(f"  precision {r['precision']} (weights {r['weights']}) vs fp32: "
+                   + ", ".join(parts) + ("" if q["passed"] else f"; GATE FAILED: {q['reason']}"))
+    for w in r.get("warnings", []):
+        if w.startswith("precision "):
+            click.echo(f"  note: {w}")
+    eg = r["egraph"]
+    if eg.get("used"):
+        click.echo(f"  e-graph: {eg.get('enodes')} e-nodes, {eg.get('eclasses')} e-classes, "
+                   f"{eg.get('saturation_s') or 0:.2f} s")
+    elif eg.get("error"):
+        click.echo(f"  e-graph: not used ({eg['error']})")
+    click.echo(f"wrote {out_path}" + (f" and {report_path}" if report_path else ""))
+
+
+@cli.group("cache")
+def cache_grp():
+    """The tuning database and the generated-kernel cache (under the user cache dir)."""
+
+
+def _kernel_cache_dir() -> pathlib.Path | None:
+    try:
+        from lumc.backends.triton.cache import cache_dir
+        return pathlib.Path(cache_dir())
+    except Exception:
+        return None
+
+
+def _size(files) -> str:
+    return f"{sum(p.stat().st_size for p in files if p.exists()) / 1e3:.1f} kB"
+
+
+@cache_grp.command("info")
+def cache_info():
+    """Where the caches are, and how much they hold."""
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    db = TuningDatabase()
+    info = db.info()
+    click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {info['bytes'] / 1e3:.1f} kB)")
+    for dev, n in sorted(info["by_device"].items()):
+        click.echo(f"  {dev}: {n}")
+    plans = db.stored_plans()
+    click.echo(f"stored plans: {db.plans_dir} ({len(plans)} plans, {_size(plans)})")
+    aside = db.set_aside_files()
+    if aside:
+        click.echo(f"set-aside corrupt databases: {len(aside)} file{'s' * (len(aside) != 1)} "
+                   f"({_size(aside)}): "
+                   + ", ".join(p.name for p in aside))
+    kdir = _kernel_cache_dir()
+    if kdir is not None and kdir.exists():
+        files = [p for p in kdir.rglob("*") if p.is_file()]
+        click.echo(f"kernel sources: {kdir} ({len(files)} files, {_size(files)})")
+
+
+@cache_grp.command("clear")
+def cache_clear():
+    """Delete every stored timing, stored plan, set-aside corrupt database and generated kernel
+    source."""
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    db = TuningDatabase()
+    n = db.clear()
+    plans, aside = db.clear_plans_and_set_aside()
+    kdir = _kernel_cache_dir()
+    removed = 0
+    if kdir is not None and kdir.exists():
+        removed = sum(1 for p in kdir.rglob("*") if p.is_file())
+        shutil.rmtree(kdir, ignore_errors=True)
+    click.echo(f"cleared {n} timings, {plans} stored plans, {aside} set-aside database files and "
+               f"{removed} kernel source files")
+
+
+def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend="reference",
+                 atol=None):
+    """``lumc run ART.lumc``: run a compiled artifact; ``--check`` runs onnxruntime on the source
+    model stored inside it (no original file needed). ``backend="triton"`` launches the artifact's
+    own kernels (``lumc.backends.triton.run_program``; the Triton interpreter without a GPU)."""
+    import time
+
+    import numpy as np
+
+    from lumc.compiler.tools import cli as c
+    from lumc.compiler.frontends import models
+    from lumc.compiler.runtime.compiled import load
+
+    cm = load(path)
+    if check and not cm.source_onnx:
+        raise InputError("--check needs the source ONNX model, and this artifact has none")
+    specs = cm.inputs
+    names = [s.name for s in specs]
+    unknown = sorted(set(arrays) - set(names))
+    if unknown:
+        raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are {', '.join(names)}",
+                         node=unknown[0])
+    missing = [s for s in specs if s.name not in arrays]
+    if missing and not use_random:
+        s = missing[0]
+        raise InputError(f"missing input {s.name!r} (shape {c._fmt_shape(s.shape)}, {s.dtype.np}); "
+                         f"give --input {s.name}=FILE.npy, --inputs FILE.npz or --random", node=s.name)
+    info = models.identify_bytes(cm.source_onnx) if cm.source_onnx else None
+    inputs = dict(arrays)
+    uses = {}
+    if cm.source_onnx:
+        import onnx
+        from lumc.compiler.runtime.index_ranges import index_uses
+        uses = index_uses(onnx.load_from_string(cm.source_onnx), {s.name: s.shape for s in specs})
+    from lumc.compiler.runtime.index_ranges import check_index_inputs, random_int_highs
+    if missing:
+        inputs.update(c.random_missing(missing, {s.name: s.shape for s in specs}, seed, info,
+                                       random_int_highs(uses)))
+    check_index_inputs(uses, inputs)   # an index outside its table: one line, on every backend
+    t0 = time.perf_counter()
+    if backend == "triton":
+        from lumc.backends.triton.runner import execution_mode, run_program
+        outputs = run_program(cm.program, inputs)   # checks shapes and dtypes of what it reads
+        where = f"Triton kernels, {execution_mode()}"
+    else:
+        outputs = cm.run(inputs)
+        where = cm.torch_device if cm.torch_device != "cpu" else "CPU executor"
+    t1 = time.perf_counter()
+    r = cm.report_dict()
+    click.echo(f"{pathlib.Path(path).name}: compiled for {cm.device}"
+               f"{' (simulated times)' if cm.simulated else ''}, {len(cm.program)} kernels, "
+               f"running on {where}")
+    click.echo("inputs: " + ", ".join(
+        f"{n} {c._fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
+        for n, x in inputs.items()))
+    ort = c._run_onnxruntime(cm.source_onnx, inputs) if check else None
+    tol = r.get("tolerance")
+    note_atol = atol
+    if ort is not None and r.get("precision", "fp32") != "fp32" and tol and rtol is None \
+            and atol is None:
+        # a reduced-precision artifact is judged by the tolerance its compile recorded, relative
+        # to each output's largest reference magnitude (the quality gate's measure)
+        rtol = float(tol)
+        atol = {k: rtol * float(np.max(np.abs(v))) if np.size(v) and np.asarray(v).dtype.kind == "f"
+                else 0.0 for k, v in ort.items()}
+        note_atol = None
+        click.echo(f"precision {r['precision']} (weights {r.get('weights', 'same')}): judged at "
+                   f"the compile's tolerance {rtol:g} of each output's largest |reference|")
+    checks = c.print_outputs(outputs, ort, rtol, atol, lambda: c.float64_outputs(cm.graph, inputs))
+    best = r.get("best_time_s")
+    click.echo(f"time: run {t1 - t0:.3f} s ({where}); compiled plan "
+               + (f"{best * 1e6:.1f} us {'simulated' if cm.simulated else 'measured'} on {cm.device}"
+                  if best else "untimed"))
+    if out_path:
+        c._write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
+        click.echo(f"wrote {out_path}")
+    if check:
+        c.finish_check(checks, rtol, note_atol)
