@@ -210,18 +210,39 @@ def test_huge_graphs_end_within_budget_and_grace(kind, tmp_path):
 
 # ---- artifacts -----------------------------------------------------------------------------------
 
+_HWM = """
+import atexit as _atexit, sys as _sys
+def _lumc_test_hwm():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                _sys.stderr.write("\\n__VmHWM__ %d\\n" % (int(line.split()[1]) * 1024))
+_atexit.register(_lumc_test_hwm)
+"""
+
+
 def _peak_rss_of(code: str, timeout=120, args=()) -> tuple[int, str, int]:
-    """Run ``code`` in a fresh Python; returns (peak RSS bytes, stderr, exit status)."""
+    """Run ``code`` in a fresh Python; returns (peak RSS bytes, stderr, exit status).
+
+    The peak is the child's own ``VmHWM`` (its address space's high-water mark, new at exec):
+    ``wait4``'s ``ru_maxrss`` is kept across exec, so a child forked from a large test process
+    would report at least that process's size (the fallback when the child is killed)."""
     import threading
-    p = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen([sys.executable, "-c", _HWM + code, *map(str, args)],
+                         stderr=subprocess.PIPE, text=True)
     killer = threading.Timer(timeout, p.kill)    # a hang fails the test instead of stalling it
     killer.start()
     err = p.stderr.read()
     _, status, ru = os.wait4(p.pid, 0)
     killer.cancel()
     p.returncode = os.waitstatus_to_exitcode(status)
-    return ru.ru_maxrss * 1024, err, p.returncode
+    peak = ru.ru_maxrss * 1024
+    lines = err.splitlines()
+    hwm = [ln for ln in lines if ln.startswith("__VmHWM__ ")]
+    if hwm:
+        peak = int(hwm[-1].split()[1])
+        err = "\n".join(ln for ln in lines if not ln.startswith("__VmHWM__ ")).strip() + "\n"
+    return peak, err, p.returncode
 
 
 def test_zip_bomb_member_is_refused_before_inflating(artifact, tmp_path, record_time):
