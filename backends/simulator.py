@@ -124,7 +124,10 @@ def contraction_dims(kernel: Kernel) -> Contraction | None:
             red = set(n.arg)
 
             def bcast(x, d):
-                return x.op == "View" and x.arg.strides[d] == 0 and space[d] > 1
+                # through a prologue (a weight cast from bf16, an int8 dequant): every view it
+                # reads is broadcast along d
+                views = _prologue_views(x)
+                return bool(views) and space[d] > 1 and all(v.arg.strides[d] == 0 for v in views)
 
             a, b = mul.srcs
             m = nn = kk = batch = 1
@@ -139,6 +142,23 @@ def contraction_dims(kernel: Kernel) -> Contraction | None:
                     batch *= size
             return Contraction(batch, m, nn, kk)
     return None
+
+
+def _prologue_views(x, depth: int = 4) -> list:
+    """The full-shape ``View`` reads under an operand's elementwise prologue (scalars skipped)."""
+    if x.op == "View":
+        return [x]
+    if depth == 0 or not x.srcs or x.op in ("SumReduce", "MaxReduce", "Gather"):
+        return []
+    out = []
+    for s in x.srcs:
+        if s.shape != x.shape:
+            continue
+        got = _prologue_views(s, depth - 1)
+        if not got and s.numel > 1:
+            return []
+        out += got
+    return out
 
 
 def row_dims(kernel: Kernel) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lumc.ir.graph import Node, const_node
+from lumc.ir.graph import Node, const_node, node
 from lumc.ir.tensor import Tensor, concat
 from lumc.rewrites.patterns import Rule
 
@@ -39,11 +39,25 @@ FUNCTIONS = ("(function hbase (Expr) i64 :merge (min old new))",
 
 def _const_value(n: Node, depth: int = 16) -> np.ndarray | None:
     """The value of ``n`` when it is a constant read through unmasked views, else None."""
+    got = _stored_const(n, depth)
+    return None if got is None or got[1] is not None else got[0]
+
+
+def _stored_const(n: Node, depth: int = 16):
+    """``(value, cast)`` when ``n`` is a constant read through unmasked views, optionally under one
+    ``Cast`` (a weight stored in a narrower dtype, ``lumc.compiler.core.precision``): ``value`` is
+    the stored constant seen through the views, ``cast`` the Cast's target dtype or None."""
     views = []
-    while n.op == "View" and depth > 0:
-        if n.arg.mask is not None:
-            return None
-        views.append(n.arg)
+    cast = None
+    while depth > 0:
+        if n.op == "View":
+            if n.arg.mask is not None:
+                return None
+            views.append(n.arg)
+        elif n.op == "Cast" and cast is None:
+            cast = n.arg          # elementwise: the views above it read the stored constant alike
+        else:
+            break
         n = n.srcs[0]
         depth -= 1
     if n.op != "Constant":
@@ -56,15 +70,17 @@ def _const_value(n: Node, depth: int = 16) -> np.ndarray | None:
             flat[v.offset:] if flat.size else flat, shape=tuple(v.shape),
             strides=tuple(s * item for s in v.strides))
         val = np.ascontiguousarray(val)
-    return val
+    return val, cast
 
 
 def decode_hcat(a: Node, b: Node) -> Node:
-    """``concat([a, b], axis=-1)``: a new constant when both are constants, else the library's
-    concatenation (pads and a select)."""
-    va, vb = _const_value(a), _const_value(b)
-    if va is not None and vb is not None:
-        return const_node(np.concatenate([va, vb], axis=-1))
+    """``concat([a, b], axis=-1)``: a new constant when both are constants (stored in one dtype
+    and cast alike: the concatenation keeps the narrow storage), else the library's concatenation
+    (pads and a select)."""
+    ga, gb = _stored_const(a), _stored_const(b)
+    if ga is not None and gb is not None and ga[1] == gb[1] and ga[0].dtype == gb[0].dtype:
+        c = const_node(np.concatenate([ga[0], gb[0]], axis=-1))
+        return c if ga[1] is None else node("Cast", (c,), ga[1])
     return concat([Tensor(a), Tensor(b)], -1).node
 
 

@@ -251,7 +251,10 @@ class Encoder:
             args.append(ivec(x.arg))
         elif x.op == "Gather":
             args.append(str(int(x.arg)))
-        return self._fresh(f"({row.egglog} {' '.join(args)})", x.shape)
+        var = self._fresh(f"({row.egglog} {' '.join(args)})", x.shape)
+        if x.op == "Cast" and ops[0] in self._keys:   # a weight stored narrower keeps its key
+            self._key(var, self._keys[ops[0]])
+        return var
 
 
 # ---- decoding: terms back to IR ---------------------------------------------------------------

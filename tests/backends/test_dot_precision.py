@@ -182,3 +182,25 @@ def test_fp8_below_a_warpgroup_tile_is_priced_as_fp16():
     assert not warpgroup_mma(small) and warpgroup_mma(big)
     assert dot_peak(devices.H200, small, "f32") == devices.H200.dot_peak("fp16")
     assert dot_peak(devices.H200, big, "f32") == devices.H200.dot_peak("fp8")
+
+
+def test_contraction_dims_see_through_a_weight_prologue():
+    """A weight stored in bf16 (``Cast``) or int8 (``Cast(q) * scale``) is still the contraction's
+    N-side operand: the simulator must not take its dims for batch dims (that priced a 128x384x1152
+    bf16 GEMM at 10x its time)."""
+    from lumc.backends.simulator import contraction_dims
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.kernels import Kernel
+    from lumc.ir.tensor import Tensor
+    x = Tensor(input_node("in0", (128, 384), dt.f32))
+    for w in (Tensor(input_node("in1", (384, 1152), dt.bf16)).cast(dt.f32),
+              Tensor(input_node("in1", (384, 1152), dt.i8)).cast(dt.f32)
+              * Tensor(input_node("in2", (1, 1152), dt.f32)).expand((384, 1152))):
+        ins = {"in0": x.node, "in1": next(n for n in Graph({}, {"w": w.node}).nodes()
+                                          if n.op == "Input" and n.arg.name == "in1")}
+        if w.node.op == "Mul":
+            ins["in2"] = next(n for n in Graph({}, {"w": w.node}).nodes()
+                              if n.op == "Input" and n.arg.name == "in2")
+        k = Kernel("matmul", Graph(ins, {"out0": (x @ w).node}))
+        c = contraction_dims(k)
+        assert (c.batch, c.m, c.n, c.k) == (1, 128, 1152, 384)
