@@ -381,10 +381,13 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         if ref_out is not None and not deadline.expired():
             configs, quality = stage_quality(chosen, graph, fe.graph, inputs, ck, configs, measurer,
                                              policy, deadline)
-        if quality is not None and not quality["passed"] and policy.precision in FALLBACK:
-            down = dataclasses.replace(policy, precision=FALLBACK[policy.precision])
-            fe.warnings.append(f"precision {policy.precision} misses the quality gate "
-                               f"({quality['reason']}); compiled at {down.precision} instead")
+        if quality is not None and not quality["passed"]:
+            # the next policy up: a lower precision first, then weights as the model stores them
+            down = dataclasses.replace(policy, precision=FALLBACK[policy.precision]) \
+                if policy.precision in FALLBACK else dataclasses.replace(policy, weights="same")
+            fe.warnings.append(f"precision {policy.precision} (weights {policy.weights}) misses "
+                               f"the quality gate ({quality['reason']}); compiled at "
+                               f"{down.precision} (weights {down.weights}) instead")
             progress.close()
             return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
                                     use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,

@@ -93,6 +93,14 @@ def test_gate_that_cannot_be_met_falls_back_and_says_so(db):
     assert any("misses the quality gate" in w for w in r["warnings"])
 
 
+def test_int8_weights_over_the_gate_fall_back_to_the_model_weights(db):
+    cm = lumc.compile(classifier(), budget="60s", device="sim:h200", db=db, use_egraph=False,
+                      weights="int8", tolerance=1e-9)
+    r = cm.report_dict()
+    assert r["precision"] == "fp32" and r["weights"] == "same"
+    assert any("(weights int8) misses the quality gate" in w for w in r["warnings"])
+
+
 def test_bad_policy_is_one_line():
     with pytest.raises(InputError, match="--precision"):
         PrecisionPolicy("fp4")
