@@ -378,7 +378,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                        (0.0 if np.array_equal(out[k], ref_out[k]) else float("inf")))
                       for k in graph.outputs) if graph.outputs else 0.0
         quality = None
-        if ref_out is not None and not deadline.expired():
+        if ref_out is not None:    # reduced precision is never returned unmeasured, even late
             configs, quality = stage_quality(chosen, graph, fe.graph, inputs, ck, configs, measurer,
                                              policy, deadline)
         if quality is not None and not quality["passed"]:
