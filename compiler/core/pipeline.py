@@ -341,11 +341,18 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
         progress.stage("reference", deadline)
         # past the deadline already: no reference run, no search; the best-bound candidate
+        t_ref = deadline.elapsed()
         ref_out, values = stage_reference(graph, programs, inputs) if not deadline.expired() \
             else (None, {})
+        # a reduced-precision compile keeps time for its quality gate: about three whole-model
+        # runs (the fp32 model, the emulated program), like the one the reference stage just made
+        search_deadline = deadline
+        if policy.reduced and ref_out is not None:
+            reserve = min(0.3 * deadline.remaining(), 3.0 * (deadline.elapsed() - t_ref) + 1.0)
+            search_deadline = Deadline(max(0.0, deadline.remaining() - reserve), deadline.clock)
         log: list[str] = []
         measurer = KernelMeasurer(target, db, ver, values, log)
-        measurer.deadline = deadline
+        measurer.deadline = search_deadline
         if target.simulated and (os.cpu_count() or 1) > 1 and not deadline.expired() \
                 and fork_safe():
             from lumc.compiler.core.check_pool import CheckPool
@@ -356,7 +363,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         nconf = {k: measurer.n_configs(k) for ks in keys for k in ks}
         stage_s["reference"] = deadline.elapsed() - sum(stage_s.values())
         try:
-            result = run_search(keys, bounds, nconf, measurer, deadline,
+            result = run_search(keys, bounds, nconf, measurer, search_deadline,
                                 on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
                                 config_bounds=measurer.bound,
                                 before_candidate=lambda i: measurer.prefetch(keys[i]),
