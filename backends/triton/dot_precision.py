@@ -28,9 +28,8 @@ executor and the numerics checks use.
 """
 from __future__ import annotations
 
+from lumc.backends.precision import FP8_MAX   # 448, the largest finite e4m3 (OCP FP8 spec v1.0)
 from lumc.ir import dtypes as dt
-
-FP8_MAX = 448.0   # largest finite float8 e4m3 (OCP 8-bit floating point specification, v1.0)
 
 # the precisions a tl.dot over operands of each dtype can be rendered at
 RENDERABLE = {"f32": ("ieee", "tf32x3", "tf32", "bf16", "fp16", "fp8"),

@@ -110,7 +110,8 @@ def _call(kernel):
     return KernelCall(kernel, ins, outs)
 
 
-def test_measurer_lists_times_and_checks_externs(tmp_path, monkeypatch):
+def _matmul_bias_relu_call():
+    """The matmul-bias-relu case as a bound call: ``(kernel, call, inputs, reference values)``."""
     form, f, specs = _cases()["matmul-bias-relu"]
     k = _kernel(form, f, specs)
     call = _call(k)
@@ -118,6 +119,11 @@ def test_measurer_lists_times_and_checks_externs(tmp_path, monkeypatch):
     ref = ReferenceExecutor(k.meaning)({f"in{i}": x for i, x in enumerate(ins)})["out0"]
     values = {id(n): v for n, v in zip(call.inputs, ins)}
     values[id(call.outputs[0])] = ref
+    return k, call, ins, values
+
+
+def test_measurer_lists_times_and_checks_externs(tmp_path, monkeypatch):
+    k, call, ins, values = _matmul_bias_relu_call()
     m = KernelMeasurer(resolve_target("sim:h200"), TuningDatabase(tmp_path / "db.sqlite"), VERSIONS, values)
     key = m.add(call)
     cfgs = [m.config_of(key, i) for i in range(m.n_configs(key))]
@@ -130,7 +136,7 @@ def test_measurer_lists_times_and_checks_externs(tmp_path, monkeypatch):
     assert m.checked[(key, 1)] < 1e-6           # checked on torch CPU against the reference
     # a wrong extern result is rejected and stored as such
     import lumc.compiler.runtime.extern as ce
-    monkeypatch.setattr(ce, "run_extern_numpy", lambda kernel, cfg, xs: [ref + 1.0])
+    monkeypatch.setattr(ce, "run_extern_numpy", lambda kernel, cfg, xs: [values[id(call.outputs[0])] + 1.0])
     m2 = KernelMeasurer(resolve_target("sim:h200"), TuningDatabase(tmp_path / "db2.sqlite"), VERSIONS,
                         values)
     key2 = m2.add(call)
@@ -194,13 +200,7 @@ def test_gpu_plan_runs_extern_kernels_through_cuda_graphs(tmp_path, monkeypatch)
 def test_gpu_configs_that_spill_are_pruned_before_timing(tmp_path, monkeypatch):
     import dataclasses
     import lumc.backends.triton.resources as res
-    form, f, specs = _cases()["matmul-bias-relu"]
-    k = _kernel(form, f, specs)
-    call = _call(k)
-    ins = _inputs(specs)
-    ref = ReferenceExecutor(k.meaning)({f"in{i}": x for i, x in enumerate(ins)})["out0"]
-    values = {id(n): v for n, v in zip(call.inputs, ins)}
-    values[id(call.outputs[0])] = ref
+    k, call, ins, values = _matmul_bias_relu_call()
     gpu = dataclasses.replace(resolve_target("sim:h200"), name="cuda:0 fake", simulated=False)
     m = KernelMeasurer(gpu, TuningDatabase(tmp_path / "db.sqlite"), VERSIONS, values)
     key = m.add(call)

@@ -63,3 +63,17 @@ def npz_bytes(arrays: dict) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
+
+
+def one_line_error(res, *words):
+    """A click result that is exit 2 with exactly one stderr line ``lumc: error: ...`` naming each
+    of ``words``, no traceback and no exception other than SystemExit; returns the line."""
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("lumc: error: "), lines[0]
+    assert "Traceback" not in res.output and "allow_pickle" not in lines[0]
+    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit)
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]

@@ -25,22 +25,12 @@ from lumc.compiler.tools.cli import cli
 from lumc.compiler.tools.cli_compile import _secs
 from lumc.compiler.runtime.tuning_db import TuningDatabase
 
+sys.path.insert(0, os.path.dirname(__file__))
+from hostile import one_line_error  # noqa: E402
+
 
 def lumc_cli(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_line_error(res, *words):
-    """Exit 2, exactly one stderr line ``lumc: error: ...`` naming each of ``words``; returns it."""
-    assert res.exit_code == 2, (res.exit_code, res.output)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("lumc: error: "), lines[0]
-    assert "Traceback" not in res.output and "allow_pickle" not in lines[0]
-    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit)
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(autouse=True)

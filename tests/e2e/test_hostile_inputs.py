@@ -24,7 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import tiny_model  # noqa: E402
-from hostile import artifact_parts, nested_json, write_artifact, zip_bomb_member  # noqa: E402
+from hostile import (artifact_parts, nested_json, one_line_error, write_artifact,  # noqa: E402
+                     zip_bomb_member)
 
 import lumc  # noqa: E402
 from lumc.compiler.tools.cli import cli  # noqa: E402
@@ -35,16 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def lumc_cli(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_line_error(res, *words):
-    assert res.exit_code == 2, (res.exit_code, res.output)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lumc: error: "), res.stderr
-    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(autouse=True)
