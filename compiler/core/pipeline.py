@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
@@ -336,6 +337,11 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
             target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)
         programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph, fast_math)
+        act = ACTIVATION_DTYPE[policy.precision]
+        if act is not None:    # kernel-to-kernel values stored narrow, then best-bound first again
+            ceil = target.spec.as_ceilings()
+            programs = sorted((store_activations(p, act) for p in programs),
+                              key=lambda p: sum(kernel_time_bound(c.kernel, ceil) for c in p.calls))
         stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
         inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
