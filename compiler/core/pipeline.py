@@ -27,7 +27,7 @@ from lumc.compiler.core.fusion import greedy_program
 from lumc.backends.extern import impl_of
 from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.core.precision import FALLBACK, PrecisionPolicy, precision_report, store_weights
-from lumc.compiler.core.precision_gate import stage_quality
+from lumc.compiler.core.precision_gate import stage_quality, weights_gate
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
 from lumc.compiler.core.why_not import why_not
@@ -333,6 +333,16 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
     try:
         stage_s: dict[str, float] = {"frontend": frontend_s}
         graph, weight_stats = store_weights(fe.graph, policy)
+        inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
+        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        wq = weights_gate(graph, fe.graph, inputs, policy) if not deadline.expired() else None
+        if wq is not None and not wq["passed"]:
+            down = dataclasses.replace(policy, weights="same")
+            fe.warnings.append(f"weights {policy.weights} miss the quality gate on their own "
+                               f"({wq['reason']}, every op exact); compiled with the model's "
+                               f"weights (precision {policy.precision}) instead")
+            policy = down
+            graph, weight_stats = store_weights(fe.graph, policy)
         target = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)
@@ -343,8 +353,6 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
             programs = sorted((store_activations(p, act) for p in programs),
                               key=lambda p: sum(kernel_time_bound(c.kernel, ceil) for c in p.calls))
         stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
-        inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
-        inputs = {k: np.asarray(v) for k, v in inputs.items()}
         progress.stage("reference", deadline)
         # past the deadline already: no reference run, no search; the best-bound candidate
         t_ref = deadline.elapsed()

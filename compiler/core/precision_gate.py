@@ -14,6 +14,12 @@ reference of the *original* model (``lumc.compiler.core.precision.measure_qualit
   precision, every other contraction exact: the figures of the gate), then lowers kernels from the
   least sensitive up, keeping each lowering only while the gate holds: layer sensitivity measured,
   not guessed. The report gives each kernel's precision and its share of the error.
+
+Quantized weights are gated once more, before any of that: :func:`weights_gate` runs the model with
+its weights as stored (``--weights int8``...) against the fp32 model. Weight storage is a property
+of the graph, not of the kernels, so when the weights alone already miss the gate no plan over
+them can pass; the pipeline then stores the model's weights and says so, before it spends the
+e-graph and the search on a graph it would have to throw away.
 """
 from __future__ import annotations
 
@@ -50,6 +56,19 @@ def best_config_at(measurer, key: str, better_than: str | None) -> int | None:
         if t is not None and t < best_t:
             best, best_t = i, t
     return best
+
+
+def weights_gate(stored, original, inputs: dict, policy: PrecisionPolicy) -> dict | None:
+    """Quality of the stored weights alone: the graph ``stored`` (weights as the policy stores them,
+    every op exact) against ``original`` (the fp32 model) on ``inputs``, by
+    :func:`~lumc.compiler.core.precision.measure_quality`. None when the policy keeps the model's
+    weights (``weights="same"``)."""
+    if policy.weights == "same":
+        return None
+    ref = ReferenceExecutor(original)(inputs)
+    got = ReferenceExecutor(stored)(inputs)
+    floats = [k for k, n in original.outputs.items() if n.dtype.is_float]
+    return measure_quality(got, ref, policy, floats)
 
 
 def stage_quality(chosen, graph, graph_ref, inputs: dict, keys: list, configs: list, measurer,
