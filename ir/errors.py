@@ -48,6 +48,21 @@ class UnsupportedOpError(LumcError):
     """The model uses ops lumc does not implement (all of them are listed at once)."""
 
 
+class RuntimeIfError(UnsupportedOpError):
+    """An ``If`` whose condition is known only at run time and whose branches cannot both be one
+    graph (a branch does not import at these shapes, or their outputs differ in shape or dtype).
+
+    ``if_output`` (the If's first output name, unique in its graph) and ``cond`` (the condition's
+    tensor name) let the compiler build one variant per branch and select between them at run
+    time (``lumc.compiler.core.variants``); without that, it is the one-line error it says.
+    """
+
+    def __init__(self, reason: str, *, if_output: str = "", cond: str = "", **kw):
+        self.if_output = if_output
+        self.cond = cond
+        super().__init__(reason, **kw)
+
+
 class InputError(LumcError):
     """Inputs given at run time are missing, unknown, or of the wrong shape or dtype."""
 

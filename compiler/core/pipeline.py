@@ -30,11 +30,12 @@ from lumc.compiler.core.precision import FALLBACK, PrecisionPolicy, precision_re
 from lumc.compiler.core.precision_gate import stage_quality, weights_gate
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
+from lumc.compiler.core.variants import compile_variants, size_lists
 from lumc.compiler.core.why_not import why_not
 from lumc.compiler.core.search import SearchResult, run_search
 from lumc.compiler.runtime.targets import Target, fork_safe, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.runtime.tuning_db import TuningDatabase
-from lumc.ir.errors import InputError
+from lumc.ir.errors import InputError, RuntimeIfError
 from lumc.ir.graph import Graph
 from lumc.rewrites.cost import kernel_time_bound
 
@@ -92,12 +93,27 @@ def _resolve_dim_names(m, shapes: dict) -> dict:
             continue
         if any(isinstance(d, str) for d in s.shape):
             if all(not isinstance(d, str) or d in dims for d in s.shape):
-                out[s.name] = tuple(_scalar_dim(dims[d]) if isinstance(d, str) else d for d in s.shape)
+                out[s.name] = tuple(_scalar_dim(dims[d], d) if isinstance(d, str) else d for d in s.shape)
     return out
 
 
-def _scalar_dim(v) -> int:
-    return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
+def _scalar_dim(v, name: str = "") -> int:
+    """One size for dynamic dim ``name``: an int, or a 1-tuple (the CLI's ``batch_size=2``).
+
+    Raises:
+        InputError: a 2-tuple (a range ``(lo, hi)``: see ``lumc.compiler.core.variants``) or
+            anything else that is not one size.
+    """
+    if isinstance(v, (tuple, list)):
+        if len(v) == 2 and isinstance(v, tuple):
+            raise InputError(f"--shape {name}={v[0]}..{v[1]}: a range of sizes needs kernels that "
+                             "take their sizes at run time, which lumc does not generate yet; give "
+                             f"the sizes to compile as a list ({name}={v[0]},{v[1]} or "
+                             f"shapes={{{name!r}: [{v[0]}, {v[1]}]}})")
+        if len(v) != 1:
+            raise InputError(f"--shape {name}: a dynamic dim takes one size, got {v!r}")
+        v = v[0]
+    return int(v)
 
 
 def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egraph: bool,
@@ -277,9 +293,19 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         model = bind_inputs(load_model(model), bind)
     budget_s = parse_duration(budget)
     deadline = Deadline(budget_s, clock)
+    db = db if db is not None else TuningDatabase()
+
+    def one(src, budget_s: float, shp: dict) -> CompiledModel:   # one plan of several
+        return compile_model(src, budget=budget_s, device=device, shapes=shp, use_egraph=use_egraph,
+                             quiet=quiet, db=db, clock=clock, reuse_plan=reuse_plan,
+                             precision=precision, weights=weights, tolerance=tolerance,
+                             max_kl=max_kl, logits=logits, fast_math=fast_math,
+                             example_inputs=None if size_lists(shapes) else example_inputs)
+    if size_lists(shapes):           # several sizes: one plan each, chosen per call
+        return compile_variants(model, budget=budget_s, shapes=shapes, compile_one=one,
+                                clock=clock)
     target = resolve_target(device)
     ver = versions(gpu=not target.simulated)
-    db = db if db is not None else TuningDatabase()
     target = with_measured_ceilings(target, db)
     plans = db.plans_dir
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
@@ -290,12 +316,20 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         if cm is not None:
             return cm
     t0 = deadline.elapsed()
+    runtime_if = None
     with hard_deadline(deadline):    # the budget holds for any graph: BudgetError past its grace
-        fe = stage_frontend(model, shapes, example_inputs)
-        cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
-                              use_egraph=use_egraph, quiet=quiet,
-                              frontend_s=deadline.elapsed() - t0, policy=policy,
-                              fast_math=fast_math)
+        try:
+            fe = stage_frontend(model, shapes, example_inputs)
+        except RuntimeIfError as e:  # branches that are not one graph: one plan per branch
+            runtime_if = e
+        if runtime_if is None:
+            cm = compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
+                                  use_egraph=use_egraph, quiet=quiet,
+                                  frontend_s=deadline.elapsed() - t0, policy=policy,
+                                  fast_math=fast_math)
+    if runtime_if is not None:
+        return compile_variants(model, budget=max(deadline.remaining(), 0.0), shapes=shapes,
+                                compile_one=one, clock=clock, first_error=runtime_if)
     if reuse is not None and cm.report_dict()["best_time_s"] is not None:
         _store_plan(plans / f"{reuse}.lumc", cm)
     return cm

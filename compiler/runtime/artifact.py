@@ -230,8 +230,9 @@ def memory_bytes() -> int | None:
 
 def _member_cap(info: zipfile.ZipInfo) -> int:
     """The most bytes member ``info`` may hold uncompressed (see :data:`MAX_JSON_BYTES`)."""
-    if info.filename in MAX_JSON_BYTES:
-        return MAX_JSON_BYTES[info.filename]
+    base = part_basename(info.filename)
+    if base in MAX_JSON_BYTES:
+        return MAX_JSON_BYTES[base]
     if info.compress_type == zipfile.ZIP_STORED:
         return info.compress_size
     return max(_CHUNK, MAX_INFLATION * info.compress_size)
@@ -334,19 +335,27 @@ def check_npz(path: Path, data: bytes, part: str = "consts.npz") -> None:
         raise ArtifactError(f"{bad} ({type(e).__name__})") from None
 
 
+def part_basename(name: str) -> str:
+    """The part kind of member ``name``: a variant's parts live under ``v0/``, ``v1/``... (see
+    ``lumc.compiler.runtime.variants``) and are capped and checked like the top-level ones."""
+    return name.rsplit("/", 1)[-1]
+
+
 def _check_parts(path: Path, parts: dict[str, bytes]) -> dict[str, dict]:
-    """Each known part is readable and has the shape its reader expects (names the part);
-    returns the parsed JSON parts."""
+    """Each known part (at the top level or under a variant's prefix) is readable and has the
+    shape its reader expects (names the part); returns the parsed JSON parts by member name."""
     from lumc.compiler.runtime.artifact_schema import check_json_part
     docs = {}
-    for name in ("graph.json", "plan.json", "report.json"):
-        if name in parts:
-            docs[name] = check_json_part(str(path), name, parts[name])
-    if "graph.json" in docs and docs["graph.json"].get("format") != GRAPH_FORMAT:
-        raise ArtifactError(f"{path}: part 'graph.json' has graph format "
-                            f"{docs['graph.json'].get('format')!r}, this lumc reads {GRAPH_FORMAT!r}")
-    if "consts.npz" in parts:
-        check_npz(path, parts["consts.npz"])
+    for name, data in parts.items():
+        base = part_basename(name)
+        if base in ("graph.json", "plan.json", "report.json"):
+            docs[name] = check_json_part(str(path), name if base == name else base, data)
+            if base == "graph.json" and docs[name].get("format") != GRAPH_FORMAT:
+                raise ArtifactError(f"{path}: part {name!r} has graph format "
+                                    f"{docs[name].get('format')!r}, this lumc reads "
+                                    f"{GRAPH_FORMAT!r}")
+        elif base == "consts.npz":
+            check_npz(path, data, name)
     return docs
 
 

@@ -198,6 +198,10 @@ class CompiledModel:
     def save(self, path) -> str:
         """Write a self-contained ``.lumc`` artifact atomically; returns its hash."""
         from lumc import __version__
+        return save_artifact(path, self.parts(), __version__)
+
+    def parts(self) -> dict[str, bytes]:
+        """The artifact's parts (member name -> bytes): graph, weights, plan, report, source."""
         # the program may be bound to a rewritten graph (e-graph candidates): index every node any
         # call touches, plus the model outputs
         touched = {f"__n{i}_{j}": n for i, c in enumerate(self.program.calls)
@@ -218,7 +222,7 @@ class CompiledModel:
                  "report.json": json.dumps(self._report, indent=1).encode()}
         if self.source_onnx is not None:
             parts["source.onnx"] = self.source_onnx
-        return save_artifact(path, parts, __version__)
+        return parts
 
 
 def _check_node_sizes(path, nodes) -> None:
@@ -246,18 +250,33 @@ def load(path, device: str | None = None) -> CompiledModel:
     """
     from lumc import __version__
     manifest, parts = load_artifact(path, __version__)
+    if "variants.json" in parts:     # several plans and the choice between them
+        from lumc.compiler.runtime.variants import load_variants
+        return load_variants(path, parts, device)
+    return from_parts(path, parts, device)
+
+
+def from_parts(path, parts: dict[str, bytes], device: str | None = None,
+               prefix: str = "") -> CompiledModel:
+    """The compiled model stored in ``parts`` (member name -> verified bytes) under ``prefix``
+    (``""``, or a variant's ``v0/``...).
+
+    Raises:
+        ArtifactError: a missing or corrupt part (one line, naming it).
+    """
     for need in ("graph.json", "consts.npz", "plan.json", "report.json"):
-        if need not in parts:
-            raise ArtifactError(f"{path}: artifact lacks {need}")
+        if prefix + need not in parts:
+            raise ArtifactError(f"{path}: artifact lacks {prefix + need}")
     try:
-        full, nodes = graph_from_bytes(parts["graph.json"], parts["consts.npz"])
+        full, nodes = graph_from_bytes(parts[prefix + "graph.json"], parts[prefix + "consts.npz"])
     except ArtifactError as e:
-        raise ArtifactError(f"{path}: part 'graph.json'/'consts.npz': {e.reason}") from None
+        raise ArtifactError(f"{path}: part '{prefix}graph.json'/'{prefix}consts.npz': "
+                            f"{e.reason}") from None
     _check_node_sizes(path, nodes)
     graph = Graph(full.inputs, {k: v for k, v in full.outputs.items() if not k.startswith("__n")})
     try:
-        plan = json.loads(parts["plan.json"])
-        report = json.loads(parts["report.json"])
+        plan = json.loads(parts[prefix + "plan.json"])
+        report = json.loads(parts[prefix + "report.json"])
         calls, configs = [], []
         for i, c in enumerate(plan["calls"]):
             mnpz = bytes.fromhex(c["meaning_consts"])
@@ -280,4 +299,4 @@ def load(path, device: str | None = None) -> CompiledModel:
         from lumc.compiler.runtime.targets import _cuda_available
         torch_device = "cuda:0" if _cuda_available() else "cpu"
     return CompiledModel(graph, program, configs, plan["device"], plan["simulated"], report,
-                         parts.get("source.onnx"), torch_device)
+                         parts.get(prefix + "source.onnx", parts.get("source.onnx")), torch_device)

@@ -154,18 +154,39 @@ def _check_rtol(ctx, param, value):
     return value
 
 
-def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
+def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...] | list]:
+    """``--shape`` values: ``NAME=DxD...`` (an input's shape, or one size of a dynamic dim), or a
+    comma-separated list of them (``sequence_length=16,64,128``: one plan per size, see
+    ``lumc.compiler.core.variants``), given as a list.
+
+    Raises:
+        InputError: a malformed value, a name given twice, or a range ``A..B`` (one line).
+    """
+    shapes: dict = {}
     for item in items:
         name, eq, dims = item.rpartition("=")
         dims = dims.strip()
-        if not eq or not name or not (dims == "" or _DIMS.match(dims)):
-            raise InputError(f"bad --shape {item!r}: expected NAME=DxDx... (e.g. x=1x3x64x64) "
-                             f"or DIM=N (e.g. batch_size=2)")
+        lo, dots, hi = dims.partition("..")
+        if eq and name and dots and lo.strip().isdigit() and hi.strip().split("@")[0].isdigit():
+            raise InputError(f"--shape {name}={dims}: a range of sizes needs kernels that take "
+                             "their sizes at run time, which lumc does not generate yet; give the "
+                             f"sizes to compile as a list ({name}={lo.strip()},"
+                             f"{hi.strip().split('@')[0]})")
+        values = [d.strip() for d in dims.split(",")] if "," in dims else [dims]
+        if not eq or not name or not all(v == "" and len(values) == 1 or _DIMS.match(v)
+                                         for v in values):
+            raise InputError(f"bad --shape {item!r}: expected NAME=DxDx... (e.g. x=1x3x64x64), "
+                             "DIM=N (e.g. batch_size=2) or DIM=N,N,... (one plan per size)")
         if name in shapes:
-            raise InputError(f"--shape {name} is given twice ({'x'.join(map(str, shapes[name]))} "
-                             f"and {dims}); give it once")
-        shapes[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
+            raise InputError(f"--shape {name} is given twice; give it once (a list of sizes "
+                             f"is {name}=A,B,C)")
+        parsed = [tuple(int(d) for d in v.split("x")) if v else () for v in values]
+        if len(parsed) == 1:
+            shapes[name] = parsed[0]
+        elif all(len(p) == 1 for p in parsed):
+            shapes[name] = [p[0] for p in parsed]
+        else:
+            shapes[name] = parsed
     return shapes
 
 
@@ -398,14 +419,11 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
             refuse_same_file(out_path, f, "the input file")
         check_writable(out_path)
     artifact = _is_artifact(model)
-    if artifact and shape_args:
-        raise InputError(f"--shape applies to an ONNX model, and {model} is a compiled artifact "
-                         "(its shapes are fixed at compile time); recompile with --shape instead")
     arrays = _load_arrays(inputs_npz, input_pairs)
     if artifact:
         from lumc.compiler.tools.cli_compile import run_artifact
         return run_artifact(model, arrays, use_random, seed, check, rtol, out_path, backend,
-                            atol=atol)
+                            atol=atol, shape_args=shape_args)
     onnx_model = fe.load_model(model)
     fe.check_supported(onnx_model)
     specs = fe.model_input_specs(onnx_model)

@@ -45,12 +45,21 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
     (unknown names, repeats, conflicts, unset dynamic dims, inputs too large for memory)."""
     from lumc.compiler.frontends import onnx_frontend as fe
     from lumc.compiler.tools.cli import check_input_sizes, resolve_shapes
+    import itertools
     shape_args = _parse_shapes(shape_items)
     m = fe.load_model(model)
     specs = fe.model_input_specs(m)
-    shapes = resolve_shapes(specs, shape_args, {})
-    check_input_sizes(shapes, {s.name: s.dtype.np for s in specs})
-    return shapes
+    lists = {k: v for k, v in shape_args.items() if isinstance(v, list)}
+    if not lists:
+        shapes = resolve_shapes(specs, shape_args, {})
+        check_input_sizes(shapes, {s.name: s.dtype.np for s in specs})
+        return shapes
+    # several sizes: each combination is checked here; compile_model makes one plan per size
+    for vals in itertools.product(*lists.values()):
+        one = {**shape_args, **{k: (v if isinstance(v, tuple) else (v,))
+                                for k, v in zip(lists, vals)}}
+        check_input_sizes(resolve_shapes(specs, one, {}), {s.name: s.dtype.np for s in specs})
+    return shape_args
 
 
 @cli.command("compile", help=_COMPILE_HELP)
@@ -68,8 +77,10 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @click.option("--precision", default="fp32", show_default=True,
               type=click.Choice(["fp32", "tf32", "bf16", "fp16", "fp8", "auto"]),
               help="contraction precision policy (fp32 runs on tensor cores as split TF32)")
-@click.option("--weights", default="same", show_default=True, type=click.Choice(["same", "int8"]),
-              help="weight-only quantization of contraction weights (int8: per output channel)")
+@click.option("--weights", default="same", show_default=True,
+              type=click.Choice(["same", "int8", "fp8", "nvfp4"]),
+              help="weight-only quantization of contraction weights (int8, fp8 e4m3: per output "
+              "channel; nvfp4: e2m1 with an e4m3 scale per 16 along K and a per-tensor scale)")
 @click.option("--tolerance", default=None, type=float, metavar="RTOL",
               help="quality gate: max rel error of every output (default by --precision)")
 @click.option("--max-kl", "max_kl", default=None, type=float, metavar="X",
@@ -153,6 +164,9 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     if report_path:
         write_atomic(report_path, json.dumps(r, indent=1).encode())
         written.append(str(report_path))
+    if "variants" in r:
+        _echo_variants(cm, r, out_path, report_path)
+        return
     unit = "SIMULATED" if r["simulated"] else "measured"
     best = r["best_time_s"]
     best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
@@ -182,6 +196,25 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                    f"{eg.get('saturation_s') or 0:.2f} s")
     elif eg.get("error"):
         click.echo(f"  e-graph: not used ({eg['error']})")
+    click.echo(f"wrote {out_path}" + (f" and {report_path}" if report_path else ""))
+
+
+def _echo_variants(cm, r, out_path, report_path) -> None:
+    """The summary of a compile into several plans: one line per plan, one per branch or size not
+    compiled (``lumc.compiler.core.variants``)."""
+    unit = "SIMULATED" if r["simulated"] else "measured"
+    click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) into {len(r['variants'])} "
+               f"plans in {_secs(r['compile_s'])} s of {_secs(r['budget_s'])} s, chosen per call")
+    for v in r["variants"]:
+        best = v.get("best_time_s")
+        best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
+        click.echo(f"  {v['describe']}: {v['kernels']} kernels, best {best_s}, bound "
+                   f"{(v.get('bound_time_s') or 0) * 1e6:.1f} us, {v['stopped_because']}")
+    for v in r.get("not_compiled", []):
+        click.echo(f"  not compiled: {v['describe']}: {v['reason']}")
+    for w in r.get("warnings", []):
+        if w.startswith("precision ") or w.startswith("weights "):
+            click.echo(f"  note: {w}")
     click.echo(f"wrote {out_path}" + (f" and {report_path}" if report_path else ""))
 
 
@@ -241,8 +274,39 @@ def cache_clear():
                f"{removed} kernel source files")
 
 
+def _pick_variant(cm, path, shape_args: dict, arrays: dict):
+    """The plan of a variant artifact that ``--shape`` (dims or input shapes) and the given
+    arrays' shapes select (the first one left: an ``If`` then decides once inputs are made); a
+    single-plan artifact is itself, and refuses ``--shape``."""
+    from lumc.compiler.runtime.variants import VariantModel
+    if not isinstance(cm, VariantModel):
+        if shape_args:
+            raise InputError(f"--shape applies to an ONNX model, and {path} is a compiled "
+                             "artifact (its shapes are fixed at compile time); recompile with "
+                             "--shape instead")
+        return cm
+    for k, v in shape_args.items():
+        if isinstance(v, list):
+            raise InputError(f"--shape {k}: one size per run")
+    inputs = {i.name for i in cm.first.inputs}
+    dims = {k: v[0] for k, v in shape_args.items() if k not in inputs and len(v) == 1}
+    shapes = {k: v for k, v in shape_args.items() if k in inputs}
+    shapes.update({k: tuple(a.shape) for k, a in arrays.items() if k in inputs})
+    known = {d for key, _ in cm.variants for d in key.dims}
+    for k in shape_args:
+        if k not in inputs and k not in known:
+            raise InputError(f"--shape {k}: no input or compiled dynamic dim of that name; "
+                             f"variants: {cm.compiled_sizes()}")
+    found = cm.candidates(dims, shapes)
+    if not found:
+        want = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in {**shape_args}.items())
+        raise InputError(f"{want or 'these inputs'}: outside what {path} was compiled for "
+                         f"(variants: {cm.compiled_sizes()})")
+    return found[0][1]
+
+
 def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend="reference",
-                 atol=None):
+                 atol=None, shape_args=None):
     """``lumc run ART.lumc``: run a compiled artifact; ``--check`` runs onnxruntime on the source
     model stored inside it (no original file needed). ``backend="triton"`` launches the artifact's
     own kernels (``lumc.backends.triton.run_program``; the Triton interpreter without a GPU)."""
@@ -254,7 +318,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     from lumc.compiler.frontends import models
     from lumc.compiler.runtime.compiled import load
 
-    cm = load(path)
+    whole = load(path)
+    cm = _pick_variant(whole, path, shape_args or {}, arrays)
     if check and not cm.source_onnx:
         raise InputError("--check needs the source ONNX model, and this artifact has none")
     specs = cm.inputs
@@ -280,6 +345,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         inputs.update(c.random_missing(missing, {s.name: s.shape for s in specs}, seed, info,
                                        random_int_highs(uses)))
     check_index_inputs(uses, inputs)   # an index outside its table: one line, on every backend
+    if whole is not cm:
+        cm = whole.select(inputs)      # the plan these inputs take (an If's branch)
     t0 = time.perf_counter()
     if backend == "triton":
         from lumc.backends.triton.runner import execution_mode, run_program

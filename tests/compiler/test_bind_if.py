@@ -15,7 +15,7 @@ from onnx import numpy_helper as nh
 import lumc
 from lumc.compiler.tools.cli import cli
 from lumc.compiler.runtime.tuning_db import TuningDatabase
-from lumc.ir.errors import InputError, UnsupportedOpError
+from lumc.ir.errors import InputError
 
 
 def sample_rate_switch() -> onnx.ModelProto:
@@ -50,10 +50,17 @@ def test_bind_folds_the_if(tmp_path):
         lumc.compile(m, budget="30s", device="sim:h200", bind={"rate": 16000})
 
 
-def test_unbound_runtime_if_names_bind(tmp_path):
-    with pytest.raises(UnsupportedOpError, match="--bind") as e:
-        lumc.compile(sample_rate_switch(), budget="30s", device="sim:h200",
-                     db=TuningDatabase(tmp_path / "db.sqlite"))
+def test_unbound_runtime_if_compiles_the_branch_that_imports(tmp_path):
+    # without a binding the If is decided per call: the 16 kHz branch is compiled, and a call
+    # that takes the 8 kHz one (which cannot hold 512 samples) is refused in one line
+    m = sample_rate_switch()
+    f = lumc.compile(m, budget="30s", device="sim:h200", db=TuningDatabase(tmp_path / "db.sqlite"))
+    x = np.random.default_rng(0).standard_normal((1, 512)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "sr": np.array(16000, np.int64)})[0]
+    np.testing.assert_allclose(f(x, np.array(16000, np.int64)), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="did not compile at these shapes") as e:
+        f(x, np.array(8000, np.int64))
     assert "\n" not in str(e.value)
 
 

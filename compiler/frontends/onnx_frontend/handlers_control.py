@@ -1,14 +1,15 @@
 """Control flow, resolved at import time. ``If``: a constant condition inlines the chosen branch
 (outer names visible); a runtime condition imports both branches and selects with ``Where`` when
 their outputs agree in shape and dtype (both sides are side-effect free, so computing both is only
-a cost). ``Scan`` and ``Loop`` are unrolled over their static length / constant trip count."""
+a cost); otherwise it raises :class:`~lumc.ir.errors.RuntimeIfError`, from which the compiler builds
+one variant per branch, selected at run time (``lumc.compiler.core.variants``). ``Scan`` and ``Loop`` are unrolled over their static length / constant trip count."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 
 from lumc.compiler.frontends.onnx_frontend.registry import OpContext, constant, handler
-from lumc.ir.errors import LumcError, ShapeError, UnsupportedOpError
+from lumc.ir.errors import LumcError, RuntimeIfError, ShapeError, UnsupportedOpError
 from lumc.ir.tensor import Tensor, normalize_axis, stack
 
 
@@ -35,18 +36,20 @@ def _if(ctx: OpContext):
         try:
             branches.append(ctx.run_subgraph(ctx.attr(which)))
         except LumcError as e:   # this branch does not apply at these shapes (a sample-rate switch)
-            raise UnsupportedOpError(
+            raise RuntimeIfError(
                 f"the condition is known only at run time and {which} does not import at these "
                 f"shapes ({e.reason}); fix the condition's input at compile time with --bind "
-                "NAME=VALUE (bind= in the API)") from None
+                "NAME=VALUE (bind= in the API)", if_output=ctx.node.output[0],
+                cond=ctx.node.input[0]) from None
     then, other = branches
     c = cond.reshape(())
     outs = []
     for k, (a, b) in enumerate(zip(then, other)):
         if a.shape != b.shape or a.dtype != b.dtype:
-            raise UnsupportedOpError(f"runtime condition with branch output {k} of different shapes "
-                                     f"or dtypes ({a.dtype}{list(a.shape)} vs "
-                                     f"{b.dtype}{list(b.shape)})")
+            raise RuntimeIfError(f"runtime condition with branch output {k} of different shapes "
+                                 f"or dtypes ({a.dtype}{list(a.shape)} vs "
+                                 f"{b.dtype}{list(b.shape)})", if_output=ctx.node.output[0],
+                                 cond=ctx.node.input[0])
         outs.append(c.where(a, b))
     return outs
 

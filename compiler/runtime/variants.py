@@ -1,0 +1,281 @@
+"""Several compiled plans of one model in one artifact, and the choice between them at call time.
+
+A model compiles into more than one plan when one graph cannot serve every call:
+
+* **explicit sizes** (``--shape sequence_length=16,64,128``, ``shapes={"sequence_length": [16,
+  64, 128]}``): one plan per size, each searched at its own shape;
+* **an ``If`` on a value known only at run time** whose branches are not one graph (a branch does
+  not import at these shapes, or the outputs differ: a sample-rate switch, ``if sr == 16000``):
+  one plan per branch, with the condition's own sub-graph kept to decide.
+
+:class:`VariantModel` holds the plans. A call picks its plan by the input shapes (a dict lookup)
+and then, where plans differ by an ``If``, by evaluating each condition's sub-graph on the inputs
+(the reference executor on a few scalar ops). It never pads, copies or recompiles. A call that no
+plan serves is a one-line :class:`~lumc.ir.errors.InputError` naming the input, its shape and
+the shapes compiled, or the ``If`` and the branch that does not apply.
+
+Artifact layout: ``variants.json`` (one key per plan: dims, input shapes, conditions), each plan's
+parts under ``v0/``, ``v1/``..., condition sub-graphs under ``cond<k>/``, and the model's
+``source.onnx`` once at the top level.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumc.ir.errors import ArtifactError, InputError
+from lumc.ir.graph import Graph
+from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+
+
+@dataclass
+class VariantKey:
+    """What one plan serves.
+
+    Attributes:
+        dims: ``{dynamic dim name: size}`` the plan was compiled at (may be empty).
+        shapes: ``{input name: shape}``, the plan's own input shapes.
+        conditions: ``{If output name: branch taken}`` (True: ``then_branch``).
+    """
+    dims: dict = field(default_factory=dict)
+    shapes: dict = field(default_factory=dict)
+    conditions: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.dims.items()] or \
+            [f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in self.shapes.items()]
+        parts += [f"If {k!r} {'then' if v else 'else'}" for k, v in self.conditions.items()]
+        return ", ".join(parts)
+
+    def as_json(self) -> dict:
+        return {"dims": dict(self.dims), "shapes": {k: list(v) for k, v in self.shapes.items()},
+                "conditions": dict(self.conditions)}
+
+
+class VariantModel:
+    """Compiled plans of one model, one per :class:`VariantKey`, chosen per call.
+
+    Args:
+        variants: ``[(key, CompiledModel)]`` in compile order.
+        conditions: ``{If output name: Graph}`` whose one output is that If's condition, over the
+            model inputs it needs.
+        skipped: ``[(key, reason)]`` for branches or sizes that did not compile (said when a call
+            needs them).
+        report: the combined report (``variants`` lists each plan's own).
+    """
+
+    def __init__(self, variants: list, conditions: dict[str, Graph], skipped: list,
+                 report: dict, source_onnx: bytes | None = None):
+        if not variants:
+            raise InputError("no variant of the model compiled: " +
+                             "; ".join(f"{k.describe()}: {r}" for k, r in skipped))
+        self.variants = list(variants)
+        self.conditions = dict(conditions)
+        self.skipped = list(skipped)
+        self._report = report
+        self.source_onnx = source_onnx
+        self._by_shape: dict[tuple, list] = {}
+        for key, cm in self.variants:
+            self._by_shape.setdefault(self._shape_key(key.shapes), []).append((key, cm))
+
+    # ---- the CompiledModel surface (the first plan's where one is needed) -------------------------
+    @property
+    def first(self):
+        return self.variants[0][1]
+
+    def __getattr__(self, name):
+        # device, simulated, torch_device, graph, program, configs...: the first plan's
+        if name.startswith("_") or name in ("variants", "conditions", "skipped", "source_onnx"):
+            raise AttributeError(name)
+        return getattr(self.variants[0][1], name)
+
+    @property
+    def inputs(self):
+        return self.first.inputs
+
+    @property
+    def outputs(self):
+        return self.first.outputs
+
+    # ---- choosing ---------------------------------------------------------------------------------
+    @staticmethod
+    def _shape_key(shapes: dict) -> tuple:
+        return tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+
+    def candidates(self, dims: dict | None = None, shapes: dict | None = None) -> list:
+        """The ``(key, model)`` pairs whose dims and input shapes agree with the ones given
+        (``--shape`` at ``lumc run``)."""
+        out = []
+        for key, cm in self.variants:
+            if dims and any(key.dims.get(k) != v for k, v in dims.items()):
+                continue
+            if shapes and any(tuple(key.shapes.get(k, ())) != tuple(v) for k, v in shapes.items()):
+                continue
+            out.append((key, cm))
+        return out
+
+    def compiled_sizes(self) -> str:
+        return "; ".join(k.describe() for k, _ in self.variants)
+
+    def select(self, inputs: dict):
+        """The plan (a :class:`~lumc.compiler.runtime.compiled.CompiledModel`) that serves
+        ``inputs`` (``{name: array}``).
+
+        Raises:
+            InputError: no plan was compiled for these shapes (naming the first input whose shape
+                differs and the shapes compiled), or the inputs take an ``If`` branch that did not
+                compile at these shapes (naming it and why).
+        """
+        names = list(self.variants[0][0].shapes)
+        shp = {k: tuple(np.shape(inputs[k])) for k in names if k in inputs}
+        found = self._by_shape.get(self._shape_key(shp)) if len(shp) == len(names) else None
+        if not found:
+            for k in names:
+                if k not in inputs:
+                    raise InputError(f"missing input {k!r}", node=k)
+            for k in names:
+                seen = sorted({tuple(key.shapes[k]) for key, _ in self.variants})
+                if shp[k] not in seen:
+                    raise InputError(f"input {k!r} has shape {shp[k]}; compiled for "
+                                     f"{' or '.join(map(str, seen))} (variants: "
+                                     f"{self.compiled_sizes()})", node=k)
+            raise InputError(f"no compiled variant has input shapes {shp} together (variants: "
+                             f"{self.compiled_sizes()})")
+        if len(found) == 1 and not found[0][0].conditions:
+            return found[0][1]
+        taken = {c: self._condition(c, inputs) for c in {c for k, _ in found for c in k.conditions}}
+        for key, cm in found:
+            if all(taken[c] == v for c, v in key.conditions.items()):
+                return cm
+        for key, reason in self.skipped:
+            if self._shape_key(key.shapes) == self._shape_key(shp) and \
+                    all(taken.get(c) == v for c, v in key.conditions.items()):
+                raise InputError(f"these inputs take {key.describe()}, which did not compile at "
+                                 f"these shapes: {reason}")
+        raise InputError(f"these inputs take {', '.join(f'If {c!r} ' + ('then' if v else 'else') for c, v in taken.items())}, "
+                         f"which no variant serves (variants: {self.compiled_sizes()})")
+
+    def _condition(self, name: str, inputs: dict) -> bool:
+        from lumc.backends.reference import ReferenceExecutor
+        g = self.conditions[name]
+        feed = {k: np.asarray(inputs[k]) for k in g.inputs}
+        v = np.asarray(next(iter(ReferenceExecutor(g)(feed).values())))
+        if v.size != 1:
+            raise InputError(f"the condition of If {name!r} has {v.size} elements, expected 1")
+        return bool(v.reshape(-1)[0])
+
+    # ---- running ----------------------------------------------------------------------------------
+    def _named(self, args, kwargs) -> dict:
+        names = [i.name for i in self.first.inputs]
+        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+            return dict(args[0])
+        if len(args) > len(names):
+            raise InputError(f"takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        given = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k in given:
+                raise InputError(f"input {k!r} given twice")
+            given[k] = v
+        return given
+
+    def _arrays(self, given: dict) -> dict:
+        out = {}
+        for k, v in given.items():
+            if type(v).__module__.startswith("torch"):
+                from lumc.backends.triton.launch import to_numpy
+                v = to_numpy(v)
+            out[k] = v
+        return out
+
+    def run(self, inputs: dict) -> dict[str, np.ndarray]:
+        """Run the plan that serves ``inputs`` (see :meth:`select`)."""
+        return self.select(self._arrays(inputs)).run(inputs)
+
+    def __call__(self, *args, **kwargs):
+        given = self._named(args, kwargs)
+        return self.select(self._arrays(given))(given)
+
+    # ---- report and artifact -----------------------------------------------------------------------
+    def report_dict(self) -> dict:
+        return json.loads(json.dumps(self._report))
+
+    def report(self) -> str:
+        lines = [f"lumc compiled model: {len(self.variants)} variants, chosen per call by "
+                 "input shapes and If conditions"]
+        for key, cm in self.variants:
+            lines.append(f"== variant {key.describe()}")
+            lines.append(cm.report())
+        for key, reason in self.skipped:
+            lines.append(f"== not compiled: {key.describe()}: {reason}")
+        return "\n".join(lines)
+
+    def save(self, path) -> str:
+        """Write one ``.lumc`` artifact holding every plan (see the module docstring)."""
+        from lumc import __version__
+        from lumc.compiler.runtime.artifact import save_artifact
+        parts: dict[str, bytes] = {}
+        for i, (key, cm) in enumerate(self.variants):
+            for name, data in cm.parts().items():
+                if name != "source.onnx":
+                    parts[f"v{i}/{name}"] = data
+        conds = {}
+        for j, (name, g) in enumerate(self.conditions.items()):
+            doc, npz, _ = graph_to_bytes(g)
+            parts[f"cond{j}/graph.json"] = doc
+            parts[f"cond{j}/consts.npz"] = npz
+            conds[name] = f"cond{j}/"
+        if self.source_onnx is not None:
+            parts["source.onnx"] = self.source_onnx
+        parts["variants.json"] = json.dumps({
+            "variants": [k.as_json() for k, _ in self.variants],
+            "skipped": [[k.as_json(), r] for k, r in self.skipped],
+            "conditions": conds}).encode()
+        parts["report.json"] = json.dumps(self._report, indent=1).encode()
+        return save_artifact(path, parts, __version__)
+
+
+def _key(path, d) -> VariantKey:
+    if not isinstance(d, dict) or not all(isinstance(d.get(k, {}), dict)
+                                          for k in ("dims", "shapes", "conditions")):
+        raise ArtifactError(f"{path}: part 'variants.json' has a malformed variant key")
+    try:
+        return VariantKey({str(k): int(v) for k, v in d.get("dims", {}).items()},
+                          {str(k): tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()},
+                          {str(k): bool(v) for k, v in d.get("conditions", {}).items()})
+    except (TypeError, ValueError):
+        raise ArtifactError(f"{path}: part 'variants.json' has a malformed variant key") from None
+
+
+def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> VariantModel:
+    """The :class:`VariantModel` of a verified artifact's ``parts``.
+
+    Raises:
+        ArtifactError: a malformed ``variants.json`` or a missing or corrupt variant part.
+    """
+    from lumc.compiler.runtime.artifact_schema import check_json_part
+    from lumc.compiler.runtime.compiled import from_parts
+    doc = check_json_part(str(path), "variants.json", parts["variants.json"])
+    if not isinstance(doc.get("variants"), list) or not isinstance(doc.get("conditions", {}), dict) \
+            or not isinstance(doc.get("skipped", []), list):
+        raise ArtifactError(f"{path}: part 'variants.json' lacks its variant list")
+    variants = [(_key(path, d), from_parts(path, parts, device, f"v{i}/"))
+                for i, d in enumerate(doc["variants"])]
+    conditions = {}
+    for name, prefix in doc.get("conditions", {}).items():
+        if not isinstance(prefix, str) or prefix + "graph.json" not in parts \
+                or prefix + "consts.npz" not in parts:
+            raise ArtifactError(f"{path}: condition {name!r} of 'variants.json' has no graph part")
+        g, _ = graph_from_bytes(parts[prefix + "graph.json"], parts[prefix + "consts.npz"])
+        conditions[name] = g
+    skipped = []
+    for item in doc.get("skipped", []):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], str)):
+            raise ArtifactError(f"{path}: part 'variants.json' has a malformed skipped entry")
+        skipped.append((_key(path, item[0]), item[1]))
+    report = json.loads(parts.get("report.json", b"{}"))
+    for name, _ in conditions.items():
+        if not any(name in k.conditions for k, _ in variants):
+            raise ArtifactError(f"{path}: condition {name!r} selects no variant")
+    return VariantModel(variants, conditions, skipped, report, parts.get("source.onnx"))
