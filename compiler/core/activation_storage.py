@@ -119,4 +119,5 @@ def store_activations(program: Program, to: dt.DType | None) -> Program:
         calls.append(KernelCall(kernel, [narrow.get(id(n), n) for n in c.inputs],
                                 [narrow.get(id(n), n) for n in c.outputs]))
     notes = list(program.notes) + [f"{len(narrow)} kernel-to-kernel values stored in {to.name}"]
-    return Program(calls, dict(program.outputs), program.label, notes, program.graph)
+    return Program(calls, dict(program.outputs), program.label, notes, program.graph,
+                   program.origin)

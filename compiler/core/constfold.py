@@ -24,6 +24,7 @@ import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.graph import Graph, Node, const_node, node
+from lumc.ir.symbolic import held
 from lumc.ir.tensor import Tensor
 
 MAX_FOLD_ELEMS = 1 << 16
@@ -72,7 +73,7 @@ def fold_constants(graph: Graph) -> Graph:
         is_const = all(constant[id(s)] for s in n.srcs)
         x = n if srcs == n.srcs else node(n.op, srcs, n.arg)
         if is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
-                t.dtype.is_float for t in (n, *n.srcs)):
+                t.dtype.is_float for t in (n, *n.srcs)) and not held(n.shape):
             x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
         elif n.op == "Gather" and int(n.arg) == 0 and srcs[1].op == "Constant" and \
                 _identity_gather(srcs[0], srcs[1].arg.value):

@@ -22,11 +22,13 @@ import numpy as np
 
 from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
+from lumc.compiler.core.buckets import DimRange, compile_ranges, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
 from lumc.backends.extern import impl_of
 from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
-from lumc.compiler.core.precision import FALLBACK, PrecisionPolicy, precision_report, store_weights
+from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, precision_report,
+                                          store_weights)
 from lumc.compiler.core.precision_gate import stage_quality, weights_gate
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
@@ -43,6 +45,16 @@ EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extracti
 EGRAPH_MIN_S = 0.25   # below this share the e-graph is not started (loading its rules alone costs more)
 MAX_CANDIDATES = 16   # distinct programs taken from extraction (the bound prunes the hopeless ones free)
 MAX_REGION_OPS = 400  # primitive ops per e-graph region (EGGLOG-NOTES: per-layer regions)
+
+
+@dataclass
+class Given:
+    """What a size bucket's compile takes from the range's one e-graph run (``compile_frontend``):
+    ``stored`` is ``(graph with weights stored, weight stats)``, ``programs`` the candidates bound
+    to it."""
+    stored: tuple
+    programs: list
+    egraph_stats: dict
 
 
 @dataclass
@@ -95,6 +107,18 @@ def _resolve_dim_names(m, shapes: dict) -> dict:
             if all(not isinstance(d, str) or d in dims for d in s.shape):
                 out[s.name] = tuple(_scalar_dim(dims[d], d) if isinstance(d, str) else d for d in s.shape)
     return out
+
+
+def with_ranges(model, shapes: dict | None) -> dict | None:
+    """``shapes`` with the API's ``(lo, hi)`` 2-tuples under a dim name (not an input's) as
+    :class:`~lumc.compiler.core.buckets.DimRange`."""
+    if not shapes or not any(isinstance(v, tuple) and len(v) == 2 for v in shapes.values()):
+        return shapes
+    from lumc.compiler.frontends.onnx_frontend import load_model, model_input_specs
+    names = {s.name for s in model_input_specs(load_model(model))}
+    return {k: DimRange(int(v[0]), int(v[1])) if (isinstance(v, tuple) and len(v) == 2
+                                                   and k not in names) else v
+            for k, v in shapes.items()}
 
 
 def _scalar_dim(v, name: str = "") -> int:
@@ -307,6 +331,17 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     target = resolve_target(device)
     ver = versions(gpu=not target.simulated)
     target = with_measured_ceilings(target, db)
+    shapes = with_ranges(model, shapes)
+    if ranges_in(shapes):            # size ranges: one e-graph, one plan per size bucket
+        tgt = dataclasses.replace(target, spec=dataclasses.replace(
+            target.spec, dot_precisions=policy.dot_precisions()))
+        return compile_ranges(
+            model, budget=budget_s, shapes=shapes, policy=policy, clock=clock,
+            frontend=lambda m, shp: stage_frontend(m, shp, None),
+            candidates=lambda g, dl: stage_candidates(g, tgt, dl, use_egraph, fast_math),
+            compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
+                fe, dl, target, ver, db, example_inputs=None, use_egraph=use_egraph, quiet=quiet,
+                policy=policy, fast_math=fast_math, given=Given(stored, progs, stats)))
     plans = db.plans_dir
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
                             (use_egraph, sorted(policy.as_dict().items()))
@@ -358,18 +393,23 @@ def compile_graph(graph: Graph, *, budget, device: str | None = None, example_in
 def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
                      db: TuningDatabase, *, example_inputs: dict | None, use_egraph: bool,
                      quiet: bool, frontend_s: float = 0.0,
-                     policy: PrecisionPolicy | None = None, fast_math: bool = False) -> CompiledModel:
+                     policy: PrecisionPolicy | None = None, fast_math: bool = False,
+                     given: "Given | None" = None) -> CompiledModel:
     """Every stage after the frontend: precision (weights stored as the policy says), candidates,
-    reference capture, search, the quality gate, plan, report."""
+    reference capture, search, the quality gate, plan, report.
+
+    ``given`` supplies the stored graph and the candidates instead (a size bucket of a range,
+    ``lumc.compiler.core.buckets``: the e-graph ran once for every bucket)."""
     policy = policy or PrecisionPolicy()
     budget_s = deadline.budget_s
     progress = Progress(budget_s, target, quiet)
     try:
         stage_s: dict[str, float] = {"frontend": frontend_s}
-        graph, weight_stats = store_weights(fe.graph, policy)
+        graph, weight_stats = given.stored if given is not None else store_weights(fe.graph, policy)
         inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
-        wq = weights_gate(graph, fe.graph, inputs, policy) if not deadline.expired() else None
+        wq = weights_gate(graph, fe.graph, inputs, policy) \
+            if not deadline.expired() and given is None else None
         if wq is not None and not wq["passed"]:
             down = dataclasses.replace(policy, weights="same")
             fe.warnings.append(f"weights {policy.weights} miss the quality gate on their own "
@@ -380,7 +420,9 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         target = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)
-        programs, egraph_stats = stage_candidates(graph, target, deadline, use_egraph, fast_math)
+        programs, egraph_stats = (list(given.programs), dict(given.egraph_stats)) \
+            if given is not None else stage_candidates(graph, target, deadline, use_egraph,
+                                                       fast_math)
         act = ACTIVATION_DTYPE[policy.precision]
         if act is not None:    # kernel-to-kernel values stored narrow, then best-bound first again
             ceil = target.spec.as_ceilings()
@@ -440,13 +482,20 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
             # the next policy up: a lower precision first, then weights as the model stores them
             down = dataclasses.replace(policy, precision=FALLBACK[policy.precision]) \
                 if policy.precision in FALLBACK else dataclasses.replace(policy, weights="same")
+            if given is not None and (down.weights != policy.weights or
+                                      WEIGHT_DTYPE[down.precision] != WEIGHT_DTYPE[policy.precision]):
+                raise InputError(f"precision {policy.precision} (weights {policy.weights}) misses "
+                                 f"the quality gate ({quality['reason']}) at {fe.model_name}; a "
+                                 "size range cannot fall back to weights stored differently: "
+                                 f"compile it with --precision {down.precision} --weights "
+                                 f"{down.weights}")
             fe.warnings.append(f"precision {policy.precision} (weights {policy.weights}) misses "
                                f"the quality gate ({quality['reason']}); compiled at "
                                f"{down.precision} (weights {down.weights}) instead")
             progress.close()
             return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
                                     use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,
-                                    policy=down)
+                                    policy=down, given=given)
         kernel_err = max((measurer.entries[k].max_error for k in ck), default=0.0)
         if err is not None or kernel_err:
             err = max(err or 0.0, kernel_err)

@@ -108,9 +108,11 @@ def _minilm_inputs(shapes, dtypes, rng):
     ids = np.full((b, s), _PAD, dtype=np.int64)
     mask = np.zeros((b, s), dtype=np.int64)
     for i in range(b):
-        n = max(2, s - 2 * i)
+        n = max(min(2, s), s - 2 * i)      # at least [CLS] [SEP] (just [CLS] at length 1)
         ids[i, :n] = rng.integers(1000, MINILM_VOCAB, n)
-        ids[i, 0], ids[i, n - 1] = _CLS, _SEP
+        ids[i, 0] = _CLS
+        if n >= 2:
+            ids[i, n - 1] = _SEP
         mask[i, :n] = 1
     out = {"input_ids": ids.astype(dtypes["input_ids"]),
            "attention_mask": mask.astype(dtypes["attention_mask"])}

@@ -56,6 +56,7 @@ class Program:
     label: str = ""
     notes: list[str] = field(default_factory=list)
     graph: Graph | None = None
+    origin: int | None = None    # the candidate it was made from (a size bucket's re-sized list)
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -197,3 +198,20 @@ def reference_values(graph: Graph, programs: list[Program], inputs: dict[str, np
         if missing:
             values.update(ReferenceExecutor(g).run_keeping(inputs, missing)[1])
     return out, values
+
+
+def resize_program(program: Program, resizer) -> Program:
+    """``program`` (bound to a graph imported at probe sizes, ``lumc.ir.symbolic``) at the sizes
+    of ``resizer`` (a :class:`lumc.ir.symbolic.Resizer`): every bound node, kernel meaning and
+    integer kernel attribute re-sized with the same memo, so calls still bind the resized graph's
+    nodes. Raises ``lumc.ir.symbolic.NotSymbolic`` for a value that cannot be re-sized."""
+    calls = []
+    for c in program.calls:
+        k = c.kernel
+        kernel = Kernel(k.form, resizer.graph(k.meaning),
+                        tuple((a, resizer.value(v)) for a, v in k.attrs), k.covers)
+        calls.append(KernelCall(kernel, [resizer(n) for n in c.inputs],
+                                [resizer(n) for n in c.outputs]))
+    graph = resizer.graph(program.graph) if program.graph is not None else None
+    return Program(calls, {k: resizer(v) for k, v in program.outputs.items()}, program.label,
+                   list(program.notes), graph, program.origin)

@@ -42,16 +42,49 @@ class VariantKey:
     dims: dict = field(default_factory=dict)
     shapes: dict = field(default_factory=dict)
     conditions: dict = field(default_factory=dict)
+    ranges: dict = field(default_factory=dict)
+    probes: dict = field(default_factory=dict)
+    axes: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.dims.items()] or \
+        parts = [f"{k}={lo}..{hi}" + (f":{st}" if st > 1 else "")
+                 for k, (lo, hi, st) in self.ranges.items()]
+        parts += [f"{k}={v}" for k, v in self.dims.items() if not self.ranges] or \
             [f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in self.shapes.items()]
         parts += [f"If {k!r} {'then' if v else 'else'}" for k, v in self.conditions.items()]
         return ", ".join(parts)
 
     def as_json(self) -> dict:
         return {"dims": dict(self.dims), "shapes": {k: list(v) for k, v in self.shapes.items()},
-                "conditions": dict(self.conditions)}
+                "conditions": dict(self.conditions),
+                "ranges": {k: list(v) for k, v in self.ranges.items()},
+                "probes": dict(self.probes), "axes": {k: [list(a) for a in v]
+                                                      for k, v in self.axes.items()}}
+
+    def sizes_of(self, inputs: dict) -> dict[str, int]:
+        """The ranged dims' sizes in ``inputs`` (``{name: array}``), read at their axes.
+
+        Raises:
+            InputError: an input of the wrong rank, or two axes of one dim that disagree.
+        """
+        out: dict[str, int] = {}
+        for dim, uses in self.axes.items():
+            for name, ax in uses:
+                if name not in inputs:
+                    raise InputError(f"missing input {name!r}", node=name)
+                shp = np.shape(inputs[name])
+                if ax >= len(shp):
+                    raise InputError(f"input {name!r} has shape {tuple(shp)}; its axis {ax} is "
+                                     f"dim {dim!r}", node=name)
+                v = int(shp[ax])
+                if out.setdefault(dim, v) != v:
+                    raise InputError(f"dim {dim!r} is {out[dim]} in one input and {v} in input "
+                                     f"{name!r}", node=name)
+        return out
+
+    def holds(self, sizes: dict) -> bool:
+        return all(lo <= sizes[k] <= hi and (sizes[k] - lo) % st == 0
+                   for k, (lo, hi, st) in self.ranges.items())
 
 
 class VariantModel:
@@ -77,8 +110,11 @@ class VariantModel:
         self._report = report
         self.source_onnx = source_onnx
         self._by_shape: dict[tuple, list] = {}
+        self._ranged = [(k, cm) for k, cm in self.variants if k.ranges]
+        self._instances: dict[tuple, object] = {}     # (variant, sizes) -> re-sized plan
         for key, cm in self.variants:
-            self._by_shape.setdefault(self._shape_key(key.shapes), []).append((key, cm))
+            if not key.ranges:
+                self._by_shape.setdefault(self._shape_key(key.shapes), []).append((key, cm))
 
     # ---- the CompiledModel surface (the first plan's where one is needed) -------------------------
     @property
@@ -93,6 +129,8 @@ class VariantModel:
 
     @property
     def inputs(self):
+        if self._ranged:       # the largest sizes of the range
+            return self.candidates()[0][1].inputs
         return self.first.inputs
 
     @property
@@ -104,9 +142,58 @@ class VariantModel:
     def _shape_key(shapes: dict) -> tuple:
         return tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
 
+    MAX_INSTANCES = 16   # re-sized plans kept per artifact (least recently used dropped)
+
+    def instance(self, key: VariantKey, template, sizes: dict):
+        """``template`` (a bucket's plan at its probe sizes) re-sized to ``sizes``
+        (``{dim: size}``), cached (:data:`MAX_INSTANCES`)."""
+        from lumc.compiler.runtime.compiled import CompiledModel
+        from lumc.compiler.runtime.program import resize_program
+        from lumc.ir.symbolic import Resizer
+        ck = (id(template), tuple(sorted(sizes.items())))
+        hit = self._instances.pop(ck, None)
+        if hit is None:
+            r = Resizer({key.probes[k]: sizes[k] // key.ranges[k][2] for k in key.ranges})
+            hit = CompiledModel(r.graph(template.graph), resize_program(template.program, r),
+                                template.configs, template.device, template.simulated,
+                                template.report_dict(), template.source_onnx,
+                                template.torch_device)
+        self._instances[ck] = hit
+        while len(self._instances) > self.MAX_INSTANCES:
+            self._instances.pop(next(iter(self._instances)))
+        return hit
+
+    def _ranged_pick(self, sizes: dict):
+        for key, cm in self._ranged:
+            if key.holds(sizes):
+                return key, self.instance(key, cm, sizes)
+        key0 = self._ranged[0][0]
+        for k in key0.ranges:
+            spans = sorted({tuple(kk.ranges[k]) for kk, _ in self._ranged})
+            lo, hi = spans[0][0], spans[-1][1]
+            st = spans[0][2]
+            if not (lo <= sizes[k] <= hi) or (sizes[k] - lo) % st:
+                where = ", ".join(f"input {n!r} axis {a}" for n, a in key0.axes[k])
+                raise InputError(f"dim {k!r} ({where}) is {sizes[k]}; compiled for "
+                                 f"{lo}..{hi}" + (f" in steps of {st}" if st > 1 else ""))
+        raise InputError(f"sizes {sizes} fall in no compiled bucket ({self.compiled_sizes()})")
+
     def candidates(self, dims: dict | None = None, shapes: dict | None = None) -> list:
         """The ``(key, model)`` pairs whose dims and input shapes agree with the ones given
-        (``--shape`` at ``lumc run``)."""
+        (``--shape`` at ``lumc run``); for a range, its bucket's plan re-sized to them."""
+        if self._ranged:
+            key0 = self._ranged[0][0]
+            sizes = {}
+            for k in key0.ranges:
+                if dims and k in dims:
+                    sizes[k] = int(dims[k])
+                else:
+                    for name, ax in key0.axes[k]:
+                        if shapes and name in shapes and ax < len(shapes[name]):
+                            sizes[k] = int(shapes[name][ax])
+                if k not in sizes:      # not given: the bucket of the range's largest size
+                    sizes[k] = max(kk.ranges[k][1] for kk, _ in self._ranged)
+            return [self._ranged_pick(sizes)]
         out = []
         for key, cm in self.variants:
             if dims and any(key.dims.get(k) != v for k, v in dims.items()):
@@ -128,6 +215,8 @@ class VariantModel:
                 differs and the shapes compiled), or the inputs take an ``If`` branch that did not
                 compile at these shapes (naming it and why).
         """
+        if self._ranged:
+            return self._ranged_pick(self._ranged[0][0].sizes_of(inputs))[1]
         names = list(self.variants[0][0].shapes)
         shp = {k: tuple(np.shape(inputs[k])) for k in names if k in inputs}
         found = self._by_shape.get(self._shape_key(shp)) if len(shp) == len(names) else None
@@ -241,10 +330,19 @@ def _key(path, d) -> VariantKey:
                                           for k in ("dims", "shapes", "conditions")):
         raise ArtifactError(f"{path}: part 'variants.json' has a malformed variant key")
     try:
-        return VariantKey({str(k): int(v) for k, v in d.get("dims", {}).items()},
-                          {str(k): tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()},
-                          {str(k): bool(v) for k, v in d.get("conditions", {}).items()})
-    except (TypeError, ValueError):
+        key = VariantKey({str(k): int(v) for k, v in d.get("dims", {}).items()},
+                         {str(k): tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()},
+                         {str(k): bool(v) for k, v in d.get("conditions", {}).items()},
+                         {str(k): [int(x) for x in v] for k, v in d.get("ranges", {}).items()},
+                         {str(k): int(v) for k, v in d.get("probes", {}).items()},
+                         {str(k): [[str(a), int(b)] for a, b in v]
+                          for k, v in d.get("axes", {}).items()})
+        if any(len(v) != 3 or v[2] < 1 for v in key.ranges.values()) or \
+                set(key.ranges) != set(key.probes) or set(key.ranges) != set(key.axes) or \
+                any(p < 3 for p in key.probes.values()):
+            raise ValueError
+        return key
+    except (TypeError, ValueError, AttributeError):
         raise ArtifactError(f"{path}: part 'variants.json' has a malformed variant key") from None
 
 

@@ -155,23 +155,24 @@ def _check_rtol(ctx, param, value):
 
 
 def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...] | list]:
-    """``--shape`` values: ``NAME=DxD...`` (an input's shape, or one size of a dynamic dim), or a
+    """``--shape`` values: ``NAME=DxD...`` (an input's shape, or one size of a dynamic dim), a
     comma-separated list of them (``sequence_length=16,64,128``: one plan per size, see
-    ``lumc.compiler.core.variants``), given as a list.
+    ``lumc.compiler.core.variants``), given as a list, or a range ``A..B[:STEP][@AT]`` of a
+    dynamic dim (``lumc.compiler.core.buckets.DimRange``).
 
     Raises:
-        InputError: a malformed value, a name given twice, or a range ``A..B`` (one line).
+        InputError: a malformed value or a name given twice (one line).
     """
     shapes: dict = {}
     for item in items:
         name, eq, dims = item.rpartition("=")
         dims = dims.strip()
-        lo, dots, hi = dims.partition("..")
-        if eq and name and dots and lo.strip().isdigit() and hi.strip().split("@")[0].isdigit():
-            raise InputError(f"--shape {name}={dims}: a range of sizes needs kernels that take "
-                             "their sizes at run time, which lumc does not generate yet; give the "
-                             f"sizes to compile as a list ({name}={lo.strip()},"
-                             f"{hi.strip().split('@')[0]})")
+        if eq and name and ".." in dims:      # a range: one plan per size bucket
+            from lumc.compiler.core.buckets import parse_range
+            if name in shapes:
+                raise InputError(f"--shape {name} is given twice; give it once")
+            shapes[name] = parse_range(dims)
+            continue
         values = [d.strip() for d in dims.split(",")] if "," in dims else [dims]
         if not eq or not name or not all(v == "" and len(values) == 1 or _DIMS.match(v)
                                          for v in values):

@@ -49,6 +49,15 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
     shape_args = _parse_shapes(shape_items)
     m = fe.load_model(model)
     specs = fe.model_input_specs(m)
+    from lumc.compiler.core.buckets import DimRange
+    ranged = {k: v for k, v in shape_args.items() if isinstance(v, DimRange)}
+    if ranged:      # each bucket is checked by the compile (its sizes are probed, then re-sized)
+        symbols = {d for s in specs for d in s.shape if isinstance(d, str)}
+        for k in ranged:
+            if k not in symbols:
+                raise InputError(f"--shape {k}: a range names a dynamic dim; the model's dynamic "
+                                 f"dims are {', '.join(sorted(symbols)) or 'none'}")
+        return shape_args
     lists = {k: v for k, v in shape_args.items() if isinstance(v, list)}
     if not lists:
         shapes = resolve_shapes(specs, shape_args, {})
@@ -288,11 +297,11 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
     for k, v in shape_args.items():
         if isinstance(v, list):
             raise InputError(f"--shape {k}: one size per run")
-    inputs = {i.name for i in cm.first.inputs}
+    inputs = set(cm.first.graph.inputs)
     dims = {k: v[0] for k, v in shape_args.items() if k not in inputs and len(v) == 1}
     shapes = {k: v for k, v in shape_args.items() if k in inputs}
     shapes.update({k: tuple(a.shape) for k, a in arrays.items() if k in inputs})
-    known = {d for key, _ in cm.variants for d in key.dims}
+    known = {d for key, _ in cm.variants for d in (*key.dims, *key.ranges)}
     for k in shape_args:
         if k not in inputs and k not in known:
             raise InputError(f"--shape {k}: no input or compiled dynamic dim of that name; "

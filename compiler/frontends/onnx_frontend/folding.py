@@ -14,6 +14,7 @@ import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.graph import Graph, Node, const_node
+from lumc.ir.symbolic import held
 from lumc.ir.tensor import Tensor
 
 _LAZY_LEAVES = ("Constant", "Iota")
@@ -76,6 +77,8 @@ class ConstantFolder:
         if n.op in _LAZY_LEAVES or self.is_dynamic(n):
             return t
         if n.op == "View" and n.srcs[0].op in _LAZY_LEAVES:
+            return t
+        if held(n.shape):      # its size is a probed dynamic dim: kept as a computation
             return t
         folded = Tensor(const_node(self.value(t)))
         self._dynamic[folded.node] = False

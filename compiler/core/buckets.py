@@ -1,0 +1,271 @@
+"""Size ranges: one compile whose artifact serves every size of a declared range, tuned per bucket.
+
+``--shape sequence_length=1..256`` (``shapes={"sequence_length": (1, 256)}``) declares a range;
+``64..640:32`` one in steps of 32; ``1..512@128`` one whose traffic is around 128 (that bucket gets
+twice the search budget and a bucket edge at 128). The compile:
+
+1. **Probes the sizes** (``lumc.ir.symbolic``): the model is imported with each ranged dim at a
+   prime inside its range and, to check, at a second prime; the first graph re-sized to the
+   second sizes must be the second graph, node for node. A model whose size arithmetic is not made
+   of products of its dims (``L + 1``, a table folded at the size) is refused in one line naming
+   the difference, with the hint to give explicit sizes instead.
+2. **Runs the e-graph once**, on the probed graph: saturation and extraction do not depend on
+   which size of the range a call has, so every bucket shares the candidates (re-sized).
+3. **Searches per bucket**: the range is cut into :data:`DEFAULT_BUCKETS` buckets (geometric
+   edges, at the step's multiples), each searched at its representative size (its largest: a tile
+   that fits the largest size fits all) with the remaining budget split in proportion to the
+   buckets' weights, and its chosen plan's numerics checked at the bucket's smallest and largest
+   size against the reference executor on the model imported there.
+4. **Stores one plan per bucket**, at the probe sizes, with its configs. A call of size ``n``
+   re-sizes its bucket's plan to ``n`` (``lumc.compiler.runtime.variants``): no search, no
+   padding, exact results.
+
+Kernels are rendered per exact size (a GPU compiles each size's modules once, cached); Triton
+kernels that take the sizes as runtime arguments are not generated yet.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumc.compiler.core.budget import Deadline, parse_duration
+from lumc.compiler.runtime.variants import VariantKey, VariantModel
+from lumc.ir.errors import BudgetError, InputError
+from lumc.ir.symbolic import NotSymbolic, Resizer, probing, same_graph
+
+DEFAULT_BUCKETS = 4     # buckets per ranged dim (two ranged dims: 2 each)
+MIN_BUCKET_S = 2.0      # the least search budget one bucket is given
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """A dynamic dim's declared sizes: ``lo..hi`` in steps of ``step``, traffic around ``at``."""
+    lo: int
+    hi: int
+    step: int = 1
+    at: int | None = None
+
+    def __post_init__(self):
+        if not (0 < self.lo <= self.hi) or self.step < 1:
+            raise InputError(f"bad size range {self.lo}..{self.hi}:{self.step} (need 0 < lo <= hi, "
+                             "step >= 1)")
+        if self.lo % self.step or self.hi % self.step:
+            raise InputError(f"size range {self.lo}..{self.hi}: both ends must be multiples of "
+                             f"its step {self.step}")
+        if self.at is not None and not (self.lo <= self.at <= self.hi and self.at % self.step == 0):
+            raise InputError(f"size range {self.lo}..{self.hi}@{self.at}: the traffic point must "
+                             "be a size of the range")
+
+    def describe(self) -> str:
+        return (f"{self.lo}..{self.hi}" + (f":{self.step}" if self.step > 1 else "")
+                + (f"@{self.at}" if self.at is not None else ""))
+
+
+def parse_range(text: str) -> DimRange | None:
+    """``A..B[:STEP][@AT]`` as a :class:`DimRange`, or None when ``text`` is not a range."""
+    body, _, at = text.partition("@")
+    body, _, step = body.partition(":")
+    lo, dots, hi = body.partition("..")
+    if not dots:
+        return None
+    try:
+        return DimRange(int(lo), int(hi), int(step) if step else 1, int(at) if at else None)
+    except ValueError:
+        raise InputError(f"bad size range {text!r}: expected A..B, A..B:STEP or A..B@AT") from None
+
+
+def ranges_in(shapes: dict | None) -> dict[str, DimRange]:
+    """The ranged dims of ``shapes``: :class:`DimRange` values, and ``(lo, hi)`` 2-tuples under a
+    name that is not an input (the API's ``shapes={"sequence_length": (1, 512)}``)."""
+    return {k: v for k, v in (shapes or {}).items() if isinstance(v, DimRange)}
+
+
+def bucket_edges(r: DimRange, n: int) -> list[tuple[int, int]]:
+    """``n`` (or fewer) buckets ``[(lo, hi)]`` covering the range, edges at multiples of the step,
+    geometric (equal ratios: sequence lengths and image sizes spread over orders of magnitude), with
+    an edge at ``r.at`` when given."""
+    units = list(range(r.lo // r.step, r.hi // r.step + 1))
+    if len(units) <= n:
+        return [(u * r.step, u * r.step) for u in units]
+    lo, hi = units[0], units[-1]
+    tops = sorted({min(hi, max(lo, round(lo * (hi / lo) ** ((i + 1) / n)))) for i in range(n)})
+    if r.at is not None and r.at // r.step not in tops:
+        tops = sorted(set(tops) | {r.at // r.step})
+        while len(tops) > n:      # merge the bucket nearest the traffic point's neighbours
+            j = min(range(len(tops) - 1), key=lambda i: tops[i + 1] - tops[i]
+                    if r.at // r.step not in (tops[i],) else 1 << 60)
+            tops.pop(j)
+    out, start = [], lo
+    for t in tops:
+        if t >= start:
+            out.append((start * r.step, t * r.step))
+            start = t + 1
+    return out
+
+
+def _primes_in(lo: int, hi: int) -> list[int]:
+    """Primes in ``[lo, hi]``, largest first."""
+    out = []
+    for v in range(hi, max(lo, 2) - 1, -1):
+        if v >= 2 and all(v % d for d in range(2, int(math.isqrt(v)) + 1)):
+            out.append(v)
+    return out
+
+
+def choose_probes(ranges: dict[str, DimRange]) -> tuple[dict[str, int], dict[str, int]]:
+    """A probe prime and a check prime per ranged dim (in units of its step, inside its range,
+    all distinct, largest first).
+
+    Raises:
+        InputError: a range with fewer than two primes left to probe it.
+    """
+    used: set[int] = set()
+    probe, check = {}, {}
+    for k, r in ranges.items():
+        cands = [p for p in _primes_in(r.lo // r.step, r.hi // r.step) if p not in used and p > 2]
+        if len(cands) < 2:
+            raise InputError(f"--shape {k}={r.describe()}: too narrow to probe (it needs two odd "
+                             f"primes in {r.lo // r.step}..{r.hi // r.step}); give its sizes as a "
+                             "list")
+        probe[k], check[k] = cands[0], cands[1]
+        used |= {cands[0], cands[1]}
+    return probe, check
+
+
+def _dims_shapes(fixed: dict, ranges: dict, units: dict) -> dict:
+    return {**fixed, **{k: r.step * units[k] for k, r in ranges.items()}}
+
+
+def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_bucket, frontend,
+                   clock=time.monotonic):
+    """Compile ``model`` for the size ranges in ``shapes`` (see the module docstring).
+
+    Args:
+        model: a path, bytes or ``onnx.ModelProto``.
+        budget: the whole compile's budget.
+        shapes: ``{dim: DimRange | int | 1-tuple, input: shape}``.
+        policy: the :class:`~lumc.compiler.core.precision.PrecisionPolicy`.
+        candidates: ``(stored graph, deadline) -> (programs, e-graph stats)``, the e-graph stage.
+        compile_bucket: ``(fe, (stored graph, weight stats), programs, e-graph stats, deadline)
+            -> CompiledModel`` for one bucket at its representative size (``fe`` has the re-sized
+            graph).
+        frontend: ``(model, shapes) -> Frontend`` (imports; under :func:`probing`).
+    Returns:
+        A :class:`~lumc.compiler.runtime.variants.VariantModel` with one plan per bucket.
+    Raises:
+        InputError: a model whose sizes cannot be probed (one line), a bucket whose numerics check
+            fails at its ends; BudgetError: too little budget for the buckets.
+    """
+    from lumc.compiler.core.pipeline import example_inputs_for
+    from lumc.compiler.runtime.program import resize_program, run_program_reference
+    from lumc.compiler.core.measure import max_rel_error
+    from lumc.backends.reference import ReferenceExecutor
+    t0 = clock()
+    budget_s = parse_duration(budget)
+    ranges = ranges_in(shapes)
+    fixed = {k: v for k, v in shapes.items() if k not in ranges}
+    probe, check = choose_probes(ranges)
+    primes = tuple(probe.values()) + tuple(check.values())
+    with probing(primes):
+        fe_p = frontend(model, _dims_shapes(fixed, ranges, probe))
+        fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
+    sub_check = {probe[k]: check[k] for k in ranges}
+    try:
+        diff = same_graph(Resizer(sub_check).graph(fe_p.graph), fe_c.graph)
+    except NotSymbolic as e:
+        diff = str(e)
+    if diff is not None:
+        spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
+        raise InputError(f"--shape {spec}: the model's sizes are not products of "
+                         f"{' and '.join(ranges)} ({diff[:160]}), which one plan per range "
+                         "needs; give explicit sizes (a list) instead")
+    axes = {k: [[name, ax] for name, n in fe_p.graph.inputs.items()
+                for ax, d in enumerate(n.shape) if d and d % probe[k] == 0] for k in ranges}
+    from lumc.compiler.core.precision import store_weights
+    stored, wstats = store_weights(fe_p.graph, policy)
+    with probing(primes):
+        programs, egraph_stats = candidates(stored, Deadline(
+            max(1.0, 0.35 * (budget_s - (clock() - t0))), clock))
+    for i, p in enumerate(programs):
+        p.origin = i
+    # buckets: one ranged dim cut in DEFAULT_BUCKETS, two in 2 each (their product)
+    per_dim = DEFAULT_BUCKETS if len(ranges) == 1 else 2
+    cuts = {k: bucket_edges(r, per_dim) for k, r in ranges.items()}
+    import itertools
+    boxes = [dict(zip(cuts, c)) for c in itertools.product(*cuts.values())]
+    weights = [1.0 + sum(1.0 for k, (lo, hi) in b.items()
+                         if ranges[k].at is not None and lo <= ranges[k].at <= hi) for b in boxes]
+    done = []
+    for bi, box in enumerate(boxes):
+        left = budget_s - (clock() - t0)
+        share = left * weights[bi] / sum(weights[bi:])
+        if share < MIN_BUCKET_S:
+            raise BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for "
+                              f"{len(boxes) - bi} more size buckets ({MIN_BUCKET_S:g} s each at "
+                              "least); give a larger --budget")
+        rep = {k: hi for k, (lo, hi) in box.items()}
+        r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges})
+        progs = []
+        for p in programs:
+            try:
+                progs.append(resize_program(p, r))
+            except NotSymbolic:
+                continue
+        fe_rep = dataclasses.replace(fe_p, graph=r.graph(fe_p.graph), warnings=list(fe_p.warnings))
+        cm = compile_bucket(fe_rep, (r.graph(stored), wstats), progs, egraph_stats,
+                            Deadline(share, clock))
+        origin = cm.program.origin
+        if origin is None:
+            raise InputError(f"bucket {box}: the chosen plan is not one of the range's candidates")
+        # the bucket's plan at the probe sizes (what the artifact stores and every call re-sizes)
+        from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
+        report = cm.report_dict()
+        chosen_p = store_activations(programs[origin], ACTIVATION_DTYPE[report["precision"]])
+        report["bucket"] = {k: list(v) for k, v in box.items()}
+        report["representative"] = rep
+        checks = {}
+        for end in ("lo", "hi"):
+            at = {k: (lo if end == "lo" else hi) for k, (lo, hi) in box.items()}
+            re = Resizer({probe[k]: at[k] // ranges[k].step for k in ranges})
+            g_end = re.graph(fe_p.graph)
+            prog_end = resize_program(chosen_p, re)
+            ins = example_inputs_for(g_end, fe_p)
+            ref = ReferenceExecutor(g_end)(ins)
+            got = run_program_reference(prog_end, re.graph(stored), ins, configs=cm.configs)
+            err = max((max_rel_error(got[k], ref[k]) for k in ref
+                       if g_end.outputs[k].dtype.is_float), default=0.0)
+            tol = report.get("tolerance") or 1e-4
+            checks[end] = {"sizes": at, "max_rel_error": err}
+            if not err <= max(tol, 1e-4):
+                raise InputError(f"bucket {', '.join(f'{k}={lo}..{hi}' for k, (lo, hi) in box.items())}: "
+                                 f"the plan re-sized to {at} has max rel error {err:.3g} > "
+                                 f"{max(tol, 1e-4):g} against the reference")
+        report["end_checks"] = checks
+        template = type(cm)(stored, chosen_p, cm.configs, cm.device, cm.simulated, report,
+                            fe_p.source_onnx, cm.torch_device)
+        key = VariantKey({k: v for k, v in fixed.items() if isinstance(v, int)},
+                         {}, {}, ranges={k: [lo, hi, ranges[k].step] for k, (lo, hi) in box.items()},
+                         probes={k: probe[k] for k in ranges}, axes=axes)
+        done.append((key, template))
+    name = fe_p.model_name
+    total = clock() - t0
+    first = done[0][1].report_dict()
+    report = {
+        "model": name, "device": first.get("device"), "simulated": first.get("simulated"),
+        "budget_s": budget_s, "compile_s": total, "kernels": first.get("kernels"),
+        "best_time_s": first.get("best_time_s"), "bound_time_s": first.get("bound_time_s"),
+        "per_kernel": first.get("per_kernel", []), "ranges": {k: r.describe() for k, r in ranges.items()},
+        "egraph": egraph_stats, "probes": probe, "checked_at": check,
+        "warnings": [w for _, cm in done for w in cm.report_dict().get("warnings", [])],
+        "variants": [{"key": k.as_json(), "describe": k.describe(),
+                      **{f: cm.report_dict().get(f) for f in (
+                          "best_time_s", "kernels", "bound_time_s", "bytes_moved", "compile_s",
+                          "stopped_because", "max_rel_error", "representative", "end_checks")}}
+                     for k, cm in done],
+    }
+    return VariantModel(done, {}, [], report, fe_p.source_onnx)
