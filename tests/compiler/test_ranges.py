@@ -1,0 +1,175 @@
+"""Size ranges (``--shape dim=A..B``): probing sizes at primes, re-sizing graphs and programs, size
+buckets, one compile serving every size of the range exactly, and the one-line refusals."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+import lumc
+from lumc.compiler.core.buckets import DimRange, bucket_edges, choose_probes, parse_range
+from lumc.compiler.runtime.compiled import load
+from lumc.compiler.runtime.tuning_db import TuningDatabase
+from lumc.compiler.runtime.variants import VariantModel
+from lumc.compiler.tools.cli import cli
+from lumc.ir import dtypes as dt
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Graph, const_node, input_node
+from lumc.ir.symbolic import NotSymbolic, Resizer, probing, resize_int, same_graph
+from lumc.ir.tensor import Tensor
+
+
+def encoder(d: int = 16) -> onnx.ModelProto:
+    """x [1, L, d] -> one attention layer with a residual; outputs the sequence [1, L, d] and its
+    mean over L [1, d] (a reduction over the dynamic dim, scaled by 1/L)."""
+    rng = np.random.default_rng(0)
+    ws = [nh.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), f"w{c}")
+          for c in "qkv"]
+    nodes = [oh.make_node("MatMul", ["x", "wq"], ["q"]), oh.make_node("MatMul", ["x", "wk"], ["k"]),
+             oh.make_node("MatMul", ["x", "wv"], ["v"]),
+             oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             oh.make_node("MatMul", ["q", "kt"], ["s"]),
+             oh.make_node("Mul", ["s", "scale"], ["ss"]),
+             oh.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             oh.make_node("MatMul", ["p", "v"], ["o"]), oh.make_node("Add", ["o", "x"], ["y"]),
+             oh.make_node("ReduceMean", ["y"], ["m"], axes=[1], keepdims=0)]
+    g = oh.make_graph(nodes, "enc", [oh.make_tensor_value_info("x", TP.FLOAT, [1, "L", d])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, [1, "L", d]),
+                       oh.make_tensor_value_info("m", TP.FLOAT, [1, d])],
+                      ws + [nh.from_array(np.array(d ** -0.5, np.float32), "scale")])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def padded(d: int = 8) -> onnx.ModelProto:
+    """x [1, L, d] padded by one row on each side of L: its sizes are L + 2, not a product."""
+    nodes = [oh.make_node("Pad", ["x", "pads"], ["y"])]
+    g = oh.make_graph(nodes, "pad", [oh.make_tensor_value_info("x", TP.FLOAT, [1, "L", d])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+                      [nh.from_array(np.array([0, 1, 0, 0, 1, 0], np.int64), "pads")])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def _ort(model, feeds):
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)
+
+
+# ---- probing and re-sizing (lumc.ir.symbolic) ------------------------------------------------
+
+def test_resize_int_rewrites_probe_products_only():
+    assert resize_int(7 * 101 * 101, {101: 5}) == 7 * 25
+    assert resize_int(-3 * 101, {101: 4}) == -12
+    assert resize_int(384, {101: 5}) == 384 and resize_int(0, {101: 5}) == 0
+    assert resize_int(101 * 103 * 2, {101: 3, 103: 7}) == 42
+
+
+def test_resizer_rebuilds_the_graph_at_the_new_size():
+    def build(n):
+        x = Tensor(input_node("x", (2, n, 4), dt.f32))
+        w = Tensor(const_node(np.arange(16, dtype=np.float32).reshape(4, 4)))
+        y = (x @ w).sum(1, keepdims=True) * (1.0 / n)        # a mean over the probed dim
+        return Graph({"x": x.node}, {"y": y.reshape((2, 4)).node, "t": x.transpose(1, 2).node})
+    g97 = build(97)
+    assert same_graph(Resizer({97: 5}).graph(g97), build(5)) is None
+    assert same_graph(Resizer({97: 6}).graph(g97), build(5)) is not None
+    # a constant with a probed dim cannot be re-sized: refused, not guessed
+    c = Tensor(const_node(np.zeros((97, 4), np.float32)))
+    with pytest.raises(NotSymbolic, match="probed dim"):
+        Resizer({97: 5}).graph(Graph({}, {"c": (c + 1.0).node}))
+
+
+# ---- buckets ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("r,n", [(DimRange(1, 256), 4), (DimRange(64, 640, 32), 4),
+                                 (DimRange(1, 512, 1, 128), 4), (DimRange(3, 5), 4),
+                                 (DimRange(1, 100), 3)])
+def test_bucket_edges_cover_the_range_at_its_steps(r, n):
+    edges = bucket_edges(r, n)
+    assert len(edges) <= max(n, 1) or len(edges) == (r.hi - r.lo) // r.step + 1
+    assert edges[0][0] == r.lo and edges[-1][1] == r.hi
+    for (a, b), (c, _) in zip(edges, edges[1:]):
+        assert c == b + r.step
+    assert all(a % r.step == 0 and b % r.step == 0 and a <= b for a, b in edges)
+    if r.at is not None:
+        assert any(b == r.at for _, b in edges)
+
+
+def test_parse_range_and_probes():
+    assert parse_range("1..512@128") == DimRange(1, 512, 1, 128)
+    assert parse_range("64..640:32") == DimRange(64, 640, 32)
+    assert parse_range("128") is None
+    with pytest.raises(InputError, match="multiples of its step"):
+        parse_range("60..640:32")
+    probe, check = choose_probes({"L": DimRange(1, 256), "H": DimRange(64, 640, 32)})
+    assert probe["L"] == 251 and check["L"] == 241
+    assert len({*probe.values(), *check.values()}) == 4
+    assert all(2 <= v <= 20 for v in (probe["H"], check["H"]))
+    with pytest.raises(InputError, match="too narrow"):
+        choose_probes({"L": DimRange(1, 4)})
+
+
+# ---- one compile for a range ------------------------------------------------------------------
+
+@pytest.fixture()
+def db(tmp_path):
+    return TuningDatabase(tmp_path / "db.sqlite")
+
+
+def test_range_compile_serves_every_size_exactly(db, tmp_path):
+    m = encoder()
+    f = lumc.compile(m, budget="90s", device="sim:h200", db=db, shapes={"L": (1, 64)})
+    assert isinstance(f, VariantModel)
+    r = f.report_dict()
+    assert r["ranges"] == {"L": "1..64"} and len(r["variants"]) == 4
+    for v in r["variants"]:       # each bucket searched and checked at both of its ends
+        assert v["best_time_s"] > 0 and set(v["end_checks"]) == {"lo", "hi"}
+        assert all(c["max_rel_error"] <= 1e-4 for c in v["end_checks"].values())
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 17, 40, 63, 64):
+        x = rng.standard_normal((1, n, 16)).astype(np.float32)
+        y, mean = f(x)
+        want = _ort(m, {"x": x})
+        assert y.shape == (1, n, 16)
+        np.testing.assert_allclose(y, want[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(mean, want[1], rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match=r"dim 'L' \(input 'x' axis 1\) is 65; compiled for 1..64"):
+        f(np.zeros((1, 65, 16), np.float32))
+    path = tmp_path / "enc.lumc"
+    f.save(path)
+    g = load(path)
+    x = rng.standard_normal((1, 29, 16)).astype(np.float32)
+    np.testing.assert_allclose(g(x)[1], _ort(m, {"x": x})[1], rtol=1e-4, atol=1e-5)
+    for n in (5, 64):
+        res = CliRunner().invoke(cli, ["run", str(path), "--shape", f"L={n}", "--random",
+                                       "--check"])
+        assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["run", str(path), "--shape", "L=80", "--random"])
+    assert res.exit_code == 2 and "compiled for 1..64" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_model_whose_sizes_are_not_products_is_refused_in_one_line(db, tmp_path):
+    with pytest.raises(InputError, match="not products of L") as e:
+        lumc.compile(padded(), budget="30s", device="sim:h200", db=db, shapes={"L": (1, 64)})
+    assert "\n" not in str(e.value) and "explicit sizes" in str(e.value)
+    p = tmp_path / "pad.onnx"
+    onnx.save(padded(), p)
+    res = CliRunner().invoke(cli, ["compile", str(p), "--budget", "30s", "--shape", "L=1..64"])
+    assert res.exit_code == 2 and "not products of L" in res.stderr
+    # explicit sizes still work for it
+    f = lumc.compile(padded(), budget="30s", device="sim:h200", db=db, shapes={"L": [3, 9]},
+                     use_egraph=False)
+    x = np.ones((1, 9, 8), np.float32)
+    np.testing.assert_array_equal(f(x), _ort(padded(), {"x": x})[0])
+
+
+def test_probing_holds_size_dependent_constants_unfolded():
+    from lumc.compiler.core.pipeline import stage_frontend
+    with probing([61]):
+        g = stage_frontend(encoder(), {"L": 61}, None).graph
+    assert all(61 not in n.shape for n in g.nodes() if n.op == "Constant")
