@@ -2,7 +2,9 @@
 
 Thirteen dtypes: f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, bool. ``bf16`` is backed
 by ``ml_dtypes.bfloat16`` (the same numpy extension type the ``onnx`` package uses), so numpy arrays
-can hold it. Integer arithmetic wraps (two's complement), as numpy, torch and Triton do.
+can hold it. Integer arithmetic wraps (two's complement), as numpy, torch and Triton do. Nine
+storage-only types (float8, float4, int4, int2; ``ml_dtypes``) are held, moved and cast, never
+computed on.
 """
 from __future__ import annotations
 
@@ -86,10 +88,12 @@ u8 = DType("u8", np.dtype(np.uint8), 1, "uint", "tl.uint8")
 bool_ = DType("bool", np.dtype(np.bool_), 1, "bool", "tl.int1")
 
 # storage-only types (ONNX float8, float4, int4, int2): held, cast and moved, never computed on;
-# a Cast to one rounds as ml_dtypes does (the ONNX reference's own conversion)
-f8e4m3fn = DType("f8e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), 1, "storage", "")
+# a Cast to one rounds as ml_dtypes does (the ONNX reference's own conversion). The two OCP float8
+# types NVIDIA GPUs load (sm_89+) have Triton types (a kernel reads them and casts them up); the
+# rest have none
+f8e4m3fn = DType("f8e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), 1, "storage", "tl.float8e4nv")
 f8e4m3fnuz = DType("f8e4m3fnuz", np.dtype(ml_dtypes.float8_e4m3fnuz), 1, "storage", "")
-f8e5m2 = DType("f8e5m2", np.dtype(ml_dtypes.float8_e5m2), 1, "storage", "")
+f8e5m2 = DType("f8e5m2", np.dtype(ml_dtypes.float8_e5m2), 1, "storage", "tl.float8e5")
 f8e5m2fnuz = DType("f8e5m2fnuz", np.dtype(ml_dtypes.float8_e5m2fnuz), 1, "storage", "")
 f4e2m1 = DType("f4e2m1", np.dtype(ml_dtypes.float4_e2m1fn), 1, "storage", "")
 i4 = DType("i4", np.dtype(ml_dtypes.int4), 1, "storage", "")

@@ -159,7 +159,7 @@ class Evaluator:
             return x if mask is None else self.masked(mask, x, n.dtype, level)
         expr = f"tl.load({ptr} + ({flat}))"
         if mask is not None:
-            expr = f"tl.load({ptr} + ({flat}), mask={mask}, other=0)"
+            expr = f"tl.load({ptr} + ({flat}), mask={mask}, other={exprs.load_other(n.dtype)})"
         return self.w.bind(expr, "x", level)
 
     def scalar_constant(self, n: Node) -> str:

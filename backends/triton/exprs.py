@@ -9,7 +9,9 @@ keep IEEE results on every dtype; each override says why:
 * ``Sqrt``/``Exp2``/``Log2``/``Sin``/``Recip``/``Div``/``Mod`` on fp16/bf16: computed in fp32 and rounded once,
   which is what the numpy reference does (Triton's math ops take fp32/fp64 only).
 * ``Cast`` to bool is ``x != 0`` (NaN is True, as ONNX); float to int truncates and saturates, NaN
-  gives 0 (the reference's deterministic choice for what ONNX leaves undefined).
+  gives 0 (the reference's deterministic choice for what ONNX leaves undefined). A float that was
+  itself cast from an integer that fits the target (a quantized weight's byte on its way to a
+  gather index) converts plainly: no NaN, nothing to truncate or clamp.
 
 Constants are rendered exactly: a float is written with Python's round-trip ``repr`` and typed by
 ``tl.full``, so inf, -inf, NaN, -0.0, subnormals and the largest finite values keep their bits
@@ -31,6 +33,7 @@ LOW_FLOATS = (dt.f16, dt.bf16)
 SIGNATURE_TYPE = {
     "f64": "fp64", "f32": "fp32", "f16": "fp16", "bf16": "bf16", "i64": "i64", "i32": "i32",
     "i16": "i16", "i8": "i8", "u64": "u64", "u32": "u32", "u16": "u16", "u8": "u8", "bool": "i1",
+    "f8e4m3fn": "fp8e4nv", "f8e5m2": "fp8e5",
 }
 
 
@@ -60,6 +63,12 @@ def render_scalar(value, d: dt.DType) -> str:
 def render_constant(value, d: dt.DType) -> str:
     """A 0-d Triton tensor holding ``value`` exactly in dtype ``d``."""
     return f"tl.full([], {render_scalar(value, d)}, {tl_dtype(d)})"
+
+
+def load_other(d: dt.DType) -> str:
+    """The ``other=`` of a masked ``tl.load`` of dtype ``d``: zero, written ``0.0`` for float8
+    (Triton casts ``other`` to the pointer's element type and has no integer-to-float8 cast)."""
+    return "0.0" if d in (dt.f8e4m3fn, dt.f8e5m2) else "0"
 
 
 def neutral(kind: str, d: dt.DType) -> str:
@@ -97,11 +106,25 @@ def render_cast(expr: str, src: dt.DType, to: dt.DType) -> str:
     return OPS["Cast"].triton.format(expr, dtype=tl_dtype(to))
 
 
+def _exact_integer_float(x: Node, to: dt.DType) -> bool:
+    """True when float ``x`` is ``Cast(i, float)`` of an integer ``i`` whose every value the float
+    holds exactly and ``to`` (an integer type) holds: converting ``x`` to ``to`` is then exact."""
+    if not (to.is_int and x.op == "Cast" and x.dtype.is_float and x.srcs[0].dtype.is_int):
+        return False
+    i = x.srcs[0].dtype
+    digits = {dt.f64: 53, dt.f32: 24, dt.f16: 11, dt.bf16: 8}.get(x.dtype, 0)
+    info, tinfo = np.iinfo(i.np), np.iinfo(to.np)
+    return (max(abs(int(info.min)), int(info.max)) < 2 ** digits
+            and tinfo.min <= info.min and info.max <= tinfo.max)
+
+
 def render_op(n: Node, operands: list[str]) -> str:
     """The Triton expression of an elementwise node over already-rendered operand expressions."""
     op, d = n.op, n.dtype
     row = OPS[op]
     if op == "Cast":
+        if _exact_integer_float(n.srcs[0], n.arg):
+            return OPS["Cast"].triton.format(operands[0], dtype=tl_dtype(n.arg))
         return render_cast(operands[0], n.srcs[0].dtype, n.arg)
     if op == "Recip":
         if d == dt.f64:

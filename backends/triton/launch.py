@@ -22,7 +22,10 @@ from lumc.backends.triton.render import render
 
 _TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
                 "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u64": "uint64",
-                "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool"}
+                "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool",
+                "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+# 1-byte numpy types torch.from_numpy refuses (ml_dtypes float8): moved as their uint8 bit patterns
+_BYTE_VIEWED = {dt.f8e4m3fn.np: "float8_e4m3fn", dt.f8e5m2.np: "float8_e5m2"}
 
 
 def torch_dtype(d: dt.DType):
@@ -49,7 +52,8 @@ def default_device() -> str:
 
 
 def to_torch(x, device: str):
-    """A torch tensor on ``device`` from a numpy array (bf16 via its bit pattern) or a tensor."""
+    """A torch tensor on ``device`` from a numpy array (bf16 and float8 via their bit patterns) or
+    a tensor."""
     import torch
     if isinstance(x, torch.Tensor):
         return x.to(device)
@@ -57,6 +61,9 @@ def to_torch(x, device: str):
     if a.dtype == dt.bf16.np:
         bits = torch.from_numpy(np.array(a, order="C").view(np.int16))   # keeps rank 0
         return bits.view(torch.bfloat16).to(device)
+    if a.dtype in _BYTE_VIEWED:
+        bits = torch.from_numpy(np.array(a, order="C").view(np.uint8))
+        return bits.view(getattr(torch, _BYTE_VIEWED[a.dtype])).to(device)
     return torch.from_numpy(np.array(a, order="C")).to(device)   # a copy; keeps rank 0
 
 
@@ -65,6 +72,8 @@ def to_numpy(t) -> np.ndarray:
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(dt.bf16.np)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy().view(lumc_dtype(t.dtype).np)
     return t.numpy()
 
 
