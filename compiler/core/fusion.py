@@ -13,7 +13,11 @@ that reads it:
   are matmul kernels. Elementwise ops over the reduction's result (same shape, sole consumer) fuse
   as its epilogue. A result read through a view (a broadcast back) is realized.
 * Contraction operands must be buffers or cheap single-read prologues (a cast, a scale): recomputing
-  a longer chain once per output column would cost more than storing it.
+  a longer chain once per output column would cost more than storing it. A *weight prologue* is the
+  exception: an expression of constants alone (a weight stored quantized, its scales, a decode
+  table: ``compiler/core/weight_quant.py``) that feeds only contraction operands is fused up to
+  :data:`MAX_WEIGHT_PROLOGUE_OPS` ops, gathers included; realizing it would write the full-precision
+  weight to memory, the bytes its narrow storage saves.
 
 Each refused fusion is logged once, naming both nodes and the reason (Inductor's ``WhyNoFuse``).
 """
@@ -32,6 +36,7 @@ log = logging.getLogger("lumc.fusion")
 
 MAX_RECOMPUTE_OPS = 48   # longest elementwise chain recomputed in each of several consumers
 CHEAP_OPERAND_OPS = 2    # longest prologue fused under a contraction operand
+MAX_WEIGHT_PROLOGUE_OPS = 8   # longest dequantization of stored weights fused under one (NVFP4: 6)
 MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its epilogue
 
 
@@ -122,6 +127,28 @@ class GreedyFusion:
     def _contraction_operand(self, user: Node) -> bool:
         uses = self.uses[id(user)]
         return bool(uses) and all(u.op == "SumReduce" for u, _ in uses)
+
+    def _weight_prologue(self, n: Node, reads: list[Node], ops: int) -> bool:
+        """``n`` dequantizes stored weights: it reads constants only, is at most
+        :data:`MAX_WEIGHT_PROLOGUE_OPS` ops, and every path from it reaches a contraction operand
+        through elementwise ops and views (see the module docstring)."""
+        if ops > MAX_WEIGHT_PROLOGUE_OPS or not reads or any(r.op != "Constant" for r in reads):
+            return False
+        stack, seen = [n], {id(n)}
+        while stack:
+            x = stack.pop()
+            uses = self.uses.get(id(x), [])
+            if not uses or id(x) in self.outputs:
+                return False
+            for u, _ in uses:
+                if u.op == "Mul" and self._contraction_operand(u):
+                    continue
+                if u.op not in ELEMENTWISE or id(u) in self.group:
+                    return False
+                if id(u) not in seen:
+                    seen.add(id(u))
+                    stack.append(u)
+        return True
 
     # ---- forms -----------------------------------------------------------------------------
     def _form_groups(self, forms: dict) -> dict:
@@ -264,14 +291,15 @@ class GreedyFusion:
                 continue   # one plain consumer: nothing below applies (and a chain stays linear)
             reads, ops, gather = self._inline_region(n)
             big = [r for r in reads if r.numel > 1 and 2 * r.numel >= n.numel]
+            weight = self._weight_prologue(n, reads, ops)
             for u, views in uses:
                 if any(v.mask is not None for v in views):
                     self._realize(n, u, "read through a masked view (padding)")
                     break
-                if views and gather:
+                if views and gather and not weight:
                     self._realize(n, u, "a view over a gather result")
                     break
-                if u.op == "Mul" and self._contraction_operand(u) and not (
+                if u.op == "Mul" and self._contraction_operand(u) and not weight and not (
                         ops <= CHEAP_OPERAND_OPS and len(big) <= 1 and not gather):
                     self._realize(n, u, "contraction operand is not a cheap prologue")
                     break
