@@ -106,8 +106,8 @@ def test_int8_weights_over_the_gate_fall_back_to_the_model_weights(db):
 def test_bad_policy_is_one_line():
     with pytest.raises(InputError, match="--precision"):
         PrecisionPolicy("fp4")
-    with pytest.raises(InputError, match="nvfp4"):
-        PrecisionPolicy("fp32", "nvfp4")
+    with pytest.raises(InputError, match="--weights"):
+        PrecisionPolicy("fp32", "fp4")
     with pytest.raises(InputError, match="--max-kl"):
         PrecisionPolicy("bf16", max_kl=-1.0)
 
