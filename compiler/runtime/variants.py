@@ -203,6 +203,20 @@ class VariantModel:
             out.append((key, cm))
         return out
 
+    def representatives(self) -> list:
+        """``[(description, plan)]``: each variant's plan, a range bucket's re-sized to the size
+        it was searched at (its report's ``representative``)."""
+        out = []
+        for key, cm in self.variants:
+            if key.ranges:
+                rep = cm.report_dict().get("representative") or {
+                    k: hi for k, (lo, hi, st) in key.ranges.items()}
+                out.append((f"{key.describe()} at {', '.join(f'{k}={v}' for k, v in rep.items())}",
+                            self.instance(key, cm, rep)))
+            else:
+                out.append((key.describe(), cm))
+        return out
+
     def compiled_sizes(self) -> str:
         return "; ".join(k.describe() for k, _ in self.variants)
 

@@ -67,11 +67,17 @@ def open_target(target: str, *, budget: str, device: str | None, shape_items: tu
     if not os.path.isfile(target):
         raise LumcError(f"{target}: no such file")
     if is_artifact(target):
-        if shape_items:
+        from lumc.compiler.runtime.variants import VariantModel
+        from lumc.compiler.tools.cli import _parse_shapes
+        from lumc.compiler.tools.cli_compile import _pick_variant
+        manifest, _ = load_artifact(target, __version__)
+        cm = lumc.load(target)
+        if isinstance(cm, VariantModel):     # one plan of several: the one --shape names
+            cm = _pick_variant(cm, target, _parse_shapes(shape_items), {})
+        elif shape_items:
             raise LumcError(f"--shape applies to a model, and {target} is a compiled artifact "
                             "(its shapes are fixed)")
-        manifest, _ = load_artifact(target, __version__)
-        return lumc.load(target), artifact_hash(manifest), False
+        return cm, artifact_hash(manifest), False
     from lumc.compiler.tools.cli_compile import _model_shapes
     cm = lumc.compile(target, budget=budget, device=device, shapes=_model_shapes(target, shape_items),
                       quiet=quiet)
@@ -237,7 +243,22 @@ def inspect_cmd(artifact, plot_path, aot_target, why_not=False):
         from lumc.compiler.tools.aot_inspect import check_aot_target
         aot_target = check_aot_target(aot_target)
     manifest, _ = load_artifact(artifact, __version__)
-    cm = lumc.load(artifact, device="cpu")
+    loaded = lumc.load(artifact, device="cpu")
+    from lumc.compiler.runtime.variants import VariantModel
+    plans = loaded.representatives() if isinstance(loaded, VariantModel) else [(None, loaded)]
+    for desc, cm in plans:
+        if desc is not None:
+            click.echo(f"== plan {desc}")
+        _inspect_one(cm, artifact, manifest, plot_path if desc is None else None, aot_target,
+                     why_not)
+    if plot_path and len(plans) > 1:
+        click.echo(f"--plot draws one plan; {artifact} holds {len(plans)}: not drawn")
+
+
+def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
+    """``lumc inspect`` of one plan (see :func:`inspect_cmd`)."""
+    from lumc.compiler.runtime.artifact import artifact_hash
+    from lumc.compiler.tools.bench import kernel_table
     r = cm.report_dict()
     rows = [{"index": i, **k} for i, k in enumerate(r.get("per_kernel", []))]
     unit = "simulated" if cm.simulated else "measured"
