@@ -48,6 +48,24 @@ def _from_jsonable(v):
     return v
 
 
+def name_args(names: list[str], args, kwargs) -> dict:
+    """A call's inputs by name: one dict, or positional arguments in input order plus keywords.
+
+    Raises:
+        InputError: more positional arguments than inputs, or one input given twice.
+    """
+    if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+        return dict(args[0])
+    if len(args) > len(names):
+        raise InputError(f"takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+    given = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k in given:
+            raise InputError(f"input {k!r} given twice")
+        given[k] = v
+    return given
+
+
 class CompiledModel:
     """An optimized callable.
 
@@ -84,16 +102,7 @@ class CompiledModel:
     # ---- running ---------------------------------------------------------------------------------
     def _bind(self, args, kwargs) -> tuple[dict, bool]:
         names = list(self.graph.inputs)
-        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
-            given = dict(args[0])
-        else:
-            if len(args) > len(names):
-                raise InputError(f"takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
-            given = dict(zip(names, args))
-            for k, v in kwargs.items():
-                if k in given:
-                    raise InputError(f"input {k!r} given twice")
-                given[k] = v
+        given = name_args(names, args, kwargs)
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}")

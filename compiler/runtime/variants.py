@@ -271,17 +271,8 @@ class VariantModel:
 
     # ---- running ----------------------------------------------------------------------------------
     def _named(self, args, kwargs) -> dict:
-        names = [i.name for i in self.first.inputs]
-        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
-            return dict(args[0])
-        if len(args) > len(names):
-            raise InputError(f"takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
-        given = dict(zip(names, args))
-        for k, v in kwargs.items():
-            if k in given:
-                raise InputError(f"input {k!r} given twice")
-            given[k] = v
-        return given
+        from lumc.compiler.runtime.compiled import name_args
+        return name_args([i.name for i in self.first.inputs], args, kwargs)
 
     def _arrays(self, given: dict) -> dict:
         out = {}

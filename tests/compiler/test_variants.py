@@ -141,17 +141,6 @@ def test_explicit_sizes_give_one_plan_each(db, tmp_path, sizes):
     assert res.exit_code == 2 and "outside what" in res.stderr
 
 
-def test_a_range_is_refused_in_one_line(db, tmp_path):
-    with pytest.raises(InputError, match="range of sizes") as e:
-        lumc.compile(mlp(), budget="20s", device="sim:h200", db=db, shapes={"batch": (1, 16)})
-    assert "\n" not in str(e.value)
-    p = tmp_path / "m.onnx"
-    onnx.save(mlp(), p)
-    res = CliRunner().invoke(cli, ["compile", str(p), "--budget", "20s", "--shape", "batch=1..16"])
-    assert res.exit_code == 2 and "range of sizes" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
-
-
 def test_corrupt_variant_table_is_one_line(db, tmp_path):
     f = lumc.compile(mlp(), budget="30s", device="sim:h200", db=db, shapes={"batch": [1, 2]},
                      use_egraph=False)
