@@ -7,18 +7,45 @@ lumc_backend``); passing :func:`lumc_backend` itself as ``backend=`` works too. 
 ``lumc.compiler.core.torch_compile.DEFAULT_BUDGET``.
 
 How a Dynamo graph is lowered: Dynamo hands over a Torch-level FX graph (``torch.*`` functions and
-methods, parameters lifted to inputs) and example inputs. For each distinct set of input shapes the
-backend traces that graph to core ATen with ``make_fx`` (``torch.func.functionalize`` removes
-in-place ops and views; the decomposition table is the frontend's, which keeps attention whole),
-at those concrete shapes, then lowers it with the same handlers as the ``torch.export`` path. lumc
-graphs are concrete, so a graph Dynamo marks dynamic is re-traced and re-lowered per new shape and
-cached by shape. Parameters stay graph inputs (Dynamo passes them on every call), so in-place
-updates of the weights are seen.
+methods, parameters lifted to inputs) and example inputs. The backend traces that graph to core
+ATen with ``make_fx`` (``torch.func.functionalize`` removes in-place ops and views; the
+decomposition table is the frontend's, which keeps attention whole) at concrete shapes, then
+lowers it with the same handlers as the ``torch.export`` path. Parameters stay graph inputs
+(Dynamo passes them on every call), so in-place updates of the weights are seen. Python floats
+Dynamo passes as 0-d tensors (``dynamic=True`` makes ``eps``, dropout ``p`` and such inputs) are
+traced as the constants they were at capture; a call with another value compiles afresh.
+
+**Static graphs** compile at their one shape, once.
+
+**Dynamic graphs** (``dynamic=True``, ``torch._dynamo.mark_dynamic``, or Dynamo's automatic
+dynamic shapes on a second size) compile **once for a size range**
+(``lumc.compiler.core.buckets.compile_ranges``): each distinct ``SymInt`` among the input sizes
+(the same symbol on several inputs is one dim; Dynamo's replacements are applied) is a ranged dim,
+named by its symbol (``s27``). Its range is Dynamo's value range from the ``ShapeEnv`` where that
+is finite (``mark_dynamic(x, 1, min=2, max=512)``); an unbounded end is ``lo`` = Dynamo's lower
+bound (2 where it specializes 0 and 1) and ``hi`` = :data:`DEFAULT_MAX_SIZE` (1024). Options
+change it: ``options={"max_size": 256}`` for every unbounded dim, ``options={"shapes": {"x.1":
+(2, 128)}}`` per dim (keyed by the symbol, ``s27``, or ``INPUT.AXIS`` with the input's placeholder
+name, Dynamo's ``L_x_`` or just ``x``; always clipped to Dynamo's own range). The graph is traced
+at the range's probe and check primes, the e-graph runs once and each size bucket is searched;
+every call in the range then re-sizes its bucket's plan (``VariantModel``): no trace, no search,
+no lumc compile. ``DynamoGraph.compiles`` (and the module's :data:`counters`) count lumc compiles.
+
+A call **outside the range** (or with another baked float) is compiled for its exact shapes alone
+and cached by shape, as a static graph would be (counted too; ``counters["outside_range"]``).
+A graph whose sizes do not re-size (``compile_ranges`` refuses it: its sizes are not products of
+the dims, a dim that no tensor input has, a size output, a range too narrow to probe, a trace
+failing at a probe size, too small a budget for the buckets) **falls back** to one compile per
+distinct shape, and ``DynamoGraph.per_shape_reason`` says why. With ``search=False`` (the
+reference executor) dynamic graphs are lowered per shape too.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import time
 
+import sympy
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -30,7 +57,14 @@ from lumc.compiler.frontends.torch_frontend.capture import CapturedProgram, Inpu
 from lumc.compiler.core.torch_compile import Specialization
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
-from lumc.ir.errors import InputError
+from lumc.ir.errors import BudgetError, InputError, LumcError
+
+DEFAULT_MAX_SIZE = 1024   # the top of a dynamic dim's range where Dynamo leaves it unbounded
+
+# lumc compiles made by this backend, over every graph: "graphs" (DynamoGraphs made), "compiles"
+# (lumc compiles of any kind), "range_compiles", "shape_compiles", "outside_range" (calls outside
+# a compiled range), "per_shape_fallbacks" (dynamic graphs that could not compile as a range)
+counters: collections.Counter = collections.Counter()
 
 
 def _is_fake(x) -> bool:
@@ -46,17 +80,49 @@ def _hint(x):
     return x
 
 
+def _finite(v) -> int | None:
+    """A value-range bound as an int; None for an infinite one (``int_oo``, ``oo``)."""
+    return int(v) if isinstance(v, (int, sympy.Integer)) else None
+
+
+@dataclasses.dataclass
+class DynamicDim:
+    """One dynamic dim of a Dynamo graph.
+
+    Attributes:
+        name: its ``ShapeEnv`` symbol (``s27``), the dim's name in the ranged compile.
+        symbol: the sympy symbol.
+        uses: ``[(argument index, axis)]`` of the tensor inputs whose size it is.
+        lo, hi: Dynamo's value range (``hi`` None: unbounded).
+        range: the :class:`~lumc.compiler.core.buckets.DimRange` compiled (None: not chosen yet).
+    """
+    name: str
+    symbol: object
+    uses: list
+    lo: int
+    hi: int | None
+    range: object = None
+
+
 class DynamoGraph:
     """The callable lumc returns to Dynamo for one captured FX graph.
 
     Attributes:
         gm: Dynamo's graph module (its parameters are inputs, so it holds no weights).
         budget_s: the compile budget in seconds (unspent by the reference executor).
-        specializations: ``{shape key: Specialization}``.
+        specializations: ``{shape key: Specialization}`` (static graphs, the per-shape fallback,
+            calls outside the range).
+        dims: ``{name: DynamicDim}`` of a dynamic graph (empty for a static one).
+        ranged: the :class:`~lumc.compiler.runtime.variants.VariantModel` serving the range (None:
+            no range compile).
+        per_shape_reason: why a dynamic graph is compiled per shape instead (None otherwise).
+        compiles: lumc compiles made for this graph (a range compile counts one).
+        range_compile_s: the range compile's wall time.
     """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, budget_s: float,
-                 search: bool = True, device: str | None = None, policy=None):
+                 search: bool = True, device: str | None = None, policy=None,
+                 max_size: int | None = None, shapes: dict | None = None):
         self.policy = policy             # the precision policy (lumc.compiler.core.precision)
         self.gm = gm
         self.budget_s = budget_s
@@ -64,14 +130,288 @@ class DynamoGraph:
         self.device = device
         self.names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
         self.specializations: dict[tuple, Specialization] = {}
+        self.compiles = 0
+        self.ranged = None
+        self.range_compile_s = None
+        self.per_shape_reason: str | None = None
+        self.outside_calls = 0
+        self._range_program: CapturedProgram | None = None
         self._table = decomposition_table()
-        example = [_hint(x) for x in example_inputs]
-        if not any(x is None or _is_fake(x) for x in example):
-            self._specialize(example)    # surface unsupported ops at compile time
+        self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._examples = list(example_inputs)
+        self._baked = self._baked_floats()
+        counters["graphs"] += 1
+        self.dims, why = self._dynamic_dims()
+        if self.dims or why:
+            if not search:
+                why = "search=False: the reference executor lowers each shape"
+            if why is None:
+                ranges = self._dim_ranges(max_size, shapes)    # the options' errors raise
+                try:
+                    self._compile_range(ranges)
+                except (InputError, BudgetError) as e:
+                    why = str(e)
+            if self.ranged is None:
+                self.per_shape_reason = why
+                counters["per_shape_fallbacks"] += 1
+        elif shapes:
+            raise InputError("options['shapes'] names dynamic dims, but Dynamo captured this "
+                             "graph with static shapes (use dynamic=True or mark_dynamic)")
+        self._examples = None            # the examples hold the module's parameters
+        if self.ranged is None:
+            example = [_hint(x) for x in example_inputs]
+            if not any(x is None or _is_fake(x) for x in example):
+                self._specialize(example)    # surface unsupported ops at compile time
 
+    # ---- the graph's inputs -----------------------------------------------------------------------
+    def _baked_floats(self) -> dict[int, tuple]:
+        """``{argument index: (value, dtype, device)}`` of the Python floats Dynamo passes as 0-d
+        tensors: traced as constants (``.item()`` of a fake tensor has no value)."""
+        out = {}
+        for i, (p, ex) in enumerate(zip(self._placeholders, self._examples)):
+            ga = p.meta.get("grapharg")
+            if ga is not None and getattr(ga, "pass_arg_as_tensor", False) and \
+                    isinstance(ex, torch.Tensor) and not _is_fake(ex) and ex.numel() == 1:
+                out[i] = (ex.item(), ex.dtype, ex.device)
+        return out
+
+    def _dynamic_dims(self) -> tuple[dict[str, DynamicDim], str | None]:
+        """The graph's dynamic dims and, when they cannot be compiled as a range, why."""
+        dims: dict = {}
+        scalars, derived = set(), []
+        self._shape_env = None
+
+        def canon(d):
+            e = d.node.expr
+            env = getattr(d.node, "shape_env", None)
+            if env is not None:
+                self._shape_env = env
+                e = env.replace(e)
+            return e
+        for i, (p, ex) in enumerate(zip(self._placeholders, self._examples)):
+            ev = p.meta.get("example_value", ex)
+            if isinstance(ev, torch.SymInt):
+                e = canon(ev)
+                if not e.is_number:
+                    scalars |= e.free_symbols
+            elif isinstance(ev, torch.Tensor):
+                for ax, d in enumerate(ev.shape):
+                    if not isinstance(d, torch.SymInt):
+                        continue
+                    e = canon(d)
+                    if e.is_number:
+                        continue
+                    if isinstance(e, sympy.Symbol):
+                        dims.setdefault(e, []).append((i, ax))
+                    else:
+                        derived.append((p.target, ax, e))
+            elif isinstance(ev, (torch.SymFloat, torch.SymBool)):
+                return {}, f"input {p.target!r} is a symbolic {type(ev).__name__}"
+        out = {}
+        for sym, uses in sorted(dims.items(), key=lambda kv: str(kv[0])):
+            lo, hi = 1, None
+            vr = (self._shape_env.var_to_range.get(sym) if self._shape_env is not None else None)
+            if vr is not None:
+                lo = max(1, _finite(vr.lower) or 1)
+                hi = _finite(vr.upper)
+            out[str(sym)] = DynamicDim(str(sym), sym, uses, lo, hi)
+        why = None
+        lone = sorted(map(str, (scalars | {s for _, _, e in derived for s in e.free_symbols})
+                          - set(dims)))
+        if derived:
+            name, ax, e = derived[0]
+            why = f"input {name!r} axis {ax} is {e}, not one dim"
+        elif lone:
+            why = f"size {lone[0]} is not the size of any tensor input"
+        return out, why
+
+    def _dim_ranges(self, max_size, shapes) -> dict:
+        """``{dim name: DimRange}``: Dynamo's ranges, unbounded ends set by the options."""
+        from lumc.compiler.core.buckets import DimRange, parse_range
+        top = DEFAULT_MAX_SIZE if max_size is None else int(max_size)
+        alias = {}
+        for d in self.dims.values():
+            alias[d.name] = d
+            for i, ax in d.uses:
+                name = self.names[i]
+                for n in {name, name.removeprefix("L_").removesuffix("_")}:
+                    alias[f"{n}.{ax}"] = d
+        given = {}
+        for k, v in (shapes or {}).items():
+            if k not in alias:
+                raise InputError(f"options['shapes'] names {k!r}, which is not a dynamic dim of the "
+                                 f"graph (dims: {', '.join(sorted(alias))})")
+            if isinstance(v, str):
+                r = parse_range(v)
+            elif isinstance(v, DimRange):
+                r = v
+            elif isinstance(v, (tuple, list)) and len(v) == 2:
+                r = DimRange(int(v[0]), int(v[1]))
+            else:
+                r = None
+            if r is None:
+                raise InputError(f"options['shapes'][{k!r}] is {v!r}; expected a range (lo, hi) "
+                                 "or 'lo..hi'")
+            given[alias[k].name] = r
+        out = {}
+        for d in self.dims.values():
+            r = given.get(d.name)
+            lo = max(d.lo, r.lo if r is not None else 1)
+            hi = r.hi if r is not None else (d.hi if d.hi is not None else top)
+            if d.hi is not None:
+                hi = min(hi, d.hi)
+            if hi < lo:
+                raise InputError(f"dim {d.name} ({self._where(d)}): range {lo}..{hi} is empty "
+                                 f"(Dynamo's is {d.lo}..{d.hi if d.hi is not None else 'inf'})")
+            d.range = DimRange(lo, hi)
+            out[d.name] = d.range
+        return out
+
+    def _where(self, d: DynamicDim) -> str:
+        return ", ".join(f"{self.names[i]} axis {ax}" for i, ax in d.uses)
+
+    # ---- tracing ----------------------------------------------------------------------------------
+    def _trace(self, args) -> tuple[CapturedProgram, object, dict]:
+        """``make_fx`` of the graph at these concrete inputs, lowered: ``(program, imported, info)``.
+        The baked floats are constants inside the trace; ``program.inputs`` are the others."""
+        n = len(self._placeholders)
+        baked = self._baked
+        fn = torch.func.functionalize(self.gm, remove="mutations_and_views")
+
+        def with_constants(*rest):
+            it = iter(rest)
+            full = [torch.tensor(baked[i][0], dtype=baked[i][1], device=baked[i][2])
+                    if i in baked else next(it) for i in range(n)]
+            return fn(*full)
+        kept = [a for i, a in enumerate(args) if i not in baked]
+        # outside Dynamo's tracing context, make_fx makes its own static-shape fake mode instead
+        # of reusing Dynamo's symbolic one: the trace is at exactly these shapes
+        with torch._guards.tracing(None):
+            aten_gm = make_fx(with_constants if baked else fn, decomposition_table=self._table,
+                              tracing_mode="fake")(*kept)
+        check_supported(aten_gm.graph)
+        slots = []
+        placeholders = [p for p in aten_gm.graph.nodes if p.op == "placeholder"]
+        for p, a in zip(placeholders, kept):
+            if isinstance(a, torch.Tensor):
+                slots.append(InputSlot(p.name, tuple(a.shape), lumc_dtype(a.dtype)))
+            else:
+                slots.append(InputSlot(p.name, None, None, a))
+        n_out = len(next(p for p in reversed(aten_gm.graph.nodes) if p.op == "output").args[0])
+        weights = {}
+        for p in aten_gm.graph.nodes:
+            if p.op == "get_attr":
+                weights[p.target] = to_numpy(getattr(aten_gm, p.target)).copy()
+        program = CapturedProgram(aten_gm, weights, slots, {}, None, None, list(range(n_out)),
+                                  [f"output_{k}" for k in range(n_out)], _device(kept),
+                                  source="torch.compile (make_fx)")
+        imported, info = program.specialize([tuple(a.shape) if isinstance(a, torch.Tensor)
+                                             else None for a in kept])
+        return program, imported, info
+
+    def _kept(self, args) -> list:
+        return [a for i, a in enumerate(args) if i not in self._baked]
+
+    # ---- one compile for the size range -----------------------------------------------------------
+    def _example_at(self, sizes: dict[str, int]) -> list:
+        """Example inputs with the dynamic dims at ``sizes`` (``{dim name: size}``)."""
+        env = {d.symbol: sizes[d.name] for d in self.dims.values()}
+
+        def size(d) -> int:
+            if not isinstance(d, torch.SymInt):
+                return int(d)
+            e = d.node.expr
+            if self._shape_env is not None:
+                e = self._shape_env.replace(e)
+            return int(e.xreplace(env))
+        out = []
+        for p, ex in zip(self._placeholders, self._examples):
+            ev = p.meta.get("example_value", ex)
+            if isinstance(ev, torch.SymInt):
+                out.append(size(ev))
+            elif isinstance(ev, torch.Tensor):
+                shape = tuple(size(d) for d in ev.shape)
+                if isinstance(ex, torch.Tensor) and not _is_fake(ex) and tuple(ex.shape) == shape:
+                    out.append(ex)
+                else:
+                    out.append(torch.zeros(shape, dtype=ev.dtype, device=ev.device))
+            else:
+                out.append(_hint(ex))
+        return out
+
+    def _frontend(self, model, sizes: dict):
+        """``compile_ranges``' frontend: the graph traced and lowered at ``sizes``."""
+        from lumc.compiler.core.pipeline import Frontend
+        try:
+            program, imported, info = self._trace(self._example_at(sizes))
+        except LumcError:
+            raise
+        except Exception as e:     # a guard Dynamo took (L even, L != 3) a probe size breaks
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise InputError(f"tracing the graph at {sizes} failed ({type(e).__name__}: "
+                             f"{first[:160]})") from None
+        from lumc.ir.tensor import Tensor
+        if not all(isinstance(v, Tensor) for v in info["flat_outputs"]):
+            raise InputError("the graph returns values that are not tensors (sizes), which "
+                             "differ per size")
+        if self._range_program is None:
+            self._range_program = program
+        return Frontend(imported.graph, None, "torch.compile graph", list(imported.warnings))
+
+    def _compile_range(self, ranges: dict) -> None:
+        from lumc.compiler.core.buckets import compile_ranges
+        from lumc.compiler.core.pipeline import Given, compile_frontend, stage_candidates
+        from lumc.compiler.core.precision import PrecisionPolicy
+        from lumc.compiler.runtime.targets import resolve_target, versions, with_measured_ceilings
+        from lumc.compiler.runtime.tuning_db import TuningDatabase
+        policy = self.policy or PrecisionPolicy()
+        target = resolve_target(self.device)
+        ver = versions(gpu=not target.simulated)
+        db = TuningDatabase()
+        target = with_measured_ceilings(target, db)
+        tgt = dataclasses.replace(target, spec=dataclasses.replace(
+            target.spec, dot_precisions=policy.dot_precisions()))
+        t0 = time.perf_counter()
+        vm = compile_ranges(
+            self.gm, budget=self.budget_s, shapes=dict(ranges), policy=policy,
+            frontend=self._frontend,
+            candidates=lambda g, dl: stage_candidates(g, tgt, dl, True, False),
+            compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
+                fe, dl, target, ver, db, example_inputs=None, use_egraph=True, quiet=True,
+                policy=policy, given=Given(stored, progs, stats)))
+        self.range_compile_s = time.perf_counter() - t0
+        self.compiles += 1
+        counters["compiles"] += 1
+        counters["range_compiles"] += 1
+        # the plans read each dim at the axes the trace gave it, nowhere else
+        slot_of = {}
+        kept = [i for i in range(len(self._placeholders)) if i not in self._baked]
+        for slot, i in zip(self._range_program.inputs, kept):
+            slot_of[i] = slot.name
+        for key, _ in vm.variants:
+            for d in self.dims.values():
+                want = sorted([slot_of[i], ax] for i, ax in d.uses)
+                if sorted(list(a) for a in key.axes.get(d.name, [])) != want:
+                    raise InputError(f"dim {d.name}: the plans read it at {key.axes.get(d.name)}, "
+                                     f"the graph has it at {want}")
+        self.ranged = vm
+
+    def _in_range(self, args) -> bool:
+        for i, (v, _, _) in self._baked.items():
+            if not isinstance(args[i], torch.Tensor) or args[i].item() != v:
+                return False
+        for d in self.dims.values():
+            for i, ax in d.uses:
+                n = int(args[i].shape[ax])
+                if not (d.range.lo <= n <= d.range.hi):
+                    return False
+        return True
+
+    # ---- one compile per shape --------------------------------------------------------------------
     def _key(self, args) -> tuple:
-        return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("value", a)
-                     for a in args)
+        return tuple(("baked", a.item()) if i in self._baked and isinstance(a, torch.Tensor)
+                     else (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor)
+                     else ("value", a) for i, a in enumerate(args))
 
     def _specialize(self, args) -> Specialization:
         key = self._key(args)
@@ -79,38 +419,28 @@ class DynamoGraph:
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        fn = torch.func.functionalize(self.gm, remove="mutations_and_views")
-        # outside Dynamo's tracing context, make_fx makes its own static-shape fake mode instead
-        # of reusing Dynamo's symbolic one: the trace is at exactly these shapes
-        with torch._guards.tracing(None):
-            aten_gm = make_fx(fn, decomposition_table=self._table, tracing_mode="fake")(*args)
-        check_supported(aten_gm.graph)
-        slots = []
-        placeholders = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
-        for p, name, a in zip(placeholders, self.names, args):
-            if isinstance(a, torch.Tensor):
-                slots.append(InputSlot(p.name, tuple(a.shape), lumc_dtype(a.dtype)))
-            else:
-                slots.append(InputSlot(p.name, None, None, a))
-        n_out = len(next(n for n in reversed(aten_gm.graph.nodes) if n.op == "output").args[0])
-        weights = {}
-        for n in aten_gm.graph.nodes:
-            if n.op == "get_attr":
-                weights[n.target] = to_numpy(getattr(aten_gm, n.target)).copy()
-        program = CapturedProgram(aten_gm, weights, slots, {}, None, None, list(range(n_out)),
-                                  [f"output_{k}" for k in range(n_out)], _device(args),
-                                  source="torch.compile (make_fx)")
-        imported, info = program.specialize([tuple(a.shape) if isinstance(a, torch.Tensor)
-                                             else None for a in args])
+        baked = self._baked
+        if any(isinstance(args[i], torch.Tensor) and args[i].item() != v
+               for i, (v, _, _) in baked.items()):
+            # another value of a float Dynamo passes as a tensor: traced at this call's value
+            self._baked = {i: (args[i].item(), dt, dev) for i, (_, dt, dev) in baked.items()}
+        try:
+            program, imported, info = self._trace(args)
+        finally:
+            self._baked = baked
+        kept = self._kept(args)
         compiled = None
-        if self.search and not any(_is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+        if self.search and not any(_is_fake(a) for a in kept if isinstance(a, torch.Tensor)):
             # every compile goes through the kernel search and the tuning database
             from lumc.compiler.core.pipeline import compile_graph
-            feed = {slot.name: to_numpy(a) for slot, a in zip(program.inputs, args)
+            feed = {slot.name: to_numpy(a) for slot, a in zip(program.inputs, kept)
                     if slot.dims is not None}
             compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
                                      example_inputs=feed, name="torch.compile graph",
                                      policy=self.policy)
+            self.compiles += 1
+            counters["compiles"] += 1
+            counters["shape_compiles"] += 1
             executor = compiled.run
         else:
             executor = ReferenceExecutor(imported.graph)
@@ -119,18 +449,31 @@ class DynamoGraph:
         self.specializations[key] = spec
         return spec
 
-    def __call__(self, *args):
-        spec = self._specialize(list(args))
-        program = spec.program
+    # ---- calls ------------------------------------------------------------------------------------
+    def _feed(self, program: CapturedProgram, kept) -> dict:
         feed = {}
-        for slot, a in zip(program.inputs, args):
+        for slot, a in zip(program.inputs, kept):
             if slot.dims is not None:
                 arr = to_numpy(a)
                 if arr.dtype != slot.dtype.np:
                     raise InputError(f"input {slot.name!r} has dtype {a.dtype}, expected "
                                      f"{slot.dtype}", node=slot.name)
                 feed[slot.name] = arr
-        results = spec.executor(feed)
+        return feed
+
+    def __call__(self, *args):
+        if self.ranged is not None:
+            if self._in_range(args):
+                program = self._range_program
+                feed = self._feed(program, self._kept(args))
+                results = self.ranged.select(feed).run(feed)
+                return tuple(from_numpy(results[name], program.device)
+                             for name in program.output_names)
+            self.outside_calls += 1
+            counters["outside_range"] += 1
+        spec = self._specialize(list(args))
+        program = spec.program
+        results = spec.executor(self._feed(program, self._kept(args)))
         out = []
         for name, v in zip(program.output_names, spec.flat_outputs):
             out.append(from_numpy(results[name], program.device) if name in results else v)
@@ -138,8 +481,21 @@ class DynamoGraph:
 
     def report(self) -> str:
         how = "kernel search per shape" if self.search else "reference executor, no kernel search"
+        if self.ranged is not None:
+            how = "kernel search once for the size range, per bucket"
         lines = [f"lumc torch.compile graph: {len(self.names)} inputs; budget {self.budget_s:g} s "
-                 f"({how})"]
+                 f"({how}); {self.compiles} lumc compiles"]
+        for d in self.dims.values():
+            rng = d.range.describe() if d.range is not None else "-"
+            lines.append(f"  dynamic dim {d.name} ({self._where(d)}): Dynamo's range "
+                         f"{d.lo}..{d.hi if d.hi is not None else 'inf'}, compiled {rng}")
+        if self.ranged is not None:
+            r = self.ranged.report_dict()
+            lines.append(f"  range compile: {len(r.get('variants', []))} buckets "
+                         f"({'; '.join(v['describe'] for v in r.get('variants', []))}) in "
+                         f"{self.range_compile_s:.1f} s; {self.outside_calls} calls outside it")
+        if self.per_shape_reason:
+            lines.append(f"  compiled per shape: {self.per_shape_reason}")
         for s in self.specializations.values():
             counts = s.imported.graph.op_counts()
             aten = ", ".join(f"{k.removeprefix('aten.')} {v}" for k, v in sorted(
@@ -157,7 +513,7 @@ def _device(args) -> torch.device:
 
 
 _BACKEND_OPTIONS = ("budget", "search", "device", "precision", "weights", "tolerance", "max_kl",
-                    "logits")
+                    "logits", "max_size", "shapes")
 
 
 def lumc_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kw):
@@ -173,20 +529,27 @@ def lumc_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
 
 def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search: bool = True,
                   device: str | None = None, precision: str = "fp32", weights: str = "same",
-                  tolerance: float | None = None, max_kl: float | None = None, logits=()):
+                  tolerance: float | None = None, max_kl: float | None = None, logits=(),
+                  max_size: int | None = None, shapes: dict | None = None):
     """The TorchDynamo backend: returns a callable running ``gm`` with lumc.
 
     Args:
         gm: the graph Dynamo captured.
         example_inputs: Dynamo's example inputs (tensors, and ints for symbolic sizes).
-        budget: the compile budget (``"2m"``, seconds); None for ``DEFAULT_BUDGET``.
-        search: run the kernel search per shape (default); False runs the reference executor.
+        budget: the compile budget (``"2m"``, seconds); None for ``DEFAULT_BUDGET``. A dynamic
+            graph's range compile spends it once for all its size buckets.
+        search: run the kernel search (default); False runs the reference executor per shape.
         device: the compile target (default: the first GPU, else ``sim:h200``).
         precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
             (``lumc.compiler.core.precision``), as ``torch.compile(m, backend="lumc",
             options={"precision": "bf16"})``.
+        max_size: the top of every dynamic dim Dynamo leaves unbounded (default
+            :data:`DEFAULT_MAX_SIZE`).
+        shapes: ``{dim: (lo, hi) or "lo..hi"}`` per dynamic dim, keyed by its symbol (``s27``)
+            or ``INPUT.AXIS`` (``x.1``, ``L_x_.1``); clipped to Dynamo's range.
     Raises:
-        InputError: an unknown precision or weights option.
+        InputError: an unknown precision or weights option; a ``shapes`` key that is no dynamic
+            dim, or a range that is not one.
         UnsupportedOpError: the graph uses ATen ops lumc cannot lower (Dynamo reports it as a
             backend compiler failure).
         BudgetError: a malformed budget.
@@ -194,4 +557,4 @@ def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search:
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     from lumc.compiler.core.precision import PrecisionPolicy
     policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
-    return DynamoGraph(gm, example_inputs, budget_s, search, device, policy)
+    return DynamoGraph(gm, example_inputs, budget_s, search, device, policy, max_size, shapes)
