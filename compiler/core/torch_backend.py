@@ -35,9 +35,11 @@ A call **outside the range** (or with another baked float) is compiled for its e
 and cached by shape, as a static graph would be (counted too; ``counters["outside_range"]``).
 A graph whose sizes do not re-size (``compile_ranges`` refuses it: its sizes are not products of
 the dims, a dim that no tensor input has, a size output, a range too narrow to probe, a trace
-failing at a probe size, too small a budget for the buckets) **falls back** to one compile per
-distinct shape, and ``DynamoGraph.per_shape_reason`` says why. With ``search=False`` (the
-reference executor) dynamic graphs are lowered per shape too.
+failing at a probe size, too small a budget for the buckets, a bucket's numerics check failing)
+**falls back** to one compile per distinct shape, and ``DynamoGraph.per_shape_reason`` says why.
+A size the model cannot take makes the range fail its check: GPT-2's 1024 default top indexes
+past a shorter position table (``n_positions=128``); ``max_size`` is the fix there. With
+``search=False`` (the reference executor) dynamic graphs are lowered per shape too.
 """
 from __future__ import annotations
 
@@ -151,6 +153,9 @@ class DynamoGraph:
                     self._compile_range(ranges)
                 except (InputError, BudgetError) as e:
                     why = str(e)
+                    if "out of range" in why and any(d.hi is None for d in self.dims.values()):
+                        why += (" (a range Dynamo leaves open ends at max_size; "
+                                "options={'max_size': N} or 'shapes' narrow it)")
             if self.ranged is None:
                 self.per_shape_reason = why
                 counters["per_shape_fallbacks"] += 1
