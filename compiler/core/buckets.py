@@ -184,8 +184,16 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
         raise InputError(f"--shape {spec}: the model's sizes are not products of "
                          f"{' and '.join(ranges)} ({diff[:160]}), which one plan per range "
                          "needs; give explicit sizes (a list) instead")
+    # the input axes that are the dim itself (a derived axis, 2 * L, is checked by the plan's
+    # own input shapes at call time instead)
     axes = {k: [[name, ax] for name, n in fe_p.graph.inputs.items()
-                for ax, d in enumerate(n.shape) if d and d % probe[k] == 0] for k in ranges}
+                for ax, d in enumerate(n.shape) if d == ranges[k].step * probe[k]]
+            for k in ranges}
+    for k, uses in axes.items():
+        if not uses:
+            raise InputError(f"--shape {k}={ranges[k].describe()}: no model input has an axis of "
+                             f"that size (it is a dim derived from the inputs?); give explicit "
+                             "sizes instead")
     from lumc.compiler.core.precision import store_weights
     stored, wstats = store_weights(fe_p.graph, policy)
     with probing(primes):
