@@ -21,7 +21,11 @@ Simulated price (``sim:*``): the roofline of what the torch path launches, at a 
 
 * Contractions: ``max(2 B M N K / (peak * eff * fill), bytes / (bandwidth * BW_EFFICIENCY))`` plus
   one launch each. ``peak`` follows the operand precision: bf16/fp16 tensor cores; fp32 is IEEE fp32
-  on CUDA cores (torch's default ``allow_tf32=False``) unless ``PRECISION`` is ``tf32``.
+  on CUDA cores (torch's default ``allow_tf32=False``) unless ``PRECISION`` is ``tf32``; ``fp8`` is
+  ``torch._scaled_mm`` at the fp8 peak, reading 1-byte operands, plus the eager quantization of both
+  operands (an amax pass and a scaled cast each: read twice, write one byte per element, four
+  launches); it is offered only where every contraction is a plain GEMM with K and N multiples of
+  16 (:func:`scaled_mm_applies`).
 * ``eff`` (:data:`CUBLAS_EFFICIENCY`, :data:`SDPA_EFFICIENCY`) is the share of dense peak the vendor
   kernel reaches on large problems; ``fill`` the share of SMs a small problem can occupy with
   64 x 64 output tiles (cuBLAS's smallest common Hopper tile), counting split-K over long K.
@@ -106,8 +110,9 @@ def attention_plan(kernel: Kernel):
     return p if s is p.softmax.s else None
 
 
-# operand precisions torch's vendor GEMMs run (``allow_tf32`` off/on, or operands rounded to half)
-TORCH_PRECISIONS = ("ieee", "tf32", "bf16", "fp16")
+# operand precisions torch's vendor GEMMs run (``allow_tf32`` off/on, operands rounded to half, or
+# quantized to e4m3 with row-wise scales for ``torch._scaled_mm``)
+TORCH_PRECISIONS = ("ieee", "tf32", "bf16", "fp16", "fp8")
 
 
 def extern_configs(kernel: Kernel, dev: DeviceSpec | None = None) -> list[dict]:
@@ -121,8 +126,17 @@ def extern_configs(kernel: Kernel, dev: DeviceSpec | None = None) -> list[dict]:
     out = []
     for impl in extern_impls(kernel):
         for p in precs:
+            if p == "fp8" and (impl != "cublas" or not scaled_mm_applies(kernel)):
+                continue
             out.append({"IMPL": impl} if p is None else {"IMPL": impl, "PRECISION": p})
     return out
+
+
+def scaled_mm_applies(kernel: Kernel) -> bool:
+    """True when every contraction of ``kernel`` is a plain matrix product with K and N multiples
+    of 16 (what ``torch._scaled_mm`` takes: one batch, row-major A, column-major B)."""
+    cs = vendor_contractions(kernel)
+    return bool(cs) and all(c.batch == 1 and c.K % 16 == 0 and c.N % 16 == 0 for c in cs)
 
 
 def _dtype(kernel: Kernel):
@@ -184,11 +198,16 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         after = {id(n) for n in dependents(nodes, c2.node)}
         skip = {id(n) for n in nodes if id(n) not in after} | {id(c2.node)}
     else:
+        fp8 = cfg.get("PRECISION") == "fp8"
         for c in cs:
             flops = 2 * c.batch * c.M * c.N * c.K
-            nbytes = (c.batch * c.M * c.K + c.batch * c.K * c.N + c.batch * c.M * c.N) * isz
+            osz = 1 if fp8 else isz
+            nbytes = (c.batch * c.M * c.K + c.batch * c.K * c.N) * osz + c.batch * c.M * c.N * isz
             total += max(flops / (peak * eff * _fill(c, dev)),
                          nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY)) + dev.launch_overhead_s
+            if fp8:   # quantizing each operand: an amax pass and a scaled cast, eager torch ops
+                q_bytes = (c.batch * (c.M + c.N) * c.K) * (2 * isz + 1)
+                total += q_bytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + 4 * dev.launch_overhead_s
             skip |= {id(c.node), id(c.node.srcs[0])}
     for n in _eager_ops(kernel, skip):
         # a broadcast operand (a view) is read once from memory, at its source's size

@@ -12,7 +12,8 @@ the GPU plan run either the same way.
 Numerics follow the reference executor: f16/bf16 contractions multiply in their own dtype and
 accumulate in fp32 (cuBLAS's default for half types; the reference sums in fp32 and rounds once), and
 fp32 contractions are IEEE fp32 (``allow_tf32`` off) unless the config's ``PRECISION`` is ``tf32``;
-``PRECISION`` ``bf16``/``fp16`` rounds fp32 operands to that type first.
+``PRECISION`` ``bf16``/``fp16`` rounds fp32 operands to that type first, and ``fp8`` runs the
+contraction as a row-wise scaled e4m3 GEMM (``torch._scaled_mm`` on a GPU, :func:`_fp8_scaled`).
 """
 from __future__ import annotations
 
@@ -27,12 +28,54 @@ from lumc.ir.kernels import Kernel
 _HALF_PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
 
 
+def _fp8_scaled(spec: str, ca, cb):
+    """``einsum(spec, ca, cb)`` as a row-wise scaled fp8 GEMM (``torch._scaled_mm``, cuBLASLt):
+    each operand quantized to e4m3 with one fp32 scale per output row of A and per output column
+    of B (``amax / 448`` over the contracted letters, RNE, clamped to +-448), the products summed in
+    fp32 and the sum times both scales. A 2-D ``mk,kn->mn`` on a GPU with K and N multiples of 16
+    runs ``torch._scaled_mm``; anything else (the CPU executor, batched products) computes the same
+    quantized operands' sum in fp32, scaled after the sum as ``_scaled_mm`` does."""
+    import torch
+    from lumc.backends.precision import FP8_MAX
+    ins, out = spec.split("->")
+    la, lb = ins.split(",")
+    kdims = [c for c in la if c in lb and c not in out]
+
+    def quant(x, letters):
+        axes = tuple(i for i, c in enumerate(letters) if c in kdims)
+        x = x.float()
+        amax = x.abs().amax(dim=axes, keepdim=True) if axes else x.abs()
+        sc = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        return (x / sc).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), sc
+    qa, sa = quant(ca, la)
+    qb, sb = quant(cb, lb)
+    M, K = qa.shape if qa.ndim == 2 else (0, 0)
+    if (qa.is_cuda and spec == "ab,bc->ac" and K % 16 == 0 and qb.shape[1] % 16 == 0
+            and hasattr(torch, "_scaled_mm")):
+        return torch._scaled_mm(qa, qb.t().contiguous().t(), scale_a=sa.reshape(M, 1),
+                                scale_b=sb.reshape(1, -1), out_dtype=torch.float32)
+    r = torch.einsum(spec, qa.float(), qb.float())
+    # both scales are constant along the contracted letters: as einsum over the kept letters
+    ra = "".join(c for c in la if c not in kdims)
+    rb = "".join(c for c in lb if c not in kdims)
+    sa_k = sa.reshape([d for d, c in zip(sa.shape, la) if c not in kdims])
+    sb_k = sb.reshape([d for d, c in zip(sb.shape, lb) if c not in kdims])
+    return r * torch.einsum(f"{ra},{rb}->{out}", sa_k, sb_k)
+
+
 def _native_contraction(precision: str | None):
     """``graph_torch.contraction_op`` multiplying in the operands' own dtype (see module doc)."""
     def op(a, b, spec, a_index, b_index, scale, keep_shape, out_shape, acc_name, out_name):
         import torch
         ca, cb = a[a_index], b[b_index]
         out_dt = getattr(torch, out_name)
+        if precision == "fp8" and ca.dtype.is_floating_point:
+            r = _fp8_scaled(spec, ca, cb)
+            if scale != 1:
+                r = r * scale
+            full = tuple(d for d in out_shape if d is not None)
+            r = r.reshape(keep_shape).expand(full)
+            return r.reshape(tuple(1 if d is None else d for d in out_shape)).to(out_dt)
         if precision in _HALF_PRECISIONS and ca.dtype == torch.float32:
             half = getattr(torch, _HALF_PRECISIONS[precision])
             ca, cb = ca.to(half), cb.to(half)

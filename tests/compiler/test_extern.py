@@ -210,3 +210,43 @@ def test_gpu_configs_that_spill_are_pruned_before_timing(tmp_path, monkeypatch):
     assert r.status == "rejected" and "spills 512 B" in r.note
     monkeypatch.setattr(res, "spills_of_launch", lambda mod, names, launch: (0, launch()))
     assert m(key, 2).status == "ok"
+
+
+def _fp8_rowwise_reference(a, b):
+    """numpy: A quantized to e4m3 per row, B per column (amax/448, RNE, clamped), products summed
+    in float64, times both scales (torch._scaled_mm's row-wise scaling)."""
+    import ml_dtypes
+    sa = np.abs(a).max(axis=1, keepdims=True) / 448.0
+    sb = np.abs(b).max(axis=0, keepdims=True) / 448.0
+    sa, sb = np.where(sa > 0, sa, 1.0).astype(np.float32), np.where(sb > 0, sb, 1.0).astype(np.float32)
+    qa = np.clip(a / sa, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    qb = np.clip(b / sb, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    return (qa @ qb) * sa * sb
+
+
+def test_fp8_vendor_gemm_is_a_rowwise_scaled_mm():
+    from dataclasses import replace
+    specs = [((48, 64), dt.f32), ((64, 32), dt.f32)]
+    k = _kernel("matmul", lambda a, b: a @ b, specs)
+    dev = replace(H200, dot_precisions={"f32": ("fp8", "bf16")})
+    assert {"IMPL": "cublas", "PRECISION": "fp8"} in bx.extern_configs(k, dev)
+    a, b = _inputs(specs, 3)
+    a[5] = 0.0                                   # an all-zero row keeps scale 1
+    got = run_extern_numpy(k, {"IMPL": "cublas", "PRECISION": "fp8"}, [a, b])[0]
+    want = _fp8_rowwise_reference(a.astype(np.float64), b.astype(np.float64))
+    assert max_rel_error(got, want) < 1e-5       # the same quantized operands, fp32 sums
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert 1e-3 < max_rel_error(got, exact) < 0.1   # fp8 really rounded the operands
+    assert np.all(got[5] == 0)
+    # torch._scaled_mm takes K and N multiples of 16 and one batch: not offered otherwise
+    for bad in ([((48, 24), dt.f32), ((24, 32), dt.f32)],
+                [((2, 16, 32), dt.f32), ((2, 32, 16), dt.f32)]):
+        kb = _kernel("matmul", lambda a, b: a @ b, bad)
+        assert not any(c.get("PRECISION") == "fp8" for c in bx.extern_configs(kb, dev))
+    # priced at the fp8 peak plus the quantization passes: faster than bf16 on a big GEMM only
+    n = 8192
+    kn = _kernel("matmul", lambda a, b: a @ b, [((n, n), dt.f32), ((n, n), dt.f32)])
+    t8 = bx.simulate_extern_time(kn, {"IMPL": "cublas", "PRECISION": "fp8"}, H200)
+    t16 = bx.simulate_extern_time(kn, {"IMPL": "cublas", "PRECISION": "bf16"}, H200)
+    assert t8 < t16
+    assert t8 > 2 * n ** 3 / (H200.dot_peak("fp8") * bx.CUBLAS_EFFICIENCY)
