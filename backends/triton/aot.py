@@ -79,14 +79,18 @@ class AotResult:
 
 def _job(rk: RenderedKernel, cfg: Config) -> dict:
     ptrs = rk.pointer_signature
-    sig = {name: "*" + SIGNATURE_TYPE[d.name] for name, d in ptrs}
+    n_params = len(rk.params)
+    sig = {name: "*" + SIGNATURE_TYPE[d.name] for name, d in ptrs[:n_params]}
+    sig.update({a: "i32" for a in rk.size_args})     # a size-generic kernel's runtime sizes
+    sig.update({name: "*" + SIGNATURE_TYPE[d.name] for name, d in ptrs[n_params:]})
     consts = {**dict(cfg.blocks), **rk.fixed_constexprs}
     for k in (*rk.constexprs, *rk.fixed_constexprs):
         sig[k] = "constexpr"
     # a multi-kernel module (split reduction) compiles each of its kernels; they share a signature
     return {"path": str(cache.write_source(rk)), "names": list(rk.kernel_names or (rk.name,)),
             "signature": sig, "constexprs": consts, "num_warps": cfg.num_warps,
-            "num_stages": cfg.num_stages, "pointers": len(ptrs)}
+            "num_stages": cfg.num_stages,
+            "pointers": [i for i, k in enumerate(sig) if sig[k].startswith("*")]}
 
 
 _RESOURCE_KEYS = ("registers", "spill_stores", "spill_loads", "stack_bytes", "static_shared_bytes")
@@ -169,7 +173,7 @@ def _worker() -> None:
             spec = importlib.util.spec_from_file_location(f"lumc_aot.{j['names'][0]}", j["path"])
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
-            attrs = {(i,): [["tt.divisibility", 16]] for i in range(j["pointers"])}
+            attrs = {(i,): [["tt.divisibility", 16]] for i in j["pointers"]}
             shared = 0
             res = dict.fromkeys(_RESOURCE_KEYS, 0)
             tc: dict[str, int] = {}

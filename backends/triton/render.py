@@ -28,6 +28,14 @@ def render(kernel: Kernel, variant: str | None = None) -> RenderedKernel:
     hit = _RENDERED.get(kernel, {}).get(variant)
     if hit is not None:
         return hit
+    rk = assemble(kernel, render_parts(kernel, variant))
+    _RENDERED.setdefault(kernel, {})[variant] = rk
+    return rk
+
+
+def render_parts(kernel: Kernel, variant: str | None = None):
+    """The form renderer's :class:`~lumc.backends.triton.source.KernelParts` for ``kernel`` (what
+    :func:`render` assembles; ``lumc.backends.triton.size_generic`` rewrites them first)."""
     from lumc.backends.triton.render_attention import render_attention
     from lumc.backends.triton.render_matmul import render_matmul
     from lumc.backends.triton.render_pointwise import render_pointwise
@@ -44,6 +52,4 @@ def render(kernel: Kernel, variant: str | None = None) -> RenderedKernel:
         parts = render_row(kernel, variant) if variant == "generic" else render_attention(kernel)
     else:
         raise ValueError(f"unknown kernel form {form!r}")
-    rk = assemble(kernel, parts)
-    _RENDERED.setdefault(kernel, {})[variant] = rk
-    return rk
+    return parts

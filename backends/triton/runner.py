@@ -87,3 +87,68 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
     if stats is not None:
         stats.seconds = time.perf_counter() - t0
     return result
+
+
+def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, str],
+                      sizes: dict[str, int], device: str | None = None,
+                      stats: RunStats | None = None) -> dict[str, np.ndarray]:
+    """:func:`run_program` for a program stored at probe sizes (a range bucket's plan,
+    ``lumc.ir.symbolic``), with every kernel one size-generic module
+    (:class:`~lumc.backends.triton.size_generic.SizedKernel`) launched at ``sizes``
+    (``{argument name: size}`` for the ``probes`` ``{prime: argument name}``).
+
+    Raises:
+        InputError: an input whose shape is not the program's at these sizes, or a wrong dtype.
+    """
+    import torch
+    from lumc.backends.triton.size_generic import SizedKernel
+    from lumc.ir.errors import InputError
+    from lumc.ir.symbolic import resize_int
+    device = device or default_device()
+    sub = {p: sizes[name] for p, name in probes.items()}
+    t0 = time.perf_counter()
+    env: dict[Node, object] = {}
+
+    def shape(n: Node) -> tuple:
+        return tuple(resize_int(d, sub) for d in n.shape)
+
+    def value_of(n: Node):
+        got = env.get(n)
+        if got is not None:
+            return got
+        if n.op == "Input":
+            a = inputs.get(n.arg.name)
+            if a is None:
+                raise InputError(f"missing input {n.arg.name!r}", node=n.arg.name)
+            a = np.asarray(a)
+            if tuple(a.shape) != shape(n) or a.dtype != n.dtype.np:
+                raise InputError(f"input {n.arg.name!r} is {a.dtype}{list(a.shape)}, expected "
+                                 f"{n.dtype.np}{list(shape(n))}", node=n.arg.name)
+            t = to_torch(a, device)
+        elif n.op == "Constant":
+            t = to_torch(n.arg.value, device)
+        elif n.op == "View" and n.arg.is_contiguous and n.numel == n.srcs[0].numel:
+            t = value_of(n.srcs[0]).reshape(shape(n))
+        else:
+            raise KeyError(f"%{n.id} ({n.op}) is read before any kernel writes it")
+        env[n] = t
+        return t
+
+    modules: dict[int, SizedKernel] = {}
+    for call in program.calls:
+        sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes)
+        modules[id(call.kernel)] = sk
+        outs = [torch.empty(shape(n), dtype=torch_dtype(n.dtype), device=device)
+                for n in call.outputs]
+        sk(*[value_of(n) for n in call.inputs], sizes=sizes, outputs=outs)
+        for n, o in zip(call.outputs, outs):
+            env[n] = o
+        if stats is not None:
+            stats.kernels += 1
+            stats.per_form[call.kernel.form] = stats.per_form.get(call.kernel.form, 0) + 1
+    if device != "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    result = {name: np.array(to_numpy(value_of(n)), order="C") for name, n in program.outputs.items()}
+    if stats is not None:
+        stats.seconds = time.perf_counter() - t0
+    return result

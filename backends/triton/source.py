@@ -76,6 +76,7 @@ class RenderedKernel:
     fixed_constexprs: dict[str, object] = field(default_factory=dict)
     workspaces: list[Workspace] = field(default_factory=list)
     kernel_names: tuple[str, ...] = ()     # every @triton.jit function of the module, main first
+    size_args: tuple[str, ...] = ()     # runtime int sizes after the pointers (size_generic.py)
 
     @property
     def inputs(self) -> list[Param]:
@@ -98,11 +99,15 @@ def _describe(kernel: Kernel, limit: int = 40) -> list[str]:
     return lines
 
 
-def assemble(kernel: Kernel, parts: KernelParts) -> RenderedKernel:
-    """The full module source of a rendered kernel."""
-    sig = ", ".join([p.name for p in parts.params] + [w.name for w in parts.workspaces]
+def assemble(kernel: Kernel, parts: KernelParts, size_args: tuple[str, ...] = ()) -> RenderedKernel:
+    """The full module source of a rendered kernel. ``size_args`` are runtime int arguments (the
+    sizes of a size-generic kernel, ``lumc.backends.triton.size_generic``): after the pointers in
+    every jitted function and kernel launch, keywords of ``launch``."""
+    sig = ", ".join([p.name for p in parts.params] + list(size_args)
+                    + [w.name for w in parts.workspaces]
                     + [f"{c}: tl.constexpr" for c in (*parts.constexprs, *parts.extra_constexprs)])
     args = ", ".join(p.name for p in parts.params)
+    sized = "".join(f"{a}, " for a in size_args)
     cfg_kw = ", ".join(f"{c}={c}" for c in parts.constexprs)
     covers = ", ".join(map(str, kernel.covers)) if kernel.covers else "(standalone kernel)"
     covers_lines = [("# covers model nodes: " if i == 0 else "#   ") + part
@@ -133,6 +138,8 @@ def {fn}({sig}):
     launcher = parts.launcher or (f"    grid = ({parts.grid},)\n    KERNEL_NAME[grid]({args},\n"
                                   f"        {cfg_kw}{fixed},\n"
                                   "        num_warps=num_warps, num_stages=num_stages)")
+    if size_args:   # every launch passes the sizes right after the pointers
+        launcher = launcher.replace(f"]({args},", f"]({args}, {sized.rstrip(', ')},")
     torch_import = "import torch\n" if parts.workspaces else ""
     src = "\n".join(head) + f'''
 {torch_import}import triton
@@ -141,7 +148,7 @@ import triton.language as tl
 
 {jitted}
 
-def launch({args}, *, {", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
+def launch({args}, *, {sized}{", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
     """Launch on contiguous tensors with one kernel config."""
 {launcher}
 '''
@@ -154,7 +161,8 @@ def launch({args}, *, {", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
     names = (name,) + tuple(f"{name}_{k}" for k in parts.extra_kernels)
     return RenderedKernel(name, parts.form, parts.variant, src, parts.params, parts.constexprs,
                           parts.problem, parts.config_space, parts.constants, digest,
-                          dict(parts.extra_constexprs), list(parts.workspaces), names)
+                          dict(parts.extra_constexprs), list(parts.workspaces), names,
+                          tuple(size_args))
 
 
 def make_params(kernel: Kernel, reads: list[Node]) -> tuple[list[Param], dict[Node, str],

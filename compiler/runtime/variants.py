@@ -158,6 +158,10 @@ class VariantModel:
                                 template.configs, template.device, template.simulated,
                                 template.report_dict(), template.source_onnx,
                                 template.torch_device)
+            # the bucket's own kernels, size-generic (lumc.backends.triton.size_generic)
+            names = {key.probes[k]: f"L{i}" for i, k in enumerate(sorted(key.ranges))}
+            hit.sized = (template.program, names,
+                         {names[key.probes[k]]: sizes[k] // key.ranges[k][2] for k in key.ranges})
         self._instances[ck] = hit
         while len(self._instances) > self.MAX_INSTANCES:
             self._instances.pop(next(iter(self._instances)))

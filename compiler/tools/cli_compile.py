@@ -357,7 +357,13 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     if whole is not cm:
         cm = whole.select(inputs)      # the plan these inputs take (an If's branch)
     t0 = time.perf_counter()
-    if backend == "triton":
+    if backend == "triton" and getattr(cm, "sized", None):    # a range bucket's plan
+        from lumc.backends.triton.runner import execution_mode, run_program_sized
+        program, probes, sizes = cm.sized
+        outputs = run_program_sized(program, inputs, probes, sizes)
+        where = (f"Triton kernels, one size-generic module per kernel of the bucket at "
+                 f"{sizes}, {execution_mode()}")
+    elif backend == "triton":
         from lumc.backends.triton.runner import execution_mode, run_program
         outputs = run_program(cm.program, inputs)   # checks shapes and dtypes of what it reads
         where = f"Triton kernels, {execution_mode()}"

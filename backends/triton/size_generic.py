@@ -1,0 +1,131 @@
+"""Size-generic kernels: one Triton module that serves every size of a range bucket.
+
+A kernel of a range's plan is stored at the range's probe sizes (``lumc.ir.symbolic``: each ranged
+dim at a prime ``P``). Rendered there, every size that depends on the dim is a literal
+``c * P**k``, and because ``P`` is prime no tile divides it, so every access along the dim is
+masked for a ragged tail. :func:`render_sized` renders the probe kernel and rewrites exactly those
+literals into expressions of runtime int arguments (``L0``, one per ranged dim; ``c * P**k``
+becomes ``(c*L0**k)``, a float ``1/(c*P**k)`` becomes ``(1.0 / (c*L0**k))``): the tile sizes stay
+``tl.constexpr``, the sizes become arguments, and one compiled module serves the bucket.
+
+The rewrite is sound only for literals that are such products (the same condition the probing
+checks for the graph); a kernel is validated by running it at sizes of the bucket against the
+reference executor on its meaning re-sized there (``tests/backends/test_size_generic.py``).
+:class:`SizedKernel` launches one at given sizes: the pointer shapes are re-sized per call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from lumc.backends.triton.launch import interpreter_mode, to_torch, torch_dtype
+from lumc.ir.errors import InputError
+from lumc.ir.kernels import Kernel
+from lumc.ir.symbolic import resize_int
+
+_NUM = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)(?![\w.])")
+
+
+def _product_expr(v: int, probes: dict[int, str]) -> str | None:
+    """``c * P**k ...`` of ``v`` as an expression of the probes' names, None when no probe divides
+    it (it does not depend on the ranged dims)."""
+    if v == 0:
+        return None
+    terms, c = [], v
+    for p, name in probes.items():
+        k = 0
+        while c % p == 0:
+            c //= p
+            k += 1
+        terms += [name] * k
+    if not terms:
+        return None
+    return "(" + "*".join(([str(c)] if c != 1 else []) + terms) + ")"
+
+
+def rewrite_sizes(text: str, probes: dict[int, str]) -> str:
+    """``text`` (kernel or launcher source) with every literal that depends on a probe replaced by
+    its expression in the size arguments (see the module docstring)."""
+    def sub(m):
+        tok = m.group(0)
+        if tok.isdigit():
+            e = _product_expr(int(tok), probes)
+            return e if e is not None else tok
+        x = float(tok)
+        if x != 0:
+            inv = 1.0 / x
+            n = round(inv)
+            if n != 0 and abs(inv - n) <= 1e-6 * abs(n):     # 1/n, rounded to f32 or f64
+                e = _product_expr(int(n), probes)
+                if e is not None:
+                    return f"(1.0 / {e})"
+            if x == round(x):
+                e = _product_expr(int(round(x)), probes)
+                if e is not None:
+                    return f"({e} * 1.0)"
+        return tok
+    return _NUM.sub(sub, text)
+
+
+def render_sized(kernel: Kernel, probes: dict[int, str], variant: str | None = None):
+    """The :class:`~lumc.backends.triton.source.RenderedKernel` of ``kernel`` (at probe sizes) whose
+    sizes are the runtime arguments named in ``probes`` (``{prime: "L0"}``)."""
+    from lumc.backends.triton.render import render_parts
+    from lumc.backends.triton.source import assemble
+    parts = render_parts(kernel, variant)
+    rw = lambda t: rewrite_sizes(t, probes) if t else t     # noqa: E731
+    parts = dataclasses.replace(
+        parts, body=rw(parts.body), grid=rw(parts.grid), launcher=rw(parts.launcher),
+        extra_kernels={k: rw(v) for k, v in parts.extra_kernels.items()},
+        workspaces=[dataclasses.replace(w, shape=rw(w.shape)) for w in parts.workspaces])
+    return assemble(kernel, parts, size_args=tuple(dict.fromkeys(probes.values())))
+
+
+class SizedKernel:
+    """A size-generic kernel and its launcher.
+
+    Args:
+        kernel: the kernel at probe sizes.
+        probes: ``{prime: argument name}`` of the ranged dims.
+    """
+
+    def __init__(self, kernel: Kernel, probes: dict[int, str]):
+        from lumc.backends.triton import cache
+        self.kernel = kernel
+        self.probes = dict(probes)
+        self.rendered = render_sized(kernel, self.probes)
+        self.module = cache.load_module(self.rendered)
+
+    def __call__(self, *inputs, sizes: dict[str, int], outputs=None, config=None):
+        """Run at ``sizes`` (``{argument name: size}``) on tensors of the re-sized shapes; returns
+        the output tensors (``outputs`` when given, filled in place).
+
+        Raises:
+            InputError: an input whose shape is not the re-sized one, or a wrong dtype.
+        """
+        import torch
+        from lumc.backends.triton import configs
+        rk = self.rendered
+        sub = {p: sizes[name] for p, name in self.probes.items()}
+        device = "cpu" if interpreter_mode() else "cuda"
+        args = []
+        for p, x in zip(rk.inputs, inputs):
+            t = to_torch(x, device)
+            want = tuple(resize_int(d, sub) for d in p.shape)
+            if tuple(t.shape) != want or t.dtype != torch_dtype(p.dtype):
+                raise InputError(f"input {p.key} is {t.dtype}{list(t.shape)}, expected "
+                                 f"{p.dtype}{list(want)}", node=p.key)
+            args.append(t.contiguous())
+        for p in rk.params:
+            if p.role == "const":
+                args.append(to_torch(rk.constants[p.name], device).contiguous())
+        if outputs is None:
+            outputs = [torch.empty(tuple(resize_int(d, sub) for d in p.shape),
+                                   dtype=torch_dtype(p.dtype), device=device) for p in rk.outputs]
+        if config is None:
+            config = (configs.interpreter_config if interpreter_mode() else configs.default_config)(
+                rk.config_space, rk.problem)
+        cfg = configs.with_precision(config, rk.problem)
+        self.module.launch(*args, *outputs, **{n: int(v) for n, v in sizes.items()},
+                           **cfg.kwargs())
+        return list(outputs)
