@@ -4,7 +4,10 @@ The plan walks the kernel calls once and gives every intermediate tensor a buffe
 keyed by byte size, returning it after the tensor's last reader (lifetimes from the call order), so
 peak memory is the largest set of simultaneously live intermediates, not their sum. For static shapes
 (always, in lumc's specialized graphs) the whole launch sequence is captured once in a CUDA graph and
-replayed, removing per-kernel launch overhead from the host.
+replayed, removing per-kernel launch overhead from the host. A plan re-sized from a range bucket
+(``lumc.compiler.runtime.variants``) launches the bucket's size-generic kernels, so one Triton compile
+per kernel serves the bucket; its CUDA graph is captured per exact size (one ``GpuPlan`` per
+re-sized plan, at most ``VariantModel.MAX_INSTANCES`` of them). Not yet run on a GPU.
 
 This path runs only where a CUDA GPU is present (``make gpu-check``); without one, a compiled model
 executes on the CPU executor.
@@ -27,9 +30,15 @@ class GpuPlan:
         self.cm = cm
         self.device = cm.torch_device
         self.kernels = []
-        for c, cfg in zip(cm.program.calls, cm.configs):
+        sized = getattr(cm, "sized", None)     # a range bucket's plan re-sized to this call's size
+        for i, (c, cfg) in enumerate(zip(cm.program.calls, cm.configs)):
             # a Triton kernel, or an extern (vendor) implementation through torch
-            self.kernels.append((c, launcher_for(c.kernel, cfg), config_from_dict(cfg)))
+            tk = launcher_for(c.kernel, cfg)
+            if sized is not None and (cfg or {}).get("IMPL", "triton") == "triton":
+                # the bucket's size-generic module: one Triton compile serves every size of it
+                template, probes, sizes = sized
+                tk = _SizedLaunch(template.calls[i].kernel, probes, sizes)
+            self.kernels.append((c, tk, config_from_dict(cfg)))
         # lifetimes: last call index reading each node
         last: dict[int, int] = {}
         for i, c in enumerate(cm.program.calls):
@@ -103,6 +112,25 @@ class GpuPlan:
                 v = to_numpy(self.buffers[id(base)])
             out[name] = np.asarray(apply_view(v, n.arg) if base is not n else v, order="C")
         return out
+
+
+_SIZED: dict[tuple, object] = {}     # (template kernel, probes) -> SizedKernel, one per bucket kernel
+
+
+class _SizedLaunch:
+    """A size-generic kernel (``lumc.backends.triton.size_generic``) bound to one call's sizes,
+    with the launcher convention of ``TritonKernel`` (inputs, ``outputs=``, ``config=``)."""
+
+    def __init__(self, kernel, probes: dict, sizes: dict):
+        from lumc.backends.triton.size_generic import SizedKernel
+        key = (id(kernel), tuple(sorted(probes.items())))
+        if key not in _SIZED:
+            _SIZED[key] = (kernel, SizedKernel(kernel, probes))   # keeps the kernel alive too
+        self.sk = _SIZED[key][1]
+        self.sizes = dict(sizes)
+
+    def __call__(self, *inputs, outputs=None, config=None):
+        return self.sk(*inputs, sizes=self.sizes, outputs=outputs, config=config)
 
 
 def _tdt(n: Node):
