@@ -95,6 +95,7 @@ class SizedKernel:
         self.probes = dict(probes)
         self.rendered = render_sized(kernel, self.probes)
         self.module = cache.load_module(self.rendered)
+        self._consts: dict[tuple, object] = {}
 
     def __call__(self, *inputs, sizes: dict[str, int], outputs=None, config=None):
         """Run at ``sizes`` (``{argument name: size}``) on tensors of the re-sized shapes; returns
@@ -107,7 +108,8 @@ class SizedKernel:
         from lumc.backends.triton import configs
         rk = self.rendered
         sub = {p: sizes[name] for p, name in self.probes.items()}
-        device = "cpu" if interpreter_mode() else "cuda"
+        device = "cpu" if interpreter_mode() else next(
+            (str(x.device) for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda), "cuda")
         args = []
         for p, x in zip(rk.inputs, inputs):
             t = to_torch(x, device)
@@ -117,8 +119,11 @@ class SizedKernel:
                                  f"{p.dtype}{list(want)}", node=p.key)
             args.append(t.contiguous())
         for p in rk.params:
-            if p.role == "const":
-                args.append(to_torch(rk.constants[p.name], device).contiguous())
+            if p.role == "const":     # uploaded once per device (no copies inside a CUDA graph)
+                key = (p.name, str(args[0].device) if args else device)
+                if key not in self._consts:
+                    self._consts[key] = to_torch(rk.constants[p.name], key[1]).contiguous()
+                args.append(self._consts[key])
         if outputs is None:
             outputs = [torch.empty(tuple(resize_int(d, sub) for d in p.shape),
                                    dtype=torch_dtype(p.dtype), device=device) for p in rk.outputs]
