@@ -364,26 +364,8 @@ class DynamoGraph:
         return Frontend(imported.graph, None, "torch.compile graph", list(imported.warnings))
 
     def _compile_range(self, ranges: dict) -> None:
-        from lumc.compiler.core.buckets import compile_ranges
-        from lumc.compiler.core.pipeline import Given, compile_frontend, stage_candidates
-        from lumc.compiler.core.precision import PrecisionPolicy
-        from lumc.compiler.runtime.targets import resolve_target, versions, with_measured_ceilings
-        from lumc.compiler.runtime.tuning_db import TuningDatabase
-        policy = self.policy or PrecisionPolicy()
-        target = resolve_target(self.device)
-        ver = versions(gpu=not target.simulated)
-        db = TuningDatabase()
-        target = with_measured_ceilings(target, db)
-        tgt = dataclasses.replace(target, spec=dataclasses.replace(
-            target.spec, dot_precisions=policy.dot_precisions()))
         t0 = time.perf_counter()
-        vm = compile_ranges(
-            self.gm, budget=self.budget_s, shapes=dict(ranges), policy=policy,
-            frontend=self._frontend,
-            candidates=lambda g, dl: stage_candidates(g, tgt, dl, True, False),
-            compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
-                fe, dl, target, ver, db, example_inputs=None, use_egraph=True, quiet=True,
-                policy=policy, given=Given(stored, progs, stats)))
+        vm = compile_range(self.gm, ranges, self._frontend, self.budget_s, self.device, self.policy)
         self.range_compile_s = time.perf_counter() - t0
         self.compiles += 1
         counters["compiles"] += 1
@@ -508,6 +490,39 @@ class DynamoGraph:
             lines.append(f"  specialization {s.key}: ATen {aten}; "
                          f"{sum(counts.values())} primitive nodes; lowered in {s.seconds:.2f} s")
         return "\n".join(lines)
+
+
+def compile_range(model, ranges: dict, frontend, budget_s: float, device: str | None = None,
+                  policy=None):
+    """``compile_ranges`` with the kernel search on ``device`` (the e-graph on, the tuning
+    database): the one range compile of a torch graph or module.
+
+    Args:
+        model: ``frontend``'s first argument (the Dynamo graph module; None from
+            ``torch_compile.compile_module_range``, whose frontend holds the capture).
+        ranges: ``{dim name: DimRange or int}``, compile_ranges' ``shapes``.
+        frontend: ``(model, {dim: size}) -> Frontend`` lowering the model at those sizes.
+    Returns:
+        the :class:`~lumc.compiler.runtime.variants.VariantModel`.
+    """
+    from lumc.compiler.core.buckets import compile_ranges
+    from lumc.compiler.core.pipeline import Given, compile_frontend, stage_candidates
+    from lumc.compiler.core.precision import PrecisionPolicy
+    from lumc.compiler.runtime.targets import resolve_target, versions, with_measured_ceilings
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    policy = policy or PrecisionPolicy()
+    target = resolve_target(device)
+    ver = versions(gpu=not target.simulated)
+    db = TuningDatabase()
+    target = with_measured_ceilings(target, db)
+    tgt = dataclasses.replace(target, spec=dataclasses.replace(
+        target.spec, dot_precisions=policy.dot_precisions()))
+    return compile_ranges(
+        model, budget=budget_s, shapes=dict(ranges), policy=policy, frontend=frontend,
+        candidates=lambda g, dl: stage_candidates(g, tgt, dl, True, False),
+        compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
+            fe, dl, target, ver, db, example_inputs=None, use_egraph=True, quiet=True,
+            policy=policy, given=Given(stored, progs, stats)))
 
 
 def _device(args) -> torch.device:

@@ -1,12 +1,24 @@
 """The compiled callable of a PyTorch module: torch tensors in, torch tensors out.
 
-:func:`compile_module` captures the module once (:func:`~.capture.capture_module`) and returns a
-:class:`CompiledTorchModule`. Each call flattens its arguments the way the capture did, and looks up
-the specialization for their shapes: lumc graphs are concrete, so a new shape within the captured
-dynamic dims is lowered once (re-specialization) and cached by shape. Each specialization is
-compiled by the search pipeline (``lumc.compiler.core.pipeline.compile_graph``: e-graph candidates,
-roofline-pruned timing, the tuning database) within the budget; with ``search=False`` it runs on the
-reference executor (numpy) instead, which is what frontend tests use.
+:func:`compile_module` captures the module once (:func:`~.capture.capture_module`).
+
+**Static shapes** (no ``dynamic_shapes``) give a :class:`CompiledTorchModule`: each call flattens
+its arguments the way the capture did and runs the specialization for their shapes, compiled by the
+search pipeline (``lumc.compiler.core.pipeline.compile_graph``: e-graph candidates, roofline-pruned
+timing, the tuning database) within the budget; with ``search=False`` it runs on the reference
+executor (numpy) instead, which is what frontend tests use (a new shape within the captured dynamic
+dims is then lowered once more and cached by shape).
+
+**Size ranges** (``dynamic_shapes`` with ``torch.export.Dim`` s, and the search on) compile **once
+for every size of each Dim's range** (:func:`compile_module_range`, through
+``lumc.compiler.core.buckets.compile_ranges``): each Dim is a ranged dim named by the Dim's name
+(:func:`dim_ranges`), the captured graph is lowered at the range's probe and check primes (the
+lowering a new shape gets, under ``lumc.ir.symbolic.probing``), the e-graph runs once and each size
+bucket is searched. The result is that compile's ``VariantModel``: every call in the range re-sizes
+its bucket's plan (no capture, no search), ``f.save(path)`` writes one artifact ``lumc.load``
+reads back. A module whose sizes are not products of the Dims (``L + 1``: ``transformers``'
+GPT-2 called without an ``attention_mask`` concatenates L + 1 positions to look for packed
+sequences) is refused in one line, never compiled at the example's sizes instead.
 """
 from __future__ import annotations
 
@@ -21,8 +33,9 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.frontends.onnx_frontend import ImportedModel
 from lumc.compiler.core import torch_plan_cache as plan_cache
+from lumc.compiler.core.buckets import DimRange, ranges_in
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, _as_args, capture_module,
-                                                  from_numpy, to_numpy)
+                                                  example_shapes, from_numpy, to_numpy)
 from lumc.ir.errors import InputError
 
 # The compile budget when the caller gives none: lumc.compiler.core.torch_compile.compile_module and
@@ -207,8 +220,14 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         module: the module (``.eval()`` it first); it is not referenced after this returns.
         example_inputs: a tensor or tuple of positional example inputs (their shapes are lowered
             at once, so unsupported ops and shape errors surface here).
-        budget: a duration (``"2m"``, ``90``) or None for :data:`DEFAULT_BUDGET`.
-        dynamic_shapes: as for ``torch.export.export``.
+        budget: a duration (``"2m"``, ``90``) or None for :data:`DEFAULT_BUDGET`; a range compile
+            spends it once for all its size buckets.
+        dynamic_shapes: as for ``torch.export.export`` (a tuple or dict per input of ``{axis:
+            torch.export.Dim(name, min=, max=)}``). With the search on, one compile then serves
+            every size of each Dim's range (see :func:`dim_ranges`: the same Dim on several inputs
+            is one dim; sizes ``max(min, 1)..max``; no ``max``: up to 1024, ``torch_backend.
+            DEFAULT_MAX_SIZE``; a range of one size is that size). With ``search=False`` each new
+            shape in the range is lowered on the reference executor.
         example_kwargs: keyword example inputs.
         search: compile each shape specialization with the kernel search (default); False runs
             the lowered graph on the reference executor.
@@ -220,12 +239,24 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
             (``lumc.compiler.core.precision``); bf16/fp16 tensors at the call boundary work as given.
     Returns:
-        :class:`CompiledTorchModule`: ``f(*args, **kwargs)`` on torch tensors on the module's
-        device, returning the module's output structure; ``f.report()``.
+        :class:`CompiledTorchModule` (static shapes, or ``search=False``): ``f(*args, **kwargs)``
+        on torch tensors on the module's device, returning the module's output structure;
+        ``f.report()``.
+
+        For Dim ranges, the range compile's
+        :class:`~lumc.compiler.runtime.variants.VariantModel`: ``f(*tensors)`` or by input name
+        (``f(ids, attention_mask=mask)``), torch tensors or numpy arrays at any size in the ranges,
+        returns one tensor (array) for a one-output module, else a tuple in output order (not the
+        module's output class); non-tensor arguments were traced as constants and are not passed.
+        ``f.save(path)``; ``lumc.load(path)`` gives the same callable.
     Raises:
-        BudgetError: a malformed, zero or negative budget.
-        ModelError: ``torch.export`` failed.
+        BudgetError: a malformed, zero or negative budget; too small a budget for a range's buckets.
+        ModelError: ``torch.export`` failed (a Dim the module specializes, an example outside its
+            Dim's range).
         UnsupportedOpError: ATen ops lumc cannot lower, all listed in one line.
+        InputError: a Dim range whose sizes do not re-size (the module's sizes are not products of
+            the Dims), one line. A call outside the range later is an ``InputError`` naming the
+            dim, its inputs and axes, and the range.
     """
     from lumc.compiler.core.precision import PrecisionPolicy
     policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
@@ -240,8 +271,13 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             return stored
     t0 = time.perf_counter()
     program = capture_module(module, args, example_kwargs, dynamic_shapes)
-    compiled = CompiledTorchModule(program, budget_s, time.perf_counter() - t0, search, device,
-                                   policy)
+    capture_s = time.perf_counter() - t0
+    if search and program.dims:
+        ranges = dim_ranges(program, example_shapes(program, args, example_kwargs))
+        if ranges_in(ranges):
+            return compile_module_range(program, ranges, budget_s, device, policy,
+                                        type(module).__name__)
+    compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))
     feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
             if slot.dims is not None and isinstance(leaf, torch.Tensor)}
@@ -281,3 +317,91 @@ def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None):
     cm._report["compile_s"] = time.monotonic() - t_start
     return compiled
 
+
+# ---- one compile for the Dims' size ranges ---------------------------------------------------------
+def dim_ranges(program: CapturedProgram, example: list | None = None) -> dict:
+    """``{dim name: DimRange or int}``: each dynamic dim of the capture over its sizes.
+
+    A dim is a ``torch.export.Dim`` of ``dynamic_shapes`` (the same Dim on several inputs is one
+    dim, by its name; an unnamed ``Dim.AUTO`` / ``Dim.DYNAMIC`` one is ``INPUT_dimAXIS``), with the
+    range ``torch.export`` reports for it (the Dim's ``min``/``max`` as the module's own guards
+    leave them). Its sizes are ``max(min, 1)..max``; a Dim without a ``max`` ends at
+    ``lumc.compiler.core.torch_backend.DEFAULT_MAX_SIZE`` (1024), or at the example's size where
+    that is larger. A range of one size is that size (an int).
+
+    Args:
+        program: the capture.
+        example: the flat example input shapes (for the open ends), as ``example_shapes`` gives.
+    """
+    from lumc.compiler.core.torch_backend import DEFAULT_MAX_SIZE
+    seen: dict = {}
+    for slot, shape in zip(program.inputs, example or [None] * len(program.inputs)):
+        if slot.dims is None or shape is None:
+            continue
+        for d, n in zip(slot.dims, shape):
+            if d in program.dims:
+                seen[d] = max(seen.get(d, 0), int(n))
+    out: dict = {}
+    for sym, info in program.dims.items():
+        lo = max(1, info.min_value)
+        hi = info.max_value if info.max_value is not None else max(DEFAULT_MAX_SIZE,
+                                                                   seen.get(sym, 0))
+        out[info.name] = hi if hi == lo else DimRange(lo, hi)
+    return out
+
+
+def _range_frontend(program: CapturedProgram, name: str):
+    """``compile_ranges``' frontend: the captured graph lowered at ``{dim name: size}`` (the
+    re-specialization a new shape gets, at the sizes compile_ranges asks for, under its probing)."""
+    from lumc.compiler.core.pipeline import Frontend
+    from lumc.ir.tensor import Tensor
+    by_name = {info.name: sym for sym, info in program.dims.items()}
+
+    def frontend(_model, sizes: dict):
+        env = {by_name[k]: int(v) for k, v in sizes.items() if k in by_name}
+        shapes = [None if slot.dims is None else
+                  tuple(d if isinstance(d, int) else int(d.xreplace(env)) for d in slot.dims)
+                  for slot in program.inputs]
+        imported, info = program.specialize(shapes)
+        if not all(isinstance(info["flat_outputs"][i], Tensor) for i in program.output_index):
+            raise InputError("the module returns values that are not tensors (sizes), which "
+                             "differ per size; one artifact for a range cannot return them")
+        return Frontend(imported.graph, None, name, list(imported.warnings))
+    return frontend
+
+
+def compile_module_range(program: CapturedProgram, ranges: dict, budget_s: float,
+                         device: str | None, policy, name: str = "torch module"):
+    """One compile of a captured module for its Dims' ranges
+    (``lumc.compiler.core.buckets.compile_ranges``); returns its ``VariantModel``.
+
+    Raises:
+        InputError: the module's sizes are not products of the dims (``L + 1``, a table sliced at
+            the size), a non-tensor output, a bucket failing its numerics check, a dim the plans
+            read at other axes than the capture has it: one line each, never a fallback to the
+            example's sizes. BudgetError: too small a budget for the buckets.
+    """
+    from lumc.compiler.core.torch_backend import compile_range
+    open_ended = [info.name for info in program.dims.values() if info.max_value is None]
+    try:
+        vm = compile_range(None, ranges, _range_frontend(program, name), budget_s, device, policy)
+    except InputError as e:
+        msg = str(e)
+        if open_ended and "not products of" not in msg:
+            msg += (f" (dim {', '.join(open_ended)} has no max: its range ends at "
+                    f"{', '.join(ranges[k].describe() for k in open_ended if k in ranges)}; "
+                    "give the Dim a max the module can take)")
+            raise InputError(msg) from None
+        raise
+    # the plans read each dim at exactly the input axes the capture has it at
+    for key, _ in vm.variants:
+        for sym, info in program.dims.items():
+            if info.name not in key.ranges:
+                continue
+            want = sorted([slot.name, ax] for slot in program.inputs if slot.dims is not None
+                          for ax, d in enumerate(slot.dims) if d == sym)
+            got = sorted(list(a) for a in key.axes.get(info.name, []))
+            if got != want:
+                raise InputError(f"dim {info.name!r}: the plans read it at {got}, the module has "
+                                 f"it at {want}")
+    return vm

@@ -38,7 +38,8 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
     gate, :mod:`lumc.compiler.core.precision`). Returns a
     :class:`~lumc.compiler.runtime.compiled.CompiledModel`; for a torch module,
     :func:`lumc.compiler.core.torch_compile.compile_module` (extra ``dynamic_shapes=``), a callable on
-    torch tensors compiled per input shape.
+    torch tensors; with ``dynamic_shapes={axis: torch.export.Dim(name, min=, max=)}`` per input,
+    one compile serving every size of each Dim's range (a ``VariantModel``, re-sized per call).
     """
     if type(model).__module__.startswith("torch") or _is_torch_module(model):
         from lumc.compiler.core.torch_compile import compile_module

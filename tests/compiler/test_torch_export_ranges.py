@@ -1,0 +1,157 @@
+"""``lumc.compile(module, example_inputs=..., dynamic_shapes=({1: Dim("seq", min=1, max=64)},))``
+compiles once for each Dim's size range (``lumc.compiler.core.buckets.compile_ranges``) and serves
+every size in it, torch tensors or numpy arrays, without another compile; outputs against PyTorch
+eager at fp32. A size outside the range is a one-line InputError; a module whose sizes do not
+re-size is refused in one line (never compiled at the example's sizes); the artifact round-trips."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.export import Dim
+
+import lumc
+from lumc.compiler.core.buckets import DimRange
+from lumc.compiler.core.torch_compile import dim_ranges
+from lumc.compiler.frontends.torch_frontend.capture import capture_module, example_shapes
+from lumc.compiler.runtime.variants import VariantModel
+from lumc.ir.errors import InputError
+
+# torch.export deep-copies pytree specs through a deprecated path (PyTorch's own warning)
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty tuning database and plan cache."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def rel_err(y, ref: torch.Tensor) -> float:
+    y = torch.as_tensor(y)
+    assert y.shape == ref.shape and y.dtype == ref.dtype, (y.shape, ref.shape, y.dtype, ref.dtype)
+    return (y - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+
+
+class Pool(nn.Module):
+    """``x [B, L, 16], bias [B, L] -> [B, 8]``: softmax over L of a projection, the projection
+    pooled by it, plus its mean over L (``1/L`` is a size constant). L is on both inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 8)
+
+    def forward(self, x, bias):
+        h = self.lin(x) + bias[..., None]
+        return (torch.softmax(h, dim=1) * h).sum(1) + h.mean(1)
+
+
+def pool_inputs(n: int, b: int = 2):
+    return torch.randn(b, n, 16), torch.randn(b, n)
+
+
+def test_small_module_compiles_once_for_its_dim_range(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    m = Pool().eval()
+    seq = Dim("seq", min=1, max=64)          # the same Dim on both inputs: one dim
+    f = lumc.compile(m, budget="12s", device="sim:h200", example_inputs=pool_inputs(5),
+                     dynamic_shapes=({1: seq}, {1: seq}))
+    assert isinstance(f, VariantModel)
+    r = f.report_dict()
+    assert r["ranges"] == {"seq": "1..64"} and r["simulated"] and len(r["variants"]) == 4
+    assert all(sorted(map(tuple, k.axes["seq"])) == [("bias", 1), ("x", 1)] for k, _ in f.variants)
+
+    # every call re-sizes its bucket's plan: nothing compiles after this point
+    from lumc.compiler.core import pipeline
+
+    def no_compile(*a, **k):
+        raise AssertionError("a call in the range compiled")
+    monkeypatch.setattr(pipeline, "compile_frontend", no_compile)
+    monkeypatch.setattr(pipeline, "compile_graph", no_compile)
+    with torch.no_grad():
+        for n in (1, 5, 33, 64):
+            x, bias = pool_inputs(n)
+            y = f(x, bias)
+            assert isinstance(y, torch.Tensor), type(y)
+            assert rel_err(y, m(x, bias)) <= 1e-5, n
+        x, bias = pool_inputs(33)
+        y = f(x.numpy(), bias=bias.numpy())          # numpy in, numpy out; by name too
+        assert isinstance(y, np.ndarray) and rel_err(y, m(x, bias)) <= 1e-5
+
+    with pytest.raises(InputError) as e:
+        f(*pool_inputs(65))
+    msg = str(e.value)
+    assert "\n" not in msg and msg == ("dim 'seq' (input 'x' axis 1, input 'bias' axis 1) is 65; "
+                                       "compiled for 1..64")
+
+    path = tmp_path / "pool.lumc"
+    f.save(path)
+    g = lumc.load(path)
+    with torch.no_grad():
+        for n in (2, 17):
+            x, bias = pool_inputs(n)
+            assert rel_err(g(x, bias), m(x, bias)) <= 1e-5, n
+    with pytest.raises(InputError, match=r"is 65; compiled for 1\.\.64"):
+        g(*pool_inputs(65))
+
+
+def test_dim_ranges_read_from_dynamic_shapes():
+    """Names, mins and maxes come from the Dims; no max: up to 1024 (or the example's size)."""
+    m = Pool().eval()
+    seq, batch = Dim("seq"), Dim("batch", min=2, max=8)
+    args = pool_inputs(5, 3)
+    p = capture_module(m, args, None, ({0: batch, 1: seq}, {0: batch, 1: seq}))
+    assert dim_ranges(p, example_shapes(p, args, None)) == {"batch": DimRange(2, 8),
+                                                             "seq": DimRange(1, 1024)}
+    args = pool_inputs(1500)
+    p = capture_module(m, args, None, ({1: seq}, {1: seq}))
+    assert dim_ranges(p, example_shapes(p, args, None)) == {"seq": DimRange(1, 1500)}
+
+
+class Padded(nn.Module):
+    """Pads the Dim by one row each side: its sizes are L + 2, not products of L."""
+
+    def forward(self, x):
+        return torch.softmax(F.pad(x, (0, 0, 1, 1)), dim=1) * 2.0
+
+
+def test_module_whose_sizes_do_not_resize_is_refused_in_one_line():
+    with pytest.raises(InputError) as e:
+        lumc.compile(Padded().eval(), budget="8s", device="sim:h200",
+                     example_inputs=(torch.randn(1, 5, 8),),
+                     dynamic_shapes=({1: Dim("seq", min=1, max=64)},))
+    assert "not products of seq" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bert_one_compile_serves_three_lengths():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(4)
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                  intermediate_size=128, vocab_size=256,
+                                  max_position_embeddings=64)
+    m = transformers.BertModel(cfg).eval()
+    seq = Dim("seq", min=1, max=64)           # the position table's 64 rows
+
+    def inputs(t):
+        ids = torch.randint(0, 256, (2, t))
+        mask = torch.ones(2, t, dtype=torch.long)
+        mask[1, (t + 1) // 2:] = 0            # the second sequence padded
+        return ids, mask
+
+    ids, mask = inputs(7)
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(ids,),
+                     example_kwargs={"attention_mask": mask},
+                     dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    assert isinstance(f, VariantModel) and f.report_dict()["ranges"] == {"seq": "1..64"}
+    with torch.no_grad():
+        for t in (7, 29, 64):
+            ids, mask = inputs(t)
+            y, ref = f(ids, attention_mask=mask), m(ids, attention_mask=mask)
+            hidden, pooled = y
+            assert rel_err(hidden, ref.last_hidden_state) <= 1e-4, t
+            assert rel_err(pooled, ref.pooler_output) <= 1e-4, t
+    with pytest.raises(InputError, match=r"dim 'seq' .* is 65; compiled for 1\.\.64"):
+        f(*inputs(65))
