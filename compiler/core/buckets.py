@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumc.compiler.core.budget import Deadline, parse_duration
+from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
 from lumc.ir.errors import BudgetError, InputError
 from lumc.ir.symbolic import NotSymbolic, Resizer, probing, same_graph
@@ -161,12 +161,23 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
         InputError: a model whose sizes cannot be probed (one line), a bucket whose numerics check
             fails at its ends; BudgetError: too little budget for the buckets.
     """
+    budget_s = parse_duration(budget)
+    with hard_deadline(Deadline(budget_s, clock), "the range compile"):   # the budget holds
+        return _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
+                               frontend, clock)
+
+
+# a bucket's search gets this share of its budget; the rest is for its numerics checks at both
+# ends (two reference runs and two plan runs, at the bucket's smallest and largest size)
+BUCKET_SEARCH_SHARE = 0.8
+
+
+def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket, frontend, clock):
     from lumc.compiler.core.pipeline import example_inputs_for
     from lumc.compiler.runtime.program import resize_program, run_program_reference
     from lumc.compiler.core.measure import max_rel_error
     from lumc.backends.reference import ReferenceExecutor
     t0 = clock()
-    budget_s = parse_duration(budget)
     ranges = ranges_in(shapes)
     fixed = {k: v for k, v in shapes.items() if k not in ranges}
     probe, check = choose_probes(ranges)
@@ -181,8 +192,9 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
         diff = str(e)
     if diff is not None:
         spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
-        raise InputError(f"--shape {spec}: the model's sizes are not products of "
-                         f"{' and '.join(ranges)} ({diff[:160]}), which one plan per range "
+        why = diff if len(diff) <= 200 else diff[:197] + "..."
+        raise InputError(f"size range {spec}: the model's sizes are not products of "
+                         f"{' and '.join(ranges)} ({why}), which one plan per range "
                          "needs; give explicit sizes (a list) instead")
     # the input axes that are the dim itself (a derived axis, 2 * L, is checked by the plan's
     # own input shapes at call time instead)
@@ -226,7 +238,7 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
                 continue
         fe_rep = dataclasses.replace(fe_p, graph=r.graph(fe_p.graph), warnings=list(fe_p.warnings))
         cm = compile_bucket(fe_rep, (r.graph(stored), wstats), progs, egraph_stats,
-                            Deadline(share, clock))
+                            Deadline(share * BUCKET_SEARCH_SHARE, clock))
         origin = cm.program.origin
         if origin is None:
             raise InputError(f"bucket {box}: the chosen plan is not one of the range's candidates")
