@@ -12,7 +12,6 @@ and timed alone.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from lumc.compiler.core.precision_gate import stage_quality, weights_gate
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
 from lumc.compiler.core.variants import compile_variants, size_lists
+from lumc.compiler.core.plan_reuse import _plan_cache_key, _reuse_plan, _store_plan  # noqa: F401
 from lumc.compiler.core.why_not import why_not
 from lumc.compiler.core.search import SearchResult, run_search
 from lumc.compiler.runtime.targets import Target, fork_safe, resolve_target, versions, with_measured_ceilings
@@ -511,62 +511,6 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                              fe.source_onnx, target.torch_device)
     finally:
         progress.close()
-
-
-# ---- plan reuse: a repeated compile of the same model, shapes, device and versions ----------------
-def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, use_egraph: bool
-                    ) -> str | None:
-    """A key for the compile's result, or None when the model is not given as a file or bytes."""
-    if isinstance(model, (str, os.PathLike)):
-        try:
-            with open(model, "rb") as f:
-                src = f.read()
-        except OSError:
-            return None
-    elif isinstance(model, (bytes, bytearray)):
-        src = bytes(model)
-    else:
-        try:
-            src = model.SerializeToString()
-        except AttributeError:
-            return None
-    h = hashlib.sha256(src)
-    shp = {k: list(np.atleast_1d(v).tolist()) for k, v in sorted((shapes or {}).items())}
-    ex = {k: list(np.shape(v)) for k, v in sorted((example_inputs or {}).items())}
-    h.update(repr((shp, ex, target.name, sorted(ver.items()), use_egraph)).encode())
-    return h.hexdigest()[:32]
-
-
-def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | None:
-    """The stored result of an identical earlier compile, if its search finished (converged or
-    exhausted) or had at least this budget; None otherwise (the search then runs, and the tuning
-    database still makes every timing it measured free)."""
-    from lumc.compiler.runtime.compiled import load
-    from lumc.ir.errors import ArtifactError
-    if not path.exists():
-        return None
-    try:
-        cm = load(path)
-    except ArtifactError:
-        return None                       # unreadable: recompile (and overwrite it)
-    r = cm._report
-    finished = not str(r.get("stopped_because", "")).startswith("budget")
-    if not finished and r.get("budget_s", 0) < budget_s:
-        return None
-    r["reused_plan"] = {"compile_s": r.get("compile_s"), "budget_s": r.get("budget_s"),
-                        "stopped_because": r.get("stopped_because")}
-    r["stopped_because"] = "reused the plan of an identical earlier compile (nothing re-timed)"
-    r["budget_s"] = budget_s
-    r["compile_s"] = deadline.elapsed()
-    r["measured"] = 0
-    return cm
-
-
-def _store_plan(path, cm: CompiledModel) -> None:
-    try:
-        cm.save(path)
-    except OSError:
-        pass                              # a read-only cache must not fail the compile
 
 
 def unused_inputs(graph: Graph) -> list[str]:

@@ -291,7 +291,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
 def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None):
     """The reused :class:`CompiledTorchModule`, or ``(plans dir, key)`` to store the result under."""
     from lumc.compiler.core.budget import Deadline
-    from lumc.compiler.core.pipeline import _reuse_plan
+    from lumc.compiler.core.plan_reuse import _reuse_plan
     from lumc.compiler.runtime.targets import resolve_target, versions
     from lumc.compiler.runtime.tuning_db import TuningDatabase
     target = resolve_target(device)

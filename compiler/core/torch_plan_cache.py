@@ -13,7 +13,7 @@ before capture, from what determines the result:
 A hit loads the stored artifact (the plan, its report, the numerics recorded when it was chosen)
 and the capture's interface (input slots, pytree specs, output names; no graph), and re-times
 nothing. Only static-shape compiles are stored: with ``dynamic_shapes`` a new shape needs the
-captured graph to lower again. The pipeline's reuse rule applies (``_reuse_plan``): a plan whose
+captured graph to lower again. The pipeline's reuse rule applies (``plan_reuse._reuse_plan``): a plan whose
 search stopped at its budget is reused only for a budget no larger. The interface is stored as
 JSON (pytree specs through ``torch.utils._pytree.treespec_dumps``, constant outputs as ``.npy``
 bytes read with ``allow_pickle=False``): nothing lumc reads is ever unpickled, so a damaged or

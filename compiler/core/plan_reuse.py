@@ -1,0 +1,73 @@
+"""Plan reuse: a repeated compile of the same model, shapes, device, versions and options returns
+the stored result of the earlier one (``compile_model(reuse_plan=True)``), without re-timing.
+
+Plans live in the tuning database's ``plans_dir`` as ordinary ``.lumc`` artifacts, keyed by a hash
+of the model's bytes and everything that changes the result (:func:`_plan_cache_key`).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from lumc.compiler.core.budget import Deadline
+from lumc.compiler.runtime.compiled import CompiledModel
+from lumc.compiler.runtime.targets import Target
+
+
+def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, use_egraph: bool
+                    ) -> str | None:
+    """A key for the compile's result, or None when the model is not given as a file or bytes."""
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            with open(model, "rb") as f:
+                src = f.read()
+        except OSError:
+            return None
+    elif isinstance(model, (bytes, bytearray)):
+        src = bytes(model)
+    else:
+        try:
+            src = model.SerializeToString()
+        except AttributeError:
+            return None
+    h = hashlib.sha256(src)
+    shp = {k: list(np.atleast_1d(v).tolist()) for k, v in sorted((shapes or {}).items())}
+    ex = {k: list(np.shape(v)) for k, v in sorted((example_inputs or {}).items())}
+    h.update(repr((shp, ex, target.name, sorted(ver.items()), use_egraph)).encode())
+    return h.hexdigest()[:32]
+
+
+def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | None:
+    """The stored result of an identical earlier compile, if its search finished (converged or
+    exhausted) or had at least this budget; None otherwise (the search then runs, and the tuning
+    database still makes every timing it measured free)."""
+    from lumc.compiler.runtime.compiled import load
+    from lumc.ir.errors import ArtifactError
+    if not path.exists():
+        return None
+    try:
+        cm = load(path)
+    except ArtifactError:
+        return None                       # unreadable: recompile (and overwrite it)
+    r = cm._report
+    finished = not str(r.get("stopped_because", "")).startswith("budget")
+    if not finished and r.get("budget_s", 0) < budget_s:
+        return None
+    r["reused_plan"] = {"compile_s": r.get("compile_s"), "budget_s": r.get("budget_s"),
+                        "stopped_because": r.get("stopped_because")}
+    r["stopped_because"] = "reused the plan of an identical earlier compile (nothing re-timed)"
+    r["budget_s"] = budget_s
+    r["compile_s"] = deadline.elapsed()
+    r["measured"] = 0
+    return cm
+
+
+def _store_plan(path, cm: CompiledModel) -> None:
+    try:
+        cm.save(path)
+    except OSError:
+        pass                              # a read-only cache must not fail the compile
+
+
