@@ -13,6 +13,7 @@ Values are memoized per block, so a tensor read twice in one tile is loaded once
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -129,6 +130,10 @@ class Evaluator:
         self.pointers = pointers
         self.resolve = resolve
         self.index_dtype = index_dtype
+        # names bound to one value per program (batch indices from the program id): a load whose
+        # address is built from these alone is a scalar load, masked after it (Triton refuses a
+        # block mask on a scalar pointer)
+        self.scalar_names: set[str] = set()
         # (idx, shape) -> a flat position already in hand (e.g. ``offs``), to skip div/mod chains
         self.flat_aliases: dict[tuple, str] = {}
 
@@ -158,9 +163,16 @@ class Evaluator:
             x = self.w.bind(f"tl.load({ptr})" if pos == 0 else f"tl.load({ptr} + {pos})", "x", level)
             return x if mask is None else self.masked(mask, x, n.dtype, level)
         expr = f"tl.load({ptr} + ({flat}))"
+        if mask is not None and self._scalar_address(flat):
+            x = self.w.bind(expr, "x", level)   # in bounds: the program's own batch element
+            return self.masked(mask, x, n.dtype, level)
         if mask is not None:
             expr = f"tl.load({ptr} + ({flat}), mask={mask}, other={exprs.load_other(n.dtype)})"
         return self.w.bind(expr, "x", level)
+
+    def _scalar_address(self, flat: str) -> bool:
+        names = re.findall(r"[A-Za-z_]\w*", flat)
+        return bool(names) and all(x in self.scalar_names for x in names)
 
     def scalar_constant(self, n: Node) -> str:
         v = n.arg.value.reshape(-1)[0]

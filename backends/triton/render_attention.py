@@ -304,6 +304,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
     w.line("rd = tl.arange(0, BLOCK_D)")
     w.line("rdv = tl.arange(0, BLOCK_DV)")
     bidx = bind_all(w, unravel("pid_b", c1.shape_of(c1.batch_dims)), "bb")
+    ev.scalar_names |= {b for b in bidx if b.isidentifier()} | {"pid_b"}
     t = plan.shape
 
     def t_index(rows: str, keys: str | None) -> list[str]:

@@ -124,6 +124,7 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w.line(f"rm_a = rm % {M}")
     w.line(f"rn_b = rn % {N}")
     bidx = bind_all(w, unravel("pid_b", c.shape_of(c.batch_dims)), "b")
+    ev.scalar_names |= {b for b in bidx if b.isidentifier()} | {"pid_b"}
     # operand tiles: a is [BLOCK_M, BLOCK_K], b is [BLOCK_K, BLOCK_N]
     w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
     w.open(f"for k_start in range(0, {K}, BLOCK_K):")
