@@ -50,7 +50,6 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
         InputError: a model input the program reads is missing or has the wrong shape or dtype.
         RenderError: a kernel's meaning does not fit its form.
     """
-    import torch
     device = device or default_device()
     t0 = time.perf_counter()
     env: dict[Node, object] = {}
@@ -70,11 +69,18 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
         env[n] = t
         return t
 
+    return _launch_all(program, env, value_of, lambda c, args, outs: TritonKernel(c.kernel)(
+        *args, outputs=outs), lambda n: n.shape, device, stats, t0)
+
+
+def _launch_all(program, env, value_of, launch, shape, device, stats, t0) -> dict:
+    """Launch every call in order (``launch(call, inputs, outputs)``), outputs allocated at
+    ``shape(node)``; returns the program's outputs as numpy arrays."""
+    import torch
     for call in program.calls:
-        tk = TritonKernel(call.kernel)
-        args = [value_of(n) for n in call.inputs]
-        outs = [torch.empty(n.shape, dtype=torch_dtype(n.dtype), device=device) for n in call.outputs]
-        tk(*args, outputs=outs)
+        outs = [torch.empty(shape(n), dtype=torch_dtype(n.dtype), device=device)
+                for n in call.outputs]
+        launch(call, [value_of(n) for n in call.inputs], outs)
         for n, o in zip(call.outputs, outs):
             env[n] = o
         if stats is not None:
@@ -100,7 +106,6 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
     Raises:
         InputError: an input whose shape is not the program's at these sizes, or a wrong dtype.
     """
-    import torch
     from lumc.backends.triton.size_generic import SizedKernel
     from lumc.ir.errors import InputError
     from lumc.ir.symbolic import resize_int
@@ -135,20 +140,9 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
         return t
 
     modules: dict[int, SizedKernel] = {}
-    for call in program.calls:
+
+    def launch(call, args, outs):
         sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes)
         modules[id(call.kernel)] = sk
-        outs = [torch.empty(shape(n), dtype=torch_dtype(n.dtype), device=device)
-                for n in call.outputs]
-        sk(*[value_of(n) for n in call.inputs], sizes=sizes, outputs=outs)
-        for n, o in zip(call.outputs, outs):
-            env[n] = o
-        if stats is not None:
-            stats.kernels += 1
-            stats.per_form[call.kernel.form] = stats.per_form.get(call.kernel.form, 0) + 1
-    if device != "cpu" and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    result = {name: np.array(to_numpy(value_of(n)), order="C") for name, n in program.outputs.items()}
-    if stats is not None:
-        stats.seconds = time.perf_counter() - t0
-    return result
+        sk(*args, sizes=sizes, outputs=outs)
+    return _launch_all(program, env, value_of, launch, shape, device, stats, t0)

@@ -43,13 +43,17 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "test_attention_4d_causal_bf16", "test_attention_4d_causal_bf16_expanded",
         "test_attention_4d_causal_padded_kv_bf16", "test_attention_4d_causal_padded_kv_bf16_expanded",
         "test_attention_4d_padded_kv_bf16", "test_attention_4d_padded_kv_bf16_expanded",
-        "test_celu_bfloat16", "test_celu_bfloat16_expanded", "test_einsum_batch_matmul_bfloat16")},
+        "test_celu_bfloat16", "test_celu_bfloat16_expanded", "test_einsum_batch_matmul_bfloat16",
+        # the interpreter's f32 -> bf16 conversion truncates (measured: 0.4805 -> 0.4785 where
+        # round-to-nearest-even gives 0.4805); a GPU's cvt.rn.bf16.f32 rounds
+        "test_cast_FLOAT_to_BFLOAT16", "test_castlike_FLOAT_to_BFLOAT16",
+        "test_castlike_FLOAT_to_BFLOAT16_expanded")},
     **{(c, "triton"): _DOT1 for c in (
         "test_gru_batchwise", "test_gru_defaults", "test_gru_seq_length", "test_gru_with_initial_bias",
         "test_lstm_batchwise", "test_lstm_defaults", "test_lstm_with_initial_bias",
         "test_rnn_seq_length", "test_simple_rnn_batchwise", "test_simple_rnn_defaults",
         "test_simple_rnn_with_initial_bias", "test_linear_attention_delta",
-        "test_linear_attention_delta_expanded", "test_linear_attention_gated_per_head_decay_expanded")},
+        "test_linear_attention_delta_expanded")},
     **{(c, "triton"): _F16 for c in (
         "test_causal_conv_with_state_silu_fp16", "test_causal_conv_with_state_silu_fp16_expanded")},
 }
