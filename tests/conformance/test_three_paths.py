@@ -35,6 +35,11 @@ _DOT1 = ("a contraction with a single row renders tl.dot on rank-1 tiles, which 
 _F16 = ("fp16: the fused kernel computes in fp32 and rounds once, the ONNX reference rounds every "
         "op; 1 fp16 ulp apart at 2 elements, just over rtol 1e-3")
 
+_BF16_FUSED = ("bf16: the fused attention computes in fp32 and rounds once where a value is "
+               "stored, the ONNX reference rounds every op (allowed: no value in between is "
+               "stored, compared or fed to a non-monotonic op); 1 bf16 ulp apart at ~12% of the "
+               "elements, over the case's rtol 1e-3")
+
 # (case, path) -> why that path cannot give the expected values
 EXCEPTIONS: dict[tuple[str, str], str] = {
     **{(c, "triton"): _BF16 for c in (
@@ -54,6 +59,12 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "test_rnn_seq_length", "test_simple_rnn_batchwise", "test_simple_rnn_defaults",
         "test_simple_rnn_with_initial_bias", "test_linear_attention_delta",
         "test_linear_attention_delta_expanded")},
+    **{(c, "compiled"): _BF16_FUSED for c in (
+        "test_attention_3d_causal_bf16", "test_attention_3d_causal_bf16_expanded",
+        "test_attention_4d_attn_mask_causal_bf16", "test_attention_4d_attn_mask_causal_bf16_expanded",
+        "test_attention_4d_causal_bf16", "test_attention_4d_causal_bf16_expanded",
+        "test_attention_4d_causal_padded_kv_bf16", "test_attention_4d_causal_padded_kv_bf16_expanded",
+        "test_attention_4d_padded_kv_bf16", "test_attention_4d_padded_kv_bf16_expanded")},
     **{(c, "triton"): _F16 for c in (
         "test_causal_conv_with_state_silu_fp16", "test_causal_conv_with_state_silu_fp16_expanded")},
 }
@@ -118,7 +129,8 @@ def _expected_check(got: dict, want: list, names: list[str], ref: dict, rtol: fl
         assert g.dtype == r.dtype, f"{path} {name}: dtype {g.dtype}, reference {r.dtype}"
         if w.dtype == object or w.dtype.kind in "US":
             np.testing.assert_array_equal(g, w)
-        elif w.dtype in STORAGE_NP:   # float8/int4...: the same values (NaN equal to NaN)
+        elif w.dtype in STORAGE_NP or w.dtype == dt.bf16.np:
+            # float8/int4/bf16 (ml_dtypes, not numpy floats): the same values, NaN equal to NaN
             np.testing.assert_array_equal(g.astype(np.float32), w.astype(np.float32),
                                           err_msg=f"{path} {name}")
         elif w.dtype.kind in "fc":
