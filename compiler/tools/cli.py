@@ -156,9 +156,8 @@ def _check_rtol(ctx, param, value):
 
 def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...] | list]:
     """``--shape`` values: ``NAME=DxD...`` (an input's shape, or one size of a dynamic dim), a
-    comma-separated list of them (``sequence_length=16,64,128``: one plan per size, see
-    ``lumc.compiler.core.variants``), given as a list, or a range ``A..B[:STEP][@AT]`` of a
-    dynamic dim (``lumc.compiler.core.buckets.DimRange``).
+    list ``N,N,...`` (one plan per size, ``lumc.compiler.core.variants``), or a range
+    ``A..B[:STEP][@AT]`` of a dynamic dim (``lumc.compiler.core.buckets.DimRange``).
 
     Raises:
         InputError: a malformed value or a name given twice (one line).
