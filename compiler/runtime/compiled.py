@@ -16,7 +16,7 @@ from lumc.compiler.runtime.artifact import check_npz, load_artifact, memory_byte
 from lumc.compiler.runtime.program import KernelCall, Program, run_program_reference
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ArtifactError, InputError
-from lumc.ir.graph import Graph, Node
+from lumc.ir.graph import Graph
 from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
 
