@@ -117,31 +117,49 @@ def contraction_dims(kernel: Kernel) -> Contraction | None:
     Dims reduced are K; dims where ``a`` is broadcast (stride 0) are N, where ``b`` is, M; dims
     where neither is broadcast are batch. None if the kernel has no such contraction.
     """
-    for n in kernel.meaning.nodes():
-        if n.op == "SumReduce" and n.srcs[0].op == "Mul":
-            mul = n.srcs[0]
-            space = mul.shape
-            red = set(n.arg)
+    # the product with the largest iteration space: a normalization formed on load has a sum of
+    # squares (``SumReduce(Mul(d, d))``) over the operand alone
+    prods = [n for n in kernel.meaning.nodes() if n.op == "SumReduce" and n.srcs[0].op == "Mul"]
+    if not prods:
+        return None
+    n = max(prods, key=lambda x: x.srcs[0].numel)
+    mul = n.srcs[0]
+    space = mul.shape
+    red = set(n.arg)
 
-            def bcast(x, d):
-                # through a prologue (a weight cast from bf16, an int8 dequant): every view it
-                # reads is broadcast along d
-                views = _prologue_views(x)
-                return bool(views) and space[d] > 1 and all(v.arg.strides[d] == 0 for v in views)
+    def bcast(x, d):
+        # through a prologue (a weight cast from bf16, an int8 dequant): every view it reads is
+        # broadcast along d
+        views = _prologue_views(x)
+        return bool(views) and space[d] > 1 and all(v.arg.strides[d] == 0 for v in views)
 
-            a, b = mul.srcs
-            m = nn = kk = batch = 1
-            for d, size in enumerate(space):
-                if d in red:
-                    kk *= size
-                elif bcast(a, d) and not bcast(b, d):
-                    nn *= size
-                elif bcast(b, d) and not bcast(a, d):
-                    m *= size
-                else:
-                    batch *= size
-            return Contraction(batch, m, nn, kk)
-    return None
+    a, b = mul.srcs
+    m = nn = kk = batch = 1
+    for d, size in enumerate(space):
+        if d in red:
+            kk *= size
+        elif bcast(a, d) and not bcast(b, d):
+            nn *= size
+        elif bcast(b, d) and not bcast(a, d):
+            m *= size
+        else:
+            batch *= size
+    return Contraction(batch, m, nn, kk)
+
+
+def row_prologue_work(kernel: Kernel, c: Contraction) -> tuple[int, int]:
+    """``(statistics, ops)`` of a contraction whose operand is normalized on load
+    (``lumc.backends.triton.norm_prologue``): the row statistics each program computes in loops of
+    its own over ``K``, and the elementwise ops per operand element (statistics bodies and the
+    normalized tile); ``(0, 0)`` for any other kernel."""
+    nodes = kernel.meaning.nodes()
+    stats = sum(1 for n in nodes if n.op in ("SumReduce", "MaxReduce")) - 1
+    if stats <= 0:
+        return 0, 0
+    size = c.batch * c.m * c.k
+    ops = sum(1 for n in nodes if n.numel == size and n.op not in ("View", "Input", "Constant",
+                                                                    "SumReduce", "MaxReduce"))
+    return stats, ops
 
 
 def _prologue_views(x, depth: int = 4) -> list:
@@ -244,6 +262,14 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     body = max(flops / (peak * tile_eff), hbm / (dev.hbm_bandwidth * bw_eff))
     if c is not None and cfg.get("PRECISION") == "fp8":
         body += fp8_scaling_seconds(c, cfg, dev)
+    if c is not None:
+        # a normalization formed on load: every program re-reads its rows of the operand once per
+        # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores
+        stats, ops = row_prologue_work(kernel, c)
+        if stats:
+            elems = programs * bm * math.ceil(c.k / bk) * bk
+            body += elems * (ops + stats) / dev.vector_flops["f32"]
+            body += a_bytes * stats * tn * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff)
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
     return dev.launch_overhead_s + body + waves * DRAM_LATENCY_S

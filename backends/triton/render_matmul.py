@@ -28,6 +28,7 @@ from lumc.backends.triton.contraction import Contraction, find_contractions
 from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
                                            reshape_index, unravel)
+from lumc.backends.triton.norm_prologue import RowStatistics, plan_row_prologue
 from lumc.backends.triton.source import KernelParts, make_params
 
 DOT_DTYPES = (dt.f16, dt.bf16, dt.f32)
@@ -76,14 +77,18 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     from lumc.backends.triton.render_reduction import render_row
     nodes = kernel.meaning.nodes()
     cs = find_contractions(nodes)
+    if len(cs) > 1:   # a sum of squares in a normalization prologue is a batch of dot products
+        cs = [c for c in cs if max(c.M, c.N) > 1]
     if len(cs) != 1:
         raise RenderError(f"a matmul kernel needs exactly one SumReduce(Mul(a, b)), found {len(cs)}")
     c = cs[0]
     if c.a.dtype not in DOT_DTYPES or c.K == 0:
         return render_row(kernel, None)
     others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not c.node]
-    if others:
-        raise RenderError(f"node {others[0]!r}: a second reduction inside a matmul kernel")
+    rowp = plan_row_prologue(c, nodes) if others else None   # a normalization on load
+    if rowp is not None and set(others) - set(rowp.stats):
+        bad = next(n for n in others if n not in rowp.stats)
+        raise RenderError(f"node {bad!r}: a second reduction inside a matmul kernel")
     dep = dependents(nodes, c.node)
     check_epilogue(nodes, dep, c.node)
     for name, o in kernel.meaning.outputs.items():
@@ -95,12 +100,14 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w = SourceWriter()
     acc_name = "acc"
 
+    stats = None
+
     def resolve(ev, n, idx, mask, level):
         if n is c.node:
             if c.node.dtype == dt.f32:
                 return acc_name
             return w.bind(f"{acc_name}.to({exprs.tl_dtype(c.node.dtype)})", "t", level)
-        return None
+        return stats.resolve(ev, n, idx, mask, level) if stats is not None else None
 
     ev = Evaluator(w, ptrs, resolve, "tl.int64" if big else "tl.int32")
     M, N, K, B = c.M, c.N, c.K, c.batch
@@ -125,6 +132,10 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w.line(f"rn_b = rn % {N}")
     bidx = bind_all(w, unravel("pid_b", c.shape_of(c.batch_dims)), "b")
     ev.scalar_names |= {b for b in bidx if b.isidentifier()} | {"pid_b"}
+    if rowp is not None:
+        lead = bind_all(w, unravel("rm_a[:, None]", rowp.lead), "am", 0)
+        stats = RowStatistics(rowp, w, ev, lead)
+        stats.emit(K, i64)
     # operand tiles: a is [BLOCK_M, BLOCK_K], b is [BLOCK_K, BLOCK_N]
     w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
     w.open(f"for k_start in range(0, {K}, BLOCK_K):")
@@ -137,11 +148,13 @@ def render_matmul(kernel: Kernel) -> KernelParts:
            f"b_mask = (rk[:, None] < {K}) & (rn_b[None, :] < {N})")
     a_idx = place(c, {c.batch_dims: bidx,
                       c.m_dims: bind_all(w, unravel("rm_a[:, None]", c.shape_of(c.m_dims)), "am", 1),
-                      c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", 1)})
+                      c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", 1)}
+                  ) if stats is None else None
     b_idx = place(c, {c.batch_dims: bidx,
                       c.k_dims: bind_all(w, unravel("rk[:, None]", c.shape_of(c.k_dims)), "bk", 1),
                       c.n_dims: bind_all(w, unravel("rn_b[None, :]", c.shape_of(c.n_dims)), "bn", 1)})
-    a = ev.value(c.a, a_idx, "a_mask", 1)
+    a = (ev.value(c.a, a_idx, "a_mask", 1) if stats is None else
+         ev.value(rowp.p, stats.p_index("rk[None, :]", "ak", 1), "a_mask", 1))
     b = ev.value(c.b, b_idx, "b_mask", 1)
     # a prologue may turn the zeros of masked-off lanes into something else: zero them again
     if c.a.op not in ("View", "Input"):

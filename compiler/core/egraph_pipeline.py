@@ -210,9 +210,10 @@ def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
 
 
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
-                     tables: Tables, label: str) -> Program:
+                     tables: Tables, label: str, norm_prologue: bool = False) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
-    the chosen forms."""
+    the chosen forms (``norm_prologue``: normalizations read only by contractions are formed on
+    load inside them, ``lumc.compiler.core.fusion``)."""
     env: dict[int, Node] = {}
     forms: dict[int, FormRecord] = {}
     for res, pick in zip(results, picks):
@@ -223,7 +224,7 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
             env[id(r)] = built[c]
     outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
     new = Graph(graph.inputs, outs)
-    prog = greedy_program(new, label=label, forms=forms)
+    prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue)
     return prog
 
 
@@ -289,13 +290,19 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         for i, forced in by_region.items():
             alt[i] = choose_once(results[i].view, forced)
         plans.append((f"all:{key}", alt))
+    # pre-LN fusion of the two main plans: each normalization read only by contractions formed on
+    # load in them (fewer kernels and bytes, more work per GEMM program: the bound judges)
+    # (and of each plan that turns a normalization form on)
+    norm_on = re.compile(r"(^egraph-(argmin|horizontal)$)|((:|->)(LayerNorm|RMSNorm)$)")
+    plans[2:2] = [(f"{lab}+norm-prologue", picks) for lab, picks in plans if norm_on.search(lab)]
     progs, bounds, seen = [], [], set()
     t_choose = time.perf_counter()
     for label, picks in plans:
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
         try:
-            p = decode_candidate(graph, results, picks, tables, label)
+            p = decode_candidate(graph, results, picks, tables, label,
+                                 norm_prologue=label.endswith("+norm-prologue"))
             p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(

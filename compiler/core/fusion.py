@@ -58,8 +58,12 @@ class GreedyFusion:
         refusals: one line per refused fusion.
     """
 
-    def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None):
+    def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None,
+                 norm_prologue: bool = False):
         self.graph = graph
+        self.norm_prologue = norm_prologue
+        self.prologue_exits: set[int] = set()     # norm kernels fused into their contractions
+        self.norm_consumers: set[int] = set()     # contractions (SumReduce ids) that fuse one
         self.order = graph.nodes()
         self.byid = {id(n): n for n in self.order}
         self.pos = {id(n): i for i, n in enumerate(self.order)}   # topological position
@@ -231,6 +235,24 @@ class GreedyFusion:
                 best = (region, e)
         return best
 
+    def _fuse_norm_prologue(self, b: Node, exits: dict) -> bool:
+        """Pre-LN fusion (``norm_prologue``): ``b`` ends a layernorm/rmsnorm form kernel and every
+        use of it is the left operand of a contraction, so the contractions form the normalized
+        tile on load (``lumc.backends.triton.norm_prologue``) and ``b`` is never written."""
+        if not self.norm_prologue or id(b) in self.outputs:
+            return False
+        rid = self.group.get(id(b))
+        rec = self.forms.get(rid)
+        if rec is None or rec.form not in ("layernorm", "rmsnorm") or exits.get(rid) is not b:
+            return False
+        ok = all(u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b
+                 and id(u) not in self.group for u, _ in self.uses[id(b)])
+        if ok:
+            if id(b) not in self.prologue_exits:
+                self.prologue_exits.add(id(b))
+                self._refuse(b, None, f"{rec.form} fused as the prologue of its contractions")
+        return ok
+
     def _why_not_epilogue(self, b: Node, user: Node, views: list) -> str:
         if views and not self._free_reshape(views):
             return "read through a view (broadcast back)"
@@ -272,6 +294,9 @@ class GreedyFusion:
                 for k, s in enumerate(n.srcs):
                     b, views = _chain(s)
                     if id(b) in self.group and self.group[id(b)] != mine and id(b) not in self.realized:
+                        if k == 0 and self._fuse_norm_prologue(b, exits):
+                            self.norm_consumers.update(id(u) for u, _ in self.uses[id(n)])
+                            continue
                         self._realize(b, n, self._why_not_epilogue(b, n, views))
                     elif n.op == "Gather" and k == 0 and self._is_compute(b):
                         self._realize(b, n, "a gather table must be in memory")
@@ -280,7 +305,8 @@ class GreedyFusion:
             if id(n) in self.outputs:
                 self._realize(n, None, "model output")
         for exit_ in exits.values():
-            self._realize(exit_, None, "end of a reduction kernel")
+            if id(exit_) not in self.prologue_exits:
+                self._realize(exit_, None, "end of a reduction kernel")
         # inlined nodes with several consumers: recompute when cheap, else realize
         for n in self.order:
             if not self._is_compute(n) or id(n) in self.group or id(n) in self.realized:
@@ -329,6 +355,9 @@ class GreedyFusion:
                 rec = form_of.get(id(n))
                 if rec is not None:
                     calls.append(build_call([n], boundary, rec.form, rec.attrs))
+                elif self.group.get(id(n)) in self.norm_consumers:
+                    # the normalization stays as written: its renderer reads the rows of its input
+                    calls.append(build_call([n], boundary, push_views=False))
                 else:
                     calls.append(build_call([n], boundary))
                 done.add(id(n))
@@ -343,7 +372,8 @@ def _alias_output(n: Node) -> bool:
     return n.op == "View" and n.arg.is_contiguous and prod(n.shape) == prod(n.srcs[0].shape)
 
 
-def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None) -> Program:
+def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None,
+                   norm_prologue: bool = False) -> Program:
     """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
 
     Model outputs that are model inputs, constants, or free reshapes of a realized node are not
@@ -351,6 +381,7 @@ def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = Non
 
     ``forms`` (from e-graph extraction) maps ``id(root node)`` to a record with ``form``,
     ``attrs`` and ``inputs``: the nodes between the root and its inputs become one kernel of that
-    form (plus any elementwise epilogue), instead of being fused greedily.
+    form (plus any elementwise epilogue), instead of being fused greedily. ``norm_prologue``
+    fuses a layernorm/rmsnorm form read only by contractions into them (pre-LN fusion).
     """
-    return GreedyFusion(graph, forms=forms).program(label)
+    return GreedyFusion(graph, forms=forms, norm_prologue=norm_prologue).program(label)

@@ -155,11 +155,14 @@ def classify(meaning: Graph) -> tuple[str, tuple]:
     reds = [n for n in nodes if n.op in REDUCE]
     if not reds:
         return ("gather" if any(n.op == "Gather" for n in nodes) else "pointwise"), ()
-    r = reds[0]
+    products = [x for x in reds if x.op == "SumReduce" and x.srcs[0].op == "Mul" and all(
+        _is_broadcast_read(s) for s in x.srcs[0].srcs)]
+    # one contraction, the other reductions row statistics of its operand (a normalization
+    # formed on load, ``lumc.backends.triton.norm_prologue``; the renderer checks the structure)
+    r = products[0] if len(products) == 1 else reds[0]
     attrs = [("axes", tuple(r.arg)), ("reduce", "sum" if r.op == "SumReduce" else "max")]
     m = r.srcs[0]
-    if len(reds) == 1 and r.op == "SumReduce" and m.op == "Mul" and all(
-            _is_broadcast_read(s) for s in m.srcs):
+    if len(products) == 1 and (len(reds) == 1 or reds[-1] is r):
         a, b = (_base(s) for s in m.srcs)
         lhs = a.arg.name if a.op == "Input" else None
         rhs = b.arg.name if b.op == "Input" else None
@@ -168,7 +171,8 @@ def classify(meaning: Graph) -> tuple[str, tuple]:
 
 
 def build_call(roots: list[Node], boundary: Callable[[Node], bool], form: str | None = None,
-               attrs: tuple = (), meaning_roots: list[Node] | None = None) -> KernelCall:
+               attrs: tuple = (), meaning_roots: list[Node] | None = None,
+               push_views: bool | None = None) -> KernelCall:
     """The kernel computing ``roots`` from the boundary nodes, bound to the model graph.
 
     Args:
@@ -179,10 +183,12 @@ def build_call(roots: list[Node], boundary: Callable[[Node], bool], form: str | 
         attrs: the form's attrs when ``form`` is given.
         meaning_roots: alternative primitive expressions for the roots (same shapes and dtypes),
             used in place of the model's own subgraph (a form's canonical composition).
+        push_views: push views down onto the placeholders (default: only when ``form`` is None);
+            False keeps a normalization prologue as written (its renderer reads its rows).
     """
     # a named form keeps its composition as written (its renderer matches that structure);
     # pointwise/reduction/matmul meanings get their views pushed down onto the placeholders
-    cut = _Cutter(roots, boundary, push_views=form is None)
+    cut = _Cutter(roots, boundary, push_views=(form is None) if push_views is None else push_views)
     exprs = meaning_roots if meaning_roots is not None else roots
     outs = []
     for r, e in zip(roots, exprs):

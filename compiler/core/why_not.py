@@ -20,10 +20,11 @@ import re
 from lumc.compiler.core.fusion import CHEAP_OPERAND_OPS
 
 NO_RULE = {
-    ("layernorm", "matmul"): "no kernels rule offers LayerNorm/RMSNorm as the prologue of the "
-                             "contraction that reads it (pre-LN normalization on load)",
-    ("rmsnorm", "matmul"): "no kernels rule offers RMSNorm as the prologue of the contraction "
-                           "that reads it",
+    ("layernorm", "matmul"): "pre-LN fusion (the normalization formed on load in the contraction, "
+                             "the '+norm-prologue' candidates) was not chosen: it lost on bound or "
+                             "time (candidates below), or the value has another reader",
+    ("rmsnorm", "matmul"): "pre-LN fusion of the RMSNorm (the '+norm-prologue' candidates) was not "
+                           "chosen: it lost on bound or time, or the value has another reader",
     ("matmul", "layernorm"): "no kernels rule offers residual add + LayerNorm as a whole-row "
                              "epilogue of the contraction before it (post-LN)",
     ("gather", "layernorm"): "the LayerNorm form reads its input from memory: no rule gives it "

@@ -21,19 +21,40 @@ def _pre_ln_block() -> Graph:
     return Graph({"x": x.node}, {"y": (ln @ w).node})
 
 
-def test_why_not_names_both_kernels_and_the_missing_rule(tmp_path, monkeypatch):
+def _post_ln_block() -> Graph:
+    rng = np.random.default_rng(1)
+    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
+    w = Tensor(const_node(rng.standard_normal((32, 32)).astype(np.float32)))
+    h = (x @ w).add(x)
+    mu = h.mean((2,), keepdims=True)
+    d = h.sub(mu)
+    ln = d.mul(d.mul(d).mean((2,), keepdims=True).add(
+        Tensor(const_node(np.float32(1e-5)))).sqrt().recip())
+    return Graph({"x": x.node}, {"y": ln.node})
+
+
+def test_pre_ln_block_is_one_kernel_with_nothing_to_explain(tmp_path, monkeypatch):
+    """The normalization is formed on load in the contraction (pre-LN fusion)."""
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
     cm = compile_graph(_pre_ln_block(), budget="30s", device="sim:h200")
+    assert [c.kernel.form for c in cm.program.calls] == ["matmul"]
+    assert cm.program.label.endswith("+norm-prologue")
+    assert cm.report_dict()["why_not"]["pairs"] == []
+
+
+def test_why_not_names_both_kernels_and_the_missing_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    cm = compile_graph(_post_ln_block(), budget="30s", device="sim:h200")
     doc = cm.report_dict()["why_not"]
     forms = [(e["producer_form"], e["consumer_form"]) for e in doc["pairs"]]
-    assert ("layernorm", "matmul") in forms
-    e = doc["pairs"][forms.index(("layernorm", "matmul"))]
-    assert "prologue" in e["rule"] and e["value"] == "f32[1, 8, 32]"
-    assert "broadcast view" in e["fusion"]
+    assert ("matmul", "layernorm") in forms
+    e = doc["pairs"][forms.index(("matmul", "layernorm"))]
+    assert "whole-row epilogue" in e["rule"] and e["value"] == "f32[1, 8, 32]"
+    assert e["fusion"]
     assert len(doc["pairs"]) == len(cm.program.calls) - 1   # a chain: one pair per edge
     art = tmp_path / "m.lumc"
     cm.save(art)
     res = CliRunner().invoke(cli, ["inspect", str(art), "--why-not"])
     assert res.exit_code == 0, res.output
-    assert "#0 layernorm -> #1 matmul (f32[1, 8, 32]): not one kernel" in res.output
-    assert "rule:   no kernels rule offers LayerNorm/RMSNorm as the prologue" in res.output
+    assert "#0 matmul -> #1 layernorm (f32[1, 8, 32]): not one kernel" in res.output
+    assert "rule:   no kernels rule offers residual add + LayerNorm as a whole-row" in res.output

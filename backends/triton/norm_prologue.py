@@ -1,0 +1,215 @@
+"""Row statistics in a contraction's prologue: a LayerNorm or RMSNorm formed on load (pre-LN fusion).
+
+A pre-LN block normalizes the rows of ``x`` and multiplies the result by a weight:
+``(LN(x) * g + b) @ W``. Fused, the matmul kernel reads ``x`` itself and forms the normalized
+``BLOCK_M x BLOCK_K`` tile on load, so the normalized activations never reach memory.
+
+Structure the renderer relies on (checked; anything else is a :class:`RenderError`):
+
+* the contraction's ``a`` operand is a stack of views over one computed node ``P`` of shape
+  ``S_P = lead + trail``, read row-major as a ``[M, K]`` matrix: ``prod(lead) == M``,
+  ``prod(trail) == K``, the composed view's strides are ``K * row-major(lead)`` along the ``M``
+  dims, ``row-major(trail)`` along the ``K`` dims and 0 elsewhere (no offset, no mask);
+* every other reduction of the meaning is a *row statistic*: a ``SumReduce``/``MaxReduce`` of an
+  ``S_P``-shaped expression over exactly the ``trail`` dims (``sum(x)``, ``sum(d * d)``);
+* *row values* (shape ``lead + 1s``: the statistics and elementwise functions of them, such as
+  ``rsqrt(var + eps)``) are read back only through broadcasts along ``trail``.
+
+Code: before the main ``K`` loop, each statistic (in topological order, so the variance sees the
+mean) gets its own loop over ``K`` that accumulates its ``S_P`` expression at the tile's rows and
+sums it to a ``[BLOCK_M, 1]`` column; row values are computed once from those columns. The main
+loop evaluates ``P`` at ``(rows, k)``, and every broadcast row value resolves to its column. The
+statistics are summed in ``BLOCK_K`` chunks, then across the chunk: the same sums as the reference's
+two-pass ``mean`` and ``var`` in another order (``reassociating`` in DESIGN.md's rule classes).
+
+Cost (``lumc.backends.simulator``): each program reads its ``BLOCK_M`` rows of ``x`` once per
+statistic and once in the main loop (from L2 after the first program of a row block), and
+recomputes the prologue for its column tile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lumc.ir.graph import Node
+from lumc.ir.ops import ELEMENTWISE, REDUCE
+from lumc.ir.views import View, contiguous_strides, prod
+from lumc.rewrites.movement import compose_view
+from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter
+from lumc.backends.triton.contraction import Contraction
+from lumc.backends.triton.indexing import unravel
+
+
+@dataclass
+class RowPrologue:
+    """The checked structure of a contraction operand with row statistics (module docstring)."""
+    p: Node                      # the computed operand, shape lead + trail
+    split: int                   # S_P[:split] is lead, S_P[split:] is trail
+    stats: list[Node]            # row statistics, topological
+    rows: set = field(default_factory=set)   # row-valued nodes (stats included)
+
+    @property
+    def lead(self) -> tuple[int, ...]:
+        return tuple(self.p.shape[:self.split])
+
+    @property
+    def trail(self) -> tuple[int, ...]:
+        return tuple(self.p.shape[self.split:])
+
+
+def _strip(x: Node) -> tuple[Node, list[View]]:
+    views = []
+    while x.op == "View":
+        views.append(x.arg)
+        x = x.srcs[0]
+    return x, views[::-1]          # innermost first
+
+
+def _composed(views: list[View]) -> View | None:
+    if not views:
+        return None
+    cur = views[0]
+    for v in views[1:]:
+        cur = compose_view(cur, v)
+        if cur is None:
+            return None
+    return cur
+
+
+def _reads_rows(v: View, c: Contraction, m_size: int, k_size: int) -> bool:
+    """``v`` (product space -> ``P``'s contiguous space) reads ``P`` as a row-major ``[M, K]``."""
+    if v.mask is not None or v.offset != 0 or tuple(v.shape) != tuple(c.full):
+        return False
+    want = [0] * len(c.full)
+    for d, st in zip(c.m_dims, contiguous_strides(c.shape_of(c.m_dims))):
+        want[d] = st * k_size
+    for d, st in zip(c.k_dims, contiguous_strides(c.shape_of(c.k_dims))):
+        want[d] = st
+    return all(size == 1 or st == w for st, w, size in zip(v.strides, want, c.full)) and \
+        m_size == c.M and k_size == c.K
+
+
+def _is_row_broadcast(v: View, row_shape: tuple, p_shape: tuple) -> bool:
+    """``v`` broadcasts a contiguous ``row_shape`` value along the trailing dims to ``p_shape``."""
+    if v.mask is not None or v.offset != 0 or tuple(v.shape) != tuple(p_shape):
+        return False
+    want = View.contiguous(row_shape).expand(p_shape)
+    return all(size == 1 or a == b for a, b, size in zip(v.strides, want.strides, p_shape))
+
+
+def plan_row_prologue(c: Contraction, nodes: list[Node]) -> RowPrologue:
+    """Check the structure of the module docstring for contraction ``c`` of a meaning.
+
+    Raises:
+        RenderError: naming the node that does not fit.
+    """
+    if c.batch_dims:
+        raise RenderError(f"node {c.node!r}: row statistics in a batched contraction's prologue")
+    p, views = _strip(c.a)
+    if p.op in ("Input", "Constant", "Iota") or not views:
+        raise RenderError(f"node {c.a!r}: the operand with row statistics is not a view of a "
+                          "computed value")
+    shape = tuple(p.shape)
+    split = next((t for t in range(len(shape) + 1)
+                  if prod(shape[:t]) == c.M and prod(shape[t:]) == c.K), None)
+    v = _composed(views)
+    if split is None or v is None or not _reads_rows(v, c, c.M, c.K):
+        raise RenderError(f"node {c.a!r}: the contraction does not read its operand {p!r} as "
+                          f"[M={c.M}, K={c.K}] rows")
+    trail_axes = {a for a in range(split, len(shape)) if shape[a] > 1}
+    row_shape = shape[:split] + (1,) * (len(shape) - split)
+    plan = RowPrologue(p, split, [])
+    inside: set = set()
+    stack = [p]
+    while stack:                      # P's subtree
+        x = stack.pop()
+        if x in inside:
+            continue
+        inside.add(x)
+        stack.extend(x.srcs)
+    for n in nodes:                   # topological
+        if n not in inside:
+            continue
+        if n.op in REDUCE:
+            src = n.srcs[0]
+            axes = {a for a in n.arg if src.shape[a] > 1}
+            if tuple(src.shape) != shape or axes != trail_axes or tuple(n.shape) != row_shape:
+                raise RenderError(f"node {n!r}: a reduction in the operand's prologue that is not "
+                                  f"a statistic of its rows over dims {sorted(trail_axes)}")
+            plan.stats.append(n)
+            plan.rows.add(n)
+        elif n.op in ELEMENTWISE and tuple(n.shape) == row_shape and n.numel < prod(shape) and any(
+                s in plan.rows or s.numel == 1 or (s.op == "View" and s.srcs[0].numel == 1)
+                for s in n.srcs) and all(s in plan.rows or s.numel == 1 or (
+                s.op == "View" and s.srcs[0].numel == 1) for s in n.srcs):
+            plan.rows.add(n)
+    if not plan.stats:
+        raise RenderError(f"node {p!r}: no row statistic in the operand's prologue")
+    for n in nodes:                   # row values are read back only through trailing broadcasts
+        if n not in inside:
+            if any(s in plan.rows for s in n.srcs):
+                raise RenderError(f"node {n!r}: a row statistic read outside the operand's prologue")
+            continue
+        for s in n.srcs:
+            if s in plan.rows and n not in plan.rows and not (
+                    n.op == "View" and _is_row_broadcast(n.arg, row_shape, shape)):
+                raise RenderError(f"node {n!r}: reads row value {s!r} other than through a "
+                                  "broadcast along its rows")
+    return plan
+
+
+class RowStatistics:
+    """Emits the statistics loops and resolves row values (see the module docstring).
+
+    Args:
+        plan: the checked structure.
+        w, ev: the kernel's writer and evaluator.
+        lead: index names (bound at level 0) of ``P``'s leading dims for the tile's rows.
+    """
+
+    def __init__(self, plan: RowPrologue, w: SourceWriter, ev: Evaluator, lead: list[str]):
+        self.plan, self.w, self.ev, self.lead = plan, w, ev, list(lead)
+        self.vars: dict[Node, str] = {}
+        self.row_idx = tuple(self.lead) + ("0",) * len(plan.trail)
+
+    def p_index(self, k: str, prefix: str, level: int) -> list[str]:
+        """The index of ``P`` at the tile's rows and the K positions ``k`` (a ``[1, BLOCK_K]``
+        expression)."""
+        trail = [e if (e == "0" or e.isidentifier()) else self.w.bind(e, prefix, level)
+                 for e in unravel(k, self.plan.trail)]
+        return self.lead + trail
+
+    def emit(self, K: int, i64: str) -> None:
+        """One loop per statistic, before the main loop (level 0)."""
+        w, ev = self.w, self.ev
+        for r in self.plan.stats:
+            acc = w.fresh("stat_acc")
+            is_max = r.op == "MaxReduce"
+            init = "float('-inf')" if is_max else "0.0"
+            w.line(f"{acc} = tl.full([BLOCK_M, BLOCK_K], {init}, tl.float32)")
+            w.open(f"for s_start in range(0, {K}, BLOCK_K):")
+            w.line(f"rs = s_start{i64} + tl.arange(0, BLOCK_K)")
+            w.line(f"s_mask = rs[None, :] < {K}")
+            val = ev.value(r.srcs[0], self.p_index("rs[None, :]", "sk", 1), "s_mask", 1)
+            fill = "float('-inf')" if is_max else "0.0"
+            val = w.bind(f"tl.where(s_mask, {val}.to(tl.float32), {fill})", "t", 1)
+            w.line(f"{acc} = tl.maximum({acc}, {val})" if is_max else f"{acc} = {acc} + {val}")
+            w.close()
+            red = "tl.max" if is_max else "tl.sum"
+            name = w.fresh("stat")
+            w.line(f"{name} = {red}({acc}, axis=1)[:, None]")
+            if r.dtype.name != "f32":
+                from lumc.backends.triton import exprs
+                name = w.bind(f"{name}.to({exprs.tl_dtype(r.dtype)})", "stat", 0)
+            self.vars[r] = name
+
+    def resolve(self, ev: Evaluator, n: Node, idx: tuple, mask, level: int) -> str | None:
+        """Statistics by name; a broadcast row value by its ``[BLOCK_M, 1]`` column."""
+        if n in self.vars:
+            if tuple(idx[:len(self.lead)]) != tuple(self.lead):
+                raise RenderError(f"node {n!r}: a row statistic read at another row")
+            return self.vars[n]
+        if n.op == "View" and n.srcs[0] in self.plan.rows:
+            if tuple(idx[:len(self.lead)]) != tuple(self.lead):
+                raise RenderError(f"node {n!r}: a row value read at another row")
+            return ev.value(n.srcs[0], self.row_idx, None, 0)
+        return None

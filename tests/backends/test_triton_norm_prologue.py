@@ -1,0 +1,142 @@
+"""Pre-LN fusion: a LayerNorm or RMSNorm read only by a contraction is formed on load in the
+contraction's kernel (``lumc.backends.triton.norm_prologue``), run in Triton (the interpreter on CPU)
+against numpy in float64.
+
+Each case builds its own graph: ragged rows and K (not multiples of the tiles), rank 2 and 3
+inputs, a bias and GELU epilogue, two contractions reading one normalization, and rows of
+very different scale (the statistics are per row)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.triton.codegen import RenderError
+from lumc.backends.triton.launch import TritonKernel, to_numpy
+from lumc.backends.triton.norm_prologue import plan_row_prologue
+from lumc.backends.triton.contraction import find_contractions
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, input_node
+from lumc.ir.library import activations, norm
+from lumc.ir.tensor import Tensor
+
+
+def _ln64(x, g, b, eps=1e-5):
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(var + eps) * g
+    return y + b if b is not None else y
+
+
+def _rms64(x, g, eps=1e-5):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+
+def _graph(shape, n, kind, rng, two=False, epilogue=True):
+    k = shape[-1]
+    x = Tensor(input_node("x", shape, dt.f32))
+    g = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32) * 0.1
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    w2 = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    if kind == "layernorm":
+        h = norm.layer_norm(x, Tensor.const(g), Tensor.const(b))[0]
+    else:
+        h = norm.rms_norm(x, Tensor.const(g))
+    y = h @ Tensor.const(w)
+    if epilogue:
+        y = activations.relu(y + Tensor.const(bias))
+    outs = {"y": y.node}
+    if two:
+        outs["z"] = (h @ Tensor.const(w2)).node
+    hn = _ln64 if kind == "layernorm" else (lambda v, g_, b_: _rms64(v, g_))
+
+    def want(xv):
+        hv = hn(xv, g, b)
+        yv = hv @ w
+        if epilogue:
+            yv = np.maximum(yv + bias, 0)
+        res = {"y": yv}
+        if two:
+            res["z"] = hv @ w2
+        return res
+    return Graph({"x": x.node}, outs), want
+
+
+def _fused_program(graph):
+    res = egraph_candidates(graph, "h200", k=16)
+    progs = [p for p in res.candidates if p.label.endswith("+norm-prologue")]
+    assert progs, [p.label for p in res.candidates]
+    return progs[0]
+
+
+def _x(shape, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1, shape[-1])
+    flat[0] *= 300.0            # rows of very different scale: statistics are per row
+    flat[-1] = flat[-1] * 1e-3 + 5.0
+    return x
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("shape,n", [((13, 72), 40), ((1, 9, 48), 24)])
+def test_norm_formed_on_load_in_the_matmul_kernel(kind, shape, n):
+    rng = np.random.default_rng(len(shape) * 7 + n)
+    graph, want = _graph(shape, n, kind, rng)
+    prog = _fused_program(graph)
+    assert [c.kernel.form for c in prog.calls] == ["matmul"], prog.notes
+    call = prog.calls[0]
+    tk = TritonKernel(call.kernel)
+    assert "tl.dot(" in tk.source and tk.source.count("for s_start in range") >= (
+        2 if kind == "layernorm" else 1)
+    xv = _x(shape, rng)
+    consts = [c.arg.value for c in call.inputs[1:]]
+    got = to_numpy(tk(xv, *consts)[0]).reshape(-1, n)
+    ref = want(xv)["y"].reshape(-1, n)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    # the kernel's meaning (what the reference executor and the checks run) agrees too
+    mref = ReferenceExecutor(call.kernel.meaning)(
+        {f"in{i}": v for i, v in enumerate([xv] + consts)})["out0"].reshape(-1, n)
+    np.testing.assert_allclose(mref, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_one_norm_read_by_two_contractions_is_formed_in_each():
+    rng = np.random.default_rng(5)
+    graph, want = _graph((11, 40), 24, "layernorm", rng, two=True, epilogue=False)
+    prog = _fused_program(graph)
+    assert [c.kernel.form for c in prog.calls].count("layernorm") == 0, prog.notes
+    xv = _x((11, 40), rng)
+    env = {"x": xv}
+    for call in prog.calls:
+        args = [env[id(n)] if id(n) in env else (xv if n.op == "Input" else n.arg.value)
+                for n in call.inputs]
+        outs = TritonKernel(call.kernel)(*args)
+        for node_, o in zip(call.outputs, outs):
+            env[id(node_)] = to_numpy(o)
+    ref = want(xv)
+    for name, node_ in graph.outputs.items():
+        got = env[id(node_)] if id(node_) in env else None
+        if got is None:    # an output read through a view of a kernel result
+            base = node_
+            while base.op == "View":
+                base = base.srcs[0]
+            got = env[id(base)]
+        np.testing.assert_allclose(got.reshape(ref[name].shape), ref[name], rtol=1e-4,
+                                   atol=1e-4 * np.abs(ref[name]).max())
+
+
+def test_a_reduction_that_is_not_a_row_statistic_is_refused():
+    """sum over the rows (axis 0) feeding the operand is not a statistic of the tile's rows."""
+    x = Tensor(input_node("x", (6, 8), dt.f32))
+    s = x.sum(axes=(0,), keepdims=True)
+    y = (x - s) @ Tensor.const(np.ones((8, 3), np.float32))
+    graph = Graph({"x": x.node}, {"y": y.node})
+    from lumc.compiler.core.kernel_builder import build_call
+    call = build_call([graph.outputs["y"]], lambda n: False, push_views=False)
+    c = [c for c in find_contractions(call.kernel.meaning.nodes()) if max(c.M, c.N) > 1][0]
+    with pytest.raises(RenderError, match="not a statistic of its rows"):
+        plan_row_prologue(c, call.kernel.meaning.nodes())
