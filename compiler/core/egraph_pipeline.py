@@ -216,15 +216,19 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
     load inside them, ``lumc.compiler.core.fusion``)."""
     env: dict[int, Node] = {}
     forms: dict[int, FormRecord] = {}
-    for res, pick in zip(results, picks):
+    keys: dict[int, tuple] = {}
+    for i, (res, pick) in enumerate(zip(results, picks)):
         for x in res.region.externals:
             tables.leaves[f"ext{x.id}"] = env[id(x)]
-        built = decode(res.view, pick, res.roots, tables, forms)
+        classes: dict[int, str] = {}
+        built = decode(res.view, pick, res.roots, tables, forms, classes)
         for r, c in zip(res.region.roots, res.roots):
             env[id(r)] = built[c]
+        keys.update((k, (i, c)) for k, c in classes.items() if k not in keys)
     outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
     new = Graph(graph.inputs, outs)
     prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue)
+    prog.value_keys = keys
     return prog
 
 

@@ -316,15 +316,18 @@ class FormRecord:
 
 
 def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables,
-           forms: dict[int, FormRecord]) -> dict[str, Node]:
+           forms: dict[int, FormRecord], classes: dict | None = None) -> dict[str, Node]:
     """IR nodes of the chosen e-nodes for ``roots`` (``{class: node}``); form roots go to
-    ``forms`` (``{id(node): FormRecord}``)."""
+    ``forms`` (``{id(node): FormRecord}``); ``classes`` (if given) gets ``{id(node): class}`` of
+    every node built."""
     built: dict[str, Node] = {}
     for c in reachable(g, pick, roots):
         n = g.classes[c][pick[c]]
         args = [built[a] if a in g.classes else g.values[a] for a in n.args]
         x = decode_node(n.ctor, args, tables)
         built[c] = x
+        if classes is not None:
+            classes.setdefault(id(x), c)
         if n.ctor in FORMS and n.ctor != "MatMul":
             ins = [a for a in args if isinstance(a, Node)]
             vals = [a for a in args if not isinstance(a, Node)]

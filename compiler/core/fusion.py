@@ -331,7 +331,10 @@ class GreedyFusion:
                     break
             if id(n) in self.realized:
                 continue
-            consumers = {id(u) for u, _ in uses}
+            # consumers inside one form kernel (a layer norm's mean and x - mean) read it in one
+            # kernel: recomputed there per pass, not per kernel
+            consumers = {self.group.get(id(u), id(u)) if self.group.get(id(u)) in self.forms
+                         else id(u) for u, _ in uses}
             if len(consumers) > 1 and (len(big) > 1 or ops > MAX_RECOMPUTE_OPS):
                 self._realize(n, uses[0][0], f"{len(consumers)} consumers and recompute reads "
                                              f"{len(big)} large buffers / {ops} ops")

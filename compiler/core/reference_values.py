@@ -11,6 +11,11 @@ of that sub-graph, so nothing above it runs again.
   (best-bound) candidate that are nodes of the model graph, which the search checks first.
 * A later candidate's capture evaluates the nodes between the held values and its missing
   boundary values, once.
+* Candidates that differ upstream decode distinct nodes downstream, though those compute the
+  same e-class (``Program.value_keys``: region and e-class of each decoded node). A value held for
+  one node of an e-class serves every candidate's node of that e-class (same shape and dtype): it
+  differs from a candidate's own reference by rounding at most (the e-class joins exact and
+  ``reassociating`` rewrites only), far inside a check's tolerance, so it is not computed again.
 * Values over :data:`MAX_KEPT_BYTES` are not kept (their kernels are reported unchecked).
 * ``seconds`` is the wall time spent in reference runs here (the report's ``reference_s``).
 """
@@ -52,6 +57,18 @@ class ReferenceValues:
                 self.owners.setdefault(id(n), []).append(i)
         self.captured: set[int] = set()
         self.values: dict[int, np.ndarray] = {}
+        # id(node) -> id of the first boundary node of its e-class (module docstring)
+        self.alias: dict[int, int] = {}
+        first: dict[tuple, Node] = {}
+        for p in programs:
+            keys = getattr(p, "value_keys", None) or {}
+            for n in _boundaries(p):
+                k = keys.get(id(n))
+                if k is None:
+                    continue
+                f = first.setdefault((k, n.shape, n.dtype), n)
+                if f is not n:
+                    self.alias[id(n)] = id(f)
         keep = {id(n) for n in graph.inputs.values()}
         if programs:
             in_model = {id(n) for n in graph.nodes()}
@@ -61,12 +78,20 @@ class ReferenceValues:
         self.seconds += time.perf_counter() - t0
         self.values.update(kept)
 
+    def _held(self, n: Node) -> bool:
+        return id(n) in self.values or self.alias.get(id(n)) in self.values
+
     def _capture(self, i: int) -> None:
         self.captured.add(i)
-        want = [n for n in _boundaries(self.programs[i]) if id(n) not in self.values]
+        want = [n for n in _boundaries(self.programs[i]) if not self._held(n)]
         if want:
             t0 = time.perf_counter()
-            self.values.update(self.compute(want))
+            got = self.compute(want)
+            self.values.update(got)
+            for k, v in got.items():      # the first of its e-class, for the candidates after
+                a = self.alias.get(k)
+                if a is not None and a not in self.values:
+                    self.values[a] = v
             self.seconds += time.perf_counter() - t0
 
     def compute(self, want: list[Node]) -> dict[int, np.ndarray]:
@@ -81,11 +106,11 @@ class ReferenceValues:
                 x, ready = stack.pop()
                 if id(x) in memo:
                     continue
-                if id(x) in self.values or x.op == "Input":   # held: an input here
+                if self._held(x) or x.op == "Input":   # held: an input here
                     name = f"held{x.id}" if x.op != "Input" else x.arg.name
                     ph = input_node(name, x.shape, x.dtype) if x.op != "Input" else x
-                    feed[name] = self.values[id(x)] if id(x) in self.values else \
-                        self.inputs[x.arg.name]
+                    feed[name] = self.inputs[x.arg.name] if x.op == "Input" else \
+                        self._value(id(x))
                     leaves[name] = ph
                     memo[id(x)] = ph
                     continue
@@ -102,10 +127,15 @@ class ReferenceValues:
         _, kept = ReferenceExecutor(sub).run_keeping(feed, {id(memo[id(w)]) for w in want})
         return {id(w): kept[id(memo[id(w)])] for w in want if id(memo[id(w)]) in kept}
 
+    def _value(self, key: int):
+        v = self.values.get(key)
+        return v if v is not None else self.values.get(self.alias.get(key))
+
     def get(self, key: int, default=None):
-        if key not in self.values:
+        if self._value(key) is None:
             for i in self.owners.get(key, ()):
                 if i not in self.captured:
                     self._capture(i)
                     break
-        return self.values.get(key, default)
+        v = self._value(key)
+        return default if v is None else v

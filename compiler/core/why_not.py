@@ -27,8 +27,8 @@ NO_RULE = {
                            "chosen: it lost on bound or time, or the value has another reader",
     ("matmul", "layernorm"): "no kernels rule offers residual add + LayerNorm as a whole-row "
                              "epilogue of the contraction before it (post-LN)",
-    ("gather", "layernorm"): "the LayerNorm form reads its input from memory: no rule gives it "
-                             "an embedding gather + add prologue",
+    ("gather", "layernorm"): "the embedding gather + add is the layer norm's prologue only when "
+                             "the norm is its one reader; here the sum is read elsewhere too",
     ("matmul", "attention"): "the attention form reads q, k and v from memory (columns of the "
                              "projection's output): no rule makes a contraction its prologue",
     ("attention", "matmul"): "no rule fuses attention with the output projection that reads it "

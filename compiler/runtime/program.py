@@ -57,6 +57,9 @@ class Program:
     notes: list[str] = field(default_factory=list)
     graph: Graph | None = None
     origin: int | None = None    # the candidate it was made from (a size bucket's re-sized list)
+    # {id(node): key} for nodes decoded from an e-class: two candidates' nodes with one key hold
+    # the same value up to rounding (``lumc.compiler.core.reference_values`` shares them)
+    value_keys: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.calls)

@@ -74,6 +74,17 @@ def _fused_program(graph):
     return progs[0]
 
 
+def _run_program(prog, feeds: dict) -> dict:
+    """Every kernel of ``prog`` through Triton; ``{id(node): array}`` of what they write."""
+    env = {}
+    for call in prog.calls:
+        args = [env[id(n)] if id(n) in env else (feeds[n.arg.name] if n.op == "Input"
+                                                 else n.arg.value) for n in call.inputs]
+        for node_, o in zip(call.outputs, TritonKernel(call.kernel)(*args)):
+            env[id(node_)] = to_numpy(o)
+    return env
+
+
 def _x(shape, rng):
     x = rng.standard_normal(shape).astype(np.float32)
     flat = x.reshape(-1, shape[-1])
@@ -110,22 +121,13 @@ def test_one_norm_read_by_two_contractions_is_formed_in_each():
     prog = _fused_program(graph)
     assert [c.kernel.form for c in prog.calls].count("layernorm") == 0, prog.notes
     xv = _x((11, 40), rng)
-    env = {"x": xv}
-    for call in prog.calls:
-        args = [env[id(n)] if id(n) in env else (xv if n.op == "Input" else n.arg.value)
-                for n in call.inputs]
-        outs = TritonKernel(call.kernel)(*args)
-        for node_, o in zip(call.outputs, outs):
-            env[id(node_)] = to_numpy(o)
+    env = _run_program(prog, {"x": xv})
     ref = want(xv)
     for name, node_ in graph.outputs.items():
-        got = env[id(node_)] if id(node_) in env else None
-        if got is None:    # an output read through a view of a kernel result
-            base = node_
-            while base.op == "View":
-                base = base.srcs[0]
-            got = env[id(base)]
-        np.testing.assert_allclose(got.reshape(ref[name].shape), ref[name], rtol=1e-4,
+        base = node_
+        while id(base) not in env and base.op == "View":   # an output read through a view
+            base = base.srcs[0]
+        np.testing.assert_allclose(env[id(base)].reshape(ref[name].shape), ref[name], rtol=1e-4,
                                    atol=1e-4 * np.abs(ref[name]).max())
 
 
@@ -140,3 +142,28 @@ def test_a_reduction_that_is_not_a_row_statistic_is_refused():
     c = [c for c in find_contractions(call.kernel.meaning.nodes()) if max(c.M, c.N) > 1][0]
     with pytest.raises(RenderError, match="not a statistic of its rows"):
         plan_row_prologue(c, call.kernel.meaning.nodes())
+
+
+def test_embedding_gather_add_and_layernorm_are_one_kernel():
+    """``LN(word[ids] + pos[:T])``: the gathers and the add are the layer norm's prologue (its
+    mean and ``x - mean`` read them in the one kernel), not a kernel of their own."""
+    rng = np.random.default_rng(11)
+    vocab, t, width = 50, 9, 40
+    word = rng.standard_normal((vocab, width)).astype(np.float32)
+    pos = rng.standard_normal((16, width)).astype(np.float32)
+    g = rng.uniform(0.5, 1.5, width).astype(np.float32)
+    b = rng.standard_normal(width).astype(np.float32)
+    ids = Tensor(input_node("ids", (1, t), dt.i64))
+    from lumc.ir.library.indexing import gather
+    e = gather(Tensor.const(word), ids, 0) + Tensor.const(pos[:t])
+    y = norm.layer_norm(e, Tensor.const(g), Tensor.const(b))[0]
+    graph = Graph({"ids": ids.node}, {"y": y.node})
+    res = egraph_candidates(graph, "h200", k=8)
+    prog = res.best
+    assert [c.kernel.form for c in prog.calls] == ["layernorm"], prog.notes
+    assert any(n.op == "Gather" for n in prog.calls[0].kernel.meaning.nodes())
+    idv = np.array([[0, 49, 3, 3, 17, 1, 48, 25, 0]], np.int64)
+    env = _run_program(prog, {"ids": idv})
+    got = env[id(prog.calls[0].outputs[0])].reshape(1, t, width)
+    want = _ln64(word[idv] + pos[:t], g, b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
