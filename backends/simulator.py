@@ -221,7 +221,9 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
         tm, tn = math.ceil(c.m / bm), math.ceil(c.n / bn)
-        programs = c.batch * tm * tn
+        # a normalization formed on load: N_TILES column tiles per program (``norm_prologue``)
+        groups = math.ceil(tn / max(int(cfg.get("N_TILES", 1)), 1))
+        programs = c.batch * tm * groups
         a_bytes = c.batch * c.m * c.k * dtype.itemsize
         b_bytes = c.batch * c.k * c.n * dtype.itemsize
         hbm += (a_bytes * (tn - 1) + b_bytes * (tm - 1)) * (1 - L2_HIT)
@@ -265,11 +267,13 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     if c is not None:
         # a normalization formed on load: every program re-reads its rows of the operand once per
         # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores
+        # (the statistics once per program, the normalized tile once per column tile)
         stats, ops = row_prologue_work(kernel, c)
         if stats:
-            elems = programs * bm * math.ceil(c.k / bk) * bk
-            body += elems * (ops + stats) / dev.vector_flops["f32"]
-            body += a_bytes * stats * tn * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff)
+            rows = bm * math.ceil(c.k / bk) * bk
+            body += (programs * rows * stats + c.batch * tm * tn * rows * ops) / \
+                dev.vector_flops["f32"]
+            body += a_bytes * stats * groups * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff)
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
     return dev.launch_overhead_s + body + waves * DRAM_LATENCY_S

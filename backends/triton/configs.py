@@ -88,6 +88,10 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
               "SPLIT": (16, 32, 64, 128, 256, 512, 1024), "num_warps": (4, 8, 16),
               "num_stages": (2,)},
 }
+# a contraction with a normalization formed on load (``norm_prologue``): N_TILES column tiles per
+# program share one computation of the row statistics
+SPACES["matmul_rows"] = {**SPACES["matmul"], "N_TILES": (1, 2, 4, 8)}
+MATMUL_SPACES = ("matmul", "matmul_rows")
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
 SM_COUNT = 132                   # H100/H200 SXM ([H100-WP]): the grid a default tile aims to fill
 # live fp32 values per thread of an fp32-operand tl.dot tile: ptxas (cuda:90, Triton 3.9) on a
@@ -116,10 +120,13 @@ def known_good(space: str, problem: dict) -> list[Config]:
     """The :data:`KNOWN_GOOD` configs of ``space`` that are legal for ``problem``, in table order,
     at the default operand precision."""
     out = []
-    for bm, bn, bk, stages, warps in KNOWN_GOOD.get(space, ()):
+    for bm, bn, bk, stages, warps in KNOWN_GOOD.get("matmul" if space in MATMUL_SPACES else space,
+                                                    ()):
         c = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
-        if space == "matmul":
+        if space in MATMUL_SPACES:
             c.update(BLOCK_K=bk, GROUP_M=8)
+        if space == "matmul_rows":
+            c.update(N_TILES=1)
         if not _legal(space, problem, c):
             continue
         blocks = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
@@ -130,7 +137,7 @@ def known_good(space: str, problem: dict) -> list[Config]:
 def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
     """Bytes of shared memory the pipelined operand tiles take (an estimate; see module doc)."""
     isz = p.get("itemsize", 4)
-    if space == "matmul":
+    if space in MATMUL_SPACES:
         return c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * isz
     if space == "attention":
         kv = c["BLOCK_N"] * (p["BLOCK_D"] + p["BLOCK_DV"]) * isz
@@ -155,6 +162,8 @@ def _legal(space: str, p: dict, c: dict) -> bool:
             return False
         tile = bm * bk
         return tile <= REG_TILE * w and tile >= 32 * w and c["num_stages"] == 1 + (not p["one_pass"])
+    if space == "matmul_rows":   # no column tile group past the last column tile
+        return c["N_TILES"] <= next_pow2(cdiv(p["N"], c["BLOCK_N"])) and _legal("matmul", p, c)
     if space == "matmul":
         bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
         if bm > max(16, next_pow2(p["M"])) or bn > max(16, next_pow2(p["N"])):
@@ -218,6 +227,14 @@ def default_config(space: str, problem: dict) -> Config:
 
 
 def _default_config(space: str, problem: dict) -> Config:
+    if space == "matmul_rows":   # the matmul default; column tiles grouped while the grid fills
+        base = _default_config("matmul", problem)
+        b = dict(base.blocks)
+        programs = problem.get("batch", 1) * cdiv(problem["M"], b["BLOCK_M"])
+        tiles = cdiv(problem["N"], b["BLOCK_N"])
+        nt = max([n for n in SPACES[space]["N_TILES"] if programs * cdiv(tiles, n) >= SM_COUNT]
+                 or [1])
+        return make(base.num_warps, base.num_stages, **b, N_TILES=nt)
     if space == "pointwise":
         b = min(1024, max(128, next_pow2(problem["N"])))
         return make(4, 1, BLOCK=b)
@@ -273,6 +290,9 @@ def interpreter_config(space: str, problem: dict, precision: str | None = None) 
 
 
 def _interpreter_config(space: str, problem: dict) -> Config:
+    if space == "matmul_rows":
+        base = _interpreter_config("matmul", problem)
+        return make(base.num_warps, base.num_stages, **dict(base.blocks), N_TILES=2)
     if space == "pointwise":
         return make(4, 1, BLOCK=min(16384, max(16, next_pow2(problem["N"]))))
     if space == "row":

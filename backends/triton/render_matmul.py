@@ -115,7 +115,9 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w.line("pid = tl.program_id(0)")
     w.line(f"pid_b = tl.program_id(1){i64}")
     w.line(f"num_pid_m = tl.cdiv({M}, BLOCK_M)")
-    w.line(f"num_pid_n = tl.cdiv({N}, BLOCK_N)")
+    # with row statistics in the prologue a program computes them once for N_TILES column tiles
+    w.line(f"num_pid_n = tl.cdiv({N}, BLOCK_N)" if rowp is None else
+           f"num_pid_n = tl.cdiv(tl.cdiv({N}, BLOCK_N), N_TILES)")
     w.line("# grouped ordering: GROUP_M row tiles share each column tile while it is in L2")
     w.line("group = pid // (GROUP_M * num_pid_n)")
     w.line("first_m = group * GROUP_M")
@@ -123,19 +125,23 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w.line("pid_m = first_m + ((pid % (GROUP_M * num_pid_n)) % group_m)")
     w.line("pid_n = (pid % (GROUP_M * num_pid_n)) // group_m")
     w.line(f"rm = pid_m{i64} * BLOCK_M + tl.arange(0, BLOCK_M)")
-    w.line(f"rn = pid_n{i64} * BLOCK_N + tl.arange(0, BLOCK_N)")
     w.line(f"rm_mask = rm < {M}")
-    w.line(f"rn_mask = rn < {N}")
     w.line("# operand rows/columns wrap instead of masking (tutorial 03): reads stay in bounds,")
     w.line("# the extra rows and columns are never stored")
     w.line(f"rm_a = rm % {M}")
-    w.line(f"rn_b = rn % {N}")
     bidx = bind_all(w, unravel("pid_b", c.shape_of(c.batch_dims)), "b")
     ev.scalar_names |= {b for b in bidx if b.isidentifier()} | {"pid_b"}
     if rowp is not None:
         lead = bind_all(w, unravel("rm_a[:, None]", rowp.lead), "am", 0)
         stats = RowStatistics(rowp, w, ev, lead)
         stats.emit(K, i64)
+        w.open("for n_tile in range(0, N_TILES):")
+        w.line(f"rn = (pid_n{i64} * N_TILES + n_tile) * BLOCK_N + tl.arange(0, BLOCK_N)")
+    else:
+        w.line(f"rn = pid_n{i64} * BLOCK_N + tl.arange(0, BLOCK_N)")
+    lo = w.level          # the level of one output tile (the K loop is one deeper)
+    w.line(f"rn_mask = rn < {N}")
+    w.line(f"rn_b = rn % {N}")
     # operand tiles: a is [BLOCK_M, BLOCK_K], b is [BLOCK_K, BLOCK_N]
     w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
     w.open(f"for k_start in range(0, {K}, BLOCK_K):")
@@ -146,28 +152,29 @@ def render_matmul(kernel: Kernel) -> KernelParts:
            f"a_mask = (rk[None, :] < {K}) & (rm_a[:, None] < {M})")
     w.line(f"b_mask = rk[:, None] < {K}" if c.n_dims else
            f"b_mask = (rk[:, None] < {K}) & (rn_b[None, :] < {N})")
+    lk = lo + 1           # inside the K loop
     a_idx = place(c, {c.batch_dims: bidx,
-                      c.m_dims: bind_all(w, unravel("rm_a[:, None]", c.shape_of(c.m_dims)), "am", 1),
-                      c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", 1)}
+                      c.m_dims: bind_all(w, unravel("rm_a[:, None]", c.shape_of(c.m_dims)), "am", lk),
+                      c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", lk)}
                   ) if stats is None else None
     b_idx = place(c, {c.batch_dims: bidx,
-                      c.k_dims: bind_all(w, unravel("rk[:, None]", c.shape_of(c.k_dims)), "bk", 1),
-                      c.n_dims: bind_all(w, unravel("rn_b[None, :]", c.shape_of(c.n_dims)), "bn", 1)})
-    a = (ev.value(c.a, a_idx, "a_mask", 1) if stats is None else
-         ev.value(rowp.p, stats.p_index("rk[None, :]", "ak", 1), "a_mask", 1))
-    b = ev.value(c.b, b_idx, "b_mask", 1)
+                      c.k_dims: bind_all(w, unravel("rk[:, None]", c.shape_of(c.k_dims)), "bk", lk),
+                      c.n_dims: bind_all(w, unravel("rn_b[None, :]", c.shape_of(c.n_dims)), "bn", lk)})
+    a = (ev.value(c.a, a_idx, "a_mask", lk) if stats is None else
+         ev.value(rowp.p, stats.p_index("rk[None, :]", "ak", lk), "a_mask", lk))
+    b = ev.value(c.b, b_idx, "b_mask", lk)
     # a prologue may turn the zeros of masked-off lanes into something else: zero them again
     if c.a.op not in ("View", "Input"):
-        a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", 1)
+        a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", lk)
     if c.b.op not in ("View", "Input"):
-        b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", 1)
-    emit_dot(w, a, b, "acc", c.a.dtype, 1)
+        b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", lk)
+    emit_dot(w, a, b, "acc", c.a.dtype, lk)
     w.close()
     # epilogue on the output tile
     fr = tuple(1 if d in c.k_dims else s for d, s in enumerate(c.full))
     o_idx = place(c, {c.batch_dims: bidx,
-                      c.m_dims: bind_all(w, unravel("rm[:, None]", c.shape_of(c.m_dims)), "om"),
-                      c.n_dims: bind_all(w, unravel("rn[None, :]", c.shape_of(c.n_dims)), "on")})
+                      c.m_dims: bind_all(w, unravel("rm[:, None]", c.shape_of(c.m_dims)), "om", lo),
+                      c.n_dims: bind_all(w, unravel("rn[None, :]", c.shape_of(c.n_dims)), "on", lo)})
     for d in c.k_dims:
         o_idx[d] = "0"
     w.line("c_mask = rm_mask[:, None] & rn_mask[None, :]")
@@ -175,16 +182,26 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     if not (c.m_dims and c.n_dims):  # the pointer must span the whole tile even where M or N is 1
         addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
     for name, o in kernel.meaning.outputs.items():
-        v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", 0)
+        v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", lo)
         w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)")
+    if rowp is not None:
+        w.close()
     problem = {"M": M, "N": N, "K": K, "batch": B, "itemsize": c.a.dtype.itemsize,
                "dot_dtype": dot_dtype(c.a.dtype)}
     notes = [f"GEMM M={M} (dims {list(c.m_dims)}) N={N} (dims {list(c.n_dims)}) "
              f"K={K} (dims {list(c.k_dims)}) batch={B} over {list(c.full)}"]
     if big:
         notes.append("int64 indexing (a tensor or address passes 2**31)")
+    knobs = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION")
+    if rowp is None:
+        grid, space = f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}", "matmul"
+    else:
+        notes.append(f"a normalization formed on load: {len(rowp.stats)} row statistics over K, "
+                     "once per N_TILES column tiles")
+        knobs += ("N_TILES",)
+        grid = (f"triton.cdiv({M}, BLOCK_M) * triton.cdiv(triton.cdiv({N}, BLOCK_N), N_TILES), "
+                f"{B}")
+        space = "matmul_rows"
     return KernelParts(
-        form=kernel.form, variant="dot", params=params, constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_K",
-                                                                    "GROUP_M", "PRECISION"),
-        body=w.body(), grid=f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}",
-        problem=problem, config_space="matmul", constants=consts, notes=notes)
+        form=kernel.form, variant="dot", params=params, constexprs=knobs, body=w.body(),
+        grid=grid, problem=problem, config_space=space, constants=consts, notes=notes)

@@ -210,20 +210,32 @@ def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
 
 
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
-                     tables: Tables, label: str, norm_prologue: bool = False) -> Program:
+                     tables: Tables, label: str, norm_prologue: bool = False,
+                     memo: dict | None = None) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
     the chosen forms (``norm_prologue``: normalizations read only by contractions are formed on
-    load inside them, ``lumc.compiler.core.fusion``)."""
+    load inside them, ``lumc.compiler.core.fusion``). ``memo`` (shared by the candidates of one
+    e-graph run) keeps each region's decode by its choice and the nodes it reads, so a region
+    that the candidates choose alike over the same inputs is decoded once (the same nodes)."""
     env: dict[int, Node] = {}
     forms: dict[int, FormRecord] = {}
     keys: dict[int, tuple] = {}
     for i, (res, pick) in enumerate(zip(results, picks)):
-        for x in res.region.externals:
-            tables.leaves[f"ext{x.id}"] = env[id(x)]
-        classes: dict[int, str] = {}
-        built = decode(res.view, pick, res.roots, tables, forms, classes)
-        for r, c in zip(res.region.roots, res.roots):
-            env[id(r)] = built[c]
+        mkey = (i, id(pick), tuple(id(env[id(x)]) for x in res.region.externals))
+        hit = memo.get(mkey) if memo is not None else None
+        if hit is None:
+            for x in res.region.externals:
+                tables.leaves[f"ext{x.id}"] = env[id(x)]
+            classes: dict[int, str] = {}
+            part: dict[int, FormRecord] = {}
+            built = decode(res.view, pick, res.roots, tables, part, classes)
+            hit = ([built[c] for c in res.roots], part, classes)
+            if memo is not None:
+                memo[mkey] = hit
+        roots, part, classes = hit
+        forms.update(part)
+        for r, x in zip(res.region.roots, roots):
+            env[id(r)] = x
         keys.update((k, (i, c)) for k, c in classes.items() if k not in keys)
     outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
     new = Graph(graph.inputs, outs)
@@ -296,17 +308,22 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         plans.append((f"all:{key}", alt))
     # pre-LN fusion of the two main plans: each normalization read only by contractions formed on
     # load in them (fewer kernels and bytes, more work per GEMM program: the bound judges)
-    # (and of each plan that turns a normalization form on)
-    norm_on = re.compile(r"(^egraph-(argmin|horizontal)$)|((:|->)(LayerNorm|RMSNorm)$)")
-    plans[2:2] = [(f"{lab}+norm-prologue", picks) for lab, picks in plans if norm_on.search(lab)]
+    # (and of each plan that turns a normalization form on everywhere; single-region flips are
+    # left out: one more decode of the whole program each)
+    norm_on = re.compile(r"^(egraph-(argmin|horizontal)|all:.*->(LayerNorm|RMSNorm))$")
+    # each right after its base plan: where nothing fuses, the two are one program under the
+    # base's label (duplicates are dropped after decoding)
+    plans = [q for lab, picks in plans for q in ([(lab, picks)] + (
+        [(f"{lab}+norm-prologue", picks)] if norm_on.search(lab) else []))]
     progs, bounds, seen = [], [], set()
+    decoded: dict = {}
     t_choose = time.perf_counter()
     for label, picks in plans:
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
         try:
             p = decode_candidate(graph, results, picks, tables, label,
-                                 norm_prologue=label.endswith("+norm-prologue"))
+                                 norm_prologue=label.endswith("+norm-prologue"), memo=decoded)
             p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(

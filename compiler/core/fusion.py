@@ -76,6 +76,7 @@ class GreedyFusion:
         self.realized: set[int] = set(realize or ())
         self.group: dict[int, int] = {}
         self.refusals: list[str] = []
+        self._closed: dict[int, tuple] = {}
         self.forms = self._form_groups(forms or {})
         self._decide()
 
@@ -218,22 +219,30 @@ class GreedyFusion:
                     frontier.append(u)
         order.sort(key=lambda n: self.pos[id(n)])
         best = ({id(r)}, r)
+        # region(e): everything in desc that e depends on, built once per node in topological order
+        deps: dict[int, frozenset] = {id(r): frozenset((id(r),))}
         for e in order:
-            region, stack = {id(e)}, [e]
-            while stack:   # everything in desc that e depends on
-                x = stack.pop()
-                for s in x.srcs:
-                    b = _chain(s)[0]
-                    if id(b) in desc and id(b) not in region:
-                        region.add(id(b))
-                        stack.append(b)
+            acc = {id(e)}
+            for s_ in e.srcs:
+                b = _chain(s_)[0]
+                if id(b) in deps:
+                    acc |= deps[id(b)]
+            region = deps[id(e)] = frozenset(acc)
             if id(r) not in region or len(region) < len(best[0]):
                 continue
-            if all(k == id(e) or (k not in self.outputs and all(
-                    id(u) in region and self._free_reshape(v) for u, v in self.uses[k]))
-                   for k in region):
-                best = (region, e)
+            if all(k == id(e) or self._closed_in(k, region) for k in region):
+                best = (set(region), e)
         return best
+
+    def _closed_in(self, k: int, region: frozenset) -> bool:
+        """Node ``k`` is not a model output and every use of it is in ``region``, through free
+        reshapes (it need not be written when the region is one kernel)."""
+        hit = self._closed.get(k)
+        if hit is None:
+            uses = self.uses[k]
+            hit = self._closed[k] = (k not in self.outputs and all(
+                self._free_reshape(v) for _, v in uses), frozenset(id(u) for u, _ in uses))
+        return hit[0] and hit[1] <= region
 
     def _fuse_norm_prologue(self, b: Node, exits: dict) -> bool:
         """Pre-LN fusion (``norm_prologue``): ``b`` ends a layernorm/rmsnorm form kernel and every

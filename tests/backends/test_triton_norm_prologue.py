@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.triton import configs
 from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.launch import TritonKernel, to_numpy
 from lumc.backends.triton.norm_prologue import plan_row_prologue
@@ -104,11 +105,18 @@ def test_norm_formed_on_load_in_the_matmul_kernel(kind, shape, n):
     tk = TritonKernel(call.kernel)
     assert "tl.dot(" in tk.source and tk.source.count("for s_start in range") >= (
         2 if kind == "layernorm" else 1)
+    assert tk.rendered.config_space == "matmul_rows"
     xv = _x(shape, rng)
     consts = [c.arg.value for c in call.inputs[1:]]
-    got = to_numpy(tk(xv, *consts)[0]).reshape(-1, n)
     ref = want(xv)["y"].reshape(-1, n)
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    # one program per row block, then column tiles grouped N_TILES at a time (the last group
+    # partly past N: masked), and ragged row blocks
+    for cfg in (None, configs.make(4, 2, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8,
+                                   N_TILES=2, PRECISION="ieee"),
+                configs.make(4, 2, BLOCK_M=8, BLOCK_N=16, BLOCK_K=32, GROUP_M=8, N_TILES=4,
+                             PRECISION="ieee")):
+        got = to_numpy(tk(xv, *consts, config=cfg)[0]).reshape(-1, n)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     # the kernel's meaning (what the reference executor and the checks run) agrees too
     mref = ReferenceExecutor(call.kernel.meaning)(
         {f"in{i}": v for i, v in enumerate([xv] + consts)})["out0"].reshape(-1, n)

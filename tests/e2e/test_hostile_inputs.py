@@ -358,6 +358,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _ignores_sigint(pid: int) -> bool:
+    """The worker's initializer has run: SIGINT is in its ignored set (``/proc/PID/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_check_pool_workers_die_with_their_parent(sig):
     orphans = 0
@@ -366,6 +376,9 @@ def test_check_pool_workers_die_with_their_parent(sig):
                              text=True)
         workers = [int(w) for w in p.stdout.readline().split()]
         assert len(workers) == 2 and all(_alive(w) for w in workers)
+        t0 = time.monotonic()     # a worker is listed once forked, before its initializer ran
+        while not all(_ignores_sigint(w) for w in workers) and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
         os.kill(workers[0], signal.SIGINT)      # a Ctrl-C reaching a worker: ignored, silently
         time.sleep(0.2)
         assert _alive(workers[0])
