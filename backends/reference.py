@@ -194,7 +194,7 @@ def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DTy
     present = set(sa) | set(sb)
     out_sub = "".join(letters[k] for k in range(rank) if k not in red and letters[k] in present)
     with np.errstate(all="ignore"):
-        r = np.einsum(f"{sa},{sb}->{out_sub}", ca, cb, optimize=len(sa) + len(sb) > 4)
+        r = np.einsum(f"{sa},{sb}->{out_sub}", ca, cb, optimize=True)
         # dims broadcast in both operands: a reduced one scales the sum by its extent
         for k in range(rank):
             if letters[k] not in present and k in red and shape[k] != 1:

@@ -46,9 +46,10 @@ def _folded(n: Node, val: np.ndarray) -> Node:
     return const_node(val)
 
 
-def fold_constants(graph: Graph) -> Graph:
+def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
     """``graph`` with small constant sub-expressions folded and identity gathers removed (see the
-    module docstring); the same graph object when nothing changes."""
+    module docstring); the same graph object when nothing changes. ``mapping`` (if given) gets
+    ``{id(node of graph): node of the result}``: the two hold the same value."""
     order = graph.nodes()
     index: set[int] = set()   # nodes a gather index is computed from
     stack = [n.srcs[1] for n in order if n.op == "Gather"]
@@ -83,4 +84,6 @@ def fold_constants(graph: Graph) -> Graph:
         new[id(n)] = x
     if not changed:
         return graph
+    if mapping is not None:
+        mapping.update(new)
     return Graph(graph.inputs, {k: new[id(o)] for k, o in graph.outputs.items()})

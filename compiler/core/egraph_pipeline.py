@@ -42,6 +42,7 @@ class RegionResult:
     alts: list
     original: dict[str, int]     # the e-node each inserted term had (the identity extraction)
     stats: RunStats
+    model_classes: dict = field(default_factory=dict)   # {id(model node): e-class}
 
 
 @dataclass
@@ -52,6 +53,8 @@ class EGraphResult:
     regions: list[RunStats]
     total: RunStats
     seconds: dict = field(default_factory=dict)     # {stage: seconds}
+    # {id(node of the graph saturated): (region, e-class)}: the keys of ``Program.value_keys``
+    model_keys: dict = field(default_factory=dict)
 
     @property
     def best(self) -> Program:
@@ -112,6 +115,7 @@ def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: Co
             first, first_vars, first_names = seen[sig]
             if root_vars == first_vars:
                 out.append(_renamed(first, reg, dict(zip(first_names, names))))
+                out[-1].model_classes = _model_classes(enc, first.view)
                 log.info("%s: saturated as %s (same structure)", reg.name, first.region.name)
                 continue
         data, stats = sat.saturate(enc.lines, reg.name)
@@ -120,10 +124,17 @@ def saturate_regions(graph: Graph, limits: Limits, max_region_ops: int, cost: Co
         pick, best = choose(view, cost)
         orig = _identity_pick(view, cost, enc)
         out.append(RegionResult(reg, view, roots, pick, best,
-                                alternatives(view, pick, best, roots), orig, stats))
+                                alternatives(view, pick, best, roots), orig, stats,
+                                _model_classes(enc, view)))
         seen.setdefault(sig, (out[-1], root_vars, names))
         log.info(stats.line())
     return out, tables
+
+
+def _model_classes(enc: Encoder, view: EGraphView) -> dict:
+    """``{id(model node): e-class}`` of the region's own nodes (not its external inputs)."""
+    return {k: view.lets[v] for k, v in enc.var.items()
+            if k not in enc.externals and v in view.lets}
 
 
 _LEAF_NAME = re.compile(r'\((Blob|Input) "([^"]*)"\)|\(Strided (\d+)\)')
@@ -256,7 +267,9 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     """
     dev = get_device(device) if isinstance(device, str) else device
     ceil = dev.as_ceilings()
-    graph = fold_constants(graph)
+    folded: dict[int, Node] = {}
+    model = graph
+    graph = fold_constants(graph, folded)
     itemsize, dname = _dominant_itemsize(graph)
     cost = CostModel(ceil, itemsize, dname)
     t0 = time.perf_counter()
@@ -347,7 +360,13 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     res = EGraphResult([progs[i] for i in order], [bounds[i] for i in order], stats,
                        total_stats(stats), {"saturate": sat_s,
                                             "extract": (t_choose - t0) - sat_s,
-                                            "decode": t2 - t_choose})
+                                            "decode": t2 - t_choose},
+                       {k: (i, c) for i, r in enumerate(results) for k, c in r.model_classes.items()})
+    # the graph given, not only its folded copy: a node and its folded counterpart are one value
+    for n in model.nodes():
+        f = folded.get(id(n))
+        if f is not None and f is not n and id(f) in res.model_keys:
+            res.model_keys[id(n)] = res.model_keys[id(f)]
     res.total.seconds = t2 - t0
     return res
 

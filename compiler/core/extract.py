@@ -319,7 +319,7 @@ def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables
            forms: dict[int, FormRecord], classes: dict | None = None) -> dict[str, Node]:
     """IR nodes of the chosen e-nodes for ``roots`` (``{class: node}``); form roots go to
     ``forms`` (``{id(node): FormRecord}``); ``classes`` (if given) gets ``{id(node): class}`` of
-    every node built."""
+    every node built (and ``(class, views)`` for the node under a built view chain)."""
     built: dict[str, Node] = {}
     for c in reachable(g, pick, roots):
         n = g.classes[c][pick[c]]
@@ -328,6 +328,14 @@ def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables
         built[c] = x
         if classes is not None:
             classes.setdefault(id(x), c)
+            # a form decoded as views over its own result (a matmul's reshape, attention's):
+            # the base under the same views holds the same values in every candidate
+            b, chain = x, []
+            while b.op == "View":
+                chain.append(b.arg)
+                b = b.srcs[0]
+            if chain:
+                classes.setdefault(id(b), (c, tuple(chain)))
         if n.ctor in FORMS and n.ctor != "MatMul":
             ins = [a for a in args if isinstance(a, Node)]
             vals = [a for a in args if not isinstance(a, Node)]

@@ -186,6 +186,12 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
                       "extraction_s": res.seconds.get("extract", 0.0), "regions": len(res.regions),
                       "stop_reasons": tot.stop, "used": True, "seconds": time.monotonic() - t0})
         programs = list(res.candidates) + programs
+        # the model's own nodes keyed by e-class too (greedy and unfused bind them), so the
+        # reference run's values serve every candidate's nodes of those e-classes
+        in_model = {id(n) for n in graph.nodes()}
+        keys = {k: v for k, v in res.model_keys.items() if k in in_model}
+        for p in (greedy, programs[-1]):
+            p.value_keys = keys
     seen, out = set(), []
     for p in programs:
         sig = p.signature()

@@ -58,21 +58,21 @@ class ReferenceValues:
         self.captured: set[int] = set()
         self.values: dict[int, np.ndarray] = {}
         # id(node) -> id of the first boundary node of its e-class (module docstring)
+        # (a model node first: the model run below keeps it)
         self.alias: dict[int, int] = {}
+        in_model = {id(n) for n in graph.nodes()}
         first: dict[tuple, Node] = {}
+        keyed = []
         for p in programs:
             keys = getattr(p, "value_keys", None) or {}
-            for n in _boundaries(p):
-                k = keys.get(id(n))
-                if k is None:
-                    continue
-                f = first.setdefault((k, n.shape, n.dtype), n)
-                if f is not n:
-                    self.alias[id(n)] = id(f)
+            keyed += [((keys[id(n)], n.shape, n.dtype), n) for n in _boundaries(p) if id(n) in keys]
+        for k, n in sorted(keyed, key=lambda kn: id(kn[1]) not in in_model):
+            f = first.setdefault(k, n)
+            if f is not n:
+                self.alias[id(n)] = id(f)
         keep = {id(n) for n in graph.inputs.values()}
-        if programs:
-            in_model = {id(n) for n in graph.nodes()}
-            keep |= {id(n) for n in _boundaries(programs[0]) if id(n) in in_model}
+        if programs:   # the first candidate's boundaries the model graph holds, by node or e-class
+            keep |= {self.alias.get(id(n), id(n)) for n in _boundaries(programs[0])} & in_model
         t0 = time.perf_counter()
         self.outputs, kept = ReferenceExecutor(graph).run_keeping(inputs, keep)
         self.seconds += time.perf_counter() - t0
