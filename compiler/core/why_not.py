@@ -61,6 +61,36 @@ def _fusion_reason(value, notes: dict[int, list[str]]) -> str:
     return "; ".join(_REASONS.get(r, r) for r in dict.fromkeys(reasons))
 
 
+def _as_operand(call, value) -> bool:
+    """``call`` reads ``value`` only inside its contractions' left operands (what pre-LN fusion
+    forms on load), not as a residual or another epilogue input."""
+    from lumc.backends.triton.contraction import find_contractions
+    k = next((i for i, n in enumerate(call.inputs) if n is value), None)
+    if k is None:
+        return False
+    ph = call.kernel.meaning.inputs.get(f"in{k}")
+    nodes = call.kernel.meaning.nodes()
+    inside, stack = set(), [c.a for c in find_contractions(nodes)]
+    while stack:
+        x = stack.pop()
+        if id(x) not in inside:
+            inside.add(id(x))
+            stack.extend(x.srcs)
+    readers = [n for n in nodes if any(s is ph for s in n.srcs)]
+    return bool(readers) and all(id(n) in inside for n in readers)
+
+
+def _norm_rule(program, i: int, v, default: str) -> str:
+    """Why a normalization's output ``v`` (kernel ``i``) was written though a contraction reads it:
+    a reader that is not a contraction's left operand (post-LN: the residual), else the search."""
+    for j, c in enumerate(program.calls):
+        if j != i and any(n is v for n in c.inputs) and not _as_operand(c, v):
+            return (f"pre-LN fusion forms a norm on load only where every reader is a "
+                    f"contraction's left operand; #{j} ({c.kernel.form}) also reads it (a residual, "
+                    "post-LN), so it is written")
+    return default
+
+
 def why_not(program, candidates: list | None = None, bounds: list | None = None) -> dict:
     """``{"pairs": [...], "candidates": [...]}`` for a chosen ``program`` (see the module
     docstring); ``candidates``/``bounds``: the e-graph's programs and roofline bounds (seconds)."""
@@ -83,12 +113,15 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
                 continue
             seen.add((i, j))
             a, b = program.calls[i].kernel.form, c.kernel.form
+            rule = NO_RULE.get((a, b), f"no kernels rule joins a {a} kernel and the {b} kernel "
+                                       "that reads it")
+            if b == "matmul" and a in ("layernorm", "rmsnorm"):
+                rule = _norm_rule(program, i, v, rule)
             pairs.append({
                 "producer": i, "consumer": j, "producer_form": a, "consumer_form": b,
                 "value": f"{v.dtype.name}[{', '.join(map(str, v.shape))}]",
                 "fusion": _fusion_reason(v, notes),
-                "rule": NO_RULE.get((a, b), f"no kernels rule joins a {a} kernel and the {b} "
-                                            "kernel that reads it")})
+                "rule": rule})
     cands = []
     if candidates and bounds:
         mine = len(program.calls)

@@ -58,3 +58,23 @@ def test_why_not_names_both_kernels_and_the_missing_rule(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert "#0 matmul -> #1 layernorm (f32[1, 8, 32]): not one kernel" in res.output
     assert "rule:   no kernels rule offers residual add + LayerNorm as a whole-row" in res.output
+
+
+def test_a_norm_also_read_as_a_residual_is_named_with_that_reader(tmp_path, monkeypatch):
+    """Post-LN: the layer norm's output feeds the next projection and that block's residual add,
+    so it is written; --why-not names the kernel that reads it as a residual."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(2)
+    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
+    mu = x.mean((2,), keepdims=True)
+    d = x.sub(mu)
+    ln = d.mul(d.mul(d).mean((2,), keepdims=True).add(
+        Tensor(const_node(np.float32(1e-5)))).sqrt().recip())
+    w = Tensor(const_node(rng.standard_normal((32, 32)).astype(np.float32)))
+    y = (ln @ w).add(ln)
+    cm = compile_graph(Graph({"x": x.node}, {"y": y.node}), budget="30s", device="sim:h200")
+    doc = cm.report_dict()["why_not"]
+    pairs = [e for e in doc["pairs"] if (e["producer_form"], e["consumer_form"])
+             == ("layernorm", "matmul")]
+    assert pairs, doc["pairs"]
+    assert "also reads it (a residual, post-LN)" in pairs[0]["rule"]
