@@ -195,10 +195,16 @@ class Graph:
     def __init__(self, inputs: dict[str, Node], outputs: dict[str, Node]):
         self.inputs = dict(inputs)
         self.outputs = dict(outputs)
+        self._order: tuple[tuple, list[Node]] | None = None
 
     def nodes(self) -> list[Node]:
-        """All nodes in topological order."""
-        return toposort(list(self.outputs.values()))
+        """All nodes in topological order (a new list; the order is computed once per set of
+        outputs: nodes are immutable, so it only changes when ``outputs`` does)."""
+        roots = list(self.outputs.values())
+        key = tuple(id(o) for o in roots)
+        if self._order is None or self._order[0] != key:
+            self._order = (key, toposort(roots))
+        return list(self._order[1])
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes())
