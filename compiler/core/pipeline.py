@@ -538,12 +538,13 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
             "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
             "arithmetic_intensity": c.kernel.arithmetic_intensity()})
     # weights each read once, as much of them as the program addresses (an embedding table: the
-    # gathered rows), plus graph inputs and outputs once
+    # gathered rows; a table also read whole, as GPT-2's tied LM head reads its embedding: all of
+    # it), plus graph inputs and outputs once
     weight_bytes: dict[int, int] = {}
     for c in chosen.calls:
         for n, b in zip(c.inputs, c.kernel.read_bytes()):
             if n.op == "Constant":
-                weight_bytes[id(n)] = min(weight_bytes.get(id(n), n.nbytes), b)
+                weight_bytes[id(n)] = max(weight_bytes.get(id(n), 0), b)
     ideal = (sum(n.nbytes for n in graph.inputs.values()) + sum(weight_bytes.values())
              + sum(n.nbytes for n in graph.outputs.values()))
     st = result.stats
