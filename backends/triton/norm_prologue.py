@@ -34,6 +34,7 @@ from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View, contiguous_strides, prod
 from lumc.rewrites.movement import compose_view
+from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter
 from lumc.backends.triton.contraction import Contraction
 from lumc.backends.triton.indexing import unravel
@@ -54,6 +55,11 @@ class RowPrologue:
     @property
     def trail(self) -> tuple[int, ...]:
         return tuple(self.p.shape[self.split:])
+
+
+def _scalar(x: Node) -> bool:
+    """A scalar, or a broadcast of one (``eps``, ``1/K``)."""
+    return x.numel == 1 or (x.op == "View" and x.srcs[0].numel == 1)
 
 
 def _strip(x: Node) -> tuple[Node, list[View]]:
@@ -137,11 +143,10 @@ def plan_row_prologue(c: Contraction, nodes: list[Node]) -> RowPrologue:
                                   f"a statistic of its rows over dims {sorted(trail_axes)}")
             plan.stats.append(n)
             plan.rows.add(n)
-        elif n.op in ELEMENTWISE and tuple(n.shape) == row_shape and n.numel < prod(shape) and any(
-                s in plan.rows or s.numel == 1 or (s.op == "View" and s.srcs[0].numel == 1)
-                for s in n.srcs) and all(s in plan.rows or s.numel == 1 or (
-                s.op == "View" and s.srcs[0].numel == 1) for s in n.srcs):
-            plan.rows.add(n)
+        elif (n.op in ELEMENTWISE and tuple(n.shape) == row_shape and n.numel < prod(shape)
+              and any(s in plan.rows for s in n.srcs)
+              and all(s in plan.rows or _scalar(s) for s in n.srcs)):
+            plan.rows.add(n)          # a function of the statistics (and scalars) per row
     if not plan.stats:
         raise RenderError(f"node {p!r}: no row statistic in the operand's prologue")
     for n in nodes:                   # row values are read back only through trailing broadcasts
@@ -198,7 +203,6 @@ class RowStatistics:
             name = w.fresh("stat")
             w.line(f"{name} = {red}({acc}, axis=1)[:, None]")
             if r.dtype.name != "f32":
-                from lumc.backends.triton import exprs
                 name = w.bind(f"{name}.to({exprs.tl_dtype(r.dtype)})", "stat", 0)
             self.vars[r] = name
 
