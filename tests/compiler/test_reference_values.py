@@ -33,18 +33,23 @@ def _model() -> Graph:
     return Graph({"x": x.node}, {"y": h.node})
 
 
-def test_incremental_capture_equals_full_runs_and_evaluates_less(monkeypatch):
-    g = _model()
-    progs = egraph_candidates(g, "h200", k=4).candidates + [greedy_program(g)]
-    assert len(progs) >= 3
-    feed = {"x": RNG.standard_normal((1, 6, 16)).astype(np.float32)}
+def _counting():
+    """``(sizes, real __init__, an __init__ that appends each executor's graph size to sizes)``."""
     sizes = []
     real_init = ref_mod.ReferenceExecutor.__init__
 
     def counting_init(self, graph, *a, **k):
         sizes.append(len(graph.nodes()))
         real_init(self, graph, *a, **k)
+    return sizes, real_init, counting_init
 
+
+def test_incremental_capture_equals_full_runs_and_evaluates_less(monkeypatch):
+    g = _model()
+    progs = egraph_candidates(g, "h200", k=4).candidates + [greedy_program(g)]
+    assert len(progs) >= 3
+    feed = {"x": RNG.standard_normal((1, 6, 16)).astype(np.float32)}
+    sizes, real_init, counting_init = _counting()
     monkeypatch.setattr(ref_mod.ReferenceExecutor, "__init__", counting_init)
     vals = ReferenceValues(g, progs, feed)
     full = sizes[0]
@@ -72,12 +77,7 @@ def test_a_value_held_for_one_candidate_serves_the_others_of_its_eclass(monkeypa
     by e-class, the later captures evaluate fewer nodes than keyed by node."""
     g = _model()
     feed = {"x": RNG.standard_normal((1, 6, 16)).astype(np.float32)}
-    evaluated = []
-    real_init = ref_mod.ReferenceExecutor.__init__
-
-    def counting_init(self, graph, *a, **k):
-        evaluated.append(len(graph.nodes()))
-        real_init(self, graph, *a, **k)
+    evaluated, real_init, counting_init = _counting()
 
     def total(keep_keys: bool) -> int:
         progs = egraph_candidates(g, "h200", k=8).candidates

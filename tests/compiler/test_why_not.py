@@ -10,27 +10,26 @@ from lumc.ir.graph import Graph, const_node, input_node
 from lumc.ir.tensor import Tensor
 
 
-def _pre_ln_block() -> Graph:
-    rng = np.random.default_rng(0)
-    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
-    mu = x.mean((2,), keepdims=True)
-    d = x.sub(mu)
-    ln = d.mul(d.mul(d).mean((2,), keepdims=True).add(
+def _ln(x: Tensor) -> Tensor:
+    """A layer norm over the last dim as the library's primitives spell it (no scale, no bias)."""
+    d = x.sub(x.mean((2,), keepdims=True))
+    return d.mul(d.mul(d).mean((2,), keepdims=True).add(
         Tensor(const_node(np.float32(1e-5)))).sqrt().recip())
-    w = Tensor(const_node(rng.standard_normal((32, 48)).astype(np.float32)))
-    return Graph({"x": x.node}, {"y": (ln @ w).node})
+
+
+def _x_w(seed: int, n: int) -> tuple[Tensor, Tensor]:
+    w = np.random.default_rng(seed).standard_normal((32, n)).astype(np.float32)
+    return Tensor(input_node("x", (1, 8, 32), dt.f32)), Tensor(const_node(w))
+
+
+def _pre_ln_block() -> Graph:
+    x, w = _x_w(0, 48)
+    return Graph({"x": x.node}, {"y": (_ln(x) @ w).node})
 
 
 def _post_ln_block() -> Graph:
-    rng = np.random.default_rng(1)
-    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
-    w = Tensor(const_node(rng.standard_normal((32, 32)).astype(np.float32)))
-    h = (x @ w).add(x)
-    mu = h.mean((2,), keepdims=True)
-    d = h.sub(mu)
-    ln = d.mul(d.mul(d).mean((2,), keepdims=True).add(
-        Tensor(const_node(np.float32(1e-5)))).sqrt().recip())
-    return Graph({"x": x.node}, {"y": ln.node})
+    x, w = _x_w(1, 32)
+    return Graph({"x": x.node}, {"y": _ln((x @ w).add(x)).node})
 
 
 def test_pre_ln_block_is_one_kernel_with_nothing_to_explain(tmp_path, monkeypatch):
@@ -64,13 +63,8 @@ def test_a_norm_also_read_as_a_residual_is_named_with_that_reader(tmp_path, monk
     """Post-LN: the layer norm's output feeds the next projection and that block's residual add,
     so it is written; --why-not names the kernel that reads it as a residual."""
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
-    rng = np.random.default_rng(2)
-    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
-    mu = x.mean((2,), keepdims=True)
-    d = x.sub(mu)
-    ln = d.mul(d.mul(d).mean((2,), keepdims=True).add(
-        Tensor(const_node(np.float32(1e-5)))).sqrt().recip())
-    w = Tensor(const_node(rng.standard_normal((32, 32)).astype(np.float32)))
+    x, w = _x_w(2, 32)
+    ln = _ln(x)
     y = (ln @ w).add(ln)
     cm = compile_graph(Graph({"x": x.node}, {"y": y.node}), budget="30s", device="sim:h200")
     doc = cm.report_dict()["why_not"]
