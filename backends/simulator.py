@@ -151,7 +151,8 @@ def row_prologue_work(kernel: Kernel, c: Contraction) -> tuple[int, int]:
     """``(statistics, ops)`` of a contraction whose operand is normalized on load
     (``lumc.backends.triton.norm_prologue``): the row statistics each program computes in loops of
     its own over ``K``, and the elementwise ops per operand element (statistics bodies and the
-    normalized tile); ``(0, 0)`` for any other kernel."""
+    normalized tile); ``(0, 0)`` for any other matmul kernel (attention's reductions are its own,
+    priced by its form)."""
     nodes = kernel.meaning.nodes()
     stats = sum(1 for n in nodes if n.op in ("SumReduce", "MaxReduce")) - 1
     if stats <= 0:
@@ -264,7 +265,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     body = max(flops / (peak * tile_eff), hbm / (dev.hbm_bandwidth * bw_eff))
     if c is not None and cfg.get("PRECISION") == "fp8":
         body += fp8_scaling_seconds(c, cfg, dev)
-    if c is not None:
+    if c is not None and kernel.form == "matmul":
         # a normalization formed on load: every program re-reads its rows of the operand once per
         # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores
         # (the statistics once per program, the normalized tile once per column tile)

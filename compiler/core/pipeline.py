@@ -151,7 +151,8 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     """
     stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
     greedy = greedy_program(graph)
-    programs = [greedy, unfused_program(graph)]
+    unfused = unfused_program(graph)
+    programs = [greedy, unfused]
     if use_egraph:
         try:
             from lumc.compiler.core import egraph_pipeline
@@ -190,7 +191,7 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
         # reference run's values serve every candidate's nodes of those e-classes
         in_model = {id(n) for n in graph.nodes()}
         keys = {k: v for k, v in res.model_keys.items() if k in in_model}
-        for p in (greedy, programs[-1]):
+        for p in (greedy, unfused):
             p.value_keys = keys
     seen, out = set(), []
     for p in programs:

@@ -214,3 +214,26 @@ def test_fused_norm_matmul_compiles_for_hopper_on_tensor_cores_without_spills():
     assert r.error is None, r.error
     assert r.spill_stores == 0 and r.spill_loads == 0
     assert any(op.startswith(("HGMMA", "HMMA")) for op in r.tensor_core), r.tensor_core
+
+
+def test_the_row_statistics_cost_is_charged_to_norm_prologues_only(monkeypatch):
+    """The simulator's statistics-pass charge applies to a matmul with a normalization formed on
+    load; an attention kernel's own reductions (max, sum) are not charged again."""
+    from lumc.backends import simulator
+    from lumc.backends.devices import get_device
+    x = Tensor(input_node("x", (2, 16, 32), dt.f32))
+    s = x @ x.transpose(-1, -2)
+    y = norm.softmax(s.mul(Tensor.const(np.float32(0.17))), -1) @ x
+    prog = egraph_candidates(Graph({"x": x.node}, {"y": y.node}), "h200", k=4).best
+    att = next(c.kernel for c in prog.calls if c.kernel.form == "attention")
+    rng = np.random.default_rng(1)
+    fused = _fused_program(_graph((13, 72), 40, "layernorm", rng)[0]).calls[0].kernel
+    dev = get_device("h200")
+    cfg_a = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "PRECISION": "tf32x3"}
+    cfg_m = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 8, "N_TILES": 1,
+             "num_warps": 4, "num_stages": 2, "PRECISION": "tf32x3"}
+    with_cost = (simulator.simulate_kernel_time(att, cfg_a, dev),
+                 simulator.simulate_kernel_time(fused, cfg_m, dev))
+    monkeypatch.setattr(simulator, "row_prologue_work", lambda kernel, c: (0, 0))
+    assert simulator.simulate_kernel_time(att, cfg_a, dev) == with_cost[0]
+    assert simulator.simulate_kernel_time(fused, cfg_m, dev) < with_cost[1]
