@@ -12,6 +12,8 @@ Which implementations apply follows the kernel's meaning, never a model pattern:
 
 * ``cublas``: the meaning holds at least one contraction ``SumReduce(Mul(a, b))`` that is a
   matrix or matrix-vector product (:func:`vendor_contractions`);
+* ``cudnn``: at least one contraction is provably a convolution read back from its window views
+  (``lumc.backends.extern_conv``), run as ``F.conv{n}d``; the others as for ``cublas``;
 * ``sdpa``: the kernel is an ``attention`` form (two contractions around one softmax normalized
   by ``1 / sum``, :func:`attention_plan`) whose score function is affine in the scores (a scale,
   an additive bias, masks through ``Where``, causal masks from ``Iota``), which
@@ -26,9 +28,17 @@ Simulated price (``sim:*``): the roofline of what the torch path launches, at a 
   operands (an amax pass and a scaled cast each: read twice, write one byte per element, four
   launches); it is offered only where every contraction is a plain GEMM with K and N multiples of
   16 (:func:`scaled_mm_applies`).
+* Convolutions (``cudnn``): ``max(2 N M prod(O) Cg prod(k) / (peak * CUDNN_EFFICIENCY * fill),
+  (x + w + y) bytes / (bandwidth * BW_EFFICIENCY))`` plus a launch; a depthwise convolution
+  (``Cg = 1``) streams at :data:`DEPTHWISE_BW_EFFICIENCY`; tensor-core precisions on NCHW tensors
+  pay cuDNN's NCHW -> NHWC transforms of ``x`` and ``y`` (read and write each, two launches), an
+  fp32 operand rounded to bf16/fp16 its eager cast, and windows wider at the end than at the start
+  an explicit ``F.pad`` of ``x``.
 * ``eff`` (:data:`CUBLAS_EFFICIENCY`, :data:`SDPA_EFFICIENCY`) is the share of dense peak the vendor
   kernel reaches on large problems; ``fill`` the share of SMs a small problem can occupy with
   64 x 64 output tiles (cuBLAS's smallest common Hopper tile), counting split-K over long K.
+* A view operand torch must copy to call a GEMM (a convolution's im2col windows, its padding) costs
+  that copy: read and write, one launch each.
 * Every other op of the meaning runs as its own eager torch kernel: one launch each, reading its
   operands and writing its result once (views are free, as ``as_strided`` is).
 
@@ -40,9 +50,11 @@ from __future__ import annotations
 import math
 
 from lumc.backends.devices import DeviceSpec
+from lumc.backends.extern_conv import conv_plan, conv_plans
 from lumc.ir.kernels import Kernel
+from lumc.ir.views import prod
 
-IMPLS = ("triton", "cublas", "sdpa")
+IMPLS = ("triton", "cublas", "cudnn", "sdpa")
 
 # Share of dense tensor-core peak cuBLAS reaches on large bf16/fp16 GEMMs on H100/H200 SXM: public
 # benchmarks (the cuBLAS line of Triton's 03-matrix-multiplication tutorial on H100, NVIDIA's
@@ -53,6 +65,14 @@ CUBLAS_FP32_EFFICIENCY = 0.75
 # FlashAttention-2 through SDPA reaches ~35-50% of bf16 peak on H100 forward passes (Dao, 2023,
 # "FlashAttention-2", fig. 7; FlashAttention-3, 2024, reports FA2 at 350-400 TFLOP/s); 0.40.
 SDPA_EFFICIENCY = 0.40
+# Share of tensor-core peak cuDNN's implicit-GEMM convolutions reach on Hopper (estimate: below
+# cuBLAS's 0.78 for the im2col address math and the filter-size tails; to be replaced by gpu-check).
+CUDNN_EFFICIENCY = 0.65
+# Share of fp32 CUDA-core peak an IEEE fp32 cuDNN convolution reaches (estimate, below SGEMM's 0.75).
+CUDNN_FP32_EFFICIENCY = 0.6
+# Share of HBM bandwidth a depthwise convolution reaches (estimate: one multiply-add per element
+# loaded and little reuse; ATen/cuDNN depthwise kernels are known to stream well below copy speed).
+DEPTHWISE_BW_EFFICIENCY = 0.5
 BW_EFFICIENCY = 0.92     # best share of HBM bandwidth a streaming kernel reaches (as the simulator)
 VENDOR_TILE = 64         # smallest common output tile of Hopper cuBLAS kernels (for ``fill``)
 SPLIT_K_MIN = 256        # K per split-K slice below which cuBLAS does not split further
@@ -84,7 +104,8 @@ def extern_impls(kernel: Kernel) -> list[str]:
     """The extern implementations that apply to ``kernel`` by its meaning (see module doc)."""
     if not vendor_contractions(kernel):
         return []
-    return (["sdpa"] if attention_plan(kernel) is not None else []) + ["cublas"]
+    return ((["sdpa"] if attention_plan(kernel) is not None else []) + ["cublas"]
+            + (["cudnn"] if conv_plans(_contractions(kernel)) else []))
 
 
 def attention_plan(kernel: Kernel):
@@ -197,7 +218,10 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         nodes = kernel.meaning.nodes()
         after = {id(n) for n in dependents(nodes, c2.node)}
         skip = {id(n) for n in nodes if id(n) not in after} | {id(c2.node)}
-    else:
+    elif impl == "cudnn":
+        total, skip = _cudnn_time(cs, cfg, dev, isz, peak)
+        cs = [c for c in cs if id(c.node) not in skip]
+    if impl in ("cublas", "cudnn"):
         fp8 = cfg.get("PRECISION") == "fp8"
         for c in cs:
             flops = 2 * c.batch * c.M * c.N * c.K
@@ -205,6 +229,7 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             nbytes = (c.batch * c.M * c.K + c.batch * c.K * c.N) * osz + c.batch * c.M * c.N * isz
             total += max(flops / (peak * eff * _fill(c, dev)),
                          nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY)) + dev.launch_overhead_s
+            total += _materialized_operands(c, isz, dev)
             if fp8:   # quantizing each operand: an amax pass and a scaled cast, eager torch ops
                 q_bytes = (c.batch * (c.M + c.N) * c.K) * (2 * isz + 1)
                 total += q_bytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + 4 * dev.launch_overhead_s
@@ -215,6 +240,52 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
                      for s in n.srcs if s.op != "Constant" or s.numel > 1) + n.nbytes
         total += nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + dev.launch_overhead_s
     return total
+
+
+def _materialized_operands(c, isz: int, dev: DeviceSpec) -> float:
+    """Seconds of the copies torch makes to hand a contraction's view operands to a GEMM: a view
+    reading more distinct positions than its source holds (a convolution's im2col windows) is
+    written out (``einsum`` reshapes it), and a padding view under it is written by
+    ``constant_pad_nd``: each a read and a write and one launch."""
+    total, bw = 0.0, dev.hbm_bandwidth * BW_EFFICIENCY
+    for op in (c.a, c.b):
+        if op.op != "View":
+            continue
+        dense = prod(d for d, st in zip(op.shape, op.arg.strides) if st != 0 and d > 1)
+        if dense > op.srcs[0].numel:
+            total += 2 * dense * isz / bw + dev.launch_overhead_s
+        src = op.srcs[0]
+        if src.op == "View" and src.arg.mask is not None:
+            total += (src.srcs[0].numel + src.numel) * isz / bw + dev.launch_overhead_s
+    return total
+
+
+def _cudnn_time(cs, cfg: dict, dev: DeviceSpec, isz: int, peak: float) -> tuple[float, set]:
+    """Simulated seconds of the convolutions among ``cs`` through cuDNN (module doc), and the ids
+    of the nodes they cover (their products and sums)."""
+    prec = cfg.get("PRECISION")
+    tensor = prec in ("tf32", "bf16", "fp16") or isz <= 2
+    total, skip = 0.0, set()
+    bw = dev.hbm_bandwidth * BW_EFFICIENCY
+    for c in cs:
+        p = conv_plan(c)
+        if p is None:
+            continue
+        xb, wb = prod(p.x_shape) * isz, prod(p.w_shape) * isz
+        yb = p.x_shape[0] * p.w_shape[0] * prod(p.out_spatial) * isz
+        fill = min(1.0, math.ceil(p.x_shape[0] * prod(p.out_spatial) / VENDOR_TILE)
+                   * math.ceil(p.w_shape[0] / VENDOR_TILE) / dev.sm_count)
+        eff = CUDNN_EFFICIENCY if tensor else CUDNN_FP32_EFFICIENCY
+        stream = bw * (DEPTHWISE_BW_EFFICIENCY / BW_EFFICIENCY if p.w_shape[1] == 1 else 1.0)
+        total += max(p.flops / (peak * eff * fill), (xb + wb + yb) / stream) + dev.launch_overhead_s
+        if tensor:      # NCHW -> NHWC of x and back for y
+            total += 2 * (xb + yb) / bw + 2 * dev.launch_overhead_s
+        if prec in ("bf16", "fp16") and isz == 4:   # the eager rounding casts of x and w
+            total += (xb + wb) * 1.5 / bw + 2 * dev.launch_overhead_s
+        if not p.symmetric:
+            total += 2 * xb / bw + dev.launch_overhead_s
+        skip |= {id(c.node), id(c.node.srcs[0])}
+    return total, skip
 
 
 def extern_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:

@@ -14,6 +14,8 @@ accumulate in fp32 (cuBLAS's default for half types; the reference sums in fp32 
 fp32 contractions are IEEE fp32 (``allow_tf32`` off) unless the config's ``PRECISION`` is ``tf32``;
 ``PRECISION`` ``bf16``/``fp16`` rounds fp32 operands to that type first, and ``fp8`` runs the
 contraction as a row-wise scaled e4m3 GEMM (``torch._scaled_mm`` on a GPU, :func:`_fp8_scaled`).
+Impl ``cudnn`` replays the same way with each convolution one ``F.conv{n}d`` call
+(``lumc.compiler.runtime.extern_conv``), under the same precision rules.
 """
 from __future__ import annotations
 
@@ -130,7 +132,11 @@ class ExternKernel:
         mod = self._modules.get(key)
         if mod is None:
             from lumc.compiler.runtime import graph_torch
-            mod = graph_torch.graph_module(self.kernel.meaning)
+            replace = None
+            if self.impl == "cudnn":    # each proven convolution one F.conv call (cuDNN)
+                from lumc.compiler.runtime.extern_conv import conv_replacements
+                replace = conv_replacements(self.kernel, precision)
+            mod = graph_torch.graph_module(self.kernel.meaning, replace)
             native = _native_contraction(precision)
             for node in mod.graph.nodes:
                 if node.op == "call_function" and node.target is graph_torch.contraction_op:
@@ -178,9 +184,10 @@ class ExternKernel:
                     return self._sdpa(dict(zip(names, args)), device)
             return sdpa
         mod = self._module(device, prec)
+        from lumc.compiler.runtime.extern_conv import cudnn_tf32
 
         def replay(args):
-            with _tf32(allow):
+            with _tf32(allow), cudnn_tf32(allow):
                 return list(mod(*args))
         return replay
 

@@ -170,12 +170,14 @@ def _contraction_args(s: Node) -> tuple:
 
 # ---- the module ------------------------------------------------------------------------------------
 
-def graph_module(graph: Graph):
+def graph_module(graph: Graph, replace: dict | None = None):
     """Build a ``torch.fx.GraphModule`` computing ``graph``.
 
     Its ``forward`` takes the graph's inputs positionally (in ``graph.inputs`` order, as torch tensors)
     and returns a tuple of outputs in ``graph.outputs`` order. Constants are non-persistent buffers,
-    so ``.to(device)`` moves them.
+    so ``.to(device)`` moves them. ``replace`` maps ``id(node)`` to ``(fn, src_nodes, args)``: that
+    node becomes ``fn(*values of src_nodes, *args)`` (a vendor call for a contraction, the extern
+    ``cudnn`` path), and nodes only it read are dropped.
 
     Raises:
         NotImplementedError: for a primitive op this replay does not know (a new row of the op table).
@@ -205,6 +207,10 @@ def graph_module(graph: Graph):
         op = n.op
         ins = [env.get(id(s)) for s in n.srcs]
         cf = g.call_function
+        if replace is not None and id(n) in replace:
+            fn, srcs, extra = replace[id(n)]
+            env[id(n)] = cf(fn, (*[env[id(s)] for s in srcs], *extra))
+            continue
         if op == "Constant":
             name = f"const{nconst}"
             nconst += 1
@@ -260,6 +266,8 @@ def graph_module(graph: Graph):
     for name, n in graph.outputs.items():
         outs.append(g.call_function(torch.Tensor.contiguous, (env[id(n)],)))
     g.output(tuple(outs))
+    if replace:
+        g.eliminate_dead_code()
     return fx.GraphModule(root, g, class_name="LumcGraphModule")
 
 
