@@ -11,6 +11,8 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
   share hits L2 (``L2_HIT``). Padding a ragged edge up to a whole tile counts as work.
 * **Tile efficiency** of tensor-core kernels grows with the tile's area and with software
   pipelining (``num_stages``); small tiles cannot feed the tensor cores.
+* **SM fill**: a grid of fewer programs than SMs computes at ``programs / SMs`` of the peak (an
+  idle SM's cores do nothing); this is what split-K and smaller tiles buy for skinny problems.
 * **Wave quantization**: ``programs`` thread blocks run in waves of ``sm_count * blocks_per_sm``,
   where ``blocks_per_sm`` is limited by shared memory and by 64 resident warps per SM; the last,
   partial wave costs a whole wave.
@@ -23,6 +25,8 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
 The constants are plausible Hopper figures, not measurements; on a real GPU the measurer replaces the
 whole model. Config keys read: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` (contractions), ``BLOCK`` or
 ``BLOCK_SIZE`` (elementwise and row kernels), ``SPLIT`` (programs per row of a split reduction),
+``SPLIT_K`` (programs per output tile of a split-K contraction: their fp32 partial tiles are written
+and read back at HBM prices, and the finish kernel adds a launch and a wave),
 ``num_warps``, ``num_stages``; missing keys take the defaults below.
 """
 from __future__ import annotations
@@ -224,11 +228,15 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         tm, tn = math.ceil(c.m / bm), math.ceil(c.n / bn)
         # a normalization formed on load: N_TILES column tiles per program (``norm_prologue``)
         groups = math.ceil(tn / max(int(cfg.get("N_TILES", 1)), 1))
-        programs = c.batch * tm * groups
+        # split-K: SPLIT_K programs per output tile, each a share of K in whole BLOCK_K steps
+        sk = max(int(cfg.get("SPLIT_K", 1)), 1)
+        programs = c.batch * tm * groups * sk
         a_bytes = c.batch * c.m * c.k * dtype.itemsize
         b_bytes = c.batch * c.k * c.n * dtype.itemsize
         hbm += (a_bytes * (tn - 1) + b_bytes * (tm - 1)) * (1 - L2_HIT)
-        padded = 2 * c.batch * tm * bm * tn * bn * math.ceil(c.k / bk) * bk
+        if sk > 1:   # the fp32 partial tiles written and read back by the finish kernel (at HBM)
+            hbm += 2 * sk * c.batch * tm * bm * tn * bn * 4
+        padded = 2 * c.batch * tm * bm * tn * bn * math.ceil(c.k / (bk * sk)) * bk * sk
         flops = max(flops, padded)
         tile_eff = tensor_core_efficiency(bm, bn, bk, stages)
         peak = dot_peak(dev, cfg, dtype.name)
@@ -262,7 +270,9 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     bw_eff = BW_EFFICIENCY * max(occupancy, 0.02)
     waves = max(1, math.ceil(programs / slots))
     quant = waves * slots / max(programs, 1) if programs >= slots else 1.0
-    body = max(flops / (peak * tile_eff), hbm / (dev.hbm_bandwidth * bw_eff))
+    # a grid of fewer programs than SMs leaves the other SMs' cores idle
+    sm_fill = min(1.0, programs / dev.sm_count)
+    body = max(flops / (peak * tile_eff * sm_fill), hbm / (dev.hbm_bandwidth * bw_eff))
     if c is not None and cfg.get("PRECISION") == "fp8":
         body += fp8_scaling_seconds(c, cfg, dev)
     if c is not None and kernel.form == "matmul":
@@ -277,6 +287,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             body += a_bytes * stats * groups * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff)
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
+    if c is not None and int(cfg.get("SPLIT_K", 1)) > 1:   # the finish kernel: a launch, a wave
+        body += dev.launch_overhead_s + DRAM_LATENCY_S
     return dev.launch_overhead_s + body + waves * DRAM_LATENCY_S
 
 
@@ -296,10 +308,12 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 16), cfg.get("BLOCK_N", 16), cfg.get("BLOCK_K", 16)
+        sk = max(int(cfg.get("SPLIT_K", 1)), 1)
         padded = 2 * c.batch * (math.ceil(c.m / bm) * bm) * (math.ceil(c.n / bn) * bn) * \
-            (math.ceil(c.k / bk) * bk)
+            (math.ceil(c.k / (bk * sk)) * bk * sk)
         flops = max(flops, padded)
         peak = dot_peak(dev, cfg, dtype.name)
+        finish = dev.launch_overhead_s if sk > 1 else 0.0   # split-K's second (finish) kernel
     else:
         out_elems = max(sum(prod(n.shape) for n in kernel.outputs), 1)
         block = int(cfg.get("BLOCK", cfg.get("BLOCK_K", 1)))
@@ -312,4 +326,5 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             issued = math.ceil(rows / rows_pp) * rows_pp * math.ceil(row / block) * block
             flops = flops * max(issued / (rows * row), 1.0)
         peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
-    return max(flops / peak, kernel.min_bytes() / dev.hbm_bandwidth) + dev.launch_overhead_s
+        finish = 0.0
+    return max(flops / peak, kernel.min_bytes() / dev.hbm_bandwidth) + dev.launch_overhead_s + finish

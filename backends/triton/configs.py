@@ -91,7 +91,12 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
 # a contraction with a normalization formed on load (``norm_prologue``): N_TILES column tiles per
 # program share one computation of the row statistics
 SPACES["matmul_rows"] = {**SPACES["matmul"], "N_TILES": (1, 2, 4, 8)}
-MATMUL_SPACES = ("matmul", "matmul_rows")
+# a skinny contraction (``render_matmul``, ``splitk_useful``): SPLIT_K programs share each output
+# tile's K range, partial tiles merged in a fixed order by a second kernel (1: no split)
+SPACES["matmul_splitk"] = {**SPACES["matmul"], "SPLIT_K": (1, 2, 4, 8, 16)}
+MATMUL_SPACES = ("matmul", "matmul_rows", "matmul_splitk")
+SPLITK_MIN_K = 256               # K below which a split leaves each program too little to do
+SPLITK_MIN_STEPS = 2             # BLOCK_K steps each split program walks at least
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
 SM_COUNT = 132                   # H100/H200 SXM ([H100-WP]): the grid a default tile aims to fill
 # live fp32 values per thread of an fp32-operand tl.dot tile: ptxas (cuda:90, Triton 3.9) on a
@@ -116,6 +121,15 @@ KNOWN_GOOD = {
 }
 
 
+def splitk_useful(problem: dict) -> bool:
+    """True for a contraction whose output tiles cannot fill the GPU at 32 x 32 (``batch *
+    cdiv(M, 32) * cdiv(N, 32) < SM_COUNT``) while its ``K >= SPLITK_MIN_K`` leaves work to split
+    (MiniLM's 128 x 384 x 1536 down-projection: 48 tiles for 132 SMs). Inductor and cuBLAS split
+    K on the same condition: few output tiles, a long reduction."""
+    tiles = problem.get("batch", 1) * cdiv(problem["M"], 32) * cdiv(problem["N"], 32)
+    return tiles < SM_COUNT and problem["K"] >= SPLITK_MIN_K
+
+
 def known_good(space: str, problem: dict) -> list[Config]:
     """The :data:`KNOWN_GOOD` configs of ``space`` that are legal for ``problem``, in table order,
     at the default operand precision."""
@@ -127,6 +141,8 @@ def known_good(space: str, problem: dict) -> list[Config]:
             c.update(BLOCK_K=bk, GROUP_M=8)
         if space == "matmul_rows":
             c.update(N_TILES=1)
+        if space == "matmul_splitk":
+            c.update(SPLIT_K=1)
         if not _legal(space, problem, c):
             continue
         blocks = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
@@ -164,6 +180,11 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         return tile <= REG_TILE * w and tile >= 32 * w and c["num_stages"] == 1 + (not p["one_pass"])
     if space == "matmul_rows":   # no column tile group past the last column tile
         return c["N_TILES"] <= next_pow2(cdiv(p["N"], c["BLOCK_N"])) and _legal("matmul", p, c)
+    if space == "matmul_splitk":   # every split walks >= SPLITK_MIN_STEPS K steps; no split that
+        sk = c["SPLIT_K"]          # leaves the grid more than 4 waves deep
+        tiles = p.get("batch", 1) * cdiv(p["M"], c["BLOCK_M"]) * cdiv(p["N"], c["BLOCK_N"])
+        return (sk == 1 or (sk * SPLITK_MIN_STEPS * c["BLOCK_K"] <= p["K"]
+                            and tiles * sk <= 4 * SM_COUNT)) and _legal("matmul", p, c)
     if space == "matmul":
         bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
         if bm > max(16, next_pow2(p["M"])) or bn > max(16, next_pow2(p["N"])):
@@ -235,6 +256,20 @@ def _default_config(space: str, problem: dict) -> Config:
         nt = max([n for n in SPACES[space]["N_TILES"] if programs * cdiv(tiles, n) >= SM_COUNT]
                  or [1])
         return make(base.num_warps, base.num_stages, **b, N_TILES=nt)
+    if space == "matmul_splitk":
+        # the matmul default; where its grid holds at most a quarter of the SMs' worth of tiles
+        # (a GEMV-like M or N), K split until the grid fills the GPU (the second kernel's launch
+        # costs more than a split gains on a grid that is nearly full: the search times those)
+        base = _default_config("matmul", problem)
+        b = dict(base.blocks)
+        tiles = problem.get("batch", 1) * cdiv(problem["M"], b["BLOCK_M"]) * \
+            cdiv(problem["N"], b["BLOCK_N"])
+        sk = 1
+        while 4 * tiles <= SM_COUNT and tiles * sk < SM_COUNT and \
+                sk < max(SPACES[space]["SPLIT_K"]) and \
+                2 * sk * SPLITK_MIN_STEPS * b["BLOCK_K"] <= problem["K"]:
+            sk *= 2
+        return make(base.num_warps, base.num_stages, **b, SPLIT_K=sk)
     if space == "pointwise":
         b = min(1024, max(128, next_pow2(problem["N"])))
         return make(4, 1, BLOCK=b)
@@ -293,6 +328,12 @@ def _interpreter_config(space: str, problem: dict) -> Config:
     if space == "matmul_rows":
         base = _interpreter_config("matmul", problem)
         return make(base.num_warps, base.num_stages, **dict(base.blocks), N_TILES=2)
+    if space == "matmul_splitk":   # split in two, so a compile's numerics check runs the partial
+        base = _interpreter_config("matmul", problem)     # tiles and their merge
+        b = dict(base.blocks)
+        b["BLOCK_K"] = max(16, min(b["BLOCK_K"], next_pow2(problem["K"] // 4 + 1) // 2))
+        sk = 2 if 2 * SPLITK_MIN_STEPS * b["BLOCK_K"] <= problem["K"] else 1
+        return make(base.num_warps, base.num_stages, **b, SPLIT_K=sk)
     if space == "pointwise":
         return make(4, 1, BLOCK=min(16384, max(16, next_pow2(problem["N"]))))
     if space == "row":

@@ -29,7 +29,8 @@ from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
                                            reshape_index, unravel)
 from lumc.backends.triton.norm_prologue import RowStatistics, plan_row_prologue
-from lumc.backends.triton.source import KernelParts, make_params
+from lumc.backends.triton.configs import splitk_useful
+from lumc.backends.triton.source import KernelParts, Workspace, make_params
 
 DOT_DTYPES = (dt.f16, dt.bf16, dt.f32)
 
@@ -100,37 +101,22 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w = SourceWriter()
     acc_name = "acc"
 
-    stats = None
-
-    def resolve(ev, n, idx, mask, level):
-        if n is c.node:
-            if c.node.dtype == dt.f32:
-                return acc_name
-            return w.bind(f"{acc_name}.to({exprs.tl_dtype(c.node.dtype)})", "t", level)
-        return stats.resolve(ev, n, idx, mask, level) if stats is not None else None
-
-    ev = Evaluator(w, ptrs, resolve, "tl.int64" if big else "tl.int32")
     M, N, K, B = c.M, c.N, c.K, c.batch
     i64 = ".to(tl.int64)" if big else ""
-    w.line("pid = tl.program_id(0)")
-    w.line(f"pid_b = tl.program_id(1){i64}")
-    w.line(f"num_pid_m = tl.cdiv({M}, BLOCK_M)")
-    # with row statistics in the prologue a program computes them once for N_TILES column tiles
-    w.line(f"num_pid_n = tl.cdiv({N}, BLOCK_N)" if rowp is None else
-           f"num_pid_n = tl.cdiv(tl.cdiv({N}, BLOCK_N), N_TILES)")
-    w.line("# grouped ordering: GROUP_M row tiles share each column tile while it is in L2")
-    w.line("group = pid // (GROUP_M * num_pid_n)")
-    w.line("first_m = group * GROUP_M")
-    w.line("group_m = tl.minimum(num_pid_m - first_m, GROUP_M)")
-    w.line("pid_m = first_m + ((pid % (GROUP_M * num_pid_n)) % group_m)")
-    w.line("pid_n = (pid % (GROUP_M * num_pid_n)) // group_m")
-    w.line(f"rm = pid_m{i64} * BLOCK_M + tl.arange(0, BLOCK_M)")
-    w.line(f"rm_mask = rm < {M}")
-    w.line("# operand rows/columns wrap instead of masking (tutorial 03): reads stay in bounds,")
-    w.line("# the extra rows and columns are never stored")
-    w.line(f"rm_a = rm % {M}")
-    bidx = bind_all(w, unravel("pid_b", c.shape_of(c.batch_dims)), "b")
-    ev.scalar_names |= {b for b in bidx if b.isidentifier()} | {"pid_b"}
+    split = rowp is None and splitk_useful({"M": M, "N": N, "K": K, "batch": B})
+    stats = None
+
+    def evaluator(wr: SourceWriter) -> Evaluator:
+        def resolve(ev, n, idx, mask, level):
+            if n is c.node:
+                if c.node.dtype == dt.f32:
+                    return acc_name
+                return wr.bind(f"{acc_name}.to({exprs.tl_dtype(c.node.dtype)})", "t", level)
+            return stats.resolve(ev, n, idx, mask, level) if stats is not None else None
+        return Evaluator(wr, ptrs, resolve, "tl.int64" if big else "tl.int32")
+
+    ev = evaluator(w)
+    bidx = _tile_header(w, ev, c, rowp is not None, i64)
     if rowp is not None:
         lead = bind_all(w, unravel("rm_a[:, None]", rowp.lead), "am", 0)
         stats = RowStatistics(rowp, w, ev, lead)
@@ -144,7 +130,14 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w.line(f"rn_b = rn % {N}")
     # operand tiles: a is [BLOCK_M, BLOCK_K], b is [BLOCK_K, BLOCK_N]
     w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
-    w.open(f"for k_start in range(0, {K}, BLOCK_K):")
+    if split:   # this program's share of K: whole BLOCK_K steps, the last share ragged
+        w.line("pid_k = tl.program_id(2)")
+        w.line(f"k_chunk = tl.cdiv(tl.cdiv({K}, SPLIT_K), BLOCK_K) * BLOCK_K")
+        w.line("k_lo = pid_k * k_chunk")
+        w.line(f"k_hi = tl.minimum(k_lo + k_chunk, {K})")
+        w.open("for k_start in range(k_lo, k_hi, BLOCK_K):")
+    else:
+        w.open(f"for k_start in range(0, {K}, BLOCK_K):")
     w.line(f"rk = k_start{i64} + tl.arange(0, BLOCK_K)" if big else
            "rk = k_start + tl.arange(0, BLOCK_K)")
     # where M (or N) is 1 no index spans the tile's rows: the mask gives the tile its shape
@@ -170,20 +163,30 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", lk)
     emit_dot(w, a, b, "acc", c.a.dtype, lk)
     w.close()
-    # epilogue on the output tile
-    fr = tuple(1 if d in c.k_dims else s for d, s in enumerate(c.full))
-    o_idx = place(c, {c.batch_dims: bidx,
-                      c.m_dims: bind_all(w, unravel("rm[:, None]", c.shape_of(c.m_dims)), "om", lo),
-                      c.n_dims: bind_all(w, unravel("rn[None, :]", c.shape_of(c.n_dims)), "on", lo)})
-    for d in c.k_dims:
-        o_idx[d] = "0"
-    w.line("c_mask = rm_mask[:, None] & rn_mask[None, :]")
-    addr = flat_index(o_idx, fr)
-    if not (c.m_dims and c.n_dims):  # the pointer must span the whole tile even where M or N is 1
-        addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
-    for name, o in kernel.meaning.outputs.items():
-        v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", lo)
-        w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)")
+    finish = None
+    if split:
+        w.line("c_mask = rm_mask[:, None] & rn_mask[None, :]")
+        w.open("if SPLIT_K == 1:")
+        _epilogue(w, ev, c, kernel, bidx, lo + 1, big)
+        w.close()
+        w.open("else:      # this share's partial tile, merged by the finish kernel")
+        w.line(f"tl.store(ws_ptr + {_ws_addr(M, N, i64, 'pid_k')}, acc, mask=c_mask)")
+        w.close()
+        w2 = SourceWriter()
+        ev2 = evaluator(w2)
+        bidx2 = _tile_header(w2, ev2, c, False, i64)
+        w2.line(f"rn = pid_n{i64} * BLOCK_N + tl.arange(0, BLOCK_N)")
+        w2.line(f"rn_mask = rn < {N}")
+        w2.line("c_mask = rm_mask[:, None] & rn_mask[None, :]")
+        w2.line("# the partial tiles summed in a fixed order: the same bits on every run")
+        w2.line(f"acc = tl.load(ws_ptr + {_ws_addr(M, N, i64, '0')}, mask=c_mask, other=0.0)")
+        w2.open("for s in range(1, SPLIT_K):")
+        w2.line(f"acc += tl.load(ws_ptr + {_ws_addr(M, N, i64, 's')}, mask=c_mask, other=0.0)")
+        w2.close()
+        _epilogue(w2, ev2, c, kernel, bidx2, 0, big)
+        finish = w2.body()
+    else:
+        _epilogue(w, ev, c, kernel, bidx, lo, big)
     if rowp is not None:
         w.close()
     problem = {"M": M, "N": N, "K": K, "batch": B, "itemsize": c.a.dtype.itemsize,
@@ -193,7 +196,14 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     if big:
         notes.append("int64 indexing (a tensor or address passes 2**31)")
     knobs = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION")
-    if rowp is None:
+    extra = {}
+    if split:
+        notes.append("split-K: SPLIT_K programs per output tile each reduce a share of K into a "
+                     "workspace; a finish kernel sums the shares in order and runs the epilogue")
+        knobs += ("SPLIT_K",)
+        grid, space = f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}", "matmul_splitk"
+        extra = _splitk_launch(params, knobs, grid, M, N, B, finish)
+    elif rowp is None:
         grid, space = f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}", "matmul"
     else:
         notes.append(f"a normalization formed on load: {len(rowp.stats)} row statistics over K, "
@@ -204,4 +214,77 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         space = "matmul_rows"
     return KernelParts(
         form=kernel.form, variant="dot", params=params, constexprs=knobs, body=w.body(),
-        grid=grid, problem=problem, config_space=space, constants=consts, notes=notes)
+        grid=grid, problem=problem, config_space=space, constants=consts, notes=notes, **extra)
+
+
+def _tile_header(w: SourceWriter, ev: Evaluator, c: Contraction, tiles_grouped: bool,
+                 i64: str) -> list[str]:
+    """The program's output tile: ``pid_m``, ``pid_n`` in grouped order (``GROUP_M`` row tiles
+    share a column tile in L2, Triton tutorial 03), ``rm`` and its mask; returns the batch index."""
+    M, N = c.M, c.N
+    w.line("pid = tl.program_id(0)")
+    w.line(f"pid_b = tl.program_id(1){i64}")
+    w.line(f"num_pid_m = tl.cdiv({M}, BLOCK_M)")
+    # with row statistics in the prologue a program computes them once for N_TILES column tiles
+    w.line(f"num_pid_n = tl.cdiv({N}, BLOCK_N)" if not tiles_grouped else
+           f"num_pid_n = tl.cdiv(tl.cdiv({N}, BLOCK_N), N_TILES)")
+    w.line("# grouped ordering: GROUP_M row tiles share each column tile while it is in L2")
+    w.line("group = pid // (GROUP_M * num_pid_n)")
+    w.line("first_m = group * GROUP_M")
+    w.line("group_m = tl.minimum(num_pid_m - first_m, GROUP_M)")
+    w.line("pid_m = first_m + ((pid % (GROUP_M * num_pid_n)) % group_m)")
+    w.line("pid_n = (pid % (GROUP_M * num_pid_n)) // group_m")
+    w.line(f"rm = pid_m{i64} * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w.line(f"rm_mask = rm < {M}")
+    w.line("# operand rows/columns wrap instead of masking (tutorial 03): reads stay in bounds,")
+    w.line("# the extra rows and columns are never stored")
+    w.line(f"rm_a = rm % {M}")
+    bidx = bind_all(w, unravel("pid_b", c.shape_of(c.batch_dims)), "b")
+    ev.scalar_names |= {b for b in bidx if b.isidentifier()} | {"pid_b"}
+    return bidx
+
+
+def _epilogue(w: SourceWriter, ev: Evaluator, c: Contraction, kernel: Kernel, bidx: list[str],
+              lo: int, big: bool) -> None:
+    """The epilogue on the output tile (``acc``) at block level ``lo``, and the stores."""
+    fr = tuple(1 if d in c.k_dims else s for d, s in enumerate(c.full))
+    o_idx = place(c, {c.batch_dims: bidx,
+                      c.m_dims: bind_all(w, unravel("rm[:, None]", c.shape_of(c.m_dims)), "om", lo),
+                      c.n_dims: bind_all(w, unravel("rn[None, :]", c.shape_of(c.n_dims)), "on", lo)})
+    for d in c.k_dims:
+        o_idx[d] = "0"
+    w.line("c_mask = rm_mask[:, None] & rn_mask[None, :]", lo)
+    addr = flat_index(o_idx, fr)
+    if not (c.m_dims and c.n_dims):  # the pointer must span the whole tile even where M or N is 1
+        addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
+    for name, o in kernel.meaning.outputs.items():
+        v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", lo)
+        w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)", lo)
+
+
+def _ws_addr(M: int, N: int, i64: str, share: str) -> str:
+    """Flat position of the output tile in share ``share``'s partial ``[batch, SPLIT_K, M, N]``."""
+    return f"((pid_b * SPLIT_K + {share}){i64} * {M} + rm[:, None]) * {N} + rn[None, :]"
+
+
+def _splitk_launch(params, knobs, grid: str, M: int, N: int, B: int, finish: str) -> dict:
+    """The ``KernelParts`` fields of a split-K kernel: its fp32 workspace, the finish kernel and a
+    launcher that runs one kernel at ``SPLIT_K = 1`` (the workspace argument unused) and both
+    otherwise."""
+    args = ", ".join(p.name for p in params)
+    cfg = ", ".join(f"{k}={k}" for k in knobs)
+    anchor = next(p.name for p in params if p.role == "out")
+    launcher = (
+        "    if SPLIT_K == 1:\n"
+        f"        KERNEL_NAME[({grid}, 1)]({args}, {anchor},\n"
+        f"            {cfg}, num_warps=num_warps, num_stages=num_stages)\n"
+        "        return\n"
+        f"    ws_ptr = torch.empty(({B} * SPLIT_K * {M} * {N},), dtype=torch.float32, "
+        f"device={anchor}.device)\n"
+        f"    KERNEL_NAME[({grid}, SPLIT_K)]({args}, ws_ptr,\n"
+        f"        {cfg}, num_warps=num_warps, num_stages=num_stages)\n"
+        f"    KERNEL_NAME_finish[({grid})]({args}, ws_ptr,\n"
+        f"        {cfg}, num_warps=num_warps, num_stages=1)")
+    return {"workspaces": [Workspace("ws_ptr", f"({B} * SPLIT_K * {M} * {N},)", dt.f32)],
+            "extra_kernels": {"finish": finish}, "launcher": launcher,
+            "knob_defaults": {"SPLIT_K": 1}}

@@ -44,6 +44,8 @@ class KernelParts:
     notes: list[str] = field(default_factory=list)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     extra_constexprs: dict[str, object] = field(default_factory=dict)  # fixed, not tuned
+    # tuned knobs a config may omit (a config stored before the knob existed): their launch default
+    knob_defaults: dict[str, object] = field(default_factory=dict)
     # multi-kernel forms (the split reduction): scratch buffers the launcher allocates, more
     # ``@triton.jit`` bodies with the same signature (``{suffix: body}``), and the launcher's body
     workspaces: list["Workspace"] = field(default_factory=list)
@@ -141,6 +143,8 @@ def {fn}({sig}):
     if size_args:   # every launch passes the sizes right after the pointers
         launcher = launcher.replace(f"]({args},", f"]({args}, {sized.rstrip(', ')},")
     torch_import = "import torch\n" if parts.workspaces else ""
+    knobs = ", ".join(c if c not in parts.knob_defaults else f"{c}={parts.knob_defaults[c]!r}"
+                      for c in parts.constexprs)
     src = "\n".join(head) + f'''
 {torch_import}import triton
 import triton.language as tl
@@ -148,7 +152,7 @@ import triton.language as tl
 
 {jitted}
 
-def launch({args}, *, {sized}{", ".join(parts.constexprs)}, num_warps=4, num_stages=2):
+def launch({args}, *, {sized}{knobs}, num_warps=4, num_stages=2):
     """Launch on contiguous tensors with one kernel config."""
 {launcher}
 '''
