@@ -358,8 +358,14 @@ def render_attention(kernel: Kernel) -> KernelParts:
     x = ev.value(sm.m.srcs[0], full, "mask2", 1)
     xm = w.bind(f"tl.where(mask2, {x}, float('-inf'))", "a", 1)
     w.line(f"m_blk = tl.max({xm}, axis=1)")
-    w.line(f"nan_blk = tl.max(({xm} != {xm}).to(tl.int8), axis=1) > 0")
-    w.line(f"m_new = _max_nan(m_run, tl.where(nan_blk, float('nan'), m_blk)).to({md})")
+    if all(u is sm.bcast for u in nodes if sm.m in u.srcs):
+        # the row max reaches the outputs only through the exponent: a NaN score already makes
+        # its row's l and acc NaN (exp2(NaN) = NaN, summed and multiplied in), so the max need
+        # not carry it and the block's NaN reduction is dropped
+        w.line(f"m_new = tl.maximum(m_run, m_blk).to({md})")
+    else:   # the max is an output or feeds the epilogue: it propagates NaN as ReduceMax does
+        w.line(f"nan_blk = tl.max(({xm} != {xm}).to(tl.int8), axis=1) > 0")
+        w.line(f"m_new = _max_nan(m_run, tl.where(nan_blk, float('nan'), m_blk)).to({md})")
     w.line("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
     c = exprs.render_scalar(sm.scale, sm.m.dtype)
     w.line(f"alpha = tl.exp2((m_run - m_safe).to(tl.float32) * {c})")

@@ -149,3 +149,27 @@ def test_not_attention_is_refused():
     k = make_kernel("attention", lambda a, b: a @ b, [((7, 8), dt.f32), ((8, 9), dt.f32)])
     with pytest.raises(RenderError, match="two contractions"):
         render(k)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v", "q-inf"])
+def test_nan_and_inf_poison_rows_as_the_reference_without_a_nan_reduction(where):
+    """The row max reaches the output only through the exponent, so the kernel drops its
+    per-block NaN reduction; a NaN (or an inf that makes ``inf - inf``) in q, k or v still gives
+    exactly the reference's NaN rows and columns, in any key block."""
+    k = make_kernel("attention", attention(0.25),
+                    [((2, 19, 16), dt.f32), ((2, 70, 16), dt.f32), ((2, 70, 16), dt.f32)])
+    assert "nan_blk" not in render(k).source
+    rng = np.random.default_rng(1)
+    feed = {f"in{i}": rng.standard_normal(s).astype(np.float32)
+            for i, s in enumerate([(2, 19, 16), (2, 70, 16), (2, 70, 16)])}
+    if where == "q":
+        feed["in0"][0, 5, 3] = np.nan
+    elif where == "k":
+        feed["in1"][1, 45, 0] = np.nan        # a key in the third block of 16
+    elif where == "v":
+        feed["in2"][0, 33, 7] = np.nan
+    else:
+        feed["in0"][1, 2, :] = np.inf
+    tk = check(k, feed, config=SMALL_BLOCKS)
+    out = tk(*feed.values(), config=SMALL_BLOCKS)[0].numpy()
+    assert np.isnan(out).any() and not np.isnan(out).all()
