@@ -40,6 +40,7 @@ from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.runtime.program import KernelCall
 from lumc.compiler.core.search import Measurement
+from lumc.compiler.core.workers import WorkerLost
 from lumc.compiler.runtime.targets import Target
 from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase, config_key
 from lumc.ir import dtypes as dt
@@ -47,6 +48,10 @@ from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_to_bytes
 
 INTERPRETER_MAX_ELEMENTS = 1 << 23   # largest kernel output checked in the CPU interpreter
+
+
+class NoBudget(Exception):
+    """The deadline passed while a unit's result was awaited (a ``budget`` measurement)."""
 
 
 def kernel_hash(kernel: Kernel) -> str:
@@ -172,8 +177,11 @@ class KernelMeasurer:
         self._verdicts: dict[str, tuple[bool, str]] = {}
         self.deadline = None             # set by the pipeline: checks are not started past it
         self._check_s = 1.0              # running estimate of one numerics check, seconds
-        self.pool = None                 # a CheckPool: sim checks run there ahead of need
+        self.pool = None                 # workers (lumc.compiler.core.workers): units run there
         self._pending: dict[str, object] = {}   # kernel key -> Future of its check's outputs
+        self._pending_gpu: dict[tuple[str, int], object] = {}   # (key, config) -> Future of a unit
+        self._gpu_results: dict[tuple[str, int], dict] = {}     # a unit's result until timed
+        self._gpu_asked: set[tuple[str, int]] = set()            # units started (once each)
         self.db_hits = 0
         self.measured = 0
         self.spills: dict[tuple[str, int], int] = {}   # GPU: bytes spilled per thread, by config
@@ -203,8 +211,12 @@ class KernelMeasurer:
 
     def prefetch(self, keys) -> None:
         """Start the numerics checks of these kernels in the pool (sim targets), so they run while
-        the search measures others; a kernel already judged or pending is skipped."""
-        if self.pool is None or not self.target.simulated:
+        the search measures others; a kernel already judged or pending is skipped. With GPU
+        workers, the kernels' default configs start as GPU units (:meth:`lookahead`)."""
+        if self.pool is None:
+            return
+        if not self.target.simulated:
+            self.lookahead([(k, 0) for k in keys])
             return
         for key in dict.fromkeys(keys):
             e = self.entries[key]
@@ -217,7 +229,70 @@ class KernelMeasurer:
             ins = self._inputs(e)
             if ins is None or sum(int(np.prod(n.shape)) for n in e.call.outputs) > INTERPRETER_MAX_ELEMENTS:
                 continue
-            self._pending[key] = self.pool.submit(e.kernel, e.triton.run_config().kwargs(), ins)
+            fut = self.pool.submit(e.kernel, e.triton.run_config().kwargs(), ins)
+            if fut is not None:           # None: the pool is broken, the check runs here
+                self._pending[key] = fut
+
+    def _gpu_workers(self) -> bool:
+        return self.pool is not None and not self.target.simulated and \
+            hasattr(self.pool, "submit_gpu")
+
+    def lookahead(self, pairs) -> None:
+        """Start GPU units (compile, run, time on a worker) for these ``(kernel key, config
+        index)`` pairs, in order, while fewer than two per worker are outstanding; a config
+        already stored, started or without a runnable config is skipped. Nothing without GPU
+        workers (on ``sim:*`` times are simulated here; checks start in :meth:`prefetch`)."""
+        if not self._gpu_workers():
+            return
+        for key, index in dict.fromkeys(pairs):
+            st = self.pool.status()
+            if st["in_flight"] >= 2 * max(st["count"], 1):
+                break
+            e = self.entries[key]
+            cfg = e.configs[index]
+            if (key, index) in self._gpu_asked or cfg is None or \
+                    (e.render_error is not None and not is_extern(cfg.kwargs())) or \
+                    self.db.get(self._db_key(key, index)) is not None:
+                continue
+            self._gpu_asked.add((key, index))
+            self._pending_gpu[(key, index)] = self.pool.submit_gpu(e.kernel, cfg.kwargs(),
+                                                                   self._gpu_inputs(e))
+
+    def _gpu_inputs(self, e: KernelEntry) -> list:
+        """A kernel's inputs for timing: reference values, else constants, else zeros."""
+        out = []
+        for n in e.call.inputs:
+            v = self.values.get(id(n))
+            if v is None:
+                v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
+            out.append(v)
+        return out
+
+    def _gpu_unit(self, e: KernelEntry, index: int, cfg, pin: int | None = None) -> dict:
+        """The GPU unit's result for a config (started ahead by :meth:`lookahead`, else now;
+        ``pin``: a fresh unit on that worker, the final re-time).
+
+        Raises:
+            NoBudget: the deadline passed while waiting.
+            WorkerLost, or the unit's own exception.
+        """
+        k = (e.key, index)
+        if pin is None and k in self._gpu_results:
+            return self._gpu_results[k]
+        fut = None if pin is not None else self._pending_gpu.pop(k, None)
+        if fut is None:
+            self._gpu_asked.add(k)
+            fut = self.pool.submit_gpu(e.kernel, cfg.kwargs() if cfg is not None else {},
+                                       self._gpu_inputs(e), pin=pin)
+        self.pool.want(fut)
+        left = self.deadline.remaining() if self.deadline is not None else None
+        try:
+            r = fut.result(timeout=max(left, 0.0) if left is not None else None)
+        except TimeoutError:
+            raise NoBudget("error: no budget left for its GPU unit") from None
+        if pin is None:
+            self._gpu_results[k] = r
+        return r
 
     def _inputs(self, e: KernelEntry) -> list | None:
         ins = [self.values.get(id(n)) for n in e.call.inputs]
@@ -281,7 +356,9 @@ class KernelMeasurer:
                 return Measurement(None, "rejected", note)
             return Measurement(None, "error", note)   # errors may be environmental: not persisted
         try:
-            seconds = self._time(e, cfg_obj)
+            seconds = self._time(e, cfg_obj, index)
+        except NoBudget as err:
+            return Measurement(None, "budget", str(err))
         except Exception as err:
             return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
         self.measured += 1
@@ -298,8 +375,10 @@ class KernelMeasurer:
         first = self(key, index)          # checks numerics (or reads the verdict) as usual
         if first.status != "ok":
             return first
-        try:
-            seconds = self._time(e, e.configs[index])
+        try:            # with GPU workers: on worker 0, so the top programs compare on one GPU
+            seconds = self._time(e, e.configs[index], index, pin=0 if self._gpu_workers() else None)
+        except NoBudget as err:
+            return Measurement(None, "budget", str(err))
         except Exception as err:
             return Measurement(None, "error", f"error: {type(err).__name__}: {err}")
         self.measured += 1
@@ -368,13 +447,22 @@ class KernelMeasurer:
                 from lumc.compiler.runtime.extern import run_extern_numpy
                 outs = run_extern_numpy(e.kernel, cfg.kwargs(), ins)
             elif fut is not None:          # started in the pool ahead of need
+                if hasattr(self.pool, "want"):
+                    self.pool.want(fut)     # the search waits for it: it goes first
                 left = self.deadline.remaining() if self.deadline is not None else None
                 try:
                     outs = fut.result(timeout=left)
                 except TimeoutError:
                     return False, "error: no budget left for its numerics check"
+                except WorkerLost as lost:
+                    if not lost.retry_here:
+                        raise
+                    self.pool.retried += 1         # its worker died: run once here instead
+                    outs = self._launch_counting_spills(e, index, cfg, ins)
             else:
                 outs = self._launch_counting_spills(e, index, cfg, ins)
+        except NoBudget as err:
+            return False, str(err)
         except Exception as err:
             return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         from lumc.backends.triton.launch import to_numpy
@@ -414,6 +502,11 @@ class KernelMeasurer:
         (``backends/triton/resources.py``) in ``self.spills[(key, index)]``."""
         if self.target.simulated or index < 0:
             return e.triton(*ins, config=cfg)
+        if self._gpu_workers():        # compiled and run on a GPU worker, timed there too
+            r = self._gpu_unit(e, index, cfg)
+            if r.get("spills") is not None:
+                self.spills[(e.key, index)] = r["spills"]
+            return r["outs"]
         from lumc.backends.triton.resources import spills_of_launch
         n, outs = spills_of_launch(e.triton.module, e.triton.rendered.kernel_names,
                                    lambda: e.triton(*ins, config=cfg))
@@ -428,12 +521,16 @@ class KernelMeasurer:
         out = ReferenceExecutor(e.kernel.meaning, "float64").run_keeping(feed, set())[0]
         return [out[k] for k in e.kernel.meaning.outputs]
 
-    def _time(self, e: KernelEntry, cfg) -> float:
+    def _time(self, e: KernelEntry, cfg, index: int = 0, pin: int | None = None) -> float:
         kw = cfg.kwargs() if cfg is not None else {}
         if self.target.simulated:
             if is_extern(kw):
                 return simulate_extern_time(e.kernel, kw, self.target.spec)
             return simulate_kernel_time(e.kernel, kw, self.target.spec)
+        if self._gpu_workers():
+            r = self._gpu_unit(e, index, cfg, pin=pin)
+            self._gpu_results.pop((e.key, index), None)
+            return float(r["seconds"])
         return time_on_gpu(e, cfg, self.values, self.target.torch_device)
 
 

@@ -35,7 +35,8 @@ from lumc.compiler.core.variants import compile_variants, size_lists
 from lumc.compiler.core.plan_reuse import _plan_cache_key, _reuse_plan, _store_plan  # noqa: F401
 from lumc.compiler.core.why_not import why_not
 from lumc.compiler.core.search import SearchResult, run_search
-from lumc.compiler.runtime.targets import Target, fork_safe, resolve_target, versions, with_measured_ceilings
+from lumc.compiler.core.workers import search_workers, warm_workers, with_workers
+from lumc.compiler.runtime.targets import Target, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir.errors import InputError, RuntimeIfError
 from lumc.ir.graph import Graph
@@ -254,6 +255,7 @@ class Progress:
         self.target = target
         self._p = None
         self._task = None
+        self.workers = None     # () -> {count, busy, idle, in_flight} of the search's workers
         from rich.console import Console
         if not quiet and Console(stderr=True).is_terminal:    # no display in logs and pipes
             from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn
@@ -276,6 +278,10 @@ class Progress:
         info = (f"cand {stats.candidates_total} pruned {stats.candidates_pruned} compiled "
                 f"{stats.candidates_compiled} rejected {stats.candidates_rejected} timed "
                 f"{stats.candidates_timed} | best {best_s} ({unit}) bound {bound * 1e6:.1f}us")
+        w = self.workers() if self.workers is not None else None
+        if w is not None:
+            info += (f" | workers {w['busy']} busy {w['idle']} idle, {w['in_flight']} units "
+                     "in flight")
         self.stage("search", deadline, info)
 
     def close(self) -> None:
@@ -283,6 +289,7 @@ class Progress:
             self._p.stop()
 
 
+@with_workers
 def compile_model(model, *, budget, device: str | None = None, example_inputs: dict | None = None,
                   shapes: dict | None = None, use_egraph: bool = True, quiet: bool = True,
                   db: TuningDatabase | None = None, clock: Callable[[], float] = time.monotonic,
@@ -315,6 +322,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
         bind: ``{input name: value}`` inputs fixed at compile time (``--bind NAME=VALUE``): they
             become constants, so an ``If`` on them folds to its branch; the artifact no longer
             takes them (``lumc.compiler.frontends.onnx_frontend.bind_inputs``).
+        workers: where work units run (``lumc.compiler.core.workers``): ``"local:N"``,
+            ``"ray"``, ``"ray://HOST:PORT"``; None: a local pool on ``sim:*`` when cores > 1.
     Raises:
         BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
     """
@@ -377,14 +386,15 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     return cm
 
 
+@with_workers
 def compile_graph(graph: Graph, *, budget, device: str | None = None, example_inputs: dict | None = None,
                   use_egraph: bool = True, quiet: bool = True, db: TuningDatabase | None = None,
                   clock: Callable[[], float] = time.monotonic, name: str = "graph",
                   policy: PrecisionPolicy | None = None) -> CompiledModel:
     """Compile an already imported primitive graph (the PyTorch frontend's entry point).
 
-    Same search as :func:`compile_model`; ``example_inputs`` (``{input name: array}``) feed the
-    numerics checks (default: N(0,1) floats and small non-negative integers).
+    Same search as :func:`compile_model` (``workers=`` too); ``example_inputs`` (``{input name:
+    array}``) feed the numerics checks (default: N(0,1) floats and small non-negative integers).
     """
     deadline = Deadline(parse_duration(budget), clock)
     target = resolve_target(device)
@@ -427,6 +437,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         target = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)
+        warm_workers(target)          # Ray actors start while the candidates are built
         programs, egraph_stats = (list(given.programs), dict(given.egraph_stats)) \
             if given is not None else stage_candidates(graph, target, deadline, use_egraph,
                                                        fast_math)
@@ -450,25 +461,21 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         log: list[str] = []
         measurer = KernelMeasurer(target, db, ver, values, log)
         measurer.deadline = search_deadline
-        if target.simulated and (os.cpu_count() or 1) > 1 and not deadline.expired() \
-                and fork_safe():
-            from lumc.compiler.core.check_pool import CheckPool
-            measurer.pool = CheckPool()
         keys = [[measurer.add(c) for c in p.calls] for p in programs]
         ceil = target.spec.as_ceilings()
         bounds = {k: kernel_time_bound(measurer.entries[k].kernel, ceil) for ks in keys for k in ks}
         nconf = {k: measurer.n_configs(k) for ks in keys for k in ks}
         stage_s["reference"] = deadline.elapsed() - sum(stage_s.values())
-        try:
+        with search_workers(target, deadline) as workers:   # local processes or Ray actors
+            measurer.pool, progress.workers = workers.pool, workers.status
             result = run_search(keys, bounds, nconf, measurer, search_deadline,
                                 on_progress=lambda st, b, bd: progress.search(deadline, st, b, bd),
                                 config_bounds=measurer.bound,
                                 before_candidate=lambda i: measurer.prefetch(keys[i]),
-                                remeasure=measurer.remeasure, runnable=measurer.runnable)
-        finally:
-            if measurer.pool is not None:
-                measurer.pool.close()
-                measurer.pool = None
+                                remeasure=measurer.remeasure, runnable=measurer.runnable,
+                                lookahead=measurer.lookahead)
+            measurer.pool = progress.workers = None
+        worker_report = workers.report()
         stage_s["search"] = deadline.elapsed() - sum(stage_s.values())
         progress.stage("plan", deadline)
         chosen = programs[result.candidate]
@@ -510,6 +517,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         report = build_report(fe, graph, programs, chosen, ck, configs, result, measurer, bounds,
                               target, budget_s, deadline, egraph_stats, err, use_egraph, db, log)
         report["stage_seconds"] = stage_s
+        report["workers"] = worker_report
         report["reference_s"] = round(getattr(values, "seconds", 0.0), 3)   # incl. in the stages
         report["why_not"] = why_not(chosen, programs, [program_time_bound(p, target.spec)
                                                        for p in programs])

@@ -29,6 +29,10 @@ from typing import Callable, Hashable, Sequence
 
 from lumc.compiler.core.budget import Deadline
 
+LOOKAHEAD_KERNELS = 4    # the depth phase's lookahead: the kernels of largest gap...
+LOOKAHEAD_CONFIGS = 3    # ... their next untried configs each...
+LOOKAHEAD_UNITS = 8      # ... at most this many pairs per call
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -72,7 +76,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                config_bounds: Callable[[Hashable, int], float] | None = None,
                before_candidate: Callable[[int], None] | None = None,
                remeasure: Callable[[Hashable, int], Measurement] | None = None,
-               runnable: Callable[[Hashable], bool] | None = None) -> SearchResult:
+               runnable: Callable[[Hashable], bool] | None = None,
+               lookahead: Callable[[list], None] | None = None) -> SearchResult:
     """Choose the fastest candidate within the deadline (see module docstring).
 
     Args:
@@ -96,6 +101,10 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             final re-time of the top programs (default: ``measure``).
         runnable: ``kernel key -> bool``, False for a kernel with no config that can run (Triton
             cannot render it and no extern applies); the untimed fallback skips candidates holding one.
+        lookahead: called in the depth phase before each measurement with the ``(kernel key,
+            config index)`` pairs likely measured next (the next configs of the kernels furthest
+            from their bound, largest gap first), so that workers can start them ahead of need;
+            it must not change what ``measure`` returns.
     """
     stats = SearchStats()
     n = len(candidates)
@@ -184,8 +193,14 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             if not open_k:
                 stats.stopped_because = "exhausted"
                 return None
-            k = max(open_k, key=lambda k: (best_t[k] / max(bounds[k], 1e-12), str(k)))
+            by_gap = sorted(open_k, key=lambda k: (best_t[k] / max(bounds[k], 1e-12), str(k)),
+                            reverse=True)
+            k = by_gap[0]
             ci = next(ci for ci in range(configs[k]) if ci not in tried[k])
+            if lookahead is not None:
+                lookahead([(kk, c) for kk in by_gap[:LOOKAHEAD_KERNELS]
+                           for c in [c for c in range(configs[kk]) if c not in tried[kk]
+                                     ][:LOOKAHEAD_CONFIGS]][:LOOKAHEAD_UNITS])
             if config_bounds is not None and config_bounds(k, ci) >= best_t[k]:
                 tried[k].add(ci)
                 stats.candidates_pruned += 1

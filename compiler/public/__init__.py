@@ -35,7 +35,8 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
 
     See :func:`lumc.compiler.core.pipeline.compile_model` for the arguments (``precision=``,
     ``weights=``, ``tolerance=``, ``max_kl=``, ``logits=``: the precision policy and its quality
-    gate, :mod:`lumc.compiler.core.precision`). Returns a
+    gate, :mod:`lumc.compiler.core.precision`; ``workers="local:N"``, ``"ray"`` or
+    ``"ray://HOST:PORT"``: where work units run, :mod:`lumc.compiler.core.workers`). Returns a
     :class:`~lumc.compiler.runtime.compiled.CompiledModel`; for a torch module,
     :func:`lumc.compiler.core.torch_compile.compile_module` (extra ``dynamic_shapes=``), a callable on
     torch tensors; with ``dynamic_shapes={axis: torch.export.Dim(name, min=, max=)}`` per input,

@@ -2,6 +2,7 @@
 
     lumc compile MODEL --budget 30m [-o OUT.lumc] [--device cuda[:N] | sim:h100 | sim:h200]
                  [--shape NAME=DIMS ...] [--report REPORT.json] [--no-egraph] [--quiet]
+                 [--workers local:N | ray | ray://HOST:PORT]
     lumc cache info
     lumc cache clear
 """
@@ -32,6 +33,12 @@ compile of the same model reuses the tuning database and re-times nothing.
 model, given once, and bindings must agree. -o and --report are written atomically (missing
 folders are created, a symlink is followed); they never replace the model, each other, a device,
 a FIFO or a directory. Ctrl-C stops the compile with nothing half-written.
+
+--workers spreads the work units (numerics checks on sim:*; compile, check and time on a GPU) over
+N local processes (local:N), the Ray cluster RAY_ADDRESS names or a local one started for this
+compile (ray), or a Ray cluster through Ray Client (ray://HOST:PORT; pip install
+'lumc[distributed]'). The search, the budget and the tuning database stay here; the same inputs
+give the same choice whatever the number of workers.
 """
 
 
@@ -102,16 +109,19 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @click.option("--fast-math", "fast_math", is_flag=True,
               help="allow rewrites that change results for speed (a / b as a * (1/b)); off by "
                    "default, where division is IEEE")
+@click.option("--workers", "workers", default=None, metavar="SPEC",
+              help="where work units run: local:N, ray (RAY_ADDRESS or a local cluster) or "
+                   "ray://HOST:PORT (default: a local pool on sim when cores > 1)")
 @click.option("--quiet", is_flag=True, help="no progress display")
 def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, precision, weights,
-                tolerance, max_kl, logits, bind_items, fast_math, quiet):
+                tolerance, max_kl, logits, bind_items, fast_math, workers, quiet):
     from lumc.compiler.tools.cli import caused_by_interrupt
     written: list[str] = []
     policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
               "max_kl": max_kl, "logits": tuple(logits)}
     try:
         _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
-                 policy, fast_math=fast_math, bind=parse_binds(bind_items))
+                 policy, fast_math=fast_math, bind=parse_binds(bind_items), workers=workers)
     except (KeyboardInterrupt, Exception) as err:
         if not caused_by_interrupt(err):
             raise
@@ -145,9 +155,12 @@ def parse_binds(items) -> dict:
 
 
 def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
-             policy: dict | None = None, fast_math: bool = False, bind: dict | None = None):
+             policy: dict | None = None, fast_math: bool = False, bind: dict | None = None,
+             workers: str | None = None):
     from lumc.compiler.core.pipeline import compile_model
+    from lumc.compiler.core.workers import parse_workers
     parse_duration(budget)                     # a bad budget fails before any work
+    parse_workers(workers)                     # so does a bad --workers (or Ray missing)
     out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
     if not pathlib.Path(model).is_file():
         raise LumcError(f"{model}: no such file" if not pathlib.Path(model).exists()
@@ -166,7 +179,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     shapes = _model_shapes(model, shape_items)
     cm = compile_model(model, budget=budget, device=device, shapes=shapes,
                        use_egraph=not no_egraph, quiet=quiet, fast_math=fast_math, bind=bind,
-                       **(policy or {}))
+                       workers=workers, **(policy or {}))
     cm.save(out_path)
     written.append(str(out_path))
     r = cm.report_dict()
@@ -199,6 +212,10 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     for w in r.get("warnings", []):
         if w.startswith("precision "):
             click.echo(f"  note: {w}")
+    w = r.get("workers")
+    if w and w["kind"] != "in-process":
+        click.echo(f"  workers: {w['count']} {w['kind']}, units per worker "
+                   f"{w['units_per_worker']}, {w['units_lost']} lost, {w['retried']} retried")
     eg = r["egraph"]
     if eg.get("used"):
         click.echo(f"  e-graph: {eg.get('enodes')} e-nodes, {eg.get('eclasses')} e-classes, "

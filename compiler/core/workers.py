@@ -1,0 +1,395 @@
+"""Where a compile's work units run: ``--workers local:N``, ``--workers ray``, ``ray://HOST:PORT``.
+
+A **work unit** is the measurer's contract for one kernel: on ``sim:*``, "run kernel K at its
+interpreter config on these inputs" (the numerics check's expensive half: the generated Triton in
+the CPU interpreter); on a GPU, "compile, run and time kernel K at config C on a GPU of kind D".
+A unit carries the kernel's serialized meaning (``lumc.ir.serialize``), its config and its input
+arrays, never the user's model; it returns the kernel's outputs (and on a GPU its median seconds
+and register spills), and the driver judges them against the reference exactly as it judges a
+kernel run in-process (:mod:`lumc.compiler.core.measure`).
+
+The search stays one search, in the driver: it asks for units ahead of need (the next candidates
+in bound order; on a GPU also the next configs of the kernels furthest from their bound), workers
+run them as they become idle, and the search consumes each verdict in its own order, so the verdict
+a kernel gets does not depend on which worker ran it or when it finished. The driver alone writes
+the tuning database.
+
+Worker kinds:
+
+* default (no ``--workers``): today's behaviour, a local process pool for ``sim:*`` checks when the
+  machine has more than one core (:class:`~lumc.compiler.core.check_pool.CheckPool`), in-process
+  otherwise and on a GPU;
+* ``local:N``: N forked local processes for ``sim:*`` checks (on a GPU target units run in-process:
+  a process forked after CUDA started cannot use it);
+* ``ray``: the Ray cluster ``RAY_ADDRESS`` names, else a local one started for this compile;
+  ``ray://HOST:PORT`` a cluster through Ray Client (:mod:`lumc.compiler.core.ray_workers`).
+
+:func:`use_workers` makes one :class:`Workers` the current one for a whole compile (a compile of
+several plans shares it, so a Ray cluster starts once); :func:`search_workers` hands the search its
+pool. Ray is optional (``pip install 'lumc[distributed]'``).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import re
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumc.ir.errors import InputError
+from lumc.ir.kernels import Kernel
+from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+
+RAY_INSTALL_HINT = "pip install 'lumc[distributed]'"
+
+
+class WorkerLost(RuntimeError):
+    """A unit whose worker died or hung. ``retry_here``: the pool did not retry it (a local pool
+    broken by the death), so the driver runs it once itself; otherwise it was lost twice (first on
+    one worker, then on another) and is an error."""
+
+    def __init__(self, message: str, retry_here: bool = False):
+        super().__init__(message)
+        self.retry_here = retry_here
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """A parsed ``--workers``: ``kind`` is ``local`` or ``ray``; ``count`` the local processes
+    (None: the default count); ``address`` a ``ray://HOST:PORT`` (None: ``RAY_ADDRESS`` or a new
+    local cluster)."""
+    kind: str
+    count: int | None = None
+    address: str | None = None
+    text: str = ""
+
+
+def parse_workers(text) -> WorkerSpec | None:
+    """``local:N``, ``local``, ``ray`` or ``ray://HOST:PORT`` as a :class:`WorkerSpec`; None or an
+    empty string is the default (None).
+
+    Raises:
+        InputError: anything else (one line naming the accepted forms), a count below 1, or
+            ``ray`` when Ray is not installed (the line says how to install it).
+    """
+    if text is None or isinstance(text, WorkerSpec):
+        return text
+    s = str(text).strip()
+    if not s:
+        return None
+    m = re.fullmatch(r"local(?::(\d+))?", s)
+    if m:
+        n = int(m.group(1)) if m.group(1) is not None else None
+        if n is not None and n < 1:
+            raise InputError(f"--workers {s}: the number of local workers must be at least 1")
+        return WorkerSpec("local", n, None, s)
+    if s == "ray" or re.fullmatch(r"ray://[^\s:/]+:\d+", s):
+        import_ray(s)
+        return WorkerSpec("ray", None, s if s != "ray" else None, s)
+    raise InputError(f"--workers {s!r}: expected local:N (N worker processes), ray (the cluster "
+                     "RAY_ADDRESS names, else a local one) or ray://HOST:PORT")
+
+
+def import_ray(what: str = "ray"):
+    """The ``ray`` module.
+
+    Raises:
+        InputError: Ray is not installed (one line: how to install it).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise InputError(f"--workers {what} needs Ray, which is not installed: "
+                         f"{RAY_INSTALL_HINT}") from None
+    return ray
+
+
+# ---- the work units (run in a worker: a forked process or a Ray actor) ----------------------------
+def _rebuild(form: str, attrs: tuple, doc: bytes, npz: bytes) -> Kernel:
+    meaning, _ = graph_from_bytes(doc, npz)
+    return Kernel(form, meaning, attrs)
+
+
+def unit_args(kernel: Kernel, cfg: dict | None) -> tuple:
+    """The picklable head of a unit: ``(form, attrs, doc, npz, cfg)`` (the inputs travel apart)."""
+    doc, npz, _ = graph_to_bytes(kernel.meaning)
+    return kernel.form, kernel.attrs, doc, npz, dict(cfg or {})
+
+
+def run_check_unit(form: str, attrs: tuple, doc: bytes, npz: bytes, cfg: dict,
+                   ins: list[np.ndarray]) -> list[np.ndarray]:
+    """Unit for a ``sim:*`` numerics check: the kernel at Triton config ``cfg`` on ``ins``, in the
+    CPU interpreter; returns its output arrays (the driver compares them with the reference)."""
+    from lumc.compiler.core.check_pool import _run_kernel
+    return _run_kernel(form, attrs, doc, npz, cfg, ins)
+
+
+def run_gpu_unit(form: str, attrs: tuple, doc: bytes, npz: bytes, cfg: dict,
+                 ins: list[np.ndarray], repeats: int = 25, warmup: int = 5) -> dict:
+    """Unit on a GPU worker: compile the kernel at ``cfg``, run it once on ``ins`` (its outputs,
+    for the driver's numerics check; none for an extern ``IMPL`` config, which the driver checks
+    through torch on the CPU), then time it (CUDA-graph replays between events, median of
+    ``repeats``: :func:`lumc.compiler.runtime.gpu_timing.cuda_event_samples`).
+
+    Returns:
+        ``{"outs": [arrays] or None, "seconds": median seconds per launch, "spills": bytes spilled
+        per thread or None, "device": the GPU's name}``.
+    """
+    import statistics
+
+    import torch
+
+    from lumc.backends.extern import is_extern
+    from lumc.compiler.runtime.gpu_timing import cuda_event_samples
+    kernel = _rebuild(form, attrs, doc, npz)
+    outs, spills = None, None
+    if is_extern(cfg):
+        from lumc.compiler.runtime.extern import ExternConfig, ExternKernel
+        config = ExternConfig(cfg["IMPL"], cfg.get("PRECISION"))
+        launch = ExternKernel(kernel, config.impl)
+    else:
+        from lumc.backends.triton.configs import make
+        from lumc.backends.triton.launch import TritonKernel, to_numpy
+        from lumc.backends.triton.resources import spills_of_launch
+        c = dict(cfg)
+        config = make(c.pop("num_warps", 4), c.pop("num_stages", 2), **c)
+        launch = TritonKernel(kernel)
+        spills, got = spills_of_launch(launch.module, launch.rendered.kernel_names,
+                                       lambda: launch(*ins, config=config))
+        outs = [to_numpy(o) for o in got]
+    seconds = float(statistics.median(cuda_event_samples(launch, config, ins, "cuda", repeats,
+                                                         warmup)))
+    return {"outs": outs, "seconds": seconds, "spills": spills,
+            "device": torch.cuda.get_device_name(0)}
+
+
+def _with_pid(fn, *args):
+    """Run ``fn(*args)`` in a local worker; returns ``(worker pid, result)``."""
+    return os.getpid(), fn(*args)
+
+
+# ---- the local pool -------------------------------------------------------------------------------
+class LocalWorkers:
+    """``local:N``: N forked processes (a :class:`~lumc.compiler.core.check_pool.CheckPool`) for
+    ``sim:*`` checks, counting units per worker. A worker that dies breaks the pool (Python's
+    ``ProcessPoolExecutor``): the units it held and those queued fail with :class:`WorkerLost`
+    (``retry_here``), which the measurer runs once in-process, and later checks run in-process
+    too (:meth:`submit` returns None)."""
+
+    kind = "local"
+
+    def __init__(self, count: int):
+        from lumc.compiler.core.check_pool import CheckPool
+        self.count = count
+        self._pool = CheckPool(workers=count)
+        self._lock = threading.Lock()
+        self.per_pid: dict[int, int] = {}
+        self.in_flight = 0
+        self.lost = 0
+        self.retried = 0
+        self.broken = False
+
+    def submit(self, kernel: Kernel, cfg: dict, ins: list) -> Future | None:
+        """The sim check of ``kernel`` at ``cfg`` on ``ins``; the future gives its output arrays.
+        None once the pool is broken (the check then runs in-process)."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        from lumc.compiler.core.check_pool import _interrupts_deferred
+        if self.broken:
+            return None
+        outer: Future = Future()
+        head = unit_args(kernel, cfg)
+        try:
+            with _interrupts_deferred():   # the executor forks its workers on demand, in submit
+                inner = self._pool._pool.submit(_with_pid, run_check_unit, *head,
+                                                [np.asarray(x) for x in ins])
+        except BrokenProcessPool:
+            self.broken = True
+            return None
+        with self._lock:
+            self.in_flight += 1
+
+        def done(f: Future) -> None:
+            with self._lock:
+                self.in_flight -= 1
+                if f.cancelled():
+                    outer.cancel()
+                    return
+                err = f.exception()
+                if err is None:
+                    pid, outs = f.result()
+                    self.per_pid[pid] = self.per_pid.get(pid, 0) + 1
+                else:
+                    from concurrent.futures.process import BrokenProcessPool
+                    if isinstance(err, BrokenProcessPool):
+                        self.lost += 1
+                        self.broken = True
+                        err = WorkerLost(f"local worker lost ({err})", retry_here=True)
+            if not outer.set_running_or_notify_cancel():
+                return
+            if err is None:
+                outer.set_result(outs)
+            else:
+                outer.set_exception(err)
+        inner.add_done_callback(done)
+        outer.add_done_callback(lambda o: inner.cancel() if o.cancelled() else None)
+        return outer
+
+    def want(self, future: Future) -> None:
+        """The search waits for ``future`` now (the local queue is first in, first out)."""
+
+    def status(self) -> dict:
+        busy = min(self.in_flight, self.count)
+        return {"count": self.count, "busy": busy, "idle": self.count - busy,
+                "in_flight": self.in_flight}
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+# ---- the compile's workers ------------------------------------------------------------------------
+class Workers:
+    """The workers of one compile: the pool is started on first use (:meth:`start`; a compile
+    whose plan is reused starts nothing) and stopped by :meth:`close`. ``spec`` None is the
+    default (see module docstring)."""
+
+    def __init__(self, spec: WorkerSpec | None):
+        self.spec = spec
+        self._ray = None
+        self._local_units: list[int] = []     # units per worker, summed over local pools
+        self._local_lost = 0
+        self._local_retried = 0
+        self._local_count = 0
+        self.note: str | None = None
+        self.pool = None
+
+    def start(self, target):
+        """The pool for a search on ``target`` (None: units run in-process)."""
+        from lumc.compiler.runtime.targets import fork_safe
+        spec = self.spec
+        if spec is None or spec.kind == "local":
+            if not target.simulated:
+                self.note = ("GPU units run in-process (a forked process cannot use CUDA); "
+                             "--workers ray runs one worker per GPU") if spec is not None else None
+                return None
+            n = spec.count if spec is not None and spec.count else min(4, os.cpu_count() or 1)
+            if spec is None and (os.cpu_count() or 1) <= 1:
+                return None
+            if not fork_safe():
+                self.note = "checks run in-process (CUDA is initialized here: no fork)"
+                return None
+            self._local_count = max(self._local_count, n)
+            return LocalWorkers(n)
+        if self._ray is None:
+            from lumc.compiler.core.ray_workers import RayWorkers
+            self._ray = RayWorkers(spec, target)
+        return self._ray
+
+    def finish(self, pool) -> None:
+        """The search that used ``pool`` ended: a local pool is closed (its running checks
+        killed), a Ray pool's queued units are dropped (the next plan of the compile reuses it)."""
+        if pool is None:
+            return
+        if isinstance(pool, LocalWorkers):
+            pool.close()
+            units = sorted(pool.per_pid.values(), reverse=True)   # one entry per worker
+            units += [0] * (pool.count - len(units))
+            n = max(len(units), len(self._local_units))
+            self._local_units = [a + b for a, b in zip(self._local_units + [0] * n, units + [0] * n)
+                                 ][:n]
+            self._local_lost += pool.lost
+            self._local_retried += pool.retried
+        else:
+            pool.cancel_queued()
+
+    def close(self) -> None:
+        """Stop the Ray pool (and a cluster this compile started; a joined one only loses this
+        driver)."""
+        if self._ray is not None:
+            self._ray.close()
+
+    def status(self) -> dict | None:
+        """``{count, busy, idle, in_flight}`` of the current pool for the progress display."""
+        return self.pool.status() if self.pool is not None else None
+
+    def report(self) -> dict:
+        """The report's ``workers``: ``kind`` (``local``, ``ray`` or ``in-process``), ``count``,
+        ``units_per_worker`` (list, one entry per worker), ``units``, ``units_lost`` (a worker died
+        or hung while running them), ``retried`` (run again elsewhere), ``failed`` (lost twice:
+        marked errors), and for Ray the ``address`` and ``started_cluster``."""
+        if self._ray is not None:
+            return self._ray.report()
+        kind = "local" if self._local_count else "in-process"
+        out = {"kind": kind, "count": self._local_count,
+               "units_per_worker": list(self._local_units), "units": sum(self._local_units),
+               "units_lost": self._local_lost, "retried": self._local_retried,
+               "failed": self._local_lost - self._local_retried}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+_ACTIVE: contextvars.ContextVar[Workers | None] = contextvars.ContextVar("lumc_workers",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def use_workers(spec):
+    """Make the workers of ``spec`` (a ``--workers`` string, a :class:`WorkerSpec` or None) the
+    current ones for the compile inside; stopped at its end. Inside a compile that already has
+    workers, ``spec`` None keeps those (one plan of several)."""
+    outer = _ACTIVE.get()
+    if outer is not None and spec is None:
+        yield outer
+        return
+    w = Workers(parse_workers(spec))
+    token = _ACTIVE.set(w)
+    try:
+        yield w
+    finally:
+        _ACTIVE.reset(token)
+        w.close()
+
+
+def with_workers(fn):
+    """Decorator: ``fn(..., workers=SPEC)`` runs inside :func:`use_workers` (``SPEC`` parsed
+    before any work, so a bad one fails at once)."""
+    @functools.wraps(fn)
+    def wrapped(*args, workers=None, **kwargs):
+        with use_workers(workers):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+def warm_workers(target) -> None:
+    """Start the current compile's Ray workers now (their processes load torch and Triton while
+    the driver builds candidates), when ``--workers ray`` asked for them; nothing otherwise."""
+    w = _ACTIVE.get()
+    if w is not None and w.spec is not None and w.spec.kind == "ray" and w._ray is None:
+        w.start(target)
+
+
+@contextlib.contextmanager
+def search_workers(target, deadline):
+    """The current compile's :class:`Workers` (a default one when there is none), with
+    ``.pool`` set for one search on ``target``; the pool is finished when the search ends (a
+    passed deadline or Ctrl-C cancels its outstanding units)."""
+    w = _ACTIVE.get()
+    temp = w is None
+    if temp:
+        w = Workers(None)
+    w.pool = w.start(target) if not deadline.expired() else None
+    try:
+        yield w
+    finally:
+        pool, w.pool = w.pool, None
+        try:
+            w.finish(pool)
+        finally:
+            if temp:
+                w.close()

@@ -1,0 +1,168 @@
+"""``--workers ray`` on a local Ray cluster of 2 CPUs (one cluster for the module: Ray starts in
+about 5 s).
+
+* ``lumc compile`` of Magika and MiniLM on ``sim:h200`` with ``--workers ray`` (joining the
+  cluster through ``RAY_ADDRESS``) makes the same choice and the same report figures as
+  ``--workers local:1``, each from an empty tuning database.
+* An actor killed while it runs a unit costs that unit only: it is retried on another actor and
+  the compile returns a checked artifact, the loss in its report.
+* The pool alone: a unit lost twice fails with ``WorkerLost`` and the pool goes on; a hung unit's
+  actor is killed; a unit's own exception is its result; an array goes to the object store once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from lumc.compiler.core.ray_workers import RayWorkers, WorkerLost
+from lumc.compiler.core.workers import parse_workers
+from lumc.compiler.runtime.targets import resolve_target
+
+MODELS = {
+    "magika": ["--shape", "bytes=1x2048"],
+    "minilm-l3": ["--shape", "batch_size=1", "--shape", "sequence_length=8"],
+}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The address of a local Ray cluster with 2 CPUs, shut down after the module."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def lumc_compile(model, args, workers, tmp_path, address) -> dict:
+    rep = tmp_path / f"{workers.replace(':', '')}.json"
+    env = {**os.environ, "LUMC_CACHE_DIR": str(tmp_path / f"cache-{workers.replace(':', '')}"),
+           "RAY_ADDRESS": address}
+    r = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()",
+                        "compile", str(model), "--budget", "120s", "--device", "sim:h200", *args,
+                        "-o", str(tmp_path / "out.lumc"), "--report", str(rep), "--quiet",
+                        "--workers", workers], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == "", r.stderr       # Ray's own logging stays quiet
+    return json.loads(rep.read_text())
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", list(MODELS))
+def test_ray_makes_the_choice_local_makes(name, ray_cluster, model_path, tmp_path):
+    local = lumc_compile(model_path(name), MODELS[name], "local:1", tmp_path, ray_cluster)
+    dist = lumc_compile(model_path(name), MODELS[name], "ray", tmp_path, ray_cluster)
+    assert "budget" not in local["stopped_because"]      # a search that ran to its end
+    for k in ("candidate_label", "kernels", "best_time_s", "bound_time_s", "max_rel_error",
+              "candidates_total", "candidates_pruned", "candidates_timed", "candidates_rejected",
+              "measurements", "stopped_because", "form_counts"):
+        assert dist[k] == local[k], k
+    assert [(p["kernel"], p["impl"], p["config"]) for p in dist["per_kernel"]] == \
+        [(p["kernel"], p["impl"], p["config"]) for p in local["per_kernel"]]
+    assert local["max_rel_error"] < 1e-4
+    lw, dw = local["workers"], dist["workers"]
+    assert lw["kind"] == "local" and lw["count"] == 1 and lw["units"] == lw["units_per_worker"][0]
+    assert dw["kind"] == "ray" and dw["count"] == 2 and len(dw["units_per_worker"]) == 2
+    assert dw["started_cluster"] is False and dw["address"] == ray_cluster    # joined, not started
+    assert dw["units"] == lw["units"] > 0       # the same units, spread over two workers
+    assert dw["units_lost"] == dw["retried"] == 0
+
+
+@pytest.mark.models
+def test_killed_worker_costs_one_unit(ray_cluster, model_path, tmp_path, monkeypatch):
+    """``ray.kill`` of the actor running the compile's first unit: the unit runs again on the
+    other actor, the compile returns a checked artifact, and the report counts the loss."""
+    import lumc
+    from lumc.compiler.core import ray_workers
+    from lumc.compiler.core.pipeline import compile_model
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    killed: list[int] = []
+    assign = ray_workers.RayWorkers._assign
+
+    def assign_then_kill(self):
+        assign(self)
+        busy = [s for s in self._slots if s.ref is not None]
+        if busy and not killed:
+            killed.append(busy[0].index)
+            ray.kill(busy[0].actor)
+    monkeypatch.setattr(ray_workers.RayWorkers, "_assign", assign_then_kill)
+    cm = compile_model(str(model_path("magika")), budget="120s", device="sim:h200",
+                       shapes={"bytes": (1, 2048)}, db=TuningDatabase(tmp_path / "db.sqlite"),
+                       reuse_plan=False, workers="ray")
+    r = cm.report_dict()
+    assert killed == [0]
+    w = r["workers"]
+    assert w["units_lost"] == 1 and w["retried"] == 1 and w["failed"] == 0
+    assert w["workers"][0]["alive"] is False and len(w["workers"]) == 3   # one replacement
+    assert w["units"] > 0 and w["workers"][0]["units"] == 0
+    # the lost unit's verdict came from its retry: every kernel checked, none an error
+    assert r["max_rel_error"] is not None and r["max_rel_error"] < 1e-4
+    assert r["candidates_rejected"] == 0 and "budget" not in r["stopped_because"]
+    art = tmp_path / "magika.lumc"         # the artifact runs and agrees with onnxruntime
+    cm.save(art)
+    import onnxruntime as ort
+    from lumc.compiler.tools.cli import compare_output
+    x = np.random.default_rng(0).integers(0, 256, (1, 2048)).astype(np.int32)
+    ref = ort.InferenceSession(str(model_path("magika")),
+                               providers=["CPUExecutionProvider"]).run(None, {"bytes": x})
+    got = lumc.load(art)(x)
+    for g, want in zip(got if isinstance(got, tuple) else (got,), ref):
+        c = compare_output(np.asarray(g), want, 1e-4)
+        assert c.ok, (c.max_rel, c.note)
+
+
+def test_pool_faults_and_data(ray_cluster):
+    """Units lost twice fail and the pool goes on; a unit's own error is its result; an array is
+    put once however many units read it."""
+    pool = RayWorkers(parse_workers("ray"), resolve_target("sim:h200"))
+    try:
+        assert pool.count == 2 and not pool.started_cluster
+        dies = pool.submit_call(os._exit, (3,))
+        with pytest.raises(WorkerLost, match="2 times"):
+            dies.result(timeout=60)
+        assert (pool.lost, pool.retried, pool.failed) == (2, 1, 1)
+        assert pool.submit_call(operator.add, (2, 3)).result(timeout=60) == 5   # replacements
+        with pytest.raises(ZeroDivisionError):
+            pool.submit_call(operator.truediv, (1, 0)).result(timeout=60)
+        assert pool.lost == 2                   # an exception is not a lost worker
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        futs = [pool.submit_call(np.stack, (), [a, a]) for _ in range(3)]
+        for f in futs:
+            np.testing.assert_array_equal(f.result(timeout=60), np.stack([a, a]))
+        assert len(pool._puts) == 1
+        rep = pool.report()
+        assert rep["units_lost"] == 2 and rep["failed"] == 1 and rep["units"] == 5
+    finally:
+        pool.close()
+
+
+def test_pool_hung_unit_and_close(ray_cluster):
+    """A unit past ``unit_timeout_s`` has its actor killed and is retried once, then fails;
+    ``close`` cancels what is queued and running at once."""
+    pool = RayWorkers(parse_workers("ray"), resolve_target("sim:h200"), unit_timeout_s=1.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLost, match="no result after 1.5 s"):
+            pool.submit_call(time.sleep, (60,)).result(timeout=60)
+        assert time.monotonic() - t0 < 30 and pool.retried == 1
+        pool.unit_timeout_s = 600
+        futs = [pool.submit_call(time.sleep, (60,)) for _ in range(4)]
+        while pool.status()["busy"] < 2:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        pool.close()
+        assert all(f.done() for f in futs) and time.monotonic() - t0 < 10
+        assert sum(f.cancelled() for f in futs) == 2      # the queued two; the running two fail
+    finally:
+        pool.close()
