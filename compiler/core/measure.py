@@ -356,7 +356,8 @@ class KernelMeasurer:
                 return Measurement(None, "rejected", note)
             return Measurement(None, "error", note)   # errors may be environmental: not persisted
         try:
-            seconds = self._time(e, cfg_obj, index)
+            seconds = self._worker_time(e, index, cfg_obj) if self._gpu_workers() \
+                else self._time(e, cfg_obj)
         except NoBudget as err:
             return Measurement(None, "budget", str(err))
         except Exception as err:
@@ -376,7 +377,8 @@ class KernelMeasurer:
         if first.status != "ok":
             return first
         try:            # with GPU workers: on worker 0, so the top programs compare on one GPU
-            seconds = self._time(e, e.configs[index], index, pin=0 if self._gpu_workers() else None)
+            seconds = self._worker_time(e, index, e.configs[index], pin=0) \
+                if self._gpu_workers() else self._time(e, e.configs[index])
         except NoBudget as err:
             return Measurement(None, "budget", str(err))
         except Exception as err:
@@ -521,16 +523,18 @@ class KernelMeasurer:
         out = ReferenceExecutor(e.kernel.meaning, "float64").run_keeping(feed, set())[0]
         return [out[k] for k in e.kernel.meaning.outputs]
 
-    def _time(self, e: KernelEntry, cfg, index: int = 0, pin: int | None = None) -> float:
+    def _worker_time(self, e: KernelEntry, index: int, cfg, pin: int | None = None) -> float:
+        """Seconds of a config timed by its GPU unit on a worker (``pin``: a fresh unit there)."""
+        r = self._gpu_unit(e, index, cfg, pin=pin)
+        self._gpu_results.pop((e.key, index), None)
+        return float(r["seconds"])
+
+    def _time(self, e: KernelEntry, cfg) -> float:
         kw = cfg.kwargs() if cfg is not None else {}
         if self.target.simulated:
             if is_extern(kw):
                 return simulate_extern_time(e.kernel, kw, self.target.spec)
             return simulate_kernel_time(e.kernel, kw, self.target.spec)
-        if self._gpu_workers():
-            r = self._gpu_unit(e, index, cfg, pin=pin)
-            self._gpu_results.pop((e.key, index), None)
-            return float(r["seconds"])
         return time_on_gpu(e, cfg, self.values, self.target.torch_device)
 
 

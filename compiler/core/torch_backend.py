@@ -124,8 +124,9 @@ class DynamoGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, budget_s: float,
                  search: bool = True, device: str | None = None, policy=None,
-                 max_size: int | None = None, shapes: dict | None = None):
+                 max_size: int | None = None, shapes: dict | None = None, workers=None):
         self.policy = policy             # the precision policy (lumc.compiler.core.precision)
+        self.workers = workers           # --workers of every compile (lumc.compiler.core.workers)
         self.gm = gm
         self.budget_s = budget_s
         self.search = search
@@ -365,7 +366,10 @@ class DynamoGraph:
 
     def _compile_range(self, ranges: dict) -> None:
         t0 = time.perf_counter()
-        vm = compile_range(self.gm, ranges, self._frontend, self.budget_s, self.device, self.policy)
+        from lumc.compiler.core.workers import use_workers
+        with use_workers(self.workers):
+            vm = compile_range(self.gm, ranges, self._frontend, self.budget_s, self.device,
+                               self.policy)
         self.range_compile_s = time.perf_counter() - t0
         self.compiles += 1
         counters["compiles"] += 1
@@ -424,7 +428,7 @@ class DynamoGraph:
                     if slot.dims is not None}
             compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
                                      example_inputs=feed, name="torch.compile graph",
-                                     policy=self.policy)
+                                     policy=self.policy, workers=self.workers)
             self.compiles += 1
             counters["compiles"] += 1
             counters["shape_compiles"] += 1
@@ -533,7 +537,7 @@ def _device(args) -> torch.device:
 
 
 _BACKEND_OPTIONS = ("budget", "search", "device", "precision", "weights", "tolerance", "max_kl",
-                    "logits", "max_size", "shapes")
+                    "logits", "max_size", "shapes", "workers")
 
 
 def lumc_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kw):
@@ -550,7 +554,7 @@ def lumc_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
 def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search: bool = True,
                   device: str | None = None, precision: str = "fp32", weights: str = "same",
                   tolerance: float | None = None, max_kl: float | None = None, logits=(),
-                  max_size: int | None = None, shapes: dict | None = None):
+                  max_size: int | None = None, shapes: dict | None = None, workers=None):
     """The TorchDynamo backend: returns a callable running ``gm`` with lumc.
 
     Args:
@@ -567,6 +571,8 @@ def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search:
             :data:`DEFAULT_MAX_SIZE`).
         shapes: ``{dim: (lo, hi) or "lo..hi"}`` per dynamic dim, keyed by its symbol (``s27``)
             or ``INPUT.AXIS`` (``x.1``, ``L_x_.1``); clipped to Dynamo's range.
+        workers: where each compile's work units run (``"local:N"``, ``"ray"``,
+            ``"ray://HOST:PORT"``: ``lumc.compiler.core.workers``).
     Raises:
         InputError: an unknown precision or weights option; a ``shapes`` key that is no dynamic
             dim, or a range that is not one.
@@ -577,4 +583,6 @@ def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search:
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     from lumc.compiler.core.precision import PrecisionPolicy
     policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
-    return DynamoGraph(gm, example_inputs, budget_s, search, device, policy, max_size, shapes)
+    from lumc.compiler.core.workers import parse_workers
+    return DynamoGraph(gm, example_inputs, budget_s, search, device, policy, max_size, shapes,
+                       parse_workers(workers))

@@ -34,6 +34,7 @@ from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.frontends.onnx_frontend import ImportedModel
 from lumc.compiler.core import torch_plan_cache as plan_cache
 from lumc.compiler.core.buckets import DimRange, ranges_in
+from lumc.compiler.core.workers import with_workers
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, _as_args, capture_module,
                                                   example_shapes, from_numpy, to_numpy)
 from lumc.ir.errors import InputError
@@ -209,6 +210,7 @@ class CompiledTorchModule:
         return f"CompiledTorchModule({ins}; {len(self._cache)} specializations)"
 
 
+@with_workers
 def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic_shapes=None,
                    example_kwargs: dict | None = None, search: bool = True,
                    device: str | None = None, reuse_plan: bool = True, precision: str = "fp32",
@@ -238,6 +240,9 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             capturing the module again; ``f.reused`` then names the stored plan.
         precision, weights, tolerance, max_kl, logits: the precision policy and its quality gate
             (``lumc.compiler.core.precision``); bf16/fp16 tensors at the call boundary work as given.
+        workers: where the compile's work units run (``"local:N"``, ``"ray"``,
+            ``"ray://HOST:PORT"``: ``lumc.compiler.core.workers``); a shape first seen at call
+            time is compiled with the default workers.
     Returns:
         :class:`CompiledTorchModule` (static shapes, or ``search=False``): ``f(*args, **kwargs)``
         on torch tensors on the module's device, returning the module's output structure;

@@ -143,3 +143,144 @@ def test_local_worker_death_is_retried_here(tmp_path, monkeypatch):
     assert w["kind"] == "local" and w["units_lost"] == 1 and w["retried"] == 1 and w["failed"] == 0
     assert r["max_rel_error"] is not None and r["max_rel_error"] < 1e-5
     assert r["candidates_rejected"] == 0 and r["best_time_s"] is not None
+
+
+class FakeGpuWorkers:
+    """GPU workers without a GPU: a unit runs its Triton kernel in the interpreter here; its time
+    is ``1e-5 * (unit number)``; ``scale`` corrupts the outputs, ``spills`` is reported as is."""
+
+    def __init__(self, scale: float = 1.0, spills: int = 0):
+        self.units: list[tuple[dict, int | None]] = []
+        self.scale, self.spills = scale, spills
+
+    def submit_gpu(self, kernel, cfg, ins, pin=None):
+        from concurrent.futures import Future
+
+        from lumc.backends.extern import is_extern
+        from lumc.compiler.core.workers import run_check_unit, unit_args
+        self.units.append((dict(cfg), pin))
+        outs = None if is_extern(cfg) else [o * self.scale
+                                            for o in run_check_unit(*unit_args(kernel, cfg), ins)]
+        f = Future()
+        f.set_result({"outs": outs, "seconds": 1e-5 * len(self.units), "spills": self.spills,
+                      "device": "fake"})
+        return f
+
+    def want(self, future):
+        pass
+
+    def status(self):
+        return {"count": 2, "busy": 0, "idle": 2, "in_flight": 0}
+
+
+def _gpu_measurer(tmp_path, pool):
+    """A measurer for a GPU target (named ``cuda:0 fake``) whose units go to ``pool``, and the
+    key of a 37x61 @ 61x29 matmul kernel registered in it with its reference values."""
+    import dataclasses
+
+    import numpy as np
+
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.backends.triton.benchcases import _kernel
+    from lumc.compiler.core.measure import KernelMeasurer
+    from lumc.compiler.runtime.program import KernelCall
+    from lumc.compiler.runtime.targets import resolve_target
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    from lumc.ir import dtypes as dt
+    from lumc.ir.graph import input_node
+    specs = [((37, 61), dt.f32), ((61, 29), dt.f32)]
+    k = _kernel("matmul", lambda a, b: a @ b, specs)
+    call = KernelCall(k, [input_node(f"x{i}", s, d) for i, (s, d) in enumerate(specs)],
+                      [input_node("y0", k.outputs[0].shape, k.outputs[0].dtype)])
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(s).astype(np.float32) for s, _ in specs]
+    values = {id(n): v for n, v in zip(call.inputs, ins)}
+    values[id(call.outputs[0])] = ReferenceExecutor(k.meaning)({"in0": ins[0], "in1": ins[1]})["out0"]
+    gpu = dataclasses.replace(resolve_target("sim:h200"), name="cuda:0 fake", simulated=False)
+    m = KernelMeasurer(gpu, TuningDatabase(tmp_path / "db.sqlite"),
+                       {"lumc": "t", "triton": "t", "driver": "t"}, values)
+    m.pool = pool
+    return m, m.add(call)
+
+
+def test_gpu_units_check_and_time_on_workers(tmp_path):
+    """On a GPU target with workers, one unit per config gives both the outputs the driver checks
+    and the time it stores; lookahead starts the next configs ahead; the final re-time is a fresh
+    unit on worker 0."""
+    from lumc.backends.extern import is_extern
+    pool = FakeGpuWorkers()
+    m, key = _gpu_measurer(tmp_path, pool)
+    m.prefetch([key])
+    assert [pin for _, pin in pool.units] == [None] and pool.units[0][0] == m.config_of(key, 0)
+    r = m(key, 0)
+    assert r.status == "ok" and r.seconds == pytest.approx(1e-5) and len(pool.units) == 1
+    assert m.checked[(key, 0)] < 1e-5                  # the unit's outputs were judged here
+    m.lookahead([(key, 0), (key, 1), (key, 2)])        # config 0 is stored: not again
+    assert [c for c, _ in pool.units[1:]] == [m.config_of(key, 1), m.config_of(key, 2)]
+    assert is_extern(m.config_of(key, 1))              # cublas: checked through torch on the CPU
+    assert m(key, 1).seconds == pytest.approx(2e-5) and m(key, 2).seconds == pytest.approx(3e-5)
+    assert len(pool.units) == 3
+    again = m.remeasure(key, 0)
+    assert pool.units[-1] == (m.config_of(key, 0), 0) and again.seconds == pytest.approx(4e-5)
+    assert m.db.get(m._db_key(key, 0)).seconds == pytest.approx(4e-5)
+
+
+def test_gpu_unit_wrong_outputs_or_spills_are_rejected(tmp_path):
+    m, key = _gpu_measurer(tmp_path, FakeGpuWorkers(scale=2.0))
+    r = m(key, 0)
+    assert r.status == "rejected" and "max rel error" in r.note
+    m, key = _gpu_measurer(tmp_path / "b", FakeGpuWorkers(spills=256))
+    r = m(key, 0)
+    assert r.status == "rejected" and "spills 256 B" in r.note
+
+
+def test_torch_entry_points_take_workers(tmp_path, monkeypatch):
+    """``lumc.compile(module, workers=...)`` and the torch.compile backend's ``workers`` option
+    reach the search (the report's workers), and a bad one is refused at once."""
+    import torch
+
+    import lumc
+    from lumc.compiler.core.torch_backend import lumc_backend
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh()).eval()
+    x = torch.randn(4, 8)
+    f = lumc.compile(mod, budget="30s", device="sim:h200", example_inputs=(x,),
+                     workers="local:2", reuse_plan=False)
+    w = f.specializations[0].compiled.report_dict()["workers"]
+    assert w["kind"] == "local" and w["count"] == 2 and w["units"] >= 1
+    torch.testing.assert_close(f(x), mod(x), rtol=1e-4, atol=1e-5)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(lumc_backend(gm, example_inputs, workers="local:1", budget="30s",
+                                 device="sim:h200"))
+        return seen[-1]
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(mod, backend=backend)(x), mod(x), rtol=1e-4,
+                               atol=1e-5)
+    w = next(iter(seen[0].specializations.values())).compiled.report_dict()["workers"]
+    assert w["kind"] == "local" and w["count"] == 1
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="expected local:N"):
+        torch.compile(mod, backend="lumc", options={"workers": "bogus"})(x)
+    torch._dynamo.reset()
+
+
+def test_progress_shows_workers_busy_idle_and_in_flight():
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.pipeline import Progress
+    from lumc.compiler.core.search import SearchStats
+    from lumc.compiler.runtime.targets import resolve_target
+    p = Progress(10.0, resolve_target("sim:h200"), quiet=True)
+    shown: dict = {}
+
+    class Bar:
+        def update(self, task, **fields):
+            shown.update(fields)
+    p._p = Bar()
+    p.search(Deadline(10.0), SearchStats(), 1e-5, 5e-6)
+    assert "workers" not in shown["info"] and "best 10.0us (sim)" in shown["info"]
+    p.workers = lambda: {"count": 2, "busy": 1, "idle": 1, "in_flight": 5}
+    p.search(Deadline(10.0), SearchStats(), 1e-5, 5e-6)
+    assert shown["info"].endswith("| workers 1 busy 1 idle, 5 units in flight")
