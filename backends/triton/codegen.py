@@ -20,8 +20,8 @@ from typing import Callable
 from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.backends.triton import exprs
-from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, permutation_of,
-                                           reshape_index, unravel)
+from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, per_axis,
+                                           permutation_of, reshape_index, unravel)
 
 
 class RenderError(Exception):
@@ -217,6 +217,16 @@ class Evaluator:
             out = ["0"] * len(src.shape)
             for j, k in enumerate(perm):
                 out[k] = idx[j]
+            return out
+        pa = per_axis(v, src.shape)
+        if pa is not None:   # per-axis coordinates straight from the strides (a conv's windows)
+            out = []
+            for off, terms in pa:
+                parts = ([str(off)] if off else []) + [
+                    idx[j] if m == 1 else f"({idx[j]}) * {m}" for j, m in terms if idx[j] != "0"]
+                e = " + ".join(parts) if parts else "0"
+                out.append(e if e.isidentifier() or e.lstrip("-").isdigit()
+                           else self.w.bind(f"({e})", "i", level))
             return out
         f = self.w.bind(flat, "f", level)
         return [self.w.bind(e, "i", level) if not e.isdigit() else e for e in unravel(f, src.shape)]

@@ -99,3 +99,49 @@ def needs_int64(nodes: list[Node], extra_sizes: tuple[int, ...] = (),
         if n.op == "View":
             bound = max(bound, max_address(n.arg), n.srcs[0].numel)
     return bound >= INT32_LIMIT
+
+
+def per_axis(v: View, src_shape: tuple[int, ...]) -> list[tuple[int, list[tuple[int, int]]]] | None:
+    """The source coordinates a view reads, one affine expression per source axis, when they can
+    be read off its strides without the ``//``/``%`` of unravelling its flat position.
+
+    Returns ``[(offset_i, [(dim j, mult)])]`` per axis ``i`` of ``src_shape``: the coordinate along
+    ``i`` is ``offset_i + sum(mult * idx[j])``. Exact when every stride is ``mult * cs[i]`` for one
+    axis (``cs``: row-major strides of ``src_shape``) and, over the view's valid box (its mask), each
+    coordinate stays in ``[0, src_shape[i])``: no position carries into the next axis, so the flat
+    position decomposes uniquely. A convolution's window view over its padded input is one (the
+    taps and outputs of an axis add up there); masked lanes may get coordinates out of range, and
+    every read they feed is masked. None when the strides do not decompose that way.
+    """
+    cs = contiguous_strides(src_shape)
+    axes = [i for i, c in enumerate(cs) if c > 0]
+    if not axes:
+        return None
+    box = v.mask or tuple((0, d) for d in v.shape)
+    terms: dict[int, list[tuple[int, int]]] = {i: [] for i in axes}
+    lo = {i: 0 for i in axes}
+    hi = {i: 0 for i in axes}
+    for j, (d, st) in enumerate(zip(v.shape, v.strides)):
+        if d == 1 or st == 0:
+            continue
+        i = next((a for a in axes if cs[a] <= abs(st) and abs(st) % cs[a] == 0), None)
+        if i is None:
+            return None
+        mult = st // cs[i] if st > 0 else -((-st) // cs[i])
+        a, b = box[j][0] * mult, (box[j][1] - 1) * mult
+        lo[i] += min(a, b)
+        hi[i] += max(a, b)
+        terms[i].append((j, mult))
+    # the offset split over the axes, outermost first: each axis takes the share that leaves the
+    # inner axes a representable remainder, and its coordinates must stay inside the axis
+    rest, offs = v.offset, {}
+    for pos, i in enumerate(axes):
+        inner_min = sum((-lo[k]) * cs[k] for k in axes[pos + 1:])
+        o = (rest - inner_min) // cs[i]
+        if not (0 <= o + lo[i] and o + hi[i] < src_shape[i]):
+            return None
+        offs[i] = o
+        rest -= o * cs[i]
+    if rest != 0:
+        return None
+    return [(offs.get(i, 0), terms.get(i, [])) for i in range(len(src_shape))]

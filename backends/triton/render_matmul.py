@@ -147,12 +147,13 @@ def render_matmul(kernel: Kernel) -> KernelParts:
            f"b_mask = (rk[:, None] < {K}) & (rn_b[None, :] < {N})")
     lk = lo + 1           # inside the K loop
     a_idx = place(c, {c.batch_dims: bidx,
-                      c.m_dims: bind_all(w, unravel("rm_a[:, None]", c.shape_of(c.m_dims)), "am", lk),
+                      # row and column indices are loop-invariant: bound outside the K loop
+                      c.m_dims: bind_all(w, unravel("rm_a[:, None]", c.shape_of(c.m_dims)), "am", lo),
                       c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", lk)}
                   ) if stats is None else None
     b_idx = place(c, {c.batch_dims: bidx,
                       c.k_dims: bind_all(w, unravel("rk[:, None]", c.shape_of(c.k_dims)), "bk", lk),
-                      c.n_dims: bind_all(w, unravel("rn_b[None, :]", c.shape_of(c.n_dims)), "bn", lk)})
+                      c.n_dims: bind_all(w, unravel("rn_b[None, :]", c.shape_of(c.n_dims)), "bn", lo)})
     a = (ev.value(c.a, a_idx, "a_mask", lk) if stats is None else
          ev.value(rowp.p, stats.p_index("rk[None, :]", "ak", lk), "a_mask", lk))
     b = ev.value(c.b, b_idx, "b_mask", lk)
