@@ -79,14 +79,33 @@ def test_ray_makes_the_choice_local_makes(name, ray_cluster, model_path, tmp_pat
     assert dw["units_lost"] == dw["retried"] == 0
 
 
-@pytest.mark.models
-def test_killed_worker_costs_one_unit(ray_cluster, model_path, tmp_path, monkeypatch):
+def small_model():
+    """softmax(x @ W + b) over f32[16, 32] @ [32, 24]: a few kernels, quick to check."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["z"]),
+         helper.make_node("Softmax", ["z"], ["y"], axis=-1)], "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 24])],
+        [numpy_helper.from_array(rng.standard_normal((32, 24)).astype(np.float32), "W"),
+         numpy_helper.from_array(rng.standard_normal(24).astype(np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_killed_worker_costs_one_unit(ray_cluster, tmp_path, monkeypatch):
     """``ray.kill`` of the actor running the compile's first unit: the unit runs again on the
     other actor, the compile returns a checked artifact, and the report counts the loss."""
+    import onnxruntime as ort
+
     import lumc
     from lumc.compiler.core import ray_workers
     from lumc.compiler.core.pipeline import compile_model
     from lumc.compiler.runtime.tuning_db import TuningDatabase
+    from lumc.compiler.tools.cli import compare_output
     killed: list[int] = []
     assign = ray_workers.RayWorkers._assign
 
@@ -97,29 +116,26 @@ def test_killed_worker_costs_one_unit(ray_cluster, model_path, tmp_path, monkeyp
             killed.append(busy[0].index)
             ray.kill(busy[0].actor)
     monkeypatch.setattr(ray_workers.RayWorkers, "_assign", assign_then_kill)
-    cm = compile_model(str(model_path("magika")), budget="120s", device="sim:h200",
-                       shapes={"bytes": (1, 2048)}, db=TuningDatabase(tmp_path / "db.sqlite"),
-                       reuse_plan=False, workers="ray")
+    model = small_model()
+    cm = compile_model(model, budget="60s", device="sim:h200",
+                       db=TuningDatabase(tmp_path / "db.sqlite"), reuse_plan=False, workers="ray")
     r = cm.report_dict()
-    assert killed == [0]
+    assert len(killed) == 1
     w = r["workers"]
     assert w["units_lost"] == 1 and w["retried"] == 1 and w["failed"] == 0
-    assert w["workers"][0]["alive"] is False and len(w["workers"]) == 3   # one replacement
-    assert w["units"] > 0 and w["workers"][0]["units"] == 0
+    dead = w["workers"][killed[0]]
+    assert dead["alive"] is False and dead["units"] == 0 and len(w["workers"]) == 3  # replaced
+    assert w["units"] >= 2
     # the lost unit's verdict came from its retry: every kernel checked, none an error
-    assert r["max_rel_error"] is not None and r["max_rel_error"] < 1e-4
+    assert r["max_rel_error"] is not None and r["max_rel_error"] < 1e-5
     assert r["candidates_rejected"] == 0 and "budget" not in r["stopped_because"]
-    art = tmp_path / "magika.lumc"         # the artifact runs and agrees with onnxruntime
+    art = tmp_path / "small.lumc"          # the artifact runs and agrees with onnxruntime
     cm.save(art)
-    import onnxruntime as ort
-    from lumc.compiler.tools.cli import compare_output
-    x = np.random.default_rng(0).integers(0, 256, (1, 2048)).astype(np.int32)
-    ref = ort.InferenceSession(str(model_path("magika")),
-                               providers=["CPUExecutionProvider"]).run(None, {"bytes": x})
-    got = lumc.load(art)(x)
-    for g, want in zip(got if isinstance(got, tuple) else (got,), ref):
-        c = compare_output(np.asarray(g), want, 1e-4)
-        assert c.ok, (c.max_rel, c.note)
+    x = np.random.default_rng(1).standard_normal((16, 32)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    c = compare_output(np.asarray(lumc.load(art)(x)), want, 1e-5)
+    assert c.ok, (c.max_rel, c.note)
 
 
 def test_pool_faults_and_data(ray_cluster):
