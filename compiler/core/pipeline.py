@@ -473,7 +473,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                                 config_bounds=measurer.bound,
                                 before_candidate=lambda i: measurer.prefetch(keys[i]),
                                 remeasure=measurer.remeasure, runnable=measurer.runnable,
-                                lookahead=measurer.lookahead)
+                                lookahead=None if target.simulated else measurer.lookahead)
             measurer.pool = progress.workers = None
         worker_report = workers.report()
         stage_s["search"] = deadline.elapsed() - sum(stage_s.values())

@@ -78,14 +78,17 @@ class UnitActor:
 
     def run(self, fn, args: tuple, refs: list | None):
         """``fn(*args, arrays)`` with the arrays of ``refs`` (writable copies where the object
-        store hands out read-only views); ``fn(*args)`` when ``refs`` is None."""
+        store hands out read-only views); ``fn(*args)`` when ``refs`` is None. Returns
+        ``(seconds it took, result)``."""
         import ray
+        t0 = time.perf_counter()
         if refs is None:
-            return fn(*args)
+            return time.perf_counter() - t0, fn(*args)
         arrays = ray.get(list(refs)) if refs else []
         arrays = [a if not isinstance(a, np.ndarray) or a.flags.writeable else np.array(a)
                   for a in arrays]
-        return fn(*args, arrays)
+        out = fn(*args, arrays)
+        return time.perf_counter() - t0, out
 
 
 @dataclass
@@ -117,6 +120,7 @@ class _Slot:
     ref: object = None
     since: float = 0.0
     units: int = 0
+    busy_s: float = 0.0
     alive: bool = True
 
 
@@ -341,7 +345,7 @@ class RayWorkers:
         ex = self.ray.exceptions
         unit = slot.unit
         try:
-            out = self.ray.get(slot.ref)
+            secs, out = self.ray.get(slot.ref)
         except ex.RayTaskError as e:          # the unit's own code raised: that is its result
             slot.unit = slot.ref = None
             slot.units += 1
@@ -355,6 +359,7 @@ class RayWorkers:
             return
         slot.unit = slot.ref = None
         slot.units += 1
+        slot.busy_s += secs
         if not unit.future.done():
             unit.future.set_result(out)
 
@@ -377,11 +382,14 @@ class RayWorkers:
                     s.info = self.ray.get(ready[0]) if ready else None
                 except Exception:
                     s.info = None
-            per.append({"worker": s.index, "units": s.units, "alive": s.alive,
+            per.append({"worker": s.index, "units": s.units, "busy_s": round(s.busy_s, 2),
+                        "alive": s.alive,
                         "host": (s.info or {}).get("host"), "pid": (s.info or {}).get("pid")})
         out = {"kind": "ray", "address": self.address, "started_cluster": self.started_cluster,
                "device_kind": "gpu" if self.gpu else "cpu", "count": self.count,
-               "units_per_worker": [p["units"] for p in per], "units": sum(p["units"] for p in per),
+               "units_per_worker": [p["units"] for p in per],
+               "busy_s_per_worker": [p["busy_s"] for p in per],
+               "units": sum(p["units"] for p in per),
                "units_lost": self.lost, "retried": self.retried, "failed": self.failed,
                "workers": per}
         if self.dropped_kind:

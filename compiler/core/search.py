@@ -23,6 +23,7 @@ candidate (untimed if nothing could be measured).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
@@ -103,7 +104,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             cannot render it and no extern applies); the untimed fallback skips candidates holding one.
         lookahead: called in the depth phase before each measurement with the ``(kernel key,
             config index)`` pairs likely measured next (the next configs of the kernels furthest
-            from their bound, largest gap first), so that workers can start them ahead of need;
+            from their bound, largest gap first, less those their bound prunes), so that workers
+            can start them ahead of need;
             it must not change what ``measure`` returns.
     """
     stats = SearchStats()
@@ -174,6 +176,16 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         refresh()
         return True
 
+    def upcoming(by_gap) -> list:
+        """The configs the depth phase likely tries next: per kernel in gap order, its next
+        untried configs that its best time does not prune."""
+        def nxt(k):
+            ok = (c for c in range(configs[k]) if c not in tried[k] and
+                  (config_bounds is None or config_bounds(k, c) < best_t[k]))
+            return ((k, c) for c in itertools.islice(ok, LOOKAHEAD_CONFIGS))
+        return list(itertools.islice(itertools.chain.from_iterable(
+            nxt(k) for k in by_gap[:LOOKAHEAD_KERNELS]), LOOKAHEAD_UNITS))
+
     def tune() -> str | None:
         """Depth: tune the kernels of the best programs, largest gap to bound first, until the best
         time stops improving. Returns "budget" when the deadline passed, else None."""
@@ -198,9 +210,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             k = by_gap[0]
             ci = next(ci for ci in range(configs[k]) if ci not in tried[k])
             if lookahead is not None:
-                lookahead([(kk, c) for kk in by_gap[:LOOKAHEAD_KERNELS]
-                           for c in [c for c in range(configs[kk]) if c not in tried[kk]
-                                     ][:LOOKAHEAD_CONFIGS]][:LOOKAHEAD_UNITS])
+                lookahead(upcoming(by_gap))
             if config_bounds is not None and config_bounds(k, ci) >= best_t[k]:
                 tried[k].add(ci)
                 stats.candidates_pruned += 1

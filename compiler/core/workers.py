@@ -36,6 +36,7 @@ import functools
 import os
 import re
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -169,8 +170,10 @@ def run_gpu_unit(form: str, attrs: tuple, doc: bytes, npz: bytes, cfg: dict,
 
 
 def _with_pid(fn, *args):
-    """Run ``fn(*args)`` in a local worker; returns ``(worker pid, result)``."""
-    return os.getpid(), fn(*args)
+    """Run ``fn(*args)`` in a local worker; returns ``(worker pid, seconds it took, result)``."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return os.getpid(), time.perf_counter() - t0, out
 
 
 # ---- the local pool -------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ class LocalWorkers:
         self.count = count
         self._pool = CheckPool(workers=count)
         self._lock = threading.Lock()
-        self.per_pid: dict[int, int] = {}
+        self.per_pid: dict[int, list] = {}     # pid -> [units, seconds busy]
         self.in_flight = 0
         self.lost = 0
         self.retried = 0
@@ -222,8 +225,10 @@ class LocalWorkers:
                     return
                 err = f.exception()
                 if err is None:
-                    pid, outs = f.result()
-                    self.per_pid[pid] = self.per_pid.get(pid, 0) + 1
+                    pid, secs, outs = f.result()
+                    tally = self.per_pid.setdefault(pid, [0, 0.0])
+                    tally[0] += 1
+                    tally[1] += secs
                 else:
                     from concurrent.futures.process import BrokenProcessPool
                     if isinstance(err, BrokenProcessPool):
@@ -261,7 +266,7 @@ class Workers:
     def __init__(self, spec: WorkerSpec | None):
         self.spec = spec
         self._ray = None
-        self._local_units: list[int] = []     # units per worker, summed over local pools
+        self._local_units: list[list] = []    # [units, seconds busy] per worker, over pools
         self._local_lost = 0
         self._local_retried = 0
         self._local_count = 0
@@ -298,10 +303,10 @@ class Workers:
         if isinstance(pool, LocalWorkers):
             pool.close()
             units = sorted(pool.per_pid.values(), reverse=True)   # one entry per worker
-            units += [0] * (pool.count - len(units))
-            n = max(len(units), len(self._local_units))
-            self._local_units = [a + b for a, b in zip(self._local_units + [0] * n, units + [0] * n)
-                                 ][:n]
+            n = max(pool.count, len(units), len(self._local_units))
+            units += [[0, 0.0]] * (n - len(units))
+            mine = self._local_units + [[0, 0.0]] * (n - len(self._local_units))
+            self._local_units = [[a[0] + b[0], a[1] + b[1]] for a, b in zip(mine, units)]
             self._local_lost += pool.lost
             self._local_retried += pool.retried
         else:
@@ -319,14 +324,17 @@ class Workers:
 
     def report(self) -> dict:
         """The report's ``workers``: ``kind`` (``local``, ``ray`` or ``in-process``), ``count``,
-        ``units_per_worker`` (list, one entry per worker), ``units``, ``units_lost`` (a worker died
+        ``units_per_worker`` (list, one entry per worker), ``busy_s_per_worker`` (seconds spent
+        running units, each), ``units``, ``units_lost`` (a worker died
         or hung while running them), ``retried`` (run again elsewhere), ``failed`` (lost twice:
         marked errors), and for Ray the ``address`` and ``started_cluster``."""
         if self._ray is not None:
             return self._ray.report()
         kind = "local" if self._local_count else "in-process"
         out = {"kind": kind, "count": self._local_count,
-               "units_per_worker": list(self._local_units), "units": sum(self._local_units),
+               "units_per_worker": [u for u, _ in self._local_units],
+               "busy_s_per_worker": [round(b, 2) for _, b in self._local_units],
+               "units": sum(u for u, _ in self._local_units),
                "units_lost": self._local_lost, "retried": self._local_retried,
                "failed": self._local_lost - self._local_retried}
         if self.note:

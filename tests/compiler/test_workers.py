@@ -284,3 +284,32 @@ def test_progress_shows_workers_busy_idle_and_in_flight():
     p.workers = lambda: {"count": 2, "busy": 1, "idle": 1, "in_flight": 5}
     p.search(Deadline(10.0), SearchStats(), 1e-5, 5e-6)
     assert shown["info"].endswith("| workers 1 busy 1 idle, 5 units in flight")
+
+
+def test_search_lookahead_names_what_tuning_measures_next():
+    """The depth phase's lookahead lists next configs in gap order without the ones the bound
+    prunes; what the search measures and chooses is the same with or without it."""
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.search import Measurement, run_search
+    times = {"a": [4.0, 3.0, 2.5, 2.4, 2.3], "b": [2.0, 1.9, 1.8]}
+    bounds = {"a": 1.0, "b": 1.0}
+    cfg_bound = {("a", 3): 9.0}                 # config 3 of a cannot beat its best: pruned
+
+    def run(with_lookahead):
+        seen, measured = [], []
+
+        def measure(k, ci):
+            measured.append((k, ci))
+            return Measurement(times[k][ci])
+        r = run_search([["a", "b"]], bounds, {"a": 5, "b": 3}, measure, Deadline(100.0),
+                       config_bounds=lambda k, ci: cfg_bound.get((k, ci), 0.0),
+                       lookahead=(lambda pairs: seen.append((len(measured), pairs)))
+                       if with_lookahead else None)
+        return r, measured, seen
+    r0, m0, _ = run(False)
+    r1, m1, seen = run(True)
+    assert (r1.candidate, r1.configs, r1.time_s, m1) == (r0.candidate, r0.configs, r0.time_s, m0)
+    assert seen[0] == (2, [("a", 1), ("a", 2), ("a", 4), ("b", 1), ("b", 2)])  # a: gap 4x, b: 2x
+    assert all(("a", 3) not in pairs for _, pairs in seen) and ("a", 3) not in m1
+    for n, pairs in seen:                       # what tuning measured next was named first
+        assert m1[n] == pairs[0]
