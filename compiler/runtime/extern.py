@@ -187,7 +187,7 @@ class ExternKernel:
         from lumc.compiler.runtime.extern_conv import cudnn_tf32
 
         def replay(args):
-            with _tf32(allow), cudnn_tf32(allow):
+            with _tf32(allow), cudnn_tf32(allow, device):
                 return list(mod(*args))
         return replay
 

@@ -73,12 +73,24 @@ def conv_replacements(kernel, precision: str | None) -> dict:
 
 
 @contextlib.contextmanager
-def cudnn_tf32(allow: bool):
-    """``torch.backends.cudnn.allow_tf32`` set for the duration (restored after)."""
+def cudnn_tf32(allow: bool, device: str):
+    """``torch.backends.cudnn.allow_tf32`` set for the duration on a CUDA ``device`` (restored
+    after; nothing to set on the CPU). Where torch froze its flags (its test harness), through
+    ``torch.backends.cudnn.flags``."""
     import torch
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow
+    cd = torch.backends.cudnn
+    if not str(device).startswith("cuda") or cd.allow_tf32 == allow:
+        yield
+        return
+    old = cd.allow_tf32
+    try:
+        cd.allow_tf32 = allow
+    except RuntimeError:       # "not allowed to set torch.backends.cudnn flags": the context form
+        with cd.flags(enabled=cd.enabled, benchmark=cd.benchmark, deterministic=cd.deterministic,
+                      allow_tf32=allow):
+            yield
+        return
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32 = old
+        cd.allow_tf32 = old

@@ -78,7 +78,8 @@ def test_which_kernels_get_externs():
     mm = _kernel(*_cases()["conv"][:2], _cases()["conv"][2])
     pw = _kernel("pointwise", lambda x: x.maximum(0.0), [((64,), dt.f32)])
     assert bx.extern_impls(pw) == [] and bx.extern_configs(pw, H200) == []
-    assert bx.extern_configs(mm, H200) == [{"IMPL": "cublas", "PRECISION": "ieee"}]   # policy: f32
+    assert bx.extern_configs(mm, H200) == [{"IMPL": "cublas", "PRECISION": "ieee"},    # policy: f32
+                                           {"IMPL": "cudnn", "PRECISION": "ieee"}]     # a conv
     bf = _kernel(*_cases()["bf16"][:2], _cases()["bf16"][2])
     assert bx.extern_configs(bf, H200) == [{"IMPL": "cublas", "PRECISION": "bf16"}]
     with pytest.raises(ValueError):
