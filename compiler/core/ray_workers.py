@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
@@ -156,12 +157,14 @@ class RayWorkers:
         if not ray.is_initialized():
             quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
             try:
-                if address:
-                    ray.init(address=address, **quiet)
-                else:
-                    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                             **quiet)
-                    self.started_cluster = True
+                with warnings.catch_warnings():     # Ray Client warns before it raises
+                    warnings.simplefilter("ignore")
+                    if address:
+                        ray.init(address=address, **quiet)
+                    else:
+                        ray.init(num_cpus=num_cpus or os.cpu_count() or 1,
+                                 include_dashboard=False, **quiet)
+                        self.started_cluster = True
             except Exception as e:
                 raise InputError(f"--workers {spec.text or 'ray'}: cannot start or reach the Ray "
                                  f"cluster{' at ' + address if address else ''}: "
@@ -330,9 +333,8 @@ class RayWorkers:
                     continue
                 ready, _ = ray.wait([s.ref for s in busy], num_returns=1, timeout=_POLL_S,
                                     fetch_local=False)
-                done = {id(r) for r in ready}
-                for s in busy:
-                    if id(s.ref) in done:
+                for s in busy:     # refs compare by value (Ray Client hands back new objects)
+                    if any(s.ref == r for r in ready):
                         self._finish(s)
                     elif time.monotonic() - s.since > self.unit_timeout_s:
                         self._lose(s, f"no result after {self.unit_timeout_s:g} s: killed")

@@ -46,9 +46,11 @@ def ray_cluster():
 
 
 def lumc_compile(model, args, workers, tmp_path, address) -> dict:
-    rep = tmp_path / f"{workers.replace(':', '')}.json"
-    env = {**os.environ, "LUMC_CACHE_DIR": str(tmp_path / f"cache-{workers.replace(':', '')}"),
-           "RAY_ADDRESS": address}
+    tag = "".join(c for c in workers if c.isalnum())
+    rep = tmp_path / f"{tag}.json"
+    env = {**os.environ, "LUMC_CACHE_DIR": str(tmp_path / f"cache-{tag}")}
+    if address:
+        env["RAY_ADDRESS"] = address
     r = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()",
                         "compile", str(model), "--budget", "120s", "--device", "sim:h200", *args,
                         "-o", str(tmp_path / "out.lumc"), "--report", str(rep), "--quiet",
@@ -182,3 +184,33 @@ def test_pool_hung_unit_and_close(ray_cluster):
         assert sum(f.cancelled() for f in futs) == 2      # the queued two; the running two fail
     finally:
         pool.close()
+
+
+@pytest.mark.slow
+def test_ray_client_address(ray_cluster, tmp_path):
+    """``--workers ray://HOST:PORT``: the compile reaches the cluster through Ray Client (a
+    client server started here on the module's cluster) and its units run there."""
+    import socket
+    import onnx
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "ray.util.client.server", "--mode", "legacy",
+                               "--address", ray_cluster, "--host", "127.0.0.1", "--port",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):                  # until the server listens
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        model = tmp_path / "small.onnx"
+        onnx.save(small_model(), model)
+        r = lumc_compile(model, [], f"ray://127.0.0.1:{port}", tmp_path, "")
+        w = r["workers"]
+        assert w["kind"] == "ray" and w["address"] == f"ray://127.0.0.1:{port}"
+        assert w["count"] == 2 and w["units"] >= 2 and not w["started_cluster"]
+        assert r["max_rel_error"] is not None and r["max_rel_error"] < 1e-5
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
