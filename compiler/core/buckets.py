@@ -286,6 +286,8 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
         "best_time_s": first.get("best_time_s"), "bound_time_s": first.get("bound_time_s"),
         "per_kernel": first.get("per_kernel", []), "ranges": {k: r.describe() for k, r in ranges.items()},
         "egraph": egraph_stats, "probes": probe, "checked_at": check,
+        # the compile's workers, counted over every plan (the last plan's report has them all)
+        "workers": done[-1][1].report_dict().get("workers"),
         "warnings": [w for _, cm in done for w in cm.report_dict().get("warnings", [])],
         "variants": [{"key": k.as_json(), "describe": k.describe(),
                       **{f: cm.report_dict().get(f) for f in (

@@ -313,3 +313,24 @@ def test_search_lookahead_names_what_tuning_measures_next():
     assert all(("a", 3) not in pairs for _, pairs in seen) and ("a", 3) not in m1
     for n, pairs in seen:                       # what tuning measured next was named first
         assert m1[n] == pairs[0]
+
+
+def test_several_plans_share_one_pool_and_report_it(tmp_path, monkeypatch):
+    """``--shape n=2,4``: two plans, one ``Workers`` for the compile; the top report's workers
+    count the units of both searches."""
+    import lumc
+    from lumc.compiler.core import workers
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    made = []
+    init = workers.Workers.__init__
+
+    def counting_init(self, spec):
+        made.append(spec)
+        init(self, spec)
+    monkeypatch.setattr(workers.Workers, "__init__", counting_init)
+    cm = lumc.compile(tiny_model(), budget="60s", device="sim:h200", shapes={"n": [2, 4]},
+                      db=TuningDatabase(tmp_path / "db.sqlite"), workers="local:1")
+    r = cm.report_dict()
+    assert len(r["variants"]) == 2 and len(made) == 1
+    per_plan = [cm.variants[i][1].report_dict()["workers"]["units"] for i in range(2)]
+    assert r["workers"]["kind"] == "local" and r["workers"]["units"] == per_plan[1] > per_plan[0] > 0
