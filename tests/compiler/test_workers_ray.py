@@ -214,3 +214,30 @@ def test_ray_client_address(ray_cluster, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _raylets() -> set[int]:
+    out = subprocess.run(["ps", "-eo", "pid,comm"], capture_output=True, text=True).stdout
+    return {int(line.split()[0]) for line in out.splitlines()[1:] if line.split()[1:] == ["raylet"]}
+
+
+@pytest.mark.slow
+def test_ray_without_address_starts_and_stops_a_cluster(ray_cluster, tmp_path):
+    """``--workers ray`` with no ``RAY_ADDRESS``: the compile starts a local cluster of this
+    machine's cores, runs its units there, and shuts it down before it exits."""
+    import onnx
+    model = tmp_path / "small.onnx"
+    onnx.save(small_model(), model)
+    before = _raylets()
+    assert before                             # the module's cluster has one
+    env_address = os.environ.pop("RAY_ADDRESS", None)
+    try:
+        r = lumc_compile(model, [], "ray", tmp_path, "")
+    finally:
+        if env_address is not None:
+            os.environ["RAY_ADDRESS"] = env_address
+    w = r["workers"]
+    assert w["started_cluster"] is True and w["address"] == "local"
+    assert w["count"] == os.cpu_count() and w["units"] >= 2
+    assert r["max_rel_error"] is not None and r["max_rel_error"] < 1e-5
+    assert _raylets() <= before               # its raylet is gone; the module's cluster stays
