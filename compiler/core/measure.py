@@ -23,6 +23,14 @@ extern config), timed and stored the same way; a kernel Triton cannot render kee
 
 On a machine without a GPU the numerics check runs the generated source in Triton's interpreter
 (``TRITON_INTERPRET=1``) on CPU tensors.
+
+With workers (``self.pool``, :mod:`lumc.compiler.core.workers`) the expensive half runs there, ahead
+of need: on ``sim:*`` the interpreter run of each kernel of the next candidate (:meth:`prefetch`);
+on a GPU, with Ray workers, one unit per config compiles, runs and times it on a worker GPU
+(:meth:`lookahead`: the next candidate's default configs, the depth phase's next configs). The
+verdict is still made here, from the unit's outputs, when the search asks for that config, so it
+does not depend on which worker ran the unit or when it finished; only the driver writes the
+database.
 """
 from __future__ import annotations
 

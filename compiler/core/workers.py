@@ -325,9 +325,11 @@ class Workers:
     def report(self) -> dict:
         """The report's ``workers``: ``kind`` (``local``, ``ray`` or ``in-process``), ``count``,
         ``units_per_worker`` (list, one entry per worker), ``busy_s_per_worker`` (seconds spent
-        running units, each), ``units``, ``units_lost`` (a worker died
-        or hung while running them), ``retried`` (run again elsewhere), ``failed`` (lost twice:
-        marked errors), and for Ray the ``address`` and ``started_cluster``."""
+        running units, each), ``units``, ``units_lost`` (a worker died or hung while running
+        them; a broken local pool counts every unit it dropped, queued ones too), ``retried`` (run
+        again elsewhere: another actor, or in the driver for a local pool), ``failed`` (lost and
+        not retried: errors), and for Ray the ``address``, ``started_cluster`` and ``workers``
+        (per actor: units, busy seconds, alive, host, pid)."""
         if self._ray is not None:
             return self._ray.report()
         kind = "local" if self._local_count else "in-process"
