@@ -153,7 +153,7 @@ class RayWorkers:
         self.started_cluster = False
         self._connected = False
         address = spec.address or os.environ.get("RAY_ADDRESS") or None
-        self.address = address or "local"
+        self.address = address or ("local" if not ray.is_initialized() else "this process's Ray")
         if not ray.is_initialized():
             quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
             try:

@@ -125,6 +125,7 @@ def test_killed_worker_costs_one_unit(ray_cluster, tmp_path, monkeypatch):
     assert len(killed) == 1
     w = r["workers"]
     assert w["units_lost"] == 1 and w["retried"] == 1 and w["failed"] == 0
+    assert w["address"] == "this process's Ray" and not w["started_cluster"]
     dead = w["workers"][killed[0]]
     assert dead["alive"] is False and dead["units"] == 0 and len(w["workers"]) == 3  # replaced
     assert w["units"] >= 2
