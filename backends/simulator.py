@@ -32,6 +32,7 @@ and read back at HBM prices, and the finish kernel adds a launch and a wave),
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec
@@ -202,16 +203,35 @@ def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int) -> int:
     return cfg.get("BLOCK", cfg.get("BLOCK_SIZE", 1024)) * 4 if kernel.form != "pointwise" else 0
 
 
+_STATIC: "weakref.WeakKeyDictionary[Kernel, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _static(kernel: Kernel) -> tuple:
+    """What :func:`simulate_kernel_time` needs of a kernel that no config changes, computed once per
+    kernel (a search prices hundreds of configs of each): bytes read and written, the widest float
+    dtype, FLOPs, the contraction's dims, the row-prologue work and the row dims."""
+    hit = _STATIC.get(kernel)
+    if hit is None:
+        dtype = max((n.dtype for n in kernel.inputs if n.dtype.is_float), key=lambda d: d.itemsize,
+                    default=kernel.outputs[0].dtype)
+        c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
+        prologue = row_prologue_work(kernel, c) if c is not None and kernel.form == "matmul" \
+            else (0, 0)
+        rows = row_dims(kernel) if c is None and kernel.form not in ("pointwise", "gather") \
+            else None
+        hit = (sum(kernel.read_bytes()), sum(n.nbytes for n in kernel.outputs), dtype,
+               kernel.flops(), c, prologue, rows)
+        _STATIC[kernel] = hit
+    return hit
+
+
 def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     """Simulated seconds for one launch of ``kernel`` with config ``cfg`` on ``dev``.
 
     Raises:
         ValueError: when the config cannot run (shared memory over the per-block limit).
     """
-    in_bytes = sum(kernel.read_bytes())
-    out_bytes = sum(n.nbytes for n in kernel.outputs)
-    dtype = max((n.dtype for n in kernel.inputs if n.dtype.is_float), key=lambda d: d.itemsize,
-                default=kernel.outputs[0].dtype)
+    in_bytes, out_bytes, dtype, flops, c, prologue, rows = _static(kernel)
     warps = int(cfg.get("num_warps", 4))
     stages = int(cfg.get("num_stages", 2))
     smem = _smem_bytes(kernel, cfg, dtype.itemsize)
@@ -219,10 +239,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         raise ValueError(f"config {cfg} needs {smem} B of shared memory > {dev.smem_per_block} B")
     resident = max(1, min(MAX_WARPS_PER_SM // max(warps, 1), SMEM_PER_SM // smem if smem else 32))
     slots = dev.sm_count * resident
-    flops = kernel.flops()
     hbm = in_bytes + out_bytes
-
-    c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
         tm, tn = math.ceil(c.m / bm), math.ceil(c.n / bn)
@@ -251,7 +268,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             flops = flops * issued / out_elems
         else:
             # row kernels: BLOCK_M rows per program, each row read in BLOCK_K-wide chunks
-            rows, row = row_dims(kernel)
+            rows, row = rows
             rows_pp = int(cfg.get("BLOCK_M", 1))
             chunk = int(cfg.get("BLOCK_K", cfg.get("BLOCK", 1024)))
             split = int(cfg.get("SPLIT", 1))      # a split reduction: SPLIT programs per row group
@@ -279,7 +296,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         # a normalization formed on load: every program re-reads its rows of the operand once per
         # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores
         # (the statistics once per program, the normalized tile once per column tile)
-        stats, ops = row_prologue_work(kernel, c)
+        stats, ops = prologue
         if stats:
             rows = bm * math.ceil(c.k / bk) * bk
             body += (programs * rows * stats + c.batch * tm * tn * rows * ops) / \

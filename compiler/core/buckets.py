@@ -170,10 +170,6 @@ BUCKET_SEARCH_SHARE = 0.8
 
 
 def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket, frontend, clock):
-    from lumc.compiler.core.pipeline import example_inputs_for
-    from lumc.compiler.runtime.program import resize_program, run_program_reference
-    from lumc.compiler.core.measure import max_rel_error
-    from lumc.backends.reference import ReferenceExecutor
     t0 = clock()
     ranges = ranges_in(shapes)
     fixed = {k: v for k, v in shapes.items() if k not in ranges}
@@ -218,65 +214,85 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
     weights = [1.0 + sum(1.0 for k, (lo, hi) in b.items()
                          if ranges[k].at is not None and lo <= ranges[k].at <= hi) for b in boxes]
     done = []
-    for bi, box in enumerate(boxes):
-        left = budget_s - (clock() - t0)
-        share = left * weights[bi] / sum(weights[bi:])
-        if share < MIN_BUCKET_S:
-            raise BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for "
-                              f"{len(boxes) - bi} more size buckets ({MIN_BUCKET_S:g} s each at "
-                              "least); give a larger --budget")
-        rep = {k: hi for k, (lo, hi) in box.items()}
-        r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges})
-        progs = []
-        for p in programs:
-            try:
-                progs.append(resize_program(p, r))
-            except NotSymbolic:
-                continue
-        fe_rep = dataclasses.replace(fe_p, graph=r.graph(fe_p.graph), warnings=list(fe_p.warnings))
-        cm = compile_bucket(fe_rep, (r.graph(stored), wstats), progs, egraph_stats,
-                            Deadline(share * BUCKET_SEARCH_SHARE, clock))
-        origin = cm.program.origin
-        if origin is None:
-            raise InputError(f"bucket {box}: the chosen plan is not one of the range's candidates")
-        # the bucket's plan at the probe sizes (what the artifact stores and every call re-sizes)
-        from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
-        report = cm.report_dict()
-        chosen_p = store_activations(programs[origin], ACTIVATION_DTYPE[report["precision"]])
-        report["bucket"] = {k: list(v) for k, v in box.items()}
-        report["representative"] = rep
-        checks = {}
-        tol = max(report.get("tolerance") or 1e-4, 1e-4)
-        q = report.get("quality")
-        known = q.get("max_rel") if q else report.get("max_rel_error")
-        for end in ("lo", "hi"):
-            at = {k: (lo if end == "lo" else hi) for k, (lo, hi) in box.items()}
-            if at == rep and known is not None:
-                # the bucket's compile already ran this plan end to end at this size against
-                # the reference (the fp32 model's, for a reduced-precision gate)
-                err = float(known)
-                checks[end] = {"sizes": at, "max_rel_error": err, "from": "the bucket's compile"}
-            else:
-                re = Resizer({probe[k]: at[k] // ranges[k].step for k in ranges})
-                g_end = re.graph(fe_p.graph)
-                ins = example_inputs_for(g_end, fe_p)
-                ref = ReferenceExecutor(g_end)(ins)
-                got = run_program_reference(resize_program(chosen_p, re), re.graph(stored), ins,
-                                            configs=cm.configs)
-                err = max((max_rel_error(got[k], ref[k]) for k in ref
-                           if g_end.outputs[k].dtype.is_float), default=0.0)
-                checks[end] = {"sizes": at, "max_rel_error": err}
-            if not err <= tol:
-                spans = ", ".join(f"{k}={lo}..{hi}" for k, (lo, hi) in box.items())
-                raise InputError(f"bucket {spans}: the plan at {at} has max rel error {err:.3g} > "
-                                 f"{tol:g} against the reference")
-        report["end_checks"] = checks
-        template = type(cm)(stored, chosen_p, cm.configs, cm.device, cm.simulated, report,
-                            fe_p.source_onnx, cm.torch_device)
-        key = VariantKey({k: v for k, v in fixed.items() if isinstance(v, int)},
-                         {}, {}, ranges={k: [lo, hi, ranges[k].step] for k, (lo, hi) in box.items()},
-                         probes={k: probe[k] for k in ranges}, axes=axes)
-        done.append((key, template))
+    from lumc.compiler.core.measure import sharing_checks
+    with sharing_checks():    # one interpreter verdict per kernel structure for all buckets
+        for bi, box in enumerate(boxes):
+            done.append(_compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
+                                        programs, fe_p, stored, wstats, egraph_stats, fixed, axes,
+                                        compile_bucket))
+    return _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph_stats,
+                          fixed)
+
+
+def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe, programs, fe_p,
+                    stored, wstats, egraph_stats, fixed, axes, compile_bucket):
+    """One size bucket: its search at the representative size, its plan checked at both ends."""
+    from lumc.compiler.core.pipeline import example_inputs_for
+    from lumc.compiler.runtime.program import resize_program, run_program_reference
+    from lumc.compiler.core.measure import max_rel_error
+    from lumc.backends.reference import ReferenceExecutor
+    left = budget_s - (clock() - t0)
+    share = left * weights[bi] / sum(weights[bi:])
+    if share < MIN_BUCKET_S:
+        raise BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for "
+                          f"{len(boxes) - bi} more size buckets ({MIN_BUCKET_S:g} s each at "
+                          "least); give a larger --budget")
+    rep = {k: hi for k, (lo, hi) in box.items()}
+    r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges})
+    progs = []
+    for p in programs:
+        try:
+            progs.append(resize_program(p, r))
+        except NotSymbolic:
+            continue
+    fe_rep = dataclasses.replace(fe_p, graph=r.graph(fe_p.graph), warnings=list(fe_p.warnings))
+    cm = compile_bucket(fe_rep, (r.graph(stored), wstats), progs, egraph_stats,
+                        Deadline(share * BUCKET_SEARCH_SHARE, clock))
+    origin = cm.program.origin
+    if origin is None:
+        raise InputError(f"bucket {box}: the chosen plan is not one of the range's candidates")
+    # the bucket's plan at the probe sizes (what the artifact stores and every call re-sizes)
+    from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
+    report = cm.report_dict()
+    chosen_p = store_activations(programs[origin], ACTIVATION_DTYPE[report["precision"]])
+    report["bucket"] = {k: list(v) for k, v in box.items()}
+    report["representative"] = rep
+    checks = {}
+    tol = max(report.get("tolerance") or 1e-4, 1e-4)
+    q = report.get("quality")
+    known = q.get("max_rel") if q else report.get("max_rel_error")
+    for end in ("lo", "hi"):
+        at = {k: (lo if end == "lo" else hi) for k, (lo, hi) in box.items()}
+        if at == rep and known is not None:
+            # the bucket's compile already ran this plan end to end at this size against
+            # the reference (the fp32 model's, for a reduced-precision gate)
+            err = float(known)
+            checks[end] = {"sizes": at, "max_rel_error": err, "from": "the bucket's compile"}
+        else:
+            re = Resizer({probe[k]: at[k] // ranges[k].step for k in ranges})
+            g_end = re.graph(fe_p.graph)
+            ins = example_inputs_for(g_end, fe_p)
+            ref = ReferenceExecutor(g_end)(ins)
+            got = run_program_reference(resize_program(chosen_p, re), re.graph(stored), ins,
+                                        configs=cm.configs)
+            err = max((max_rel_error(got[k], ref[k]) for k in ref
+                       if g_end.outputs[k].dtype.is_float), default=0.0)
+            checks[end] = {"sizes": at, "max_rel_error": err}
+        if not err <= tol:
+            spans = ", ".join(f"{k}={lo}..{hi}" for k, (lo, hi) in box.items())
+            raise InputError(f"bucket {spans}: the plan at {at} has max rel error {err:.3g} > "
+                             f"{tol:g} against the reference")
+    report["end_checks"] = checks
+    template = type(cm)(stored, chosen_p, cm.configs, cm.device, cm.simulated, report,
+                        fe_p.source_onnx, cm.torch_device)
+    key = VariantKey({k: v for k, v in fixed.items() if isinstance(v, int)},
+                     {}, {}, ranges={k: [lo, hi, ranges[k].step] for k, (lo, hi) in box.items()},
+                     probes={k: probe[k] for k in ranges}, axes=axes)
+    return key, template
+
+
+def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph_stats, fixed):
+    """The range compile's model: every bucket's plan, and the report over all of them."""
     name = fe_p.model_name
     total = clock() - t0
     first = done[0][1].report_dict()
@@ -292,7 +308,8 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
         "variants": [{"key": k.as_json(), "describe": k.describe(),
                       **{f: cm.report_dict().get(f) for f in (
                           "best_time_s", "kernels", "bound_time_s", "bytes_moved", "compile_s",
-                          "stopped_because", "max_rel_error", "representative", "end_checks")}}
+                          "stopped_because", "max_rel_error", "representative", "end_checks",
+                          "shared_checks")}}
                      for k, cm in done],
     }
     return VariantModel(done, {}, [], report, fe_p.source_onnx)

@@ -34,6 +34,8 @@ database.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import statistics
 import time
@@ -56,6 +58,25 @@ from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_to_bytes
 
 INTERPRETER_MAX_ELEMENTS = 1 << 23   # largest kernel output checked in the CPU interpreter
+
+# a range compile's numerics verdicts by kernel structure, shared by its size buckets' searches
+_SHARED_CHECKS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "lumc_shared_checks", default=None)
+
+
+@contextlib.contextmanager
+def sharing_checks():
+    """Within this block (a range compile, ``lumc.compiler.core.buckets``), a kernel re-sized from
+    the range's probe program takes the interpreter verdict of the same structure (its probe-size
+    kernel, rendered variant, config space and precision) from the bucket that checked it first,
+    instead of checking it again at each bucket's size: on ``sim:*`` the interpreter checks are
+    most of a bucket's search. Each bucket's chosen plan is still run at its smallest and largest
+    size against the reference, and the report counts the shared verdicts."""
+    token = _SHARED_CHECKS.set({})
+    try:
+        yield
+    finally:
+        _SHARED_CHECKS.reset(token)
 
 
 class NoBudget(Exception):
@@ -192,6 +213,7 @@ class KernelMeasurer:
         self._gpu_asked: set[tuple[str, int]] = set()            # units started (once each)
         self.db_hits = 0
         self.measured = 0
+        self.shared_checks = 0          # verdicts taken from another size bucket (sharing_checks)
         self.spills: dict[tuple[str, int], int] = {}   # GPU: bytes spilled per thread, by config
 
     # ---- kernels ---------------------------------------------------------------------------------
@@ -229,6 +251,9 @@ class KernelMeasurer:
         for key in dict.fromkeys(keys):
             e = self.entries[key]
             if key in self._verdicts or key in self._pending or e.render_error is not None:
+                continue
+            shared, fkey = self._family(e, None)
+            if fkey in shared:            # judged at another size of the range already
                 continue
             dbk = TimingKey(key, "numerics-check", self.target.name, self.versions["lumc"],
                             self.versions["triton"], self.versions["driver"])
@@ -409,6 +434,13 @@ class KernelMeasurer:
         vkey = e.key if p == default else f"{e.key}:{p}"
         if vkey in self._verdicts:
             return self._verdicts[vkey]
+        shared, fkey = self._family(e, p)
+        if fkey in shared:        # the same structure and code path, checked at another size
+            verdict, e.max_error = shared[fkey]
+            self.shared_checks += 1
+            self._verdicts[vkey] = (verdict[0], verdict[1] + " [shared: checked at another size "
+                                    "of the range; the bucket's plan is checked at its ends]")
+            return self._verdicts[vkey]
         dbk = TimingKey(e.key, "numerics-check" if p == default else f"numerics-check:{p}",
                         self.target.name, self.versions["lumc"], self.versions["triton"],
                         self.versions["driver"])
@@ -425,8 +457,21 @@ class KernelMeasurer:
                 return verdict          # not a verdict on the kernel: not remembered
             if ok or note.startswith("rejected"):
                 self.db.put(dbk, Timing(e.max_error, ok, True, verdict[1]))
+        if fkey is not None and (verdict[0] or verdict[1].startswith("rejected")):
+            shared[fkey] = (verdict, e.max_error)
         self._verdicts[vkey] = verdict
         return verdict
+
+    def _family(self, e: KernelEntry, precision: str | None) -> tuple[dict, tuple | None]:
+        """The range compile's shared verdicts (:func:`sharing_checks`) and this kernel's key
+        there: its probe-size kernel (``KernelCall.family``), the rendered variant and config
+        space (a different code path at this size is checked again) and the precision."""
+        shared = _SHARED_CHECKS.get()
+        fam = e.call.family
+        if shared is None or fam is None or e.triton is None:
+            return {}, None
+        rk = e.triton.rendered
+        return shared, (kernel_hash(fam), rk.variant, rk.config_space, precision)
 
     def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
         """Run the generated kernel on the captured inputs and compare with the reference."""

@@ -32,10 +32,12 @@ from lumc.rewrites.cost import kernel_time_bound
 @dataclass(eq=False)
 class KernelCall:
     """One launch: ``kernel`` reading model nodes ``inputs`` (for ``in0..``) and writing ``outputs``
-    (for ``out0..``)."""
+    (for ``out0..``). ``family``: for a call re-sized from a range's probe program
+    (:func:`resize_program`), the kernel at the probe sizes it came from (one per structure)."""
     kernel: Kernel
     inputs: list[Node]
     outputs: list[Node]
+    family: Kernel | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         ins = ", ".join(f"%{n.id}" for n in self.inputs)
@@ -214,7 +216,8 @@ def resize_program(program: Program, resizer) -> Program:
         kernel = Kernel(k.form, resizer.graph(k.meaning),
                         tuple((a, resizer.value(v)) for a, v in k.attrs), k.covers)
         calls.append(KernelCall(kernel, [resizer(n) for n in c.inputs],
-                                [resizer(n) for n in c.outputs]))
+                                [resizer(n) for n in c.outputs],
+                                c.family if c.family is not None else k))
     graph = resizer.graph(program.graph) if program.graph is not None else None
     return Program(calls, {k: resizer(v) for k, v in program.outputs.items()}, program.label,
                    list(program.notes), graph, program.origin)
