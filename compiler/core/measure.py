@@ -214,6 +214,7 @@ class KernelMeasurer:
         self.db_hits = 0
         self.measured = 0
         self.shared_checks = 0          # verdicts taken from another size bucket (sharing_checks)
+        self.precompiler = None         # GPU: a Precompiler once started; False where none runs
         self.spills: dict[tuple[str, int], int] = {}   # GPU: bytes spilled per thread, by config
 
     # ---- kernels ---------------------------------------------------------------------------------
@@ -243,10 +244,10 @@ class KernelMeasurer:
         """Start the numerics checks of these kernels in the pool (sim targets), so they run while
         the search measures others; a kernel already judged or pending is skipped. With GPU
         workers, the kernels' default configs start as GPU units (:meth:`lookahead`)."""
-        if self.pool is None:
-            return
         if not self.target.simulated:
             self.lookahead([(k, 0) for k in keys])
+            return
+        if self.pool is None:
             return
         for key in dict.fromkeys(keys):
             e = self.entries[key]
@@ -276,6 +277,7 @@ class KernelMeasurer:
         already stored, started or without a runnable config is skipped. Nothing without GPU
         workers (on ``sim:*`` times are simulated here; checks start in :meth:`prefetch`)."""
         if not self._gpu_workers():
+            self._precompile(pairs)
             return
         for key, index in dict.fromkeys(pairs):
             st = self.pool.status()
@@ -290,6 +292,44 @@ class KernelMeasurer:
             self._gpu_asked.add((key, index))
             self._pending_gpu[(key, index)] = self.pool.submit_gpu(e.kernel, cfg.kwargs(),
                                                                    self._gpu_inputs(e))
+
+    def _precompile(self, pairs) -> None:
+        """On an sm_90 GPU timed in this process: compile the Triton configs of these pairs in the
+        background (``lumc.compiler.runtime.precompile``), so their first launch does not wait on
+        the JIT and a config that spills is rejected before it is launched."""
+        if self.target.simulated or self.precompiler is False:
+            return
+        if self.precompiler is None:
+            self.precompiler = False
+            try:
+                import torch
+                from lumc.backends.triton.aot import TARGET
+                dev = torch.device(self.target.torch_device)
+                if torch.cuda.is_available() and \
+                        torch.cuda.get_device_capability(dev) == (TARGET[1] // 10, TARGET[1] % 10):
+                    import atexit
+                    from lumc.compiler.runtime.precompile import Precompiler
+                    self.precompiler = Precompiler()
+                    atexit.register(self.precompiler.close)
+            except Exception:          # noqa: BLE001 - no precompiling is only slower
+                return
+            if self.precompiler is False:
+                return
+        for key, index in dict.fromkeys(pairs):
+            e = self.entries[key]
+            cfg = e.configs[index] if 0 <= index < len(e.configs) else None
+            if cfg is None or e.triton is None or is_extern(cfg.kwargs()) or \
+                    self.db.get(self._db_key(key, index)) is not None:
+                continue
+            self.precompiler.submit(e.triton.rendered, cfg)
+
+    def _precompiled_spills(self, e: KernelEntry, cfg) -> int:
+        """Bytes per thread the precompiled ``cfg`` spills (0 when not precompiled or none)."""
+        if not self.precompiler or cfg is None or e.triton is None:
+            return 0
+        r = self.precompiler.result(e.triton.rendered, cfg)
+        return int((r.spill_stores or 0) + (r.spill_loads or 0)) if r is not None and \
+            r.error is None else 0
 
     def _gpu_inputs(self, e: KernelEntry) -> list:
         """A kernel's inputs for timing: reference values, else constants, else zeros."""
@@ -372,7 +412,10 @@ class KernelMeasurer:
             note = f"error: cannot render {e.kernel.form} kernel ({e.render_error})"
             self.log.append(f"kernel {key[:12]} ({e.kernel.form}): {note}")
             return Measurement(None, "error", note)
-        if extern:
+        spilled = 0 if extern or self.target.simulated else self._precompiled_spills(e, cfg_obj)
+        if spilled:                  # known from its precompile: never launched, never timed
+            ok, note = False, f"rejected: spills {spilled} B per thread (ptxas, precompiled)"
+        elif extern:
             ok, note = self._check(e, index, cfg_obj)      # torch on the CPU: fast, every config
         elif self.target.simulated:
             ok, note = self._check_once(e, (cfg_obj.kwargs() if cfg_obj else {}).get("PRECISION"))

@@ -65,3 +65,37 @@ def test_a_dead_compile_child_marks_its_configs_failed_not_the_search():
     r = pc.result(rk, cfg, wait_s=10)
     pc.close()
     assert r is not None and "precompile failed" in r.error and not r.spills
+
+
+def test_the_gpu_measurer_precompiles_ahead_and_rejects_spills_unlaunched(tmp_path, monkeypatch):
+    """On a GPU timed in-process, the search's lookahead queues configs for precompiling; a config
+    whose precompile spills is rejected without a launch, the others are checked and timed."""
+    import dataclasses
+    from lumc.compiler.core.measure import KernelMeasurer
+    from lumc.compiler.runtime.targets import resolve_target
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    from tests.compiler.test_extern import VERSIONS, _matmul_bias_relu_call
+    k, call, ins, values = _matmul_bias_relu_call()
+    gpu = dataclasses.replace(resolve_target("sim:h200"), name="cuda:0 fake", simulated=False)
+    m = KernelMeasurer(gpu, TuningDatabase(tmp_path / "db.sqlite"), {**VERSIONS}, values)
+    key = m.add(call)
+    compiled = []
+
+    def fake(jobs):
+        compiled.extend(c for _, c in jobs)
+        return [AotResult(rk.name, rk.form, c, 1024, 0.1, None, 64, 256 if i == 0 else 0, 0)
+                for i, (rk, c) in enumerate(jobs)]
+    m.precompiler = Precompiler(batch=2, compile_fn=fake)
+    triton_idx = [i for i, c in enumerate(m.entries[key].configs)
+                  if "IMPL" not in c.kwargs()][:2]
+    m.lookahead([(key, i) for i in triton_idx])
+    assert m.precompiler.result(m.entries[key].triton.rendered, m.entries[key].configs[
+        triton_idx[1]], wait_s=10) is not None
+    launched = []
+    monkeypatch.setattr(m, "_check", lambda e, index, cfg: (launched.append(index), (True, "ok"))[1])
+    monkeypatch.setattr(m, "_time", lambda e, cfg: 1e-5)
+    r0 = m(key, triton_idx[0])
+    assert r0.status == "rejected" and "precompiled" in r0.note and triton_idx[0] not in launched
+    assert m(key, triton_idx[1]).status == "ok" and launched == [triton_idx[1]]
+    assert len(compiled) == 2
+    m.precompiler.close()
