@@ -50,7 +50,7 @@ from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.runtime.program import KernelCall
 from lumc.compiler.core.search import Measurement
-from lumc.compiler.core.workers import WorkerLost
+from lumc.compiler.core.workers import NoBudget, WorkerLost, WorkerUnits
 from lumc.compiler.runtime.targets import Target
 from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase, config_key
 from lumc.ir import dtypes as dt
@@ -77,10 +77,6 @@ def sharing_checks():
         yield
     finally:
         _SHARED_CHECKS.reset(token)
-
-
-class NoBudget(Exception):
-    """The deadline passed while a unit's result was awaited (a ``budget`` measurement)."""
 
 
 def kernel_hash(kernel: Kernel) -> str:
@@ -182,7 +178,7 @@ class KernelEntry:
     externs: dict = field(default_factory=dict)    # impl -> ExternKernel (GPU timing)
 
 
-class KernelMeasurer:
+class KernelMeasurer(WorkerUnits):
     """The search loop's ``measure`` callback (see module docstring).
 
     Args:
@@ -267,10 +263,6 @@ class KernelMeasurer:
             if fut is not None:           # None: the pool is broken, the check runs here
                 self._pending[key] = fut
 
-    def _gpu_workers(self) -> bool:
-        return self.pool is not None and not self.target.simulated and \
-            hasattr(self.pool, "submit_gpu")
-
     def lookahead(self, pairs) -> None:
         """Start GPU units (compile, run, time on a worker) for these ``(kernel key, config
         index)`` pairs, in order, while fewer than two per worker are outstanding; a config
@@ -330,42 +322,6 @@ class KernelMeasurer:
         r = self.precompiler.result(e.triton.rendered, cfg)
         return int((r.spill_stores or 0) + (r.spill_loads or 0)) if r is not None and \
             r.error is None else 0
-
-    def _gpu_inputs(self, e: KernelEntry) -> list:
-        """A kernel's inputs for timing: reference values, else constants, else zeros."""
-        out = []
-        for n in e.call.inputs:
-            v = self.values.get(id(n))
-            if v is None:
-                v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
-            out.append(v)
-        return out
-
-    def _gpu_unit(self, e: KernelEntry, index: int, cfg, pin: int | None = None) -> dict:
-        """The GPU unit's result for a config (started ahead by :meth:`lookahead`, else now;
-        ``pin``: a fresh unit on that worker, the final re-time).
-
-        Raises:
-            NoBudget: the deadline passed while waiting.
-            WorkerLost, or the unit's own exception.
-        """
-        k = (e.key, index)
-        if pin is None and k in self._gpu_results:
-            return self._gpu_results[k]
-        fut = None if pin is not None else self._pending_gpu.pop(k, None)
-        if fut is None:
-            self._gpu_asked.add(k)
-            fut = self.pool.submit_gpu(e.kernel, cfg.kwargs() if cfg is not None else {},
-                                       self._gpu_inputs(e), pin=pin)
-        self.pool.want(fut)
-        left = self.deadline.remaining() if self.deadline is not None else None
-        try:
-            r = fut.result(timeout=max(left, 0.0) if left is not None else None)
-        except TimeoutError:
-            raise NoBudget("error: no budget left for its GPU unit") from None
-        if pin is None:
-            self._gpu_results[k] = r
-        return r
 
     def _inputs(self, e: KernelEntry) -> list | None:
         ins = [self.values.get(id(n)) for n in e.call.inputs]
@@ -618,12 +574,6 @@ class KernelMeasurer:
         feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
         out = ReferenceExecutor(e.kernel.meaning, "float64").run_keeping(feed, set())[0]
         return [out[k] for k in e.kernel.meaning.outputs]
-
-    def _worker_time(self, e: KernelEntry, index: int, cfg, pin: int | None = None) -> float:
-        """Seconds of a config timed by its GPU unit on a worker (``pin``: a fresh unit there)."""
-        r = self._gpu_unit(e, index, cfg, pin=pin)
-        self._gpu_results.pop((e.key, index), None)
-        return float(r["seconds"])
 
     def _time(self, e: KernelEntry, cfg) -> float:
         kw = cfg.kwargs() if cfg is not None else {}

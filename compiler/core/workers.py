@@ -110,6 +110,65 @@ def import_ray(what: str = "ray"):
     return ray
 
 
+class NoBudget(Exception):
+    """The deadline passed while a unit's result was awaited (a ``budget`` measurement)."""
+
+
+class WorkerUnits:
+    """The measurer's side of GPU units (:class:`~lumc.compiler.core.measure.KernelMeasurer`
+    derives from it): one unit per config, started ahead (``_pending_gpu``, by
+    ``KernelMeasurer.lookahead``) or when asked, whose result serves both the numerics check and
+    the timing of that config. Needs ``pool``, ``target``, ``values``, ``deadline``,
+    ``_pending_gpu``, ``_gpu_results`` and ``_gpu_asked`` (set by the measurer)."""
+
+    def _gpu_workers(self) -> bool:
+        return self.pool is not None and not self.target.simulated and \
+            hasattr(self.pool, "submit_gpu")
+
+    def _gpu_inputs(self, e) -> list:
+        """A kernel's inputs for timing: reference values, else constants, else zeros."""
+        out = []
+        for n in e.call.inputs:
+            v = self.values.get(id(n))
+            if v is None:
+                v = n.arg.value if n.op == "Constant" else np.zeros(n.shape, n.dtype.np)
+            out.append(v)
+        return out
+
+    def _gpu_unit(self, e, index: int, cfg, pin: int | None = None) -> dict:
+        """The GPU unit's result for a config (started ahead by :meth:`lookahead`, else now;
+        ``pin``: a fresh unit on that worker, the final re-time).
+
+        Raises:
+            NoBudget: the deadline passed while waiting.
+            WorkerLost, or the unit's own exception.
+        """
+        k = (e.key, index)
+        if pin is None and k in self._gpu_results:
+            return self._gpu_results[k]
+        fut = None if pin is not None else self._pending_gpu.pop(k, None)
+        if fut is None:
+            self._gpu_asked.add(k)
+            fut = self.pool.submit_gpu(e.kernel, cfg.kwargs() if cfg is not None else {},
+                                       self._gpu_inputs(e), pin=pin)
+        self.pool.want(fut)
+        left = self.deadline.remaining() if self.deadline is not None else None
+        try:
+            r = fut.result(timeout=max(left, 0.0) if left is not None else None)
+        except TimeoutError:
+            raise NoBudget("error: no budget left for its GPU unit") from None
+        if pin is None:
+            self._gpu_results[k] = r
+        return r
+
+    def _worker_time(self, e, index: int, cfg, pin: int | None = None) -> float:
+        """Seconds of a config timed by its GPU unit on a worker (``pin``: a fresh unit there)."""
+        r = self._gpu_unit(e, index, cfg, pin=pin)
+        self._gpu_results.pop((e.key, index), None)
+        return float(r["seconds"])
+
+
+
 # ---- the work units (run in a worker: a forked process or a Ray actor) ----------------------------
 def _rebuild(form: str, attrs: tuple, doc: bytes, npz: bytes) -> Kernel:
     meaning, _ = graph_from_bytes(doc, npz)
