@@ -50,7 +50,7 @@ from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.runtime.program import KernelCall
 from lumc.compiler.core.search import Measurement
-from lumc.compiler.core.workers import NoBudget, WorkerLost, WorkerUnits
+from lumc.compiler.core.workers import NoBudget, PrecompileUnits, WorkerLost, WorkerUnits
 from lumc.compiler.runtime.targets import Target
 from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase, config_key
 from lumc.ir import dtypes as dt
@@ -178,7 +178,7 @@ class KernelEntry:
     externs: dict = field(default_factory=dict)    # impl -> ExternKernel (GPU timing)
 
 
-class KernelMeasurer(WorkerUnits):
+class KernelMeasurer(WorkerUnits, PrecompileUnits):
     """The search loop's ``measure`` callback (see module docstring).
 
     Args:
@@ -284,44 +284,6 @@ class KernelMeasurer(WorkerUnits):
             self._gpu_asked.add((key, index))
             self._pending_gpu[(key, index)] = self.pool.submit_gpu(e.kernel, cfg.kwargs(),
                                                                    self._gpu_inputs(e))
-
-    def _precompile(self, pairs) -> None:
-        """On an sm_90 GPU timed in this process: compile the Triton configs of these pairs in the
-        background (``lumc.compiler.runtime.precompile``), so their first launch does not wait on
-        the JIT and a config that spills is rejected before it is launched."""
-        if self.target.simulated or self.precompiler is False:
-            return
-        if self.precompiler is None:
-            self.precompiler = False
-            try:
-                import torch
-                from lumc.backends.triton.aot import TARGET
-                dev = torch.device(self.target.torch_device)
-                if torch.cuda.is_available() and \
-                        torch.cuda.get_device_capability(dev) == (TARGET[1] // 10, TARGET[1] % 10):
-                    import atexit
-                    from lumc.compiler.runtime.precompile import Precompiler
-                    self.precompiler = Precompiler()
-                    atexit.register(self.precompiler.close)
-            except Exception:          # noqa: BLE001 - no precompiling is only slower
-                return
-            if self.precompiler is False:
-                return
-        for key, index in dict.fromkeys(pairs):
-            e = self.entries[key]
-            cfg = e.configs[index] if 0 <= index < len(e.configs) else None
-            if cfg is None or e.triton is None or is_extern(cfg.kwargs()) or \
-                    self.db.get(self._db_key(key, index)) is not None:
-                continue
-            self.precompiler.submit(e.triton.rendered, cfg)
-
-    def _precompiled_spills(self, e: KernelEntry, cfg) -> int:
-        """Bytes per thread the precompiled ``cfg`` spills (0 when not precompiled or none)."""
-        if not self.precompiler or cfg is None or e.triton is None:
-            return 0
-        r = self.precompiler.result(e.triton.rendered, cfg)
-        return int((r.spill_stores or 0) + (r.spill_loads or 0)) if r is not None and \
-            r.error is None else 0
 
     def _inputs(self, e: KernelEntry) -> list | None:
         ins = [self.values.get(id(n)) for n in e.call.inputs]

@@ -169,6 +169,53 @@ class WorkerUnits:
 
 
 
+class PrecompileUnits:
+    """The measurer's side of the precompile queue (``lumc.compiler.runtime.precompile``) on a GPU
+    timed in this process: configs the search's lookahead names compile in the background; one
+    whose compile spills is rejected unlaunched. Needs ``target``, ``entries``, ``db``, ``_db_key``
+    and ``precompiler`` (None until first use, False where none runs; set by the measurer)."""
+
+    def _precompile(self, pairs) -> None:
+        """On an sm_90 GPU timed in this process: compile the Triton configs of these pairs in the
+        background (``lumc.compiler.runtime.precompile``), so their first launch does not wait on
+        the JIT and a config that spills is rejected before it is launched."""
+        if self.target.simulated or self.precompiler is False:
+            return
+        if self.precompiler is None:
+            self.precompiler = False
+            try:
+                import torch
+                from lumc.backends.triton.aot import TARGET
+                dev = torch.device(self.target.torch_device)
+                if torch.cuda.is_available() and \
+                        torch.cuda.get_device_capability(dev) == (TARGET[1] // 10, TARGET[1] % 10):
+                    import atexit
+                    from lumc.compiler.runtime.precompile import Precompiler
+                    self.precompiler = Precompiler()
+                    atexit.register(self.precompiler.close)
+            except Exception:          # noqa: BLE001 - no precompiling is only slower
+                return
+            if self.precompiler is False:
+                return
+        from lumc.backends.extern import is_extern
+        for key, index in dict.fromkeys(pairs):
+            e = self.entries[key]
+            cfg = e.configs[index] if 0 <= index < len(e.configs) else None
+            if cfg is None or e.triton is None or is_extern(cfg.kwargs()) or \
+                    self.db.get(self._db_key(key, index)) is not None:
+                continue
+            self.precompiler.submit(e.triton.rendered, cfg)
+
+    def _precompiled_spills(self, e, cfg) -> int:
+        """Bytes per thread the precompiled ``cfg`` spills (0 when not precompiled or none)."""
+        if not self.precompiler or cfg is None or e.triton is None:
+            return 0
+        r = self.precompiler.result(e.triton.rendered, cfg)
+        return int((r.spill_stores or 0) + (r.spill_loads or 0)) if r is not None and \
+            r.error is None else 0
+
+
+
 # ---- the work units (run in a worker: a forked process or a Ray actor) ----------------------------
 def _rebuild(form: str, attrs: tuple, doc: bytes, npz: bytes) -> Kernel:
     meaning, _ = graph_from_bytes(doc, npz)
