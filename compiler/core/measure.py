@@ -70,8 +70,12 @@ def sharing_checks():
     the range's probe program takes the interpreter verdict of the same structure (its probe-size
     kernel, rendered variant, config space and precision) from the bucket that checked it first,
     instead of checking it again at each bucket's size: on ``sim:*`` the interpreter checks are
-    most of a bucket's search. Each bucket's chosen plan is still run at its smallest and largest
-    size against the reference, and the report counts the shared verdicts."""
+    most of a bucket's search. What the verdict vouches for is the generated code of that
+    structure at the size it was checked; the bucket's own concrete module is not what the
+    artifact runs anyway (a range's plan runs size-generic modules, ``size_generic.py``, validated
+    at several sizes by its tests). Each bucket's chosen plan is still run (its kernels' meanings
+    and vendor configs) at its smallest and largest size against the reference, and the report
+    counts the shared verdicts (``shared_checks``)."""
     token = _SHARED_CHECKS.set({})
     try:
         yield
@@ -399,8 +403,8 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         if fkey in shared:        # the same structure and code path, checked at another size
             verdict, e.max_error = shared[fkey]
             self.shared_checks += 1
-            self._verdicts[vkey] = (verdict[0], verdict[1] + " [shared: checked at another size "
-                                    "of the range; the bucket's plan is checked at its ends]")
+            self._verdicts[vkey] = (verdict[0], verdict[1] + " [shared: this structure's "
+                                    "generated code was checked at another size of the range]")
             return self._verdicts[vkey]
         dbk = TimingKey(e.key, "numerics-check" if p == default else f"numerics-check:{p}",
                         self.target.name, self.versions["lumc"], self.versions["triton"],
