@@ -215,13 +215,16 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
                          if ranges[k].at is not None and lo <= ranges[k].at <= hi) for b in boxes]
     done = []
     from lumc.compiler.core.measure import sharing_checks
+    # largest sizes first: their reference values and checks cost the most, and the smaller
+    # buckets then re-check only the kernels that take another code path there (split-K)
+    boxes, weights = boxes[::-1], weights[::-1]
     with sharing_checks():    # one interpreter verdict per kernel structure for all buckets
         for bi, box in enumerate(boxes):
             done.append(_compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
                                         programs, fe_p, stored, wstats, egraph_stats, fixed, axes,
                                         compile_bucket))
-    return _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph_stats,
-                          fixed)
+    return _variant_model(done[::-1], fe_p, budget_s, t0, clock, ranges, probe, check,
+                          egraph_stats, fixed)
 
 
 def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe, programs, fe_p,

@@ -219,5 +219,11 @@ def resize_program(program: Program, resizer) -> Program:
                                 [resizer(n) for n in c.outputs],
                                 c.family if c.family is not None else k))
     graph = resizer.graph(program.graph) if program.graph is not None else None
+    # the e-class keys of the boundary nodes carry over (the re-sized candidates share reference
+    # values by e-class as the probe candidates would)
+    keys = program.value_keys
+    new_keys = {id(m): keys[id(n)] for c, rc in zip(program.calls, calls)
+                for n, m in zip((*c.inputs, *c.outputs), (*rc.inputs, *rc.outputs))
+                if id(n) in keys}
     return Program(calls, {k: resizer(v) for k, v in program.outputs.items()}, program.label,
-                   list(program.notes), graph, program.origin)
+                   list(program.notes), graph, program.origin, new_keys)

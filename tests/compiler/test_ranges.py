@@ -129,6 +129,9 @@ def test_range_compile_serves_every_size_exactly(db, tmp_path):
     for v in r["variants"]:       # each bucket searched and checked at both of its ends
         assert v["best_time_s"] > 0 and set(v["end_checks"]) == {"lo", "hi"}
         assert all(c["max_rel_error"] <= 1e-4 for c in v["end_checks"].values())
+    # the largest bucket is searched first and checks its kernels; smaller ones take verdicts
+    assert r["variants"][-1]["shared_checks"] == 0
+    assert sum(v["shared_checks"] for v in r["variants"][:-1]) > 0
     rng = np.random.default_rng(3)
     for n in (1, 2, 3, 17, 40, 63, 64):
         x = rng.standard_normal((1, n, 16)).astype(np.float32)
