@@ -9,7 +9,8 @@
 #   3. make lumc importable without pip: build/gpu-site/pkg/lumc mirrors pyproject's package-dir
 #      (lumc -> compiler/public, lumc.ir -> ir, ...) with symlinks;
 #   4. without a CUDA device: render every benchmark case, print the plan below and stop, exit 2;
-#   5. run every test marked gpu (tests/, bf16 included; ~90 s);
+#   5. run every test marked gpu (tests/, bf16, split-K, cuDNN convolutions and the precompiled
+#      first launch included; ~110 s);
 #   6. the main job (python -m lumc.compiler.tools.gpu_main, ~7 min): the four MODELS.md models (carried
 #      in build/gpu-models, `make gpu-models`), GPT-2 small and BERT-base at seq 128 in fp32 and
 #      bf16: compile --device cuda, run the plan through CUDA graphs checked against the float64

@@ -39,7 +39,8 @@ TRANSFORMERS = (("gpt2", "fp32"), ("bert", "fp32"), ("gpt2", "bf16"), ("bert", "
 # (step, expected seconds on an H200 with a warm pip cache) — the closing note of gpu_check.sh
 PLAN = (
     ("install carried wheels into build/gpu-site (pip --no-index)", 15),
-    ("gpu tests (pytest -m gpu: bf16 kernels, timing under 10 us, plans through CUDA graphs)", 90),
+    ("gpu tests (pytest -m gpu: bf16 kernels, split-K, cuDNN convolutions, a precompiled first "
+     "launch, timing under 10 us, plans through CUDA graphs)", 110),
     ("measure ceilings: 1 GiB copy, 8192^3 bf16 matmul (cached in the tuning DB)", 5),
     ("4 MODELS.md models: compile --device cuda (25 s search each, greedy program without "
      "egglog), CUDA-graph run + float64 check, bench vs eager", 4 * 40),
