@@ -436,7 +436,10 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         if shared is None or fam is None or e.triton is None:
             return {}, None
         rk = e.triton.rendered
-        return shared, (kernel_hash(fam), rk.variant, rk.config_space, precision)
+        hk = ("hash", id(fam))            # the probe kernel's hash, once per range compile
+        if hk not in shared:              # (the kernel is kept with it: its id stays its own)
+            shared[hk] = (fam, kernel_hash(fam))
+        return shared, (shared[hk][1], rk.variant, rk.config_space, precision)
 
     def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:
         """Run the generated kernel on the captured inputs and compare with the reference."""
