@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lumc.backends.triton.indexing import per_axis
 from lumc.ir.graph import Node
-from lumc.ir.views import contiguous_strides, prod
+from lumc.ir.views import View, contiguous_strides, prod
 
 
 @dataclass(frozen=True)
@@ -83,22 +84,17 @@ class ConvPlan:
 
 def _decompose(strides, sizes, space: tuple) -> list | None:
     """Per dim ``(axis, mult)`` of ``space`` (None for a stride-0 or size-1 dim), with the no-carry
-    proof (module doc); None when a stride is no multiple of one axis' step or an axis overflows."""
-    cs = contiguous_strides(space)
-    out, reach = [], [0] * len(space)
-    for st, d in zip(strides, sizes):
-        if d == 1 or st == 0:
-            out.append(None)
-            continue
-        if st < 0:
-            return None
-        axis = next((i for i, c in enumerate(cs) if c > 0 and c <= st and st % c == 0), None)
-        if axis is None:
-            return None
-        out.append((axis, st // cs[axis]))
-        reach[axis] += (st // cs[axis]) * (d - 1)
-    if any(r >= s for r, s in zip(reach, space) if r):
+    proof of :func:`lumc.backends.triton.indexing.per_axis`; None when the strides do not decompose
+    or a multiplier is not positive (no convolution walks an axis backwards)."""
+    pa = per_axis(View(tuple(sizes), tuple(strides), 0, None), tuple(space))
+    if pa is None:
         return None
+    out: list = [None] * len(sizes)
+    for axis, (_, terms) in enumerate(pa):
+        for j, mult in terms:
+            if mult <= 0:
+                return None
+            out[j] = (axis, mult)
     return out
 
 
