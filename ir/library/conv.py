@@ -207,7 +207,9 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, strides=Non
                    auto_pad: str = "NOTSET") -> Tensor:
     """ONNX ``ConvTranspose`` (the gradient of Conv with respect to its input).
 
-    Built as a stride-1 :func:`conv` of the zero-inserted input (``stride - 1`` zeros between
+    Undilated, it is built phase by phase (:func:`_conv_transpose_phases`): no product with an
+    inserted zero is formed, ``stride**rank`` times fewer multiplies than the zero-insertion form.
+    Dilated, it is a stride-1 :func:`conv` of the zero-inserted input (``stride - 1`` zeros between
     elements: a pad + reshape view) with the kernel flipped and its channel axes swapped per group.
 
     Args:
@@ -241,6 +243,8 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, strides=Non
                                     output_shape, auto_pad)
     if any(o < 0 for o in out):
         raise ShapeError(f"negative output shape {out}", op="ConvTranspose")
+    if all(d == 1 for d in dilations) and all(size > 0 for size in x.shape[2:]):
+        return _conv_transpose_phases(x, w, b, kernel, strides, pads, out, group)
     # zero insertion: [.., H, ..] -> [.., H, 1, ..] -> pad (0, s-1) -> [.., H*s, ..] -> first (H-1)s+1
     z = x
     for i in range(nsp):
@@ -271,4 +275,64 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, strides=Non
     y = conv(z, wt, b, pads=pos, dilations=dilations, group=group)
     if tuple(y.shape[2:]) != tuple(out):
         raise ShapeError(f"internal: output {y.shape[2:]} != {out}", op="ConvTranspose")
+    return y
+
+
+def _conv_transpose_phases(x: Tensor, w: Tensor, b: Tensor | None, kernel, strides, pads, out,
+                           group: int) -> Tensor:
+    """Undilated ``ConvTranspose`` as one contraction per output phase (sub-pixel form).
+
+    Per spatial axis, with stride ``s``, kernel ``k`` and ``t = ceil(k / s)``: tap ``κ = s q + r``
+    (``r < s``) sends input ``i`` to the uncropped position ``f = s (i + q) + r``, so with
+    ``v = i + q``::
+
+        Y[v, r] = sum_q x[v - q] * w[s q + r]        v in [0, in + t - 1), r in [0, s)
+
+    (``w`` is zero past ``k`` taps, ``x`` zero outside ``[0, in)``): a stride-1 window of ``t``
+    over ``x`` padded by ``t - 1`` on both sides, against the kernel reshaped to ``[t, s]`` and
+    flipped along ``t``. ``(v, r)`` flattens to ``f``; output ``o`` is ``f = o + pad_begin``, so the
+    flat axis is cropped (or, for ``output_padding``, extended with zeros) to ``out``. Every
+    product is one the ONNX definition forms, so there is no ``0 * inf = NaN`` from inserted zeros
+    and no ``-0 + 0`` sign loss. With ``k == s`` and no pads the sizes are products of the input
+    sizes (``s * in``), which size ranges need (``lumc.ir.symbolic``).
+
+    Shapes: ``x [N, C, *in]``, ``w [C, M / group, *k]``, result ``[N, M, *out]``.
+    """
+    nsp = x.ndim - 2
+    n, c = x.shape[:2]
+    mg = w.shape[1]
+    cg = c // group
+    ts = [-(-k // s) for k, s in zip(kernel, strides)]
+    lead = (n, group) if group > 1 else (n,)
+    # input windows: [N, (g,) Cg, *in] -> [N, (g,) 1, Cg, v_0, j_0, 1, v_1, j_1, 1, ...]
+    xg = x.reshape((n, group, cg) + x.shape[2:]) if group > 1 else x
+    first = len(lead) + 1
+    vs = [size + t - 1 for size, t in zip(x.shape[2:], ts)]
+    win = sliding_windows(xg, first, ts, [1] * nsp, [1] * nsp,
+                          [t - 1 for t in ts] + [t - 1 for t in ts], vs)
+    xshape = lead + (1, cg) + tuple(d for v, t in zip(vs, ts) for d in (v, t, 1))
+    win = win.reshape(xshape)
+    # kernel: [C, Mg, *k] -> taps padded to t s -> [g, Cg, Mg, t_0, s_0, ...], flipped along t
+    wk = w.pad([(0, 0), (0, 0)] + [(0, t * s - k) for t, s, k in zip(ts, strides, kernel)])
+    wk = wk.reshape((group, cg, mg) + tuple(d for t, s in zip(ts, strides) for d in (t, s)))
+    for i in range(nsp):
+        wk = wk.flip(3 + 2 * i)
+    wk = wk.permute((0, 2, 1) + tuple(range(3, 3 + 2 * nsp)))
+    wshape = (1,) + ((group,) if group > 1 else ()) + (mg, cg) + tuple(
+        d for t, s in zip(ts, strides) for d in (1, t, s))
+    wk = wk.reshape(wshape)
+    full = lead + (mg, cg) + tuple(d for v, t, s in zip(vs, ts, strides) for d in (v, t, s))
+    ca = len(lead) + 1                               # the Cg axis
+    red = [ca] + [ca + 2 + 3 * i for i in range(nsp)]
+    y = win.expand(full).mul(wk.expand(full)).sum(red)
+    flat = tuple(v * s for v, s in zip(vs, strides))
+    y = y.reshape((n, group * mg) + flat)
+    crop = [(0, 0), (0, 0)] + [(-pads[i], out[i] + pads[i] - flat[i]) for i in range(nsp)]
+    if any(a or e for a, e in crop):
+        y = y.pad(crop)
+    if b is not None:
+        m = group * mg
+        if tuple(b.shape) != (m,):
+            raise ShapeError(f"bias shape {b.shape} != ({m},)", op="ConvTranspose")
+        y = y.add(b.reshape((1, m) + (1,) * nsp))
     return y

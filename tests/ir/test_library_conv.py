@@ -6,7 +6,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 from onnx import TensorProto, helper
 
 from lumc.backends.reference import ReferenceExecutor
@@ -227,3 +227,58 @@ def test_conv_transpose_matches_onnxruntime(attrs):
     x, w = randn(1, 4, 5, 4), randn(4, 3, 3, 4)
     got = run(lambda x, w: conv_transpose(x, w, **attrs), x, w)
     close(got, ort_run("ConvTranspose", {"x": x, "w": w}, **attrs))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_conv_transpose_phases_random_against_torch(data):
+    """The undilated (phase) form over random kernels, strides, pads, output padding and groups,
+    1-D and 2-D, against torch in float64."""
+    nsp = data.draw(st.integers(1, 2))
+    group = data.draw(st.sampled_from([1, 2]))
+    cg, mg = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    ks = [data.draw(st.integers(1, 5)) for _ in range(nsp)]
+    ss = [data.draw(st.integers(1, 4)) for _ in range(nsp)]
+    ins = [data.draw(st.integers(1, 6)) for _ in range(nsp)]
+    pads = [data.draw(st.integers(0, k - 1)) for k in ks]
+    opad = [data.draw(st.integers(0, s - 1)) for s in ss]
+    assume(all(s * (n - 1) + k - 2 * p + o >= 1 for s, n, k, p, o in zip(ss, ins, ks, pads, opad)))
+    x = RNG.standard_normal((2, group * cg, *ins))
+    w = RNG.standard_normal((group * cg, mg, *ks))
+    b = RNG.standard_normal(group * mg)
+    got = run(lambda x, w, b: conv_transpose(x, w, b, strides=ss, pads=pads + pads,
+                                             output_padding=opad, group=group), x, w, b)
+    f = {1: F.conv_transpose1d, 2: F.conv_transpose2d}[nsp]
+    want = f(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=ss, padding=pads,
+             output_padding=opad, groups=group).numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_transpose_forms_no_product_with_an_inserted_zero():
+    """An infinite weight tap: the ONNX definition gives +-inf where the tap lands and finite
+    values elsewhere; a zero-inserted form would give 0 * inf = NaN at every output."""
+    x = np.ones((1, 1, 3, 3), np.float32)
+    w = randn(1, 1, 2, 2)
+    w[0, 0, 0, 0] = np.inf
+    got = run(lambda x, w: conv_transpose(x, w, strides=[2, 2]), x, w)
+    want = F.conv_transpose2d(torch.tensor(x), torch.tensor(w), stride=2).numpy()
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    close(np.where(np.isinf(got), 0, got), np.where(np.isinf(want), 0, want))
+
+
+def test_conv_transpose_upsampler_is_one_contraction_without_padding():
+    """kernel == stride (a DB-head / U-Net upsampler): one Mul + SumReduce over [C] per output,
+    s**2 times fewer products than the zero-inserted conv, and no padded buffer (its sizes are
+    products of the input's, as size ranges need)."""
+    x, w = randn(1, 8, 6, 5), randn(8, 4, 2, 2)
+    g = build(lambda x, w: conv_transpose(x, w, strides=[2, 2]), x, w)
+    s = next(n for n in g.nodes() if n.op == "SumReduce")
+    prod = s.srcs[0]
+    assert prod.op == "Mul" and int(np.prod(prod.shape)) == 1 * 4 * 8 * 6 * 5 * 2 * 2
+    for n in g.nodes():
+        if n.op == "View":
+            assert n.arg.mask is None, n.arg
+    got = ReferenceExecutor(g)({"x0": x, "x1": w})["y"]
+    close(got, F.conv_transpose2d(torch.tensor(x), torch.tensor(w), stride=2).numpy())
