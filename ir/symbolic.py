@@ -9,8 +9,13 @@ its reciprocal (``1/L`` of a mean over tokens, a float ``L``) are rewritten the 
 dtype. So :func:`resize` turns the probed graph (or program, or kernel meaning) into the one at
 ``d = n`` without importing again.
 
+A padded size is not such a product (``H + 2``, ``(H + 2) (W + 2)``): where the probing needs
+them, it learns a *table* of affine values, ``c * prod(m P + a)`` per probed value
+(:func:`learn_table`, from imports at two more sizes), and re-sizes a value of the table by its
+entry and any other value by the table's factors (:class:`Substitution`).
+
 This is sound only where the model's size arithmetic is such products, and where no static size
-is a multiple of a probe. It is *checked*, never assumed: :func:`same_graph` compares the probed
+is a multiple of a probe (or equal to a learned affine value). It is *checked*, never assumed: :func:`same_graph` compares the probed
 graph re-sized to a second prime with the graph imported there (node for node: nodes are hash-consed, so equal graphs are the same objects), and
 the compiler checks each size bucket's numerics at its smallest and largest size. A constant array
 with a probed dim (a folded position table, a gather index computed from the size), or an integer
@@ -22,6 +27,8 @@ Only numpy and :mod:`lumc.ir` are used (the ``ir`` layer).
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import contextvars
 
 import numpy as np
@@ -42,6 +49,12 @@ def probing(primes):
         yield
     finally:
         _PROBES.reset(token)
+
+
+def probing_active() -> bool:
+    """True inside :func:`probing` (an import at probe sizes, which may lie outside a declared
+    range: ``lumc.compiler.core.buckets`` verifies the result at sizes inside it)."""
+    return bool(_PROBES.get())
 
 
 def held(shape) -> bool:
@@ -65,11 +78,38 @@ def _split(v: int, p: int) -> tuple[int, int]:
     return v, k
 
 
+class Substitution(dict):
+    """``{probe prime: size in units of its step}``, with the range's affine values (``table``:
+    ``{probed value: (c, ((p, m, a), ...))}``, :func:`learn_table`).
+
+    A value ``c * prod(m p + a)`` that products of the probes alone do not explain (a padded size
+    ``H + 2``, its strides and mask bounds) re-sizes to ``c * prod(m sub[p] + a)``: a value of the
+    table by its entry, any other value by the table's factors (``m p + a``, ``a != 0``, largest
+    first; the product of a padded plane ``C (H + 2) (W + 2)`` that a kernel computes), then the
+    probes themselves."""
+
+    def __init__(self, sizes=(), table: dict | None = None):
+        super().__init__(sizes)
+        self.table = dict(table or {})
+        self.family = sorted({f for _, fs in self.table.values() for f in fs if f[2]},
+                             key=lambda f: -(f[1] * f[0] + f[2]))
+
+
 def resize_int(v: int, sub: dict[int, int]) -> int:
-    """``v`` with every factor ``p**k`` of a probe ``p`` in ``sub`` replaced by ``sub[p]**k``."""
+    """``v`` with every factor ``p**k`` of a probe ``p`` in ``sub`` replaced by ``sub[p]**k`` (and,
+    for a :class:`Substitution` with a table, its affine factors re-sized)."""
     v = int(v)
     sign = -1 if v < 0 else 1
     v = abs(v)
+    table = getattr(sub, "table", None)
+    if table:
+        if v in table:
+            return sign * _value(table[v], sub)
+        for p, m, a in sub.family:
+            f = m * p + a
+            while v and v % f == 0:
+                v //= f
+                sign *= m * int(sub[p]) + a
     for p, n in sub.items():
         c, k = _split(v, p)
         if k:
@@ -81,23 +121,59 @@ def _resize_tuple(t, sub):
     return tuple(resize_int(x, sub) for x in t)
 
 
-def _resize_float(x: float, sub: dict[int, int], dtype) -> float | None:
-    """A float constant that is a probe product ``c * P**k`` (exactly) or its reciprocal rounded
-    to ``dtype``, re-sized; None when it is neither (it does not depend on the probed dims)."""
+def float_count(x: float, depends, dtype=np.float32):
+    """``(n, reciprocal)``: the integer count ``n`` that float ``x`` holds, as ``n`` itself or as
+    ``1 / n`` rounded to ``dtype``, for which ``depends(n, rounded)`` holds (``rounded``: found
+    among the neighbours below); None when there is none.
+
+    Above ``2**mantissa`` several integers round to one float (``1 / (64 p q)`` of a mean over a
+    probed plane, ``p, q`` > 1000), so the neighbours of the nearest integer that round to the
+    same float are tried too, nearest first."""
+    x = float(x)
     if not np.isfinite(x) or x == 0:
         return None
-    r = float(x)
-    if r == round(r) and abs(r) < 2 ** 53:
-        v = int(round(r))
-        w = resize_int(v, sub)
-        if w != v:
-            return float(w)
-    inv = 1.0 / r
-    if abs(inv) < 2 ** 53:
-        v = int(round(inv))
-        if v != 0 and resize_int(v, sub) != v and dtype.type(1.0 / v) == dtype.type(r):
-            return 1.0 / resize_int(v, sub)
+    dt = np.dtype(dtype)
+    mant = np.finfo(dt).nmant + 1 if dt.kind == "f" else 53
+    want = dt.type(x)
+    for recip, t in ((False, x), (True, 1.0 / x)):
+        if not abs(t) < 2.0 ** 62:
+            continue
+        c = int(round(t))
+        span = int(abs(t) * 2.0 ** -(mant - 1)) + 1 if abs(t) >= 2.0 ** (mant - 1) else 0
+        for n in sorted(range(c - span, c + span + 1), key=lambda n: abs(n - t)):
+            if n and dt.type(1.0 / n if recip else float(n)) == want and (
+                    recip or float(n) == x or span) and depends(n, bool(span)):
+                return n, recip
     return None
+
+
+MAX_COUNT_COEFFICIENT = 1 << 20   # c of a rounded count c * P**k (a mean's 1 / (64 H' W'))
+
+
+def _count_depends(n: int, sub, rounded: bool) -> bool:
+    """``n`` depends on the probes; a count found among rounded neighbours
+    (:func:`float_count`) also needs its static part small, or a constant such as ``1e-12``
+    (a LayerNorm epsilon, ``1 / 1e12``) would be read as one of the integers around 1e12 that a
+    probe divides."""
+    if resize_int(n, sub) == n:
+        return False
+    if not rounded:
+        return True
+    c = abs(n)
+    for p in sub:
+        c = _split(c, p)[0]
+    return c < MAX_COUNT_COEFFICIENT
+
+
+def _resize_float(x: float, sub: dict[int, int], dtype) -> float | None:
+    """A float constant that is a probe product ``c * P**k`` or its reciprocal, rounded to
+    ``dtype`` (:func:`float_count`), re-sized; None when it is neither (it does not depend on the
+    probed dims)."""
+    got = float_count(x, lambda n, rounded: _count_depends(n, sub, rounded), dtype)
+    if got is None:
+        return None
+    n, recip = got
+    return 1.0 / resize_int(n, sub) if recip else float(resize_int(n, sub))
 
 
 def _depends(shape, sub) -> bool:
@@ -152,8 +228,9 @@ class Resizer:
     """Re-sizes nodes from the probe sizes to ``sub`` (``{probe prime: size}``), memoized, so a
     graph and the programs and kernel meanings bound to its nodes re-size consistently."""
 
-    def __init__(self, sub: dict[int, int]):
-        self.sub = {int(p): int(n) for p, n in sub.items()}
+    def __init__(self, sub: dict[int, int], table: dict | None = None):
+        self.sub = Substitution({int(p): int(n) for p, n in sub.items()},
+                                table if table is not None else getattr(sub, "table", None))
         self.memo: dict[int, Node] = {}
 
     def __call__(self, root: Node) -> Node:
@@ -181,6 +258,136 @@ class Resizer:
 def resize(g: Graph, sub: dict[int, int]) -> Graph:
     """Graph ``g`` (imported at probe sizes) at the sizes ``sub`` gives its probes."""
     return Resizer(sub).graph(g)
+
+
+MAX_OFFSET = 16   # |a| of an affine factor ``H + a``: conv and pool pads are (k - 1) d / 2 or less
+
+
+def _arg_ints(a) -> list[int]:
+    """The integers of a node arg that a re-size may change (sizes, strides, offsets, bounds)."""
+    if isinstance(a, View):
+        out = list(a.shape) + list(a.strides) + [a.offset]
+        for lo, hi in a.mask or ():
+            out += [lo, hi]
+        return out
+    if isinstance(a, (InputArg, IotaArg)):
+        return list(a.shape)
+    if isinstance(a, ConstArg):
+        x = a.value
+        return [int(x.reshape(-1)[0])] if x.size == 1 and x.dtype.kind in "iu" else []
+    if isinstance(a, bool) or a is None:
+        return []
+    if isinstance(a, (int, np.integer)):
+        return [int(a)]
+    if isinstance(a, (tuple, list)):
+        return [v for x in a for v in _arg_ints(x)]
+    return []
+
+
+def _paired_ints(a: Graph, others: list[Graph]):
+    """``(x, (y, ...))`` for each integer slot of graph ``a`` and the same slot of each of
+    ``others``, walked together from their outputs where their structure agrees (a difference is
+    :func:`same_graph`'s to report)."""
+    seen: set[int] = set()
+    stack = [(a.outputs[k], tuple(o.outputs[k] for o in others)) for k in a.outputs
+             if all(k in o.outputs for o in others)]
+    while stack:
+        x, ys = stack.pop()
+        if id(x) in seen or any(y.op != x.op or len(y.srcs) != len(x.srcs) for y in ys):
+            continue
+        seen.add(id(x))
+        xs, yss = _arg_ints(x.arg), [_arg_ints(y.arg) for y in ys]
+        if all(len(v) == len(xs) for v in yss):
+            yield from zip(xs, zip(*yss)) if yss else ()
+        stack.extend(zip(x.srcs, zip(*[y.srcs for y in ys])))
+
+
+MAX_MULTIPLIER = 64    # m of a factor m p + a: H / 32 .. 2 H of a 32-step range
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _explain(x: int, ys: tuple, subs: tuple, depth: int = 4):
+    """A decomposition ``(c, ((p, m, a), ...))`` of ``x`` (at the probes) whose re-size to each
+    substitution of ``subs`` (``((p, n), ...)`` each) is the matching value of ``ys``: factors
+    ``m p + a`` (``1 <= m <= MAX_MULTIPLIER``, ``|a| <= MAX_OFFSET``) and a static coefficient
+    ``c``; None when there is none of at most ``depth`` factors."""
+    if all(y == x for y in ys):
+        return x, ()
+    if depth == 0:
+        return None
+    probes = [p for p, _ in subs[0]]
+    # simplest first: the probes themselves, then H + 1, H - 1, H + 2, ... (canonical factors:
+    # gcd(m, a) = 1, the rest goes to the coefficient), each for the largest m first
+    for a in sorted(range(-MAX_OFFSET, MAX_OFFSET + 1), key=lambda a: (abs(a), -a)):
+        for j, p in enumerate(probes):
+            for m in ([1] if a == 0 else range(MAX_MULTIPLIER, 0, -1)):
+                if a and math.gcd(m, abs(a)) != 1:
+                    continue
+                f = m * p + a
+                if f <= 1 or x % f:
+                    continue
+                gs = [m * int(sub[j][1]) + a for sub in subs]
+                if all(g > 0 and y % g == 0 for g, y in zip(gs, ys)):
+                    r = _explain(x // f, tuple(y // g for y, g in zip(ys, gs)), subs, depth - 1)
+                    if r is not None:
+                        return r[0], ((p, m, a),) + r[1]
+    return None
+
+
+def learn_table(probed: Graph, sized: list[Graph], subs: list[dict[int, int]]) -> dict:
+    """The affine values of ``probed`` (imported at the probes ``p``), from the graphs ``sized``
+    (imported at ``subs[i][p]``), which hold each integer slot's value at other sizes.
+
+    A slot whose value products of the probes do not re-size right (:func:`resize_int`) gets the
+    decomposition :func:`_explain` finds for its values: a padded convolution's ``H + 2`` (its
+    padded size, the padded view's strides and mask bounds), ``H / 4 + 2`` and the products of
+    such. Two slots with the same probed value and different decompositions leave it out. Three
+    sizes whose points are not on one line (the caller's choice) rule out an affine coincidence
+    (``2 (2 H' - 1) = W' + 6`` holds wherever ``H' = W' + 2``).
+
+    Returns ``{probed value: (c, factors)}`` for :class:`Substitution`; the caller checks the
+    result with :func:`same_graph`."""
+    subs_t = tuple(tuple(sorted((int(p), int(n)) for p, n in s.items())) for s in subs)
+    pures = [Substitution(s) for s in subs]
+    table: dict = {}
+    bad: set[int] = set()
+    slots = {(abs(x), tuple(abs(y) for y in ys)) for x, ys in _paired_ints(probed, sized) if x}
+
+    def fits(x, ys, with_subs):
+        return all(resize_int(x, s) == y for s, y in zip(with_subs, ys))
+    for x, ys in slots:
+        if x in bad or fits(x, ys, pures):
+            continue
+        got = _explain(x, ys, subs_t)
+        if got is None or (x in table and table[x] != got
+                           and any(_value(table[x], s) != y for s, y in zip(subs, ys))):
+            bad.add(x)
+            table.pop(x, None)
+        elif x not in table:
+            table[x] = got
+    # the table's factors re-size any other value too (Substitution): a static value they would
+    # take apart (27 = W / 16 + 1 at the probe, a 3 x 3 x 3 kernel's stride) is kept as it is
+    learned = [Substitution(s, table) for s in subs]
+    for x, ys in slots:
+        if x not in table and x not in bad and not fits(x, ys, learned):
+            got = _explain(x, ys, subs_t)
+            if got is None:
+                bad.add(x)
+            else:
+                table[x] = got
+    # a value the table re-sizes wrongly in some other slot (W' = 1019 = H' + 6 at the probes)
+    # cannot be told apart there: left out, so the caller's check refuses these probes
+    for x, ys in slots:
+        if x in table and any(_value(table[x], s) != y for s, y in zip(subs, ys)):
+            del table[x]
+    return table
+
+
+def _value(entry, sub) -> int:
+    c, factors = entry
+    for p, m, a in factors:
+        c *= m * int(sub[p]) + a
+    return c
 
 
 def same_graph(a: Graph, b: Graph) -> str | None:

@@ -97,11 +97,13 @@ def _launch_all(program, env, value_of, launch, shape, device, stats, t0) -> dic
 
 def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, str],
                       sizes: dict[str, int], device: str | None = None,
-                      stats: RunStats | None = None) -> dict[str, np.ndarray]:
+                      stats: RunStats | None = None, table: dict | None = None
+                      ) -> dict[str, np.ndarray]:
     """:func:`run_program` for a program stored at probe sizes (a range bucket's plan,
     ``lumc.ir.symbolic``), with every kernel one size-generic module
     (:class:`~lumc.backends.triton.size_generic.SizedKernel`) launched at ``sizes``
-    (``{argument name: size}`` for the ``probes`` ``{prime: argument name}``).
+    (``{argument name: size}`` for the ``probes`` ``{prime: argument name}``; ``table``: the
+    range's affine values, ``lumc.ir.symbolic.learn_table``).
 
     Raises:
         InputError: an input whose shape is not the program's at these sizes, or a wrong dtype.
@@ -110,7 +112,8 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
     from lumc.ir.errors import InputError
     from lumc.ir.symbolic import resize_int
     device = device or default_device()
-    sub = {p: sizes[name] for p, name in probes.items()}
+    from lumc.ir.symbolic import Substitution
+    sub = Substitution({p: sizes[name] for p, name in probes.items()}, table)
     t0 = time.perf_counter()
     env: dict[Node, object] = {}
 
@@ -142,7 +145,7 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
     modules: dict[int, SizedKernel] = {}
 
     def launch(call, args, outs):
-        sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes)
+        sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes, table)
         modules[id(call.kernel)] = sk
         sk(*args, sizes=sizes, outputs=outs)
     return _launch_all(program, env, value_of, launch, shape, device, stats, t0)

@@ -21,16 +21,21 @@ import re
 from lumc.backends.triton.launch import interpreter_mode, to_torch, torch_dtype
 from lumc.ir.errors import InputError
 from lumc.ir.kernels import Kernel
-from lumc.ir.symbolic import resize_int
+from lumc.ir.symbolic import float_count, resize_int
 
 _NUM = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)(?![\w.])")
 
 
-def _product_expr(v: int, probes: dict[int, str]) -> str | None:
+def _product_expr(v: int, probes: dict[int, str], table: dict | None = None) -> str | None:
     """``c * P**k ...`` of ``v`` as an expression of the probes' names, None when no probe divides
-    it (it does not depend on the ranged dims)."""
+    it (it does not depend on the ranged dims); a value of the range's ``table`` of affine values
+    (``lumc.ir.symbolic.learn_table``) as its product of ``(m*L0 + a)`` factors."""
     if v == 0:
         return None
+    if table and v in table:
+        c, factors = table[v]
+        terms = [f"({m}*{probes[p]}{a:+d})" for p, m, a in factors]
+        return "(" + "*".join(([str(c)] if c != 1 else []) + terms) + ")" if terms else None
     terms, c = [], v
     for p, name in probes.items():
         k = 0
@@ -43,37 +48,43 @@ def _product_expr(v: int, probes: dict[int, str]) -> str | None:
     return "(" + "*".join(([str(c)] if c != 1 else []) + terms) + ")"
 
 
-def rewrite_sizes(text: str, probes: dict[int, str]) -> str:
+def _small_static(n: int, probes) -> bool:
+    """The static part of a rounded count is small (``lumc.ir.symbolic._count_depends``)."""
+    from lumc.ir.symbolic import MAX_COUNT_COEFFICIENT
+    c = abs(n)
+    for p in probes:
+        while c and c % p == 0:
+            c //= p
+    return c < MAX_COUNT_COEFFICIENT
+
+
+def rewrite_sizes(text: str, probes: dict[int, str], table: dict | None = None) -> str:
     """``text`` (kernel or launcher source) with every literal that depends on a probe replaced by
     its expression in the size arguments (see the module docstring)."""
     def sub(m):
         tok = m.group(0)
         if tok.isdigit():
-            e = _product_expr(int(tok), probes)
+            e = _product_expr(int(tok), probes, table)
             return e if e is not None else tok
-        x = float(tok)
-        if x != 0:
-            inv = 1.0 / x
-            n = round(inv)
-            if n != 0 and abs(inv - n) <= 1e-6 * abs(n):     # 1/n, rounded to f32 or f64
-                e = _product_expr(int(n), probes)
-                if e is not None:
-                    return f"(1.0 / {e})"
-            if x == round(x):
-                e = _product_expr(int(round(x)), probes)
-                if e is not None:
-                    return f"({e} * 1.0)"
+        got = float_count(float(tok), lambda n, rounded: _product_expr(n, probes, table) is not None
+                          and (not rounded or _small_static(n, probes)))
+        if got is not None:
+            n, recip = got
+            e = _product_expr(n, probes, table)
+            return f"(1.0 / {e})" if recip else f"({e} * 1.0)"
         return tok
     return _NUM.sub(sub, text)
 
 
-def render_sized(kernel: Kernel, probes: dict[int, str], variant: str | None = None):
+def render_sized(kernel: Kernel, probes: dict[int, str], variant: str | None = None,
+                 table: dict | None = None):
     """The :class:`~lumc.backends.triton.source.RenderedKernel` of ``kernel`` (at probe sizes) whose
-    sizes are the runtime arguments named in ``probes`` (``{prime: "L0"}``)."""
+    sizes are the runtime arguments named in ``probes`` (``{prime: "L0"}``; ``table``: the range's
+    affine values)."""
     from lumc.backends.triton.render import render_parts
     from lumc.backends.triton.source import assemble
     parts = render_parts(kernel, variant)
-    rw = lambda t: rewrite_sizes(t, probes) if t else t     # noqa: E731
+    rw = lambda t: rewrite_sizes(t, probes, table) if t else t     # noqa: E731
     parts = dataclasses.replace(
         parts, body=rw(parts.body), grid=rw(parts.grid), launcher=rw(parts.launcher),
         extra_kernels={k: rw(v) for k, v in parts.extra_kernels.items()},
@@ -87,13 +98,15 @@ class SizedKernel:
     Args:
         kernel: the kernel at probe sizes.
         probes: ``{prime: argument name}`` of the ranged dims.
+        table: the range's affine values (``lumc.ir.symbolic.learn_table``), or None.
     """
 
-    def __init__(self, kernel: Kernel, probes: dict[int, str]):
+    def __init__(self, kernel: Kernel, probes: dict[int, str], table: dict | None = None):
         from lumc.backends.triton import cache
         self.kernel = kernel
         self.probes = dict(probes)
-        self.rendered = render_sized(kernel, self.probes)
+        self.table = dict(table or {})
+        self.rendered = render_sized(kernel, self.probes, table=self.table)
         self.module = cache.load_module(self.rendered)
         self._consts: dict[tuple, object] = {}
 
@@ -107,7 +120,8 @@ class SizedKernel:
         import torch
         from lumc.backends.triton import configs
         rk = self.rendered
-        sub = {p: sizes[name] for p, name in self.probes.items()}
+        from lumc.ir.symbolic import Substitution
+        sub = Substitution({p: sizes[name] for p, name in self.probes.items()}, self.table)
         device = "cpu" if interpreter_mode() else next(
             (str(x.device) for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda), "cuda")
         args = []

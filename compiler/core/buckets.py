@@ -6,9 +6,14 @@ twice the search budget and a bucket edge at 128). The compile:
 
 1. **Probes the sizes** (``lumc.ir.symbolic``): the model is imported with each ranged dim at a
    prime inside its range and, to check, at a second prime; the first graph re-sized to the
-   second sizes must be the second graph, node for node. A model whose size arithmetic is not made
-   of products of its dims (``L + 1``, a table folded at the size) is refused in one line naming
-   the difference, with the hint to give explicit sizes instead.
+   second sizes must be the second graph, node for node. Sizes that are products of the dims
+   need nothing more. A padded convolution's sizes are not (``H + 2``, its strides
+   ``(H + 2) (W + 2)``, mask bounds ``H + 1``): they are *affine values*, learned as a table
+   (``learn_table``) from imports at three sets of primes above the range (above 1000 units:
+   there no padded size equals a static one) and checked node for node at all three and at two
+   imports inside the range. A model whose sizes are neither (``L**2 + 1``, a table folded at
+   the size) is refused in one line naming the difference, with the hint to give explicit
+   sizes instead.
 2. **Runs the e-graph once**, on the probed graph: saturation and extraction do not depend on
    which size of the range a call has, so every bucket shares the candidates (re-sized).
 3. **Searches per bucket**: the range is cut into :data:`DEFAULT_BUCKETS` buckets (geometric
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
-from lumc.ir.errors import BudgetError, InputError
+from lumc.ir.errors import BudgetError, InputError, ShapeError
 from lumc.ir.symbolic import NotSymbolic, Resizer, probing, same_graph
 
 DEFAULT_BUCKETS = 4     # buckets per ranged dim (two ranged dims: 2 each)
@@ -114,24 +119,143 @@ def _primes_in(lo: int, hi: int) -> list[int]:
     return out
 
 
-def choose_probes(ranges: dict[str, DimRange]) -> tuple[dict[str, int], dict[str, int]]:
-    """A probe prime and a check prime per ranged dim (in units of its step, inside its range,
-    all distinct, largest first).
+PROBE_TRIES = 4    # probe assignments tried when a range's sizes need affine values
+ABOVE_UNITS = 1000  # affine values are learned at probes above this many units (see probe_assignments)
+
+
+def probe_assignments(ranges: dict[str, DimRange], tries: int = PROBE_TRIES,
+                      above: bool = False):
+    """Up to ``tries`` assignments ``(probe, check, third)`` of primes per ranged dim (in units of
+    its step, all distinct). Inside the range, the probes largest first (``above=False``: sizes
+    that are products of the dims need nothing else); else the primes above the range and above
+    64 units, smallest first (``above=True``: a table of affine values needs probe sizes larger
+    than every small size the model holds, else a padded size at the probe, ``W / 16 + 1 = 27``,
+    can equal a static one, a 3 x 3 x 3 kernel's stride 27, and a context-free re-size cannot
+    tell them apart; and factors ``m p + a`` distinct for distinct ``(m, a)``, ``p > 2 |a|``).
+    The third prime verifies such a table (:func:`_affine_table`); it is None where there are
+    too few. A later assignment moves the probes.
 
     Raises:
-        InputError: a range with fewer than two primes left to probe it.
+        InputError: a range with fewer than two odd primes to probe it.
     """
-    used: set[int] = set()
-    probe, check = {}, {}
-    for k, r in ranges.items():
-        cands = [p for p in _primes_in(r.lo // r.step, r.hi // r.step) if p not in used and p > 2]
-        if len(cands) < 2:
-            raise InputError(f"--shape {k}={r.describe()}: too narrow to probe (it needs two odd "
-                             f"primes in {r.lo // r.step}..{r.hi // r.step}); give its sizes as a "
-                             "list")
-        probe[k], check[k] = cands[0], cands[1]
-        used |= {cands[0], cands[1]}
-    return probe, check
+    cands = {}
+    for i, (k, r) in enumerate(ranges.items()):
+        if above:
+            # each dim its own band, 1.5x apart: two dims' probes never within a pad of each
+            # other (H' + 6 = W' would make a padded H and W one value) nor of twice it
+            base = int(max(r.hi // r.step, ABOVE_UNITS) * 1.5 ** i)
+            cands[k] = _primes_in(base + 1, base + 400)[::-1]
+        else:
+            cands[k] = [p for p in _primes_in(r.lo // r.step, r.hi // r.step) if p > 2]
+    out = []
+    for shift in range(tries):
+        used: set[int] = set()
+        probe, check, third = {}, {}, {}
+        ok = True
+        for k in ranges:
+            free = [p for p in cands[k] if p not in used]
+            if len(free) < 2:
+                ok = False
+                break
+            probe[k] = free[min(shift, len(free) - 2)]
+            used.add(probe[k])
+        for k in ranges if ok else ():
+            free = [p for p in cands[k] if p not in used]
+            if not free:
+                ok = False
+                break
+            check[k] = free[0]
+            used.add(check[k])
+        if not ok:
+            if shift == 0:
+                k = next(k for k in ranges if len(cands[k]) < 2) if any(
+                    len(c) < 2 for c in cands.values()) else next(iter(ranges))
+                r = ranges[k]
+                raise InputError(f"--shape {k}={r.describe()}: too narrow to probe (it needs two "
+                                 f"odd primes in {r.lo // r.step}..{r.hi // r.step}); give its "
+                                 "sizes as a list")
+            break
+        for k in ranges:
+            free = [p for p in cands[k] if p not in used]
+            third[k] = free[0] if free else None
+            used |= set(free[:1])
+        if len(ranges) == 2 and None not in third.values():
+            # the three points not on one line in (dim 1, dim 2): no affine relation between the
+            # dims holds at all three (twin primes 19/17, 13/11, 7/5 would keep H - W constant)
+            k1, k2 = ranges
+
+            def off_line(t2):
+                return (check[k1] - probe[k1]) * (t2 - probe[k2]) != \
+                    (check[k2] - probe[k2]) * (third[k1] - probe[k1])
+            if not off_line(third[k2]):
+                alt = [p for p in cands[k2] if p not in used and off_line(p)]
+                if alt:
+                    third[k2] = alt[0]
+        if (probe, check, third) not in out:
+            out.append((probe, check, third))
+    return out
+
+
+def choose_probes(ranges: dict[str, DimRange]) -> tuple[dict[str, int], dict[str, int],
+                                                        dict[str, int]]:
+    """The first of :func:`probe_assignments`."""
+    return probe_assignments(ranges, 1)[0]
+
+
+def _probe_sizes(model, frontend, fixed, ranges):
+    """``(probe, check, probe frontend, table)``: the model imported at probe sizes that re-size
+    to every size of the range (checked at the check primes, and at the third ones where affine
+    values were needed), trying :func:`probe_assignments` in turn.
+
+    Raises:
+        InputError: sizes that no assignment re-sizes (one line, the first difference).
+    """
+    try:
+        assignments = probe_assignments(ranges, 1)
+    except InputError:
+        assignments = []     # too narrow for primes inside: probes above it, checked inside
+    first = inside = None
+    for probe, check, third in assignments + probe_assignments(ranges, above=True):
+        primes = tuple(probe.values()) + tuple(check.values()) + tuple(
+            p for p in third.values() if p is not None)
+        above = not assignments or inside is not None
+        try:
+            with probing(primes):
+                fe_p = frontend(model, _dims_shapes(fixed, ranges, probe))
+                fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
+        except (InputError, ShapeError):
+            if not above:
+                raise
+            break          # the frontend imports no size outside the range (a position table)
+        sub_check = {probe[k]: check[k] for k in ranges}
+        try:
+            diff = same_graph(Resizer(sub_check).graph(fe_p.graph), fe_c.graph)
+        except (NotSymbolic, ShapeError) as e:
+            diff = str(e)
+        table: dict = {}
+        if diff is not None:
+            if not above:
+                # affine values are learned at probes above the range only (probe_assignments)
+                first, inside = diff, [(probe, fe_p), (check, fe_c)]
+                continue
+            first = first or diff
+            table, diff = _affine_table(model, frontend, fixed, ranges, probe, check, third,
+                                        primes, fe_p, fe_c, diff)
+        if diff is None and above:
+            diff = _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside)
+        if diff is None:
+            return probe, check, fe_p, table
+        if not table and diff == first:
+            break          # nothing affine to learn: moving the probes cannot help
+    if first is None:
+        raise InputError(f"size range {', '.join(f'{k}={r.describe()}' for k, r in ranges.items())}"
+                         f": the model imports at no probe sizes above the range ({diff}); give "
+                         "explicit sizes (a list) instead")
+    spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
+    why = first if len(first) <= 200 else first[:197] + "..."
+    raise InputError(f"size range {spec}: the model's sizes are not products of "
+                     f"{' and '.join(ranges)} or of such sizes padded ({why}), which one plan per "
+                     "range needs; give explicit sizes (a list) instead")
 
 
 def _dims_shapes(fixed: dict, ranges: dict, units: dict) -> dict:
@@ -169,26 +293,63 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
 BUCKET_SEARCH_SHARE = 0.8
 
 
+def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
+    """None when the graph probed above the range re-sizes to the model imported inside it (at
+    the first assignment's probe and check imports, ``inside``, or at sizes near the range's top
+    for a range too narrow to hold two primes), else the first difference: a frontend may lower
+    a size outside the declared range differently (``torch.export``'s range guards)."""
+    if inside is None:
+        top = {k: r.hi // r.step for k, r in ranges.items()}
+        mid = {k: (r.lo + r.hi) // (2 * r.step) for k, r in ranges.items()}
+        # (top, mid) and (mid, top): two sizes inside, each dim at two values
+        pts = [{k: (top if i % 2 == j else mid)[k] for i, k in enumerate(ranges)} for j in (0, 1)]
+        inside = []
+        for pt in pts:
+            try:
+                with probing(primes):
+                    inside.append((pt, frontend(model, _dims_shapes(fixed, ranges, pt))))
+            except (InputError, ShapeError) as e:
+                return str(e)
+    for at, fe in inside:
+        try:
+            diff = same_graph(Resizer({probe[k]: at[k] for k in ranges}, table).graph(
+                fe_p.graph), fe.graph)
+        except (NotSymbolic, ShapeError) as e:
+            diff = str(e)
+        if diff is not None:
+            return diff
+    return None
+
+
+def _affine_table(model, frontend, fixed, ranges, probe, check, third, primes, fe_p, fe_c, diff):
+    """``(table, diff)``: the affine values (``lumc.ir.symbolic.learn_table``) that re-size the
+    probed graph to the checked one and to the one imported at the third primes; ``diff`` is
+    None when both agree node for node, else the first difference (the range is refused)."""
+    from lumc.ir.symbolic import learn_table
+    if any(p is None for p in third.values()):
+        return {}, (f"{diff}; its padded sizes need a third prime per dim to learn them, and the "
+                    "range has two")
+    with probing(primes):
+        fe_t = frontend(model, _dims_shapes(fixed, ranges, third))
+    subs = [{probe[k]: check[k] for k in ranges}, {probe[k]: third[k] for k in ranges}]
+    table = learn_table(fe_p.graph, [fe_c.graph, fe_t.graph], subs)
+    if not table:
+        return {}, diff
+    for sub, fe in zip(subs, (fe_c, fe_t)):
+        try:
+            again = same_graph(Resizer(sub, table).graph(fe_p.graph), fe.graph)
+        except (NotSymbolic, ShapeError) as e:
+            again = str(e)
+        if again is not None:
+            return {}, again
+    return table, None
+
+
 def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket, frontend, clock):
     t0 = clock()
     ranges = ranges_in(shapes)
     fixed = {k: v for k, v in shapes.items() if k not in ranges}
-    probe, check = choose_probes(ranges)
-    primes = tuple(probe.values()) + tuple(check.values())
-    with probing(primes):
-        fe_p = frontend(model, _dims_shapes(fixed, ranges, probe))
-        fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
-    sub_check = {probe[k]: check[k] for k in ranges}
-    try:
-        diff = same_graph(Resizer(sub_check).graph(fe_p.graph), fe_c.graph)
-    except NotSymbolic as e:
-        diff = str(e)
-    if diff is not None:
-        spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
-        why = diff if len(diff) <= 200 else diff[:197] + "..."
-        raise InputError(f"size range {spec}: the model's sizes are not products of "
-                         f"{' and '.join(ranges)} ({why}), which one plan per range "
-                         "needs; give explicit sizes (a list) instead")
+    probe, check, fe_p, table = _probe_sizes(model, frontend, fixed, ranges)
     # the input axes that are the dim itself (a derived axis, 2 * L, is checked by the plan's
     # own input shapes at call time instead)
     axes = {k: [[name, ax] for name, n in fe_p.graph.inputs.items()
@@ -201,7 +362,7 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
                              "sizes instead")
     from lumc.compiler.core.precision import store_weights
     stored, wstats = store_weights(fe_p.graph, policy)
-    with probing(primes):
+    with probing(tuple(probe.values()) + tuple(check.values())):
         programs, egraph_stats = candidates(stored, Deadline(
             max(1.0, 0.35 * (budget_s - (clock() - t0))), clock))
     for i, p in enumerate(programs):
@@ -222,13 +383,13 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
         for bi, box in enumerate(boxes):
             done.append(_compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
                                         programs, fe_p, stored, wstats, egraph_stats, fixed, axes,
-                                        compile_bucket))
+                                        compile_bucket, table))
     return _variant_model(done[::-1], fe_p, budget_s, t0, clock, ranges, probe, check,
                           egraph_stats, fixed)
 
 
 def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe, programs, fe_p,
-                    stored, wstats, egraph_stats, fixed, axes, compile_bucket):
+                    stored, wstats, egraph_stats, fixed, axes, compile_bucket, table):
     """One size bucket: its search at the representative size, its plan checked at both ends."""
     from lumc.compiler.core.pipeline import example_inputs_for
     from lumc.compiler.runtime.program import resize_program, run_program_reference
@@ -241,7 +402,7 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
                           f"{len(boxes) - bi} more size buckets ({MIN_BUCKET_S:g} s each at "
                           "least); give a larger --budget")
     rep = {k: hi for k, (lo, hi) in box.items()}
-    r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges})
+    r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges}, table)
     progs = []
     for p in programs:
         try:
@@ -272,7 +433,7 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
             err = float(known)
             checks[end] = {"sizes": at, "max_rel_error": err, "from": "the bucket's compile"}
         else:
-            re = Resizer({probe[k]: at[k] // ranges[k].step for k in ranges})
+            re = Resizer({probe[k]: at[k] // ranges[k].step for k in ranges}, table)
             g_end = re.graph(fe_p.graph)
             ins = example_inputs_for(g_end, fe_p)
             ref = ReferenceExecutor(g_end)(ins)
@@ -290,7 +451,7 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
                         fe_p.source_onnx, cm.torch_device)
     key = VariantKey({k: v for k, v in fixed.items() if isinstance(v, int)},
                      {}, {}, ranges={k: [lo, hi, ranges[k].step] for k, (lo, hi) in box.items()},
-                     probes={k: probe[k] for k in ranges}, axes=axes)
+                     probes={k: probe[k] for k in ranges}, axes=axes, table=table)
     return key, template
 
 
@@ -305,6 +466,8 @@ def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph
         "best_time_s": first.get("best_time_s"), "bound_time_s": first.get("bound_time_s"),
         "per_kernel": first.get("per_kernel", []), "ranges": {k: r.describe() for k, r in ranges.items()},
         "egraph": egraph_stats, "probes": probe, "checked_at": check,
+        # sizes that are not products of the dims (a padded H + 2), re-sized by their factors
+        "affine_values": len(done[0][0].table),
         # the compile's workers, counted over every plan (the last plan's report has them all)
         "workers": done[-1][1].report_dict().get("workers"),
         "warnings": [w for _, cm in done for w in cm.report_dict().get("warnings", [])],

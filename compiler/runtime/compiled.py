@@ -234,16 +234,22 @@ class CompiledModel:
         return parts
 
 
-def _check_node_sizes(path, nodes) -> None:
+def _check_node_sizes(path, nodes, sub=None) -> None:
     """A hostile graph may declare values larger than memory: refuse before running it (an
-    executor would otherwise be killed for memory half-way instead of failing in one line)."""
+    executor would otherwise be killed for memory half-way instead of failing in one line).
+    ``sub``: a range bucket's :class:`~lumc.ir.symbolic.Substitution` to its largest sizes (its
+    plan is stored at probe sizes, which no call runs at)."""
     mem = memory_bytes()
     if mem is None:
         return
+    from lumc.ir.symbolic import resize_int
     for n in nodes:
-        if n.nbytes > mem:
+        shape = n.shape if sub is None else tuple(resize_int(d, sub) for d in n.shape)
+        nbytes = int(np.prod(shape, dtype=object)) * n.dtype.itemsize if sub is not None \
+            else n.nbytes
+        if nbytes > mem:
             raise ArtifactError(f"{path}: part 'graph.json' declares a {n.op} value of shape "
-                                f"{list(n.shape)} ({n.nbytes} bytes), more than this machine's "
+                                f"{list(shape)} ({nbytes} bytes), more than this machine's "
                                 f"{mem} bytes of memory")
 
 
@@ -266,9 +272,11 @@ def load(path, device: str | None = None) -> CompiledModel:
 
 
 def from_parts(path, parts: dict[str, bytes], device: str | None = None,
-               prefix: str = "") -> CompiledModel:
+               prefix: str = "", sized_at=None) -> CompiledModel:
     """The compiled model stored in ``parts`` (member name -> verified bytes) under ``prefix``
-    (``""``, or a variant's ``v0/``...).
+    (``""``, or a variant's ``v0/``...). ``sized_at``: for a range bucket's plan (stored at its
+    probe sizes), the :class:`~lumc.ir.symbolic.Substitution` to the largest sizes it serves,
+    where its values' sizes are checked against memory.
 
     Raises:
         ArtifactError: a missing or corrupt part (one line, naming it).
@@ -281,7 +289,7 @@ def from_parts(path, parts: dict[str, bytes], device: str | None = None,
     except ArtifactError as e:
         raise ArtifactError(f"{path}: part '{prefix}graph.json'/'{prefix}consts.npz': "
                             f"{e.reason}") from None
-    _check_node_sizes(path, nodes)
+    _check_node_sizes(path, nodes, sized_at)
     graph = Graph(full.inputs, {k: v for k, v in full.outputs.items() if not k.startswith("__n")})
     try:
         plan = json.loads(parts[prefix + "plan.json"])

@@ -45,6 +45,8 @@ class VariantKey:
     ranges: dict = field(default_factory=dict)
     probes: dict = field(default_factory=dict)
     axes: dict = field(default_factory=dict)
+    # a range's affine values {probed value: (c, ((prime, m, a), ...))} (lumc.ir.symbolic)
+    table: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         parts = [f"{k}={lo}..{hi}" + (f":{st}" if st > 1 else "")
@@ -59,7 +61,8 @@ class VariantKey:
                 "conditions": dict(self.conditions),
                 "ranges": {k: list(v) for k, v in self.ranges.items()},
                 "probes": dict(self.probes), "axes": {k: [list(a) for a in v]
-                                                      for k, v in self.axes.items()}}
+                                                      for k, v in self.axes.items()},
+                "table": [[x, c, [list(f) for f in fs]] for x, (c, fs) in self.table.items()]}
 
     def sizes_of(self, inputs: dict) -> dict[str, int]:
         """The ranged dims' sizes in ``inputs`` (``{name: array}``), read at their axes.
@@ -153,7 +156,8 @@ class VariantModel:
         ck = (id(template), tuple(sorted(sizes.items())))
         hit = self._instances.pop(ck, None)
         if hit is None:
-            r = Resizer({key.probes[k]: sizes[k] // key.ranges[k][2] for k in key.ranges})
+            r = Resizer({key.probes[k]: sizes[k] // key.ranges[k][2] for k in key.ranges},
+                        key.table)
             hit = CompiledModel(r.graph(template.graph), resize_program(template.program, r),
                                 template.configs, template.device, template.simulated,
                                 template.report_dict(), template.source_onnx,
@@ -161,7 +165,8 @@ class VariantModel:
             # the bucket's own kernels, size-generic (lumc.backends.triton.size_generic)
             names = {key.probes[k]: f"L{i}" for i, k in enumerate(sorted(key.ranges))}
             hit.sized = (template.program, names,
-                         {names[key.probes[k]]: sizes[k] // key.ranges[k][2] for k in key.ranges})
+                         {names[key.probes[k]]: sizes[k] // key.ranges[k][2] for k in key.ranges},
+                         key.table)
         self._instances[ck] = hit
         while len(self._instances) > self.MAX_INSTANCES:
             self._instances.pop(next(iter(self._instances)))
@@ -345,14 +350,27 @@ def _key(path, d) -> VariantKey:
                          {str(k): [int(x) for x in v] for k, v in d.get("ranges", {}).items()},
                          {str(k): int(v) for k, v in d.get("probes", {}).items()},
                          {str(k): [[str(a), int(b)] for a, b in v]
-                          for k, v in d.get("axes", {}).items()})
+                          for k, v in d.get("axes", {}).items()},
+                         {int(x): (int(c), tuple((int(p), int(m), int(a)) for p, m, a in fs))
+                          for x, c, fs in d.get("table", [])})
         if any(len(v) != 3 or v[2] < 1 for v in key.ranges.values()) or \
                 set(key.ranges) != set(key.probes) or set(key.ranges) != set(key.axes) or \
-                any(p < 3 for p in key.probes.values()):
+                any(p < 3 for p in key.probes.values()) or \
+                any(p not in key.probes.values() for _, fs in key.table.values() for p, _, _ in fs):
             raise ValueError
         return key
     except (TypeError, ValueError, AttributeError):
         raise ArtifactError(f"{path}: part 'variants.json' has a malformed variant key") from None
+
+
+def _largest(key: VariantKey):
+    """A range bucket's re-sizer to its largest sizes (its plan is stored at probe sizes, which a
+    call never runs at), None for a plan of fixed sizes."""
+    if not key.ranges:
+        return None
+    from lumc.ir.symbolic import Substitution
+    return Substitution({key.probes[k]: hi // st for k, (lo, hi, st) in key.ranges.items()},
+                        key.table)
 
 
 def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> VariantModel:
@@ -367,8 +385,9 @@ def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> V
     if not isinstance(doc.get("variants"), list) or not isinstance(doc.get("conditions", {}), dict) \
             or not isinstance(doc.get("skipped", []), list):
         raise ArtifactError(f"{path}: part 'variants.json' lacks its variant list")
-    variants = [(_key(path, d), from_parts(path, parts, device, f"v{i}/"))
-                for i, d in enumerate(doc["variants"])]
+    keys = [_key(path, d) for d in doc["variants"]]
+    variants = [(key, from_parts(path, parts, device, f"v{i}/", sized_at=_largest(key)))
+                for i, key in enumerate(keys)]
     conditions = {}
     for name, prefix in doc.get("conditions", {}).items():
         if not isinstance(prefix, str) or prefix + "graph.json" not in parts \

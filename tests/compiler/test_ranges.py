@@ -12,6 +12,7 @@ from onnx import helper as oh
 from onnx import numpy_helper as nh
 
 import lumc
+from lumc.compiler.core import buckets as B
 from lumc.compiler.core.buckets import DimRange, bucket_edges, choose_probes, parse_range
 from lumc.compiler.runtime.compiled import load
 from lumc.compiler.runtime.tuning_db import TuningDatabase
@@ -51,6 +52,23 @@ def padded(d: int = 8) -> onnx.ModelProto:
     g = oh.make_graph(nodes, "pad", [oh.make_tensor_value_info("x", TP.FLOAT, [1, "L", d])],
                       [oh.make_tensor_value_info("y", TP.FLOAT, None)],
                       [nh.from_array(np.array([0, 1, 0, 0, 1, 0], np.int64), "pads")])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+RNG = np.random.default_rng(7)
+
+
+def squared_plus_one(d: int = 4) -> onnx.ModelProto:
+    """x [1, L, d] -> (x x^T) flattened with one more element: L**2 + 1, not a product of L or of
+    padded sizes L + a (it has no integer factors)."""
+    nodes = [oh.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             oh.make_node("MatMul", ["x", "xt"], ["g"]),
+             oh.make_node("Reshape", ["g", "flat"], ["f"]),
+             oh.make_node("Concat", ["f", "one"], ["y"], axis=0)]
+    g = oh.make_graph(nodes, "sq", [oh.make_tensor_value_info("x", TP.FLOAT, [1, "L", d])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+                      [nh.from_array(np.array([-1], np.int64), "flat"),
+                       nh.from_array(np.array([1.0], np.float32), "one")])
     return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
 
 
@@ -105,7 +123,7 @@ def test_parse_range_and_probes():
     assert parse_range("128") is None
     with pytest.raises(InputError, match="multiples of its step"):
         parse_range("60..640:32")
-    probe, check = choose_probes({"L": DimRange(1, 256), "H": DimRange(64, 640, 32)})
+    probe, check, third = choose_probes({"L": DimRange(1, 256), "H": DimRange(64, 640, 32)})
     assert probe["L"] == 251 and check["L"] == 241
     assert len({*probe.values(), *check.values()}) == 4
     assert all(2 <= v <= 20 for v in (probe["H"], check["H"]))
@@ -158,17 +176,28 @@ def test_range_compile_serves_every_size_exactly(db, tmp_path):
 
 def test_a_model_whose_sizes_are_not_products_is_refused_in_one_line(db, tmp_path):
     with pytest.raises(InputError, match="not products of L") as e:
-        lumc.compile(padded(), budget="30s", device="sim:h200", db=db, shapes={"L": (1, 64)})
+        lumc.compile(squared_plus_one(), budget="30s", device="sim:h200", db=db,
+                     shapes={"L": (1, 64)})
     assert "\n" not in str(e.value) and "explicit sizes" in str(e.value)
-    p = tmp_path / "pad.onnx"
-    onnx.save(padded(), p)
+    p = tmp_path / "sq.onnx"
+    onnx.save(squared_plus_one(), p)
     res = CliRunner().invoke(cli, ["compile", str(p), "--budget", "30s", "--shape", "L=1..64"])
     assert res.exit_code == 2 and "not products of L" in res.stderr
     # explicit sizes still work for it
-    f = lumc.compile(padded(), budget="30s", device="sim:h200", db=db, shapes={"L": [3, 9]},
-                     use_egraph=False)
-    x = np.ones((1, 9, 8), np.float32)
-    np.testing.assert_array_equal(f(x), _ort(padded(), {"x": x})[0])
+    f = lumc.compile(squared_plus_one(), budget="30s", device="sim:h200", db=db,
+                     shapes={"L": [3, 9]}, use_egraph=False)
+    x = RNG.standard_normal((1, 9, 4)).astype(np.float32)
+    np.testing.assert_allclose(f(x), _ort(squared_plus_one(), {"x": x})[0], rtol=1e-5)
+
+
+def test_a_padded_size_is_an_affine_value_of_the_range(db):
+    """Padding L by one row each side gives L + 2 (sizes, strides, mask bounds): the probing
+    learns it as an affine value and one plan serves every L, exactly."""
+    f = lumc.compile(padded(), budget="30s", device="sim:h200", db=db, shapes={"L": (1, 64)})
+    assert f.report_dict()["affine_values"] >= 1
+    for n in (1, 2, 17, 63, 64):
+        x = RNG.standard_normal((1, n, 8)).astype(np.float32)
+        np.testing.assert_array_equal(f(x), _ort(padded(), {"x": x})[0])
 
 
 def test_probing_holds_size_dependent_constants_unfolded():
@@ -176,3 +205,63 @@ def test_probing_holds_size_dependent_constants_unfolded():
     with probing([61]):
         g = stage_frontend(encoder(), {"L": 61}, None).graph
     assert all(61 not in n.shape for n in g.nodes() if n.op == "Constant")
+
+
+# ---- affine values: padded convolutions (PP-OCR's sizes) --------------------------------------
+
+def _cnn(c: int = 4) -> onnx.ModelProto:
+    """[1, 3, H, W]: 3x3 conv pad 1, ReLU, 3x3 stride-2 conv pad 1, a 5x5 depthwise conv pad 2
+    added back, a 2x2 stride-2 ConvTranspose, Sigmoid: padded sizes H + 2, H / 2 + 4, ..."""
+    r = np.random.default_rng(3)
+    w = lambda *s: nh.from_array((r.standard_normal(s) * 0.3).astype(np.float32))  # noqa: E731
+    inits = [w(c, 3, 3, 3), w(c, c, 3, 3), w(c, 1, 5, 5), w(c, 2, 2, 2)]
+    for t, name in zip(inits, ("w1", "w2", "w3", "w4")):
+        t.name = name
+    nodes = [oh.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["a"], ["b"]),
+             oh.make_node("Conv", ["b", "w2"], ["d"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             oh.make_node("Conv", ["d", "w3"], ["e"], pads=[2, 2, 2, 2], group=c),
+             oh.make_node("Add", ["d", "e"], ["f"]),
+             oh.make_node("ConvTranspose", ["f", "w4"], ["g"], strides=[2, 2]),
+             oh.make_node("Sigmoid", ["g"], ["y"])]
+    g = oh.make_graph(nodes, "cnn", [oh.make_tensor_value_info("x", TP.FLOAT, [1, 3, "H", "W"])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_padded_convolutions_resize_through_a_learned_table():
+    """The sizes of padded convolutions are affine values (H + 2, H / 2 + 4, their products in
+    strides); learned at probes above the range, they re-size to any size exactly as an import
+    there gives."""
+    from lumc.compiler.core.pipeline import stage_frontend
+    from lumc.ir.symbolic import learn_table
+    ranges = {"H": DimRange(32, 256, 32), "W": DimRange(32, 256, 32)}
+    fe = lambda m, s: stage_frontend(m, s, None)      # noqa: E731
+    probe, check, fe_p, table = B._probe_sizes(_cnn(), fe, {}, ranges)
+    assert table and all(p > 256 for p in probe.values())
+    assert any(a for _, fs in table.values() for _, _, a in fs)       # an offset was learned
+    for h, w in ((1, 1), (3, 8), (8, 5)):
+        with probing(tuple(probe.values())):
+            there = fe(_cnn(), {"H": 32 * h, "W": 32 * w}).graph
+        assert same_graph(Resizer({probe["H"]: h, probe["W"]: w}, table).graph(fe_p.graph),
+                          there) is None
+    assert learn_table(fe_p.graph, [], []) == {}
+
+
+def test_a_cnn_range_runs_exactly_at_every_size(db):
+    m = _cnn()
+    f = lumc.compile(m, budget="60s", device="sim:h200", db=db,
+                     shapes={"H": DimRange(32, 256, 32), "W": DimRange(32, 256, 32)})
+    assert f.report_dict()["affine_values"] > 0
+    for h, w in ((32, 32), (64, 160), (256, 96), (256, 256)):
+        x = RNG.standard_normal((1, 3, h, w)).astype(np.float32)
+        np.testing.assert_allclose(f(x), _ort(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_rounded_count_is_read_and_an_epsilon_is_not():
+    from lumc.ir.symbolic import Substitution, _resize_float
+    sub = Substitution({1009: 2, 1511: 3})
+    inv = np.float32(1.0 / (64 * 1009 * 1511))       # a mean over (H / 4) x (W / 4), rounded
+    assert _resize_float(float(inv), sub, np.dtype(np.float32)) == 1.0 / (64 * 2 * 3)
+    assert _resize_float(float(np.float32(1e-12)), sub, np.dtype(np.float32)) is None
+    assert _resize_float(768.0, sub, np.dtype(np.float32)) is None

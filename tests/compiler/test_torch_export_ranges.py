@@ -110,16 +110,16 @@ def test_dim_ranges_read_from_dynamic_shapes():
     assert dim_ranges(p, example_shapes(p, args, None)) == {"seq": DimRange(1, 1500)}
 
 
-class Padded(nn.Module):
-    """Pads the Dim by one row each side: its sizes are L + 2, not products of L."""
+class Gram(nn.Module):
+    """x x^T flattened, one more element: L**2 + 1, neither a product of L nor of L + a."""
 
     def forward(self, x):
-        return torch.softmax(F.pad(x, (0, 0, 1, 1)), dim=1) * 2.0
+        return torch.cat([(x @ x.transpose(1, 2)).reshape(-1), torch.ones(1)])
 
 
 def test_module_whose_sizes_do_not_resize_is_refused_in_one_line():
     with pytest.raises(InputError) as e:
-        lumc.compile(Padded().eval(), budget="8s", device="sim:h200",
+        lumc.compile(Gram().eval(), budget="8s", device="sim:h200",
                      example_inputs=(torch.randn(1, 5, 8),),
                      dynamic_shapes=({1: Dim("seq", min=1, max=64)},))
     assert "not products of seq" in str(e.value) and "\n" not in str(e.value)

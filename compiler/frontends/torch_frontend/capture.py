@@ -28,6 +28,7 @@ from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError, ModelError, UnsupportedOpError
 from lumc.ir.graph import Graph, input_node
+from lumc.ir.symbolic import probing_active
 from lumc.ir.tensor import Tensor
 
 # kept whole by the decomposition (lowered by handlers_nn): the decomposed CPU attention also
@@ -164,8 +165,9 @@ class CapturedProgram:
                     if d in env and env[d] != n:
                         raise InputError(f"dim {self.dim_spec(d)!r} is {env[d]} in one input and "
                                          f"{n} in {slot.name!r}", node=slot.name)
-                    if info is not None and (n < info.min_value or
-                                             (info.max_value is not None and n > info.max_value)):
+                    if info is not None and not probing_active() and (
+                            n < info.min_value or
+                            (info.max_value is not None and n > info.max_value)):
                         hi = "inf" if info.max_value is None else info.max_value
                         raise InputError(f"dim {info.name!r} of {slot.name!r} is {n}, outside its "
                                          f"range [{info.min_value}, {hi}]", node=slot.name)
