@@ -8,6 +8,9 @@ and a reshape that only adds or drops size-1 dims maps dims one to one instead o
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 from lumc.ir.graph import Node
 from lumc.ir.views import View, contiguous_strides, prod
 
@@ -83,21 +86,45 @@ def max_address(v: View) -> int:
     return abs(v.offset) + sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0)
 
 
+_SERVED: contextvars.ContextVar = contextvars.ContextVar("lumc_served_sizes", default=None)
+
+
+@contextlib.contextmanager
+def served_at(sub):
+    """Within this block, :func:`needs_int64` bounds sizes at ``sub`` (a
+    :class:`~lumc.ir.symbolic.Substitution` to the largest sizes a size-generic kernel serves),
+    not at the probe sizes it is rendered at (``lumc.backends.triton.size_generic``)."""
+    token = _SERVED.set(sub)
+    try:
+        yield
+    finally:
+        _SERVED.reset(token)
+
+
 def needs_int64(nodes: list[Node], extra_sizes: tuple[int, ...] = (),
                 virtual_shapes: tuple[tuple[int, ...], ...] = ()) -> bool:
-    """True when any tensor, view address or iteration space can pass ``2**31 - 1``.
+    """True when any tensor, view address or iteration space can pass ``2**31 - 1`` (at the
+    sizes of :func:`served_at`, when set).
 
     ``virtual_shapes``: iteration spaces no index is computed over as a whole (a contraction's
     ``M x N x K`` product space, walked in tiles): nodes of that shape count by the addresses they
     read, not by their element count, so only a real address past ``2**31`` forces int64.
     """
-    bound = max(extra_sizes, default=0)
+    sub = _SERVED.get()
+    if sub is not None:
+        from lumc.ir.symbolic import resize_arg, resize_int
+        at = lambda v: abs(resize_int(v, sub))                           # noqa: E731
+        numel = lambda n: prod(resize_int(d, sub) for d in n.shape)      # noqa: E731
+        view = lambda n: resize_arg(n, sub)                              # noqa: E731
+    else:
+        at, numel, view = abs, (lambda n: n.numel), (lambda n: n.arg)
+    bound = max((at(v) for v in extra_sizes), default=0)
     virtual = {tuple(s) for s in virtual_shapes}
     for n in nodes:
         if tuple(n.shape) not in virtual or n.op in ("Input", "Constant"):
-            bound = max(bound, n.numel)
+            bound = max(bound, numel(n))
         if n.op == "View":
-            bound = max(bound, max_address(n.arg), n.srcs[0].numel)
+            bound = max(bound, max_address(view(n)), numel(n.srcs[0]))
     return bound >= INT32_LIMIT
 
 

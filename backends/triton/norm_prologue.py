@@ -192,7 +192,7 @@ class RowStatistics:
             init = "float('-inf')" if is_max else "0.0"
             w.line(f"{acc} = tl.full([BLOCK_M, BLOCK_K], {init}, tl.float32)")
             w.open(f"for s_start in range(0, {K}, BLOCK_K):")
-            w.line(f"rs = s_start{i64} + tl.arange(0, BLOCK_K)")
+            w.line(f"rs = (s_start + tl.arange(0, BLOCK_K)){i64}")
             w.line(f"s_mask = rs[None, :] < {K}")
             val = ev.value(r.srcs[0], self.p_index("rs[None, :]", "sk", 1), "s_mask", 1)
             fill = "float('-inf')" if is_max else "0.0"

@@ -338,7 +338,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
     else:   # a static (causal) mask: key blocks past the last one any of these queries sees
         w.line(f"n_end = tl.minimum({LK}, (pid_m + 1) * BLOCK_M + {lim})   # later keys: masked")
         w.open("for n_start in range(0, n_end, BLOCK_N):")
-    w.line(f"rn = n_start{i64} + tl.arange(0, BLOCK_N)" if big else
+    w.line(f"rn = (n_start + tl.arange(0, BLOCK_N)){i64}" if big else
            "rn = n_start + tl.arange(0, BLOCK_N)")
     w.line(f"nmask = rn < {LK}")
     w.line("mask2 = rmask[:, None] & nmask[None, :]")

@@ -138,7 +138,8 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         w.open("for k_start in range(k_lo, k_hi, BLOCK_K):")
     else:
         w.open(f"for k_start in range(0, {K}, BLOCK_K):")
-    w.line(f"rk = k_start{i64} + tl.arange(0, BLOCK_K)" if big else
+    # (k_start + arange) as a whole: in the interpreter k_start is a Python int
+    w.line("rk = (k_start + tl.arange(0, BLOCK_K)).to(tl.int64)" if big else
            "rk = k_start + tl.arange(0, BLOCK_K)")
     # where M (or N) is 1 no index spans the tile's rows: the mask gives the tile its shape
     w.line(f"a_mask = rk[None, :] < {K}" if c.m_dims else

@@ -97,13 +97,14 @@ def _launch_all(program, env, value_of, launch, shape, device, stats, t0) -> dic
 
 def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, str],
                       sizes: dict[str, int], device: str | None = None,
-                      stats: RunStats | None = None, table: dict | None = None
-                      ) -> dict[str, np.ndarray]:
+                      stats: RunStats | None = None, table: dict | None = None,
+                      largest: dict | None = None) -> dict[str, np.ndarray]:
     """:func:`run_program` for a program stored at probe sizes (a range bucket's plan,
     ``lumc.ir.symbolic``), with every kernel one size-generic module
     (:class:`~lumc.backends.triton.size_generic.SizedKernel`) launched at ``sizes``
     (``{argument name: size}`` for the ``probes`` ``{prime: argument name}``; ``table``: the
-    range's affine values, ``lumc.ir.symbolic.learn_table``).
+    range's affine values, ``lumc.ir.symbolic.learn_table``; ``largest``: ``{prime: units}`` of
+    the bucket's largest sizes, where int32/int64 indexing is decided).
 
     Raises:
         InputError: an input whose shape is not the program's at these sizes, or a wrong dtype.
@@ -145,7 +146,7 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
     modules: dict[int, SizedKernel] = {}
 
     def launch(call, args, outs):
-        sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes, table)
+        sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes, table, largest)
         modules[id(call.kernel)] = sk
         sk(*args, sizes=sizes, outputs=outs)
     return _launch_all(program, env, value_of, launch, shape, device, stats, t0)

@@ -77,13 +77,17 @@ def rewrite_sizes(text: str, probes: dict[int, str], table: dict | None = None) 
 
 
 def render_sized(kernel: Kernel, probes: dict[int, str], variant: str | None = None,
-                 table: dict | None = None):
+                 table: dict | None = None, largest: dict[int, int] | None = None):
     """The :class:`~lumc.backends.triton.source.RenderedKernel` of ``kernel`` (at probe sizes) whose
     sizes are the runtime arguments named in ``probes`` (``{prime: "L0"}``; ``table``: the range's
-    affine values)."""
+    affine values; ``largest``: ``{prime: units}`` of the largest sizes it serves, where its
+    int32/int64 indexing is decided, else at the probe sizes)."""
+    from lumc.backends.triton.indexing import served_at
     from lumc.backends.triton.render import render_parts
     from lumc.backends.triton.source import assemble
-    parts = render_parts(kernel, variant)
+    from lumc.ir.symbolic import Substitution
+    with served_at(Substitution(largest, table) if largest else None):
+        parts = render_parts(kernel, variant)
     rw = lambda t: rewrite_sizes(t, probes, table) if t else t     # noqa: E731
     parts = dataclasses.replace(
         parts, body=rw(parts.body), grid=rw(parts.grid), launcher=rw(parts.launcher),
@@ -99,14 +103,16 @@ class SizedKernel:
         kernel: the kernel at probe sizes.
         probes: ``{prime: argument name}`` of the ranged dims.
         table: the range's affine values (``lumc.ir.symbolic.learn_table``), or None.
+        largest: ``{prime: units}`` of the largest sizes it serves (its bucket's top), or None.
     """
 
-    def __init__(self, kernel: Kernel, probes: dict[int, str], table: dict | None = None):
+    def __init__(self, kernel: Kernel, probes: dict[int, str], table: dict | None = None,
+                 largest: dict[int, int] | None = None):
         from lumc.backends.triton import cache
         self.kernel = kernel
         self.probes = dict(probes)
         self.table = dict(table or {})
-        self.rendered = render_sized(kernel, self.probes, table=self.table)
+        self.rendered = render_sized(kernel, self.probes, table=self.table, largest=largest)
         self.module = cache.load_module(self.rendered)
         self._consts: dict[tuple, object] = {}
 

@@ -36,8 +36,8 @@ class GpuPlan:
             tk = launcher_for(c.kernel, cfg)
             if sized is not None and (cfg or {}).get("IMPL", "triton") == "triton":
                 # the bucket's size-generic module: one Triton compile serves every size of it
-                template, probes, sizes, table = sized
-                tk = _SizedLaunch(template.calls[i].kernel, probes, sizes, table)
+                template, probes, sizes, table, largest = sized
+                tk = _SizedLaunch(template.calls[i].kernel, probes, sizes, table, largest)
             self.kernels.append((c, tk, config_from_dict(cfg)))
         # lifetimes: last call index reading each node
         last: dict[int, int] = {}
@@ -121,11 +121,12 @@ class _SizedLaunch:
     """A size-generic kernel (``lumc.backends.triton.size_generic``) bound to one call's sizes,
     with the launcher convention of ``TritonKernel`` (inputs, ``outputs=``, ``config=``)."""
 
-    def __init__(self, kernel, probes: dict, sizes: dict, table: dict | None = None):
+    def __init__(self, kernel, probes: dict, sizes: dict, table: dict | None = None,
+                 largest: dict | None = None):
         from lumc.backends.triton.size_generic import SizedKernel
         key = (id(kernel), tuple(sorted(probes.items())))
-        if key not in _SIZED:
-            _SIZED[key] = (kernel, SizedKernel(kernel, probes, table))   # keeps the kernel alive
+        if key not in _SIZED:     # (the entry keeps the kernel alive)
+            _SIZED[key] = (kernel, SizedKernel(kernel, probes, table, largest))
         self.sk = _SIZED[key][1]
         self.sizes = dict(sizes)
 

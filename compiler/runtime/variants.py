@@ -166,7 +166,8 @@ class VariantModel:
             names = {key.probes[k]: f"L{i}" for i, k in enumerate(sorted(key.ranges))}
             hit.sized = (template.program, names,
                          {names[key.probes[k]]: sizes[k] // key.ranges[k][2] for k in key.ranges},
-                         key.table)
+                         key.table,
+                         {key.probes[k]: hi // st for k, (lo, hi, st) in key.ranges.items()})
         self._instances[ck] = hit
         while len(self._instances) > self.MAX_INSTANCES:
             self._instances.pop(next(iter(self._instances)))

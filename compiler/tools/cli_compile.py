@@ -376,8 +376,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     t0 = time.perf_counter()
     if backend == "triton" and getattr(cm, "sized", None):    # a range bucket's plan
         from lumc.backends.triton.runner import execution_mode, run_program_sized
-        program, probes, sizes, table = cm.sized
-        outputs = run_program_sized(program, inputs, probes, sizes, table=table)
+        program, probes, sizes, table, largest = cm.sized
+        outputs = run_program_sized(program, inputs, probes, sizes, table=table, largest=largest)
         where = (f"Triton kernels, one size-generic module per kernel of the bucket at "
                  f"{sizes}, {execution_mode()}")
     elif backend == "triton":

@@ -93,3 +93,45 @@ def test_range_artifact_runs_its_size_generic_kernels(tmp_path):
                                        "--check", "--backend", "triton"])
         assert res.exit_code == 0, res.output
         assert "size-generic module per kernel" in res.output
+
+
+def test_padded_convolutions_serve_every_size_through_the_table():
+    """A padded CNN's kernels (their sizes H + 2, (H + 2) (W + 2) ... affine values of the
+    range's table): one module each, right at every size."""
+    from lumc.compiler.core import buckets as B
+    from lumc.compiler.core.fusion import greedy_program
+    from lumc.compiler.core.pipeline import stage_frontend
+    from test_ranges import _cnn
+    ranges = {"H": B.DimRange(32, 256, 32), "W": B.DimRange(32, 256, 32)}
+    probe, _, fe_p, table = B._probe_sizes(_cnn(), lambda m, s: stage_frontend(m, s, None), {},
+                                           ranges)
+    assert table
+    names = {probe["H"]: "L0", probe["W"]: "L1"}
+    padded = 0
+    for c in greedy_program(fe_p.graph).calls:
+        k = c.kernel
+        # indexed in int32 where the bucket's largest sizes allow (the probe sizes are above
+        # the range, 32 x 1000+ per dim: rendered there alone, every address would be int64)
+        sk = SizedKernel(k, names, table, largest={probe["H"]: 3, probe["W"]: 2})
+        assert "tl.int64" not in sk.rendered.source, k.form
+        if k.form == "matmul" and not padded:
+            wide = SizedKernel(k, names, table)
+            assert "tl.int64" in wide.rendered.source
+            got = wide(*[np.ones(ph.shape, ph.dtype.np) for ph in
+                         Resizer({probe["H"]: 1, probe["W"]: 1}, table).graph(k.meaning)
+                         .inputs.values()], sizes={"L0": 1, "L1": 1})
+            assert all(np.isfinite(t.numpy()).all() for t in got)
+        padded += any(v in table for n in k.meaning.nodes() for v in n.shape)
+        for h, w in ((1, 2), (3, 1)):
+            m = Resizer({probe["H"]: h, probe["W"]: w}, table).graph(k.meaning)
+            rng = np.random.default_rng(h * 10 + w)
+            feed = {name: rng.standard_normal(ph.shape).astype(ph.dtype.np)
+                    for name, ph in m.inputs.items()}
+            ref = ReferenceExecutor(m, "float64")(feed)
+            got = sk(*[feed[name] for name in m.inputs], sizes={"L0": h, "L1": w})
+            for o, t in zip(m.outputs, got):
+                r = np.asarray(ref[o], np.float64)
+                assert t.shape == r.shape
+                np.testing.assert_allclose(t.numpy(), r, rtol=1e-4, atol=1e-4,
+                                           err_msg=f"{k.form} at {h}x{w}")
+    assert padded, "some kernel reads a padded size"
