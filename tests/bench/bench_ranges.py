@@ -4,16 +4,41 @@ each bucket's representative size. Not a test; prints figures (times are SIMULAT
     python tests/bench/bench_ranges.py                       # MiniLM-L3, sequence_length=1..256
     python tests/bench/bench_ranges.py --range 1..128 --budget 120
 
-Every compile uses its own empty tuning database, so no compile reuses another's timings, and
-plan reuse is off. Printed: the range compile's wall time and each single-shape compile's, their
-ratio, and per bucket the simulated time of the range's plan at its representative size next to
-the single-shape plan's at that size.
+Every compile runs in its own process with its own empty cache directory (``LUMC_CACHE_DIR``: the
+tuning database and the rendered-kernel cache) and plan reuse off, so none reuses another's
+timings, kernels or warm imports: each pays the same cold start. Printed: the range compile's wall
+time and each single-shape compile's, their ratio, and per bucket the simulated time of the
+range's plan at its representative size next to the single-shape plan's at that size.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
+
+
+def _child(spec: dict) -> None:
+    """One compile (in this fresh process); prints its figures as JSON on the last line."""
+    from lumc.compiler.core.buckets import parse_range
+    from lumc.compiler.core.pipeline import compile_model
+    shapes = {k: (parse_range(v) if isinstance(v, str) else v) for k, v in spec["shapes"].items()}
+    t0 = time.perf_counter()
+    m = compile_model(spec["path"], budget=spec["budget"], device="sim:h200", reuse_plan=False,
+                      shapes=shapes)
+    wall = time.perf_counter() - t0
+    print(json.dumps({"wall": wall, "report": m.report_dict()}))
+
+
+def _run(path: str, shapes: dict, budget: float) -> dict:
+    env = dict(os.environ, LUMC_CACHE_DIR=tempfile.mkdtemp(prefix="lumc-bench-"))
+    spec = json.dumps({"path": path, "shapes": shapes, "budget": budget})
+    out = subprocess.run([sys.executable, __file__, "--child", spec], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -23,32 +48,23 @@ def main() -> None:
     ap.add_argument("--range", default="1..256")
     ap.add_argument("--fixed", default="batch_size=1")
     ap.add_argument("--budget", type=float, default=120.0)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    from lumc.compiler.core.buckets import parse_range
-    from lumc.compiler.core.pipeline import compile_model
+    if a.child:
+        return _child(json.loads(a.child))
     from lumc.compiler.frontends.models import fetch_model
-    from lumc.compiler.runtime.tuning_db import TuningDatabase
     path = str(fetch_model(a.model))
     fixed = {k: int(v) for k, v in (kv.split("=") for kv in a.fixed.split(",") if kv)}
-
-    def fresh_db():
-        return TuningDatabase(tempfile.mkdtemp(prefix="lumc-bench-") + "/t.sqlite")
-
-    t0 = time.perf_counter()
-    rng = compile_model(path, budget=a.budget, device="sim:h200", db=fresh_db(), reuse_plan=False,
-                        shapes={**fixed, a.dim: parse_range(a.range)})
-    t_range = time.perf_counter() - t0
+    rng = _run(path, {**fixed, a.dim: a.range}, a.budget)
+    t_range = rng["wall"]
     rows = []
-    for v in rng.report_dict()["variants"]:
+    for v in rng["report"]["variants"]:
         rep = v["representative"][a.dim]
-        t0 = time.perf_counter()
-        one = compile_model(path, budget=a.budget, device="sim:h200", db=fresh_db(),
-                            reuse_plan=False, shapes={**fixed, a.dim: rep})
-        t_one = time.perf_counter() - t0
-        rows.append((v["describe"], rep, v["best_time_s"], one.report_dict()["best_time_s"], t_one,
-                     v["kernels"], one.report_dict()["kernels"]))
+        one = _run(path, {**fixed, a.dim: rep}, a.budget)
+        rows.append((v["describe"], rep, v["best_time_s"], one["report"]["best_time_s"],
+                     one["wall"], v["kernels"], one["report"]["kernels"]))
     print(f"{a.model} {a.dim}={a.range}: one range compile {t_range:.1f} s wall "
-          f"({len(rows)} buckets, budget {a.budget:g} s)")
+          f"({len(rows)} buckets, budget {a.budget:g} s; each compile a fresh process and cache)")
     print(f"{'bucket':<22} {'rep':>5} {'range us':>9} {'single us':>10} {'ratio':>6} "
           f"{'kernels':>8} {'single compile s':>17}")
     for desc, rep, tr, ts, t_one, kr, ks in rows:
