@@ -215,6 +215,7 @@ def _probe_sizes(model, frontend, fixed, ranges):
     except InputError:
         assignments = []     # too narrow for primes inside: probes above it, checked inside
     first = inside = None
+    err = ""
     for probe, check, third in assignments + probe_assignments(ranges, above=True):
         primes = tuple(probe.values()) + tuple(check.values()) + tuple(
             p for p in third.values() if p is not None)
@@ -223,9 +224,10 @@ def _probe_sizes(model, frontend, fixed, ranges):
             with probing(primes):
                 fe_p = frontend(model, _dims_shapes(fixed, ranges, probe))
                 fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
-        except (InputError, ShapeError):
+        except (InputError, ShapeError) as e:
             if not above:
                 raise
+            err = e.reason if hasattr(e, "reason") else str(e)
             break          # the frontend imports no size outside the range (a position table)
         sub_check = {probe[k]: check[k] for k in ranges}
         try:
@@ -247,11 +249,11 @@ def _probe_sizes(model, frontend, fixed, ranges):
             return probe, check, fe_p, table
         if not table and diff == first:
             break          # nothing affine to learn: moving the probes cannot help
-    if first is None:
-        raise InputError(f"size range {', '.join(f'{k}={r.describe()}' for k, r in ranges.items())}"
-                         f": the model imports at no probe sizes above the range ({diff}); give "
-                         "explicit sizes (a list) instead")
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
+    if first is None:       # too narrow inside, and no import above it
+        raise InputError(f"size range {spec}: too narrow to probe inside (two odd primes per dim) "
+                         f"and the model imports at no size above it ({err}); give explicit "
+                         "sizes (a list) instead")
     why = first if len(first) <= 200 else first[:197] + "..."
     raise InputError(f"size range {spec}: the model's sizes are not products of "
                      f"{' and '.join(ranges)} or of such sizes padded ({why}), which one plan per "

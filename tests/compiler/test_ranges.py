@@ -265,3 +265,33 @@ def test_a_rounded_count_is_read_and_an_epsilon_is_not():
     assert _resize_float(float(inv), sub, np.dtype(np.float32)) == 1.0 / (64 * 2 * 3)
     assert _resize_float(float(np.float32(1e-12)), sub, np.dtype(np.float32)) is None
     assert _resize_float(768.0, sub, np.dtype(np.float32)) is None
+
+
+def _table_sliced(rows: int = 8, d: int = 4) -> onnx.ModelProto:
+    """x [1, L, d] plus the first L rows of a [rows, d] table: it imports only for L <= rows."""
+    table = nh.from_array(np.arange(rows * d, dtype=np.float32).reshape(rows, d), "table")
+    nodes = [oh.make_node("Shape", ["x"], ["s"]),
+             oh.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             oh.make_node("Slice", ["table", "zero", "n", "zero"], ["rows"]),
+             oh.make_node("Add", ["x", "rows"], ["y"])]
+    g = oh.make_graph(nodes, "tbl", [oh.make_tensor_value_info("x", TP.FLOAT, [1, "L", d])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+                      [table, nh.from_array(np.array([1], np.int64), "one"),
+                       nh.from_array(np.array([0], np.int64), "zero")])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_a_range_that_imports_only_inside(db):
+    """A table of 8 rows sliced to L. Over 1..8 the slice is a view of the table whose size is
+    L: one plan serves every L exactly. Over 1..4 there are no two odd primes inside, and above
+    the range the model does not import: refused in one line, no traceback."""
+    f = lumc.compile(_table_sliced(), budget="30s", device="sim:h200", db=db,
+                     shapes={"L": (1, 8)})
+    for n in range(1, 9):
+        x = RNG.standard_normal((1, n, 4)).astype(np.float32)
+        np.testing.assert_array_equal(f(x), _ort(_table_sliced(), {"x": x})[0])
+    with pytest.raises(InputError) as e:
+        lumc.compile(_table_sliced(), budget="30s", device="sim:h200", db=db,
+                     shapes={"L": (1, 4)})
+    msg = str(e.value)
+    assert "\n" not in msg and "explicit sizes" in msg and "too narrow" in msg
