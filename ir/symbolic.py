@@ -99,22 +99,22 @@ def resize_int(v: int, sub: dict[int, int]) -> int:
     """``v`` with every factor ``p**k`` of a probe ``p`` in ``sub`` replaced by ``sub[p]**k`` (and,
     for a :class:`Substitution` with a table, its affine factors re-sized)."""
     v = int(v)
-    sign = -1 if v < 0 else 1
+    scale = -1 if v < 0 else 1       # the sign, times the affine factors already re-sized
     v = abs(v)
     table = getattr(sub, "table", None)
     if table:
         if v in table:
-            return sign * _value(table[v], sub)
+            return scale * _value(table[v], sub)
         for p, m, a in sub.family:
             f = m * p + a
             while v and v % f == 0:
                 v //= f
-                sign *= m * int(sub[p]) + a
+                scale *= m * int(sub[p]) + a
     for p, n in sub.items():
         c, k = _split(v, p)
         if k:
             v = c * int(n) ** k
-    return sign * v
+    return scale * v
 
 
 def _resize_tuple(t, sub):
