@@ -67,17 +67,6 @@ class NotSymbolic(ValueError):
     """A value of the probed graph that cannot be re-sized (names it and why)."""
 
 
-def _split(v: int, p: int) -> tuple[int, int]:
-    """``(c, k)`` with ``v == c * p**k`` and ``p`` not dividing ``c`` (``(0, 0)`` for 0)."""
-    if v == 0:
-        return 0, 0
-    k = 0
-    while v % p == 0:
-        v //= p
-        k += 1
-    return v, k
-
-
 class Substitution(dict):
     """``{probe prime: size in units of its step}``, with the range's affine values (``table``:
     ``{probed value: (c, ((p, m, a), ...))}``, :func:`learn_table`).
@@ -91,30 +80,43 @@ class Substitution(dict):
     def __init__(self, sizes=(), table: dict | None = None):
         super().__init__(sizes)
         self.table = dict(table or {})
-        self.family = sorted({f for _, fs in self.table.values() for f in fs if f[2]},
-                             key=lambda f: -(f[1] * f[0] + f[2]))
+        self.family = family_of(self.table)
+
+
+def family_of(table: dict) -> list:
+    """The affine factors ``(p, m, a)`` (``a != 0``) of a table's entries, largest first."""
+    return sorted({f for _, fs in table.values() for f in fs if f[2]},
+                  key=lambda f: -(f[1] * f[0] + f[2]))
+
+
+def decompose(v: int, primes, table: dict | None = None, family=()) -> tuple[int, tuple]:
+    """``(c, factors)`` with ``|v| = c * prod(m p + a)`` over ``factors`` (``(p, m, a)``; a factor
+    of the probe ``p`` itself is ``(p, 1, 0)``): a value of ``table`` by its entry, else the
+    table's ``family`` of affine factors taken out first, then the probes. ``factors`` is empty
+    when ``v`` does not depend on the probes. The one decomposition :func:`resize_int` and the
+    size-generic kernels' literals (``lumc.backends.triton.size_generic``) both use."""
+    v = abs(int(v))
+    if table and v in table:
+        return table[v]
+    fs = []
+    for p, m, a in family:
+        f = m * p + a
+        while v and v % f == 0:
+            v //= f
+            fs.append((p, m, a))
+    for p in primes:
+        while v and v % p == 0:
+            v //= p
+            fs.append((p, 1, 0))
+    return v, tuple(fs)
 
 
 def resize_int(v: int, sub: dict[int, int]) -> int:
     """``v`` with every factor ``p**k`` of a probe ``p`` in ``sub`` replaced by ``sub[p]**k`` (and,
     for a :class:`Substitution` with a table, its affine factors re-sized)."""
     v = int(v)
-    scale = -1 if v < 0 else 1       # the sign, times the affine factors already re-sized
-    v = abs(v)
-    table = getattr(sub, "table", None)
-    if table:
-        if v in table:
-            return scale * _value(table[v], sub)
-        for p, m, a in sub.family:
-            f = m * p + a
-            while v and v % f == 0:
-                v //= f
-                scale *= m * int(sub[p]) + a
-    for p, n in sub.items():
-        c, k = _split(v, p)
-        if k:
-            v = c * int(n) ** k
-    return scale * v
+    c, factors = decompose(v, sub, getattr(sub, "table", None), getattr(sub, "family", ()))
+    return (-1 if v < 0 else 1) * _value((c, factors), sub) if factors else v
 
 
 def _resize_tuple(t, sub):
@@ -150,26 +152,21 @@ def float_count(x: float, depends, dtype=np.float32):
 MAX_COUNT_COEFFICIENT = 1 << 20   # c of a rounded count c * P**k (a mean's 1 / (64 H' W'))
 
 
-def _count_depends(n: int, sub, rounded: bool) -> bool:
-    """``n`` depends on the probes; a count found among rounded neighbours
+def count_depends(n: int, primes, table: dict | None, family, rounded: bool) -> bool:
+    """``n`` depends on the probes (:func:`decompose`); a count found among rounded neighbours
     (:func:`float_count`) also needs its static part small, or a constant such as ``1e-12``
     (a LayerNorm epsilon, ``1 / 1e12``) would be read as one of the integers around 1e12 that a
     probe divides."""
-    if resize_int(n, sub) == n:
-        return False
-    if not rounded:
-        return True
-    c = abs(n)
-    for p in sub:
-        c = _split(c, p)[0]
-    return c < MAX_COUNT_COEFFICIENT
+    c, factors = decompose(n, primes, table, family)
+    return bool(factors) and (not rounded or c < MAX_COUNT_COEFFICIENT)
 
 
 def _resize_float(x: float, sub: dict[int, int], dtype) -> float | None:
     """A float constant that is a probe product ``c * P**k`` or its reciprocal, rounded to
     ``dtype`` (:func:`float_count`), re-sized; None when it is neither (it does not depend on the
     probed dims)."""
-    got = float_count(x, lambda n, rounded: _count_depends(n, sub, rounded), dtype)
+    table, family = getattr(sub, "table", None), getattr(sub, "family", ())
+    got = float_count(x, lambda n, rounded: count_depends(n, sub, table, family, rounded), dtype)
     if got is None:
         return None
     n, recip = got

@@ -21,56 +21,40 @@ import re
 from lumc.backends.triton.launch import interpreter_mode, to_torch, torch_dtype
 from lumc.ir.errors import InputError
 from lumc.ir.kernels import Kernel
-from lumc.ir.symbolic import float_count, resize_int
+from lumc.ir.symbolic import count_depends, decompose, family_of, float_count, resize_int
 
 _NUM = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)(?![\w.])")
 
 
-def _product_expr(v: int, probes: dict[int, str], table: dict | None = None) -> str | None:
-    """``c * P**k ...`` of ``v`` as an expression of the probes' names, None when no probe divides
-    it (it does not depend on the ranged dims); a value of the range's ``table`` of affine values
-    (``lumc.ir.symbolic.learn_table``) as its product of ``(m*L0 + a)`` factors."""
+def _product_expr(v: int, probes: dict[int, str], table: dict | None = None,
+                  family=()) -> str | None:
+    """``v`` (:func:`lumc.ir.symbolic.decompose`: ``c * P**k``, or with the range's ``table`` of
+    affine values and its ``family`` of factors, ``c * (m*P + a) ...``) as an expression of the
+    probes' names; None when it does not depend on the ranged dims."""
     if v == 0:
         return None
-    if table and v in table:
-        c, factors = table[v]
-        terms = [f"({m}*{probes[p]}{a:+d})" for p, m, a in factors]
-        return "(" + "*".join(([str(c)] if c != 1 else []) + terms) + ")" if terms else None
-    terms, c = [], v
-    for p, name in probes.items():
-        k = 0
-        while c % p == 0:
-            c //= p
-            k += 1
-        terms += [name] * k
-    if not terms:
+    c, factors = decompose(v, probes, table, family)
+    if not factors:
         return None
+    terms = [probes[p] if (m, a) == (1, 0) else f"({m}*{probes[p]}{a:+d})" for p, m, a in factors]
     return "(" + "*".join(([str(c)] if c != 1 else []) + terms) + ")"
-
-
-def _small_static(n: int, probes) -> bool:
-    """The static part of a rounded count is small (``lumc.ir.symbolic._count_depends``)."""
-    from lumc.ir.symbolic import MAX_COUNT_COEFFICIENT
-    c = abs(n)
-    for p in probes:
-        while c and c % p == 0:
-            c //= p
-    return c < MAX_COUNT_COEFFICIENT
 
 
 def rewrite_sizes(text: str, probes: dict[int, str], table: dict | None = None) -> str:
     """``text`` (kernel or launcher source) with every literal that depends on a probe replaced by
     its expression in the size arguments (see the module docstring)."""
+    family = family_of(table or {})
+
     def sub(m):
         tok = m.group(0)
         if tok.isdigit():
-            e = _product_expr(int(tok), probes, table)
+            e = _product_expr(int(tok), probes, table, family)
             return e if e is not None else tok
-        got = float_count(float(tok), lambda n, rounded: _product_expr(n, probes, table) is not None
-                          and (not rounded or _small_static(n, probes)))
+        got = float_count(float(tok), lambda n, rounded: count_depends(n, probes, table, family,
+                                                                        rounded))
         if got is not None:
             n, recip = got
-            e = _product_expr(n, probes, table)
+            e = _product_expr(n, probes, table, family)
             return f"(1.0 / {e})" if recip else f"({e} * 1.0)"
         return tok
     return _NUM.sub(sub, text)

@@ -128,7 +128,7 @@ def probe_assignments(ranges: dict[str, DimRange], tries: int = PROBE_TRIES,
     """Up to ``tries`` assignments ``(probe, check, third)`` of primes per ranged dim (in units of
     its step, all distinct). Inside the range, the probes largest first (``above=False``: sizes
     that are products of the dims need nothing else); else the primes above the range and above
-    64 units, smallest first (``above=True``: a table of affine values needs probe sizes larger
+    :data:`ABOVE_UNITS` units, smallest first (``above=True``: a table of affine values needs probe sizes larger
     than every small size the model holds, else a padded size at the probe, ``W / 16 + 1 = 27``,
     can equal a static one, a 3 x 3 x 3 kernel's stride 27, and a context-free re-size cannot
     tell them apart; and factors ``m p + a`` distinct for distinct ``(m, a)``, ``p > 2 |a|``).
@@ -217,9 +217,11 @@ def _probe_sizes(model, frontend, fixed, ranges):
     first = inside = None
     err = ""
     for probe, check, third in assignments + probe_assignments(ranges, above=True):
-        primes = tuple(probe.values()) + tuple(check.values()) + tuple(
-            p for p in third.values() if p is not None)
         above = not assignments or inside is not None
+        # the primes whose multiples the imports hold unfolded (lumc.ir.symbolic.probing); the
+        # third is imported only above the range
+        primes = tuple(probe.values()) + tuple(check.values()) + (
+            tuple(p for p in third.values() if p is not None) if above else ())
         try:
             with probing(primes):
                 fe_p = frontend(model, _dims_shapes(fixed, ranges, probe))
@@ -229,11 +231,7 @@ def _probe_sizes(model, frontend, fixed, ranges):
                 raise
             err = e.reason if hasattr(e, "reason") else str(e)
             break          # the frontend imports no size outside the range (a position table)
-        sub_check = {probe[k]: check[k] for k in ranges}
-        try:
-            diff = same_graph(Resizer(sub_check).graph(fe_p.graph), fe_c.graph)
-        except (NotSymbolic, ShapeError) as e:
-            diff = str(e)
+        diff = _resizes_to(fe_p, {probe[k]: check[k] for k in ranges}, {}, fe_c)
         table: dict = {}
         if diff is not None:
             if not above:
@@ -242,13 +240,13 @@ def _probe_sizes(model, frontend, fixed, ranges):
                 continue
             first = first or diff
             table, diff = _affine_table(model, frontend, fixed, ranges, probe, check, third,
-                                        primes, fe_p, fe_c, diff)
+                                        primes, fe_p, fe_c)
+            if not table:
+                break      # nothing affine to learn: moving the probes cannot help
         if diff is None and above:
             diff = _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside)
         if diff is None:
             return probe, check, fe_p, table
-        if not table and diff == first:
-            break          # nothing affine to learn: moving the probes cannot help
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
     if first is None:       # too narrow inside, and no import above it
         raise InputError(f"size range {spec}: too narrow to probe inside (two odd primes per dim) "
@@ -313,37 +311,35 @@ def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
             except (InputError, ShapeError) as e:
                 return str(e)
     for at, fe in inside:
-        try:
-            diff = same_graph(Resizer({probe[k]: at[k] for k in ranges}, table).graph(
-                fe_p.graph), fe.graph)
-        except (NotSymbolic, ShapeError) as e:
-            diff = str(e)
+        diff = _resizes_to(fe_p, {probe[k]: at[k] for k in ranges}, table, fe)
         if diff is not None:
             return diff
     return None
 
 
-def _affine_table(model, frontend, fixed, ranges, probe, check, third, primes, fe_p, fe_c, diff):
-    """``(table, diff)``: the affine values (``lumc.ir.symbolic.learn_table``) that re-size the
-    probed graph to the checked one and to the one imported at the third primes; ``diff`` is
-    None when both agree node for node, else the first difference (the range is refused)."""
+def _resizes_to(fe_p, sub: dict, table: dict, fe) -> str | None:
+    """None when the probed graph re-sized to ``sub`` (with ``table``) is ``fe``'s graph, node for
+    node, else the first difference in words."""
+    try:
+        return same_graph(Resizer(sub, table).graph(fe_p.graph), fe.graph)
+    except (NotSymbolic, ShapeError) as e:     # a value that does not re-size, or a bad shape
+        return str(e)
+
+
+def _affine_table(model, frontend, fixed, ranges, probe, check, third, primes, fe_p, fe_c):
+    """``(table, diff)``: the affine values (``lumc.ir.symbolic.learn_table``) learned from the
+    checked import and one at the third primes (above the range: there are always three), and
+    None when the probed graph re-sized with them is both, node for node, else the first
+    difference (an empty table: nothing affine to learn)."""
     from lumc.ir.symbolic import learn_table
-    if any(p is None for p in third.values()):
-        return {}, (f"{diff}; its padded sizes need a third prime per dim to learn them, and the "
-                    "range has two")
     with probing(primes):
         fe_t = frontend(model, _dims_shapes(fixed, ranges, third))
     subs = [{probe[k]: check[k] for k in ranges}, {probe[k]: third[k] for k in ranges}]
     table = learn_table(fe_p.graph, [fe_c.graph, fe_t.graph], subs)
-    if not table:
-        return {}, diff
     for sub, fe in zip(subs, (fe_c, fe_t)):
-        try:
-            again = same_graph(Resizer(sub, table).graph(fe_p.graph), fe.graph)
-        except (NotSymbolic, ShapeError) as e:
-            again = str(e)
-        if again is not None:
-            return {}, again
+        diff = _resizes_to(fe_p, sub, table, fe)
+        if diff is not None:
+            return table, diff
     return table, None
 
 

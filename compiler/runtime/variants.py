@@ -48,6 +48,10 @@ class VariantKey:
     # a range's affine values {probed value: (c, ((prime, m, a), ...))} (lumc.ir.symbolic)
     table: dict = field(default_factory=dict)
 
+    def largest_units(self) -> dict[int, int]:
+        """``{probe prime: units}`` of the largest sizes a range bucket serves."""
+        return {self.probes[k]: hi // st for k, (lo, hi, st) in self.ranges.items()}
+
     def describe(self) -> str:
         parts = [f"{k}={lo}..{hi}" + (f":{st}" if st > 1 else "")
                  for k, (lo, hi, st) in self.ranges.items()]
@@ -166,8 +170,7 @@ class VariantModel:
             names = {key.probes[k]: f"L{i}" for i, k in enumerate(sorted(key.ranges))}
             hit.sized = (template.program, names,
                          {names[key.probes[k]]: sizes[k] // key.ranges[k][2] for k in key.ranges},
-                         key.table,
-                         {key.probes[k]: hi // st for k, (lo, hi, st) in key.ranges.items()})
+                         key.table, key.largest_units())
         self._instances[ck] = hit
         while len(self._instances) > self.MAX_INSTANCES:
             self._instances.pop(next(iter(self._instances)))
@@ -370,8 +373,7 @@ def _largest(key: VariantKey):
     if not key.ranges:
         return None
     from lumc.ir.symbolic import Substitution
-    return Substitution({key.probes[k]: hi // st for k, (lo, hi, st) in key.ranges.items()},
-                        key.table)
+    return Substitution(key.largest_units(), key.table)
 
 
 def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> VariantModel:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton.size_generic import SizedKernel, render_sized, rewrite_sizes
-from lumc.ir.symbolic import Resizer, probing
+from lumc.ir.symbolic import Resizer, probing, resize_int
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))
 from test_ranges import encoder  # noqa: E402
@@ -29,6 +29,20 @@ def test_rewrite_touches_only_probe_products():
     assert "lumc_matmul_61ab(in61_ptr, 384, 1.5)" in out
     assert rewrite_sizes("a = 61 * 61", {P: "L0"}) == "a = (L0) * (L0)"
     assert rewrite_sizes("n = 3721", {P: "L0"}) == "n = (L0*L0)"
+
+
+def test_rewrite_takes_affine_factors_apart_as_resize_does():
+    """A literal the kernel derives from padded sizes (twice a padded row, 1220 = 2 (H + 2) at
+    H = 32 x 19) is not in the table; the table's factors take it apart, as ``resize_int``
+    does for the graph, so the module and the re-sized meaning agree at every size."""
+    from lumc.ir.symbolic import Substitution
+    table = {610: (2, ((19, 16, 1),))}                  # H + 2 = 2 (16 P + 1)
+    out = rewrite_sizes("a = 610\n    b = 1220\n    c = 1220 * 19", {19: "L0"}, table)
+    assert "a = (2*(16*L0+1))" in out and "b = (4*(16*L0+1))" in out
+    assert "c = (4*(16*L0+1)) * (L0)" in out
+    b = out.split("b = ")[1].split("\n")[0]
+    for n in (2, 7):
+        assert eval(b.replace("L0", str(n))) == resize_int(1220, Substitution({19: n}, table))
 
 
 @pytest.fixture(scope="module")
