@@ -21,6 +21,9 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
   reach a proportional share of it.
 * **Launch overhead** per kernel (the device's ``launch_overhead_s``), plus one HBM round trip per
   wave.
+* **Row statistics** of a normalization formed on load (``norm_prologue``, ``norm_epilogue``): their
+  loops run before the main loop, on CUDA cores, re-reading each program's rows once per statistic
+  from L2 (``L2_BANDWIDTH``; the misses from HBM); the time adds to the body.
 
 The constants are plausible Hopper figures, not measurements; on a real GPU the measurer replaces the
 whole model. Config keys read: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` (contractions), ``BLOCK`` or
@@ -40,6 +43,12 @@ from lumc.ir.kernels import Kernel
 from lumc.ir.views import prod
 
 L2_HIT = 0.85            # share of tile re-reads served by L2 (50 MB on Hopper)
+# L2 read bandwidth: ~5.5 TB/s measured on an H100 PCIe (114 SMs, Chips and Cheese, "Nvidia's H100:
+# Funny L2, and Tons of Bandwidth", 2023); taken for the SXM parts too (a floor: more SMs, higher
+# clocks). A grid of few programs reaches a share: each SM pulls at most L2_SM_HEADROOM times its
+# even share (estimate)
+L2_BANDWIDTH = 5.5e12
+L2_SM_HEADROOM = 2.0
 BW_EFFICIENCY = 0.92     # best achievable share of HBM bandwidth for a streaming kernel
 DRAM_LATENCY_S = 0.6e-6  # one HBM round trip: the least a wave of programs takes
 BYTES_IN_FLIGHT_PER_SM = 24 * 1024   # bandwidth x latency / SMs: 4.8 TB/s x 0.6 us / 132 (Little's law)
@@ -152,20 +161,58 @@ def contraction_dims(kernel: Kernel) -> Contraction | None:
     return Contraction(batch, m, nn, kk)
 
 
-def row_prologue_work(kernel: Kernel, c: Contraction) -> tuple[int, int]:
-    """``(statistics, ops)`` of a contraction whose operand is normalized on load
-    (``lumc.backends.triton.norm_prologue``): the row statistics each program computes in loops of
-    its own over ``K``, and the elementwise ops per operand element (statistics bodies and the
-    normalized tile); ``(0, 0)`` for any other matmul kernel (attention's reductions are its own,
-    priced by its form)."""
+@dataclass(frozen=True)
+class RowWork:
+    """The row statistics a contraction with a normalization formed on load computes per program.
+
+    Attributes:
+        prologue: statistics of the operand's rows, each a loop over ``K``
+            (``lumc.backends.triton.norm_prologue``).
+        prologue_ops: elementwise ops per operand element (statistic bodies and the normalized
+            tile, recomputed for every column tile).
+        epilogue: statistics of a residual's rows, each a loop over ``N``
+            (``lumc.backends.triton.norm_epilogue``).
+        epilogue_ops: elementwise ops per residual element inside those loops.
+    """
+    prologue: int = 0
+    prologue_ops: int = 0
+    epilogue: int = 0
+    epilogue_ops: int = 0
+
+
+def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
+    """The :class:`RowWork` of a matmul kernel: its reductions other than the contraction, split
+    into statistics under the contraction's operands (prologue) and the others (epilogue); all
+    zero for a plain matmul (attention's reductions are its own, priced by its form)."""
     nodes = kernel.meaning.nodes()
-    stats = sum(1 for n in nodes if n.op in ("SumReduce", "MaxReduce")) - 1
-    if stats <= 0:
-        return 0, 0
-    size = c.batch * c.m * c.k
-    ops = sum(1 for n in nodes if n.numel == size and n.op not in ("View", "Input", "Constant",
-                                                                    "SumReduce", "MaxReduce"))
-    return stats, ops
+    prods = [n for n in nodes if n.op == "SumReduce" and n.srcs[0].op == "Mul"]
+    if not prods:
+        return RowWork()
+    main = max(prods, key=lambda x: x.srcs[0].numel)
+    under: set[int] = set()
+    stack = list(main.srcs[0].srcs)
+    while stack:
+        x = stack.pop()
+        if id(x) not in under:
+            under.add(id(x))
+            stack.extend(x.srcs)
+    reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not main]
+    if not reds:
+        return RowWork()
+    a_size, o_size = c.batch * c.m * c.k, c.batch * c.m * c.n
+    body = [n for n in nodes if n.op not in ("View", "Input", "Constant", "SumReduce",
+                                              "MaxReduce")]
+    pro = [r for r in reds if id(r) in under]
+    epi = [r for r in reds if id(r) not in under]
+    inside_epi: set[int] = set()        # the epilogue statistics' operands, up to other reductions
+    stack = [r.srcs[0] for r in epi]
+    while stack:
+        x = stack.pop()
+        if id(x) not in inside_epi and x.op not in ("SumReduce", "MaxReduce"):
+            inside_epi.add(id(x))
+            stack.extend(x.srcs)
+    return RowWork(len(pro), sum(1 for n in body if n.numel == a_size and id(n) in under),
+                   len(epi), sum(1 for n in body if n.numel == o_size and id(n) in inside_epi))
 
 
 def _prologue_views(x, depth: int = 4) -> list:
@@ -215,8 +262,8 @@ def _static(kernel: Kernel) -> tuple:
         dtype = max((n.dtype for n in kernel.inputs if n.dtype.is_float), key=lambda d: d.itemsize,
                     default=kernel.outputs[0].dtype)
         c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
-        prologue = row_prologue_work(kernel, c) if c is not None and kernel.form == "matmul" \
-            else (0, 0)
+        prologue = row_statistics_work(kernel, c) if c is not None and kernel.form == "matmul" \
+            else RowWork()
         rows = row_dims(kernel) if c is None and kernel.form not in ("pointwise", "gather") \
             else None
         hit = (sum(kernel.read_bytes()), sum(n.nbytes for n in kernel.outputs), dtype,
@@ -295,13 +342,23 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     if c is not None and kernel.form == "matmul":
         # a normalization formed on load: every program re-reads its rows of the operand once per
         # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores
-        # (the statistics once per program, the normalized tile once per column tile)
-        stats, ops = prologue
-        if stats:
+        # (the statistics once per program, the normalized tile once per column tile); a residual
+        # normalized in the epilogue: its rows re-read once per statistic over N, the same way
+        # (the statistics loops run before the main loop: their time adds, it does not overlap)
+        rw = prologue
+        reread = 0.0        # bytes the statistics loops read again
+        if rw.prologue:
             rows = bm * math.ceil(c.k / bk) * bk
-            body += (programs * rows * stats + c.batch * tm * tn * rows * ops) / \
+            body += (programs * rows * rw.prologue + c.batch * tm * tn * rows * rw.prologue_ops) / \
                 dev.vector_flops["f32"]
-            body += a_bytes * stats * groups * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff)
+            reread += a_bytes * rw.prologue * groups
+        if rw.epilogue:
+            rows = bm * tn * bn
+            body += programs * rows * (rw.epilogue + rw.epilogue_ops) / dev.vector_flops["f32"]
+            reread += c.batch * c.m * c.n * dtype.itemsize * rw.epilogue * groups
+        if reread:
+            l2_bw = L2_BANDWIDTH * min(1.0, L2_SM_HEADROOM * programs / dev.sm_count)
+            body += reread * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff) + reread * L2_HIT / l2_bw
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
     if c is not None and int(cfg.get("SPLIT_K", 1)) > 1:   # the finish kernel: a launch, a wave

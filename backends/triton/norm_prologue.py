@@ -171,8 +171,12 @@ class RowStatistics:
         lead: index names (bound at level 0) of ``P``'s leading dims for the tile's rows.
     """
 
-    def __init__(self, plan: RowPrologue, w: SourceWriter, ev: Evaluator, lead: list[str]):
+    def __init__(self, plan: RowPrologue, w: SourceWriter, ev: Evaluator, lead: list[str],
+                 aligned: set | frozenset = frozenset()):
         self.plan, self.w, self.ev, self.lead = plan, w, ev, list(lead)
+        # broadcasts of row values checked to be read at the tile's rows wherever they are read
+        # (``norm_epilogue.aligned_reads``): resolved without comparing index expressions
+        self.aligned = aligned
         self.vars: dict[Node, str] = {}
         self.row_idx = tuple(self.lead) + ("0",) * len(plan.trail)
 
@@ -183,16 +187,17 @@ class RowStatistics:
                  for e in unravel(k, self.plan.trail)]
         return self.lead + trail
 
-    def emit(self, K: int, i64: str) -> None:
-        """One loop per statistic, before the main loop (level 0)."""
+    def emit(self, K: int | str, i64: str, block: str = "BLOCK_K") -> None:
+        """One loop per statistic over the row length ``K`` in ``block`` chunks, before the main
+        loop (level 0)."""
         w, ev = self.w, self.ev
         for r in self.plan.stats:
             acc = w.fresh("stat_acc")
             is_max = r.op == "MaxReduce"
             init = "float('-inf')" if is_max else "0.0"
-            w.line(f"{acc} = tl.full([BLOCK_M, BLOCK_K], {init}, tl.float32)")
-            w.open(f"for s_start in range(0, {K}, BLOCK_K):")
-            w.line(f"rs = (s_start + tl.arange(0, BLOCK_K)){i64}")
+            w.line(f"{acc} = tl.full([BLOCK_M, {block}], {init}, tl.float32)")
+            w.open(f"for s_start in range(0, {K}, {block}):")
+            w.line(f"rs = (s_start + tl.arange(0, {block})){i64}")
             w.line(f"s_mask = rs[None, :] < {K}")
             val = ev.value(r.srcs[0], self.p_index("rs[None, :]", "sk", 1), "s_mask", 1)
             fill = "float('-inf')" if is_max else "0.0"
@@ -213,7 +218,7 @@ class RowStatistics:
                 raise RenderError(f"node {n!r}: a row statistic read at another row")
             return self.vars[n]
         if n.op == "View" and n.srcs[0] in self.plan.rows:
-            if tuple(idx[:len(self.lead)]) != tuple(self.lead):
+            if n not in self.aligned and tuple(idx[:len(self.lead)]) != tuple(self.lead):
                 raise RenderError(f"node {n!r}: a row value read at another row")
             return ev.value(n.srcs[0], self.row_idx, None, 0)
         return None

@@ -28,6 +28,7 @@ from lumc.backends.triton.contraction import Contraction, find_contractions
 from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
                                            reshape_index, unravel)
+from lumc.backends.triton.norm_epilogue import aligned_reads, plan_row_epilogue, row_broadcasts
 from lumc.backends.triton.norm_prologue import RowStatistics, plan_row_prologue
 from lumc.backends.triton.configs import splitk_useful
 from lumc.backends.triton.source import KernelParts, Workspace, make_params
@@ -42,6 +43,24 @@ def dependents(nodes: list[Node], root: Node) -> set[Node]:
         if any(s in dep for s in n.srcs):
             dep.add(n)
     return dep
+
+
+def _scalar_read(x: Node) -> bool:
+    """``x`` is one value broadcast (a scalar constant, or a view of one)."""
+    while x.op == "View":
+        x = x.srcs[0]
+    return x.numel == 1
+
+
+def dependencies(root: Node) -> set[Node]:
+    """``root`` and every node it reads, transitively."""
+    out, stack = set(), [root]
+    while stack:
+        x = stack.pop()
+        if x not in out:
+            out.add(x)
+            stack.extend(x.srcs)
+    return out
 
 
 def check_epilogue(nodes: list[Node], dep: set[Node], root: Node) -> None:
@@ -80,21 +99,36 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     cs = find_contractions(nodes)
     if len(cs) > 1:   # a sum of squares in a normalization prologue is a batch of dot products
         cs = [c for c in cs if max(c.M, c.N) > 1]
+    if len(cs) > 1:   # a statistic of a scaled value (sum(2 s)) is a product with a scalar
+        cs = [c for c in cs if not (_scalar_read(c.a) or _scalar_read(c.b))]
     if len(cs) != 1:
         raise RenderError(f"a matmul kernel needs exactly one SumReduce(Mul(a, b)), found {len(cs)}")
     c = cs[0]
     if c.a.dtype not in DOT_DTYPES or c.K == 0:
         return render_row(kernel, None)
     others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not c.node]
-    rowp = plan_row_prologue(c, nodes) if others else None   # a normalization on load
-    if rowp is not None and set(others) - set(rowp.stats):
-        bad = next(n for n in others if n not in rowp.stats)
-        raise RenderError(f"node {bad!r}: a second reduction inside a matmul kernel")
+    under_a = dependencies(c.a)
+    # a normalization formed on load: statistics of the operand's rows (prologue) and of a
+    # residual's rows (epilogue)
+    rowp = plan_row_prologue(c, nodes) if any(n in under_a for n in others) else None
     dep = dependents(nodes, c.node)
     check_epilogue(nodes, dep, c.node)
+    e_stats = [n for n in others if rowp is None or n not in rowp.stats]
+    rowe = plan_row_epilogue(c, nodes, e_stats, dep) if e_stats else None
+    plans = [p for p in (rowp, rowe) if p is not None]
+    # outputs: the product's tile, or row values of the statistics (written once per row, for
+    # other kernels that form the same normalization on load)
+    row_outs: dict[str, tuple[Node, int]] = {}
     for name, o in kernel.meaning.outputs.items():
-        if o not in dep:
+        if o in dep:
+            continue
+        owner = next((i for i, p in enumerate(plans) if o in p.rows), None)
+        if owner is None:
             raise RenderError(f"output {name} does not depend on the product")
+        row_outs[name] = (o, owner)
+    aligned = aligned_reads(c, [o for name, o in kernel.meaning.outputs.items()
+                                if name not in row_outs] + [r.srcs[0] for r in e_stats],
+                            row_broadcasts(nodes, plans), set(others)) if plans else set()
     reads = reads_of(nodes)
     params, ptrs, consts = make_params(kernel, reads)
     big = needs_int64(nodes, (c.M * c.N * c.batch, c.M * c.K, c.K * c.N), (c.full,))
@@ -103,8 +137,8 @@ def render_matmul(kernel: Kernel) -> KernelParts:
 
     M, N, K, B = c.M, c.N, c.K, c.batch
     i64 = ".to(tl.int64)" if big else ""
-    split = rowp is None and splitk_useful({"M": M, "N": N, "K": K, "batch": B})
-    stats = None
+    split = not plans and splitk_useful({"M": M, "N": N, "K": K, "batch": B})
+    stats: list[RowStatistics] = []
 
     def evaluator(wr: SourceWriter) -> Evaluator:
         def resolve(ev, n, idx, mask, level):
@@ -112,15 +146,32 @@ def render_matmul(kernel: Kernel) -> KernelParts:
                 if c.node.dtype == dt.f32:
                     return acc_name
                 return wr.bind(f"{acc_name}.to({exprs.tl_dtype(c.node.dtype)})", "t", level)
-            return stats.resolve(ev, n, idx, mask, level) if stats is not None else None
+            for st in stats:
+                got = st.resolve(ev, n, idx, mask, level)
+                if got is not None:
+                    return got
+            return None
         return Evaluator(wr, ptrs, resolve, "tl.int64" if big else "tl.int32")
 
     ev = evaluator(w)
-    bidx = _tile_header(w, ev, c, rowp is not None, i64)
+    bidx = _tile_header(w, ev, c, bool(plans), i64)
     if rowp is not None:
         lead = bind_all(w, unravel("rm_a[:, None]", rowp.lead), "am", 0)
-        stats = RowStatistics(rowp, w, ev, lead)
-        stats.emit(K, i64)
+        stats.append(RowStatistics(rowp, w, ev, lead, aligned))
+        stats[-1].emit(K, i64)
+    if rowe is not None:
+        lead = bind_all(w, unravel("rm_a[:, None]", rowe.lead), "em", 0)
+        stats.append(RowStatistics(rowe, w, ev, lead, aligned))
+        stats[-1].emit(N, i64, "BLOCK_N")
+    if row_outs:
+        # one program per row block (the first column group) writes its rows' values
+        cols = {name: ev.value(o, stats[owner].row_idx, None, 0)
+                for name, (o, owner) in row_outs.items()}
+        w.open("if pid_n == 0:")
+        for name, col in cols.items():
+            w.line(f"tl.store({name}_ptr + rm[:, None], {col}, mask=rm_mask[:, None])")
+        w.close()
+    if plans:
         w.open("for n_tile in range(0, N_TILES):")
         w.line(f"rn = (pid_n{i64} * N_TILES + n_tile) * BLOCK_N + tl.arange(0, BLOCK_N)")
     else:
@@ -151,12 +202,12 @@ def render_matmul(kernel: Kernel) -> KernelParts:
                       # row and column indices are loop-invariant: bound outside the K loop
                       c.m_dims: bind_all(w, unravel("rm_a[:, None]", c.shape_of(c.m_dims)), "am", lo),
                       c.k_dims: bind_all(w, unravel("rk[None, :]", c.shape_of(c.k_dims)), "ak", lk)}
-                  ) if stats is None else None
+                  ) if rowp is None else None
     b_idx = place(c, {c.batch_dims: bidx,
                       c.k_dims: bind_all(w, unravel("rk[:, None]", c.shape_of(c.k_dims)), "bk", lk),
                       c.n_dims: bind_all(w, unravel("rn_b[None, :]", c.shape_of(c.n_dims)), "bn", lo)})
-    a = (ev.value(c.a, a_idx, "a_mask", lk) if stats is None else
-         ev.value(rowp.p, stats.p_index("rk[None, :]", "ak", lk), "a_mask", lk))
+    a = (ev.value(c.a, a_idx, "a_mask", lk) if rowp is None else
+         ev.value(rowp.p, stats[0].p_index("rk[None, :]", "ak", lk), "a_mask", lk))
     b = ev.value(c.b, b_idx, "b_mask", lk)
     # a prologue may turn the zeros of masked-off lanes into something else: zero them again
     if c.a.op not in ("View", "Input"):
@@ -188,8 +239,8 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         _epilogue(w2, ev2, c, kernel, bidx2, 0, big)
         finish = w2.body()
     else:
-        _epilogue(w, ev, c, kernel, bidx, lo, big)
-    if rowp is not None:
+        _epilogue(w, ev, c, kernel, bidx, lo, big, row_outs)
+    if plans:
         w.close()
     problem = {"M": M, "N": N, "K": K, "batch": B, "itemsize": c.a.dtype.itemsize,
                "dot_dtype": dot_dtype(c.a.dtype)}
@@ -205,11 +256,15 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         knobs += ("SPLIT_K",)
         grid, space = f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}", "matmul_splitk"
         extra = _splitk_launch(params, knobs, grid, M, N, B, finish)
-    elif rowp is None:
+    elif not plans:
         grid, space = f"triton.cdiv({M}, BLOCK_M) * triton.cdiv({N}, BLOCK_N), {B}", "matmul"
     else:
-        notes.append(f"a normalization formed on load: {len(rowp.stats)} row statistics over K, "
-                     "once per N_TILES column tiles")
+        if rowp is not None:
+            notes.append(f"a normalization formed on load: {len(rowp.stats)} row statistics "
+                         "over K, once per N_TILES column tiles")
+        if rowe is not None:
+            notes.append(f"a residual normalized on load in the epilogue: {len(rowe.stats)} row "
+                         "statistics over N, once per N_TILES column tiles")
         knobs += ("N_TILES",)
         grid = (f"triton.cdiv({M}, BLOCK_M) * triton.cdiv(triton.cdiv({N}, BLOCK_N), N_TILES), "
                 f"{B}")
@@ -247,7 +302,7 @@ def _tile_header(w: SourceWriter, ev: Evaluator, c: Contraction, tiles_grouped: 
 
 
 def _epilogue(w: SourceWriter, ev: Evaluator, c: Contraction, kernel: Kernel, bidx: list[str],
-              lo: int, big: bool) -> None:
+              lo: int, big: bool, skip: dict | None = None) -> None:
     """The epilogue on the output tile (``acc``) at block level ``lo``, and the stores."""
     fr = tuple(1 if d in c.k_dims else s for d, s in enumerate(c.full))
     o_idx = place(c, {c.batch_dims: bidx,
@@ -260,6 +315,8 @@ def _epilogue(w: SourceWriter, ev: Evaluator, c: Contraction, kernel: Kernel, bi
     if not (c.m_dims and c.n_dims):  # the pointer must span the whole tile even where M or N is 1
         addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
     for name, o in kernel.meaning.outputs.items():
+        if skip and name in skip:
+            continue
         v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", lo)
         w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)", lo)
 

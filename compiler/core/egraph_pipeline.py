@@ -222,10 +222,11 @@ def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
 
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
                      tables: Tables, label: str, norm_prologue: bool = False,
-                     memo: dict | None = None) -> Program:
+                     memo: dict | None = None, norm_epilogue: bool = False) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
     the chosen forms (``norm_prologue``: normalizations read only by contractions are formed on
-    load inside them, ``lumc.compiler.core.fusion``). ``memo`` (shared by the candidates of one
+    load inside them; ``norm_epilogue``: also where a contraction's epilogue reads them,
+    ``lumc.compiler.core.fusion``). ``memo`` (shared by the candidates of one
     e-graph run) keeps each region's decode by its choice and the nodes it reads, so a region
     that the candidates choose alike over the same inputs is decoded once (the same nodes)."""
     env: dict[int, Node] = {}
@@ -250,7 +251,8 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
         keys.update((k, (i, c)) for k, c in classes.items() if k not in keys)
     outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
     new = Graph(graph.inputs, outs)
-    prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue)
+    prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue,
+                          norm_epilogue=norm_epilogue)
     prog.value_keys = keys
     return prog
 
@@ -322,12 +324,15 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     # pre-LN fusion of the two main plans: each normalization read only by contractions formed on
     # load in them (fewer kernels and bytes, more work per GEMM program: the bound judges)
     # (and of each plan that turns a normalization form on everywhere; single-region flips are
-    # left out: one more decode of the whole program each)
+    # left out: one more decode of the whole program each); post-LN fusion of the same plans: a
+    # normalization also read by a contraction's epilogue (the residual) is formed on load there
+    # too, its row statistics computed by the first kernel that forms it
     norm_on = re.compile(r"^(egraph-(argmin|horizontal)|all:.*->(LayerNorm|RMSNorm))$")
-    # each right after its base plan: where nothing fuses, the two are one program under the
+    # each right after its base plan: where nothing fuses, the twins are one program under the
     # base's label (duplicates are dropped after decoding)
     plans = [q for lab, picks in plans for q in ([(lab, picks)] + (
-        [(f"{lab}+norm-prologue", picks)] if norm_on.search(lab) else []))]
+        [(f"{lab}+norm-prologue", picks), (f"{lab}+norm-on-load", picks)]
+        if norm_on.search(lab) else []))]
     progs, bounds, seen = [], [], set()
     decoded: dict = {}
     t_choose = time.perf_counter()
@@ -336,7 +341,8 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
             break                       # out of time: the candidates decoded so far
         try:
             p = decode_candidate(graph, results, picks, tables, label,
-                                 norm_prologue=label.endswith("+norm-prologue"), memo=decoded)
+                                 norm_prologue=label.endswith("+norm-prologue"), memo=decoded,
+                                 norm_epilogue=label.endswith("+norm-on-load"))
             p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(

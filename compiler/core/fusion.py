@@ -59,9 +59,15 @@ class GreedyFusion:
     """
 
     def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None,
-                 norm_prologue: bool = False):
+                 norm_prologue: bool = False, norm_epilogue: bool = False):
         self.graph = graph
-        self.norm_prologue = norm_prologue
+        self.norm_prologue = norm_prologue or norm_epilogue
+        self.norm_epilogue = norm_epilogue
+        self.pending: dict[int, Node] = {}   # norm exits decided after the walk (post-LN)
+        # {id(kernel exit): row values that kernel also writes}: a normalization formed on load in
+        # several kernels has its statistics computed by the first, the others read them
+        self.row_outputs: dict[int, list[Node]] = {}
+        self.row_owned: set[int] = set()
         self.prologue_exits: set[int] = set()     # norm kernels fused into their contractions
         self.norm_consumers: set[int] = set()     # contractions (SumReduce ids) that fuse one
         self.order = graph.nodes()
@@ -248,11 +254,8 @@ class GreedyFusion:
         """Pre-LN fusion (``norm_prologue``): ``b`` ends a layernorm/rmsnorm form kernel and every
         use of it is the left operand of a contraction, so the contractions form the normalized
         tile on load (``lumc.backends.triton.norm_prologue``) and ``b`` is never written."""
-        if not self.norm_prologue or id(b) in self.outputs:
-            return False
-        rid = self.group.get(id(b))
-        rec = self.forms.get(rid)
-        if rec is None or rec.form not in ("layernorm", "rmsnorm") or exits.get(rid) is not b:
+        rec = self._norm_exit(b, exits) if self.norm_prologue else None
+        if rec is None:
             return False
         ok = all(u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b
                  and id(u) not in self.group for u, _ in self.uses[id(b)])
@@ -261,6 +264,83 @@ class GreedyFusion:
                 self.prologue_exits.add(id(b))
                 self._refuse(b, None, f"{rec.form} fused as the prologue of its contractions")
         return ok
+
+    def _norm_exit(self, b: Node, exits: dict):
+        """The layernorm/rmsnorm form record whose kernel ends at ``b`` (not a model output)."""
+        if id(b) in self.outputs:
+            return None
+        rec = self.forms.get(self.group.get(id(b)))
+        if rec is None or rec.form not in ("layernorm", "rmsnorm") or \
+                exits.get(self.group[id(b)]) is not b:
+            return None
+        return rec
+
+    def _on_load_readers(self, b: Node, u: Node, views: list) -> list[int] | None:
+        """The contractions (ids of their ``SumReduce``) that form ``b`` on load where ``u`` reads
+        it: ``u`` is their left operand (prologue), or an elementwise op of one's epilogue reading
+        ``b`` through free reshapes (a post-LN residual); None for any other reader."""
+        if u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b \
+                and id(u) not in self.group:
+            return [id(x) for x, _ in self.uses[id(u)]]
+        g = self.group.get(id(u))
+        r = self.byid.get(g) if g is not None else None
+        if (u.op in ELEMENTWISE and r is not None and g not in self.forms and r.op == "SumReduce"
+                and r.srcs[0].op == "Mul" and u.numel == b.numel and self._free_reshape(views)):
+            return [g]
+        return None
+
+    def _fuse_norm_on_load(self, b: Node, exits: dict) -> None:
+        """Post-LN fusion (``norm_epilogue``), decided once every kernel's epilogue is known: ``b``
+        ends a normalization whose every reader forms it on load (:meth:`_on_load_readers`), so
+        ``b`` is never written; else it is realized, naming the first reader that cannot.
+
+        Where several kernels read it, the first to run computes the row statistics and also
+        writes the row values the normalized value reads (``mean``, ``rsqrt(var + eps)``: ``M``
+        values each); the others read those instead of re-reading whole rows."""
+        readers = []
+        for u, views in self.uses[id(b)]:
+            got = self._on_load_readers(b, u, views)
+            if got is None:
+                self._realize(b, u, "normalization not formed on load: the reader is neither a "
+                                    "contraction's left operand nor an elementwise op of its "
+                                    "epilogue")
+                return
+            readers += got
+        self.prologue_exits.add(id(b))
+        self.norm_consumers.update(readers)
+        self._refuse(b, None, "normalization formed on load in its contractions' prologues and "
+                              "epilogues")
+        kernels = sorted({id(exits[g]) for g in readers}, key=lambda k: self.pos[k])
+        rows = self._row_values(b) if len(kernels) > 1 else []
+        if rows:
+            self.row_outputs.setdefault(kernels[0], []).extend(
+                r for r in rows if id(r) not in self.row_owned)
+            for r in rows:
+                if id(r) not in self.row_owned:
+                    self.realized.add(id(r))
+                    self.row_owned.add(id(r))
+                    self._refuse(r, None, "row values of a normalization formed on load, written "
+                                          "by the first kernel that forms it for the others")
+
+    def _row_values(self, b: Node) -> list[Node]:
+        """The computed row values (statistics and functions of them) that the normalized value
+        ``b`` reads through broadcasts, reached from ``b`` through full-size ops and views."""
+        rid = self.group[id(b)]
+        out, seen, stack = [], set(), [b]
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            for s_ in x.srcs:
+                if s_.op != "View" and self.group.get(id(s_)) != rid:
+                    continue            # the normalization's input (or a weight): not a row value
+                if s_.numel == b.numel:
+                    stack.append(s_)
+                elif x.op == "View" and self._is_compute(s_) and id(s_) not in seen:
+                    seen.add(id(s_))
+                    out.append(s_)
+        return sorted(out, key=lambda n: self.pos[id(n)])
 
     def _why_not_epilogue(self, b: Node, user: Node, views: list) -> str:
         if views and not self._free_reshape(views):
@@ -303,6 +383,9 @@ class GreedyFusion:
                 for k, s in enumerate(n.srcs):
                     b, views = _chain(s)
                     if id(b) in self.group and self.group[id(b)] != mine and id(b) not in self.realized:
+                        if self.norm_epilogue and self._norm_exit(b, exits) is not None:
+                            self.pending.setdefault(id(b), b)   # decided after the walk
+                            continue
                         if k == 0 and self._fuse_norm_prologue(b, exits):
                             self.norm_consumers.update(id(u) for u, _ in self.uses[id(n)])
                             continue
@@ -313,6 +396,8 @@ class GreedyFusion:
                     self._realize(n, None, "Contiguous materializes")
             if id(n) in self.outputs:
                 self._realize(n, None, "model output")
+        for b in self.pending.values():
+            self._fuse_norm_on_load(b, exits)
         for exit_ in exits.values():
             if id(exit_) not in self.prologue_exits:
                 self._realize(exit_, None, "end of a reduction kernel")
@@ -363,16 +448,19 @@ class GreedyFusion:
                 if g == rid:
                     form_of[k] = rec
         for n in self.order:
-            if id(n) in self.realized:
+            if id(n) in self.realized and id(n) not in self.row_owned:
                 rec = form_of.get(id(n))
+                rows = self.row_outputs.get(id(n), [])
                 if rec is not None:
                     calls.append(build_call([n], boundary, rec.form, rec.attrs))
                 elif self.group.get(id(n)) in self.norm_consumers:
                     # the normalization stays as written: its renderer reads the rows of its input
-                    calls.append(build_call([n], boundary, push_views=False))
+                    # (and writes the row values other kernels read)
+                    calls.append(build_call([n] + rows, boundary, push_views=False))
                 else:
                     calls.append(build_call([n], boundary))
                 done.add(id(n))
+                done.update(id(r) for r in rows)
         outputs = {}
         for name, n in self.graph.outputs.items():
             outputs[name] = n
@@ -385,7 +473,7 @@ def _alias_output(n: Node) -> bool:
 
 
 def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None,
-                   norm_prologue: bool = False) -> Program:
+                   norm_prologue: bool = False, norm_epilogue: bool = False) -> Program:
     """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
 
     Model outputs that are model inputs, constants, or free reshapes of a realized node are not
@@ -394,6 +482,8 @@ def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = Non
     ``forms`` (from e-graph extraction) maps ``id(root node)`` to a record with ``form``,
     ``attrs`` and ``inputs``: the nodes between the root and its inputs become one kernel of that
     form (plus any elementwise epilogue), instead of being fused greedily. ``norm_prologue``
-    fuses a layernorm/rmsnorm form read only by contractions into them (pre-LN fusion).
+    fuses a layernorm/rmsnorm form read only by contractions into them (pre-LN fusion);
+    ``norm_epilogue`` also where a contraction's epilogue reads it (post-LN: the residual).
     """
-    return GreedyFusion(graph, forms=forms, norm_prologue=norm_prologue).program(label)
+    return GreedyFusion(graph, forms=forms, norm_prologue=norm_prologue,
+                        norm_epilogue=norm_epilogue).program(label)

@@ -149,6 +149,15 @@ def _is_broadcast_read(x: Node, depth: int = 0) -> bool:
     return False
 
 
+def _reads_product(nodes: list[Node], r: Node, reds: list[Node]) -> bool:
+    """True when a reduction other than ``r`` depends on ``r`` (``nodes`` topological)."""
+    dep = {id(r)}
+    for n in nodes:
+        if any(id(s) in dep for s in n.srcs):
+            dep.add(id(n))
+    return any(id(x) in dep for x in reds if x is not r)
+
+
 def classify(meaning: Graph) -> tuple[str, tuple]:
     """``(form, attrs)`` of a pointwise/gather/reduction/matmul meaning (see the module docstring)."""
     nodes = meaning.nodes()
@@ -157,12 +166,13 @@ def classify(meaning: Graph) -> tuple[str, tuple]:
         return ("gather" if any(n.op == "Gather" for n in nodes) else "pointwise"), ()
     products = [x for x in reds if x.op == "SumReduce" and x.srcs[0].op == "Mul" and all(
         _is_broadcast_read(s) for s in x.srcs[0].srcs)]
-    # one contraction, the other reductions row statistics of its operand (a normalization
-    # formed on load, ``lumc.backends.triton.norm_prologue``; the renderer checks the structure)
+    # one contraction, the other reductions row statistics of its operand or of a residual, none
+    # reading the product (a normalization formed on load, ``lumc.backends.triton.norm_prologue``
+    # and ``norm_epilogue``; the renderer checks the structure)
     r = products[0] if len(products) == 1 else reds[0]
     attrs = [("axes", tuple(r.arg)), ("reduce", "sum" if r.op == "SumReduce" else "max")]
     m = r.srcs[0]
-    if len(products) == 1 and (len(reds) == 1 or reds[-1] is r):
+    if len(products) == 1 and not _reads_product(nodes, r, reds):
         a, b = (_base(s) for s in m.srcs)
         lhs = a.arg.name if a.op == "Input" else None
         rhs = b.arg.name if b.op == "Input" else None

@@ -18,15 +18,20 @@ from __future__ import annotations
 import re
 
 from lumc.compiler.core.fusion import CHEAP_OPERAND_OPS
+from lumc.ir.graph import Node
 
 NO_RULE = {
-    ("layernorm", "matmul"): "pre-LN fusion (the normalization formed on load in the contraction, "
-                             "the '+norm-prologue' candidates) was not chosen: it lost on bound or "
-                             "time (candidates below), or the value has another reader",
-    ("rmsnorm", "matmul"): "pre-LN fusion of the RMSNorm (the '+norm-prologue' candidates) was not "
-                           "chosen: it lost on bound or time, or the value has another reader",
+    ("layernorm", "matmul"): "the normalization formed on load in the contractions that read it "
+                             "(the '+norm-prologue' and '+norm-on-load' candidates) was not "
+                             "chosen: it lost on bound or time (candidates below), or the value "
+                             "has another reader",
+    ("rmsnorm", "matmul"): "the RMSNorm formed on load in the contractions that read it (the "
+                           "'+norm-prologue' and '+norm-on-load' candidates) was not chosen: it "
+                           "lost on bound or time, or the value has another reader",
     ("matmul", "layernorm"): "no kernels rule offers residual add + LayerNorm as a whole-row "
-                             "epilogue of the contraction before it (post-LN)",
+                             "epilogue of the contraction before it (post-LN); the norm is formed "
+                             "on load in the contractions that read it instead ('+norm-on-load'), "
+                             "only where every reader is one and it is not a model output",
     ("gather", "layernorm"): "the embedding gather + add is the layer norm's prologue only when "
                              "the norm is its one reader; here the sum is read elsewhere too",
     ("matmul", "attention"): "the attention form reads q, k and v from memory (columns of the "
@@ -82,13 +87,28 @@ def _as_operand(call, value) -> bool:
 
 def _norm_rule(program, i: int, v, default: str) -> str:
     """Why a normalization's output ``v`` (kernel ``i``) was written though a contraction reads it:
-    a reader that is not a contraction's left operand (post-LN: the residual), else the search."""
+    a reader that no contraction forms it in (not its operand nor its epilogue), a residual reader
+    (post-LN fusion lost), else the search."""
     for j, c in enumerate(program.calls):
         if j != i and any(n is v for n in c.inputs) and not _as_operand(c, v):
-            return (f"pre-LN fusion forms a norm on load only where every reader is a "
-                    f"contraction's left operand; #{j} ({c.kernel.form}) also reads it (a residual, "
-                    "post-LN), so it is written")
+            if c.kernel.form != "matmul":
+                return (f"a norm is formed on load only where every reader is a contraction's "
+                        f"operand or epilogue; #{j} ({c.kernel.form}) also reads it, so it is "
+                        "written")
+            return (f"#{j} (matmul) also reads it in its epilogue (a residual, post-LN): the "
+                    "'+norm-on-load' candidates form it there too, and they lost on bound or "
+                    "time (candidates below)")
     return default
+
+
+def _row_values_rule(program, i: int, v) -> str | None:
+    """The row statistics a kernel that forms a normalization on load writes for the others."""
+    call = program.calls[i]
+    if call.kernel.form == "matmul" and len(call.outputs) > 1 and v is not call.outputs[0]:
+        return ("row values of a normalization formed on load (M values): the first kernel that "
+                "forms it computes the row statistics and writes them, the others read them "
+                "instead of re-reading whole rows")
+    return None
 
 
 def why_not(program, candidates: list | None = None, bounds: list | None = None) -> dict:
@@ -103,20 +123,22 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
     for i, c in enumerate(program.calls):
         for n in c.outputs:
             made[id(n)] = (i, n)
-    pairs, seen = [], set()
+    pairs = []
     for j, c in enumerate(program.calls):
+        # one entry per producer: the value it reads of it, its main output before row values
+        read: dict[int, Node] = {}
         for n in c.inputs:
-            if id(n) not in made:
-                continue
-            i, v = made[id(n)]
-            if (i, j) in seen:
-                continue
-            seen.add((i, j))
+            if id(n) in made:
+                i, v = made[id(n)]
+                if i not in read or (v is program.calls[i].outputs[0]):
+                    read[i] = v
+        for i, v in sorted(read.items()):
             a, b = program.calls[i].kernel.form, c.kernel.form
             rule = NO_RULE.get((a, b), f"no kernels rule joins a {a} kernel and the {b} kernel "
                                        "that reads it")
             if b == "matmul" and a in ("layernorm", "rmsnorm"):
                 rule = _norm_rule(program, i, v, rule)
+            rule = _row_values_rule(program, i, v) or rule
             pairs.append({
                 "producer": i, "consumer": j, "producer_form": a, "consumer_form": b,
                 "value": f"{v.dtype.name}[{', '.join(map(str, v.shape))}]",

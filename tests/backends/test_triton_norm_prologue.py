@@ -234,7 +234,7 @@ def test_the_row_statistics_cost_is_charged_to_norm_prologues_only(monkeypatch):
              "num_warps": 4, "num_stages": 2, "PRECISION": "tf32x3"}
     with_cost = (simulator.simulate_kernel_time(att, cfg_a, dev),
                  simulator.simulate_kernel_time(fused, cfg_m, dev))
-    monkeypatch.setattr(simulator, "row_prologue_work", lambda kernel, c: (0, 0))
+    monkeypatch.setattr(simulator, "row_statistics_work", lambda kernel, c: simulator.RowWork())
     simulator._STATIC.clear()          # the per-kernel memo holds the charged work
     assert simulator.simulate_kernel_time(att, cfg_a, dev) == with_cost[0]
     assert simulator.simulate_kernel_time(fused, cfg_m, dev) < with_cost[1]

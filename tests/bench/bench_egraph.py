@@ -4,6 +4,8 @@
     python tests/bench/bench_egraph.py --ablation      # the four MODELS.md models
     python tests/bench/bench_egraph.py --scale         # MiniLM-L3, BERT-base, GPT-2 small
     python tests/bench/bench_egraph.py --one gpt2      # one model, JSON
+    python tests/bench/bench_egraph.py --layers        # BERT-base at 2 and 24 layers: repeated
+                                                       # layers saturated once (issue 12's bar)
 
 Estimated time is the sum of the roofline bounds of a program's kernels (launch overhead
 included) on the named device: the figure ``lumc compile --no-egraph`` is compared by. Each model
@@ -33,15 +35,17 @@ def _rss_mb() -> float:
 
 def load_graph(name: str):
     """The primitive graph of a benchmark model."""
-    if name in ("bert-base", "gpt2"):
+    base, _, layers = name.partition(":")     # bert-base:24, a BERT-base of 24 layers
+    if base in ("bert-base", "gpt2"):
         import torch
         import transformers
         from transformers.utils import logging as tlog
         from lumc.compiler.frontends.torch_frontend.capture import import_torch
         tlog.set_verbosity_error()
         torch.manual_seed(0)
-        if name == "bert-base":
-            model = transformers.BertModel(transformers.BertConfig()).eval()
+        if base == "bert-base":
+            cfg = transformers.BertConfig(**({"num_hidden_layers": int(layers)} if layers else {}))
+            model = transformers.BertModel(cfg).eval()
             args = (torch.randint(0, 30000, (1, 128)), torch.ones(1, 128, dtype=torch.int64))
         else:
             model = transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)).eval()
@@ -128,16 +132,41 @@ def _print_scale(rows: list[dict]) -> None:
               f"{r['egraph_us']:9.1f} {r['ratio']:5.2f}x  {r['stop']}")
 
 
+def _print_layers(rows: list[dict]) -> None:
+    print("\nRepeated layers: saturation + extraction of BERT-base (seq 128) at 2 and 24 layers")
+    print(f"{'model':14s} {'nodes':>6s} {'regions':>7s} {'sat s':>6s} {'extr s':>6s} "
+          f"{'sat+extr s':>10s} {'decode s':>8s} {'kernels':>7s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:14s} ERROR {r['error']}")
+            continue
+        print(f"{r['model']:14s} {r['nodes']:6d} {r['regions']:7d} {r['saturate_s']:6.2f} "
+              f"{r['extract_s']:6.2f} {r['saturate_s'] + r['extract_s']:10.2f} "
+              f"{r['decode_s']:8.2f} {r['egraph_kernels']:7d}")
+    ok = [r for r in rows if "error" not in r]
+    if len(ok) == 2:
+        a, b = (r["saturate_s"] + r["extract_s"] for r in ok)
+        print(f"24 layers / 2 layers: {b / a:.2f}x (issue 12: at most 1.5x)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--scale", action="store_true")
+    ap.add_argument("--layers", action="store_true")
     ap.add_argument("--one", help="run one model in this process and print JSON")
     ap.add_argument("--device", default="h100-sxm")
     ap.add_argument("--json", help="write all rows to this file")
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(args.one, args.device)))
+        return 0
+    if args.layers:
+        rows = {"layers": [_child(m, args.device) for m in ("bert-base:2", "bert-base:24")]}
+        _print_layers(rows["layers"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
         return 0
     both = not (args.ablation or args.scale)
     rows = {}

@@ -183,7 +183,12 @@ def test_regions_statistics_and_limits():
         assert st.enodes > 0 and st.eclasses > 0 and st.iterations > 0 and st.seconds >= 0
         assert st.stop in ("saturated", "iteration limit", "node limit", "time limit")
     assert res.total.enodes == sum(s.enodes for s in res.regions)
-    assert res.best.form_counts().get("softmax") == 4 and res.best.form_counts().get("layernorm") == 4
+    assert res.best.form_counts().get("softmax") == 4
+    # every layer norm is a kernel of that form, or (post-LN: read by the next projection and the
+    # next residual) formed on load in the contractions that read it
+    on_load = sum(": normalization formed on load in" in line for line in res.best.notes)
+    assert res.best.form_counts().get("layernorm", 0) + on_load == 4
+    assert any(p.form_counts().get("layernorm") == 4 for p in res.candidates)
     feed = {"x": RNG.standard_normal((8, 16)).astype(np.float32)}
     np.testing.assert_allclose(run_program_reference(res.best, g, feed)["y"],
                                ReferenceExecutor(g)(feed)["y"], rtol=1e-4, atol=1e-5)

@@ -37,7 +37,10 @@ def test_identical_layers_are_saturated_once():
     reused = [s for s in res.regions if s.stages and s.stages[0][0] == "reused"]
     assert len(reused) >= len(regions) - 4 and all(s.seconds == 0.0 for s in reused)
     forms = res.best.form_counts()
-    assert forms.get("layernorm") == 16 and forms.get("softmax", 0) + forms.get("attention", 0) == 8
+    # a layer norm is a kernel, or formed on load in the contractions that read it (post-LN)
+    on_load = sum(": normalization formed on load in" in line for line in res.best.notes)
+    assert forms.get("layernorm", 0) + on_load == 16
+    assert forms.get("softmax", 0) + forms.get("attention", 0) == 8
     feed = {"x": RNG.standard_normal((8, 16)).astype(np.float32)}
     got = run_program_reference(res.best, g, feed)["y"]
     want = ReferenceExecutor(g, "float64")(feed)["y"]

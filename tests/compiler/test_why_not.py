@@ -48,7 +48,8 @@ def test_why_not_names_both_kernels_and_the_missing_rule(tmp_path, monkeypatch):
     forms = [(e["producer_form"], e["consumer_form"]) for e in doc["pairs"]]
     assert ("matmul", "layernorm") in forms
     e = doc["pairs"][forms.index(("matmul", "layernorm"))]
-    assert "whole-row epilogue" in e["rule"] and e["value"] == "f32[1, 8, 32]"
+    assert "whole-row" in e["rule"] and "+norm-on-load" in e["rule"]
+    assert e["value"] == "f32[1, 8, 32]"
     assert e["fusion"]
     assert len(doc["pairs"]) == len(cm.program.calls) - 1   # a chain: one pair per edge
     art = tmp_path / "m.lumc"
@@ -59,16 +60,38 @@ def test_why_not_names_both_kernels_and_the_missing_rule(tmp_path, monkeypatch):
     assert "rule:   no kernels rule offers residual add + LayerNorm as a whole-row" in res.output
 
 
-def test_a_norm_also_read_as_a_residual_is_named_with_that_reader(tmp_path, monkeypatch):
-    """Post-LN: the layer norm's output feeds the next projection and that block's residual add,
-    so it is written; --why-not names the kernel that reads it as a residual."""
+def test_a_post_ln_norm_read_by_a_projection_and_its_residual_is_formed_on_load(
+        tmp_path, monkeypatch):
+    """Post-LN: the layer norm's output feeds a projection and that projection's residual add;
+    the '+norm-on-load' candidate forms it in both places of the one contraction kernel."""
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
     x, w = _x_w(2, 32)
     ln = _ln(x)
     y = (ln @ w).add(ln)
     cm = compile_graph(Graph({"x": x.node}, {"y": y.node}), budget="30s", device="sim:h200")
+    assert cm.program.label.endswith("+norm-on-load")
+    assert [c.kernel.form for c in cm.program.calls] == ["matmul"]
+    assert cm.report_dict()["why_not"]["pairs"] == []
+    xv = np.random.default_rng(0).standard_normal((1, 8, 32)).astype(np.float32)
+    got = cm.run({"x": xv})["y"]
+    x64 = xv.astype(np.float64)
+    d = x64 - x64.mean(-1, keepdims=True)
+    ln64 = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+    want = ln64 @ np.asarray(w.node.arg.value, np.float64) + ln64
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_norm_with_a_reader_no_contraction_forms_it_in_is_named(tmp_path, monkeypatch):
+    """A layer norm read by a projection and by a softmax cannot be formed on load (the softmax is
+    no contraction): it is written, and --why-not names the softmax kernel as the reason."""
+    from lumc.ir.library import norm
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    x, w = _x_w(2, 32)
+    ln = _ln(x)
+    y = (ln @ w).add(norm.softmax(ln, -1))
+    cm = compile_graph(Graph({"x": x.node}, {"y": y.node}), budget="30s", device="sim:h200")
     doc = cm.report_dict()["why_not"]
     pairs = [e for e in doc["pairs"] if (e["producer_form"], e["consumer_form"])
              == ("layernorm", "matmul")]
     assert pairs, doc["pairs"]
-    assert "also reads it (a residual, post-LN)" in pairs[0]["rule"]
+    assert "(softmax) also reads it, so it is written" in pairs[0]["rule"]
