@@ -101,6 +101,54 @@ def _norm_rule(program, i: int, v, default: str) -> str:
     return default
 
 
+def _normalizes_on_load(call, value) -> bool:
+    """``call`` is a matmul kernel that computes row statistics of ``value`` (a normalization of
+    it formed on load, ``norm_prologue`` / ``norm_epilogue``)."""
+    if call.kernel.form != "matmul":
+        return False
+    k = next((i for i, n in enumerate(call.inputs) if n is value), None)
+    if k is None:
+        return False
+    ph = call.kernel.meaning.inputs.get(f"in{k}")
+    nodes = call.kernel.meaning.nodes()
+    reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce")]
+    main = max((n for n in reds if n.srcs[0].op == "Mul"), key=lambda n: n.srcs[0].numel,
+               default=None)
+    dep = {id(ph)}
+    for n in nodes:
+        if any(id(s) in dep for s in n.srcs):
+            dep.add(id(n))
+    return any(id(n) in dep and n is not main for n in reds)
+
+
+def _reads_row_values(program, call, value) -> bool:
+    """``call`` (a matmul) normalizes ``value`` with row values another matmul kernel wrote (its
+    outputs after the first): an elementwise op of its meaning reads both, before any reduction."""
+    if call.kernel.form != "matmul":
+        return False
+    extra = {id(o) for c in program.calls if c.kernel.form == "matmul" for o in c.outputs[1:]}
+    ph = {id(n): call.kernel.meaning.inputs.get(f"in{k}") for k, n in enumerate(call.inputs)}
+    rows = [ph[id(n)] for n in call.inputs if id(n) in extra]
+    if not rows or id(value) not in ph:
+        return False
+    nodes = call.kernel.meaning.nodes()
+
+    def reach(src) -> set[int]:
+        out = {id(src)}
+        for n in nodes:
+            if n.op not in ("SumReduce", "MaxReduce") and any(id(s_) in out for s_ in n.srcs):
+                out.add(id(n))
+        return out
+    mine = reach(ph[id(value)])
+    return any(mine & reach(r) for r in rows)
+
+
+POST_LN_SUM = ("the sum a normalization reads (post-LN): its row statistics need whole rows, which "
+               "one output tile does not hold, so the sum is written and normalized on load in "
+               "the next contractions ('+norm-on-load'); no kernels rule makes residual add + "
+               "LayerNorm a whole-row epilogue of the contraction before it")
+
+
 def _row_values_rule(program, i: int, v) -> str | None:
     """The row statistics a kernel that forms a normalization on load writes for the others."""
     call = program.calls[i]
@@ -125,24 +173,32 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
             made[id(n)] = (i, n)
     pairs = []
     for j, c in enumerate(program.calls):
-        # one entry per producer: the value it reads of it, its main output before row values
-        read: dict[int, Node] = {}
+        # one entry per producer and kind of value: its main output, or row values it writes
+        read: dict[tuple[int, bool], Node] = {}
         for n in c.inputs:
             if id(n) in made:
                 i, v = made[id(n)]
-                if i not in read or (v is program.calls[i].outputs[0]):
-                    read[i] = v
-        for i, v in sorted(read.items()):
+                key = (i, _row_values_rule(program, i, v) is not None)
+                if key not in read or (v is program.calls[i].outputs[0]):
+                    read[key] = v
+        for (i, _), v in sorted(read.items()):
             a, b = program.calls[i].kernel.form, c.kernel.form
             rule = NO_RULE.get((a, b), f"no kernels rule joins a {a} kernel and the {b} kernel "
                                        "that reads it")
             if b == "matmul" and a in ("layernorm", "rmsnorm"):
                 rule = _norm_rule(program, i, v, rule)
             rule = _row_values_rule(program, i, v) or rule
+            fusion = _fusion_reason(v, notes)
+            if a == "matmul" and _normalizes_on_load(c, v):
+                rule, fusion = POST_LN_SUM, "written: the consumer computes its row statistics"
+            elif a == "matmul" and v is program.calls[i].outputs[0] and _reads_row_values(
+                    program, c, v):
+                rule, fusion = POST_LN_SUM, ("written: the consumer normalizes it on load with "
+                                             "the row values another kernel wrote")
             pairs.append({
                 "producer": i, "consumer": j, "producer_form": a, "consumer_form": b,
                 "value": f"{v.dtype.name}[{', '.join(map(str, v.shape))}]",
-                "fusion": _fusion_reason(v, notes),
+                "fusion": fusion,
                 "rule": rule})
     cands = []
     if candidates and bounds:

@@ -7,6 +7,7 @@ from lumc.compiler.tools.cli import cli
 from lumc.compiler.core.pipeline import compile_graph
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, const_node, input_node
+from lumc.ir.library import activations
 from lumc.ir.tensor import Tensor
 
 
@@ -95,3 +96,23 @@ def test_a_norm_with_a_reader_no_contraction_forms_it_in_is_named(tmp_path, monk
              == ("layernorm", "matmul")]
     assert pairs, doc["pairs"]
     assert "(softmax) also reads it, so it is written" in pairs[0]["rule"]
+
+
+def test_post_ln_ffn_pairs_name_the_sum_and_the_row_values(tmp_path, monkeypatch):
+    """BERT's post-LN feed-forward half as three contractions: --why-not says the sum is written
+    because its row statistics need whole rows, and names the row values the up-projection
+    writes for the down-projection."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(3)
+    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
+    wa, w1, w2 = (Tensor(const_node((rng.standard_normal(s) / 6).astype(np.float32)))
+                  for s in ((32, 32), (32, 64), (64, 32)))
+    y = _ln((x @ wa).add(x))
+    z = activations.relu(y @ w1) @ w2
+    cm = compile_graph(Graph({"x": x.node}, {"z": z.add(y).node}), budget="30s",
+                       device="sim:h200")
+    assert cm.program.label.endswith("+norm-on-load")
+    assert [c.kernel.form for c in cm.program.calls] == ["matmul"] * 3
+    rules = [e["rule"] for e in cm.report_dict()["why_not"]["pairs"]]
+    assert sum("the sum a normalization reads (post-LN)" in r for r in rules) == 2, rules
+    assert sum(r.startswith("row values of a normalization formed on load") for r in rules) == 1
