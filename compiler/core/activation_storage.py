@@ -24,7 +24,8 @@ What stays fp32 (the policy's "statistics and long reductions stay in fp32"):
 * the model's outputs (the user asked for an fp32 model's dtypes; quality is measured on them);
 * the outputs of ``reduction``-form kernels: per-row statistics (a LayerNorm mean or variance,
   a softmax maximum or sum that the e-graph split from its row kernel), read broadcast by the
-  kernel that normalizes with them;
+  kernel that normalizes with them; and the row values a ``matmul`` kernel writes beside its
+  product (a normalization formed on load, computed by the first kernel that forms it);
 * values that are not f32 (integers, booleans, a bf16/fp16 model's own values).
 """
 from __future__ import annotations
@@ -62,11 +63,24 @@ def _substitute(g: Graph, inputs: dict[str, Node], outputs_cast: set[str], to: d
     return Graph(new_inputs, outs)
 
 
-def _row_statistic(k: Kernel) -> bool:
-    """True for a kernel whose outputs are row statistics: a ``reduction``-form kernel (a mean, a
-    variance, a maximum or a sum over rows that the e-graph split from the kernel that uses it).
-    Contractions (``SumReduce(Mul)``) are ``matmul``/``attention`` forms and are not statistics."""
-    return k.form == "reduction"
+def _row_statistic(k: Kernel, out: str) -> bool:
+    """True for a kernel output that is a row statistic: any output of a ``reduction``-form kernel
+    (a mean, a variance, a maximum or a sum over rows that the e-graph split from the kernel that
+    uses it), or an output of a ``matmul`` kernel that does not depend on its contraction (the
+    row values of a normalization formed on load it writes for other kernels)."""
+    if k.form == "reduction":
+        return True
+    if k.form != "matmul":
+        return False
+    nodes = k.meaning.nodes()
+    prods = [n for n in nodes if n.op == "SumReduce" and n.srcs[0].op == "Mul"]
+    if not prods:
+        return False
+    dep = {id(max(prods, key=lambda n: n.srcs[0].numel))}
+    for n in nodes:
+        if any(id(s) in dep for s in n.srcs):
+            dep.add(id(n))
+    return id(k.meaning.outputs[out]) not in dep
 
 
 def store_activations(program: Program, to: dt.DType | None) -> Program:
@@ -93,9 +107,9 @@ def store_activations(program: Program, to: dt.DType | None) -> Program:
             readers.setdefault(id(n), []).append((i, j))
     narrow: dict[int, Node] = {}                          # id(model node) -> Cast(node, to)
     for c in program.calls:
-        for n in c.outputs:
+        for name, n in zip(c.kernel.meaning.outputs, c.outputs):
             rd = readers.get(id(n), [])
-            if n.dtype != dt.f32 or id(n) in out_ids or not rd or _row_statistic(c.kernel):
+            if n.dtype != dt.f32 or id(n) in out_ids or not rd or _row_statistic(c.kernel, name):
                 continue
             narrow[id(n)] = node("Cast", (n,), to)
     if not narrow:

@@ -297,6 +297,8 @@ class GreedyFusion:
         Where several kernels read it, the first to run computes the row statistics and also
         writes the row values the normalized value reads (``mean``, ``rsqrt(var + eps)``: ``M``
         values each); the others read those instead of re-reading whole rows."""
+        if id(b) in self.realized:
+            return
         readers = []
         for u, views in self.uses[id(b)]:
             got = self._on_load_readers(b, u, views)
@@ -337,9 +339,12 @@ class GreedyFusion:
                     continue            # the normalization's input (or a weight): not a row value
                 if s_.numel == b.numel:
                     stack.append(s_)
-                elif x.op == "View" and self._is_compute(s_) and id(s_) not in seen:
-                    seen.add(id(s_))
-                    out.append(s_)
+                    continue
+                r = _chain(s_)[0]       # a broadcast (of a reshape) of a row value
+                if x.op == "View" and self._is_compute(r) and self.group.get(id(r)) == rid \
+                        and id(r) not in seen:
+                    seen.add(id(r))
+                    out.append(r)
         return sorted(out, key=lambda n: self.pos[id(n)])
 
     def _why_not_epilogue(self, b: Node, user: Node, views: list) -> str:

@@ -82,3 +82,34 @@ def test_bf16_compile_passes_bf16_between_kernels(tmp_path):
     assert y.dtype == np.float32
     ref = _emulated(model, x, ml_dtypes.bfloat16)
     assert np.abs(y - ref).max() <= r["tolerance"]
+
+
+def test_row_values_a_contraction_writes_stay_fp32():
+    """Post-LN fusion: the up-projection writes the normalization's row values (mean, rstd) for
+    the down-projection; under bf16 storage the projections' products are stored narrow, the row
+    values are statistics and stay fp32, and the program still computes the block."""
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.compiler.core.egraph_pipeline import egraph_candidates
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.library import activations, norm
+    from lumc.ir.tensor import Tensor
+    rng = np.random.default_rng(7)
+    x = Tensor(input_node("x", (1, 12, 32), dt.f32))
+    wa, w1, w2 = (Tensor.const((rng.standard_normal(s) / 6).astype(np.float32))
+                  for s in ((32, 32), (32, 64), (64, 32)))
+    y = norm.layer_norm(x @ wa + x, Tensor.const(np.ones(32, np.float32)),
+                        Tensor.const(np.zeros(32, np.float32)))[0]
+    graph = Graph({"x": x.node}, {"z": (activations.relu(y @ w1) @ w2 + y).node})
+    prog = next(p for p in egraph_candidates(graph, "h200", k=16).candidates
+                if p.label.endswith("+norm-on-load"))
+    rows = [n for c in prog.calls for n in c.outputs[1:]]
+    assert rows, [len(c.outputs) for c in prog.calls]
+    q = store_activations(prog, dt.bf16)
+    q.validate()
+    outs = {id(n): n for c in q.calls for n in c.outputs}
+    assert all(id(r) in outs and r.dtype == dt.f32 for r in rows)
+    assert sum(n.op == "Cast" and n.dtype == dt.bf16 for n in outs.values()) >= 2
+    xv = rng.standard_normal((1, 12, 32)).astype(np.float32)
+    got = run_program_reference(q, graph, {"x": xv})["z"]
+    want = ReferenceExecutor(graph, "float64")({"x": xv})["z"]
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
