@@ -18,6 +18,10 @@ that reads it:
   table: ``compiler/core/weight_quant.py``) that feeds only contraction operands is fused up to
   :data:`MAX_WEIGHT_PROLOGUE_OPS` ops, gathers included; realizing it would write the full-precision
   weight to memory, the bytes its narrow storage saves.
+* A layer norm or RMSNorm form (from the e-graph) read only as contractions' left operands is
+  formed on load in them (``norm_prologue``, pre-LN); with ``norm_epilogue`` also where it is read
+  by an elementwise op of a contraction's epilogue (post-LN: the residual), decided after every
+  kernel's epilogue is known. The first kernel that forms it writes its row values for the others.
 
 Each refused fusion is logged once, naming both nodes and the reason (Inductor's ``WhyNoFuse``).
 """
