@@ -39,6 +39,7 @@ import weakref
 from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec
+from lumc.backends.row_moments import moment_pairs
 from lumc.ir.kernels import Kernel
 from lumc.ir.views import prod
 
@@ -166,11 +167,12 @@ class RowWork:
     """The row statistics a contraction with a normalization formed on load computes per program.
 
     Attributes:
-        prologue: statistics of the operand's rows, each a loop over ``K``
-            (``lumc.backends.triton.norm_prologue``).
+        prologue: passes over the operand's rows, a loop over ``K`` each, one per statistic but
+            one for a layer norm's mean and variance (``lumc.backends.triton.norm_prologue``,
+            ``lumc.backends.row_moments``).
         prologue_ops: elementwise ops per operand element (statistic bodies and the normalized
             tile, recomputed for every column tile).
-        epilogue: statistics of a residual's rows, each a loop over ``N``
+        epilogue: passes over a residual's rows, a loop over ``N`` each
             (``lumc.backends.triton.norm_epilogue``).
         epilogue_ops: elementwise ops per residual element inside those loops.
     """
@@ -211,8 +213,11 @@ def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
         if id(x) not in inside_epi and x.op not in ("SumReduce", "MaxReduce"):
             inside_epi.add(id(x))
             stack.extend(x.srcs)
-    return RowWork(len(pro), sum(1 for n in body if n.numel == a_size and id(n) in under),
-                   len(epi), sum(1 for n in body if n.numel == o_size and id(n) in inside_epi))
+    # a layer norm's mean and variance are one pass over the row (``row_moments``)
+    return RowWork(len(pro) - len(moment_pairs(pro)),
+                   sum(1 for n in body if n.numel == a_size and id(n) in under),
+                   len(epi) - len(moment_pairs(epi)),
+                   sum(1 for n in body if n.numel == o_size and id(n) in inside_epi))
 
 
 def _prologue_views(x, depth: int = 4) -> list:

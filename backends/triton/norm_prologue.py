@@ -34,6 +34,7 @@ from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View, contiguous_strides, prod
 from lumc.rewrites.movement import compose_view
+from lumc.backends.row_moments import moment_pairs
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter
 from lumc.backends.triton.contraction import Contraction
@@ -191,7 +192,14 @@ class RowStatistics:
         """One loop per statistic over the row length ``K`` in ``block`` chunks, before the main
         loop (level 0)."""
         w, ev = self.w, self.ev
+        pairs = moment_pairs(self.plan.stats)
+        second = set(pairs.values())
         for r in self.plan.stats:
+            if r in pairs:
+                self._emit_moments(r, pairs[r], K, i64, block)
+                continue
+            if r in second:
+                continue
             acc = w.fresh("stat_acc")
             is_max = r.op == "MaxReduce"
             init = "float('-inf')" if is_max else "0.0"
@@ -209,6 +217,34 @@ class RowStatistics:
             w.line(f"{name} = {red}({acc}, axis=1)[:, None]")
             if r.dtype.name != "f32":
                 name = w.bind(f"{name}.to({exprs.tl_dtype(r.dtype)})", "stat", 0)
+            self.vars[r] = name
+
+    def _emit_moments(self, s1: Node, s2: Node, K: int | str, i64: str, block: str) -> None:
+        """``s1`` (the row sum) and ``s2`` (the sum of squared deviations from its mean) in one loop
+        over the row: each chunk's mean and squared deviations, merged into the row's running
+        values by Chan's pairwise update (``lumc.backends.row_moments``)."""
+        w, ev = self.w, self.ev
+        mean, m2, cnt = w.fresh("mom_mean"), w.fresh("mom_m2"), w.fresh("mom_n")
+        for v in (mean, m2, cnt):
+            w.line(f"{v} = tl.zeros([BLOCK_M, 1], tl.float32)")
+        w.open(f"for s_start in range(0, {K}, {block}):")
+        w.line(f"rs = (s_start + tl.arange(0, {block})){i64}")
+        w.line(f"s_mask = rs[None, :] < {K}")
+        x = ev.value(s1.srcs[0], self.p_index("rs[None, :]", "sk", 1), "s_mask", 1)
+        x = w.bind(f"tl.where(s_mask, {x}.to(tl.float32), 0.0)", "t", 1)
+        nb = w.bind("tl.sum(s_mask.to(tl.float32), axis=1)[:, None]", "t", 1)
+        mb = w.bind(f"tl.sum({x}, axis=1)[:, None] / {nb}", "t", 1)
+        d = w.bind(f"tl.where(s_mask, {x} - {mb}, 0.0)", "t", 1)
+        mb2 = w.bind(f"tl.sum({d} * {d}, axis=1)[:, None]", "t", 1)
+        n = w.bind(f"{cnt} + {nb}", "t", 1)
+        delta = w.bind(f"{mb} - {mean}", "t", 1)
+        w.line(f"{mean} = {mean} + {delta} * ({nb} / {n})")
+        w.line(f"{m2} = {m2} + {mb2} + {delta} * {delta} * ({cnt} * {nb} / {n})")
+        w.line(f"{cnt} = {n}")
+        w.close()
+        for r, expr in ((s1, f"{mean} * {K}"), (s2, m2)):
+            name = w.bind(expr if r.dtype.name == "f32" else
+                          f"({expr}).to({exprs.tl_dtype(r.dtype)})", "stat", 0)
             self.vars[r] = name
 
     def resolve(self, ev: Evaluator, n: Node, idx: tuple, mask, level: int) -> str | None:
