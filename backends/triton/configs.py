@@ -156,9 +156,37 @@ def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
     if space in MATMUL_SPACES:
         return c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * isz
     if space == "attention":
-        kv = c["BLOCK_N"] * (p["BLOCK_D"] + p["BLOCK_DV"]) * isz
-        return max(c["num_stages"], 1) * kv + c["BLOCK_M"] * p["BLOCK_D"] * isz
+        return attention_shared_memory(p, c)
     return 0
+
+
+def attention_shared_memory(p: dict, c: dict) -> int:
+    """Bytes of shared memory one attention program takes: an upper bound on what Triton 3.6
+    allocates for the flash kernel on sm_90, fitted to ``metadata.shared`` of compiles for cuda:90
+    (``aot.py``; BERT-base's masked fp32 attention, D = DV = 64, at BLOCK_M 64/128 x BLOCK_N
+    32/64/128 x 1-3 stages x 4/8 warps in tf32x3, ieee and bf16 precision; unmasked and masked
+    fp32 D = 64 and bf16 D = 128 at 8 warps):
+
+    * a base of ``(BLOCK_M + BLOCK_N) (D + DV)`` operand-width bytes (4 for fp32 operands, whose
+      split-TF32 and IEEE paths keep fp32 tiles; 2 otherwise);
+    * when the key loop has more than one block, ``num_stages - 1`` pipeline buffers of
+      ``BLOCK_N (2 s (D + DV) + BLOCK_M (m + 1))`` bytes: the k and v tiles at the input's itemsize
+      ``s`` (doubled: BERT's strided reads of a fused QKV buffer took twice the tile), and the
+      ``[BLOCK_M, BLOCK_N]`` tiles of masks and biases read beside them, ``m`` = ``SCORE_BYTES``
+      bytes per score.
+
+    Exact on BERT's kernel, 0-2.5x above the others; never below any compile measured. The operand
+    tile count it replaces (``stages BLOCK_N (D + DV) + BLOCK_M D`` elements) was 2-2.9x below
+    BERT's and let its 128x64 tile at 2 stages (232 KiB) pass the 227 KiB limit."""
+    bm, bn = c["BLOCK_M"], c["BLOCK_N"]
+    d, dv = p["BLOCK_D"], p["BLOCK_DV"]
+    isz = p.get("itemsize", 4)
+    wide = 4 if p.get("dot_dtype", "f32") == "f32" or isz >= 4 else 2
+    base = (bm + bn) * (d + dv) * wide
+    if bn >= p.get("N", bn + 1):      # one key block: nothing is loaded ahead
+        return base
+    per_stage = bn * (2 * isz * (d + dv) + bm * (p.get("SCORE_BYTES", 8) + 1))
+    return base + (max(c["num_stages"], 1) - 1) * per_stage
 
 
 def _legal(space: str, p: dict, c: dict) -> bool:
@@ -243,8 +271,22 @@ def config_space(space: str, problem: dict) -> list[Config]:
 
 def default_config(space: str, problem: dict) -> Config:
     """A good untuned config (the pick of the Triton tutorials for each form), at the default
-    operand precision."""
-    return with_precision(_default_config(space, problem), problem)
+    operand precision; where that pick is not legal for the problem (fp32 attention's 128x64
+    tiles at 2 stages take 232 KiB of shared memory), the legal config nearest to it: the same
+    tiles with fewer stages first, then smaller tiles."""
+    c = _default_config(space, problem)
+    kw = c.kwargs()
+    if space in SPACES and all(k in SPACES[space] for k in kw) and not _legal(space, problem, kw):
+        legal = config_space(space, problem)
+        if legal:
+            def nearness(o: Config):
+                ok = o.kwargs()
+                same = sum(ok.get(k) == v for k, v in dict(c.blocks).items())
+                return (same, ok["num_warps"] == c.num_warps, -abs(ok["num_stages"] - c.num_stages),
+                        -sum(abs(ok[k] - v) for k, v in dict(c.blocks).items()
+                             if isinstance(v, int)))
+            c = max(legal, key=nearness)
+    return with_precision(c, problem)
 
 
 def _default_config(space: str, problem: dict) -> Config:

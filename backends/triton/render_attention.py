@@ -417,7 +417,8 @@ def render_attention(kernel: Kernel) -> KernelParts:
         val = ev.value(o, reshape_index(o_idx, fr2, o.shape), "o_mask", 0)
         w.line(f"tl.store({name}_ptr + ({addr}), {val}, mask=o_mask)")
     problem = {"M": LQ, "N": LK, "D": D, "DV": DV, "batch": B, "BLOCK_D": BD, "BLOCK_DV": BDV,
-               "itemsize": c1.a.dtype.itemsize, "dot_dtype": dot_dtype(c1.a.dtype)}
+               "itemsize": c1.a.dtype.itemsize, "dot_dtype": dot_dtype(c1.a.dtype),
+               "SCORE_BYTES": _score_bytes(nodes, (c1.a, c1.b, c2.b))}
     notes = [f"attention batch={B} queries={LQ} keys={LK} head={D}/{DV}; softmax scale "
              f"{sm.scale!r} (exp2 base)"]
     if big:
@@ -428,3 +429,16 @@ def render_attention(kernel: Kernel) -> KernelParts:
         body=w.body(), grid=f"triton.cdiv({LQ}, BLOCK_M), {B}", problem=problem,
         config_space="attention", constants=consts, notes=notes,
         extra_constexprs={"BLOCK_D": BD, "BLOCK_DV": BDV})
+
+
+def _score_bytes(nodes: list[Node], operands: tuple) -> int:
+    """Bytes per score element of the tensors a key block reads beside q, k and v (masks, biases:
+    each loaded as a ``[BLOCK_M, BLOCK_N]`` tile and pipelined like k and v; an input read per
+    query only is counted too, a bound): the itemsizes of the inputs no operand reads."""
+    seen, stack = set(), list(operands)
+    while stack:
+        x = stack.pop()
+        if id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x.srcs)
+    return sum(n.dtype.itemsize for n in reads_of(nodes) if id(n) not in seen)

@@ -48,7 +48,13 @@ def test_every_form_compiles_for_sm90_and_fits(tmp_path):
                     "attention", lambda q, k, v, qm, km: softmax(qm.logical_and(km).where(
                         (q @ k.transpose(-1, -2)) * 0.125, float("-inf")), -1).cast(q.dtype) @ v,
                     [((8, 16, 512, 64), dt.bf16)] * 3 + [((1, 1, 512, 1), dt.bool_),
-                                                         ((8, 1, 1, 512), dt.bool_)]), None)]
+                                                         ((8, 1, 1, 512), dt.bool_)]), None),
+                # fp32 (split TF32) at BERT-base's shape with its padding mask: the key loop's
+                # pipelined K/V and mask tiles (the 128x64, 2-stage tile took 232 KiB)
+                ("attention-f32", make_kernel(
+                    "attention", lambda q, k, v, km: softmax(km.where(
+                        (q @ k.transpose(-1, -2)) * 0.125, float("-inf")), -1) @ v,
+                    [((1, 12, 128, 64), dt.f32)] * 3 + [((1, 1, 1, 128), dt.bool_)]), None)]
     jobs, names = [], []
     for name, k, variant in kernels:
         rk = render(k, variant)
