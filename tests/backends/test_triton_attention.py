@@ -173,3 +173,21 @@ def test_nan_and_inf_poison_rows_as_the_reference_without_a_nan_reduction(where)
     tk = check(k, feed, config=SMALL_BLOCKS)
     out = tk(*feed.values(), config=SMALL_BLOCKS)[0].numpy()
     assert np.isnan(out).any() and not np.isnan(out).all()
+
+
+def test_attention_configs_fit_the_shared_memory_of_a_block():
+    """BERT-base's masked fp32 attention (D = 64, an int64 padding mask): the tutorial default
+    (128x64 tiles, 2 stages) takes 232 KiB on sm_90, over the 227 KiB a block may use, so it is
+    not legal; the default falls back to the same tiles with one stage, and every legal config's
+    estimate is within the limit and above what the 2-stage tile compiles to."""
+    from lumc.backends.triton import configs
+    p = {"M": 128, "N": 128, "D": 64, "DV": 64, "batch": 12, "BLOCK_D": 64, "BLOCK_DV": 64,
+         "itemsize": 4, "dot_dtype": "f32", "SCORE_BYTES": 9}
+    big = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+    assert configs.attention_shared_memory(p, big) >= 237568     # metadata.shared of that compile
+    assert not configs._legal("attention", p, big)
+    d = configs.default_config("attention", p)
+    assert (d["BLOCK_M"], d["BLOCK_N"], d.num_stages) == (128, 64, 1)
+    space = configs.config_space("attention", p)
+    assert space and all(configs.shared_memory_estimate("attention", p, c.kwargs())
+                         <= configs.SMEM_LIMIT for c in space)
