@@ -33,6 +33,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
+from lumc.backends.triton.contraction import as_contraction
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
 from lumc.compiler.runtime.program import Program
 
@@ -279,19 +280,31 @@ class GreedyFusion:
             return None
         return rec
 
-    def _on_load_readers(self, b: Node, u: Node, views: list) -> list[int] | None:
+    def _on_load_readers(self, b: Node, u: Node, views: list, depth: int = 0) -> list[int] | None:
         """The contractions (ids of their ``SumReduce``) that form ``b`` on load where ``u`` reads
         it: ``u`` is their left operand (prologue), or an elementwise op of one's epilogue reading
-        ``b`` through free reshapes (a post-LN residual); None for any other reader."""
-        if u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b \
-                and id(u) not in self.group:
-            return [id(x) for x, _ in self.uses[id(u)]]
+        ``b`` through free reshapes (a post-LN residual), or an elementwise op inlined into such
+        epilogues (``0.5 * y``, ``relu(y)``, ``-y``: every use of it is one); None for any other
+        reader, or a contraction whose kernel cannot compute row statistics."""
+        if depth == 0 and u.op == "Mul" and self._contraction_operand(u) and \
+                _chain(u.srcs[0])[0] is b and id(u) not in self.group:
+            rs = [x for x, _ in self.uses[id(u)]]
+            return [id(x) for x in rs] if all(_row_plannable(x, False) for x in rs) else None
+        if u.op not in ELEMENTWISE or u.numel != b.numel or not self._free_reshape(views):
+            return None
         g = self.group.get(id(u))
         r = self.byid.get(g) if g is not None else None
-        if (u.op in ELEMENTWISE and r is not None and g not in self.forms and r.op == "SumReduce"
-                and r.srcs[0].op == "Mul" and u.numel == b.numel and self._free_reshape(views)):
-            return [g]
-        return None
+        if (r is not None and g not in self.forms and r.op == "SumReduce" and r.srcs[0].op == "Mul"):
+            return [g] if _row_plannable(r, True) else None
+        if g is not None or id(u) in self.realized or id(u) in self.outputs or depth >= 8:
+            return None
+        out = []
+        for u2, v2 in self.uses[id(u)]:
+            got = self._on_load_readers(u, u2, v2, depth + 1)
+            if got is None:
+                return None
+            out += got
+        return out or None
 
     def _fuse_norm_on_load(self, b: Node, exits: dict) -> None:
         """Post-LN fusion (``norm_epilogue``), decided once every kernel's epilogue is known: ``b``
@@ -475,6 +488,15 @@ class GreedyFusion:
             outputs[name] = n
         prog = Program(calls, outputs, label=label, notes=list(self.refusals), graph=self.graph)
         return prog
+
+
+def _row_plannable(r: Node, epilogue: bool) -> bool:
+    """Contraction ``r``'s kernel can compute row statistics (what ``norm_prologue`` and
+    ``norm_epilogue`` render): no batch dims, and in its epilogue its rows before its columns."""
+    c = as_contraction(r)
+    if c is None or c.batch_dims:
+        return False
+    return not (epilogue and c.m_dims and c.n_dims) or max(c.m_dims) < min(c.n_dims)
 
 
 def _alias_output(n: Node) -> bool:

@@ -85,16 +85,22 @@ def _as_operand(call, value) -> bool:
     return bool(readers) and all(id(n) in inside for n in readers)
 
 
-def _norm_rule(program, i: int, v, default: str) -> str:
+def _norm_rule(program, i: int, v, default: str, on_load_built: bool) -> str:
     """Why a normalization's output ``v`` (kernel ``i``) was written though a contraction reads it:
     a reader that no contraction forms it in (not its operand nor its epilogue), a residual reader
-    (post-LN fusion lost), else the search."""
+    (post-LN fusion lost, or did not apply: ``on_load_built`` says whether a '+norm-on-load'
+    program other than this one was among the candidates), else the search."""
     for j, c in enumerate(program.calls):
         if j != i and any(n is v for n in c.inputs) and not _as_operand(c, v):
             if c.kernel.form != "matmul":
                 return (f"a norm is formed on load only where every reader is a contraction's "
                         f"operand or epilogue; #{j} ({c.kernel.form}) also reads it, so it is "
                         "written")
+            if not on_load_built:
+                return (f"#{j} (matmul) also reads it, not as its left operand: post-LN fusion "
+                        "('+norm-on-load') made no other program, so some reader of it is no "
+                        "contraction operand or epilogue it can be formed in (read through a "
+                        "view that moves elements, or by a batched contraction)")
             return (f"#{j} (matmul) also reads it in its epilogue (a residual, post-LN): the "
                     "'+norm-on-load' candidates form it there too, and they lost on bound or "
                     "time (candidates below)")
@@ -172,6 +178,8 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
         for n in c.outputs:
             made[id(n)] = (i, n)
     pairs = []
+    on_load_built = any(p is not program and p.label.endswith("+norm-on-load")
+                        for p in candidates or [])
     for j, c in enumerate(program.calls):
         # one entry per producer and kind of value: its main output, or row values it writes
         read: dict[tuple[int, bool], Node] = {}
@@ -186,7 +194,7 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
             rule = NO_RULE.get((a, b), f"no kernels rule joins a {a} kernel and the {b} kernel "
                                        "that reads it")
             if b == "matmul" and a in ("layernorm", "rmsnorm"):
-                rule = _norm_rule(program, i, v, rule)
+                rule = _norm_rule(program, i, v, rule, on_load_built)
             rule = _row_values_rule(program, i, v) or rule
             fusion = _fusion_reason(v, notes)
             if a == "matmul" and _normalizes_on_load(c, v):

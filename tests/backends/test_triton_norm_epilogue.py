@@ -252,3 +252,52 @@ def test_size_generic_kernels_serve_every_row_count(which):
             got = sk(*[feed[name] for name in m.inputs], sizes={"L0": n})
             for (name, want), g in zip(ref.items(), got):
                 _close(to_numpy(g), want)
+
+
+@pytest.mark.parametrize("residual", ["half", "negated", "relu"])
+def test_a_residual_transformed_elementwise_is_formed_on_load(residual):
+    """``f(y) + 0.5 y`` (DeepNorm-style), ``f(y) - y`` and ``f(y) + relu(y)``: the elementwise op
+    on the norm is inlined into the down-projection's epilogue, so the norm is still no kernel."""
+    rng = np.random.default_rng(21)
+    shape, ffn = (1, 11, 40), 56
+    p = _weights(rng, 40, ffn)
+    x = Tensor(input_node("x", shape, dt.f32))
+    y = _norm("layernorm", x @ Tensor.const(p["wa"]) + x, p["g"], p["b"])
+    h = activations.relu(y @ Tensor.const(p["w1"])) @ Tensor.const(p["w2"])
+    tail = {"half": lambda t: t * 0.5, "negated": lambda t: t * -1.0,
+            "relu": activations.relu}[residual]
+    graph = Graph({"x": x.node}, {"z": (h + tail(y)).node})
+    prog = _on_load_program(graph)
+    assert [c.kernel.form for c in prog.calls] == ["matmul"] * 3, prog.notes
+    xv = _x(shape, rng, 0.5)
+    yv = _norm64("layernorm", xv @ p["wa"].astype(np.float64) + xv, p["g"], p["b"])
+    tv = {"half": 0.5 * yv, "negated": -yv, "relu": np.maximum(yv, 0)}[residual]
+    want = np.maximum(yv @ p["w1"], 0) @ p["w2"] + tv
+    _close(_run(prog, {"x": xv})[id(prog.calls[-1].outputs[0])], want)
+
+
+def test_a_norm_read_by_a_batched_contraction_is_written_and_the_others_still_fuse():
+    """A norm read in a batched contraction's epilogue cannot have its statistics there (the
+    kernel refuses batch dims): that norm is written, the candidate still renders, and a post-LN
+    norm elsewhere in the same model is formed on load."""
+    rng = np.random.default_rng(22)
+    b, t, d = 3, 9, 24
+    x = Tensor(input_node("x", (b, t, d), dt.f32))
+    w = [Tensor.const((rng.standard_normal((d, d)) / 5).astype(np.float32)) for _ in range(5)]
+    g, bias = Tensor.const(np.ones(d, np.float32)), Tensor.const(np.zeros(d, np.float32))
+    y1 = norm.layer_norm(x @ w[0] + x, g, bias)[0]
+    att = ((x @ w[1]) @ (x @ w[2]).transpose(-1, -2)) @ (x @ w[3])    # batched over b
+    z1 = att + y1                                                      # y1 in a batched epilogue
+    y2 = norm.layer_norm(z1 @ w[4] + z1, g, bias)[0]
+    z2 = activations.relu(y2 @ w[0]) @ w[1] + y2                       # post-LN: y2 fuses
+    graph = Graph({"x": x.node}, {"z": z2.node})
+    progs = {p.label: p for p in egraph_candidates(graph, "h200", k=16).candidates}
+    prog = progs["egraph-argmin+norm-on-load"]
+    assert [c.kernel.form for c in prog.calls].count("layernorm") == 1, prog.notes
+    assert any("normalization not formed on load" in n for n in prog.notes)
+    assert any(": normalization formed on load in" in n for n in prog.notes)
+    xv = rng.standard_normal((b, t, d)).astype(np.float32)
+    want = ReferenceExecutor(graph, "float64")({"x": xv})["z"]
+    for label, p in progs.items():
+        if label.endswith("+norm-on-load"):     # every kernel renders, and computes the model
+            _close(_run(p, {"x": xv})[id(p.calls[-1].outputs[0])], want)
