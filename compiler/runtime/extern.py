@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 
+import weakref
+
 import numpy as np
 
 from lumc.backends.extern import extern_impls, impl_of
@@ -215,11 +217,18 @@ def _precision(config) -> str | None:
     return None if p is None else str(p)
 
 
+_EXTERN: "weakref.WeakKeyDictionary[Kernel, dict]" = weakref.WeakKeyDictionary()
+
+
 def run_extern_numpy(kernel: Kernel, config: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run ``kernel``'s extern implementation ``config["IMPL"]`` on the CPU (torch CPU) on numpy
     inputs; returns numpy outputs in ``out0..`` order (the CPU executor's path for extern configs)."""
     from lumc.backends.triton.launch import to_numpy, to_torch
-    ek = ExternKernel(kernel, impl_of(config))
+    impl = impl_of(config)
+    per_kernel = _EXTERN.setdefault(kernel, {})
+    ek = per_kernel.get(impl)
+    if ek is None:          # built once per kernel: its torch modules and probes are reused
+        ek = per_kernel[impl] = ExternKernel(kernel, impl)
     outs = ek(*[to_torch(np.asarray(x), "cpu") for x in inputs], config=config)
     return [to_numpy(o) for o in outs]
 
