@@ -71,3 +71,31 @@ def test_a_precompiled_config_launches_without_compiling():
     first = time.perf_counter() - t0
     assert torch.allclose(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
     assert first < 0.25, f"first launch took {first:.2f} s: Triton's cache missed the precompile"
+
+
+@pytest.mark.parametrize("prec,tol", [("tf32x3", 1e-4), ("bf16", 3e-2)])
+def test_post_ln_block_formed_on_load_on_the_device(prec, tol):
+    """BERT's post-LN feed-forward half as three contractions on the GPU: the up-projection's
+    statistics prologue writes the row values, the down-projection normalizes its residual with
+    them; and a residual-only kernel computes its statistics in its own epilogue loops."""
+    from test_triton_norm_epilogue import _on_load_program, _post_ln_block, _residual_only, _run, _x
+    rng = np.random.default_rng(3)
+    graph, want = _post_ln_block((1, 77, 96), 160, "layernorm", rng)
+    prog = _on_load_program(graph)
+    assert [c.kernel.form for c in prog.calls] == ["matmul"] * 3
+    cfg = configs.make(4, 3, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, N_TILES=2,
+                       PRECISION=prec)
+    xv = _x((1, 77, 96), rng, 0.5)
+    got = _run(prog, {"x": xv}, cfg)[id(prog.calls[-1].outputs[0])]
+    ref = want(xv.astype(np.float64))
+    assert np.abs(got.reshape(ref.shape) - ref).max() <= tol * np.abs(ref).max()
+    graph, want = _residual_only((1, 77, 96), 160, "rmsnorm", rng)
+    call = _on_load_program(graph).calls[0]
+    from lumc.backends.triton.launch import TritonKernel, to_numpy
+    hv = rng.standard_normal((1, 77, 160)).astype(np.float32)
+    sv = _x((1, 77, 96), rng)
+    args = [{"h": hv, "s": sv}[n.arg.name] if n.op == "Input" else n.arg.value
+            for n in call.inputs]
+    got = to_numpy(TritonKernel(call.kernel)(*args, config=cfg)[0])
+    ref = want(hv.astype(np.float64), sv.astype(np.float64))
+    assert np.abs(got.reshape(ref.shape) - ref).max() <= tol * np.abs(ref).max()
