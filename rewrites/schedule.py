@@ -25,7 +25,13 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from egglog import bindings
+try:
+    from egglog import bindings
+except ImportError as _e:   # the GPU image has no egglog: every other stage (and import) still works
+    bindings = None
+    EGGLOG_MISSING: str | None = str(_e)
+else:
+    EGGLOG_MISSING = None
 
 from lumc.ir.ops import OPS
 from lumc.rewrites import (horizontal, rules_algebra, rules_kernels, rules_layout, rules_views,
@@ -132,6 +138,9 @@ class Saturator:
         rules = all_rules() if rules is None else rules
         self.rules = [r for r in rules if (self.limits.domain or r.numerics != "domain")
                       and (self.limits.fast_math or r.name not in rules_algebra.FAST_MATH)]
+        if bindings is None:
+            raise ImportError(f"the e-graph stage needs egglog, which is not installed "
+                              f"({EGGLOG_MISSING})")
         self.egraph = bindings.EGraph()
         self._ctors = set()
         from lumc.rewrites.language import constructors

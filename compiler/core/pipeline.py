@@ -157,6 +157,9 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     if use_egraph:
         try:
             from lumc.compiler.core import egraph_pipeline
+            from lumc.rewrites.schedule import EGGLOG_MISSING
+            if EGGLOG_MISSING:
+                raise ImportError(EGGLOG_MISSING)
         except ImportError as e:   # a tree without the e-graph stage: greedy only, said in the report
             stats["error"] = f"e-graph stage unavailable ({e})"
             use_egraph = False
@@ -560,7 +563,10 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
     return {
         "model": fe.model_name, "device": target.name, "simulated": target.simulated,
         "budget_s": budget_s, "compile_s": deadline.elapsed(), "stopped_because": st.stopped_because,
-        "egraph_used": use_egraph, "kernels": len(chosen.calls), "programs": len(programs),
+        # whether e-graph candidates were searched (not only asked for: without egglog, or past
+        # its share of the budget, the candidates are the greedy ones and "egraph.error" says why)
+        "egraph_used": bool(use_egraph and egraph_stats.get("used")),
+        "kernels": len(chosen.calls), "programs": len(programs),
         "candidate_label": chosen.label,
         "candidates_total": st.candidates_total, "candidates_pruned": st.candidates_pruned,
         "candidates_compiled": st.candidates_compiled, "candidates_timed": st.candidates_timed,

@@ -74,28 +74,48 @@ def test_a_precompiled_config_launches_without_compiling():
 
 
 @pytest.mark.parametrize("prec,tol", [("tf32x3", 1e-4), ("bf16", 3e-2)])
-def test_post_ln_block_formed_on_load_on_the_device(prec, tol):
-    """BERT's post-LN feed-forward half as three contractions on the GPU: the up-projection's
-    statistics prologue writes the row values, the down-projection normalizes its residual with
-    them; and a residual-only kernel computes its statistics in its own epilogue loops."""
-    from test_triton_norm_epilogue import _on_load_program, _post_ln_block, _residual_only, _run, _x
+def test_post_ln_kernels_formed_on_load_on_the_device(prec, tol):
+    """The three kernel shapes of post-LN fusion on the GPU, built without the e-graph (the GPU
+    image has no egglog): a residual normalized in the epilogue with its own statistics loop, a
+    projection that forms the norm in its prologue and also writes the rows' mean and rstd, and a
+    contraction whose epilogue normalizes its residual with those row values."""
+    from lumc.backends.triton.launch import TritonKernel, to_numpy
+    from lumc.compiler.core.kernel_builder import build_call
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.library import norm
+    from lumc.ir.tensor import Tensor
     rng = np.random.default_rng(3)
-    graph, want = _post_ln_block((1, 77, 96), 160, "layernorm", rng)
-    prog = _on_load_program(graph)
-    assert [c.kernel.form for c in prog.calls] == ["matmul"] * 3
+    m, d, f = 77, 96, 160
+    g = rng.uniform(0.5, 1.5, d).astype(np.float32)
+    b = (rng.standard_normal(d) * 0.1).astype(np.float32)
+    w1 = (rng.standard_normal((d, f)) / np.sqrt(d)).astype(np.float32)
+    w2 = (rng.standard_normal((f, d)) / np.sqrt(f)).astype(np.float32)
+    s_ = Tensor(input_node("s", (1, m, d), dt.f32))
+    h_ = Tensor(input_node("h", (1, m, f), dt.f32))
+    mu_ = Tensor(input_node("mu", (1, m, 1), dt.f32))
+    rs_ = Tensor(input_node("rs", (1, m, 1), dt.f32))
+    y, mean, inv = norm.layer_norm(s_, Tensor.const(g), Tensor.const(b))
+    up = y @ Tensor.const(w1)
+    res_only = h_ @ Tensor.const(w2) + y
+    res_rows = h_ @ Tensor.const(w2) + (s_ - mu_) * rs_ * Tensor.const(g) + Tensor.const(b)
+    sv = (rng.standard_normal((1, m, d)) * 2 + 0.5).astype(np.float32)
+    sv[0, 0] *= 300.0
+    hv = rng.standard_normal((1, m, f)).astype(np.float32)
+    s64 = sv.astype(np.float64)
+    mu64 = s64.mean(-1, keepdims=True)
+    rs64 = 1 / np.sqrt(((s64 - mu64) ** 2).mean(-1, keepdims=True) + 1e-5)
+    y64 = (s64 - mu64) * rs64 * g + b
     cfg = configs.make(4, 3, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, N_TILES=2,
                        PRECISION=prec)
-    xv = _x((1, 77, 96), rng, 0.5)
-    got = _run(prog, {"x": xv}, cfg)[id(prog.calls[-1].outputs[0])]
-    ref = want(xv.astype(np.float64))
-    assert np.abs(got.reshape(ref.shape) - ref).max() <= tol * np.abs(ref).max()
-    graph, want = _residual_only((1, 77, 96), 160, "rmsnorm", rng)
-    call = _on_load_program(graph).calls[0]
-    from lumc.backends.triton.launch import TritonKernel, to_numpy
-    hv = rng.standard_normal((1, 77, 160)).astype(np.float32)
-    sv = _x((1, 77, 96), rng)
-    args = [{"h": hv, "s": sv}[n.arg.name] if n.op == "Input" else n.arg.value
-            for n in call.inputs]
-    got = to_numpy(TritonKernel(call.kernel)(*args, config=cfg)[0])
-    ref = want(hv.astype(np.float64), sv.astype(np.float64))
-    assert np.abs(got.reshape(ref.shape) - ref).max() <= tol * np.abs(ref).max()
+    feeds = {"s": sv, "h": hv, "mu": mu64.astype(np.float32), "rs": rs64.astype(np.float32)}
+    cases = [([up.node, mean.node, inv.node], [y64 @ w1, mu64, rs64]),
+             ([res_only.node], [hv @ w2.astype(np.float64) + y64]),
+             ([res_rows.node], [hv @ w2.astype(np.float64) + y64])]
+    for roots, wants in cases:
+        call = build_call(roots, lambda node_: False, push_views=False)
+        tk = TritonKernel(call.kernel)
+        args = [feeds[n.arg.name] if n.op == "Input" else n.arg.value for n in call.inputs]
+        outs = tk(*args, config=cfg if tk.rendered.config_space == "matmul_rows" else None)
+        for got, want in zip(outs, wants):
+            got = to_numpy(got).reshape(want.shape)
+            assert np.abs(got - want).max() <= tol * np.abs(want).max(), (roots, prec)
