@@ -4,12 +4,11 @@ The GPU image has torch and Triton but not ``transformers``, so the two referenc
 the GPU check are written here at their published sizes (GPT-2 small: 12 layers, width 768, 12
 heads, vocabulary 50257, Radford et al. 2019; BERT-base: 12 layers, width 768, 12 heads, FFN 3072,
 vocabulary 30522, Devlin et al. 2019), with the same computation as the ``transformers`` modules
-(pre-LN causal decoder with tanh-GELU; post-LN encoder with erf-GELU and a padding mask), so
+(pre-LN causal decoder with tanh-GELU; post-LN encoder with erf-GELU and a padding mask; attention
+through ``F.scaled_dot_product_attention``, as transformers' default ``sdpa`` implementation), so
 lumc, torch eager and ``torch.compile`` see the same work. ``layers`` shrinks them for tests.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -27,13 +26,8 @@ class _Attention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=-1)
         q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(c // self.heads))
-        if self.causal:
-            keep = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            s = s.masked_fill(~keep, float("-inf"))
-        if bias is not None:
-            s = s + bias
-        y = torch.softmax(s, dim=-1) @ v
+        # as transformers' default ("sdpa") attention: scale 1/sqrt(head), causal or additive mask
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=self.causal)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 

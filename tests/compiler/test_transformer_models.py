@@ -1,0 +1,32 @@
+"""The GPU check's own GPT-2 and BERT (``lumc.compiler.tools.transformer_models``, what
+``make gpu-check`` races against torch): compiled for ``sim:h200`` they take the forms lumc is
+measured by (flash attention, the norms formed on load: 5 kernels per layer) and match eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lumc
+from lumc.compiler.tools.transformer_models import BERT, GPT2
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_reference_transformers_compile_to_five_kernels_per_layer(arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    kw = dict(layers=2, width=64, heads=4, vocab=100, positions=64)
+    mod = (BERT(**kw) if arch == "bert" else GPT2(**kw)).eval()
+    ids = torch.randint(0, 100, (1, 24))
+    mask = torch.ones(1, 24, dtype=torch.int64)
+    mask[:, 20:] = 0
+    args = (ids, mask) if arch == "bert" else (ids,)
+    f = lumc.compile(mod, budget="40s", example_inputs=args, device="sim:h200")
+    with torch.no_grad():
+        got, want = f(*args), mod(*args)
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-4
+    r = f.specializations[0].compiled.report_dict()
+    forms = r["form_counts"]
+    assert forms.get("attention") == 2 and forms.get("softmax", 0) == 0, forms
+    # per layer: QKV, attention, out-projection, up, down; the norms formed on load (BERT keeps
+    # its last one, the output; GPT-2 its embedding gather and the LM head)
+    assert r["kernels"] <= 5 * 2 + 2, (r["kernels"], forms, r["candidate_label"])
