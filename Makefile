@@ -34,7 +34,7 @@ clean:  ## remove build and test leftovers (not .venv, not the model cache)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print | xargs rm -rf
 
 # ---- Triton backend on a GPU (backends/triton/gpu_check.sh) ----------------------------------------
-.PHONY: gpu-check gpu-wheels gpu-models
+.PHONY: gpu-check gpu-wheels gpu-models gpu-candidates
 
 gpu-check:  ## the main job on an H100/H200 (gpu tests, 6 models compiled, CUDA-graph checked, vs eager/inductor -> docs/gpu-results.md); stops with exit 2 without a GPU
 	bash backends/triton/gpu_check.sh
@@ -47,6 +47,9 @@ gpu-wheels:  ## fetch the wheels gpu-check installs on the GPU machine (CPython 
 		pluggy==1.7.0 packaging==26.4 pygments==2.21.0 hypothesis==6.170.17 sortedcontainers==2.4.0 \
 		onnx==1.23.2 protobuf==7.36.2 onnxruntime==1.32.0 flatbuffers==25.12.19 click==8.5.1 \
 		rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 networkx==3.6.1
+
+gpu-candidates:  ## run each gpu-check model's e-graph here (needs egglog, no GPU) and write its candidates to build/gpu-candidates, carried to the GPU machine (its image has no egglog)
+	$(PY) -m lumc.compiler.tools.gpu_main --candidates-out build/gpu-candidates
 
 gpu-models:  ## copy the four MODELS.md models into build/gpu-models (carried to the GPU machine)
 	mkdir -p build/gpu-models

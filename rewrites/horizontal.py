@@ -24,6 +24,8 @@ Weights are concatenated at compile time: :func:`decode_hcat` folds a concatenat
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from lumc.ir.graph import Node, const_node, node
@@ -73,6 +75,11 @@ def _stored_const(n: Node, depth: int = 16):
     return val, cast
 
 
+# {concatenated constant: (a, b)}: how a weight concatenated at compile time was made, so a
+# compile elsewhere can make it again from the model's own weights (``compiler/core/carried.py``)
+HCAT_SOURCES: "weakref.WeakKeyDictionary[Node, tuple[Node, Node]]" = weakref.WeakKeyDictionary()
+
+
 def decode_hcat(a: Node, b: Node) -> Node:
     """``concat([a, b], axis=-1)``: a new constant when both are constants (stored in one dtype
     and cast alike: the concatenation keeps the narrow storage), else the library's concatenation
@@ -80,6 +87,7 @@ def decode_hcat(a: Node, b: Node) -> Node:
     ga, gb = _stored_const(a), _stored_const(b)
     if ga is not None and gb is not None and ga[1] == gb[1] and ga[0].dtype == gb[0].dtype:
         c = const_node(np.concatenate([ga[0], gb[0]], axis=-1))
+        HCAT_SOURCES[c] = (a, b)
         return c if ga[1] is None else node("Cast", (c,), ga[1])
     return concat([Tensor(a), Tensor(b)], -1).node
 

@@ -11,7 +11,9 @@
 #   4. without a CUDA device: render every benchmark case, print the plan below and stop, exit 2;
 #   5. run every test marked gpu (tests/, bf16, split-K, cuDNN convolutions and the precompiled
 #      first launch included; ~110 s);
-#   6. the main job (python -m lumc.compiler.tools.gpu_main, ~7 min): the four MODELS.md models (carried
+#   6. the main job (python -m lumc.compiler.tools.gpu_main, ~7 min), over the e-graph candidates
+#      `make gpu-candidates` wrote to build/gpu-candidates where egglog is (this image has none;
+#      without them the compiles search the greedy program): the four MODELS.md models (carried
 #      in build/gpu-models, `make gpu-models`), GPT-2 small and BERT-base at seq 128 in fp32 and
 #      bf16: compile --device cuda, run the plan through CUDA graphs checked against the float64
 #      reference, bench against torch eager and torch.compile(max-autotune); one table, written to
@@ -73,6 +75,13 @@ for f in "$ROOT"/compiler/public/*; do ln -s "$f" "$SITE/pkg/lumc/"; done
 for d in ir backends compiler rewrites; do ln -s "$ROOT/$d" "$SITE/pkg/lumc/$d"; done
 export PYTHONPATH="$ROOT/$SITE/pkg:$ROOT/$SITE/deps${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import lumc.backends.triton" || { say "STOP: lumc.backends.triton does not import"; exit 3; }
+# the e-graph's candidates, made where egglog is (make gpu-candidates): this image has no egglog
+if ls "$ROOT"/build/gpu-candidates/*.json >/dev/null 2>&1; then
+    export LUMC_CARRIED_CANDIDATES="$ROOT/build/gpu-candidates"
+    say "e-graph candidates carried for $(ls "$ROOT"/build/gpu-candidates/*.json | wc -l) models"
+else
+    say "no e-graph candidates carried (make gpu-candidates): compiles search the greedy program"
+fi
 
 # 4. no GPU: the CPU part only, the plan, then a clear stop (exit 2)
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then

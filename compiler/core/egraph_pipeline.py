@@ -254,6 +254,8 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
     prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue,
                           norm_epilogue=norm_epilogue)
     prog.value_keys = keys
+    # what the fusion was given: enough to build the program again elsewhere (carried.py)
+    prog.decoded = (new, forms, (norm_prologue, norm_epilogue))
     return prog
 
 

@@ -41,6 +41,7 @@ from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir.errors import InputError, RuntimeIfError
 from lumc.ir.graph import Graph
 from lumc.rewrites.cost import kernel_time_bound
+from lumc.compiler.core import carried
 
 EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
 EGRAPH_MIN_S = 0.25   # below this share the e-graph is not started (loading its rules alone costs more)
@@ -163,6 +164,13 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
         except ImportError as e:   # a tree without the e-graph stage: greedy only, said in the report
             stats["error"] = f"e-graph stage unavailable ({e})"
             use_egraph = False
+            carried_from = os.environ.get(carried.READ_ENV)
+            if carried_from:       # the GPU image: candidates an e-graph made on a CPU machine
+                got, why = carried.load(graph, carried_from)
+                stats["carried"] = why
+                if got:
+                    programs = got + programs
+                    stats["used"] = True
     if use_egraph:
         from lumc.rewrites.schedule import Limits
         share = deadline.remaining() * EGRAPH_SHARE
@@ -191,6 +199,10 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
                       "extraction_s": res.seconds.get("extract", 0.0), "regions": len(res.regions),
                       "stop_reasons": tot.stop, "used": True, "seconds": time.monotonic() - t0})
         programs = list(res.candidates) + programs
+        carry_to = os.environ.get(carried.WRITE_ENV)
+        if carry_to:               # for a machine without egglog (make gpu-candidates)
+            path = carried.dump(graph, res.candidates, carry_to, "candidates", stats)
+            stats["carried"] = f"written to {path}" if path else "no portable candidate"
         # the model's own nodes keyed by e-class too (greedy and unfused bind them), so the
         # reference run's values serve every candidate's nodes of those e-classes
         in_model = {id(n) for n in graph.nodes()}
@@ -577,7 +589,7 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
         "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
                                                      "used", "iterations", "stop_reasons", "error",
-                                                     "extraction_s")},
+                                                     "extraction_s", "carried")},
         "max_rel_error": max_err, "warnings": list(fe.warnings), "log": log[:200],
         "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
         "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},

@@ -4,8 +4,10 @@ For each model (the four MODELS.md models at their test shapes; GPT-2 small and 
 sequence 128 in fp32 and bf16, ``lumc.compiler.tools.transformer_models``):
 
 1. ``lumc.compile(..., device="cuda")``: the search times real kernels on the GPU (Triton configs and
-   the vendor alternatives, ``IMPL``); the e-graph stage runs where egglog is installed, else the
-   greedy program (egglog is not on the GPU image; the report says which);
+   the vendor alternatives, ``IMPL``); the e-graph stage runs where egglog is installed; the GPU
+   image has none, so ``make gpu-candidates`` runs it on a CPU machine first and the compile
+   searches the candidates it carried (``lumc.compiler.core.carried``), else the greedy program
+   (the report says which);
 2. the chosen plan runs through its CUDA graph (``lumc.compiler.runtime.gpu_plan``) and its outputs are
    checked against the reference executor in float64 on the CPU, by the dtype tolerance table;
 3. ``lumc bench``'s figures: the end-to-end CUDA-graph time, then torch eager and
@@ -42,8 +44,9 @@ PLAN = (
     ("gpu tests (pytest -m gpu: bf16 kernels, split-K, cuDNN convolutions, a precompiled first "
      "launch, timing under 10 us, plans through CUDA graphs)", 110),
     ("measure ceilings: 1 GiB copy, 8192^3 bf16 matmul (cached in the tuning DB)", 5),
-    ("4 MODELS.md models: compile --device cuda (25 s search each, greedy program without "
-     "egglog), CUDA-graph run + float64 check, bench vs eager", 4 * 40),
+    ("4 MODELS.md models: compile --device cuda (25 s search each over the e-graph candidates "
+     "carried in build/gpu-candidates, else the greedy program: the GPU image has no egglog), "
+     "CUDA-graph run + float64 check, bench vs eager", 4 * 40),
     ("GPT-2 small and BERT-base, seq 128, fp32 and bf16: the same", 4 * 45),
     ("torch.compile max-autotune rivals, while the deadline leaves 90 s (skipped rows say so)", 120),
     ("write the table, docs/gpu-results.md and build/gpu-check/gpu-main.json", 1),
@@ -124,6 +127,8 @@ def run_job(job: dict, device: str, ceil: dict, deadline: float) -> dict:
     row["compile_s"] = time.monotonic() - t0
     rep = cm.report_dict()
     row["egraph"] = bool(rep.get("egraph_used"))
+    row["egraph_note"] = (rep.get("egraph") or {}).get("carried") or \
+        (rep.get("egraph") or {}).get("error")
     impls: dict[str, int] = {}
     for c in cm.configs:
         impls[impl_of(c)] = impls.get(impl_of(c), 0) + 1
@@ -180,12 +185,50 @@ def _write(a, result: dict) -> str:
     return table
 
 
+def write_candidates(out_dir: str) -> int:
+    """Each job's compile for ``sim:h200`` with an empty cache (so its e-graph stage runs) and
+    ``LUMC_CARRY_CANDIDATES_TO`` set: the candidates land in ``out_dir`` (one file per model,
+    named by its weights), for ``gpu_check.sh`` to carry to the GPU. Exit 1 when a model wrote
+    none."""
+    import tempfile
+    from lumc.compiler.core import carried
+    ok = True
+    for job in jobs():
+        if job["kind"] == "onnx" and job["path"] is None:
+            print(f"gpu-candidates: {job['name']}: model not found (make gpu-models)")
+            ok = False
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            old = {k: os.environ.get(k) for k in ("LUMC_CACHE_DIR", carried.WRITE_ENV)}
+            os.environ.update({"LUMC_CACHE_DIR": cache, carried.WRITE_ENV: out_dir})
+            try:
+                cm = _compile(job, "sim:h200")
+                said = (cm.report_dict().get("egraph") or {}).get("carried")
+            except Exception as e:  # noqa: BLE001 - one broken model is a line, the others run
+                said = f"failed: {type(e).__name__}: {e}"[:300]
+            finally:
+                for k, v in old.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        print(f"gpu-candidates: {job['name']}: {said}", flush=True)
+        ok = ok and bool(said) and said.startswith("written")
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpu_main", description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for all models")
     ap.add_argument("--json", default="build/gpu-check/gpu-main.json")
     ap.add_argument("--markdown", default="docs/gpu-results.md")
+    ap.add_argument("--candidates-out", metavar="DIR",
+                    help="on a machine with egglog (no GPU needed): run each model's e-graph stage "
+                         "and write its candidates to DIR for the GPU image, which has no egglog "
+                         "(make gpu-candidates; lumc.compiler.core.carried), then stop")
     a = ap.parse_args(argv)
+    if a.candidates_out:
+        return write_candidates(a.candidates_out)
     print("gpu-main: the plan, step by step:\n" + plan_text())
     missing = [j["name"] for j in jobs() if j["kind"] == "onnx" and j["path"] is None]
     if missing:
