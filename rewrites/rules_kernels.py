@@ -252,6 +252,23 @@ def attention_rules() -> list[Rule]:
             "exact", f"(MatMul (Softmax (Where ?keep {scores} ?f) {r - 1}) ?v)",
             f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)",
             ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(scase,)))
+        # a half-precision model's spelling (bf16/f16 scores, the softmax widened to f32 and
+        # rounded back: the library's softmax, so the form decodes to the same computation)
+        lo = {k: (v[0], v[1], "bf16") if isinstance(v, tuple) and len(v) == 3 and v[0] == "in"
+              else v for k, v in case.items()}
+        lo["dt"] = "bf16"
+        half = (("", scores, f"(Attention ?q ?kt ?v {s_fill})", lo),
+                (" mask", f"(Add {scores} ?m)", f"(AttentionMasked ?q ?kt ?v {s_fill} ?m)",
+                 dict(lo, m=("in", batch + (5, 5), "bf16"))),
+                (" select", f"(Where ?keep {scores} ?f)",
+                 f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)",
+                 dict(lo, keep=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "bf16"))))
+        for tag, inner, ctor, hcase in half:
+            rules.append(Rule(
+                f"kernels/Attention: cast(softmax(cast(scores{tag}, f32))) @ v -> attention "
+                f"[r={r}{tag} half]", "exact",
+                f'(MatMul (Cast (Softmax (Cast {inner} "f32") {r - 1}) ?dt) ?v)', ctor,
+                ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(hcase,)))
     return rules
 
 

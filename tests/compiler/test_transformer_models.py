@@ -30,3 +30,19 @@ def test_reference_transformers_compile_to_five_kernels_per_layer(arch, tmp_path
     # per layer: QKV, attention, out-projection, up, down; the norms formed on load (BERT keeps
     # its last one, the output; GPT-2 its embedding gather and the LM head)
     assert r["kernels"] <= 5 * 2 + 2, (r["kernels"], forms, r["candidate_label"])
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_half_precision_models_get_the_attention_form(arch):
+    """A bf16 module's attention: the scores rounded to bf16, the softmax widened to f32 and
+    rounded back (the library's spelling): the e-graph still forms flash attention."""
+    from lumc.compiler.core.egraph_pipeline import egraph_candidates
+    from lumc.compiler.frontends.torch_frontend.capture import import_torch
+    torch.manual_seed(0)
+    kw = dict(layers=1, width=64, heads=4, vocab=100, positions=64)
+    mod = (BERT(**kw) if arch == "bert" else GPT2(**kw)).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 100, (1, 16))
+    args = (ids, torch.ones(1, 16, dtype=torch.int64)) if arch == "bert" else (ids,)
+    best = egraph_candidates(import_torch(mod, args).graph, "h200", k=4).best
+    forms = best.form_counts()
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms

@@ -47,6 +47,9 @@ def agree(a: np.ndarray, b: np.ndarray, numerics: str, ref64: np.ndarray | None,
         return f"shape/dtype {a.shape}{a.dtype} vs {b.shape}{b.dtype}"
     if a.size == 0:
         return None
+    if a.dtype.kind == "V" and "float" in a.dtype.name:   # ml_dtypes (bf16, fp8): compare widened
+        a, b = a.astype(np.float32), b.astype(np.float32)  # (exactly: widening is injective)
+        ref64 = None if ref64 is None else ref64.astype(np.float64)
     if a.dtype.kind != "f":
         return None if np.array_equal(a, b) else "integer values differ"
     if numerics == "exact":
