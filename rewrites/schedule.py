@@ -40,6 +40,7 @@ from lumc.rewrites.language import FORMS, declarations
 from lumc.rewrites.patterns import Rule
 
 CHUNK = 64
+RULE_CHUNK = 8        # declarations and rules sent to egglog per program
 
 
 def all_rules() -> list[Rule]:
@@ -151,7 +152,10 @@ class Saturator:
         text += shape_rules()
         for r in self.rules:
             text.append(r.egglog("expansive" if r.name in expansive else None))
-        self._run("\n".join(text))
+        # in chunks: egglog 13.2's parser takes memory about quadratic in one program's length
+        # (EGGLOG-NOTES.md; the rules as one program: 1.4 GB at 152 rules)
+        for k in range(0, len(text), RULE_CHUNK):
+            self._run("\n".join(text[k:k + RULE_CHUNK]))
 
     def _run(self, text: str):
         return self.egraph.run_program(*self.egraph.parse_program(text))
