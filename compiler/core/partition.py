@@ -89,7 +89,31 @@ def layer_cuts(compute: list[Node], live: list[int], max_ops: int) -> list[int] 
             return None
         sig = tuple((x.op, x.shape) for x in compute[a:b])
         sigs[sig] = sigs.get(sig, 0) + 1
-    return cuts if max(sigs.values()) >= MIN_REPEATS else None
+    if max(sigs.values()) < MIN_REPEATS:
+        return None
+    return _split_ends(compute, cuts, [s for s, k in sigs.items() if k >= MIN_REPEATS])
+
+
+def _split_ends(compute: list[Node], cuts: list[int], repeated: list[tuple]) -> list[int]:
+    """``cuts`` with the first and last pieces split where they end (begin) with a repeated piece:
+    the embeddings before the first layer's piece and the head after the last layer's, each a
+    region of its own, so the layer pieces at both ends are saturated once with the others."""
+    def sig(a, b):
+        return tuple((x.op, x.shape) for x in compute[a:b])
+    out = list(cuts)
+    for s in repeated:
+        k = len(s)
+        head = out[0]
+        if head - k >= MIN_LAYER_OPS // 4 and sig(head - k, head) == s:
+            out.insert(0, head - k)
+            break
+    for s in repeated:
+        k = len(s)
+        tail = out[-1]
+        if len(compute) - (tail + k) >= MIN_LAYER_OPS // 4 and sig(tail, tail + k) == s:
+            out.append(tail + k)
+            break
+    return out
 
 
 def partition(graph: Graph, max_ops: int = 400, min_ops: int | None = None) -> list[Region]:

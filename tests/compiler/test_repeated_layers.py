@@ -50,3 +50,24 @@ def test_identical_layers_are_saturated_once():
 def test_few_layers_keep_window_cuts():
     g = _layers(2)
     assert len(partition(g, max_ops=400)) == 1
+
+
+def test_the_head_after_the_last_layer_is_a_region_of_its_own():
+    """A model head after the repeated layers (here a pooled projection) is cut off the last
+    layer's piece, so that piece is saturated once with the others (it reuses the first copy's
+    e-graph) and only the head is saturated on its own; the program still computes the model."""
+    g = _layers(8)
+    h = Tensor(g.outputs["y"])
+    w = Tensor.const(RNG.standard_normal((16, 16)).astype(np.float32))
+    pooled = (h.sum((0,), keepdims=True) @ w).exp()
+    g2 = Graph(g.inputs, {"y": pooled.node})
+    res = egraph_candidates(g2, "h200", k=2)
+    fresh = [s for s in res.regions if not (s.stages and s.stages[0][0] == "reused")]
+    last = res.regions[-1]
+    assert last.enodes < min(s.enodes for s in res.regions[1:-1])   # the head alone
+    assert not (res.regions[-2].stages and res.regions[-2].stages[0][0] != "reused")
+    assert len(fresh) <= 4, [s.stages[:1] for s in res.regions]
+    feed = {"x": RNG.standard_normal((8, 16)).astype(np.float32)}
+    got = run_program_reference(res.best, g2, feed)["y"]
+    want = ReferenceExecutor(g2, "float64")(feed)["y"]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
