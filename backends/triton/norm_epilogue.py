@@ -37,7 +37,7 @@ from lumc.ir.views import prod
 from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.contraction import Contraction
 from lumc.backends.triton.indexing import is_pure_reshape
-from lumc.backends.triton.norm_prologue import RowPrologue, _is_row_broadcast, _scalar
+from lumc.backends.triton.norm_prologue import RowPrologue, check_row_reads, is_row_value
 
 
 def plan_row_epilogue(c: Contraction, nodes: list[Node], stats: list[Node],
@@ -78,17 +78,9 @@ def plan_row_epilogue(c: Contraction, nodes: list[Node], stats: list[Node],
         plan.rows.add(r)
     stat_set = set(stats)
     for n in nodes:                   # topological: a function of statistics and scalars per row
-        if n in stat_set or n.op not in ELEMENTWISE or tuple(n.shape) != row_shape:
-            continue
-        if n.numel < prod(shape) and any(s in plan.rows for s in n.srcs) and \
-                all(s in plan.rows or _scalar(s) for s in n.srcs):
+        if n not in stat_set and is_row_value(n, plan.rows, row_shape, shape):
             plan.rows.add(n)
-    for n in nodes:                   # row values are read back only through trailing broadcasts
-        for s in n.srcs:
-            if s in plan.rows and n not in plan.rows and not (
-                    n.op == "View" and _is_row_broadcast(n.arg, row_shape, shape)):
-                raise RenderError(f"node {n!r}: reads row value {s!r} other than through a "
-                                  "broadcast along its rows")
+    check_row_reads(nodes, plan.rows, row_shape, shape)
     return plan
 
 

@@ -144,23 +144,35 @@ def plan_row_prologue(c: Contraction, nodes: list[Node]) -> RowPrologue:
                                   f"a statistic of its rows over dims {sorted(trail_axes)}")
             plan.stats.append(n)
             plan.rows.add(n)
-        elif (n.op in ELEMENTWISE and tuple(n.shape) == row_shape and n.numel < prod(shape)
-              and any(s in plan.rows for s in n.srcs)
-              and all(s in plan.rows or _scalar(s) for s in n.srcs)):
+        elif is_row_value(n, plan.rows, row_shape, shape):
             plan.rows.add(n)          # a function of the statistics (and scalars) per row
     if not plan.stats:
         raise RenderError(f"node {p!r}: no row statistic in the operand's prologue")
-    for n in nodes:                   # row values are read back only through trailing broadcasts
-        if n not in inside:
-            if any(s in plan.rows for s in n.srcs):
-                raise RenderError(f"node {n!r}: a row statistic read outside the operand's prologue")
-            continue
+    for n in nodes:
+        if n not in inside and any(s in plan.rows for s in n.srcs):
+            raise RenderError(f"node {n!r}: a row statistic read outside the operand's prologue")
+    check_row_reads([n for n in nodes if n in inside], plan.rows, row_shape, shape)
+    return plan
+
+
+def is_row_value(n: Node, rows: set, row_shape: tuple, shape: tuple) -> bool:
+    """``n`` is an elementwise function of row values (and scalars) with one value per row."""
+    return (n.op in ELEMENTWISE and tuple(n.shape) == tuple(row_shape) and n.numel < prod(shape)
+            and any(s in rows for s in n.srcs) and all(s in rows or _scalar(s) for s in n.srcs))
+
+
+def check_row_reads(nodes: list[Node], rows: set, row_shape: tuple, shape: tuple) -> None:
+    """Row values are read back only through broadcasts along the rows' trailing dims.
+
+    Raises:
+        RenderError: naming the node that reads one otherwise.
+    """
+    for n in nodes:
         for s in n.srcs:
-            if s in plan.rows and n not in plan.rows and not (
+            if s in rows and n not in rows and not (
                     n.op == "View" and _is_row_broadcast(n.arg, row_shape, shape)):
                 raise RenderError(f"node {n!r}: reads row value {s!r} other than through a "
                                   "broadcast along its rows")
-    return plan
 
 
 class RowStatistics:

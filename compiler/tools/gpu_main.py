@@ -191,6 +191,7 @@ def write_candidates(out_dir: str) -> int:
     named by its weights), for ``gpu_check.sh`` to carry to the GPU. Exit 1 when a model wrote
     none."""
     import tempfile
+    from unittest import mock
     from lumc.compiler.core import carried
     ok = True
     for job in jobs():
@@ -198,20 +199,13 @@ def write_candidates(out_dir: str) -> int:
             print(f"gpu-candidates: {job['name']}: model not found (make gpu-models)")
             ok = False
             continue
-        with tempfile.TemporaryDirectory() as cache:
-            old = {k: os.environ.get(k) for k in ("LUMC_CACHE_DIR", carried.WRITE_ENV)}
-            os.environ.update({"LUMC_CACHE_DIR": cache, carried.WRITE_ENV: out_dir})
+        with tempfile.TemporaryDirectory() as cache, mock.patch.dict(
+                os.environ, {"LUMC_CACHE_DIR": cache, carried.WRITE_ENV: out_dir}):
             try:
                 cm = _compile(job, "sim:h200")
                 said = (cm.report_dict().get("egraph") or {}).get("carried")
             except Exception as e:  # noqa: BLE001 - one broken model is a line, the others run
                 said = f"failed: {type(e).__name__}: {e}"[:300]
-            finally:
-                for k, v in old.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
         print(f"gpu-candidates: {job['name']}: {said}", flush=True)
         ok = ok and bool(said) and said.startswith("written")
     return 0 if ok else 1

@@ -117,3 +117,13 @@ def conv_kernel(d):
 
 __all__ = ["TOL", "make_kernel", "random_inputs", "check", "attention", "softmax_kernel",
            "layernorm_kernel", "rmsnorm_kernel", "matmul_kernel", "conv_kernel", "dt", "Tensor"]
+
+
+def assert_compiles_for_hopper(rendered, cfg) -> None:
+    """``rendered`` at ``cfg`` compiled ahead of time for cuda:90 (no GPU needed): no error, no
+    spilled bytes, and tensor-core instructions (HGMMA or HMMA) in its SASS."""
+    from lumc.backends.triton.aot import compile_aot
+    r = compile_aot(rendered, cfg)
+    assert r.error is None, r.error
+    assert r.spill_stores == 0 and r.spill_loads == 0
+    assert any(op.startswith(("HGMMA", "HMMA")) for op in r.tensor_core), r.tensor_core
