@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
+from lumc.ir.graph import toposort
 from lumc.ir.kernels import Kernel
 from lumc.ir.views import prod
 
@@ -191,13 +192,7 @@ def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
     if not prods:
         return RowWork()
     main = max(prods, key=lambda x: x.srcs[0].numel)
-    under: set[int] = set()
-    stack = list(main.srcs[0].srcs)
-    while stack:
-        x = stack.pop()
-        if id(x) not in under:
-            under.add(id(x))
-            stack.extend(x.srcs)
+    under = {id(x) for x in toposort(main.srcs[0].srcs)}
     reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not main]
     if not reds:
         return RowWork()

@@ -63,6 +63,19 @@ class Kernel:
     def outputs(self) -> list[Node]:
         return list(self.meaning.outputs.values())
 
+    def content_hash(self) -> str:
+        """Hash of the kernel's form, attrs and meaning graph (shapes, dtypes, constants): equal
+        for kernels that compute the same thing (a model's repeated layers), 32 hex digits."""
+        import hashlib
+        from lumc.ir.serialize import graph_to_bytes
+        doc, npz, _ = graph_to_bytes(self.meaning)
+        h = hashlib.sha256()
+        h.update(self.form.encode())
+        h.update(repr(self.attrs).encode())
+        h.update(doc)
+        h.update(npz)
+        return h.hexdigest()[:32]
+
     def flops(self) -> int:
         """Arithmetic work in FLOP (a multiply-add counts 2)."""
         total = 0

@@ -435,10 +435,5 @@ def _score_bytes(nodes: list[Node], operands: tuple) -> int:
     """Bytes per score element of the tensors a key block reads beside q, k and v (masks, biases:
     each loaded as a ``[BLOCK_M, BLOCK_N]`` tile and pipelined like k and v; an input read per
     query only is counted too, a bound): the itemsizes of the inputs no operand reads."""
-    seen, stack = set(), list(operands)
-    while stack:
-        x = stack.pop()
-        if id(x) not in seen:
-            seen.add(id(x))
-            stack.extend(x.srcs)
+    seen = {id(x) for x in toposort(operands)}
     return sum(n.dtype.itemsize for n in reads_of(nodes) if id(n) not in seen)

@@ -19,7 +19,7 @@ FLOPs ``2*M*N*K`` per batch; bytes at least ``A + B + C`` once; the target is th
 from __future__ import annotations
 
 from lumc.ir import dtypes as dt
-from lumc.ir.graph import Node
+from lumc.ir.graph import Node, toposort
 from lumc.ir.kernels import Kernel
 from lumc.ir.ops import ELEMENTWISE
 from lumc.backends.triton import exprs
@@ -50,17 +50,6 @@ def _scalar_read(x: Node) -> bool:
     while x.op == "View":
         x = x.srcs[0]
     return x.numel == 1
-
-
-def dependencies(root: Node) -> set[Node]:
-    """``root`` and every node it reads, transitively."""
-    out, stack = set(), [root]
-    while stack:
-        x = stack.pop()
-        if x not in out:
-            out.add(x)
-            stack.extend(x.srcs)
-    return out
 
 
 def check_epilogue(nodes: list[Node], dep: set[Node], root: Node) -> None:
@@ -107,7 +96,7 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     if c.a.dtype not in DOT_DTYPES or c.K == 0:
         return render_row(kernel, None)
     others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not c.node]
-    under_a = dependencies(c.a)
+    under_a = set(toposort([c.a]))
     # a normalization formed on load: statistics of the operand's rows (prologue) and of a
     # residual's rows (epilogue)
     rowp = plan_row_prologue(c, nodes) if any(n in under_a for n in others) else None

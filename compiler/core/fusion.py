@@ -262,8 +262,7 @@ class GreedyFusion:
         rec = self._norm_exit(b, exits) if self.norm_prologue else None
         if rec is None:
             return False
-        ok = all(u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b
-                 and id(u) not in self.group for u, _ in self.uses[id(b)])
+        ok = all(self._operand_readers(b, u) is not None for u, _ in self.uses[id(b)])
         if ok:
             if id(b) not in self.prologue_exits:
                 self.prologue_exits.add(id(b))
@@ -286,10 +285,8 @@ class GreedyFusion:
         ``b`` through free reshapes (a post-LN residual), or an elementwise op inlined into such
         epilogues (``0.5 * y``, ``relu(y)``, ``-y``: every use of it is one); None for any other
         reader, or a contraction whose kernel cannot compute row statistics."""
-        if depth == 0 and u.op == "Mul" and self._contraction_operand(u) and \
-                _chain(u.srcs[0])[0] is b and id(u) not in self.group:
-            rs = [x for x, _ in self.uses[id(u)]]
-            return [id(x) for x in rs] if all(_row_plannable(x, False) for x in rs) else None
+        if depth == 0 and u.op == "Mul" and self._contraction_operand(u):
+            return self._operand_readers(b, u)
         if u.op not in ELEMENTWISE or u.numel != b.numel or not self._free_reshape(views):
             return None
         g = self.group.get(id(u))
@@ -305,6 +302,15 @@ class GreedyFusion:
                 return None
             out += got
         return out or None
+
+    def _operand_readers(self, b: Node, u: Node) -> list[int] | None:
+        """The contractions (ids of their ``SumReduce``) whose left operand ``u`` reads ``b``, when
+        their kernels can compute ``b``'s row statistics in the prologue; else None."""
+        if not (u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b
+                and id(u) not in self.group):
+            return None
+        rs = [x for x, _ in self.uses[id(u)]]
+        return [id(x) for x in rs] if all(_row_plannable(x, False) for x in rs) else None
 
     def _fuse_norm_on_load(self, b: Node, exits: dict) -> None:
         """Post-LN fusion (``norm_epilogue``), decided once every kernel's epilogue is known: ``b``

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,7 +54,6 @@ from lumc.compiler.runtime.targets import Target
 from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase, config_key
 from lumc.ir import dtypes as dt
 from lumc.ir.kernels import Kernel
-from lumc.ir.serialize import graph_to_bytes
 
 INTERPRETER_MAX_ELEMENTS = 1 << 23   # largest kernel output checked in the CPU interpreter
 
@@ -85,13 +83,7 @@ def sharing_checks():
 
 def kernel_hash(kernel: Kernel) -> str:
     """Content hash of a kernel: its form, attrs and meaning graph (shapes, dtypes, constants)."""
-    doc, npz, _ = graph_to_bytes(kernel.meaning)
-    h = hashlib.sha256()
-    h.update(kernel.form.encode())
-    h.update(repr(kernel.attrs).encode())
-    h.update(doc)
-    h.update(npz)
-    return h.hexdigest()[:32]
+    return kernel.content_hash()
 
 
 def n_index(call: KernelCall, n) -> int:

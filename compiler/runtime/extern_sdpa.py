@@ -129,15 +129,7 @@ def _compact(t, c, groups):
     return sub.reshape([math.prod(c.full[d] for d in g) for g in groups])
 
 
-_ALPHAS: dict[str, float] = {}   # the probed scale per kernel meaning (content hash)
-
-
-def _meaning_key(kernel: Kernel) -> str:
-    """Content hash of a kernel's meaning (graph, shapes, dtypes, constants)."""
-    import hashlib
-    from lumc.ir.serialize import graph_to_bytes
-    doc, npz, _ = graph_to_bytes(kernel.meaning)
-    return hashlib.sha256(doc + npz).hexdigest()
+_ALPHAS: dict[str, float] = {}   # the probed scale per kernel content (Kernel.content_hash)
 
 
 class SdpaAttention:
@@ -158,7 +150,7 @@ class SdpaAttention:
         self.x = p.softmax.m.srcs[0]
         # the probe runs the score function six times: once per distinct meaning (a model's
         # layers share one), not once per kernel object or per call
-        key = _meaning_key(kernel)
+        key = kernel.content_hash()
         alpha = _ALPHAS.get(key)
         if alpha is None:
             alpha = _ALPHAS[key] = self._probe_alpha()
