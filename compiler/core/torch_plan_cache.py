@@ -4,8 +4,11 @@ The ONNX path keys a stored plan by the model's bytes; a module has none, and ca
 (``torch.export``, then lowering) costs more than the whole reuse should. So the key is taken
 before capture, from what determines the result:
 
-* the module's class (qualified name and the source of its ``forward``) and ``repr`` (its
-  structure and hyperparameters), every parameter and buffer (name, dtype, shape, bytes);
+* every submodule: its class (qualified name, and the bytes of the file defining each class of
+  its MRO outside torch, so an edit to a helper function there counts too), its ``training``
+  flag, its hooks, and every plain attribute (flags such as ``causal``, a config object through
+  its ``to_dict``, a stored function through its code), and the module's ``repr``; every
+  parameter and buffer (name, dtype, shape, bytes);
 * the example inputs' structure, shapes, dtypes and non-tensor values, and ``dynamic_shapes``;
 * the device name and the versions lumc keys timings by (lumc's source hash, Triton, torch,
   driver: ``lumc.compiler.runtime.targets.versions``).
@@ -23,11 +26,13 @@ ignored and overwritten.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import inspect
 import io
 import json
 import logging
+import types
 from pathlib import Path
 
 import numpy as np
@@ -44,12 +49,8 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
     """A hex key of everything a compile of ``module`` on these inputs depends on (see the module
     docstring); about 1 s per GB of weights (sha256)."""
     h = hashlib.sha256()
-    cls = type(module)
-    try:
-        src = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        src = ""
-    h.update(repr((cls.__module__, cls.__qualname__, src, repr(module))).encode())
+    h.update(repr(module).encode())
+    h.update(module_fingerprint(module).encode())
     for name, t in list(module.state_dict(keep_vars=False).items()):
         a = t.detach()
         h.update(repr((name, str(a.dtype), tuple(a.shape))).encode())
@@ -62,6 +63,115 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
                       else ("value", repr(x))).encode())
     h.update(repr((repr(dynamic_shapes), device, sorted(ver.items()))).encode())
     return h.hexdigest()[:32]
+
+
+# module state that is not a tensor but decides what forward computes (``self.causal``, a config)
+_SKIPPED_ATTRS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
+                            "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                            "_load_state_dict_post_hooks", "_backward_hooks", "_backward_pre_hooks",
+                            "_is_full_backward_hook", "_compiled_call_impl"})
+_TORCH_DIR = str(Path(torch.__file__).parent)
+_MAX_DEPTH = 6
+
+
+def _file_digest(path: str | None, files: dict) -> str:
+    """sha256 of a source file's bytes (memoized in ``files``); files inside torch are covered by
+    torch's version in the key."""
+    if not path or path.startswith(_TORCH_DIR):
+        return ""
+    if path not in files:
+        try:
+            files[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+        except OSError:
+            files[path] = "?"
+    return files[path]
+
+
+def _code_text(fn, files: dict) -> str:
+    """A function by its code (bytecode, constants, names, closure values) and its file."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:   # a builtin (torch.tanh): its module and name
+        return (f"{type(fn).__qualname__}:{getattr(fn, '__module__', None)}."
+                f"{getattr(fn, '__qualname__', getattr(fn, '__name__', ''))}")
+    cells = tuple(_value_text(c.cell_contents, files, 1) if c.cell_contents is not fn else "self"
+                  for c in (fn.__closure__ or ()))
+    return repr((getattr(fn, "__module__", ""), fn.__qualname__, code.co_code.hex(),
+                 repr(code.co_consts), code.co_names, cells,
+                 _file_digest(code.co_filename, files)))
+
+
+def _value_text(x, files: dict, depth: int = 0) -> str:
+    """A stable text of a plain attribute value: what it is, never where it lives in memory."""
+    if depth > _MAX_DEPTH:
+        return "..."
+    if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
+        return repr(x)
+    if isinstance(x, (torch.dtype, torch.device, torch.Size)):
+        return str(x)
+    if isinstance(x, torch.Tensor):   # an unregistered tensor attribute is a constant of the graph
+        a = x.detach().cpu().contiguous()
+        return repr((str(a.dtype), tuple(a.shape), hashlib.sha256(
+            a.reshape(-1).view(torch.uint8).numpy().tobytes() if a.numel() else b"").hexdigest()))
+    if isinstance(x, np.ndarray):
+        return repr((str(x.dtype), x.shape, hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()))
+    if isinstance(x, torch.nn.Module):   # fingerprinted as a submodule of its own
+        return f"module:{type(x).__qualname__}"
+    if isinstance(x, (list, tuple, set, frozenset)):
+        items = [_value_text(v, files, depth + 1) for v in x]
+        return f"{type(x).__name__}[{','.join(sorted(items) if isinstance(x, (set, frozenset)) else items)}]"
+    if isinstance(x, dict):
+        return "{" + ",".join(sorted(f"{_value_text(k, files, depth + 1)}:{_value_text(v, files, depth + 1)}"
+                                     for k, v in x.items())) + "}"
+    if isinstance(x, functools.partial):
+        return f"partial({_code_text(x.func, files)},{_value_text((x.args, x.keywords), files, depth + 1)})"
+    if isinstance(x, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                      types.BuiltinMethodType)) or (callable(x) and not hasattr(x, "__dict__")):
+        return _code_text(x, files)
+    memo = files.setdefault(None, {})   # one text per object (a config shared by every layer)
+    if id(x) in memo:
+        return memo[id(x)][1]
+    text = None
+    to_dict = getattr(x, "to_dict", None)
+    if callable(to_dict):   # a transformers config (its repr is JSON of the same)
+        try:
+            text = f"{type(x).__qualname__}{_value_text(to_dict(), files, depth + 1)}"
+        except Exception:
+            text = None
+    if text is None and hasattr(x, "__dict__") and not isinstance(x, type):
+        text = f"{type(x).__qualname__}{_value_text(vars(x), files, depth + 1)}"
+    if text is not None:
+        memo[id(x)] = (x, text)   # x held: its id is not reused while the memo lives
+        return text
+    text = repr(x)
+    return type(x).__qualname__ if " at 0x" in text else text
+
+
+def module_fingerprint(module: torch.nn.Module) -> str:
+    """What the module tree computes beyond its tensors, as text (see the module docstring).
+
+    Not covered: a function called by ``forward`` that lives in a file defining none of the
+    tree's classes, and global state read at trace time; ``reuse_plan=False`` compiles afresh."""
+    files: dict = {}
+    parts = []
+    hooks = torch.nn.modules.module
+    for g in ("_global_forward_hooks", "_global_forward_pre_hooks"):
+        parts.extend(_code_text(fn, files) for fn in getattr(hooks, g, {}).values())
+    for name, m in module.named_modules(remove_duplicate=False):
+        cls = type(m)
+        mro = [c for c in cls.__mro__ if c not in (torch.nn.Module, object)]
+        srcs = []
+        for c in mro:
+            try:
+                srcs.append(_file_digest(inspect.getsourcefile(c), files))
+            except TypeError:
+                srcs.append("builtin")
+        attrs = {k: v for k, v in vars(m).items() if k not in _SKIPPED_ATTRS}
+        for k in [k for k in attrs if "hooks" in k]:   # keyed by a process-wide counter: values only
+            attrs[k] = [_value_text(v, files) for v in attrs[k].values()] if isinstance(attrs[k], dict) else attrs[k]
+        parts.append(repr((name, cls.__module__, cls.__qualname__, srcs,
+                           _value_text(attrs, files))))
+    return "\n".join(parts)
 
 
 def _storable(x):

@@ -86,3 +86,63 @@ def test_a_pickle_in_the_plan_cache_is_never_unpickled(tmp_path):
     (tmp_path / "k.torch").write_bytes(pickle.dumps(Payload()))
     assert plan_cache.load_shell(tmp_path, "k") is None
     assert not marker.exists()
+
+
+class _Gated(torch.nn.Module):
+    """What forward computes depends on plain attributes: a flag, a stored function, a config."""
+
+    def __init__(self, causal: bool, act=torch.tanh, cfg=None):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.causal, self.act = causal, act
+        self.cfg = cfg if cfg is not None else _Cfg()
+
+    def forward(self, x):
+        s = self.proj(x) @ x.transpose(-1, -2)
+        if self.causal:
+            t = s.shape[-1]
+            s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        return self.act(torch.softmax(s * self.cfg.scale, -1) @ x)
+
+
+class _Cfg:
+    def __init__(self, scale=0.25):
+        self.scale = scale
+
+
+def test_plain_attributes_are_part_of_the_key(cache):
+    """Two modules with the same class, weights and ``repr`` whose plain attributes differ (a
+    causal flag, the activation stored as an attribute, a config object's field, train/eval)
+    compute different things: neither may reuse the other's plan (it did for the flag and the
+    config, and returned the other module's results)."""
+    x = torch.randn(2, 6, 16)
+    variants = [dict(causal=False), dict(causal=True), dict(causal=False, act=torch.sigmoid),
+                dict(causal=False, cfg=_Cfg(0.5))]
+    for kw in variants:
+        torch.manual_seed(0)
+        m = _Gated(**kw).eval()
+        f = compile_module(m, (x,), budget="20s", device="sim:h200")
+        assert f.reused is None, kw
+        with torch.no_grad():
+            want = m(x)
+        torch.testing.assert_close(f(x), want, rtol=1e-4, atol=1e-5)
+    torch.manual_seed(0)
+    m = _Gated(causal=True)
+    assert m.training and compile_module(m, (x,), budget="20s", device="sim:h200").reused is None
+    # and the same module again does reuse
+    assert compile_module(m, (x,), budget="20s", device="sim:h200").reused
+
+
+def test_fingerprint_sees_configs_and_closures():
+    from lumc.compiler.core.torch_plan_cache import module_fingerprint
+    m = _Gated(False)
+    a = module_fingerprint(m)
+    assert module_fingerprint(_Gated(False)) == a           # not an address or an id
+    m.cfg.scale = 0.3
+    assert module_fingerprint(m) != a
+    k = 2.0
+    m.act = lambda t: t * k
+    b = module_fingerprint(m)
+    k = 3.0   # the closure's value is part of the function
+    m.act = lambda t: t * k
+    assert module_fingerprint(m) != b
