@@ -54,10 +54,13 @@ FORMS: dict[str, tuple[tuple[str, ...], str]] = {
                         "softmax(matmul(q, kt) * scale + mask) @ v along the last axis"),
     "AttentionSelect": (("Expr",) * 6,
                         "softmax(where(keep, matmul(q, kt) * scale, fill)) @ v along the last axis"),
+    # masked_fill's order (torch's ``scores.masked_fill(drop, -inf)``, ONNX ``Where(drop, -inf, s)``)
+    "AttentionFilled": (("Expr",) * 6,
+                        "softmax(where(drop, fill, matmul(q, kt) * scale)) @ v along the last axis"),
 }
 FORM_KERNEL = {"MatMul": "matmul", "Softmax": "softmax", "LayerNorm": "layernorm",
                "RMSNorm": "rmsnorm", "Attention": "attention", "AttentionMasked": "attention",
-               "AttentionSelect": "attention"}
+               "AttentionSelect": "attention", "AttentionFilled": "attention"}
 
 
 def constructors() -> dict[str, tuple[str, ...]]:
@@ -287,6 +290,8 @@ def decode_form(name: str, args: list) -> Node:
             scores = scores.add(_t(args[4]))
         elif name == "AttentionSelect":
             scores = _t(args[4]).where(scores, _t(args[5]))
+        elif name == "AttentionFilled":
+            scores = _t(args[4]).where(_t(args[5]), scores)
         return norm.softmax(scores, -1).matmul(v).node
     raise KeyError(f"unknown form {name}")
 

@@ -94,6 +94,32 @@ def squeeze_rules() -> list[Rule]:
                           sets=(f"(set (shape (View ?red (Reshape {so}))) {so})",),
                           cases=({"A": ("in", shape, "f32"), "B": ("in", shape, "f32"),
                                   "s2": tuple(reversed(sq))},)))
+    # a permutation of the result that moves the contracted unit axis (a batch-of-one bmm whose
+    # heads are merged back: the view composer folds squeeze + permute into one permute)
+    for f in (2, 3):
+        k = f - 1
+        g = [f"(vec-get ?sr {i})" for i in range(f + 1)]
+        sq = f"(vec-of {' '.join(g[:k] + g[k + 1:])})"
+        red = f"(SumReduce (Mul ?A ?B) (vec-of {k}))"
+        shape = (2, 3, 4, 5, 6)[:f + 1]
+        for j in range(f + 1):
+            rest = [i for i in range(f + 1) if i != j]
+            pp = "(vec-of " + " ".join(
+                f"(- (vec-get ?p {i}) (min 1 (max 0 (- (vec-get ?p {i}) {k}))))" for i in rest) + ")"
+            so = "(vec-get ?so {})"
+            out_sq = "(vec-of " + " ".join(so.format(i) for i in rest) + ")"
+            inner = f"(View (View ?red (Reshape {sq})) (Permute {pp}))"
+            perm = [i for i in reversed(range(f + 1)) if i != k]
+            perm.insert(j, k)
+            rules.append(Rule(
+                f"kernels/View: permute(contraction) -> reshape(permute(squeeze(contraction))) "
+                f"[r={f} unit at {j}]", "exact", "(View ?red (Permute ?p))",
+                f"(View {inner} (Reshape ?so))",
+                (f"(= ?red {red})", "(= ?sr (shape ?red))", f"(= (vec-length ?sr) {f + 1})",
+                 f"(= (vec-get ?p {j}) {k})", "(= ?so (shape ?root))"),
+                sets=(f"(set (shape (View ?red (Reshape {sq}))) {sq})",
+                      f"(set (shape {inner}) {out_sq})"),
+                cases=({"A": ("in", shape, "f32"), "B": ("in", shape, "f32"), "p": tuple(perm)},)))
     return rules
 
 
@@ -123,6 +149,68 @@ def operand_rules() -> list[Rule]:
                  f"(= (vec-get ?s1 {m_axis}) 1)", "(= ?sy (shape ?y))", f"(!= {s0} ?sy)"),
                 sets=(f"(set (shape (View ?y (Reshape {s0}))) {s0})",),
                 cases=(dict(case, __lhs__=host),)))
+    return rules
+
+
+def batch_merge_rules() -> list[Rule]:
+    """``reshape(bmm(reshape(a), reshape(b)))`` with the batch dims merged and split back ->
+    ``MatMul(a, b)`` over the unmerged batch, for ``a [B..., M, K]``, ``b [B..., K, N]``.
+
+    This is torch's own decomposition of an N-D ``matmul`` (``expand``, ``view`` to
+    ``[prod B, M, K]``, ``bmm``, ``view`` back: ``torch/_decomp/decompositions.py``), which
+    ``torch.export`` emits for ``q @ k.transpose(-2, -1)`` and ``p @ v`` over heads; without it,
+    the attention rules never see a 4-D product. ``exact``: a row-major reshape that merges
+    leading dims pairs the same ``[M, K]`` and ``[K, N]`` blocks."""
+    rules = []
+    for r in (4, 5):
+        nb = r - 2
+        ga, gb = _getters("?sa", r), _getters("?sb", r)
+        merged = ga[0]
+        for x in ga[1:nb]:
+            merged = f"(* {merged} {x})"
+        where = ["(= ?sa (shape ?a))", f"(= (vec-length ?sa) {r})", "(= ?sb (shape ?b))",
+                 f"(= (vec-length ?sb) {r})", f"(= {ga[r - 1]} {gb[r - 2]})",
+                 *(f"(= {ga[i]} {gb[i]})" for i in range(nb)),
+                 f"(= ?sa3 (vec-of {merged} {ga[r - 2]} {ga[r - 1]}))",
+                 f"(= ?sb3 (vec-of {merged} {gb[r - 2]} {gb[r - 1]}))",
+                 f"(= ?so (vec-of {' '.join(ga[:r - 1])} {gb[r - 1]}))"]
+        batch = (2, 3, 2)[:nb]
+        cases = ({"a": ("in", batch + (3, 4), "f32"), "b": ("in", batch + (4, 5), "f32")},
+                 {"a": ("in", (1,) + batch[1:] + (3, 4), "f32"),
+                  "b": ("in", (1,) + batch[1:] + (4, 1), "f32")})
+        rules.append(Rule(f"kernels/MatMul: reshape(bmm(merge(a), merge(b))) -> matmul(a, b) "
+                          f"[r={r}]", "exact",
+                          "(View (MatMul (View ?a (Reshape ?sa3)) (View ?b (Reshape ?sb3))) "
+                          "(Reshape ?so))", "(MatMul ?a ?b)", tuple(where), cases=cases))
+    # a batch of one: the views around the bmm compose the unit dim away, so the operands are 3-D
+    # ([H, M, K]) while the softmax between the products is 4-D ([1, H, M, N]); the products are
+    # given their 4-D form (the unit dim put on the operands), both where the result is reshaped
+    # up to 4-D (the scores) and where a 4-D operand is reshaped down to 3-D (the probabilities)
+    ga, gb = _getters("?sa", 3), _getters("?sb", 3)
+    a4, b4 = f"(vec-of 1 {' '.join(ga)})", f"(vec-of 1 {' '.join(gb)})"
+    so4 = f"(vec-of 1 {ga[0]} {ga[1]} {gb[2]})"
+    base = ("(= ?sa (shape ?a))", "(= (vec-length ?sa) 3)", "(= ?sb (shape ?b))",
+            "(= (vec-length ?sb) 3)", f"(= {ga[2]} {gb[1]})", f"(= {ga[0]} {gb[0]})")
+    va, vb = f"(View ?a (Reshape {a4}))", f"(View ?b (Reshape {b4}))"
+    rules.append(Rule("kernels/MatMul: reshape(bmm(a, b)) to a unit batch -> matmul of the unit-batch "
+                      "operands [r=3]", "exact", "(View (MatMul ?a ?b) (Reshape ?so))",
+                      f"(MatMul {va} {vb})", base + (f"(= ?so {so4})",),
+                      sets=(f"(set (shape {va}) {a4})", f"(set (shape {vb}) {b4})"),
+                      cases=({"a": ("in", (3, 4, 5), "f32"), "b": ("in", (3, 5, 2), "f32"),
+                              "so": (1, 3, 4, 2)},)))
+    g4 = _getters("?s4", 4)
+    a3 = f"(vec-of {' '.join(g4[1:])})"
+    mm = f"(MatMul ?p {vb})"
+    rules.append(Rule("kernels/MatMul: bmm(squeeze(p), b) of a unit-batch p -> squeeze(matmul(p, "
+                      "unsqueeze(b))) [r=3]", "exact", "(MatMul (View ?p (Reshape ?sa)) ?b)",
+                      f"(View {mm} (Reshape (vec-of {ga[0]} {ga[1]} {gb[2]})))",
+                      ("(= ?s4 (shape ?p))", "(= (vec-length ?s4) 4)", f"(= {g4[0]} 1)",
+                       f"(= ?sa {a3})", "(= ?sb (shape ?b))", "(= (vec-length ?sb) 3)",
+                       f"(= {ga[2]} {gb[1]})", f"(= {ga[0]} {gb[0]})"),
+                      sets=(f"(set (shape {vb}) {b4})",
+                            f"(set (shape {mm}) (vec-of 1 {ga[0]} {ga[1]} {gb[2]}))"),
+                      cases=({"p": ("in", (1, 3, 4, 5), "f32"), "b": ("in", (3, 5, 2), "f32"),
+                              "sa": (3, 4, 5)},)))
     return rules
 
 
@@ -161,12 +249,14 @@ def softmax_scale_rules() -> list[Rule]:
     rules = []
     inv = "(Const (Scalar (/ 1.0 ?c) ?dt) (vec-empty))"
     scaled = f"(Mul ?s (View {inv} (Expand ?S)))"
-    contexts = {"": "{}", " + m": "(Add {} ?m)", " select": "(Where ?keep {} ?f)"}
+    contexts = {"": "{}", " + m": "(Add {} ?m)", " select": "(Where ?keep {} ?f)",
+                " fill": "(Where ?drop ?f {})"}
     for r in range(1, 5):
         a = r - 1
         shape = tuple((2, 3, 5, 4)[:r])
         case = {"s": ("in", shape, "f32"), "c": 5.656854249492381, "dt": "f32", "z0": (), "S": shape,
-                "m": ("in", shape, "f32"), "keep": ("in", shape, "bool"), "f": ("in", shape, "f32")}
+                "m": ("in", shape, "f32"), "keep": ("in", shape, "bool"), "f": ("in", shape, "f32"),
+                "drop": ("in", shape, "bool")}
         for tag, ctx in contexts.items():
             lhs_arg = ctx.format(f"(Div ?s {fill('?c', '?S', '0')})")
             rhs_arg = ctx.format(scaled)
@@ -252,6 +342,12 @@ def attention_rules() -> list[Rule]:
             "exact", f"(MatMul (Softmax (Where ?keep {scores} ?f) {r - 1}) ?v)",
             f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)",
             ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(scase,)))
+        fcase = dict(case, drop=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "f32"))
+        rules.append(Rule(
+            f"kernels/Attention: softmax(where(drop, f, q @ kt * s)) @ v -> attention [r={r} fill]",
+            "exact", f"(MatMul (Softmax (Where ?drop ?f {scores}) {r - 1}) ?v)",
+            f"(AttentionFilled ?q ?kt ?v {s_fill} ?drop ?f)",
+            ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(fcase,)))
         # a half-precision model's spelling (bf16/f16 scores, the softmax widened to f32 and
         # rounded back: the library's softmax, so the form decodes to the same computation)
         lo = {k: (v[0], v[1], "bf16") if isinstance(v, tuple) and len(v) == 3 and v[0] == "in"
@@ -262,7 +358,10 @@ def attention_rules() -> list[Rule]:
                  dict(lo, m=("in", batch + (5, 5), "bf16"))),
                 (" select", f"(Where ?keep {scores} ?f)",
                  f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)",
-                 dict(lo, keep=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "bf16"))))
+                 dict(lo, keep=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "bf16"))),
+                (" fill", f"(Where ?drop ?f {scores})",
+                 f"(AttentionFilled ?q ?kt ?v {s_fill} ?drop ?f)",
+                 dict(lo, drop=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "bf16"))))
         for tag, inner, ctor, hcase in half:
             rules.append(Rule(
                 f"kernels/Attention: cast(softmax(cast(scores{tag}, f32))) @ v -> attention "
@@ -273,5 +372,6 @@ def attention_rules() -> list[Rule]:
 
 
 def rules() -> list[Rule]:
-    return (squeeze_rules() + operand_rules() + matmul_rules() + softmax_rules()
+    return (squeeze_rules() + operand_rules() + matmul_rules() + batch_merge_rules()
+            + softmax_rules()
             + softmax_scale_rules() + norm_rules() + attention_rules())

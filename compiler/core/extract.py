@@ -32,7 +32,8 @@ from lumc.rewrites.language import FORM_KERNEL, FORMS, OP_OF_CTOR, Tables, decod
 from lumc.rewrites.spellings import SPELLINGS
 
 FORM_ATTRS = {"Softmax": ("axis",), "LayerNorm": ("axis", "eps"), "RMSNorm": ("axis", "eps"),
-              "Attention": (), "AttentionMasked": (), "AttentionSelect": ()}
+              "Attention": (), "AttentionMasked": (), "AttentionSelect": (),
+              "AttentionFilled": ()}
 STRUCTURAL = frozenset(FORMS) | {"SumReduce", "MaxReduce", "Contiguous"}
 
 
@@ -341,7 +342,8 @@ def decode(g: EGraphView, pick: dict[str, int], roots: list[str], tables: Tables
             vals = [a for a in args if not isinstance(a, Node)]
             attrs = tuple(sorted(zip(FORM_ATTRS.get(n.ctor, ()), vals)))
             if n.ctor.startswith("Attention"):
-                kind = {"Attention": "none", "AttentionMasked": "add", "AttentionSelect": "select"}
+                kind = {"Attention": "none", "AttentionMasked": "add", "AttentionSelect": "select",
+                        "AttentionFilled": "fill"}
                 attrs += (("masked", n.ctor != "Attention"), ("mask", kind[n.ctor]))
             root = x
             while root.op == "View":   # a form ending in a reshape (attention's matmul) is its base

@@ -1,0 +1,113 @@
+"""Attention written out (``q @ k.transpose(-2, -1)``, a mask, softmax, ``@ v``), as nanoGPT and
+transformers' ``attn_implementation="eager"`` write it, becomes the one attention form.
+
+``torch.export`` decomposes a 4-D ``matmul`` into ``expand``/``view`` to ``[B*H, M, K]``, ``bmm``
+and a ``view`` back; at a batch of one the views around the ``bmm`` compose the unit dim away
+(3-D operands, a 4-D softmax), and the merge of heads folds the product's squeeze into a permute.
+``masked_fill(drop, -inf)`` is ``where(drop, -inf, scores)``, the order opposite to ONNX's usual
+``Where(keep, scores, -inf)``. Each of those once left the products as two matmuls and a softmax.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.compiler.frontends.torch_frontend.capture import import_torch
+from lumc.compiler.runtime.program import run_program_reference
+
+
+class NanoAttention(nn.Module):
+    """nanoGPT's ``CausalSelfAttention`` (its non-flash path), with the causal mask optional."""
+
+    def __init__(self, width=32, heads=4, seq=8, causal=True, fill=float("-inf")):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.heads, self.causal, self.fill = heads, causal, fill
+        self.register_buffer("bias", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        if self.causal:
+            att = att.masked_fill(self.bias[:, :, :t, :t] == 0, self.fill)
+        att = F.softmax(att, dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+def _forms_and_check(mod, args):
+    """The best candidate's forms; every candidate checked against torch eager."""
+    g = import_torch(mod, args).graph
+    res = egraph_candidates(g, "h200", k=4)
+    feed = {name: a.numpy() for name, a in zip(g.inputs, args)}
+    with torch.no_grad():
+        want = mod(*args).numpy()
+    ref = next(iter(ReferenceExecutor(g)(feed).values()))
+    np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-5)
+    for p in res.candidates:
+        got = next(iter(run_program_reference(p, g, feed).values()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return res.best.form_counts()
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_nanogpt_attention_becomes_one_form(batch, causal):
+    torch.manual_seed(batch)
+    mod = NanoAttention(causal=causal).eval()
+    forms = _forms_and_check(mod, (torch.randn(batch, 8, 32),))
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms
+
+
+def test_a_finite_fill_is_the_same_form():
+    """``masked_fill(drop, -1e4)`` (older GPT-2 code): the fill is any tensor, not only -inf."""
+    torch.manual_seed(0)
+    mod = NanoAttention(causal=True, fill=-1e4).eval()
+    forms = _forms_and_check(mod, (torch.randn(1, 8, 32),))
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_transformers_eager_attention_becomes_one_form(arch):
+    """transformers' ``eager`` attention (``torch.matmul`` over 4-D heads, an additive mask)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if arch == "bert":
+        cfg = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
+                                      intermediate_size=64, vocab_size=50, max_position_embeddings=32,
+                                      attn_implementation="eager")
+        mod = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+        mask = torch.ones(1, 12, dtype=torch.int64)
+        mask[:, 9:] = 0
+        args = (torch.randint(0, 50, (1, 12)), mask)
+    else:
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50, n_positions=32,
+                                      use_cache=False, attn_implementation="eager")
+        mod = transformers.GPT2Model(cfg).eval()
+        args = (torch.randint(0, 50, (1, 12)),)
+    g = import_torch(mod, args).graph
+    forms = egraph_candidates(g, "h200", k=2).best.form_counts()
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms
+
+
+def test_nanogpt_compiles_and_matches_eager(tmp_path, monkeypatch):
+    """End to end on ``sim:h200``: three kernels (QKV, attention, projection), eager's values."""
+    import lumc
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    mod = NanoAttention(width=64, heads=2, seq=16).eval()
+    x = torch.randn(1, 16, 64)
+    f = lumc.compile(mod, budget="30s", example_inputs=(x,), device="sim:h200")
+    with torch.no_grad():
+        want = mod(x)
+    torch.testing.assert_close(f(x), want, rtol=1e-4, atol=1e-5)
+    r = f.specializations[0].compiled.report_dict()
+    assert r["form_counts"].get("attention") == 1 and r["kernels"] == 3, r["form_counts"]
