@@ -29,6 +29,10 @@ def identity_rules() -> list[Rule]:
              cases=({"x": ("in", (4, 3), "f32")},)),
         # x / 1 = x for every x, NaN and -0.0 included (IEEE division by 1 is exact)
         Rule("algebra/Div: x / 1 -> x", "exact", f"(Div ?x {one})", "?x", cases=(_X, _X0)),
+        # 1 / x is the reciprocal: both correctly rounded (Recip renders as div_rn), inf, NaN
+        # and +-0 included (an exporter's Div(1, sqrt(v)): RMSNorm, ONNX's Reciprocal spelled out)
+        Rule("algebra/Div: 1 / x -> recip(x)", "exact", f"(Div {one} ?x)", "(Recip ?x)",
+             cases=(_X, _X0)),
     ]
 
 

@@ -303,6 +303,14 @@ def norm_rules() -> list[Rule]:
         rules.append(Rule(f"kernels/RMSNorm: x * rsqrt(mean(x*x) + eps) -> rmsnorm(x) [r={r}]",
                           "exact", f"(Mul ?x {rsq})", f"(RMSNorm ?x {r - 1} ?eps)", rms_where,
                           cases=(_norm_case(shape),)))
+        # the product written the other way round (an exporter's Mul(Reciprocal(Sqrt(.)), x)):
+        # IEEE multiplication commutes
+        rules.append(Rule(f"kernels/LayerNorm: rsqrt(var x + eps) * (x - mean x) -> layernorm(x) "
+                          f"[r={r} swapped]", "exact", f"(Mul {rsq} ?d)",
+                          f"(LayerNorm ?x {r - 1} ?eps)", ln_where, cases=(_norm_case(shape),)))
+        rules.append(Rule(f"kernels/RMSNorm: rsqrt(mean(x*x) + eps) * x -> rmsnorm(x) [r={r} swapped]",
+                          "exact", f"(Mul {rsq} ?x)", f"(RMSNorm ?x {r - 1} ?eps)", rms_where,
+                          cases=(_norm_case(shape),)))
         # an exporter's Sqrt/Div spelling divides (IEEE Div); the forms multiply by one reciprocal
         # square root per row: at most 1 ulp more per element, so ``reassociating``
         sq = f"(View (Sqrt (Add ?var {fill('?eps', '?R', '3')})) (Expand ?S))"

@@ -102,6 +102,30 @@ def test_layer_norm_becomes_one_form(spelling):
     assert any(p.form_counts().get("rmsnorm") for p in res.candidates)
 
 
+@pytest.mark.parametrize("inverse", ["Div", "Reciprocal", "Div(1, s) * x", "x * Div(1, s)"])
+@pytest.mark.parametrize("which", ["rms", "layer"])
+def test_exported_norm_spellings_become_one_form(inverse, which):
+    """``Pow/ReduceMean/Add/Sqrt`` then any way an exporter writes the inverse square root: a
+    quotient, ``Reciprocal``, or ``Div(1, .)`` multiplied on either side."""
+    sc = weight("sc", (16,))
+    inits = [sc, nh.from_array(np.array(2.0, np.float32), "two"),
+             nh.from_array(np.array(1e-6, np.float32), "eps"), nh.from_array(np.array(1.0, np.float32), "one")]
+    nodes = ([] if which == "rms" else [oh.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+                                        oh.make_node("Sub", ["x", "mu"], ["d"])])
+    v = "x" if which == "rms" else "d"
+    nodes += [oh.make_node("Pow", [v, "two"], ["p"]), oh.make_node("ReduceMean", ["p"], ["ms"], axes=[-1]),
+              oh.make_node("Add", ["ms", "eps"], ["ve"]), oh.make_node("Sqrt", ["ve"], ["s"])]
+    if inverse == "Div":
+        nodes.append(oh.make_node("Div", [v, "s"], ["n"]))
+    else:
+        inv = (oh.make_node("Reciprocal", ["s"], ["r"]) if inverse == "Reciprocal"
+               else oh.make_node("Div", ["one", "s"], ["r"]))
+        nodes += [inv, oh.make_node("Mul", ["r", v] if inverse.startswith("Div(1") else [v, "r"], ["n"])]
+    nodes.append(oh.make_node("Mul", ["n", "sc"], ["y"]))
+    g, res = compile_and_check(model(nodes, [vi("x", S)], [vi("y", S)], inits, opset=13))
+    assert res.best.form_counts() == {"rmsnorm" if which == "rms" else "layernorm": 1}
+
+
 @pytest.mark.parametrize("scale_op", ["Div", "Mul"])
 def test_attention_becomes_one_form(scale_op):
     b, h, n, d = 2, 4, 8, 16
