@@ -8,7 +8,7 @@ Kernel forms (:data:`FORMS`) add one constructor each; nothing is spelled twice.
 Shapes are data: ``(shape e)`` holds every e-class's shape as ``IVec`` (``Vec i64``), so rules
 constrain rank by the length of shape and permutation vectors.
 
-Views are encoded as movement steps (``lumc.rewrites.movement``): ``(View x (Reshape s))``,
+Views are encoded as movement steps (``lumc.ir.movement``): ``(View x (Reshape s))``,
 ``(View x (Permute p))``, ``(View x (Expand s))`` (numpy broadcasting: leading dims may be added)
 and ``(View x (Strided k))`` for any other view (pads, windows, overlapping strides), kept whole in
 a side table; a slice under a reshape/transpose (a split of fused QKV) is a ``Strided`` box slice
@@ -32,7 +32,7 @@ from lumc.ir.ops import OPS
 from lumc.ir.tensor import Tensor
 from lumc.ir.views import View
 from lumc.rewrites import horizontal as _horizontal
-from lumc.rewrites.movement import compose_view, decompose_sliced, decompose_view
+from lumc.ir.movement import compose_view, decompose_sliced, decompose_view
 
 # non-tensor argument sorts of each op, after its Expr operands
 ARG_SORTS: dict[str, tuple[str, ...]] = {

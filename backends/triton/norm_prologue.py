@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View, contiguous_strides, prod
-from lumc.rewrites.movement import compose_view
+from lumc.ir.movement import compose_view
 from lumc.backends.row_moments import moment_pairs
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter

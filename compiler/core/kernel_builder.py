@@ -31,7 +31,7 @@ from lumc.ir.graph import Graph, Node, input_node, node, view_node
 from lumc.ir.kernels import Kernel
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View
-from lumc.rewrites.movement import compose_view
+from lumc.ir.movement import compose_view
 
 from lumc.compiler.runtime.program import KernelCall
 

@@ -11,7 +11,7 @@ from lumc.ir.ops import OPS
 from lumc.ir.tensor import Tensor, concat
 from lumc.ir.views import View
 from lumc.rewrites.language import FORMS, Encoder, Tables, constructors, declarations
-from lumc.rewrites.movement import apply_steps, decompose_sliced, decompose_view
+from lumc.ir.movement import apply_steps, decompose_sliced, decompose_view
 from lumc.rewrites.schedule import Limits, Saturator
 
 RNG = np.random.default_rng(0)
