@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
+from lumc.backends.triton.configs import attention_shared_memory
+from lumc.backends.triton.dot_precision import dot_dtype
 from lumc.ir.graph import toposort
 from lumc.ir.kernels import Kernel
 from lumc.ir.views import prod
@@ -243,7 +245,45 @@ def row_dims(kernel: Kernel) -> tuple[int, int]:
     return max(sum(prod(n.shape) for n in kernel.outputs), 1), 1
 
 
+_ATTENTION: "weakref.WeakKeyDictionary[Kernel, dict]" = weakref.WeakKeyDictionary()
+
+
+def attention_problem(kernel: Kernel) -> dict:
+    """The sizes :func:`~lumc.backends.triton.configs.attention_shared_memory` reads, from the
+    meaning of an attention kernel (the renderer's ``problem``, ``render_attention``): the padded
+    head widths ``BLOCK_D``/``BLOCK_DV`` (powers of two, at least 16), the keys ``N``, the
+    operands' ``itemsize`` and dot dtype, and ``SCORE_BYTES``, the bytes per score of the
+    masks and biases read beside q, k and v."""
+    hit = _ATTENTION.get(kernel)
+    if hit is not None:
+        return hit
+    nodes = kernel.meaning.nodes()
+    prods = [n for n in nodes if n.op == "SumReduce" and n.srcs[0].op == "Mul"]
+    s1, s2 = prods[0], prods[-1]          # scores first: the values' product reads them
+    m1, m2 = s1.srcs[0], s2.srcs[0]
+    d = prod(m1.shape[a] for a in s1.arg)
+    keys = prod(m2.shape[a] for a in s2.arg)
+    dv = m2.numel // max(s1.numel, 1)
+    isz = m1.srcs[0].dtype.itemsize
+    seen = {id(x) for x in toposort([m1.srcs[0], m1.srcs[1], m2.srcs[1]])}
+    extra = sum(n.dtype.itemsize for n in nodes
+                if (n.op == "Input" or (n.op == "Constant" and n.numel > 1)) and id(n) not in seen)
+
+    def pad(x: int) -> int:
+        return max(16, 1 << max(int(x) - 1, 0).bit_length())
+    hit = {"BLOCK_D": pad(d), "BLOCK_DV": pad(dv), "N": keys, "itemsize": isz,
+           "dot_dtype": dot_dtype(m1.srcs[0].dtype), "SCORE_BYTES": extra}
+    _ATTENTION[kernel] = hit
+    return hit
+
+
 def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int) -> int:
+    """Shared memory one program takes: attention's fitted bound (``configs``), a contraction's
+    pipelined operand tiles, a row kernel's fp32 row buffer."""
+    if kernel.form == "attention":
+        return attention_shared_memory(attention_problem(kernel), {
+            "BLOCK_M": cfg.get("BLOCK_M", 64), "BLOCK_N": cfg.get("BLOCK_N", 64),
+            "num_stages": cfg.get("num_stages", 2)})
     if kernel.form in TENSOR_FORMS:
         bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
         return (bm * bk + bk * bn) * itemsize * max(cfg.get("num_stages", 2), 1)

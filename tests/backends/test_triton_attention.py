@@ -191,3 +191,33 @@ def test_attention_configs_fit_the_shared_memory_of_a_block():
     space = configs.config_space("attention", p)
     assert space and all(configs.shared_memory_estimate("attention", p, c.kwargs())
                          <= configs.SMEM_LIMIT for c in space)
+
+
+@pytest.mark.parametrize("case", ["plain-f16", "bias-f32", "bool-mask", "causal-f32", "dv-differs"])
+def test_simulator_prices_attention_at_the_shared_memory_it_takes(case):
+    """The simulator's occupancy reads attention's shared memory from the same fitted bound as
+    the config space (``configs.attention_shared_memory``), from the same problem the renderer
+    reports; it used to count a matmul's two operand tiles (2-3x less) and so ran more programs
+    per SM than fit."""
+    from lumc.backends import simulator
+    from lumc.backends.devices import get_device
+    specs = {"plain-f16": (attention(0.125), [((3, 65, 40), dt.f16), ((3, 70, 40), dt.f16),
+                                              ((3, 70, 40), dt.f16)]),
+             "bias-f32": (attention(0.3, bias=True), [((1, 7, 8), dt.f32), ((1, 300, 8), dt.f32),
+                                                      ((1, 300, 8), dt.f32), ((7, 300), dt.f32)]),
+             "bool-mask": (attention(0.5, bool_mask=True),
+                           [((1, 5, 16), dt.f32), ((1, 40, 16), dt.f32), ((1, 40, 16), dt.f32),
+                            ((5, 40), dt.bool_)]),
+             "causal-f32": (attention(0.2, causal=True), [((2, 3, 128, 64), dt.f32)] * 3),
+             "dv-differs": (attention(0.2), [((2, 3, 37, 8), dt.f32), ((2, 3, 37, 8), dt.f32),
+                                             ((2, 3, 37, 24), dt.f32)])}
+    fn, ins = specs[case]
+    k = make_kernel("attention", fn, ins)
+    rk = render(k)
+    sim = simulator.attention_problem(k)
+    assert {key: rk.problem[key] for key in sim} == sim
+    for c in configs.config_space("attention", rk.problem):
+        kw = c.kwargs()
+        want = configs.attention_shared_memory(rk.problem, kw)
+        assert simulator._smem_bytes(k, kw, ins[0][1].itemsize) == want
+        simulator.simulate_kernel_time(k, kw, get_device("h200"))   # legal configs price
