@@ -3,9 +3,11 @@
 Each left side is the canonical encoding (``lumc.rewrites.language``) of the composition the
 library builds (``Tensor.matmul``, ``lumc.ir.library.norm.softmax`` ...), which ONNX import of
 ``MatMul``, ``Softmax`` or its ``ReduceMax/Sub/Exp/ReduceSum/Div`` spelling, ``LayerNormalization``
-or its ``ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div`` spelling all produce. Every rule is generated
-per rank (and axis), so every match is rank-checked. All are ``exact``: the right side decodes to
-the same primitives.
+or its ``ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div`` spelling all produce, and the spellings
+``torch.export`` adds: an N-D ``matmul`` decomposed into ``bmm`` between merging views (a batch of one
+composing the unit dim away), ``masked_fill``'s ``where(drop, fill, scores)``. Every rule is
+generated per rank (and axis), so every match is rank-checked. All are ``exact`` (the right side
+decodes to the same primitives) but the quotient spellings, ``reassociating`` where they are.
 """
 from __future__ import annotations
 
