@@ -251,16 +251,36 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
     s = 1.0 / math.sqrt(E) if scale is None else float(scale)
     scores = q.matmul(k.transpose(-2, -1)).mul(s)
     neg_inf = scores.scalar_like(float("-inf"))
-    if is_causal:
-        keep = Tensor.iota((L, S), 1).le(Tensor.iota((L, S), 0))
-        scores = keep.where(scores, neg_inf)
-    if mask is not None:
-        if mask.dtype.is_bool:
-            scores = mask.where(scores, neg_inf)
-        else:
+    causal = Tensor.iota((L, S), 1).le(Tensor.iota((L, S), 0)) if is_causal else None
+    if mask is not None and mask.dtype.is_bool:
+        # one select by both conditions (where(a, where(b, s, f), f) is the same selection), so
+        # the attention rules see one mask
+        scores = (mask if causal is None else mask.logical_and(causal)).where(scores, neg_inf)
+    else:
+        if causal is not None:
+            scores = causal.where(scores, neg_inf)
+        if mask is not None:
             scores = scores.add(mask.cast(scores.dtype))
     p = lib("norm.softmax")(scores, axis=-1)
-    return p.matmul(v), scores
+    out = p.matmul(v)
+    if mask is not None and S > 0:
+        # PyTorch's SDPA gives 0, not softmax's NaN, for a query whose every key is masked
+        # (``_safe_softmax`` in its math path; its flash and efficient kernels the same): a causal
+        # mask with left padding does this to every pad row. Which rows: from the masks alone (a
+        # float mask masks with -inf; a NaN in it is not a mask and still poisons the row), so the
+        # scores keep their attention form and the zeroing is its epilogue. Differs from PyTorch
+        # only where every kept key's score is itself -inf (infinite q or k).
+        if mask.dtype.is_bool:
+            kept = mask if causal is None else mask.logical_and(causal)
+        else:   # x = where(causal, s, -inf) + m is -inf where m is -inf, or off the causal band
+            # where m is below +inf (NaN and +inf make NaN there)
+            dead = mask.eq(float("-inf"))
+            if causal is not None:
+                dead = causal.where(dead, mask.lt(float("inf")))
+            kept = dead.logical_not()
+        dead = kept.cast(dt.f32).max(-1, keepdims=True).lt(0.5)
+        out = dead.where(out.scalar_like(0.0), out)
+    return out, scores
 
 
 def _sdpa_check(node) -> str | None:
