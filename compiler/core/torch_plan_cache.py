@@ -4,11 +4,12 @@ The ONNX path keys a stored plan by the model's bytes; a module has none, and ca
 (``torch.export``, then lowering) costs more than the whole reuse should. So the key is taken
 before capture, from what determines the result:
 
-* every submodule: its class (qualified name, and the bytes of the file defining each class of
-  its MRO outside torch, so an edit to a helper function there counts too), its ``training``
-  flag, its hooks, and every plain attribute (flags such as ``causal``, a config object through
-  its ``to_dict``, a stored function through its code), and the module's ``repr``; every
-  parameter and buffer (name, dtype, shape, bytes);
+* every submodule: its class (qualified name, the bytes of the file defining each class of its
+  MRO outside torch, and the classes' own attributes: a class-level flag, a patched ``forward``),
+  its ``training`` flag, its hooks, its plain attributes (flags such as ``causal``, a config
+  through its ``to_dict``, a stored function through its code, closure and, for the user's own
+  code, the globals it names; a module held in a plain list in full), and every parameter and
+  buffer, the non-persistent ones too (name, dtype, shape, bytes); the module's ``repr``;
 * the example inputs' structure, shapes, dtypes and non-tensor values, and ``dynamic_shapes``;
 * the device name and the versions lumc keys timings by (lumc's source hash, Triton, torch,
   driver: ``lumc.compiler.runtime.targets.versions``).
@@ -51,11 +52,6 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
     h = hashlib.sha256()
     h.update(repr(module).encode())
     h.update(module_fingerprint(module).encode())
-    for name, t in list(module.state_dict(keep_vars=False).items()):
-        a = t.detach()
-        h.update(repr((name, str(a.dtype), tuple(a.shape))).encode())
-        if a.numel():
-            h.update(memoryview(np.ascontiguousarray(a.cpu().reshape(-1).view(torch.uint8).numpy())))
     leaves, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
     h.update(repr(spec).encode())
     for x in leaves:
@@ -70,107 +66,188 @@ _SKIPPED_ATTRS = frozenset({"_parameters", "_buffers", "_modules", "_non_persist
                             "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
                             "_load_state_dict_post_hooks", "_backward_hooks", "_backward_pre_hooks",
                             "_is_full_backward_hook", "_compiled_call_impl"})
+_SKIPPED_CLASS_ATTRS = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                                  "__annotations__", "__slots__", "__firstlineno__",
+                                  "__static_attributes__", "__orig_bases__", "__parameters__"})
 _TORCH_DIR = str(Path(torch.__file__).parent)
-_MAX_DEPTH = 6
+_MAX_DEPTH = 64            # nesting of plain values followed (cycles are cut by identity)
+_MAX_VALUES = 200_000      # values visited per fingerprint; past it the key is never reused
 
 
-def _file_digest(path: str | None, files: dict) -> str:
-    """sha256 of a source file's bytes (memoized in ``files``); files inside torch are covered by
-    torch's version in the key."""
-    if not path or path.startswith(_TORCH_DIR):
-        return ""
-    if path not in files:
-        try:
-            files[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-        except OSError:
-            files[path] = "?"
-    return files[path]
+def _installed(path: str) -> bool:
+    """A file of an installed package (torch, transformers ...), not the user's own code."""
+    return path.startswith(_TORCH_DIR) or "site-packages" in path or "dist-packages" in path
 
 
-def _code_text(fn, files: dict) -> str:
-    """A function by its code (bytecode, constants, names, closure values) and its file."""
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:   # a builtin (torch.tanh): its module and name
-        return (f"{type(fn).__qualname__}:{getattr(fn, '__module__', None)}."
-                f"{getattr(fn, '__qualname__', getattr(fn, '__name__', ''))}")
-    cells = tuple(_value_text(c.cell_contents, files, 1) if c.cell_contents is not fn else "self"
-                  for c in (fn.__closure__ or ()))
-    return repr((getattr(fn, "__module__", ""), fn.__qualname__, code.co_code.hex(),
-                 repr(code.co_consts), code.co_names, cells,
-                 _file_digest(code.co_filename, files)))
+class _Fingerprint:
+    """Text of what a module tree computes beyond its registered tensors' values.
 
+    Follows plain values (flags, configs through ``to_dict``, containers, objects' ``__dict__``
+    and their classes' attributes), functions by their code, closures and, for the user's own
+    code, the globals they name (a module-level flag, a helper in another file), tensors by their
+    bytes, and modules held outside the tree in full. Installed packages' code is taken at its
+    file's bytes (torch at its version, in the key): their globals are not followed."""
 
-def _value_text(x, files: dict, depth: int = 0) -> str:
-    """A stable text of a plain attribute value: what it is, never where it lives in memory."""
-    if depth > _MAX_DEPTH:
-        return "..."
-    if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
-        return repr(x)
-    if isinstance(x, (torch.dtype, torch.device, torch.Size)):
-        return str(x)
-    if isinstance(x, torch.Tensor):   # an unregistered tensor attribute is a constant of the graph
+    def __init__(self):
+        self.files: dict[str, str] = {}
+        self.memo: dict[int, tuple] = {}      # id -> (object kept alive, text)
+        self.active: set[int] = set()
+        self.classes: dict = {}
+        self.visited = 0
+        self.exhausted = False
+
+    def file(self, path: str | None) -> str:
+        if not path or path.startswith(_TORCH_DIR):
+            return ""
+        if path not in self.files:
+            try:
+                self.files[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+            except OSError:
+                self.files[path] = "?"
+        return self.files[path]
+
+    def code(self, code: types.CodeType, globs: dict | None, depth: int) -> str:
+        """A code object: bytecode, constants (nested code too), names, file; for the user's own
+        code, the values of the globals it names."""
+        consts = [self.code(c, globs, depth + 1) if isinstance(c, types.CodeType) else repr(c)
+                  for c in code.co_consts]
+        named = ""
+        if globs is not None and not _installed(code.co_filename):
+            named = ",".join(f"{n}={self.value(globs[n], depth + 1)}" for n in code.co_names
+                             if n in globs and not isinstance(globs[n], types.ModuleType))
+        return repr((code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+                     code.co_code.hex(), consts, code.co_names, self.file(code.co_filename), named))
+
+    def function(self, fn, depth: int) -> str:
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is None:   # a builtin (torch.tanh): its module and name
+            return (f"{type(fn).__qualname__}:{getattr(fn, '__module__', None)}."
+                    f"{getattr(fn, '__qualname__', getattr(fn, '__name__', ''))}")
+        cells = [self.value(c.cell_contents, depth + 1) if c.cell_contents is not fn else "self"
+                 for c in (fn.__closure__ or ())]
+        return f"fn({getattr(fn, '__module__', '')},{self.code(code, fn.__globals__, depth)},{cells})"
+
+    def klass(self, cls: type, depth: int) -> str:
+        """A class: its name, its file, and its own attributes (methods by code) down the MRO,
+        stopping at torch's classes (as a digest, once per class)."""
+        if ("class", cls) in self.classes:
+            return self.classes[("class", cls)]
+        self.classes[("class", cls)] = f"<class {cls.__qualname__}>"   # a class naming itself
+        parts = []
+        for c in cls.__mro__:
+            if c is object or c.__module__.startswith("torch"):
+                parts.append(c.__qualname__)
+                continue
+            try:
+                src = self.file(inspect.getsourcefile(c))
+            except TypeError:
+                src = "builtin"
+            own = {k: v for k, v in vars(c).items() if k not in _SKIPPED_CLASS_ATTRS}
+            parts.append(f"{c.__module__}.{c.__qualname__}@{src}{self.value(own, depth + 1)}")
+        text = f"{cls.__qualname__}:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+        self.classes[("class", cls)] = text
+        return text
+
+    def tensor(self, x) -> str:
         a = x.detach().cpu().contiguous()
         return repr((str(a.dtype), tuple(a.shape), hashlib.sha256(
             a.reshape(-1).view(torch.uint8).numpy().tobytes() if a.numel() else b"").hexdigest()))
-    if isinstance(x, np.ndarray):
-        return repr((str(x.dtype), x.shape, hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()))
-    if isinstance(x, torch.nn.Module):   # fingerprinted as a submodule of its own
-        return f"module:{type(x).__qualname__}"
-    if isinstance(x, (list, tuple, set, frozenset)):
-        items = [_value_text(v, files, depth + 1) for v in x]
-        return f"{type(x).__name__}[{','.join(sorted(items) if isinstance(x, (set, frozenset)) else items)}]"
-    if isinstance(x, dict):
-        return "{" + ",".join(sorted(f"{_value_text(k, files, depth + 1)}:{_value_text(v, files, depth + 1)}"
-                                     for k, v in x.items())) + "}"
-    if isinstance(x, functools.partial):
-        return f"partial({_code_text(x.func, files)},{_value_text((x.args, x.keywords), files, depth + 1)})"
-    if isinstance(x, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
-                      types.BuiltinMethodType)) or (callable(x) and not hasattr(x, "__dict__")):
-        return _code_text(x, files)
-    memo = files.setdefault(None, {})   # one text per object (a config shared by every layer)
-    if id(x) in memo:
-        return memo[id(x)][1]
-    text = None
-    to_dict = getattr(x, "to_dict", None)
-    if callable(to_dict):   # a transformers config (its repr is JSON of the same)
+
+    def module(self, m: torch.nn.Module, depth: int = 0) -> str:
+        """A module tree: per submodule its name, class, training flag, plain attributes (hooks by
+        value: their keys are a process-wide counter), and every parameter and buffer (the
+        non-persistent ones too) by name, dtype, shape and bytes."""
+        parts = []
+        for name, sub in m.named_modules(remove_duplicate=False):
+            attrs = {k: v for k, v in vars(sub).items() if k not in _SKIPPED_ATTRS}
+            for k in [k for k in attrs if "hooks" in k and isinstance(attrs[k], dict)]:
+                attrs[k] = list(attrs[k].values())
+            tensors = [(n, self.tensor(t)) for n, t in
+                       list(sub.named_parameters(recurse=False)) + list(sub.named_buffers(recurse=False))
+                       if t is not None]
+            parts.append(repr((name, self.klass(type(sub), depth + 1), self.value(attrs, depth + 1),
+                               tensors)))
+        return "\n".join(parts)
+
+    def value(self, x, depth: int = 0) -> str:
+        """A stable text of a value: what it is, never where it lives in memory."""
+        self.visited += 1
+        if depth > _MAX_DEPTH or self.visited > _MAX_VALUES:
+            self.exhausted = True
+            return "..."
+        if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
+            return repr(x)
+        if isinstance(x, (torch.dtype, torch.device, torch.Size, types.ModuleType)):
+            return str(x)
+        if isinstance(x, torch.Tensor):   # an unregistered tensor attribute is a graph constant
+            return self.tensor(x)
+        if isinstance(x, np.ndarray):
+            return repr((str(x.dtype), x.shape,
+                         hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()))
+        if isinstance(x, types.CodeType):
+            return self.code(x, None, depth)
+        key = id(x)
+        if key in self.memo:
+            return self.memo[key][1]
+        if key in self.active:            # a cycle: the object is already being written
+            return f"<cycle {type(x).__qualname__}>"
+        self.active.add(key)
         try:
-            text = f"{type(x).__qualname__}{_value_text(to_dict(), files, depth + 1)}"
-        except Exception:
-            text = None
-    if text is None and hasattr(x, "__dict__") and not isinstance(x, type):
-        text = f"{type(x).__qualname__}{_value_text(vars(x), files, depth + 1)}"
-    if text is not None:
-        memo[id(x)] = (x, text)   # x held: its id is not reused while the memo lives
+            # a digest, not the text: a value shared down a deep structure is written once
+            text = hashlib.sha256(self._compound(x, depth).encode()).hexdigest()[:20]
+        finally:
+            self.active.discard(key)
+        self.memo[key] = (x, text)       # x held: its id is not reused while the memo lives
         return text
-    text = repr(x)
-    return type(x).__qualname__ if " at 0x" in text else text
+
+    def _compound(self, x, depth: int) -> str:
+        if isinstance(x, torch.nn.Module):   # held outside the tree (a plain list): in full
+            return f"module[{self.module(x, depth + 1)}]"
+        if isinstance(x, type):
+            return f"class[{self.klass(x, depth + 1)}]"
+        if isinstance(x, (list, tuple, set, frozenset)):
+            items = [self.value(v, depth + 1) for v in x]
+            if isinstance(x, (set, frozenset)):
+                items.sort()
+            return f"{type(x).__name__}[{','.join(items)}]"
+        if isinstance(x, dict):
+            return "{" + ",".join(sorted(f"{self.value(k, depth + 1)}:{self.value(v, depth + 1)}"
+                                         for k, v in x.items())) + "}"
+        if isinstance(x, functools.partial):
+            return f"partial({self.value(x.func, depth + 1)},{self.value((x.args, x.keywords), depth + 1)})"
+        if isinstance(x, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                          types.BuiltinMethodType)):
+            own = self.value(x.__self__, depth + 1) if isinstance(x, types.MethodType) else ""
+            return self.function(x, depth) + own
+        to_dict = getattr(x, "to_dict", None)
+        if callable(to_dict) and not isinstance(x, type):   # a transformers config
+            try:
+                return f"{self.klass(type(x), depth + 1)}{self.value(to_dict(), depth + 1)}"
+            except Exception:
+                pass
+        if hasattr(x, "__dict__"):
+            return f"{self.klass(type(x), depth + 1)}{self.value(vars(x), depth + 1)}"
+        text = repr(x)
+        if " at 0x" in text:             # an object whose identity is all its repr shows
+            return self.klass(type(x), depth + 1)
+        return text
 
 
 def module_fingerprint(module: torch.nn.Module) -> str:
-    """What the module tree computes beyond its tensors, as text (see the module docstring).
-
-    Not covered: a function called by ``forward`` that lives in a file defining none of the
-    tree's classes, and global state read at trace time; ``reuse_plan=False`` compiles afresh."""
-    files: dict = {}
-    parts = []
+    """What the module tree computes, as text (see :class:`_Fingerprint`), with the global
+    forward hooks. A tree too large or deep to follow gets a text no other call gives, so it is
+    never reused. Not covered: state read through a module-level object of an installed package
+    (a library's global setting); ``reuse_plan=False`` compiles afresh."""
+    fp = _Fingerprint()
     hooks = torch.nn.modules.module
-    for g in ("_global_forward_hooks", "_global_forward_pre_hooks"):
-        parts.extend(_code_text(fn, files) for fn in getattr(hooks, g, {}).values())
-    for name, m in module.named_modules(remove_duplicate=False):
-        cls = type(m)
-        mro = [c for c in cls.__mro__ if c not in (torch.nn.Module, object)]
-        srcs = []
-        for c in mro:
-            try:
-                srcs.append(_file_digest(inspect.getsourcefile(c), files))
-            except TypeError:
-                srcs.append("builtin")
-        attrs = {k: v for k, v in vars(m).items() if k not in _SKIPPED_ATTRS}
-        for k in [k for k in attrs if "hooks" in k]:   # keyed by a process-wide counter: values only
-            attrs[k] = [_value_text(v, files) for v in attrs[k].values()] if isinstance(attrs[k], dict) else attrs[k]
-        parts.append(repr((name, cls.__module__, cls.__qualname__, srcs,
-                           _value_text(attrs, files))))
+    parts = [fp.value(list(getattr(hooks, g, {}).values()))
+             for g in ("_global_forward_hooks", "_global_forward_pre_hooks")]
+    parts.append(fp.module(module))
+    if fp.exhausted:
+        import uuid
+        log.info("torch plan key: the module's state is too large to fingerprint; not reused")
+        parts.append(uuid.uuid4().hex)
     return "\n".join(parts)
 
 

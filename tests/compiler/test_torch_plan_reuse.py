@@ -135,8 +135,10 @@ def test_plain_attributes_are_part_of_the_key(cache):
 
 def test_fingerprint_sees_configs_and_closures():
     from lumc.compiler.core.torch_plan_cache import module_fingerprint
+    torch.manual_seed(0)
     m = _Gated(False)
     a = module_fingerprint(m)
+    torch.manual_seed(0)
     assert module_fingerprint(_Gated(False)) == a           # not an address or an id
     m.cfg.scale = 0.3
     assert module_fingerprint(m) != a
@@ -146,3 +148,70 @@ def test_fingerprint_sees_configs_and_closures():
     k = 3.0   # the closure's value is part of the function
     m.act = lambda t: t * k
     assert module_fingerprint(m) != b
+
+
+_SCALE = 1.0   # a module-level global a forward reads
+
+
+class _Helper:
+    def __call__(self, t):
+        return t * 2
+
+
+class _Wide(torch.nn.Module):
+    flip = False                      # a class attribute forward reads
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("table", torch.arange(4.0), persistent=False)
+        self.side = [torch.nn.Linear(4, 4)]            # a module outside the tree
+        self.helper = _Helper()
+        self.deep = {"a": [{"b": {"c": [[{"d": {"e": {"f": {"g": False}}}}]]}}]}
+
+    def forward(self, x):
+        y = self.helper(self.lin(x) + self.table + self.side[0](x)) * _SCALE
+        return -y if type(self).flip or self.deep["a"][0]["b"]["c"][0][0]["d"]["e"]["f"]["g"] else y
+
+
+@pytest.mark.parametrize("change", ["non-persistent buffer", "module in a list", "class attribute",
+                                    "class forward", "helper's class", "deep flag", "global"])
+def test_every_kind_of_state_forward_reads_changes_the_key(change):
+    """Each of these once left the key unchanged, so a recompile returned the earlier plan's
+    (now wrong) results."""
+    global _SCALE
+    from lumc.compiler.core.torch_plan_cache import module_fingerprint
+    torch.manual_seed(0)
+    m = _Wide()
+    before = module_fingerprint(m)
+    assert module_fingerprint(m) == before
+    saved = (_Wide.forward, _Helper.__call__, _SCALE)
+    try:
+        if change == "non-persistent buffer":
+            m.table.add_(1)
+        elif change == "module in a list":
+            with torch.no_grad():
+                m.side[0].weight.mul_(2)
+        elif change == "class attribute":
+            _Wide.flip = True
+        elif change == "class forward":
+            _Wide.forward = lambda self, x: saved[0](self, x).relu()
+        elif change == "helper's class":
+            _Helper.__call__ = lambda self, t: t * 3
+        elif change == "deep flag":
+            m.deep["a"][0]["b"]["c"][0][0]["d"]["e"]["f"]["g"] = True
+        else:
+            _SCALE = 2.0
+        assert module_fingerprint(m) != before
+    finally:
+        _Wide.flip = False
+        m.deep["a"][0]["b"]["c"][0][0]["d"]["e"]["f"]["g"] = False
+        _Wide.forward, _Helper.__call__, _SCALE = saved
+    assert module_fingerprint(m) == before or change in ("non-persistent buffer", "module in a list")
+
+
+def test_a_state_too_large_to_follow_is_never_reused(monkeypatch):
+    from lumc.compiler.core import torch_plan_cache as pc
+    monkeypatch.setattr(pc, "_MAX_VALUES", 10)
+    m = _Wide()
+    assert pc.module_fingerprint(m) != pc.module_fingerprint(m)
