@@ -200,6 +200,14 @@ class CompiledTorchModule:
                          f"({prim}); lowered in {s.seconds:.2f} s -> {outs}")
             if s.compiled is not None:
                 lines.append("    " + s.compiled.report().replace("\n", "\n    "))
+                ec = s.compiled.report_dict().get("eager_check")
+                if ec and "passed" in ec:
+                    lines.append(f"    against PyTorch eager on the example inputs: max rel error "
+                                 f"{ec['max_rel_error']:.3g} (tolerance {ec['rtol']:g}), "
+                                 f"{ec['nonfinite_mismatch']} NaN/inf mismatches: "
+                                 f"{'passed' if ec['passed'] else 'FAILED'}")
+                elif ec:
+                    lines.append(f"    against PyTorch eager: skipped ({ec.get('skipped')})")
         if not self._cache:
             lines.append("  no specialization yet (call it once)")
         return "\n".join(lines)
@@ -287,6 +295,11 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
             if slot.dims is not None and isinstance(leaf, torch.Tensor)}
     spec = compiled.specialization(leaves, feed)
+    if spec.compiled is not None:   # the lowering itself, against the module (eager_check)
+        from lumc.compiler.core.eager_check import check_against_eager
+        kw = dict(example_kwargs or {})
+        spec.compiled._report["eager_check"] = check_against_eager(
+            module, args, kw, compiled(*args, **kw), policy.rtol, type(module).__name__)
     if stored is not None and spec.compiled is not None and \
             spec.compiled.report_dict().get("best_time_s") is not None:
         plan_cache.store(stored[0], stored[1], compiled, spec)

@@ -39,7 +39,8 @@ _TOP: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "candidates_rejected": (OPT_INT, False), "max_rel_error": (OPT_NUM, False),
         "egraph": ((dict,), False), "warnings": ((list,), False), "log": ((list,), False),
         "per_kernel": ((list,), False), "inputs": ((dict,), False), "outputs": ((dict,), False),
-        "stage_seconds": ((dict,), False), "form_counts": ((dict,), False)},
+        "stage_seconds": ((dict,), False), "form_counts": ((dict,), False),
+        "eager_check": ((dict,), False)},
 }
 _PLAN_CALL = {"form": ((str,), True), "attrs": ((list,), True), "covers": ((list,), True),
               "meaning": ((str,), True), "meaning_consts": ((str,), True),

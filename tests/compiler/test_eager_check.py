@@ -1,0 +1,53 @@
+"""A compile of a module is compared with the module itself (``eager_check``): lowering bugs that
+the kernel checks cannot see (they compare against the same lowering) are reported and warned."""
+import math
+
+import pytest
+import torch
+
+from lumc.compiler.core import torch_compile
+from lumc.compiler.core.eager_check import LumcNumericsWarning, compare
+
+
+def test_compare_counts_errors_and_nonfinite_mismatches():
+    w = torch.tensor([1.0, -2.0, math.nan, math.inf, -math.inf, 4.0])
+    assert compare(w, w.clone(), 1e-4) == {"max_rel_error": 0.0, "nonfinite_mismatch": 0,
+                                          "outputs": 1, "rtol": 1e-4, "passed": True}
+    g = w.clone()
+    g[0] = 1.0 + 4e-4                     # 1e-4 of max |want| = 4
+    r = compare(w, g, 1e-4)
+    assert r["max_rel_error"] == pytest.approx(1e-4, rel=1e-3) and r["nonfinite_mismatch"] == 0
+    g = w.clone()
+    g[2], g[3], g[4] = 0.0, -math.inf, math.nan   # NaN lost, inf flipped, -inf became NaN
+    r = compare(w, g, 1e-4)
+    assert r["nonfinite_mismatch"] == 3 and not r["passed"]
+    # structures: dicts and tuples of tensors, ints skipped, a shape change is all mismatched
+    r = compare({"a": (w, 3)}, {"a": (w[:2], 3)}, 1e-4)
+    assert r["nonfinite_mismatch"] == 6 and r["outputs"] == 1
+
+
+class _M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.softmax(self.lin(x), -1)
+
+
+def test_a_compile_records_the_check_and_a_mismatch_warns(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m, x = _M().eval(), torch.randn(3, 8)
+    f = torch_compile.compile_module(m, (x,), budget="20s", device="sim:h200")
+    ec = f.specializations[0].compiled.report_dict()["eager_check"]
+    assert ec["passed"] and ec["max_rel_error"] < 1e-5 and ec["outputs"] == 1
+    assert "against PyTorch eager on the example inputs" in f.report()
+    # a lowering that disagrees with the module (simulated by breaking the call's result)
+    call = torch_compile.CompiledTorchModule.__call__
+    monkeypatch.setattr(torch_compile.CompiledTorchModule, "__call__",
+                        lambda self, *a, **k: call(self, *a, **k) * 2)
+    with pytest.warns(LumcNumericsWarning, match="differs from PyTorch eager"):
+        g = torch_compile.compile_module(m, (x,), budget="20s", device="sim:h200", reuse_plan=False)
+    assert not g.specializations[0].compiled.report_dict()["eager_check"]["passed"]
+    assert "FAILED" in g.report()
