@@ -195,9 +195,9 @@ class _NoForms(CostModel):
         return super().enode_cost(g, c, n)
 
 
-def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
-    """The least-cost choice with every class that is a column slice of a wider contraction
-    (``Part``, ``lumc.rewrites.horizontal``) read from the widest one, or None without any."""
+def _wide_forced(view: EGraphView) -> dict[str, int] | None:
+    """The choices that read every class that is a column slice of a wider contraction
+    (``Part``, ``lumc.rewrites.horizontal``) from the widest one, or None without any."""
     reach: dict[str, int] = {}
 
     def widest(c: str) -> int:
@@ -216,8 +216,14 @@ def _widest_parts(view: EGraphView, cost: CostModel) -> dict[str, int] | None:
             forced[c] = max(parts)[1]
     if not forced:
         return None
-    pick, _ = choose(view, cost, forced)
-    return pick
+    # a view over a part (a batch of one's reshape of the 2-D product) is read through it too:
+    # its class also holds the raw reduction it was recognized from, which bypasses the part
+    for c, ns in view.classes.items():
+        if c not in forced:
+            via = [i for i, n in enumerate(ns) if n.ctor == "View" and n.args[0] in forced]
+            if via:
+                forced[c] = via[0]
+    return forced
 
 
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
@@ -295,10 +301,10 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     wide_memo: dict = {}
     for r in results:
         if id(r.view.classes) not in wide_memo:
-            wide_memo[id(r.view.classes)] = _widest_parts(r.view, cost)
+            wide_memo[id(r.view.classes)] = _wide_forced(r.view)
     wide = [wide_memo[id(r.view.classes)] for r in results]
     if any(w is not None for w in wide):
-        plans.append(("egraph-horizontal", [w if w is not None else r.pick
+        plans.append(("egraph-horizontal", [choose_once(r.view, w) if w is not None else r.pick
                                             for w, r in zip(wide, results)]))
     # single flips, cheapest first across regions: programs argmin extraction never returns
     flips = sorted((d, i, c, n) for i, r in enumerate(results) for d, c, n in r.alts)
@@ -323,13 +329,22 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         for i, forced in by_region.items():
             alt[i] = choose_once(results[i].view, forced)
         plans.append((f"all:{key}", alt))
+        if key.endswith(("->LayerNorm", "->RMSNorm")) and any(w is not None for w in wide):
+            # the norm form everywhere and the projections it feeds merged (Llama's RMSNorm
+            # before Q/K/V and gate/up): neither plan alone has both
+            both = list(base)
+            for i, r in enumerate(results):
+                forced = dict(wide[i] or {}, **by_region.get(i, {}))
+                if forced:
+                    both[i] = choose_once(r.view, forced)
+            plans.append((f"all:{key}+horizontal", both))
     # pre-LN fusion of the two main plans: each normalization read only by contractions formed on
     # load in them (fewer kernels and bytes, more work per GEMM program: the bound judges)
     # (and of each plan that turns a normalization form on everywhere; single-region flips are
     # left out: one more decode of the whole program each); post-LN fusion of the same plans: a
     # normalization also read by a contraction's epilogue (the residual) is formed on load there
     # too, its row statistics computed by the first kernel that forms it
-    norm_on = re.compile(r"^(egraph-(argmin|horizontal)|all:.*->(LayerNorm|RMSNorm))$")
+    norm_on = re.compile(r"^(egraph-(argmin|horizontal)|all:.*->(LayerNorm|RMSNorm)(\+horizontal)?)$")
     # each right after its base plan: where nothing fuses, the twins are one program under the
     # base's label (duplicates are dropped after decoding)
     plans = [q for lab, picks in plans for q in ([(lab, picks)] + (

@@ -67,7 +67,12 @@ def test_every_part_equals_its_projection(n, bias):
     assert checked >= n
 
 
-def test_horizontal_candidate_is_one_contraction_with_constant_weights():
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("flat", [False, True])
+def test_horizontal_candidate_is_one_contraction_with_constant_weights(bias, flat):
+    """``flat``: torch's spelling of a Linear on ``[1, T, C]`` (a 2-D product between reshapes);
+    without a bias the reshape's class also holds the raw reduction, which bypassed the wide
+    product (Llama's, T5's and Mistral's Q/K/V and gate/up were never merged)."""
     rng = np.random.default_rng(3)
     x = input_node("x", (1, 16, 32), dt.f32)
     t = Tensor(x)
@@ -75,7 +80,9 @@ def test_horizontal_candidate_is_one_contraction_with_constant_weights():
     for width in (32, 32, 32):   # q, k, v of one head, read by a consumer that adds them
         w = Tensor(const_node(rng.standard_normal((width, 32)).astype(np.float32)))
         b = Tensor(const_node(rng.standard_normal(width).astype(np.float32)))
-        parts.append(t.matmul(w.permute((1, 0))).add(b))
+        y = (t.reshape((16, 32)).matmul(w.permute((1, 0))).reshape((1, 16, width)) if flat
+             else t.matmul(w.permute((1, 0))))
+        parts.append(y.add(b) if bias else y)
     y = parts[0].mul(parts[1]).add(parts[2])
     g = Graph({"x": x}, {"y": y.node})
     res = egraph_candidates(g, "h200", k=8)
