@@ -161,3 +161,26 @@ def test_sdpa_rows_with_every_key_masked_are_zero_as_in_pytorch(kind, is_causal)
         assert res.best.form_counts().get("attention") == 1, res.best.form_counts()
     np.testing.assert_allclose(next(iter(run_program_reference(res.best, g, feed).values())), want,
                                rtol=1e-4, atol=1e-6)
+
+
+class _FinMinMask(nn.Module):
+    """transformers' padding mask: ``where(pad, finfo.min, 0)`` from the integer attention mask."""
+
+    def forward(self, q, k, v, attention_mask):
+        pad = (attention_mask == 0)[:, None, None, :]
+        bias = torch.zeros(pad.shape).masked_fill(pad, torch.finfo(torch.float32).min)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def test_a_mask_that_cannot_hold_minus_inf_needs_no_dead_row_check():
+    """No row of a finfo.min mask is dead (softmax stays finite), so no reduction over the mask
+    is added; a mask that may hold -inf (an input) gets it."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 16) for _ in range(3))
+    am = torch.ones(2, 8, dtype=torch.int64)
+    am[0, :3] = 0
+    g = import_torch(_FinMinMask().eval(), (q, k, v, am)).graph
+    assert egraph_candidates(g, "h200", k=2).best.form_counts() == {"attention": 1}
+    mask = torch.zeros(2, 1, 8, 8)
+    g = import_torch(_Sdpa().eval(), (q, k, v, mask)).graph
+    assert egraph_candidates(g, "h200", k=2).best.form_counts() == {"attention": 1, "reduction": 1}

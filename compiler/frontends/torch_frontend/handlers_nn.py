@@ -263,7 +263,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
             scores = scores.add(mask.cast(scores.dtype))
     p = lib("norm.softmax")(scores, axis=-1)
     out = p.matmul(v)
-    if mask is not None and S > 0:
+    if mask is not None and S > 0 and (mask.dtype.is_bool or _may_be_neg_inf(mask.node)):
         # PyTorch's SDPA gives 0, not softmax's NaN, for a query whose every key is masked
         # (``_safe_softmax`` in its math path; its flash and efficient kernels the same): a causal
         # mask with left padding does this to every pad row. Which rows: from the masks alone (a
@@ -281,6 +281,21 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
         dead = kept.cast(dt.f32).max(-1, keepdims=True).lt(0.5)
         out = dead.where(out.scalar_like(0.0), out)
     return out, scores
+
+
+def _may_be_neg_inf(n, depth: int = 64) -> bool:
+    """Whether a float mask may hold -inf (then a row may be dead): False only when it is built
+    from constants without -inf, selects between such values, or casts integers (transformers'
+    padding masks: ``where(pad, finfo.min, 0)``); any arithmetic may overflow, so True."""
+    while depth > 0 and n.op in ("View", "Contiguous"):
+        n, depth = n.srcs[0], depth - 1
+    if n.op == "Constant":
+        return bool(np.isneginf(np.asarray(n.arg.value, dtype=np.float64)).any())
+    if n.op == "Cast":
+        return n.srcs[0].dtype.is_float and _may_be_neg_inf(n.srcs[0], depth - 1)
+    if n.op == "Where":
+        return _may_be_neg_inf(n.srcs[1], depth - 1) or _may_be_neg_inf(n.srcs[2], depth - 1)
+    return True
 
 
 def _sdpa_check(node) -> str | None:
