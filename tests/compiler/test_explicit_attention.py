@@ -184,3 +184,24 @@ def test_a_mask_that_cannot_hold_minus_inf_needs_no_dead_row_check():
     mask = torch.zeros(2, 1, 8, 8)
     g = import_torch(_Sdpa().eval(), (q, k, v, mask)).graph
     assert egraph_candidates(g, "h200", k=2).best.form_counts() == {"attention": 1, "reduction": 1}
+
+
+@pytest.mark.parametrize("dead", [False, True])
+def test_a_constant_mask_is_checked_for_dead_rows_while_lowering(dead):
+    """A mask that reads no input (a causal buffer) is evaluated when lowered: without a dead row
+    it needs no check at run time; with one, the zeroing stays and matches PyTorch."""
+    keep = torch.ones(8, 8, dtype=torch.bool).tril()
+    if dead:
+        keep[:3, :3] = False
+
+    class C(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("keep", keep)
+
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.keep)
+    torch.manual_seed(0)
+    args = tuple(torch.randn(1, 2, 8, 16) for _ in range(3))
+    forms = _forms_and_check(C().eval(), args)
+    assert forms == ({"attention": 1, "reduction": 1} if dead else {"attention": 1}), forms

@@ -12,7 +12,9 @@ import math
 import numpy as np
 
 from lumc.compiler.frontends.torch_frontend.registry import aten, arg, lib, promote, to_tensor
+from lumc.backends.reference import ReferenceExecutor
 from lumc.ir import dtypes as dt
+from lumc.ir.graph import Graph, toposort
 from lumc.ir.tensor import Tensor
 
 
@@ -278,9 +280,28 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
             if causal is not None:
                 dead = causal.where(dead, mask.lt(float("inf")))
             kept = dead.logical_not()
-        dead = kept.cast(dt.f32).max(-1, keepdims=True).lt(0.5)
-        out = dead.where(out.scalar_like(0.0), out)
+        if _some_row_dead(kept) is not False:
+            dead = kept.cast(dt.f32).max(-1, keepdims=True).lt(0.5)
+            out = dead.where(out.scalar_like(0.0), out)
     return out, scores
+
+
+MAX_STATIC_MASK = 1 << 22   # masks evaluated while lowering (4M elements)
+
+
+def _some_row_dead(kept: Tensor) -> bool | None:
+    """Whether a query row of ``kept`` keeps no key, evaluated now when the mask reads no input
+    (a causal mask built from ``arange``: never); None when it reads one, or is too large or
+    symbolic to evaluate."""
+    if kept.numel is None or not isinstance(kept.numel, int) or kept.numel > MAX_STATIC_MASK:
+        return None
+    if any(n.op == "Input" for n in toposort([kept.node])):
+        return None
+    try:
+        val = ReferenceExecutor(Graph({}, {"kept": kept.node}))({})["kept"]
+    except Exception:   # a symbolic size: decided at run time
+        return None
+    return bool((~np.asarray(val, bool).any(axis=-1)).any())
 
 
 def _may_be_neg_inf(n, depth: int = 64) -> bool:
