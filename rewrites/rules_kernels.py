@@ -184,6 +184,18 @@ def batch_merge_rules() -> list[Rule]:
                           f"[r={r}]", "exact",
                           "(View (MatMul (View ?a (Reshape ?sa3)) (View ?b (Reshape ?sb3))) "
                           "(Reshape ?so))", "(MatMul ?a ?b)", tuple(where), cases=cases))
+    # the transpose taken after the merge (``k.transpose(2, 3)`` of a computed k: torch merges
+    # the contiguous k, then views it transposed): the same view as the merge of the transpose
+    gx = _getters("?sx", 4)
+    tr = "(View ?x (Permute (vec-of 0 1 3 2)))"
+    s_t = f"(vec-of (* {gx[0]} {gx[1]}) {gx[3]} {gx[2]})"
+    rules.append(Rule("kernels/View: transpose(merge(x)) -> merge(transpose(x)) [r=4]", "exact",
+                      "(View (View ?x (Reshape ?s3)) (Permute (vec-of 0 2 1)))",
+                      f"(View {tr} (Reshape {s_t}))",
+                      ("(= ?sx (shape ?x))", "(= (vec-length ?sx) 4)",
+                       f"(= ?s3 (vec-of (* {gx[0]} {gx[1]}) {gx[2]} {gx[3]}))"),
+                      sets=(f"(set (shape {tr}) (vec-of {gx[0]} {gx[1]} {gx[3]} {gx[2]}))",),
+                      cases=({"x": ("in", (2, 3, 4, 5), "f32"), "s3": (6, 4, 5)},)))
     # a batch of one: the views around the bmm compose the unit dim away, so the operands are 3-D
     # ([H, M, K]) while the softmax between the products is 4-D ([1, H, M, N]); the products are
     # given their 4-D form (the unit dim put on the operands), both where the result is reshaped
@@ -214,6 +226,31 @@ def batch_merge_rules() -> list[Rule]:
                       cases=({"p": ("in", (1, 3, 4, 5), "f32"), "b": ("in", (3, 5, 2), "f32"),
                               "sa": (3, 4, 5)},)))
     return rules
+
+
+def operand_permute_rules() -> list[Rule]:
+    """A bmm's ``b`` operand reached by one permute that also places its unit M axis (``k`` made
+    by an elementwise op, RoPE's ``k * cos``, then ``k.transpose(-2, -1)`` at a batch of one: the
+    views compose into ``permute([1, H, T, D], (1, 0, 3, 2))``), seen as the squeeze, the permute
+    of the other axes and the reshape that inserts the unit axis, so the matmul rule finds ``b``.
+    ``exact``: a permutation of unit axes moves no element."""
+    g = [f"(vec-get ?p {i})" for i in range(4)]
+    u = g[1]                                   # the input axis that becomes the unit M axis
+    pp = "(vec-of " + " ".join(f"(- {x} (min 1 (max 0 (- {x} {u}))))" for x in (g[0], g[2], g[3])) + ")"
+    sq = f"(vec-remove ?sy {u})"
+    so = "(vec-get ?so {})"
+    out3 = f"(vec-of {so.format(0)} {so.format(2)} {so.format(3)})"
+    inner = f"(View (View ?y (Reshape {sq})) (Permute {pp}))"
+    mul = "(Mul ?A (View ?root (Expand ?F)))"
+    return [Rule(
+        "kernels/View: bmm operand b permuted with its unit axis -> reshape(permute(squeeze b)) [r=4]",
+        "exact", "(View ?y (Permute ?p))", f"(View {inner} (Reshape ?so))",
+        (f"(= ?red (SumReduce {mul} (vec-of 2)))", "(= ?so (shape ?root))",
+         "(= (vec-length ?so) 4)", f"(= {so.format(1)} 1)", "(= ?sy (shape ?y))"),
+        sets=(f"(set (shape (View ?y (Reshape {sq}))) {sq})", f"(set (shape {inner}) {out3})"),
+        cases=({"__lhs__": "(MatMul ?a (View (View ?y (Reshape ?s3)) (Permute ?p3)))",
+                "a": ("in", (2, 3, 4), "f32"), "y": ("in", (1, 2, 5, 4), "f32"), "s3": (2, 5, 4),
+                "p3": (0, 2, 1)},))]
 
 
 def softmax_rules() -> list[Rule]:
@@ -382,6 +419,7 @@ def attention_rules() -> list[Rule]:
 
 
 def rules() -> list[Rule]:
-    return (squeeze_rules() + operand_rules() + matmul_rules() + batch_merge_rules()
+    return (squeeze_rules() + operand_rules() + operand_permute_rules() + matmul_rules()
+            + batch_merge_rules()
             + softmax_rules()
             + softmax_scale_rules() + norm_rules() + attention_rules())

@@ -205,3 +205,41 @@ def test_a_constant_mask_is_checked_for_dead_rows_while_lowering(dead):
     args = tuple(torch.randn(1, 2, 8, 16) for _ in range(3))
     forms = _forms_and_check(C().eval(), args)
     assert forms == ({"attention": 1, "reduction": 1} if dead else {"attention": 1}), forms
+
+
+class _RopeAttention(nn.Module):
+    """Llama's eager attention: rotary embeddings on q and k (elementwise ops and a rotate-half),
+    then ``torch.matmul`` of 4-D heads; ``k_only`` scales k alone (the smallest such case)."""
+
+    def __init__(self, width=32, heads=4, seq=8, k_only=False):
+        super().__init__()
+        d = width // heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.heads, self.k_only = heads, k_only
+        self.register_buffer("cos", torch.randn(seq, d))
+        self.register_buffer("sin", torch.randn(seq, d))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        d = c // self.heads
+        q, k, v = (z.view(b, t, self.heads, d).transpose(1, 2) for z in self.qkv(x).split(c, -1))
+
+        def rot(z):
+            return torch.cat([-z[..., d // 2:], z[..., :d // 2]], -1)
+        if self.k_only:
+            k = k * self.cos
+        else:
+            q, k = q * self.cos + rot(q) * self.sin, k * self.cos + rot(k) * self.sin
+        att = torch.softmax(torch.matmul(q, k.transpose(2, 3)) / math.sqrt(d), dim=-1)
+        return torch.matmul(att, v)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("k_only", [True, False])
+def test_keys_made_by_elementwise_ops_still_form_attention(batch, k_only):
+    """At a batch of one, ``k.transpose(2, 3)`` of a computed ``k`` reaches the bmm as one permute
+    that also places the unit axis; the rule sees the squeeze in it (Llama eager: 30 -> 26
+    kernels at 2 layers, as sdpa)."""
+    torch.manual_seed(0)
+    forms = _forms_and_check(_RopeAttention(k_only=k_only).eval(), (torch.randn(batch, 8, 32),))
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms
