@@ -20,7 +20,9 @@ skipped. The module runs under ``torch.no_grad`` in whatever train/eval mode it 
 """
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 from torch.utils import _pytree as pytree
@@ -73,5 +75,15 @@ def check_against_eager(module: torch.nn.Module, args: tuple, kwargs: dict, got,
                       f"PyTorch eager on the example inputs: max rel error "
                       f"{res['max_rel_error']:.3g} (tolerance {rtol:g}), "
                       f"{res['nonfinite_mismatch']} positions NaN/inf on one side only",
-                      LumcNumericsWarning, stacklevel=3)
+                      LumcNumericsWarning, stacklevel=_outside_lumc())
     return res
+
+
+def _outside_lumc() -> int:
+    """The ``stacklevel`` of the first caller outside lumc (the user's ``lumc.compile`` line)."""
+    root = Path(__file__).resolve().parents[2]
+    ours = tuple(str(root / d) + "/" for d in ("compiler", "ir", "rewrites", "backends"))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(ours):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -47,7 +47,9 @@ def test_a_compile_records_the_check_and_a_mismatch_warns(tmp_path, monkeypatch)
     call = torch_compile.CompiledTorchModule.__call__
     monkeypatch.setattr(torch_compile.CompiledTorchModule, "__call__",
                         lambda self, *a, **k: call(self, *a, **k) * 2)
-    with pytest.warns(LumcNumericsWarning, match="differs from PyTorch eager"):
+    with pytest.warns(LumcNumericsWarning, match="differs from PyTorch eager") as rec:
         g = torch_compile.compile_module(m, (x,), budget="20s", device="sim:h200", reuse_plan=False)
+    ours = [r for r in rec if r.category is LumcNumericsWarning]
+    assert ours and ours[0].filename == __file__          # the user's line, not lumc's
     assert not g.specializations[0].compiled.report_dict()["eager_check"]["passed"]
     assert "FAILED" in g.report()

@@ -399,3 +399,22 @@ def test_lumc_compile_routes_modules_through_the_search(tmp_path, monkeypatch):
     assert r["simulated"] and r["ranges"] == {"seq": "2..64"} and r["kernels"] >= 1
     assert all(cm.report_dict()["candidates_timed"] > 0 for _, cm in f.variants)
     assert "simulated" in f.report()
+
+
+def test_a_kv_cache_in_the_output_names_the_fix():
+    """transformers decoders return their KV cache object by default; torch.export refuses an
+    unregistered class in the output, and lumc's one line says what to change."""
+    import torch
+    from lumc.compiler.frontends.torch_frontend import import_torch
+    from lumc.ir.errors import ModelError
+
+    class DynamicCache:
+        def __init__(self, t):
+            self.t = t
+
+    class Decoder(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, DynamicCache(x)
+    with pytest.raises(ModelError, match="use_cache=False") as ei:
+        import_torch(Decoder(), (torch.randn(2, 3),))
+    assert "\n" not in str(ei.value)

@@ -39,6 +39,15 @@ KEEP_UNDECOMPOSED = (
 )
 
 
+def _export_hint(e: Exception) -> str:
+    """What to change for an export failure that has a known cause, or ''."""
+    text = str(e)
+    if "Cache" in text and "in output" in text:
+        # transformers decoders return their KV cache object (DynamicCache) by default
+        return " (a transformers model returns its KV cache: build it with use_cache=False)"
+    return ""
+
+
 def decomposition_table():
     """The core-ATen decomposition table, less the ops in :data:`KEEP_UNDECOMPOSED`."""
     table = torch.export.default_decompositions()
@@ -340,7 +349,7 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
         ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
         ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # export raises many unrelated exception types
-        raise ModelError(f"torch.export failed: {_first_line(e)}") from e
+        raise ModelError(f"torch.export failed: {_first_line(e)}{_export_hint(e)}") from e
     check_supported(ep.graph)      # every unsupported op at once, before copying any weight
     sig = ep.graph_signature
     weights: dict[str, np.ndarray] = {}
