@@ -33,6 +33,8 @@ import inspect
 import io
 import json
 import logging
+import sys
+import sysconfig
 import types
 from pathlib import Path
 
@@ -57,7 +59,7 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
     for x in leaves:
         h.update(repr((tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor)
                       else ("value", repr(x))).encode())
-    h.update(repr((repr(dynamic_shapes), device, sorted(ver.items()))).encode())
+    h.update(repr((repr(dynamic_shapes), device, sorted(ver.items()), sys.version)).encode())
     return h.hexdigest()[:32]
 
 
@@ -74,9 +76,14 @@ _MAX_DEPTH = 64            # nesting of plain values followed (cycles are cut by
 _MAX_VALUES = 200_000      # values visited per fingerprint; past it the key is never reused
 
 
+_STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+
+
 def _installed(path: str) -> bool:
-    """A file of an installed package (torch, transformers ...), not the user's own code."""
-    return path.startswith(_TORCH_DIR) or "site-packages" in path or "dist-packages" in path
+    """A file of an installed package (torch, transformers ...) or of Python's standard library,
+    not the user's own code; also code with no file (``<frozen ...>``, a builtin)."""
+    return (not path or path.startswith("<") or path.startswith(_TORCH_DIR) or path.startswith(_STDLIB)
+            or "site-packages" in path or "dist-packages" in path)
 
 
 class _Fingerprint:
@@ -109,14 +116,26 @@ class _Fingerprint:
     def code(self, code: types.CodeType, globs: dict | None, depth: int) -> str:
         """A code object: bytecode, constants (nested code too), names, file; for the user's own
         code, the values of the globals it names."""
-        consts = [self.code(c, globs, depth + 1) if isinstance(c, types.CodeType) else repr(c)
-                  for c in code.co_consts]
+        consts = [self.code(c, globs, depth + 1) if isinstance(c, types.CodeType)
+                  else self.value(c, depth + 1) for c in code.co_consts]   # sets sorted
         named = ""
         if globs is not None and not _installed(code.co_filename):
-            named = ",".join(f"{n}={self.value(globs[n], depth + 1)}" for n in code.co_names
-                             if n in globs and not isinstance(globs[n], types.ModuleType))
+            named = ",".join(f"{n}={self._global(globs[n], code.co_names, depth + 1)}"
+                             for n in code.co_names if n in globs)
         return repr((code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
                      code.co_code.hex(), consts, code.co_names, self.file(code.co_filename), named))
+
+    def _global(self, g, names: tuple, depth: int) -> str:
+        """A global the user's code names: its value, or for a module (``helpers.act``), the
+        module's file and the values of the attributes the code also names (installed packages:
+        their name; their versions are not followed)."""
+        if not isinstance(g, types.ModuleType):
+            return self.value(g, depth)
+        path = getattr(g, "__file__", None) or ""
+        if not path or _installed(path):
+            return g.__name__
+        attrs = {n: getattr(g, n) for n in names if hasattr(g, n) and not isinstance(getattr(g, n), types.ModuleType)}
+        return f"module({g.__name__},{self.file(path)},{self.value(attrs, depth)})"
 
     def function(self, fn, depth: int) -> str:
         fn = getattr(fn, "__func__", fn)
@@ -124,9 +143,14 @@ class _Fingerprint:
         if code is None:   # a builtin (torch.tanh): its module and name
             return (f"{type(fn).__qualname__}:{getattr(fn, '__module__', None)}."
                     f"{getattr(fn, '__qualname__', getattr(fn, '__name__', ''))}")
+        if _installed(code.co_filename):   # a library's function: its code and file, not its state
+            return (f"fn({getattr(fn, '__module__', '')}.{fn.__qualname__},{code.co_code.hex()},"
+                    f"{self.file(code.co_filename)})")
         cells = [self.value(c.cell_contents, depth + 1) if c.cell_contents is not fn else "self"
                  for c in (fn.__closure__ or ())]
-        return f"fn({getattr(fn, '__module__', '')},{self.code(code, fn.__globals__, depth)},{cells})"
+        defaults = self.value((fn.__defaults__, fn.__kwdefaults__), depth + 1)
+        return (f"fn({getattr(fn, '__module__', '')},{self.code(code, fn.__globals__, depth)},"
+                f"{cells},{defaults})")
 
     def klass(self, cls: type, depth: int) -> str:
         """A class: its name, its file, and its own attributes (methods by code) down the MRO,
@@ -140,10 +164,14 @@ class _Fingerprint:
                 parts.append(c.__qualname__)
                 continue
             try:
-                src = self.file(inspect.getsourcefile(c))
+                path = inspect.getsourcefile(c) or ""
             except TypeError:
-                src = "builtin"
+                path = ""
+            src = self.file(path) if path else "builtin"
             own = {k: v for k, v in vars(c).items() if k not in _SKIPPED_CLASS_ATTRS}
+            if _installed(path):   # a library's class: its file and its plain class-level flags
+                own = {k: v for k, v in own.items()
+                       if v is None or isinstance(v, (bool, int, float, str))}
             parts.append(f"{c.__module__}.{c.__qualname__}@{src}{self.value(own, depth + 1)}")
         text = f"{cls.__qualname__}:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
         self.classes[("class", cls)] = text
@@ -226,8 +254,16 @@ class _Fingerprint:
                 return f"{self.klass(type(x), depth + 1)}{self.value(to_dict(), depth + 1)}"
             except Exception:
                 pass
-        if hasattr(x, "__dict__"):
-            return f"{self.klass(type(x), depth + 1)}{self.value(vars(x), depth + 1)}"
+        if isinstance(x, property):
+            return f"property{self.value((x.fget, x.fset, x.fdel), depth + 1)}"
+        state = dict(vars(x)) if hasattr(x, "__dict__") else {}
+        for c in type(x).__mro__:   # __slots__ values (an object may have both)
+            for name in (c.__dict__.get("__slots__", ()) if isinstance(c.__dict__.get("__slots__", ()), (tuple, list))
+                         else (c.__dict__["__slots__"],)):
+                if name not in ("__dict__", "__weakref__") and hasattr(x, name):
+                    state[name] = getattr(x, name)
+        if state or hasattr(x, "__dict__"):
+            return f"{self.klass(type(x), depth + 1)}{self.value(state, depth + 1)}"
         text = repr(x)
         if " at 0x" in text:             # an object whose identity is all its repr shows
             return self.klass(type(x), depth + 1)

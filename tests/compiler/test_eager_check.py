@@ -12,7 +12,8 @@ from lumc.compiler.core.eager_check import LumcNumericsWarning, compare
 def test_compare_counts_errors_and_nonfinite_mismatches():
     w = torch.tensor([1.0, -2.0, math.nan, math.inf, -math.inf, 4.0])
     assert compare(w, w.clone(), 1e-4) == {"max_rel_error": 0.0, "nonfinite_mismatch": 0,
-                                          "outputs": 1, "rtol": 1e-4, "passed": True}
+                                          "exact_mismatch": 0, "outputs": 1, "rtol": 1e-4,
+                                          "passed": True}
     g = w.clone()
     g[0] = 1.0 + 4e-4                     # 1e-4 of max |want| = 4
     r = compare(w, g, 1e-4)
@@ -21,9 +22,19 @@ def test_compare_counts_errors_and_nonfinite_mismatches():
     g[2], g[3], g[4] = 0.0, -math.inf, math.nan   # NaN lost, inf flipped, -inf became NaN
     r = compare(w, g, 1e-4)
     assert r["nonfinite_mismatch"] == 3 and not r["passed"]
-    # structures: dicts and tuples of tensors, ints skipped, a shape change is all mismatched
+    # structures: dicts and tuples of tensors, python ints skipped, a shape change is all mismatched
     r = compare({"a": (w, 3)}, {"a": (w[:2], 3)}, 1e-4)
     assert r["nonfinite_mismatch"] == 6 and r["outputs"] == 1
+    # integer and bool outputs are exact
+    i = torch.tensor([3, 1, 2])
+    assert compare((i, i > 1), (i, i > 1), 1e-4)["passed"]
+    r = compare((i, i > 1), (torch.tensor([3, 1, 0]), i > 2), 1e-4)
+    assert r["exact_mismatch"] == 2 and not r["passed"]
+    # a bf16 output is held to its own rounding (8 ulp), an fp32 one to the policy's tolerance
+    b = torch.randn(64).to(torch.bfloat16)
+    near = (b.double() * (1 + 2 ** -7)).to(torch.bfloat16)      # about 1 ulp off
+    assert compare(b, near, 1e-4)["passed"]
+    assert not compare(b.float(), near.float(), 1e-4)["passed"]
 
 
 class _M(torch.nn.Module):

@@ -2,6 +2,7 @@
 same module reuses the plan without capturing or re-timing anything, returns the same outputs,
 reports the numerics recorded when the plan was chosen; other weights or shapes compile afresh."""
 import time
+import types
 
 import numpy as np
 import pytest
@@ -158,6 +159,22 @@ class _Helper:
         return t * 2
 
 
+_helpers = types.ModuleType("_lumc_test_helpers")   # a module of the user's, read as helpers.x
+_helpers.__file__ = __file__
+_helpers.factor = 1.0
+
+
+def _shift(t, by=0.0):
+    return t + by
+
+
+class _Slots:
+    __slots__ = ("scale",)
+
+    def __init__(self, v):
+        self.scale = v
+
+
 class _Wide(torch.nn.Module):
     flip = False                      # a class attribute forward reads
 
@@ -168,14 +185,23 @@ class _Wide(torch.nn.Module):
         self.side = [torch.nn.Linear(4, 4)]            # a module outside the tree
         self.helper = _Helper()
         self.deep = {"a": [{"b": {"c": [[{"d": {"e": {"f": {"g": False}}}}]]}}]}
+        self.slots = _Slots(1.0)
+
+    @property
+    def gain(self):
+        return 1.0
 
     def forward(self, x):
         y = self.helper(self.lin(x) + self.table + self.side[0](x)) * _SCALE
+        y = _shift(y) * self.gain * self.slots.scale * _helpers.factor
+        if self.deep["a"][0]["b"]["c"][0][0]["d"]["e"]["f"]["g"] in {"a", "b", "c", "d"}:
+            y = y + 1
         return -y if type(self).flip or self.deep["a"][0]["b"]["c"][0][0]["d"]["e"]["f"]["g"] else y
 
 
 @pytest.mark.parametrize("change", ["non-persistent buffer", "module in a list", "class attribute",
-                                    "class forward", "helper's class", "deep flag", "global"])
+                                    "class forward", "helper's class", "deep flag", "global",
+                                    "default argument", "property", "slots", "module attribute"])
 def test_every_kind_of_state_forward_reads_changes_the_key(change):
     """Each of these once left the key unchanged, so a recompile returned the earlier plan's
     (now wrong) results."""
@@ -185,7 +211,7 @@ def test_every_kind_of_state_forward_reads_changes_the_key(change):
     m = _Wide()
     before = module_fingerprint(m)
     assert module_fingerprint(m) == before
-    saved = (_Wide.forward, _Helper.__call__, _SCALE)
+    saved = (_Wide.forward, _Helper.__call__, _SCALE, _shift.__defaults__, _Wide.gain, _helpers.factor)
     try:
         if change == "non-persistent buffer":
             m.table.add_(1)
@@ -200,14 +226,54 @@ def test_every_kind_of_state_forward_reads_changes_the_key(change):
             _Helper.__call__ = lambda self, t: t * 3
         elif change == "deep flag":
             m.deep["a"][0]["b"]["c"][0][0]["d"]["e"]["f"]["g"] = True
+        elif change == "default argument":
+            _shift.__defaults__ = (1.0,)
+        elif change == "property":
+            _Wide.gain = property(lambda self: 2.0)
+        elif change == "slots":
+            m.slots.scale = 3.0
+        elif change == "module attribute":
+            _helpers.factor = 2.0
         else:
             _SCALE = 2.0
         assert module_fingerprint(m) != before
     finally:
         _Wide.flip = False
         m.deep["a"][0]["b"]["c"][0][0]["d"]["e"]["f"]["g"] = False
-        _Wide.forward, _Helper.__call__, _SCALE = saved
+        _Wide.forward, _Helper.__call__, _SCALE, _shift.__defaults__, _Wide.gain, _helpers.factor = saved
+        m.slots.scale = 1.0
     assert module_fingerprint(m) == before or change in ("non-persistent buffer", "module in a list")
+
+
+_FP_SCRIPT = """
+import sys, torch, transformers
+sys.path.insert(0, {tests!r})
+from lumc.compiler.core import torch_plan_cache as pc
+from test_torch_plan_reuse import _Wide
+torch.manual_seed(0)
+cfg = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                              intermediate_size=64, vocab_size=50)
+torch.manual_seed(0)
+bert = transformers.BertModel(cfg).eval()
+torch.manual_seed(0)
+fp = pc._Fingerprint()
+fp.module(bert)
+print(fp.exhausted, pc.module_fingerprint(_Wide()) + pc.module_fingerprint(bert))
+"""
+
+
+def test_the_key_is_the_same_in_another_process():
+    """A recompile in a new process reuses: nothing in the key depends on hash seeds (a set
+    literal in forward) or addresses, and a transformers model's state is followed without
+    wandering into the standard library (it once ran out of budget, so never reused)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = _FP_SCRIPT.format(tests=str(Path(__file__).parent))
+    outs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env=dict(__import__("os").environ, PYTHONHASHSEED=str(seed))).stdout
+            for seed in (1, 2)]
+    assert outs[0] == outs[1] and outs[0].startswith("False ")
 
 
 def test_a_state_too_large_to_follow_is_never_reused(monkeypatch):
