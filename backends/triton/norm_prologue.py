@@ -103,6 +103,20 @@ def _is_row_broadcast(v: View, row_shape: tuple, p_shape: tuple) -> bool:
     return all(size == 1 or a == b for a, b, size in zip(v.strides, want.strides, p_shape))
 
 
+def reads_operand_rows(c: Contraction) -> bool:
+    """Whether contraction ``c`` reads its left operand as ``[M, K]`` rows of a computed value (a
+    view that splits its dims into M then K): what :func:`plan_row_prologue` needs before a
+    normalization can be formed on load there (a convolution's sliding window cannot)."""
+    p, views = _strip(c.a)
+    if p.op in ("Input", "Constant", "Iota") or not views:
+        return False
+    shape = tuple(p.shape)
+    split = next((t for t in range(len(shape) + 1)
+                  if prod(shape[:t]) == c.M and prod(shape[t:]) == c.K), None)
+    v = _composed(views)
+    return split is not None and v is not None and _reads_rows(v, c, c.M, c.K)
+
+
 def plan_row_prologue(c: Contraction, nodes: list[Node]) -> RowPrologue:
     """Check the structure of the module docstring for contraction ``c`` of a meaning.
 

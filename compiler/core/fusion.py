@@ -34,6 +34,7 @@ from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
 from lumc.backends.triton.contraction import as_contraction
+from lumc.backends.triton.norm_prologue import reads_operand_rows
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
 from lumc.compiler.runtime.program import Program
 
@@ -310,7 +311,8 @@ class GreedyFusion:
                 and id(u) not in self.group):
             return None
         rs = [x for x, _ in self.uses[id(u)]]
-        return [id(x) for x in rs] if all(_row_plannable(x, False) for x in rs) else None
+        ok = all(_row_plannable(x, False) and reads_operand_rows(as_contraction(x)) for x in rs)
+        return [id(x) for x in rs] if ok else None
 
     def _fuse_norm_on_load(self, b: Node, exits: dict) -> None:
         """Post-LN fusion (``norm_epilogue``), decided once every kernel's epilogue is known: ``b``

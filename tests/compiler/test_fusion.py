@@ -161,3 +161,35 @@ def test_device_table_is_complete_and_cited():
             assert dev.sources.get(key), key
     with pytest.raises(KeyError, match="known"):
         get_device("a100")
+
+
+def test_a_norm_read_through_a_convolution_window_is_not_formed_on_load():
+    """A normalization read by a convolution (a contraction over a sliding window, magika's
+    LayerNorm then Conv1d) cannot be its row prologue: the window is not [M, K] rows. The
+    pre-LN plan once fused it anyway, and the kernel did not render."""
+    import torch
+    from lumc.backends.triton import render
+    from lumc.compiler.core.egraph_pipeline import egraph_candidates
+    from lumc.compiler.frontends.torch_frontend.capture import import_torch
+    from lumc.compiler.runtime.program import run_program_reference
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(16)
+            self.conv = torch.nn.Conv1d(16, 24, 5)
+
+        def forward(self, x):
+            return self.conv(self.ln(x).transpose(1, 2))
+    torch.manual_seed(0)
+    m, x = M().eval(), torch.randn(1, 40, 16)
+    g = import_torch(m, (x,)).graph
+    res = egraph_candidates(g, "h200", k=8)
+    with torch.no_grad():
+        want = m(x).numpy()
+    for p in res.candidates:
+        for c in p.calls:
+            if c.kernel.form == "matmul":
+                render(c.kernel)
+        got = next(iter(run_program_reference(p, g, {next(iter(g.inputs)): x.numpy()}).values()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
