@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
-from lumc.backends.triton.configs import attention_shared_memory
+from lumc.backends.triton.configs import attention_shared_memory, next_pow2, score_bytes
 from lumc.backends.triton.dot_precision import dot_dtype
 from lumc.ir.graph import toposort
 from lumc.ir.kernels import Kernel
@@ -264,15 +264,9 @@ def attention_problem(kernel: Kernel) -> dict:
     d = prod(m1.shape[a] for a in s1.arg)
     keys = prod(m2.shape[a] for a in s2.arg)
     dv = m2.numel // max(s1.numel, 1)
-    isz = m1.srcs[0].dtype.itemsize
-    seen = {id(x) for x in toposort([m1.srcs[0], m1.srcs[1], m2.srcs[1]])}
-    extra = sum(n.dtype.itemsize for n in nodes
-                if (n.op == "Input" or (n.op == "Constant" and n.numel > 1)) and id(n) not in seen)
-
-    def pad(x: int) -> int:
-        return max(16, 1 << max(int(x) - 1, 0).bit_length())
-    hit = {"BLOCK_D": pad(d), "BLOCK_DV": pad(dv), "N": keys, "itemsize": isz,
-           "dot_dtype": dot_dtype(m1.srcs[0].dtype), "SCORE_BYTES": extra}
+    hit = {"BLOCK_D": max(16, next_pow2(d)), "BLOCK_DV": max(16, next_pow2(dv)), "N": keys,
+           "itemsize": m1.srcs[0].dtype.itemsize, "dot_dtype": dot_dtype(m1.srcs[0].dtype),
+           "SCORE_BYTES": score_bytes(nodes, (m1.srcs[0], m1.srcs[1], m2.srcs[1]))}
     _ATTENTION[kernel] = hit
     return hit
 

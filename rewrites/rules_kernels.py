@@ -363,58 +363,43 @@ def norm_rules() -> list[Rule]:
 
 
 def attention_rules() -> list[Rule]:
-    """``softmax(q @ kt * scale [+ mask]) @ v`` -> one attention form."""
+    """``softmax(q @ kt * scale [+ mask | select | fill]) @ v`` -> one attention form, in fp32 and
+    in a half-precision model's spelling (bf16/f16 scores, the softmax widened to f32 and rounded
+    back: the library's softmax, so the form decodes to the same computation)."""
     rules = []
     for r in (2, 3, 4):
         batch = (2, 3)[: r - 2]
         s_fill = fill("?c", "?S", "0")
         scores = f"(Mul (MatMul ?q ?kt) {s_fill})"
-        where = ("(= ?S (shape ?root))", "(= ?sq (shape ?q))", f"(= (vec-length ?sq) {r})")
+        where = ("(= ?S (shape (MatMul ?q ?kt)))", "(= ?sq (shape ?q))", f"(= (vec-length ?sq) {r})")
         ins = {"q": ("in", batch + (5, 8), "f32"), "kt": ("in", batch + (8, 5), "f32"),
                "v": ("in", batch + (5, 6), "f32")}
         case = dict(ins, c=0.35, dt="f32", z0=(), S=batch + (5, 5))
-        rules.append(Rule(f"kernels/Attention: softmax(q @ kt * s) @ v -> attention [r={r}]",
-                          "exact", f"(MatMul (Softmax {scores} {r - 1}) ?v)",
-                          f"(Attention ?q ?kt ?v {s_fill})", ("(= ?S (shape (MatMul ?q ?kt)))",
-                                                               *where[1:]),
-                          cases=(case,)))
-        mcase = dict(case, m=("in", batch + (5, 5), "f32"))
-        rules.append(Rule(f"kernels/Attention: softmax(q @ kt * s + m) @ v -> attention [r={r} mask]",
-                          "exact", f"(MatMul (Softmax (Add {scores} ?m) {r - 1}) ?v)",
-                          f"(AttentionMasked ?q ?kt ?v {s_fill} ?m)",
-                          ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(mcase,)))
-        scase = dict(case, keep=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "f32"))
-        rules.append(Rule(
-            f"kernels/Attention: softmax(where(keep, q @ kt * s, f)) @ v -> attention [r={r} select]",
-            "exact", f"(MatMul (Softmax (Where ?keep {scores} ?f) {r - 1}) ?v)",
-            f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)",
-            ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(scase,)))
-        fcase = dict(case, drop=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "f32"))
-        rules.append(Rule(
-            f"kernels/Attention: softmax(where(drop, f, q @ kt * s)) @ v -> attention [r={r} fill]",
-            "exact", f"(MatMul (Softmax (Where ?drop ?f {scores}) {r - 1}) ?v)",
-            f"(AttentionFilled ?q ?kt ?v {s_fill} ?drop ?f)",
-            ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(fcase,)))
-        # a half-precision model's spelling (bf16/f16 scores, the softmax widened to f32 and
-        # rounded back: the library's softmax, so the form decodes to the same computation)
-        lo = {k: (v[0], v[1], "bf16") if isinstance(v, tuple) and len(v) == 3 and v[0] == "in"
-              else v for k, v in case.items()}
-        lo["dt"] = "bf16"
-        half = (("", scores, f"(Attention ?q ?kt ?v {s_fill})", lo),
-                (" mask", f"(Add {scores} ?m)", f"(AttentionMasked ?q ?kt ?v {s_fill} ?m)",
-                 dict(lo, m=("in", batch + (5, 5), "bf16"))),
-                (" select", f"(Where ?keep {scores} ?f)",
-                 f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)",
-                 dict(lo, keep=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "bf16"))),
-                (" fill", f"(Where ?drop ?f {scores})",
-                 f"(AttentionFilled ?q ?kt ?v {s_fill} ?drop ?f)",
-                 dict(lo, drop=("in", batch + (5, 5), "bool"), f=("in", batch + (5, 5), "bf16"))))
-        for tag, inner, ctor, hcase in half:
-            rules.append(Rule(
-                f"kernels/Attention: cast(softmax(cast(scores{tag}, f32))) @ v -> attention "
-                f"[r={r}{tag} half]", "exact",
-                f'(MatMul (Cast (Softmax (Cast {inner} "f32") {r - 1}) ?dt) ?v)', ctor,
-                ("(= ?S (shape (MatMul ?q ?kt)))", *where[1:]), cases=(hcase,)))
+        score_shape = batch + (5, 5)
+        variants = (   # tag, law, the softmax's operand, the form, the operands it adds
+            ("", "softmax(q @ kt * s)", scores, f"(Attention ?q ?kt ?v {s_fill})", {}),
+            (" mask", "softmax(q @ kt * s + m)", f"(Add {scores} ?m)",
+             f"(AttentionMasked ?q ?kt ?v {s_fill} ?m)", {"m": "float"}),
+            (" select", "softmax(where(keep, q @ kt * s, f))", f"(Where ?keep {scores} ?f)",
+             f"(AttentionSelect ?q ?kt ?v {s_fill} ?keep ?f)", {"keep": "bool", "f": "float"}),
+            (" fill", "softmax(where(drop, f, q @ kt * s))", f"(Where ?drop ?f {scores})",
+             f"(AttentionFilled ?q ?kt ?v {s_fill} ?drop ?f)", {"drop": "bool", "f": "float"}))
+        for tag, law, inner, ctor, extra in variants:
+            for half in (False, True):
+                fdt = "bf16" if half else "f32"
+                vcase = {k: (v[0], v[1], fdt) if isinstance(v, tuple) and v[:1] == ("in",) else v
+                         for k, v in case.items()}
+                vcase["dt"] = fdt
+                vcase.update({k: ("in", score_shape, "bool" if kind == "bool" else fdt)
+                              for k, kind in extra.items()})
+                if half:
+                    name = (f"kernels/Attention: cast(softmax(cast(scores{tag}, f32))) @ v -> "
+                            f"attention [r={r}{tag} half]")
+                    lhs = f'(MatMul (Cast (Softmax (Cast {inner} "f32") {r - 1}) ?dt) ?v)'
+                else:
+                    name = f"kernels/Attention: {law} @ v -> attention [r={r}{tag}]"
+                    lhs = f"(MatMul (Softmax {inner} {r - 1}) ?v)"
+                rules.append(Rule(name, "exact", lhs, ctor, where, cases=(vcase,)))
     return rules
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from lumc.ir.graph import toposort
+
 SMEM_LIMIT = 227 * 1024          # bytes of shared memory one block may use on sm_90
 REG_TILE = 32 * 128              # live fp32 tile elements per warp before spilling
 ROW_FIT = 16384                  # longest row (elements) a row kernel keeps in registers
@@ -158,6 +160,17 @@ def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
     if space == "attention":
         return attention_shared_memory(p, c)
     return 0
+
+
+def score_bytes(nodes: list, operands: tuple) -> int:
+    """``SCORE_BYTES`` of an attention meaning: bytes per score element of the tensors a key
+    block reads beside q, k and v (masks, biases: each loaded as a ``[BLOCK_M, BLOCK_N]`` tile and
+    pipelined like k and v; an input read per query only is counted too, a bound): the itemsizes
+    of the inputs and non-scalar constants of ``nodes`` that no operand reads."""
+    seen = {id(x) for x in toposort(list(operands))}
+    return sum(n.dtype.itemsize for n in {id(n): n for n in nodes
+                                          if n.op == "Input" or (n.op == "Constant" and n.numel > 1)
+                                          }.values() if id(n) not in seen)
 
 
 def attention_shared_memory(p: dict, c: dict) -> int:

@@ -37,7 +37,7 @@ from lumc.ir.views import contiguous_strides
 from lumc.backends.triton import exprs
 from lumc.backends.triton.attention_mask import key_limit_offset
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
-from lumc.backends.triton.configs import next_pow2
+from lumc.backends.triton.configs import next_pow2, score_bytes
 from lumc.backends.triton.contraction import dims_used, find_contractions
 from lumc.backends.triton.dot_precision import attention_dot, dot_dtype
 from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
@@ -418,7 +418,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
         w.line(f"tl.store({name}_ptr + ({addr}), {val}, mask=o_mask)")
     problem = {"M": LQ, "N": LK, "D": D, "DV": DV, "batch": B, "BLOCK_D": BD, "BLOCK_DV": BDV,
                "itemsize": c1.a.dtype.itemsize, "dot_dtype": dot_dtype(c1.a.dtype),
-               "SCORE_BYTES": _score_bytes(nodes, (c1.a, c1.b, c2.b))}
+               "SCORE_BYTES": score_bytes(nodes, (c1.a, c1.b, c2.b))}
     notes = [f"attention batch={B} queries={LQ} keys={LK} head={D}/{DV}; softmax scale "
              f"{sm.scale!r} (exp2 base)"]
     if big:
@@ -431,9 +431,3 @@ def render_attention(kernel: Kernel) -> KernelParts:
         extra_constexprs={"BLOCK_D": BD, "BLOCK_DV": BDV})
 
 
-def _score_bytes(nodes: list[Node], operands: tuple) -> int:
-    """Bytes per score element of the tensors a key block reads beside q, k and v (masks, biases:
-    each loaded as a ``[BLOCK_M, BLOCK_N]`` tile and pipelined like k and v; an input read per
-    query only is counted too, a bound): the itemsizes of the inputs no operand reads."""
-    seen = {id(x) for x in toposort(operands)}
-    return sum(n.dtype.itemsize for n in reads_of(nodes) if id(n) not in seen)

@@ -202,8 +202,7 @@ class _Fingerprint:
             for k in [k for k in attrs if "hooks" in k and isinstance(attrs[k], dict)]:
                 attrs[k] = list(attrs[k].values())
             tensors = [(n, self.tensor(t)) for n, t in
-                       list(sub.named_parameters(recurse=False)) + list(sub.named_buffers(recurse=False))
-                       if t is not None]
+                       list(sub.named_parameters(recurse=False)) + list(sub.named_buffers(recurse=False))]
             parts.append(repr((name, self.klass(type(sub), depth + 1), self.value(attrs, depth + 1),
                                tensors)))
         return "\n".join(parts)
@@ -222,7 +221,7 @@ class _Fingerprint:
             return self.tensor(x)
         if isinstance(x, np.ndarray):
             return repr((str(x.dtype), x.shape,
-                         hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()))
+                         hashlib.sha256(np.ascontiguousarray(x).reshape(-1).view(np.uint8)).hexdigest()))
         if isinstance(x, types.CodeType):
             return self.code(x, None, depth)
         key = id(x)
@@ -268,8 +267,8 @@ class _Fingerprint:
             return f"property{self.value((x.fget, x.fset, x.fdel), depth + 1)}"
         state = dict(vars(x)) if hasattr(x, "__dict__") else {}
         for c in type(x).__mro__:   # __slots__ values (an object may have both)
-            for name in (c.__dict__.get("__slots__", ()) if isinstance(c.__dict__.get("__slots__", ()), (tuple, list))
-                         else (c.__dict__["__slots__"],)):
+            slots = c.__dict__.get("__slots__", ())
+            for name in (slots,) if isinstance(slots, str) else slots:
                 if name not in ("__dict__", "__weakref__") and hasattr(x, name):
                     state[name] = getattr(x, name)
         if state or hasattr(x, "__dict__"):

@@ -254,10 +254,12 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
     scores = q.matmul(k.transpose(-2, -1)).mul(s)
     neg_inf = scores.scalar_like(float("-inf"))
     causal = Tensor.iota((L, S), 1).le(Tensor.iota((L, S), 0)) if is_causal else None
-    if mask is not None and mask.dtype.is_bool:
+    keep = None if mask is None or not mask.dtype.is_bool else \
+        mask if causal is None else mask.logical_and(causal)
+    if keep is not None:
         # one select by both conditions (where(a, where(b, s, f), f) is the same selection), so
         # the attention rules see one mask
-        scores = (mask if causal is None else mask.logical_and(causal)).where(scores, neg_inf)
+        scores = keep.where(scores, neg_inf)
     else:
         if causal is not None:
             scores = causal.where(scores, neg_inf)
@@ -272,10 +274,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
         # float mask masks with -inf; a NaN in it is not a mask and still poisons the row), so the
         # scores keep their attention form and the zeroing is its epilogue. Differs from PyTorch
         # only where every kept key's score is itself -inf (infinite q or k).
-        if mask.dtype.is_bool:
-            kept = mask if causal is None else mask.logical_and(causal)
-        else:   # x = where(causal, s, -inf) + m is -inf where m is -inf, or off the causal band
-            # where m is below +inf (NaN and +inf make NaN there)
+        kept = keep
+        if kept is None:   # x = where(causal, s, -inf) + m is -inf where m is -inf, or off the
+            # causal band where m is below +inf (NaN and +inf make NaN there)
             dead = mask.eq(float("-inf"))
             if causal is not None:
                 dead = causal.where(dead, mask.lt(float("inf")))
@@ -293,7 +294,7 @@ def _some_row_dead(kept: Tensor) -> bool | None:
     """Whether a query row of ``kept`` keeps no key, evaluated now when the mask reads no input
     (a causal mask built from ``arange``: never); None when it reads one, or is too large or
     symbolic to evaluate."""
-    if kept.numel is None or not isinstance(kept.numel, int) or kept.numel > MAX_STATIC_MASK:
+    if not isinstance(kept.numel, int) or kept.numel > MAX_STATIC_MASK:
         return None
     if any(n.op == "Input" for n in toposort([kept.node])):
         return None
