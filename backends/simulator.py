@@ -24,6 +24,8 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
 * **Row statistics** of a normalization formed on load (``norm_prologue``, ``norm_epilogue``): their
   loops run before the main loop, on CUDA cores, re-reading each program's rows once per statistic
   from L2 (``L2_BANDWIDTH``; the misses from HBM); the time adds to the body.
+* **Attention operand prologues** (RoPE computed on load): CUDA-core ops, the query's once, the
+  keys' and values' once per query block (``attention_prologue_seconds``); the time adds.
 
 The constants are plausible Hopper figures, not measurements; on a real GPU the measurer replaces the
 whole model. Config keys read: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` (contractions), ``BLOCK`` or
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
 from lumc.backends.triton.configs import attention_shared_memory, next_pow2, score_bytes
+from lumc.backends.triton.contraction import as_contraction
 from lumc.backends.triton.dot_precision import dot_dtype
 from lumc.ir.graph import toposort
 from lumc.ir.kernels import Kernel
@@ -266,9 +269,40 @@ def attention_problem(kernel: Kernel) -> dict:
     dv = m2.numel // max(s1.numel, 1)
     hit = {"BLOCK_D": max(16, next_pow2(d)), "BLOCK_DV": max(16, next_pow2(dv)), "N": keys,
            "itemsize": m1.srcs[0].dtype.itemsize, "dot_dtype": dot_dtype(m1.srcs[0].dtype),
-           "SCORE_BYTES": score_bytes(nodes, (m1.srcs[0], m1.srcs[1], m2.srcs[1]))}
+           "SCORE_BYTES": score_bytes(nodes, (m1.srcs[0], m1.srcs[1], m2.srcs[1])),
+           # elementwise operand prologues (RoPE): ops over the query once, over the keys and
+           # values once per query block (``fusion._attention_prologue``)
+           "M": as_contraction(s1).M, "PROLOGUE_Q": _expression_ops(m1.srcs[0]),
+           "PROLOGUE_KV": _expression_ops(m1.srcs[1]) + _expression_ops(m2.srcs[1])}
     _ATTENTION[kernel] = hit
     return hit
+
+
+def _expression_ops(x) -> int:
+    """Elementwise ops an operand's expression issues to form its tile once: each compute node's
+    element count, down to the kernel's inputs (views and constants are reads, not ops)."""
+    total, seen, stack = 0, set(), [x]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.op in ("Input", "Constant", "Iota"):
+            continue
+        seen.add(id(n))
+        if n.op != "View":
+            total += n.numel
+        stack.extend(n.srcs)
+    return total
+
+
+def attention_prologue_seconds(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
+    """CUDA-core time of an attention kernel's elementwise operand prologues: the query's once, the
+    keys' and values' once per query block (``ceil(M / BLOCK_M)`` programs load each key tile), at
+    the fp32 vector peak, spread over the SMs the grid fills (``render_attention`` evaluates them
+    on the loaded tiles; they add to the body: the loads they follow are not overlapped)."""
+    p = attention_problem(kernel)
+    if not (p["PROLOGUE_Q"] or p["PROLOGUE_KV"]):
+        return 0.0
+    blocks = math.ceil(p["M"] / int(cfg.get("BLOCK_M", 64)))
+    return (p["PROLOGUE_Q"] + p["PROLOGUE_KV"] * blocks) / dev.vector_flops["f32"]
 
 
 def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int) -> int:
@@ -373,6 +407,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     body = max(flops / (peak * tile_eff * sm_fill), hbm / (dev.hbm_bandwidth * bw_eff))
     if c is not None and cfg.get("PRECISION") == "fp8":
         body += fp8_scaling_seconds(c, cfg, dev)
+    if kernel.form == "attention":
+        body += attention_prologue_seconds(kernel, cfg, dev) / max(sm_fill, 1e-9)
     if c is not None and kernel.form == "matmul":
         # a normalization formed on load: every program re-reads its rows of the operand once per
         # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores

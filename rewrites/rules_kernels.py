@@ -78,6 +78,22 @@ def matmul_rules() -> list[Rule]:
     return rules
 
 
+def _strided_product_host(f: int):
+    """A soundness case's left side for the strided-view squeeze rule: the product
+    ``SumReduce(Mul(A, B), axis f-1)`` read through a shifted, masked view of its flat layout, a
+    rotate-half's piece (the pattern language has no slice: the case builds it in IR from the
+    bound inputs)."""
+    def build(env):
+        from lumc.ir.graph import node
+        from lumc.ir.views import View, contiguous_strides
+        red = node("SumReduce", [node("Mul", [env["A"], env["B"]])], (f - 1,))
+        out = tuple(d for i, d in enumerate(red.shape) if i != f - 1)
+        half = out[-1] // 2
+        mask = tuple((0, d) for d in out[:-1]) + ((0, out[-1] - half),)
+        return node("View", [red], View._make(out, contiguous_strides(out), half, mask))
+    return build
+
+
 def squeeze_rules() -> list[Rule]:
     """A reshape of a contraction result, seen as the matmul's own squeeze then a reshape, so the
     matmul rule finds ``reshape(a @ b)`` when the reshapes were composed into one view."""
@@ -96,6 +112,21 @@ def squeeze_rules() -> list[Rule]:
                           sets=(f"(set (shape (View ?red (Reshape {so}))) {so})",),
                           cases=({"A": ("in", shape, "f32"), "B": ("in", shape, "f32"),
                                   "s2": tuple(reversed(sq))},)))
+    # any other view of the result (RoPE's halves of q's heads, a pad): a strided view reads the
+    # flat layout of its source, which the squeeze keeps, so it reads the squeezed matmul alike
+    # (and through it a horizontal part: the merged QKV projection)
+    for f in (2, 3, 4):
+        g = [f"(vec-get ?sr {i})" for i in range(f + 1)]
+        so = f"(vec-of {' '.join(g[:f - 1] + [g[f]])})"
+        red = f"(SumReduce (Mul ?A ?B) (vec-of {f - 1}))"
+        shape = (2, 3, 4, 5, 6)[:f + 1]
+        rules.append(Rule(f"kernels/View: strided(contraction) -> strided(squeeze(contraction)) [r={f}]",
+                          "exact", "(View ?red (Strided ?i))",
+                          f"(View (View ?red (Reshape {so})) (Strided ?i))",
+                          (f"(= ?red {red})", "(= ?sr (shape ?red))", f"(= (vec-length ?sr) {f + 1})"),
+                          sets=(f"(set (shape (View ?red (Reshape {so}))) {so})",),
+                          cases=({"A": ("in", shape, "f32"), "B": ("in", shape, "f32"),
+                                  "host": _strided_product_host(f), "__lhs__": "?host"},)))
     # a permutation of the result that moves the contracted unit axis (a batch-of-one bmm whose
     # heads are merged back: the view composer folds squeeze + permute into one permute)
     for f in (2, 3):

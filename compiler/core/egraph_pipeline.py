@@ -25,7 +25,7 @@ from lumc.rewrites.schedule import Limits, RunStats, Saturator, total_stats
 from lumc.compiler.core.extract import (CostModel, EGraphView, FormRecord, alternatives, choose,
                                    decode)
 from lumc.compiler.core.constfold import fold_constants
-from lumc.compiler.core.fusion import greedy_program
+from lumc.compiler.core.fusion import KV_PROLOGUE_REFUSAL, greedy_program
 from lumc.compiler.core.partition import Region, partition
 from lumc.compiler.runtime.program import Program, program_time_bound
 
@@ -217,22 +217,37 @@ def _wide_forced(view: EGraphView) -> dict[str, int] | None:
     if not forced:
         return None
     # a view over a part (a batch of one's reshape of the 2-D product) is read through it too:
-    # its class also holds the raw reduction it was recognized from, which bypasses the part
-    for c, ns in view.classes.items():
-        if c not in forced:
-            via = [i for i, n in enumerate(ns) if n.ctor == "View" and n.args[0] in forced]
-            if via:
-                forced[c] = via[0]
+    # its class also holds the raw reduction it was recognized from, which bypasses the part; and
+    # so is a view over such a view (RoPE's halves of q's heads), to a fixpoint
+    grew = True
+    while grew:
+        grew = False
+        for c, ns in view.classes.items():
+            if c not in forced:
+                via = [i for i, n in enumerate(ns) if n.ctor == "View" and n.args[0] in forced]
+                if via:
+                    forced[c] = via[0]
+                    grew = True
     return forced
+
+
+def fusion_flags(label: str) -> tuple[bool, bool, bool]:
+    """``(norm_prologue, norm_epilogue, kv_prologue)`` of a candidate's label: its suffixes
+    ``+norm-prologue`` or ``+norm-on-load``, then ``+kv-prologue``."""
+    kv = label.endswith("+kv-prologue")
+    base = label[:-len("+kv-prologue")] if kv else label
+    return base.endswith("+norm-prologue"), base.endswith("+norm-on-load"), kv
 
 
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
                      tables: Tables, label: str, norm_prologue: bool = False,
-                     memo: dict | None = None, norm_epilogue: bool = False) -> Program:
+                     memo: dict | None = None, norm_epilogue: bool = False,
+                     kv_prologue: bool = False) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
     the chosen forms (``norm_prologue``: normalizations read only by contractions are formed on
     load inside them; ``norm_epilogue``: also where a contraction's epilogue reads them,
-    ``lumc.compiler.core.fusion``). ``memo`` (shared by the candidates of one
+    ``lumc.compiler.core.fusion``; ``kv_prologue``: attention computes its elementwise keys and
+    values itself). ``memo`` (shared by the candidates of one
     e-graph run) keeps each region's decode by its choice and the nodes it reads, so a region
     that the candidates choose alike over the same inputs is decoded once (the same nodes)."""
     env: dict[int, Node] = {}
@@ -258,10 +273,10 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
     outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
     new = Graph(graph.inputs, outs)
     prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue,
-                          norm_epilogue=norm_epilogue)
+                          norm_epilogue=norm_epilogue, kv_prologue=kv_prologue)
     prog.value_keys = keys
     # what the fusion was given: enough to build the program again elsewhere (carried.py)
-    prog.decoded = (new, forms, (norm_prologue, norm_epilogue))
+    prog.decoded = (new, forms, (norm_prologue, norm_epilogue, kv_prologue))
     return prog
 
 
@@ -353,18 +368,25 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     progs, bounds, seen = [], [], set()
     decoded: dict = {}
     t_choose = time.perf_counter()
-    for label, picks in plans:
+    # attention computing its elementwise keys and values (RoPE) itself: a twin of each program
+    # whose fusion wrote them for want of the flag, decoded right after it (the search times both:
+    # the twin saves a kernel and its bytes, and recomputes the expression per query block)
+    plans.reverse()
+    while plans:
+        label, picks = plans.pop()
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
         try:
-            p = decode_candidate(graph, results, picks, tables, label,
-                                 norm_prologue=label.endswith("+norm-prologue"), memo=decoded,
-                                 norm_epilogue=label.endswith("+norm-on-load"))
+            pro, epi, kv = fusion_flags(label)
+            p = decode_candidate(graph, results, picks, tables, label, norm_prologue=pro,
+                                 memo=decoded, norm_epilogue=epi, kv_prologue=kv)
             p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(
                 logging.DEBUG))
             continue
+        if not label.endswith("+kv-prologue") and any(KV_PROLOGUE_REFUSAL in x for x in p.notes):
+            plans.append((f"{label}+kv-prologue", picks))
         sig = p.signature()
         if sig in seen:
             continue

@@ -44,6 +44,8 @@ MAX_RECOMPUTE_OPS = 48   # longest elementwise chain recomputed in each of sever
 CHEAP_OPERAND_OPS = 2    # longest prologue fused under a contraction operand
 MAX_WEIGHT_PROLOGUE_OPS = 8   # longest dequantization of stored weights fused under one (NVFP4: 6)
 MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its epilogue
+# the note a fusion without ``kv_prologue`` leaves where the twin candidate would differ
+KV_PROLOGUE_REFUSAL = "an attention key/value prologue is recomputed per query block (+kv-prologue)"
 
 
 def _chain(x: Node) -> tuple[Node, list]:
@@ -65,10 +67,12 @@ class GreedyFusion:
     """
 
     def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None,
-                 norm_prologue: bool = False, norm_epilogue: bool = False):
+                 norm_prologue: bool = False, norm_epilogue: bool = False,
+                 kv_prologue: bool = False):
         self.graph = graph
         self.norm_prologue = norm_prologue or norm_epilogue
         self.norm_epilogue = norm_epilogue
+        self.kv_prologue = kv_prologue
         self.pending: dict[int, Node] = {}   # norm exits decided after the walk (post-LN)
         # {id(kernel exit): row values that kernel also writes}: a normalization formed on load in
         # several kernels has its statistics computed by the first, the others read them
@@ -140,6 +144,38 @@ class GreedyFusion:
                 gather |= x.op == "Gather"
             stack.extend(x.srcs)
         return reads, ops, gather
+
+    def _attention_prologue(self, n: Node, user: Node) -> bool:
+        """True when the elementwise expression ``n`` may be computed inside the attention kernel
+        whose contraction ``user`` reads it as an operand (``render_attention`` evaluates operand
+        tiles through the ``Evaluator``):
+
+        * the query (the score product's left operand): the kernel loads its tile once per program,
+          so the expression (RoPE's ``q * cos + rotate_half(q) * sin``) is computed once per
+          element, as its own kernel would, without writing and re-reading the result; always;
+        * the keys and values: their tiles are loaded once per query block, so the expression is
+          recomputed ``ceil(Lq / BLOCK_M)`` times (priced by ``simulator.attention_prologue_ops``);
+          only with ``kv_prologue`` (the ``+kv-prologue`` candidate, which the search times
+          against the twin that writes them). Without it, the refusal says so.
+        """
+        rec = self.forms.get(self.group.get(id(user)))
+        if rec is None or rec.form != "attention":
+            return False
+        if _chain(user.srcs[0])[0] is n:
+            return True
+        if self.kv_prologue:
+            return True
+        self._refuse(n, user, KV_PROLOGUE_REFUSAL)
+        return False
+
+    def _pads_elementwise(self, user: Node) -> bool:
+        """True when ``user`` may read an inlined expression through a masked view (a pad, a
+        concatenation's part): it is an elementwise op outside any reduction's group and not a
+        contraction operand. The expression is then computed at the view's source index and set to
+        zero outside the view's valid box (``Evaluator._view``), which is the pad of the value
+        whatever the expression gives at zero (``Neg(0)`` is ``-0.0``, ``Exp(0)`` is 1)."""
+        return (user.op in ELEMENTWISE and id(user) not in self.group
+                and not (user.op == "Mul" and self._contraction_operand(user)))
 
     def _contraction_operand(self, user: Node) -> bool:
         uses = self.uses[id(user)]
@@ -443,14 +479,15 @@ class GreedyFusion:
             big = [r for r in reads if r.numel > 1 and 2 * r.numel >= n.numel]
             weight = self._weight_prologue(n, reads, ops)
             for u, views in uses:
-                if any(v.mask is not None for v in views):
+                if any(v.mask is not None for v in views) and not self._pads_elementwise(u):
                     self._realize(n, u, "read through a masked view (padding)")
                     break
                 if views and gather and not weight:
                     self._realize(n, u, "a view over a gather result")
                     break
                 if u.op == "Mul" and self._contraction_operand(u) and not weight and not (
-                        ops <= CHEAP_OPERAND_OPS and len(big) <= 1 and not gather):
+                        ops <= CHEAP_OPERAND_OPS and len(big) <= 1 and not gather) and not (
+                        ops <= MAX_RECOMPUTE_OPS and self._attention_prologue(n, u)):
                     self._realize(n, u, "contraction operand is not a cheap prologue")
                     break
             if id(n) in self.realized:
@@ -512,7 +549,8 @@ def _alias_output(n: Node) -> bool:
 
 
 def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None,
-                   norm_prologue: bool = False, norm_epilogue: bool = False) -> Program:
+                   norm_prologue: bool = False, norm_epilogue: bool = False,
+                   kv_prologue: bool = False) -> Program:
     """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
 
     Model outputs that are model inputs, constants, or free reshapes of a realized node are not
@@ -522,7 +560,9 @@ def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = Non
     ``attrs`` and ``inputs``: the nodes between the root and its inputs become one kernel of that
     form (plus any elementwise epilogue), instead of being fused greedily. ``norm_prologue``
     fuses a layernorm/rmsnorm form read only by contractions into them (pre-LN fusion);
-    ``norm_epilogue`` also where a contraction's epilogue reads it (post-LN: the residual).
+    ``norm_epilogue`` also where a contraction's epilogue reads it (post-LN: the residual);
+    ``kv_prologue`` computes elementwise key and value operands of attention inside it (the query's
+    always is).
     """
     return GreedyFusion(graph, forms=forms, norm_prologue=norm_prologue,
-                        norm_epilogue=norm_epilogue).program(label)
+                        norm_epilogue=norm_epilogue, kv_prologue=kv_prologue).program(label)

@@ -193,3 +193,31 @@ def test_a_norm_read_through_a_convolution_window_is_not_formed_on_load():
                 render(c.kernel)
         got = next(iter(run_program_reference(p, g, {next(iter(g.inputs)): x.numpy()}).values()))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["neg", "neg+exp"])
+@pytest.mark.parametrize("shape", [(3, 5), (2, 7, 9), (1, 0, 4)])
+def test_a_computed_value_read_through_a_pad_fuses_into_its_elementwise_reader(shape, which):
+    """``pad(f(x))`` read by an elementwise op is one kernel: ``f`` is computed at the view's source
+    index and the padding is zero whatever ``f`` gives there (``Neg(0)`` is ``-0.0``, ``Exp(0)`` is
+    1); the pad of a sign-carrying zero keeps the sign inside and is ``+0.0`` outside."""
+    from lumc.backends.triton import TritonKernel
+    from lumc.backends.triton.launch import to_numpy
+    x = inp("x", shape)
+    pads = [(0, 0)] * (len(shape) - 1) + [(2, 1)]
+    neg = (-x).pad(pads)
+    y = neg * 1.0 if which == "neg" else neg + x.exp().pad(pads) * 2.0
+    g = graph({"y": y}, {"x": x})
+    feed = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    feed["x"][..., 0] = 0.0
+    p = run_both(g, feed)
+    assert len(p.calls) == 1, [c.kernel.form for c in p.calls]
+    assert not any("masked view" in note for note in p.notes)
+    want = ReferenceExecutor(g)(feed)["y"]
+    got = to_numpy(TritonKernel(p.calls[0].kernel)(feed["x"])[0])
+    np.testing.assert_array_equal(got, want)
+    assert (np.signbit(got) == np.signbit(want)).all()
+    if which == "neg" and want.size:   # -0.0 where x is 0, +0.0 in the padding
+        assert np.signbit(want[..., 2]).all() and not np.signbit(want[..., :2]).any()
+    if which == "neg+exp" and want.size:   # the padding is 0, not exp(0) * 2
+        assert (want[..., :2] == 0).all() and (want[..., -1] == 0).all()

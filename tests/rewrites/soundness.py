@@ -87,12 +87,13 @@ def check_rule_case(rule: Rule, case: dict, seed: int = 0) -> dict:
             continue
         if isinstance(b, tuple) and len(b) == 3 and b[0] == "in":
             env[k] = inputs[k] = input_node(f"v_{k}", b[1], dt.BY_NAME[b[2]])
-        elif isinstance(b, str) and b.startswith("("):
+        elif (isinstance(b, str) and b.startswith("(")) or callable(b):
             deferred[k] = b
         else:
             env[k] = b
     for k, text in deferred.items():
-        env[k] = instantiate(text, env, tables)
+        # a pattern text, or a builder of IR the pattern language cannot write (a sliced view)
+        env[k] = text(env) if callable(text) else instantiate(text, env, tables)
     # a case may give a host expression in which the rule's left side appears during saturation
     lhs = (instantiate(case["__lhs__"], env, tables) if "__lhs__" in case
            else lhs_node(rule, env, tables))
