@@ -269,11 +269,7 @@ def attention_problem(kernel: Kernel) -> dict:
     dv = m2.numel // max(s1.numel, 1)
     hit = {"BLOCK_D": max(16, next_pow2(d)), "BLOCK_DV": max(16, next_pow2(dv)), "N": keys,
            "itemsize": m1.srcs[0].dtype.itemsize, "dot_dtype": dot_dtype(m1.srcs[0].dtype),
-           "SCORE_BYTES": score_bytes(nodes, (m1.srcs[0], m1.srcs[1], m2.srcs[1])),
-           # elementwise operand prologues (RoPE): ops over the query once, over the keys and
-           # values once per query block (``fusion._attention_prologue``)
-           "M": as_contraction(s1).M, "PROLOGUE_Q": _expression_ops(m1.srcs[0]),
-           "PROLOGUE_KV": _expression_ops(m1.srcs[1]) + _expression_ops(m2.srcs[1])}
+           "SCORE_BYTES": score_bytes(nodes, (m1.srcs[0], m1.srcs[1], m2.srcs[1]))}
     _ATTENTION[kernel] = hit
     return hit
 
@@ -293,12 +289,30 @@ def _expression_ops(x) -> int:
     return total
 
 
+_PROLOGUES: "weakref.WeakKeyDictionary[Kernel, dict]" = weakref.WeakKeyDictionary()
+
+
+def attention_prologues(kernel: Kernel) -> dict:
+    """The elementwise operand prologues of an attention kernel (RoPE, ``fusion``'s
+    ``_attention_prologue``): ``PROLOGUE_Q``, the ops forming the query once, ``PROLOGUE_KV``, the
+    keys' and values' (formed once per query block), and ``M``, the queries per batch and head."""
+    hit = _PROLOGUES.get(kernel)
+    if hit is None:
+        prods = [n for n in kernel.meaning.nodes() if n.op == "SumReduce" and n.srcs[0].op == "Mul"]
+        m1, m2 = prods[0].srcs[0], prods[-1].srcs[0]
+        hit = _PROLOGUES[kernel] = {
+            "M": as_contraction(prods[0]).M, "PROLOGUE_Q": _expression_ops(m1.srcs[0]),
+            "PROLOGUE_KV": _expression_ops(m1.srcs[1]) + _expression_ops(m2.srcs[1])}
+    return hit
+
+
 def attention_prologue_seconds(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     """CUDA-core time of an attention kernel's elementwise operand prologues: the query's once, the
     keys' and values' once per query block (``ceil(M / BLOCK_M)`` programs load each key tile), at
-    the fp32 vector peak, spread over the SMs the grid fills (``render_attention`` evaluates them
-    on the loaded tiles; they add to the body: the loads they follow are not overlapped)."""
-    p = attention_problem(kernel)
+    the fp32 vector peak (``render_attention`` evaluates them on the loaded tiles; the caller
+    spreads it over the SMs the grid fills, and it adds to the body: the loads they follow are not
+    overlapped)."""
+    p = attention_prologues(kernel)
     if not (p["PROLOGUE_Q"] or p["PROLOGUE_KV"]):
         return 0.0
     blocks = math.ceil(p["M"] / int(cfg.get("BLOCK_M", 64)))

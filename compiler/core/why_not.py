@@ -34,6 +34,10 @@ NO_RULE = {
                              "only where every reader is one and it is not a model output",
     ("gather", "layernorm"): "the embedding gather + add is the layer norm's prologue only when "
                              "the norm is its one reader; here the sum is read elsewhere too",
+    ("pointwise", "attention"): "an elementwise key or value (RoPE's rotated keys) is computed in "
+                                "the attention kernel only by the '+kv-prologue' candidates "
+                                "(once per query block): it lost on bound or time (candidates "
+                                "below), or the expression is longer than the fusion recomputes",
     ("matmul", "attention"): "the attention form reads q, k and v from memory (columns of the "
                              "projection's output): no rule makes a contraction its prologue",
     ("attention", "matmul"): "no rule fuses attention with the output projection that reads it "

@@ -22,7 +22,7 @@ from lumc.compiler.core.egraph_pipeline import egraph_candidates
 from lumc.compiler.frontends.torch_frontend.capture import import_torch
 from lumc.compiler.runtime.program import run_program_reference
 from lumc.backends.devices import get_device
-from lumc.backends.simulator import attention_prologue_seconds, attention_problem
+from lumc.backends.simulator import attention_prologue_seconds, attention_prologues
 from lumc.backends.triton import configs
 from triton_cases import check
 
@@ -108,14 +108,14 @@ def test_rope_is_computed_inside_attention(b, t, width, heads, kv, causal, expli
     check(att, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
     check(att, config=configs.make(4, 1, BLOCK_M=32, BLOCK_N=16))
     # the simulator prices the prologues: q's once, k's once per query block
-    prob = attention_problem(att)
+    prob = attention_prologues(att)
     q_elems, k_elems = b * heads * t * (width // heads), b * heads * t * (width // heads)
     assert prob["PROLOGUE_Q"] >= 3 * q_elems and prob["PROLOGUE_KV"] >= 3 * k_elems * kv // heads
     dev = get_device("h200")
     one, per_row = (attention_prologue_seconds(att, {"BLOCK_M": bm}, dev) for bm in (t, 1))
     assert per_row - one == pytest.approx(prob["PROLOGUE_KV"] * (t - 1) / dev.vector_flops["f32"])
     plain = next(c.kernel for c in base[0].calls if c.kernel.form == "attention")
-    assert attention_problem(plain)["PROLOGUE_KV"] == 0
+    assert attention_prologues(plain)["PROLOGUE_KV"] == 0
 
 
 def test_rope_reads_the_merged_qkv_projection():
