@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
 from lumc.backends.triton.configs import attention_shared_memory, next_pow2, score_bytes
-from lumc.backends.triton.contraction import as_contraction
+from lumc.backends.triton.contraction import as_contraction, paired_contractions
 from lumc.backends.triton.dot_precision import dot_dtype
 from lumc.ir.graph import toposort
 from lumc.ir.kernels import Kernel
@@ -89,11 +89,14 @@ def tensor_core_efficiency(bm: int, bn: int, bk: int, stages: int) -> float:
 
 @dataclass(frozen=True)
 class Contraction:
-    """The shape of a contraction kernel: ``batch`` independent ``M x K @ K x N`` products."""
+    """The shape of a contraction kernel: ``batch`` independent ``M x K @ K x N`` products;
+    ``operands_b`` right operands multiplied by each left tile (2: a paired matmul, a gated MLP's
+    gate and up in one kernel: twice the FLOPs, two ``b`` streams, two accumulators)."""
     batch: int
     m: int
     n: int
     k: int
+    operands_b: int = 1
 
 
 def warpgroup_mma(cfg: dict) -> bool:
@@ -128,7 +131,8 @@ def fp8_scaling_seconds(c: "Contraction", cfg: dict, dev: DeviceSpec) -> float:
     bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
     programs = c.batch * math.ceil(c.m / bm) * math.ceil(c.n / bn)
     steps = math.ceil(c.k / bk)
-    ops = programs * steps * (FP8_SCALE_OPS * (bm + bn) * bk + 2 * bm * bn)
+    # a paired matmul scales its a tile again for the second product (the renderer's branch)
+    ops = c.operands_b * programs * steps * (FP8_SCALE_OPS * (bm + bn) * bk + 2 * bm * bn)
     return ops / dev.vector_flops["f32"]
 
 
@@ -155,6 +159,7 @@ def contraction_dims(kernel: Kernel) -> Contraction | None:
         return bool(views) and space[d] > 1 and all(v.arg.strides[d] == 0 for v in views)
 
     a, b = mul.srcs
+    pair = paired_contractions(kernel.meaning.nodes()) if kernel.form == "matmul" else None
     m = nn = kk = batch = 1
     for d, size in enumerate(space):
         if d in red:
@@ -165,7 +170,7 @@ def contraction_dims(kernel: Kernel) -> Contraction | None:
             m *= size
         else:
             batch *= size
-    return Contraction(batch, m, nn, kk)
+    return Contraction(batch, m, nn, kk, 2 if pair is not None else 1)
 
 
 @dataclass(frozen=True)
@@ -198,7 +203,9 @@ def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
         return RowWork()
     main = max(prods, key=lambda x: x.srcs[0].numel)
     under = {id(x) for x in toposort(main.srcs[0].srcs)}
-    reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not main]
+    pair = paired_contractions(nodes)
+    mains = {id(p.node) for p in pair} if pair is not None else {id(main)}
+    reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and id(n) not in mains]
     if not reds:
         return RowWork()
     a_size, o_size = c.batch * c.m * c.k, c.batch * c.m * c.n
@@ -328,7 +335,8 @@ def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int) -> int:
             "num_stages": cfg.get("num_stages", 2)})
     if kernel.form in TENSOR_FORMS:
         bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
-        return (bm * bk + bk * bn) * itemsize * max(cfg.get("num_stages", 2), 1)
+        nb = _static(kernel)[4].operands_b if _static(kernel)[4] is not None else 1
+        return (bm * bk + nb * bk * bn) * itemsize * max(cfg.get("num_stages", 2), 1)
     return cfg.get("BLOCK", cfg.get("BLOCK_SIZE", 1024)) * 4 if kernel.form != "pointwise" else 0
 
 
@@ -378,15 +386,15 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         sk = max(int(cfg.get("SPLIT_K", 1)), 1)
         programs = c.batch * tm * groups * sk
         a_bytes = c.batch * c.m * c.k * dtype.itemsize
-        b_bytes = c.batch * c.k * c.n * dtype.itemsize
+        b_bytes = c.operands_b * c.batch * c.k * c.n * dtype.itemsize
         hbm += (a_bytes * (tn - 1) + b_bytes * (tm - 1)) * (1 - L2_HIT)
         if sk > 1:   # the fp32 partial tiles written and read back by the finish kernel (at HBM)
             hbm += 2 * sk * c.batch * tm * bm * tn * bn * 4
-        padded = 2 * c.batch * tm * bm * tn * bn * math.ceil(c.k / (bk * sk)) * bk * sk
+        padded = 2 * c.operands_b * c.batch * tm * bm * tn * bn * math.ceil(c.k / (bk * sk)) * bk * sk
         flops = max(flops, padded)
         tile_eff = tensor_core_efficiency(bm, bn, bk, stages)
         peak = dot_peak(dev, cfg, dtype.name)
-        tile_bytes = (bm + bn) * bk * dtype.itemsize * max(stages - 1, 1)
+        tile_bytes = (bm + c.operands_b * bn) * bk * dtype.itemsize * max(stages - 1, 1)
     else:
         out_elems = max(sum(prod(n.shape) for n in kernel.outputs), 1)
         if kernel.form in ("pointwise", "gather"):
@@ -467,8 +475,8 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 16), cfg.get("BLOCK_N", 16), cfg.get("BLOCK_K", 16)
         sk = max(int(cfg.get("SPLIT_K", 1)), 1)
-        padded = 2 * c.batch * (math.ceil(c.m / bm) * bm) * (math.ceil(c.n / bn) * bn) * \
-            (math.ceil(c.k / (bk * sk)) * bk * sk)
+        padded = 2 * c.operands_b * c.batch * (math.ceil(c.m / bm) * bm) * \
+            (math.ceil(c.n / bn) * bn) * (math.ceil(c.k / (bk * sk)) * bk * sk)
         flops = max(flops, padded)
         peak = dot_peak(dev, cfg, dtype.name)
         finish = dev.launch_overhead_s if sk > 1 else 0.0   # split-K's second (finish) kernel

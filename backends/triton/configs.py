@@ -155,8 +155,9 @@ def known_good(space: str, problem: dict) -> list[Config]:
 def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
     """Bytes of shared memory the pipelined operand tiles take (an estimate; see module doc)."""
     isz = p.get("itemsize", 4)
-    if space in MATMUL_SPACES:
-        return c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * isz
+    if space in MATMUL_SPACES:   # a paired matmul pipelines two b tiles (B_OPERANDS)
+        return c["num_stages"] * (c["BLOCK_M"] + p.get("B_OPERANDS", 1) * c["BLOCK_N"]) * \
+            c["BLOCK_K"] * isz
     if space == "attention":
         return attention_shared_memory(p, c)
     return 0
@@ -236,12 +237,13 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         # accumulator: a quarter of the accumulator tile (ptxas, `lumc inspect --aot cuda:90` on
         # Magika: 64x256/4 warps spills 3.4 KiB/thread, 128x128x16/8 warps 452 B)
         reg = REG_TILE * w // (4 if p.get("itemsize", 4) >= 4 else 1)   # <= 32 acc/thread
-        if bm * bn > reg or bm * bn < 16 * 16 * w // 2:
+        nb = p.get("B_OPERANDS", 1)    # a paired matmul holds two accumulators and two b tiles
+        if bm * bn * nb > reg or bm * bn < 16 * 16 * w // 2:
             return False
         # and their hi/lo operand fragments: accumulator + 2 (BM + BN) BK values per thread stay
         # within FP32_REGS_PER_THREAD (32x32x128 at 4 warps, 136, spilled 784 B/thread on PP-OCR)
-        if p.get("itemsize", 4) >= 4 and \
-                (bm * bn + 2 * (bm + bn) * bk > FP32_REGS_PER_THREAD * 32 * w or bk > FP32_MAX_BLOCK_K):
+        if p.get("itemsize", 4) >= 4 and (bm * bn * nb + 2 * (bm + nb * bn) * bk >
+                                          FP32_REGS_PER_THREAD * 32 * w or bk > FP32_MAX_BLOCK_K):
             return False
         if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:  # one K step: nothing to pipeline
             return False

@@ -119,3 +119,24 @@ def find_contractions(nodes: list[Node]) -> list[Contraction]:
         if c is not None:
             out.append(c)
     return out
+
+
+def same_iteration(c1: Contraction, c2: Contraction) -> bool:
+    """``c1`` and ``c2`` read the same left operand (one node: the same view of the same value) over
+    the same iteration space: one program can load each ``a`` tile once and multiply it by both
+    right operands (a gated MLP's gate and up projections)."""
+    return (c1.a is c2.a and c1.full == c2.full and c1.m_dims == c2.m_dims
+            and c1.n_dims == c2.n_dims and c1.k_dims == c2.k_dims
+            and c1.batch_dims == c2.batch_dims and c1.node.dtype == c2.node.dtype
+            and c1.b.dtype == c2.b.dtype)
+
+
+def paired_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction] | None:
+    """The two contractions of a paired matmul kernel (:func:`same_iteration`), in the order of
+    ``nodes``; None unless the meaning has exactly two contractions and they pair. A normalization's
+    sum of squares (``SumReduce(Mul(d, d))``, no broadcast operand) is not a contraction here."""
+    cs = [c for c in find_contractions(nodes) if c.m_dims or c.n_dims]
+    cs = [c for c in cs if c.a is not c.b]
+    if len(cs) == 2 and same_iteration(cs[0], cs[1]):
+        return cs[0], cs[1]
+    return None

@@ -24,7 +24,7 @@ from lumc.ir.kernels import Kernel
 from lumc.ir.ops import ELEMENTWISE
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
-from lumc.backends.triton.contraction import Contraction, find_contractions
+from lumc.backends.triton.contraction import Contraction, find_contractions, paired_contractions
 from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
                                            reshape_index, unravel)
@@ -85,7 +85,10 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     """
     from lumc.backends.triton.render_reduction import render_row
     nodes = kernel.meaning.nodes()
-    cs = find_contractions(nodes)
+    # two products of one left operand (a gated MLP's gate and up): one a tile, two accumulators
+    pair = paired_contractions(nodes)
+    cs = [pair[0]] if pair is not None else find_contractions(nodes)
+    c2 = pair[1] if pair is not None else None
     if len(cs) > 1:   # a sum of squares in a normalization prologue is a batch of dot products
         cs = [c for c in cs if max(c.M, c.N) > 1]
     if len(cs) > 1:   # a statistic of a scaled value (sum(2 s)) is a product with a scalar
@@ -95,14 +98,21 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     c = cs[0]
     if c.a.dtype not in DOT_DTYPES or c.K == 0:
         return render_row(kernel, None)
-    others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not c.node]
+    others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not c.node
+              and (c2 is None or n is not c2.node)]
     under_a = set(toposort([c.a]))
     # a normalization formed on load: statistics of the operand's rows (prologue) and of a
     # residual's rows (epilogue)
     rowp = plan_row_prologue(c, nodes) if any(n in under_a for n in others) else None
     dep = dependents(nodes, c.node)
     check_epilogue(nodes, dep, c.node)
+    if c2 is not None:
+        dep2 = dependents(nodes, c2.node)
+        check_epilogue(nodes, dep2, c2.node)
+        dep |= dep2
     e_stats = [n for n in others if rowp is None or n not in rowp.stats]
+    if c2 is not None and e_stats:
+        raise RenderError("a paired matmul does not normalize a residual in its epilogue")
     rowe = plan_row_epilogue(c, nodes, e_stats, dep) if e_stats else None
     plans = [p for p in (rowp, rowe) if p is not None]
     # outputs: the product's tile, or row values of the statistics (written once per row, for
@@ -117,7 +127,9 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         row_outs[name] = (o, owner)
     aligned = aligned_reads(c, [o for name, o in kernel.meaning.outputs.items()
                                 if name not in row_outs] + [r.srcs[0] for r in e_stats],
-                            row_broadcasts(nodes, plans), set(others)) if plans else set()
+                            row_broadcasts(nodes, plans),
+                            set(others) | ({c2.node} if c2 is not None else set())
+                            ) if plans else set()
     reads = reads_of(nodes)
     params, ptrs, consts = make_params(kernel, reads)
     big = needs_int64(nodes, (c.M * c.N * c.batch, c.M * c.K, c.K * c.N), (c.full,))
@@ -126,15 +138,16 @@ def render_matmul(kernel: Kernel) -> KernelParts:
 
     M, N, K, B = c.M, c.N, c.K, c.batch
     i64 = ".to(tl.int64)" if big else ""
-    split = not plans and splitk_useful({"M": M, "N": N, "K": K, "batch": B})
+    split = not plans and c2 is None and splitk_useful({"M": M, "N": N, "K": K, "batch": B})
     stats: list[RowStatistics] = []
 
     def evaluator(wr: SourceWriter) -> Evaluator:
         def resolve(ev, n, idx, mask, level):
-            if n is c.node:
-                if c.node.dtype == dt.f32:
-                    return acc_name
-                return wr.bind(f"{acc_name}.to({exprs.tl_dtype(c.node.dtype)})", "t", level)
+            for cc, name in ((c, acc_name), (c2, "acc2")):
+                if cc is not None and n is cc.node:
+                    if cc.node.dtype == dt.f32:
+                        return name
+                    return wr.bind(f"{name}.to({exprs.tl_dtype(cc.node.dtype)})", "t", level)
             for st in stats:
                 got = st.resolve(ev, n, idx, mask, level)
                 if got is not None:
@@ -170,6 +183,8 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     w.line(f"rn_b = rn % {N}")
     # operand tiles: a is [BLOCK_M, BLOCK_K], b is [BLOCK_K, BLOCK_N]
     w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
+    if c2 is not None:
+        w.line(f"acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
     if split:   # this program's share of K: whole BLOCK_K steps, the last share ragged
         w.line("pid_k = tl.program_id(2)")
         w.line(f"k_chunk = tl.cdiv(tl.cdiv({K}, SPLIT_K), BLOCK_K) * BLOCK_K")
@@ -204,6 +219,11 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     if c.b.op not in ("View", "Input"):
         b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", lk)
     emit_dot(w, a, b, "acc", c.a.dtype, lk)
+    if c2 is not None:   # the same a tile (and its prologue), the second right operand
+        b2 = ev.value(c2.b, b_idx, "b_mask", lk)
+        if c2.b.op not in ("View", "Input"):
+            b2 = w.bind(f"tl.where(b_mask, {b2}, 0.0)", "b", lk)
+        emit_dot(w, a, b2, "acc2", c.a.dtype, lk)
     w.close()
     finish = None
     if split:
@@ -235,6 +255,10 @@ def render_matmul(kernel: Kernel) -> KernelParts:
                "dot_dtype": dot_dtype(c.a.dtype)}
     notes = [f"GEMM M={M} (dims {list(c.m_dims)}) N={N} (dims {list(c.n_dims)}) "
              f"K={K} (dims {list(c.k_dims)}) batch={B} over {list(c.full)}"]
+    if c2 is not None:
+        problem["B_OPERANDS"] = 2      # two b tiles and two accumulators (configs._legal)
+        notes.append("paired: two products of one left operand, each a tile loaded once for both "
+                     "accumulators; neither product is written")
     if big:
         notes.append("int64 indexing (a tensor or address passes 2**31)")
     knobs = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from lumc.backends.devices import DeviceSpec, get_device
 from lumc.ir.graph import Graph, Node
-from lumc.rewrites.language import FORMS, Encoder, Tables, constructors
+from lumc.ir.ops import ELEMENTWISE
+from lumc.rewrites.language import FORMS, OP_OF_CTOR, Encoder, Tables, constructors
 from lumc.rewrites.schedule import Limits, RunStats, Saturator, total_stats
 
 from lumc.compiler.core.extract import (CostModel, EGraphView, FormRecord, alternatives, choose,
@@ -195,6 +196,50 @@ class _NoForms(CostModel):
         return super().enode_cost(g, c, n)
 
 
+def _joined_parts(view: EGraphView, forced: dict[str, int]) -> set[str]:
+    """The part classes of ``forced`` (each read through its chosen ``Part`` e-node) that share
+    their wide contraction and their width with another part, where the two are joined by
+    elementwise e-nodes of their own size (through views that keep the element count)."""
+    elementwise = {c for c, op in OP_OF_CTOR.items() if op in ELEMENTWISE} | {"View"}
+    parents: dict[str, set[str]] = {}
+    for c, ns in view.classes.items():
+        for n in ns:
+            if n.ctor in elementwise:
+                for a in n.args:
+                    if a in view.classes:
+                        parents.setdefault(a, set()).add(c)
+
+    def size(c: str) -> int:
+        out = 1
+        for d in view.shapes.get(c) or ():
+            out *= d
+        return out
+
+    def above(c: str) -> set[str]:
+        seen, stack, n = {c}, [c], size(c)
+        while stack and len(seen) < 256:
+            for p in parents.get(stack.pop(), ()):
+                if p not in seen and size(p) == n:
+                    seen.add(p)
+                    stack.append(p)
+        return seen - {c}
+
+    by_wide: dict[tuple, list[str]] = {}
+    for c, i in forced.items():
+        part = view.classes[c][i]
+        lo, hi = (view.values.get(a) for a in part.args[1:3])
+        if isinstance(lo, int) and isinstance(hi, int):
+            by_wide.setdefault((part.args[0], hi - lo), []).append(c)
+    out: set[str] = set()
+    for cs in by_wide.values():
+        ups = {c: above(c) for c in cs} if len(cs) > 1 else {}
+        for k, c1 in enumerate(cs):
+            for c2 in cs[k + 1:]:
+                if ups[c1] & ups[c2]:
+                    out |= {c1, c2}
+    return out
+
+
 def _wide_forced(view: EGraphView) -> dict[str, int] | None:
     """The choices that read every class that is a column slice of a wider contraction
     (``Part``, ``lumc.rewrites.horizontal``) from the widest one, or None without any."""
@@ -214,6 +259,11 @@ def _wide_forced(view: EGraphView) -> dict[str, int] | None:
         parts = [(widest(n.args[0]), i) for i, n in enumerate(ns) if n.ctor == "Part"]
         if parts:
             forced[c] = max(parts)[1]
+    # two parts whose elementwise epilogues meet (a gated MLP's silu(gate) * up) stay apart: the
+    # fusion pairs them in one kernel that never writes either (``GreedyFusion._pairs``), where
+    # the merged product would write both for a separate pointwise kernel
+    for c in _joined_parts(view, forced):
+        del forced[c]
     if not forced:
         return None
     # a view over a part (a batch of one's reshape of the 2-D product) is read through it too:

@@ -33,7 +33,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
-from lumc.backends.triton.contraction import as_contraction
+from lumc.backends.triton.contraction import as_contraction, same_iteration
 from lumc.backends.triton.norm_prologue import reads_operand_rows
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
 from lumc.compiler.runtime.program import Program
@@ -244,7 +244,46 @@ class GreedyFusion:
     def _free_reshape(self, views: list) -> bool:
         return all(v.is_contiguous for v in views)
 
-    def _epilogue_region(self, r: Node) -> tuple[set[int], Node]:
+    def _pairs(self) -> dict[int, Node]:
+        """``{id(first): second}`` for contractions that one paired matmul kernel computes: the same
+        left operand over the same iteration space (``same_iteration``: a gated MLP's gate and up
+        projections of one normalized input) whose elementwise epilogues meet (``silu(g) * u``).
+        The kernel loads each left tile once for both products and never writes either one; the
+        first in topological order claims the second when its epilogue closes over both."""
+        by_key: dict[tuple, list] = {}
+        for n in self.order:
+            c = as_contraction(n) if id(n) not in self.group else None
+            if c is not None and (c.m_dims or c.n_dims) and c.a is not c.b \
+                    and id(n) not in self.outputs:
+                by_key.setdefault((id(c.a), c.full), []).append(c)
+        pairs: dict[int, Node] = {}
+        for cs in by_key.values():
+            if len(cs) < 2:
+                continue
+            reach = {id(c.node): self._fusible_descendants(c.node) for c in cs}
+            taken: set[int] = set()
+            for i, c in enumerate(cs):
+                for c2 in cs[i + 1:]:
+                    if taken & {id(c.node), id(c2.node)} or not same_iteration(c, c2):
+                        continue
+                    if reach[id(c.node)] & reach[id(c2.node)]:
+                        pairs[id(c.node)] = c2.node
+                        taken |= {id(c.node), id(c2.node)}
+        return pairs
+
+    def _fusible_descendants(self, r: Node) -> set[int]:
+        """Ids of the elementwise nodes of ``r``'s size reached from it through free reshapes."""
+        seen, frontier = set(), [r]
+        while frontier and len(seen) < MAX_EPILOGUE_OPS:
+            x = frontier.pop()
+            for u, views in self.uses.get(id(x), []):
+                if id(u) not in seen and u.op in ELEMENTWISE and u.numel == r.numel \
+                        and id(u) not in self.group and self._free_reshape(views):
+                    seen.add(id(u))
+                    frontier.append(u)
+        return seen
+
+    def _epilogue_region(self, r: Node, partner: Node | None = None) -> tuple[set[int], Node]:
         """The elementwise epilogue of reduction ``r``: the largest set of same-size elementwise
         consumers in which every node but one (the exit, which the kernel writes) has all its
         consumers inside the set. Returns ``(member ids, exit)``.
@@ -252,12 +291,14 @@ class GreedyFusion:
         Each candidate exit ``e`` among the fusible descendants of ``r`` (elementwise, same size,
         read through free reshapes) defines the region of the nodes between ``r`` and ``e``; the
         largest valid one wins. A descendant that feeds something else (``x * x`` for a second
-        reduction) is simply left out, instead of stopping the growth."""
+        reduction) is simply left out, instead of stopping the growth. With a ``partner`` (a paired
+        contraction, :meth:`_pairs`) the region must hold both."""
         def fusible(u: Node, views: list) -> bool:
             return (u.op in ELEMENTWISE and id(u) not in self.group and u.numel == r.numel
                     and self._free_reshape(views))
 
-        desc, order, frontier = {id(r)}, [], [r]
+        roots = [r] if partner is None else [r, partner]
+        desc, order, frontier = {id(x) for x in roots}, [], list(roots)
         while frontier and len(order) < MAX_EPILOGUE_OPS:
             x = frontier.pop(0)
             for u, views in self.uses.get(id(x), []):
@@ -268,7 +309,7 @@ class GreedyFusion:
         order.sort(key=lambda n: self.pos[id(n)])
         best = ({id(r)}, r)
         # region(e): everything in desc that e depends on, built once per node in topological order
-        deps: dict[int, frozenset] = {id(r): frozenset((id(r),))}
+        deps: dict[int, frozenset] = {id(x): frozenset((id(x),)) for x in roots}
         for e in order:
             acc = {id(e)}
             for s_ in e.srcs:
@@ -276,7 +317,7 @@ class GreedyFusion:
                 if id(b) in deps:
                     acc |= deps[id(b)]
             region = deps[id(e)] = frozenset(acc)
-            if id(r) not in region or len(region) < len(best[0]):
+            if not all(id(x) in region for x in roots) or len(region) < len(best[0]):
                 continue
             if all(k == id(e) or self._closed_in(k, region) for k in region):
                 best = (set(region), e)
@@ -373,7 +414,9 @@ class GreedyFusion:
         self.norm_consumers.update(readers)
         self._refuse(b, None, "normalization formed on load in its contractions' prologues and "
                               "epilogues")
-        kernels = sorted({id(exits[g]) for g in readers}, key=lambda k: self.pos[k])
+        # a paired contraction reads it in its partner's kernel (the group's root)
+        kernels = sorted({id(exits[self.group.get(g, g)]) for g in readers},
+                         key=lambda k: self.pos[k])
         rows = self._row_values(b) if len(kernels) > 1 else []
         if rows:
             self.row_outputs.setdefault(kernels[0], []).extend(
@@ -427,6 +470,7 @@ class GreedyFusion:
                 self.realized.add(id(o))
                 self._refuse(o, None, "an output view that is not a free reshape is a copy")
         exits: dict[int, Node] = {}
+        pairs = self._pairs()
         for n in self.order:
             if not self._is_compute(n):
                 continue
@@ -441,7 +485,18 @@ class GreedyFusion:
                 if id(b) in self.group:
                     self._realize(b, n, "a reduction reads another reduction's result")
                 self.group[id(n)] = id(n)
-                members, exit_ = self._epilogue_region(n)
+                partner = pairs.get(id(n))
+                if partner is not None and id(partner) not in self.group:
+                    self.group[id(partner)] = id(n)
+                    members, exit_ = self._epilogue_region(n, partner)
+                    if id(partner) not in members:     # no epilogue closes over both: apart
+                        del self.group[id(partner)]
+                        members, exit_ = self._epilogue_region(n)
+                    else:
+                        self._refuse(partner, n, "paired with a contraction of the same left "
+                                                 "operand: one kernel, two accumulators")
+                else:
+                    members, exit_ = self._epilogue_region(n)
                 for k in members:
                     self.group[k] = id(n)
                 exits[id(n)] = exit_

@@ -33,6 +33,7 @@ from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View
 from lumc.ir.movement import compose_view
 
+from lumc.backends.triton.contraction import paired_contractions
 from lumc.compiler.runtime.program import KernelCall
 
 
@@ -169,9 +170,16 @@ def classify(meaning: Graph) -> tuple[str, tuple]:
     # one contraction, the other reductions row statistics of its operand or of a residual, none
     # reading the product (a normalization formed on load, ``lumc.backends.triton.norm_prologue``
     # and ``norm_epilogue``; the renderer checks the structure)
-    r = products[0] if len(products) == 1 else reds[0]
+    # or two that share the left operand and iteration space (``paired_contractions``: a gated
+    # MLP's gate and up, one kernel with two accumulators), neither reading the other
+    pair = paired_contractions(nodes) if len(products) == 2 else None
+    r = products[0] if len(products) == 1 or pair is not None else reds[0]
     attrs = [("axes", tuple(r.arg)), ("reduce", "sum" if r.op == "SumReduce" else "max")]
     m = r.srcs[0]
+    if pair is not None and not any(_reads_product(nodes, c.node, reds) for c in pair):
+        a, b = (_base(s) for s in m.srcs)
+        lhs = a.arg.name if a.op == "Input" else None
+        return "matmul", tuple(sorted(attrs + [("lhs", lhs), ("paired", True), ("rhs", None)]))
     if len(products) == 1 and not _reads_product(nodes, r, reds):
         a, b = (_base(s) for s in m.srcs)
         lhs = a.arg.name if a.op == "Input" else None

@@ -54,7 +54,12 @@ def test_every_form_compiles_for_sm90_and_fits(tmp_path):
                 ("attention-f32", make_kernel(
                     "attention", lambda q, k, v, km: softmax(km.where(
                         (q @ k.transpose(-1, -2)) * 0.125, float("-inf")), -1) @ v,
-                    [((1, 12, 128, 64), dt.f32)] * 3 + [((1, 1, 1, 128), dt.bool_)]), None)]
+                    [((1, 12, 128, 64), dt.f32)] * 3 + [((1, 1, 1, 128), dt.bool_)]), None),
+                # a gated MLP's gate and up in one kernel: two b tiles, two accumulators
+                ("matmul-paired", make_kernel(
+                    "matmul", lambda x, wg, wu: (x @ wg).maximum(0.0) * (x @ wu),
+                    [((1024, 1024), dt.bf16), ((1024, 2816), dt.bf16), ((1024, 2816), dt.bf16)],
+                    [("paired", True)]), None)]
     jobs, names = [], []
     for name, k, variant in kernels:
         rk = render(k, variant)

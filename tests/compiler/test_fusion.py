@@ -221,3 +221,41 @@ def test_a_computed_value_read_through_a_pad_fuses_into_its_elementwise_reader(s
         assert np.signbit(want[..., 2]).all() and not np.signbit(want[..., :2]).any()
     if which == "neg+exp" and want.size:   # the padding is 0, not exp(0) * 2
         assert (want[..., :2] == 0).all() and (want[..., -1] == 0).all()
+
+
+def _silu(h):
+    return h / ((-h).exp() + 1.0)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("shape", [(1, 13, 32), (2, 5, 24)])
+def test_gated_mlp_gate_and_up_are_one_paired_matmul(shape, act):
+    """``act(x @ Wg) * (x @ Wu)``: the two products of one left operand are one kernel with two
+    accumulators (neither written), then the down-projection; exact against the reference."""
+    x = inp("x", shape)
+    k, inner = shape[-1], 40
+    g, u = x @ const((k, inner)), x @ const((k, inner))
+    h = (_silu(g) if act == "silu" else gelu_tanh(g)) * u
+    y = h @ const((inner, k)) + x
+    p = run_both(graph({"y": y}, {"x": x}))
+    assert [c.kernel.form for c in p.calls] == ["matmul", "matmul"], p.form_counts()
+    first = p.calls[0].kernel
+    assert dict(first.attrs).get("paired") is True
+    assert sum(n.op == "SumReduce" for n in first.meaning.nodes()) == 2
+    assert any("paired with a contraction" in note for note in p.notes)
+
+
+def test_a_gate_read_elsewhere_is_not_paired():
+    """The gate is also a model output: it must be written, so the products stay two kernels."""
+    x = inp("x", (1, 9, 16))
+    g, u = x @ const((16, 24)), x @ const((16, 24))
+    p = run_both(graph({"y": _silu(g) * u, "g": g}, {"x": x}))
+    assert not any(dict(c.kernel.attrs).get("paired") for c in p.calls)
+    assert sum(c.kernel.form == "matmul" for c in p.calls) == 2
+
+
+def test_products_of_different_left_operands_are_not_paired():
+    x, z = inp("x", (1, 9, 16)), inp("z", (1, 9, 16))
+    p = run_both(graph({"y": _silu(x @ const((16, 24))) * (z @ const((16, 24)))},
+                       {"x": x, "z": z}))
+    assert not any(dict(c.kernel.attrs).get("paired") for c in p.calls)
