@@ -198,8 +198,9 @@ class _NoForms(CostModel):
 
 def _joined_parts(view: EGraphView, forced: dict[str, int]) -> set[str]:
     """The part classes of ``forced`` (each read through its chosen ``Part`` e-node) that share
-    their wide contraction and their width with another part, where the two are joined by
-    elementwise e-nodes of their own size (through views that keep the element count)."""
+    their wide contraction and their width with exactly one other part, the two joined by
+    elementwise e-nodes of their own size (through views that keep the element count) and joined
+    to no third part."""
     elementwise = {c for c, op in OP_OF_CTOR.items() if op in ELEMENTWISE} | {"View"}
     parents: dict[str, set[str]] = {}
     for c, ns in view.classes.items():
@@ -224,19 +225,30 @@ def _joined_parts(view: EGraphView, forced: dict[str, int]) -> set[str]:
                     stack.append(p)
         return seen - {c}
 
+    def top(c: str, depth: int = 0) -> str:
+        """The widest contraction a part belongs to (a part of a part: Q of the Q/K pair)."""
+        i = forced.get(c)
+        if i is None or depth > 8:
+            return c
+        return top(view.classes[c][i].args[0], depth + 1)
+
     by_wide: dict[tuple, list[str]] = {}
     for c, i in forced.items():
         part = view.classes[c][i]
         lo, hi = (view.values.get(a) for a in part.args[1:3])
         if isinstance(lo, int) and isinstance(hi, int):
-            by_wide.setdefault((part.args[0], hi - lo), []).append(c)
+            by_wide.setdefault((top(c), hi - lo), []).append(c)
     out: set[str] = set()
     for cs in by_wide.values():
-        ups = {c: above(c) for c in cs} if len(cs) > 1 else {}
-        for k, c1 in enumerate(cs):
-            for c2 in cs[k + 1:]:
-                if ups[c1] & ups[c2]:
-                    out |= {c1, c2}
+        if len(cs) < 2:
+            continue
+        ups = {c: above(c) for c in cs}
+        joined = {c: {c2 for c2 in cs if c2 != c and ups[c] & ups[c2]} for c in cs}
+        # only a pair joined to nothing else: the fusion pairs two products, and three or more
+        # joined ones (q * k + v) gain nothing from staying apart
+        for c, js in joined.items():
+            if len(js) == 1 and joined[next(iter(js))] == {c}:
+                out.add(c)
     return out
 
 

@@ -92,6 +92,10 @@ def test_rmsnorm_on_load_feeds_both_products(b, t):
     for p in res.candidates:
         got = next(iter(run_program_reference(p, g, feed).values()))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    # the horizontal plans leave the joined pair apart: no candidate writes a merged [M, 2 I]
+    for p in res.candidates:
+        for c in p.calls:
+            assert not any(tuple(n.shape)[-1] == 96 for n in c.inputs + c.outputs), p.label
     fused = [p for p in res.candidates if len(p.calls) == 2]
     assert fused, {p.label: len(p.calls) for p in res.candidates}
     k = fused[0].calls[0].kernel

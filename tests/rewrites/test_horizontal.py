@@ -77,13 +77,15 @@ def test_horizontal_candidate_is_one_contraction_with_constant_weights(bias, fla
     x = input_node("x", (1, 16, 32), dt.f32)
     t = Tensor(x)
     parts = []
-    for width in (32, 32, 32):   # q, k, v of one head, read by a consumer that adds them
+    # q, k, v of one head, each read by its own row sum (a consumer that joined two of them
+    # elementwise, q * k, would pair them in one kernel instead: test_triton_paired_matmul)
+    for width in (32, 32, 32):
         w = Tensor(const_node(rng.standard_normal((width, 32)).astype(np.float32)))
         b = Tensor(const_node(rng.standard_normal(width).astype(np.float32)))
         y = (t.reshape((16, 32)).matmul(w.permute((1, 0))).reshape((1, 16, width)) if flat
              else t.matmul(w.permute((1, 0))))
         parts.append(y.add(b) if bias else y)
-    y = parts[0].mul(parts[1]).add(parts[2])
+    y = parts[0].sum(-1).add(parts[1].sum(-1)).add(parts[2].sum(-1))
     g = Graph({"x": x}, {"y": y.node})
     res = egraph_candidates(g, "h200", k=8)
     wide = next(p for p in res.candidates if p.label == "egraph-horizontal")
