@@ -15,8 +15,9 @@
 #      `make gpu-candidates` wrote to build/gpu-candidates where egglog is (this image has none;
 #      without them the compiles search the greedy program): the four MODELS.md models (carried
 #      in build/gpu-models, `make gpu-models`), GPT-2 small and BERT-base at seq 128 in fp32 and
-#      bf16: compile --device cuda, run the plan through CUDA graphs checked against the float64
-#      reference, bench against torch eager and torch.compile(max-autotune); one table, written to
+#      bf16, then a 4-layer TinyLlama-size Llama in bf16 while time lasts: compile --device
+#      cuda, run the plan through CUDA graphs checked against the float64 reference, bench
+#      against torch eager and torch.compile(max-autotune); one table, written to
 #      docs/gpu-results.md (date, device, versions) and build/gpu-check/gpu-main.json;
 #   7. with the time left, the per-form kernel benchmark (build/gpu-check/gpu-check.json and .md).
 set -uo pipefail

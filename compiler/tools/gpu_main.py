@@ -1,7 +1,8 @@
 """The main job on a real GPU, for ``make gpu-check``: compile, run through CUDA graphs, check, race.
 
 For each model (the four MODELS.md models at their test shapes; GPT-2 small and BERT-base at
-sequence 128 in fp32 and bf16, ``lumc.compiler.tools.transformer_models``):
+sequence 128 in fp32 and bf16, and, budget permitting, a 4-layer Llama at TinyLlama's sizes in bf16,
+``lumc.compiler.tools.transformer_models``):
 
 1. ``lumc.compile(..., device="cuda")``: the search times real kernels on the GPU (Triton configs and
    the vendor alternatives, ``IMPL``); the e-graph stage runs where egglog is installed; the GPU
@@ -36,7 +37,10 @@ NO_GPU_EXIT = 2
 COMPILE_BUDGET_S = 25          # lumc's search budget per model on the GPU
 INDUCTOR_RESERVE_S = 90        # a max-autotune compile starts only with this much time left
 MODELS = ("minilm-l3", "magika", "silero-vad", "ppocr-det")
-TRANSFORMERS = (("gpt2", "fp32"), ("bert", "fp32"), ("gpt2", "bf16"), ("bert", "bf16"))
+TRANSFORMERS = (("gpt2", "fp32"), ("bert", "fp32"), ("gpt2", "bf16"), ("bert", "bf16"),
+                ("llama", "bf16"))   # last: RoPE in attention, paired gate/up (skipped if out of time)
+ARCH_NAMES = {"gpt2": "GPT-2 small", "bert": "BERT-base",
+              "llama": "Llama (TinyLlama sizes, 4 layers)"}
 
 # (step, expected seconds on an H200 with a warm pip cache) — the closing note of gpu_check.sh
 PLAN = (
@@ -47,7 +51,9 @@ PLAN = (
     ("4 MODELS.md models: compile --device cuda (25 s search each over the e-graph candidates "
      "carried in build/gpu-candidates, else the greedy program: the GPU image has no egglog), "
      "CUDA-graph run + float64 check, bench vs eager", 4 * 40),
-    ("GPT-2 small and BERT-base, seq 128, fp32 and bf16: the same", 4 * 45),
+    ("GPT-2 small and BERT-base, seq 128, fp32 and bf16: the same; then a 4-layer Llama at "
+     "TinyLlama's sizes in bf16 (RoPE in attention, paired gate/up) only while the budget lasts",
+     4 * 45),
     ("torch.compile max-autotune rivals, while the deadline leaves 90 s (skipped rows say so)", 120),
     ("write the table, docs/gpu-results.md and build/gpu-check/gpu-main.json", 1),
 )
@@ -108,7 +114,7 @@ def jobs() -> list[dict]:
         out.append({"name": name, "kind": "onnx", "path": _model_path(name),
                     "shapes": dict(model_info(name).test_shapes[0])})
     for arch, d in TRANSFORMERS:
-        out.append({"name": f"{'GPT-2 small' if arch == 'gpt2' else 'BERT-base'} seq128 {d}",
+        out.append({"name": f"{ARCH_NAMES[arch]} seq128 {d}",
                     "kind": "torch", "arch": arch, "dtype": d})
     return out
 

@@ -46,3 +46,25 @@ def test_half_precision_models_get_the_attention_form(arch):
     best = egraph_candidates(import_torch(mod, args).graph, "h200", k=4).best
     forms = best.form_counts()
     assert forms.get("attention") == 1 and "softmax" not in forms, forms
+
+
+def test_reference_llama_compiles_to_five_kernels_per_layer(tmp_path, monkeypatch):
+    """The GPU check's Llama (RMSNorm, RoPE, grouped-query attention, SwiGLU): per layer the merged
+    QKV with the norm on load, attention computing RoPE, out-projection + residual, the paired
+    gate/up with the norm on load, down-projection + residual; plus the embedding gather and the
+    final norm. Matches eager."""
+    from lumc.compiler.tools.transformer_models import Llama
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    mod = Llama(layers=2, width=64, heads=4, kv_heads=2, ffn=96, vocab=100, positions=64).eval()
+    ids = torch.randint(0, 100, (1, 24))
+    f = lumc.compile(mod, budget="40s", example_inputs=(ids,), device="sim:h200")
+    with torch.no_grad():
+        got, want = f(ids), mod(ids)
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-4
+    r = f.specializations[0].compiled.report_dict()
+    forms = r["form_counts"]
+    assert forms.get("attention") == 2 and forms.get("pointwise", 0) == 0, forms
+    assert r["kernels"] <= 5 * 2 + 2, (r["kernels"], forms, r["candidate_label"])
+    matmuls = [k for k in r["per_kernel"] if k["form"] == "matmul"]
+    assert len(matmuls) == 8, r["per_kernel"]     # 4 per layer: QKV, o, gate/up, down
