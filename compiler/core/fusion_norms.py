@@ -1,0 +1,159 @@
+"""Normalizations formed on load, the part of greedy fusion (``lumc.compiler.core.fusion``) that
+decides them: pre-LN (a layernorm/RMSNorm form read only as contractions' left operands is never
+written: ``lumc.backends.triton.norm_prologue`` forms it in each) and post-LN (also where a
+contraction's epilogue reads it, the residual: ``norm_epilogue``). Where several kernels form one
+normalization, the first writes its row values (``mean``, ``rsqrt(var + eps)``) for the others.
+
+:class:`NormOnLoad` is a mixin of :class:`~lumc.compiler.core.fusion.GreedyFusion`: it reads the
+fusion's ``uses``, ``group``, ``forms``, ``realized`` and ``pos`` and records its decisions in
+``prologue_exits``, ``norm_consumers``, ``row_outputs`` and ``row_owned``.
+"""
+from __future__ import annotations
+
+from lumc.ir.graph import Node
+from lumc.ir.ops import ELEMENTWISE
+
+from lumc.backends.triton.contraction import as_contraction
+from lumc.backends.triton.norm_prologue import reads_operand_rows
+
+
+def _chain(x: Node) -> tuple[Node, list]:
+    """``(base, views)``: follow a stack of views down to the node they read."""
+    views = []
+    while x.op == "View":
+        views.append(x.arg)
+        x = x.srcs[0]
+    return x, views
+
+
+
+def _row_plannable(r: Node, epilogue: bool) -> bool:
+    """Contraction ``r``'s kernel can compute row statistics (what ``norm_prologue`` and
+    ``norm_epilogue`` render): no batch dims, and in its epilogue its rows before its columns."""
+    c = as_contraction(r)
+    if c is None or c.batch_dims:
+        return False
+    return not (epilogue and c.m_dims and c.n_dims) or max(c.m_dims) < min(c.n_dims)
+
+
+
+class NormOnLoad:
+    """Pre-LN and post-LN fusion decisions (see the module docstring)."""
+
+    def _fuse_norm_prologue(self, b: Node, exits: dict) -> bool:
+        """Pre-LN fusion (``norm_prologue``): ``b`` ends a layernorm/rmsnorm form kernel and every
+        use of it is the left operand of a contraction, so the contractions form the normalized
+        tile on load (``lumc.backends.triton.norm_prologue``) and ``b`` is never written."""
+        rec = self._norm_exit(b, exits) if self.norm_prologue else None
+        if rec is None:
+            return False
+        ok = all(self._operand_readers(b, u) is not None for u, _ in self.uses[id(b)])
+        if ok:
+            if id(b) not in self.prologue_exits:
+                self.prologue_exits.add(id(b))
+                self._refuse(b, None, f"{rec.form} fused as the prologue of its contractions")
+        return ok
+
+    def _norm_exit(self, b: Node, exits: dict):
+        """The layernorm/rmsnorm form record whose kernel ends at ``b`` (not a model output)."""
+        if id(b) in self.outputs:
+            return None
+        rec = self.forms.get(self.group.get(id(b)))
+        if rec is None or rec.form not in ("layernorm", "rmsnorm") or \
+                exits.get(self.group[id(b)]) is not b:
+            return None
+        return rec
+
+    def _on_load_readers(self, b: Node, u: Node, views: list, depth: int = 0) -> list[int] | None:
+        """The contractions (ids of their ``SumReduce``) that form ``b`` on load where ``u`` reads
+        it: ``u`` is their left operand (prologue), or an elementwise op of one's epilogue reading
+        ``b`` through free reshapes (a post-LN residual), or an elementwise op inlined into such
+        epilogues (``0.5 * y``, ``relu(y)``, ``-y``: every use of it is one); None for any other
+        reader, or a contraction whose kernel cannot compute row statistics."""
+        if depth == 0 and u.op == "Mul" and self._contraction_operand(u):
+            return self._operand_readers(b, u)
+        if u.op not in ELEMENTWISE or u.numel != b.numel or not self._free_reshape(views):
+            return None
+        g = self.group.get(id(u))
+        r = self.byid.get(g) if g is not None else None
+        if (r is not None and g not in self.forms and r.op == "SumReduce" and r.srcs[0].op == "Mul"):
+            return [g] if _row_plannable(r, True) else None
+        if g is not None or id(u) in self.realized or id(u) in self.outputs or depth >= 8:
+            return None
+        out = []
+        for u2, v2 in self.uses[id(u)]:
+            got = self._on_load_readers(u, u2, v2, depth + 1)
+            if got is None:
+                return None
+            out += got
+        return out or None
+
+    def _operand_readers(self, b: Node, u: Node) -> list[int] | None:
+        """The contractions (ids of their ``SumReduce``) whose left operand ``u`` reads ``b``, when
+        their kernels can compute ``b``'s row statistics in the prologue; else None."""
+        if not (u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b
+                and id(u) not in self.group):
+            return None
+        rs = [x for x, _ in self.uses[id(u)]]
+        ok = all(_row_plannable(x, False) and reads_operand_rows(as_contraction(x)) for x in rs)
+        return [id(x) for x in rs] if ok else None
+
+    def _fuse_norm_on_load(self, b: Node, exits: dict) -> None:
+        """Post-LN fusion (``norm_epilogue``), decided once every kernel's epilogue is known: ``b``
+        ends a normalization whose every reader forms it on load (:meth:`_on_load_readers`), so
+        ``b`` is never written; else it is realized, naming the first reader that cannot.
+
+        Where several kernels read it, the first to run computes the row statistics and also
+        writes the row values the normalized value reads (``mean``, ``rsqrt(var + eps)``: ``M``
+        values each); the others read those instead of re-reading whole rows."""
+        if id(b) in self.realized:
+            return
+        readers = []
+        for u, views in self.uses[id(b)]:
+            got = self._on_load_readers(b, u, views)
+            if got is None:
+                self._realize(b, u, "normalization not formed on load: the reader is neither a "
+                                    "contraction's left operand nor an elementwise op of its "
+                                    "epilogue")
+                return
+            readers += got
+        self.prologue_exits.add(id(b))
+        self.norm_consumers.update(readers)
+        self._refuse(b, None, "normalization formed on load in its contractions' prologues and "
+                              "epilogues")
+        # a paired contraction reads it in its partner's kernel (the group's root)
+        kernels = sorted({id(exits[self.group.get(g, g)]) for g in readers},
+                         key=lambda k: self.pos[k])
+        rows = self._row_values(b) if len(kernels) > 1 else []
+        if rows:
+            self.row_outputs.setdefault(kernels[0], []).extend(
+                r for r in rows if id(r) not in self.row_owned)
+            for r in rows:
+                if id(r) not in self.row_owned:
+                    self.realized.add(id(r))
+                    self.row_owned.add(id(r))
+                    self._refuse(r, None, "row values of a normalization formed on load, written "
+                                          "by the first kernel that forms it for the others")
+
+    def _row_values(self, b: Node) -> list[Node]:
+        """The computed row values (statistics and functions of them) that the normalized value
+        ``b`` reads through broadcasts, reached from ``b`` through full-size ops and views."""
+        rid = self.group[id(b)]
+        out, seen, stack = [], set(), [b]
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            for s_ in x.srcs:
+                if s_.op != "View" and self.group.get(id(s_)) != rid:
+                    continue            # the normalization's input (or a weight): not a row value
+                if s_.numel == b.numel:
+                    stack.append(s_)
+                    continue
+                r = _chain(s_)[0]       # a broadcast (of a reshape) of a row value
+                if x.op == "View" and self._is_compute(r) and self.group.get(id(r)) == rid \
+                        and id(r) not in seen:
+                    seen.add(id(r))
+                    out.append(r)
+        return sorted(out, key=lambda n: self.pos[id(n)])
