@@ -8,7 +8,8 @@ Without a CUDA device the kernels run in the Triton interpreter on CPU tensors: 
 ``TRITON_INTERPRET=1`` (unless the user set it). Triton 3.x reads it through ``triton.knobs`` when a
 ``@triton.jit`` function is defined, so this works even if Triton was imported first (torch.export
 and transformers import it); older Triton read it once at import, which is then reported.
-:func:`interpreter_mode` reports the choice.
+:func:`interpreter_mode` reports the choice. The interpreter computes bfloat16 on bit patterns;
+``interpreter_bf16`` makes it compute their values, as the GPU does.
 """
 import os as _os
 import sys as _sys
@@ -36,6 +37,9 @@ def _choose_mode() -> None:
 
 
 _choose_mode()
+if _os.environ.get("TRITON_INTERPRET") == "1":
+    from lumc.backends.triton.interpreter_bf16 import install as _install_bf16
+    _install_bf16()   # bf16 arithmetic in the interpreter as on the GPU (see that module)
 
 from lumc.backends.triton.codegen import RenderError  # noqa: E402
 from lumc.backends.triton.configs import Config, config_space, default_config  # noqa: E402
