@@ -379,8 +379,9 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
 
     def _check_once(self, e: KernelEntry, precision: str | None = None) -> tuple[bool, str]:
         """The numerics verdict on ``sim:*`` of a kernel at one operand precision (memoized here
-        and in the database). The Triton interpreter's bf16 and fp8 dots are wrong (its bf16
-        arithmetic truncates, its fp8 products are not exact), so a ``bf16`` or ``fp8`` config is
+        and in the database). The Triton interpreter's reduced-precision dots are not the GPU's
+        (its fp8 products are not exact; bf16 values compute as the GPU's only through
+        ``backends/triton/interpreter_bf16``), so a ``bf16`` or ``fp8`` config is
         checked at the kernel's exact precision, which runs the same source but for the dot's
         operand casts; the reduced-precision dot itself is emulated in numpy
         (``lumc.backends.precision``) by the CPU executor and measured by the quality gate."""
