@@ -196,7 +196,8 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
         tot = res.total
         stats.update({"enodes": tot.enodes, "eclasses": tot.eclasses, "iterations": tot.iterations,
                       "saturation_s": res.seconds.get("saturate", tot.seconds),
-                      "extraction_s": res.seconds.get("extract", 0.0), "regions": len(res.regions),
+                      "extraction_s": res.seconds.get("extract", 0.0),
+                      "partition_s": res.seconds.get("partition", 0.0), "regions": len(res.regions),
                       "stop_reasons": tot.stop, "used": True, "seconds": time.monotonic() - t0})
         programs = list(res.candidates) + programs
         carry_to = os.environ.get(carried.WRITE_ENV)
@@ -589,7 +590,7 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
         "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
                                                      "used", "iterations", "stop_reasons", "error",
-                                                     "extraction_s", "carried")},
+                                                     "extraction_s", "partition_s", "carried")},
         "max_rel_error": max_err, "warnings": list(fe.warnings), "log": log[:200],
         "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
         "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},
