@@ -326,17 +326,17 @@ def attention_prologue_seconds(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> fl
     return (p["PROLOGUE_Q"] + p["PROLOGUE_KV"] * blocks) / dev.vector_flops["f32"]
 
 
-def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int) -> int:
+def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int, operands_b: int = 1) -> int:
     """Shared memory one program takes: attention's fitted bound (``configs``), a contraction's
-    pipelined operand tiles, a row kernel's fp32 row buffer."""
+    pipelined operand tiles (``operands_b`` right tiles: 2 for a paired matmul), a row kernel's
+    fp32 row buffer."""
     if kernel.form == "attention":
         return attention_shared_memory(attention_problem(kernel), {
             "BLOCK_M": cfg.get("BLOCK_M", 64), "BLOCK_N": cfg.get("BLOCK_N", 64),
             "num_stages": cfg.get("num_stages", 2)})
     if kernel.form in TENSOR_FORMS:
         bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
-        nb = _static(kernel)[4].operands_b if _static(kernel)[4] is not None else 1
-        return (bm * bk + nb * bk * bn) * itemsize * max(cfg.get("num_stages", 2), 1)
+        return (bm * bk + operands_b * bk * bn) * itemsize * max(cfg.get("num_stages", 2), 1)
     return cfg.get("BLOCK", cfg.get("BLOCK_SIZE", 1024)) * 4 if kernel.form != "pointwise" else 0
 
 
@@ -371,7 +371,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     in_bytes, out_bytes, dtype, flops, c, prologue, rows = _static(kernel)
     warps = int(cfg.get("num_warps", 4))
     stages = int(cfg.get("num_stages", 2))
-    smem = _smem_bytes(kernel, cfg, dtype.itemsize)
+    smem = _smem_bytes(kernel, cfg, dtype.itemsize, c.operands_b if c is not None else 1)
     if smem > dev.smem_per_block:
         raise ValueError(f"config {cfg} needs {smem} B of shared memory > {dev.smem_per_block} B")
     resident = max(1, min(MAX_WARPS_PER_SM // max(warps, 1), SMEM_PER_SM // smem if smem else 32))
@@ -468,10 +468,7 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     roofline bound, and a config whose bound is not below the best time measured for the kernel
     cannot win: the search prunes it without compiling.
     """
-    flops = kernel.flops()
-    dtype = max((n.dtype for n in kernel.inputs if n.dtype.is_float), key=lambda d: d.itemsize,
-                default=kernel.outputs[0].dtype)
-    c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
+    in_bytes, out_bytes, dtype, flops, c, _, rows = _static(kernel)   # per kernel, not per config
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 16), cfg.get("BLOCK_N", 16), cfg.get("BLOCK_K", 16)
         sk = max(int(cfg.get("SPLIT_K", 1)), 1)
@@ -487,10 +484,11 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             lanes = math.ceil(out_elems / block) * block
             flops = flops * lanes / out_elems
         else:
-            rows, row = row_dims(kernel)
+            rows, row = rows
             rows_pp = int(cfg.get("BLOCK_M", 1))
             issued = math.ceil(rows / rows_pp) * rows_pp * math.ceil(row / block) * block
             flops = flops * max(issued / (rows * row), 1.0)
         peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
         finish = 0.0
-    return max(flops / peak, kernel.min_bytes() / dev.hbm_bandwidth) + dev.launch_overhead_s + finish
+    return max(flops / peak, (in_bytes + out_bytes) / dev.hbm_bandwidth) + \
+        dev.launch_overhead_s + finish

@@ -104,29 +104,21 @@ def squeeze_rules() -> list[Rule]:
         red = f"(SumReduce (Mul ?A ?B) (vec-of {f - 1}))"
         shape = (2, 3, 4, 5, 6)[:f + 1]
         sq = shape[:f - 1] + shape[f:]
+        where = (f"(= ?red {red})", "(= ?sr (shape ?red))", f"(= (vec-length ?sr) {f + 1})")
+        sets = (f"(set (shape (View ?red (Reshape {so}))) {so})",)
+        ins = {"A": ("in", shape, "f32"), "B": ("in", shape, "f32")}
         rules.append(Rule(f"kernels/View: reshape(contraction) -> reshape(squeeze(contraction)) [r={f}]",
                           "exact", "(View ?red (Reshape ?s2))",
                           f"(View (View ?red (Reshape {so})) (Reshape ?s2))",
-                          (f"(= ?red {red})", "(= ?sr (shape ?red))", f"(= (vec-length ?sr) {f + 1})",
-                           f"(!= {so} ?s2)"),
-                          sets=(f"(set (shape (View ?red (Reshape {so}))) {so})",),
-                          cases=({"A": ("in", shape, "f32"), "B": ("in", shape, "f32"),
-                                  "s2": tuple(reversed(sq))},)))
-    # any other view of the result (RoPE's halves of q's heads, a pad): a strided view reads the
-    # flat layout of its source, which the squeeze keeps, so it reads the squeezed matmul alike
-    # (and through it a horizontal part: the merged QKV projection)
-    for f in (2, 3, 4):
-        g = [f"(vec-get ?sr {i})" for i in range(f + 1)]
-        so = f"(vec-of {' '.join(g[:f - 1] + [g[f]])})"
-        red = f"(SumReduce (Mul ?A ?B) (vec-of {f - 1}))"
-        shape = (2, 3, 4, 5, 6)[:f + 1]
+                          where + (f"(!= {so} ?s2)",), sets=sets,
+                          cases=(dict(ins, s2=tuple(reversed(sq))),)))
+        # any other view of the result (RoPE's halves of q's heads, a pad): a strided view reads
+        # the flat layout of its source, which the squeeze keeps, so it reads the squeezed matmul
+        # alike (and through it a horizontal part: the merged QKV projection)
         rules.append(Rule(f"kernels/View: strided(contraction) -> strided(squeeze(contraction)) [r={f}]",
                           "exact", "(View ?red (Strided ?i))",
-                          f"(View (View ?red (Reshape {so})) (Strided ?i))",
-                          (f"(= ?red {red})", "(= ?sr (shape ?red))", f"(= (vec-length ?sr) {f + 1})"),
-                          sets=(f"(set (shape (View ?red (Reshape {so}))) {so})",),
-                          cases=({"A": ("in", shape, "f32"), "B": ("in", shape, "f32"),
-                                  "host": _strided_product_host(f), "__lhs__": "?host"},)))
+                          f"(View (View ?red (Reshape {so})) (Strided ?i))", where, sets=sets,
+                          cases=(dict(ins, host=_strided_product_host(f), __lhs__="?host"),)))
     # a permutation of the result that moves the contracted unit axis (a batch-of-one bmm whose
     # heads are merged back: the view composer folds squeeze + permute into one permute)
     for f in (2, 3):

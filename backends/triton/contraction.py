@@ -135,8 +135,7 @@ def paired_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction] | 
     """The two contractions of a paired matmul kernel (:func:`same_iteration`), in the order of
     ``nodes``; None unless the meaning has exactly two contractions and they pair. A normalization's
     sum of squares (``SumReduce(Mul(d, d))``, no broadcast operand) is not a contraction here."""
-    cs = [c for c in find_contractions(nodes) if c.m_dims or c.n_dims]
-    cs = [c for c in cs if c.a is not c.b]
+    cs = [c for c in find_contractions(nodes) if (c.m_dims or c.n_dims) and c.a is not c.b]
     if len(cs) == 2 and same_iteration(cs[0], cs[1]):
         return cs[0], cs[1]
     return None

@@ -62,8 +62,9 @@ def install() -> bool | str:
         return INSTALLED
     bf16, f32 = tl.bfloat16, tl.float32
 
-    def is_bf16(h) -> bool:
-        return getattr(h.dtype, "scalar", h.dtype) == bf16
+    def is_bf16(x) -> bool:
+        """A tensor handle, or a ``tl.tensor`` (its dtype a block type), of bfloat16 elements."""
+        return getattr(x.dtype, "scalar", x.dtype) == bf16
 
     def wide(h):
         return handle(_widen(h.data), f32) if is_bf16(h) else h
@@ -111,11 +112,8 @@ def install() -> bool | str:
 
     reduce_sum, reduce_min_max = reduce_ops.sum, reduce_ops.min_max
 
-    def tensor_bf16(t) -> bool:
-        return getattr(t.dtype, "scalar", t.dtype) == bf16 or t.dtype == bf16
-
     def sum_(self, input):
-        if not tensor_bf16(input):
+        if not is_bf16(input):
             return reduce_sum(self, input)
         total = np.sum(_widen(input.handle.data), axis=self.axis, keepdims=self.keep_dims,
                        dtype=np.float32)
@@ -123,7 +121,7 @@ def install() -> bool | str:
 
     def min_max_(self, input, val_reduce_op, idx_reduce_op=None):
         x = input[0] if isinstance(input, tuple) else input
-        if not tensor_bf16(x):
+        if not is_bf16(x):
             return reduce_min_max(self, input, val_reduce_op, idx_reduce_op)
         vals = _widen(x.handle.data)
         out = []

@@ -4,8 +4,8 @@ egglog is not installed where the GPU is (its wheel alone is 48.6 MB, beyond wha
 carries), and without it a compile searches only the greedy program. So the e-graph runs on a CPU
 machine, and what it decided travels as data: for each candidate program, the decoded graph the
 e-graph chose (its rewritten expressions: attention, layer norm and horizontal forms), the form
-records, and the fusion flags (``+norm-prologue``, ``+norm-on-load``, ``+kv-prologue``). The machine with the GPU
-rebuilds each program with the same greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`,
+records, and the fusion flags (``+norm-prologue``, ``+norm-on-load``, ``+kv-prologue``). The
+machine with the GPU rebuilds each program with the same greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`,
 pure Python) and searches them as if its own e-graph had produced them.
 
 The file holds no weights. Leaves are bound on the receiving machine:

@@ -11,6 +11,7 @@ same pipeline runs greedy fusion only.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import re
@@ -441,9 +442,9 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
     # attention computing its elementwise keys and values (RoPE) itself: a twin of each program
     # whose fusion wrote them for want of the flag, decoded right after it (the search times both:
     # the twin saves a kernel and its bytes, and recomputes the expression per query block)
-    plans.reverse()
-    while plans:
-        label, picks = plans.pop()
+    queue = collections.deque(plans)
+    while queue:
+        label, picks = queue.popleft()
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
         try:
@@ -456,7 +457,7 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
                 logging.DEBUG))
             continue
         if not label.endswith("+kv-prologue") and any(KV_PROLOGUE_REFUSAL in x for x in p.notes):
-            plans.append((f"{label}+kv-prologue", picks))
+            queue.appendleft((f"{label}+kv-prologue", picks))
         sig = p.signature()
         if sig in seen:
             continue

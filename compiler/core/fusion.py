@@ -153,7 +153,8 @@ class GreedyFusion(NormOnLoad):
           so the expression (RoPE's ``q * cos + rotate_half(q) * sin``) is computed once per
           element, as its own kernel would, without writing and re-reading the result; always;
         * the keys and values: their tiles are loaded once per query block, so the expression is
-          recomputed ``ceil(Lq / BLOCK_M)`` times (priced by ``simulator.attention_prologue_ops``);
+          recomputed ``ceil(Lq / BLOCK_M)`` times (priced by
+          ``simulator.attention_prologue_seconds``);
           only with ``kv_prologue`` (the ``+kv-prologue`` candidate, which the search times
           against the twin that writes them). Without it, the refusal says so.
         """
@@ -259,7 +260,7 @@ class GreedyFusion(NormOnLoad):
         for cs in by_key.values():
             if len(cs) < 2:
                 continue
-            reach = {id(c.node): self._fusible_descendants(c.node) for c in cs}
+            reach = {id(c.node): {id(u) for u in self._fusible_descendants([c.node])} for c in cs}
             taken: set[int] = set()
             for i, c in enumerate(cs):
                 for c2 in cs[i + 1:]:
@@ -270,17 +271,20 @@ class GreedyFusion(NormOnLoad):
                         taken |= {id(c.node), id(c2.node)}
         return pairs
 
-    def _fusible_descendants(self, r: Node) -> set[int]:
-        """Ids of the elementwise nodes of ``r``'s size reached from it through free reshapes."""
-        seen, frontier = set(), [r]
-        while frontier and len(seen) < MAX_EPILOGUE_OPS:
-            x = frontier.pop()
+    def _fusible_descendants(self, roots: list[Node]) -> list[Node]:
+        """The elementwise nodes of the first root's size reached from ``roots`` through free
+        reshapes, outside any group, breadth first (at most :data:`MAX_EPILOGUE_OPS`)."""
+        size = roots[0].numel
+        desc, order, frontier = {id(x) for x in roots}, [], list(roots)
+        while frontier and len(order) < MAX_EPILOGUE_OPS:
+            x = frontier.pop(0)
             for u, views in self.uses.get(id(x), []):
-                if id(u) not in seen and u.op in ELEMENTWISE and u.numel == r.numel \
-                        and id(u) not in self.group and self._free_reshape(views):
-                    seen.add(id(u))
+                if id(u) not in desc and u.op in ELEMENTWISE and id(u) not in self.group \
+                        and u.numel == size and self._free_reshape(views):
+                    desc.add(id(u))
+                    order.append(u)
                     frontier.append(u)
-        return seen
+        return order
 
     def _epilogue_region(self, r: Node, partner: Node | None = None) -> tuple[set[int], Node]:
         """The elementwise epilogue of reduction ``r``: the largest set of same-size elementwise
@@ -292,20 +296,8 @@ class GreedyFusion(NormOnLoad):
         largest valid one wins. A descendant that feeds something else (``x * x`` for a second
         reduction) is simply left out, instead of stopping the growth. With a ``partner`` (a paired
         contraction, :meth:`_pairs`) the region must hold both."""
-        def fusible(u: Node, views: list) -> bool:
-            return (u.op in ELEMENTWISE and id(u) not in self.group and u.numel == r.numel
-                    and self._free_reshape(views))
-
         roots = [r] if partner is None else [r, partner]
-        desc, order, frontier = {id(x) for x in roots}, [], list(roots)
-        while frontier and len(order) < MAX_EPILOGUE_OPS:
-            x = frontier.pop(0)
-            for u, views in self.uses.get(id(x), []):
-                if id(u) not in desc and fusible(u, views):
-                    desc.add(id(u))
-                    order.append(u)
-                    frontier.append(u)
-        order.sort(key=lambda n: self.pos[id(n)])
+        order = sorted(self._fusible_descendants(roots), key=lambda n: self.pos[id(n)])
         best = ({id(r)}, r)
         # region(e): everything in desc that e depends on, built once per node in topological order
         deps: dict[int, frozenset] = {id(x): frozenset((id(x),)) for x in roots}

@@ -173,18 +173,16 @@ def classify(meaning: Graph) -> tuple[str, tuple]:
     # or two that share the left operand and iteration space (``paired_contractions``: a gated
     # MLP's gate and up, one kernel with two accumulators), neither reading the other
     pair = paired_contractions(nodes) if len(products) == 2 else None
-    r = products[0] if len(products) == 1 or pair is not None else reds[0]
+    mains = ([c.node for c in pair] if pair is not None
+             else products if len(products) == 1 else [])
+    r = mains[0] if mains else reds[0]
     attrs = [("axes", tuple(r.arg)), ("reduce", "sum" if r.op == "SumReduce" else "max")]
-    m = r.srcs[0]
-    if pair is not None and not any(_reads_product(nodes, c.node, reds) for c in pair):
-        a, b = (_base(s) for s in m.srcs)
+    if mains and not any(_reads_product(nodes, x, reds) for x in mains):
+        a, b = (_base(s) for s in r.srcs[0].srcs)
         lhs = a.arg.name if a.op == "Input" else None
-        return "matmul", tuple(sorted(attrs + [("lhs", lhs), ("paired", True), ("rhs", None)]))
-    if len(products) == 1 and not _reads_product(nodes, r, reds):
-        a, b = (_base(s) for s in m.srcs)
-        lhs = a.arg.name if a.op == "Input" else None
-        rhs = b.arg.name if b.op == "Input" else None
-        return "matmul", tuple(sorted(attrs + [("lhs", lhs), ("rhs", rhs)]))
+        rhs = b.arg.name if b.op == "Input" and pair is None else None   # paired: two rhs
+        extra = [("paired", True)] if pair is not None else []
+        return "matmul", tuple(sorted(attrs + extra + [("lhs", lhs), ("rhs", rhs)]))
     return "reduction", tuple(sorted(attrs))
 
 
