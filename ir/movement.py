@@ -141,6 +141,41 @@ def decompose_sliced(src_shape: Shape, v: View) -> tuple[View, list[Step]] | Non
     return box, steps
 
 
+def refine_shape(src_shape: Shape, v: View) -> Shape:
+    """``src_shape`` with each dim split where a stride of ``v`` falls inside it (a row-major
+    reshape, so the flat index space is unchanged): ``[T, 3*H*D]`` read as GPT-NeoX's per-head
+    ``q = x.view(T, H, 3*D)[..., :D]`` (head stride ``3*D``) is ``[T, H, 3*D]``, whose ``q`` is a
+    box slice. A stride ``s`` splits dim ``d`` (row-major stride ``S``, size ``n``) into
+    ``(S*n/s, s/S)`` when ``S < s < S*n`` and both divide evenly."""
+    out: list[int] = []
+    for d, st in zip(src_shape, contiguous_strides_full(src_shape)):
+        cuts = sorted({s for s, n in zip(v.strides, v.shape)
+                       if n > 1 and st < s < st * d and s % st == 0 and (st * d) % s == 0})
+        # nested splits: each cut must divide the next one up, else keep the dim whole
+        if any(b % a for a, b in zip(cuts, cuts[1:])):
+            out.append(d)
+            continue
+        inner = [c // st for c in cuts]          # sizes below each cut, innermost first
+        sizes, below = [], 1
+        for c in inner:
+            sizes.append(c // below)
+            below = c
+        sizes.append(d // below)
+        out.extend(reversed(sizes))
+    return tuple(out)
+
+
+def decompose_refined(src_shape: Shape, v: View) -> tuple[Shape, View, list[Step]] | None:
+    """``(refined, box, steps)`` with ``v == apply_steps(box, steps)`` where ``box`` is a slice of
+    the contiguous ``refined`` shape (:func:`refine_shape`; ``src_shape`` itself when the slice is
+    a box there already), or None (the view stays whole)."""
+    for shape in dict.fromkeys((tuple(src_shape), refine_shape(src_shape, v))):
+        out = decompose_sliced(shape, v)
+        if out is not None:
+            return (shape, *out)
+    return None
+
+
 def contiguous_strides_full(shape: Shape) -> tuple[int, ...]:
     """Row-major strides, size-1 dims included (the flat-index weight of every axis)."""
     out, acc = [], 1

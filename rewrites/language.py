@@ -32,7 +32,7 @@ from lumc.ir.ops import OPS
 from lumc.ir.tensor import Tensor
 from lumc.ir.views import View
 from lumc.rewrites import horizontal as _horizontal
-from lumc.ir.movement import compose_view, decompose_sliced, decompose_view
+from lumc.ir.movement import compose_view, decompose_refined, decompose_view
 
 # non-tensor argument sorts of each op, after its Expr operands
 ARG_SORTS: dict[str, tuple[str, ...]] = {
@@ -220,11 +220,13 @@ class Encoder:
             steps = decompose_view(src.shape, x.arg)
             src_shape = tuple(src.shape)
             if steps is None:
-                sliced = decompose_sliced(src.shape, x.arg)
+                sliced = decompose_refined(src.shape, x.arg)
                 if sliced is None:
                     return self._fresh(f"(View {cur} (Strided {self.tables.strided_id(x.arg)}))",
                                        x.shape)
-                box, steps = sliced
+                refined, box, steps = sliced
+                if refined != src_shape:     # a per-head split (GPT-NeoX's fused QKV)
+                    cur = self._fresh(f"(View {cur} (Reshape {ivec(refined)}))", refined)
                 src_shape = box.shape
                 cur = self._fresh(f"(View {cur} (Strided {self.tables.strided_id(box)}))",
                                   box.shape)

@@ -11,7 +11,8 @@ from lumc.ir.ops import OPS
 from lumc.ir.tensor import Tensor, concat
 from lumc.ir.views import View
 from lumc.rewrites.language import FORMS, Encoder, Tables, constructors, declarations
-from lumc.ir.movement import apply_steps, decompose_sliced, decompose_view
+from lumc.ir.movement import (apply_steps, decompose_refined, decompose_sliced, decompose_view,
+                              refine_shape)
 from lumc.rewrites.schedule import Limits, Saturator
 
 RNG = np.random.default_rng(0)
@@ -60,6 +61,41 @@ def test_roundtrip_views_constants_and_special_values():
             "ids": RNG.integers(0, 7, (2, 3)).astype(np.int64)}
     feed["x"][0, 0, 0] = np.nan
     _roundtrip({"y": y, "p": p, "w": w, "c": c, "g": gth, "i": iota}, {"x": x, "ids": ids}, feed)
+
+
+def _read(x: np.ndarray, v: View) -> np.ndarray:
+    """The elements an unmasked view reads of the flat ``x``."""
+    flat = np.full(v.shape, v.offset)
+    for ax, st in enumerate(v.strides):
+        flat = flat + st * np.arange(v.shape[ax]).reshape([-1 if i == ax else 1
+                                                           for i in range(len(v.shape))])
+    return x.reshape(-1)[flat]
+
+
+@pytest.mark.parametrize("t,h,d,part", [(8, 4, 8, 0), (8, 4, 8, 2), (5, 3, 2, 1), (1, 2, 4, 1),
+                                          (6, 1, 4, 2)])
+def test_a_per_head_split_is_a_box_of_the_refined_shape(t, h, d, part):
+    """GPT-NeoX's ``x.view(t, h, 3d)[..., part*d:(part+1)*d].transpose``, read over ``[t, 3hd]``:
+    no box of ``[t, 3hd]``; a box of ``[t, h, 3d]`` followed by a permute."""
+    src = (t, 3 * h * d)
+    v = View.contiguous(src).reshape((t, h, 3 * d)).slice([0, 0, part * d], [1, 1, 1],
+                                                            [t, h, d]).permute((1, 0, 2))
+    refined, box, steps = decompose_refined(src, v)
+    assert apply_steps(box, steps) == v
+    assert int(np.prod(refined)) == int(np.prod(src))
+    if h > 1 and t > 1:
+        assert refined == (t, h, 3 * d) and decompose_sliced(src, v) is None
+    # its values, read through the steps, are the slice numpy takes
+    x = np.arange(int(np.prod(src))).reshape(src)
+    want = x.reshape(t, h, 3 * d)[..., part * d:(part + 1) * d].transpose(1, 0, 2)
+    np.testing.assert_array_equal(_read(x, apply_steps(box, steps)), want)
+
+
+def test_refine_shape_splits_only_where_a_stride_divides():
+    assert refine_shape((8, 96), View._make((4, 8, 8), (24, 96, 1), 0, None)) == (8, 4, 24)
+    assert refine_shape((8, 96), View._make((8, 8), (96, 1), 0, None)) == (8, 96)
+    assert refine_shape((8, 96), View._make((5, 8), (7, 1), 0, None)) == (8, 96)   # 7 does not divide
+    assert refine_shape((2, 60), View._make((2, 3, 2, 4), (60, 20, 4, 1), 0, None)) == (2, 3, 5, 4)
 
 
 @pytest.mark.parametrize("shape,fn", [
