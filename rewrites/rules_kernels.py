@@ -207,6 +207,18 @@ def batch_merge_rules() -> list[Rule]:
                           f"[r={r}]", "exact",
                           "(View (MatMul (View ?a (Reshape ?sa3)) (View ?b (Reshape ?sb3))) "
                           "(Reshape ?so))", "(MatMul ?a ?b)", tuple(where), cases=cases))
+    # grouped-query attention's ``k[:, :, None].expand(B, G, R, T, D).reshape(B, G*R, T, D)``
+    # merged for the bmm straight from the 5-D expand: the merge of the three batch dims goes
+    # through the 4-D [B, G*R, T, D] (row-major reshapes compose), which the rules above read
+    g5 = _getters("?sx", 5)
+    mid = f"(vec-of {g5[0]} (* {g5[1]} {g5[2]}) {g5[3]} {g5[4]})"
+    rules.append(Rule("kernels/View: merge(B, G, R) of a 5-D value -> merge(B, G*R) of its "
+                      "[B, G*R, ., .] reshape [r=5]", "exact", "(View ?x (Reshape ?s3))",
+                      f"(View (View ?x (Reshape {mid})) (Reshape ?s3))",
+                      ("(= ?sx (shape ?x))", "(= (vec-length ?sx) 5)",
+                       f"(= ?s3 (vec-of (* (* {g5[0]} {g5[1]}) {g5[2]}) {g5[3]} {g5[4]}))"),
+                      sets=(f"(set (shape (View ?x (Reshape {mid}))) {mid})",),
+                      cases=({"x": ("in", (2, 2, 3, 4, 5), "f32"), "s3": (12, 4, 5)},)))
     # the transpose taken after the merge (``k.transpose(2, 3)`` of a computed k: torch merges
     # the contiguous k, then views it transposed): the same view as the merge of the transpose
     gx = _getters("?sx", 4)
@@ -247,6 +259,35 @@ def batch_merge_rules() -> list[Rule]:
                       sets=(f"(set (shape {vb}) {b4})",
                             f"(set (shape {mm}) (vec-of 1 {ga[0]} {ga[1]} {gb[2]}))"),
                       cases=({"p": ("in", (1, 3, 4, 5), "f32"), "b": ("in", (3, 5, 2), "f32"),
+                              "sa": (3, 4, 5)},)))
+    # one K/V head for every query head (multi-query attention: ``k.expand`` over the heads at a
+    # batch of one): the bmm's ``b`` is a 2-D operand broadcast over the batch, given its 4-D form
+    # as an Expand over the unit batch and the heads, so both products meet the attention rules
+    g2 = _getters("?sb", 2)
+    b4x = f"(vec-of 1 {ga[0]} {g2[0]} {g2[1]})"
+    vbx = f"(View ?b (Expand {b4x}))"
+    base2 = ("(= ?sa (shape ?a))", "(= (vec-length ?sa) 3)", "(= ?sb (shape ?b))",
+             "(= (vec-length ?sb) 2)", f"(= {ga[2]} {g2[0]})")
+    rules.append(Rule("kernels/MatMul: reshape(bmm(a, b)) of a batch-broadcast b to a unit batch -> "
+                      "matmul of the unit-batch operands [r=3 b=2]", "exact",
+                      "(View (MatMul ?a ?b) (Reshape ?so))", f"(MatMul {va} {vbx})",
+                      base2 + (f"(= ?so (vec-of 1 {ga[0]} {ga[1]} {g2[1]}))",),
+                      sets=(f"(set (shape {va}) {a4})", f"(set (shape {vbx}) {b4x})"),
+                      cases=({"a": ("in", (3, 4, 5), "f32"), "b": ("in", (5, 2), "f32"),
+                              "so": (1, 3, 4, 2)},)))
+    b4p = f"(vec-of 1 {g4[1]} {g2[0]} {g2[1]})"
+    vbp = f"(View ?b (Expand {b4p}))"
+    mmp = f"(MatMul ?p {vbp})"
+    rules.append(Rule("kernels/MatMul: bmm(squeeze(p), b) of a unit-batch p and a batch-broadcast b "
+                      "-> squeeze(matmul(p, expand(b))) [r=3 b=2]", "exact",
+                      "(MatMul (View ?p (Reshape ?sa)) ?b)",
+                      f"(View {mmp} (Reshape (vec-of {ga[0]} {ga[1]} {g2[1]})))",
+                      ("(= ?s4 (shape ?p))", "(= (vec-length ?s4) 4)", f"(= {g4[0]} 1)",
+                       f"(= ?sa {a3})", "(= ?sb (shape ?b))", "(= (vec-length ?sb) 2)",
+                       f"(= {ga[2]} {g2[0]})"),
+                      sets=(f"(set (shape {vbp}) {b4p})",
+                            f"(set (shape {mmp}) (vec-of 1 {ga[0]} {ga[1]} {g2[1]}))"),
+                      cases=({"p": ("in", (1, 3, 4, 5), "f32"), "b": ("in", (5, 2), "f32"),
                               "sa": (3, 4, 5)},)))
     return rules
 

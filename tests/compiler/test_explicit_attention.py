@@ -75,6 +75,117 @@ def test_a_finite_fill_is_the_same_form():
     assert forms.get("attention") == 1 and "softmax" not in forms, forms
 
 
+class NeoXAttention(nn.Module):
+    """GPT-NeoX (Pythia) attention: one QKV projection laid out per head, ``[B, T, H, 3*D]``,
+    split by ``chunk`` (transformers) or by slices; optionally partial RoPE (``rotary_pct``) and
+    written-out (eager) attention. q, k and v are each every ``3*D``-th run of ``D`` columns:
+    no column range of the QKV buffer, so the view is a box slice only of ``[T, H, 3*D]``."""
+
+    def __init__(self, width=32, heads=4, split="chunk", rope=False, eager=False):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.h, self.split, self.rope, self.eager = heads, split, rope, eager
+
+    def forward(self, x):
+        b, t, c = x.shape
+        d = c // self.h
+        qkv = self.qkv(x).view(b, t, self.h, 3 * d)
+        if self.split == "chunk":
+            q, k, v = qkv.transpose(1, 2).chunk(3, dim=-1)
+        else:
+            q, k, v = (qkv[..., i * d:(i + 1) * d].permute(0, 2, 1, 3) for i in range(3))
+        if self.rope:     # rotary on the first half of each head (Pythia's rotary_pct)
+            r = d // 2
+            inv = 1.0 / 10000 ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+            fr = torch.outer(torch.arange(t, dtype=torch.float32), inv)
+            cos, sin = torch.cat((fr, fr), -1).cos(), torch.cat((fr, fr), -1).sin()
+
+            def rot(z):
+                zr, zp = z[..., :r], z[..., r:]
+                half = torch.cat((-zr[..., r // 2:], zr[..., :r // 2]), -1)
+                return torch.cat((zr * cos + half * sin, zp), -1)
+            q, k = rot(q), rot(k)
+        if self.eager:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            y = F.softmax(att, dim=-1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, c))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("split,rope,eager", [("chunk", False, False), ("slice", False, False),
+                                              ("chunk", True, False), ("chunk", False, True),
+                                              ("slice", True, True)])
+def test_gpt_neox_per_head_qkv_becomes_one_form(batch, split, rope, eager):
+    """GPT-NeoX's per-head QKV layout: the attention form reads q, k and v from the projection's
+    buffer (they once stayed two matmuls and a softmax: the views were opaque)."""
+    torch.manual_seed(batch)
+    mod = NeoXAttention(split=split, rope=rope, eager=eager).eval()
+    forms = _forms_and_check(mod, (torch.randn(batch, 8, 32),))
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms
+    assert forms.get("matmul") == 2, forms
+
+
+class GroupedAttention(nn.Module):
+    """Grouped-query attention written out as Llama's eager path writes it: ``kv_heads`` K/V heads
+    repeated by ``expand`` + ``reshape`` (``repeat_kv``), ``kv_heads == 1`` being multi-query
+    attention; optionally an additive ``-inf`` ``triu`` mask."""
+
+    def __init__(self, width=32, heads=4, kv_heads=1, triu=False):
+        super().__init__()
+        self.d = width // heads
+        self.q, self.o = nn.Linear(width, width), nn.Linear(width, width)
+        self.k, self.v = nn.Linear(width, kv_heads * self.d), nn.Linear(width, kv_heads * self.d)
+        self.h, self.g, self.triu = heads, kv_heads, triu
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q = self.q(x).view(b, t, self.h, self.d).transpose(1, 2)
+        k, v = (z(x).view(b, t, self.g, self.d).transpose(1, 2) for z in (self.k, self.v))
+        r = self.h // self.g
+        k, v = (z[:, :, None].expand(b, self.g, r, t, self.d).reshape(b, self.h, t, self.d)
+                for z in (k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.d)
+        if self.triu:
+            att = att + torch.full((t, t), float("-inf")).triu(1)
+        return self.o((F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("triu", [False, True])
+def test_grouped_and_multi_query_attention_become_one_form(batch, kv_heads, triu):
+    """One K/V head (its bmm operand a 2-D value broadcast over the batch at a batch of one) and
+    grouped heads at a batch above one (the bmm merges the 5-D expand straight to 3-D) once kept
+    the softmax and both products."""
+    torch.manual_seed(kv_heads)
+    mod = GroupedAttention(kv_heads=kv_heads, triu=triu).eval()
+    forms = _forms_and_check(mod, (torch.randn(batch, 8, 32),))
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms
+
+
+@pytest.mark.parametrize("mod", [GroupedAttention(kv_heads=2, triu=True),
+                                 GroupedAttention(kv_heads=1),
+                                 NeoXAttention(split="chunk", rope=True)],
+                         ids=["gqa", "mqa", "neox-rope"])
+def test_grouped_and_per_head_layouts_compile_and_match_eager(mod, tmp_path, monkeypatch):
+    """End to end on ``sim:h200`` (the Triton kernels run in the interpreter and are checked):
+    the attention kernel reads K and V through the head-repeat views, or q, k and v out of the
+    per-head QKV buffer, and gives eager's values."""
+    import lumc
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    mod = mod.eval()
+    x = torch.randn(2, 8, 32)
+    f = lumc.compile(mod, budget="60s", example_inputs=(x,), device="sim:h200")
+    with torch.no_grad():
+        want = mod(x)
+    torch.testing.assert_close(f(x), want, rtol=1e-4, atol=1e-5)
+    r = f.specializations[0].compiled.report_dict()
+    assert r["form_counts"].get("attention") == 1 and "softmax" not in r["form_counts"], r
+
+
 @pytest.mark.parametrize("arch", ["bert", "gpt2"])
 def test_transformers_eager_attention_becomes_one_form(arch):
     """transformers' ``eager`` attention (``torch.matmul`` over 4-D heads, an additive mask)."""
