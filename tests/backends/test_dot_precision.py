@@ -66,7 +66,7 @@ def test_fp8_scales_follow_the_reduced_axes():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("p", ["ieee", "tf32x3", "tf32", "fp16"])
+@pytest.mark.parametrize("p", ["ieee", "tf32x3", "tf32", "fp16", "bf16", "fp8"])
 @pytest.mark.parametrize("mkn", [(1, 7, 127), (37, 45, 130), (127, 33, 1023)])
 def test_interpreter_dot_matches_its_emulation(mkn, p):
     k = matmul_kernel(*mkn, dt.f32)
@@ -81,7 +81,7 @@ def test_interpreter_dot_matches_its_emulation(mkn, p):
     exact = next(iter(ReferenceExecutor(k.meaning, "float64")(feed).values()))
     scale = np.abs(exact).max()
     assert np.abs(got - ref).max() / scale < 2e-6
-    if p == "fp16":   # and the precision really is lower than fp32's
+    if p in ("fp16", "bf16", "fp8"):   # and the precision really is lower than fp32's
         assert np.abs(ref - exact).max() / scale > 1e-5
 
 
