@@ -44,14 +44,17 @@ def dot_dtype(d: dt.DType) -> str | None:
     return d.name if d.name in RENDERABLE else None
 
 
-def emit_dot(w, a: str, b: str, acc: str, operand: dt.DType, level: int,
+def emit_dot(w, a: str, products: list[tuple[str, str]], operand: dt.DType, level: int,
              allowed: tuple[str, ...] | None = None) -> None:
-    """Emit ``acc += a @ b`` under ``PRECISION`` branches (see module docstring).
+    """Emit ``acc += a @ b`` for each ``(b, acc)`` of ``products`` under ``PRECISION`` branches
+    (see module docstring); the ``a`` tile is converted (cast, or scaled and quantized to fp8)
+    once for every product (a paired matmul's two).
 
     Args:
         w: the :class:`~lumc.backends.triton.codegen.SourceWriter`.
-        a, b: names of the ``[BLOCK_M, BLOCK_K]`` and ``[BLOCK_K, BLOCK_N]`` operand tiles.
-        acc: name of the fp32 ``[BLOCK_M, BLOCK_N]`` accumulator, updated in place.
+        a: name of the ``[BLOCK_M, BLOCK_K]`` operand tile.
+        products: ``(b, acc)`` pairs: a ``[BLOCK_K, BLOCK_N]`` operand tile and the name of its
+            fp32 ``[BLOCK_M, BLOCK_N]`` accumulator, updated in place.
         operand: the operands' dtype (f32, f16 or bf16).
         level: the writer block the lines go to (the K loop's).
         allowed: the precisions to render (default: every one :data:`RENDERABLE` lists).
@@ -60,34 +63,44 @@ def emit_dot(w, a: str, b: str, acc: str, operand: dt.DType, level: int,
     native = {"bf16": "bf16", "f16": "fp16"}.get(operand.name)
     # ieee / tf32x3 / tf32 are one branch: PRECISION is tl.dot's own input_precision
     branches = [p for p in ("fp8", "bf16", "fp16") if p in precisions and p != native]
-    body = f"{acc} = tl.dot({a}, {b}, {acc})" if native else \
-        f"{acc} = tl.dot({a}, {b}, {acc}, input_precision=PRECISION)"
+    body = [f"{acc} = tl.dot({a}, {b}, {acc})" if native else
+            f"{acc} = tl.dot({a}, {b}, {acc}, input_precision=PRECISION)" for b, acc in products]
     if not branches:
-        w.line(body, level)
+        for ln in body:
+            w.line(ln, level)
         return
     for i, p in enumerate(branches):
         w.line(f"{'if' if i == 0 else 'elif'} PRECISION == {p!r}:", level)
-        for ln in _branch(p, a, b, acc):
+        for ln in _branch(p, a, products):
             w.line("    " + ln, level)
     w.line("else:", level)
-    w.line("    " + body, level)
+    for ln in body:
+        w.line("    " + ln, level)
 
 
-def _branch(p: str, a: str, b: str, acc: str) -> list[str]:
+def _branch(p: str, a: str, products: list[tuple[str, str]]) -> list[str]:
     if p in _CAST:
-        return [f"{acc} = tl.dot({a}.to({_CAST[p]}), {b}.to({_CAST[p]}), {acc})"]
+        if len(products) == 1:
+            b, acc = products[0]
+            return [f"{acc} = tl.dot({a}.to({_CAST[p]}), {b}.to({_CAST[p]}), {acc})"]
+        return [f"a_c = {a}.to({_CAST[p]})"] + \
+            [f"{acc} = tl.dot(a_c, {b}.to({_CAST[p]}), {acc})" for b, acc in products]
     m = repr(FP8_MAX)
-    return [
+    out = [
         f"a_f = {a}.to(tl.float32)",
-        f"b_f = {b}.to(tl.float32)",
         "a_amax = tl.max(tl.abs(a_f), axis=1)",
-        "b_amax = tl.max(tl.abs(b_f), axis=0)",
         f"a_sc = tl.where(a_amax > 0, a_amax / {m}, 1.0)",
-        f"b_sc = tl.where(b_amax > 0, b_amax / {m}, 1.0)",
         f"a_q = tl.minimum(tl.maximum(a_f / a_sc[:, None], -{m}), {m}).to(tl.float8e4nv)",
-        f"b_q = tl.minimum(tl.maximum(b_f / b_sc[None, :], -{m}), {m}).to(tl.float8e4nv)",
-        f"{acc} += tl.dot(a_q, b_q) * (a_sc[:, None] * b_sc[None, :])",
     ]
+    for b, acc in products:
+        out += [
+            f"b_f = {b}.to(tl.float32)",
+            "b_amax = tl.max(tl.abs(b_f), axis=0)",
+            f"b_sc = tl.where(b_amax > 0, b_amax / {m}, 1.0)",
+            f"b_q = tl.minimum(tl.maximum(b_f / b_sc[None, :], -{m}), {m}).to(tl.float8e4nv)",
+            f"{acc} += tl.dot(a_q, b_q) * (a_sc[:, None] * b_sc[None, :])",
+        ]
+    return out
 
 
 def attention_dot(w, name: str, a: str, b: str, operand: dt.DType, level: int) -> str:

@@ -218,12 +218,13 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", lk)
     if c.b.op not in ("View", "Input"):
         b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", lk)
-    emit_dot(w, a, b, "acc", c.a.dtype, lk)
+    products = [(b, "acc")]
     if c2 is not None:   # the same a tile (and its prologue), the second right operand
         b2 = ev.value(c2.b, b_idx, "b_mask", lk)
         if c2.b.op not in ("View", "Input"):
             b2 = w.bind(f"tl.where(b_mask, {b2}, 0.0)", "b", lk)
-        emit_dot(w, a, b2, "acc2", c.a.dtype, lk)
+        products.append((b2, "acc2"))
+    emit_dot(w, a, products, c.a.dtype, lk)
     w.close()
     finish = None
     if split:

@@ -5,6 +5,7 @@ interpreter on ragged tiles, with and without the RMSNorm formed on load; the si
 config space price two ``b`` streams and two accumulators."""
 from __future__ import annotations
 
+import re
 import numpy as np
 import pytest
 import torch
@@ -125,3 +126,30 @@ def test_simulator_and_configs_price_two_right_operands():
             assert c["BLOCK_M"] * c["BLOCK_N"] * 2 <= configs.REG_TILE * c.num_warps // 4
     c = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_stages": 3}
     assert configs.shared_memory_estimate("matmul", prob, c) == 3 * (64 + 2 * 64) * 32 * 4
+
+
+@pytest.mark.parametrize("p", ["fp8", "fp16", "bf16", "tf32x3"])
+def test_paired_kernel_at_each_precision_matches_its_emulation(p):
+    """Both products at a reduced precision: the ``a`` tile is converted (or scaled and quantized
+    to e4m3) once for the two, each ``b`` tile on its own; the result is the numpy emulation's
+    (``dot_rounding``) within fp32 accumulation-order noise."""
+    from lumc.backends.precision import dot_rounding
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.backends.triton.launch import TritonKernel
+    k = _paired_kernel(_gated((2, 9, 80), 40))
+    tk = TritonKernel(k)
+    if p in ("fp8", "fp16", "bf16"):
+        branch = re.split(r"\n\s*(?:elif|else)\b", tk.source.split(f"PRECISION == {p!r}:")[1])[0]
+        assert branch.count("a_q =" if p == "fp8" else "a_c =") == 1, branch
+        assert branch.count("tl.dot(") == 2
+    ins = [RNG.standard_normal(n.shape).astype(np.float32) for n in k.inputs]
+    cfg = configs.make(4, 2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, PRECISION=p)
+    got = tk(*ins, config=cfg)[0].numpy()
+    feed = {n.arg.name: v for n, v in zip(k.inputs, ins)}
+    ref = next(iter(ReferenceExecutor(k.meaning, dot_operands=dot_rounding(cfg.kwargs()))(feed)
+                    .values()))
+    exact = next(iter(ReferenceExecutor(k.meaning, "float64")(feed).values()))
+    scale = np.abs(exact).max()
+    assert np.abs(got - ref).max() / scale < 1e-5
+    if p != "tf32x3":        # and it really is the reduced precision
+        assert np.abs(ref - exact).max() / scale > 1e-5
