@@ -275,6 +275,18 @@ def batch_merge_rules() -> list[Rule]:
                       sets=(f"(set (shape {va}) {a4})", f"(set (shape {vbx}) {b4x})"),
                       cases=({"a": ("in", (3, 4, 5), "f32"), "b": ("in", (5, 2), "f32"),
                               "so": (1, 3, 4, 2)},)))
+    # a computed K of one head ([1, K, N] after its own elementwise op, RoPE's k * cos) broadcast
+    # over a batch of heads: the same product with the unit batch squeezed off b (numpy
+    # broadcasting), which the rule above reads
+    g3 = _getters("?sb", 3)
+    sq = f"(View ?b (Reshape (vec-of {g3[1]} {g3[2]})))"
+    rules.append(Rule("kernels/MatMul: bmm(a, b) with b's unit batch broadcast -> bmm(a, squeeze b) "
+                      "[r=3]", "exact", "(MatMul ?a ?b)", f"(MatMul ?a {sq})",
+                      ("(= ?sa (shape ?a))", "(= (vec-length ?sa) 3)", "(= ?sb (shape ?b))",
+                       "(= (vec-length ?sb) 3)", f"(= {g3[0]} 1)", f"(!= {ga[0]} 1)",
+                       f"(= {ga[2]} {g3[1]})"),
+                      sets=(f"(set (shape {sq}) (vec-of {g3[1]} {g3[2]}))",),
+                      cases=({"a": ("in", (3, 4, 5), "f32"), "b": ("in", (1, 5, 2), "f32")},)))
     b4p = f"(vec-of 1 {g4[1]} {g2[0]} {g2[1]})"
     vbp = f"(View ?b (Expand {b4p}))"
     mmp = f"(MatMul ?p {vbp})"
@@ -293,28 +305,40 @@ def batch_merge_rules() -> list[Rule]:
 
 
 def operand_permute_rules() -> list[Rule]:
-    """A bmm's ``b`` operand reached by one permute that also places its unit M axis (``k`` made
-    by an elementwise op, RoPE's ``k * cos``, then ``k.transpose(-2, -1)`` at a batch of one: the
-    views compose into ``permute([1, H, T, D], (1, 0, 3, 2))``), seen as the squeeze, the permute
-    of the other axes and the reshape that inserts the unit axis, so the matmul rule finds ``b``.
-    ``exact``: a permutation of unit axes moves no element."""
+    """A bmm operand reached by one permute that also places its unit axis (the M axis of ``b``,
+    the N axis of ``a``), seen as the squeeze, the permute of the other axes and the reshape that
+    inserts the unit axis, so the matmul rule finds the operand. At a batch of one the views
+    compose into such a permute when the operand is made by an elementwise op: ``b`` from RoPE's
+    ``k * cos`` then ``k.transpose(-2, -1)`` (``permute([1, H, T, D], (1, 0, 3, 2))``), ``a`` from
+    an op on ``q`` in ``[B, T, H, D]`` before its ``transpose(1, 2)`` (GPT-J's rotary:
+    ``permute([1, T, H, D], (2, 1, 3, 0))``). ``exact``: a permutation of unit axes moves no
+    element."""
+    rules = []
     g = [f"(vec-get ?p {i})" for i in range(4)]
-    u = g[1]                                   # the input axis that becomes the unit M axis
-    pp = "(vec-of " + " ".join(f"(- {x} (min 1 (max 0 (- {x} {u}))))" for x in (g[0], g[2], g[3])) + ")"
-    sq = f"(vec-remove ?sy {u})"
     so = "(vec-get ?so {})"
-    out3 = f"(vec-of {so.format(0)} {so.format(2)} {so.format(3)})"
-    inner = f"(View (View ?y (Reshape {sq})) (Permute {pp}))"
-    mul = "(Mul ?A (View ?root (Expand ?F)))"
-    return [Rule(
-        "kernels/View: bmm operand b permuted with its unit axis -> reshape(permute(squeeze b)) [r=4]",
-        "exact", "(View ?y (Permute ?p))", f"(View {inner} (Reshape ?so))",
-        (f"(= ?red (SumReduce {mul} (vec-of 2)))", "(= ?so (shape ?root))",
-         "(= (vec-length ?so) 4)", f"(= {so.format(1)} 1)", "(= ?sy (shape ?y))"),
-        sets=(f"(set (shape (View ?y (Reshape {sq}))) {sq})", f"(set (shape {inner}) {out3})"),
-        cases=({"__lhs__": "(MatMul ?a (View (View ?y (Reshape ?s3)) (Permute ?p3)))",
-                "a": ("in", (2, 3, 4), "f32"), "y": ("in", (1, 2, 5, 4), "f32"), "s3": (2, 5, 4),
-                "p3": (0, 2, 1)},))]
+    for side, unit, mul, keep, lhs_case in (
+            ("b", 1, "(Mul ?A (View ?root (Expand ?F)))", (0, 2, 3),
+             {"__lhs__": "(MatMul ?a (View (View ?y (Reshape ?s3)) (Permute ?p3)))",
+              "a": ("in", (2, 3, 4), "f32"), "y": ("in", (1, 2, 5, 4), "f32"), "s3": (2, 5, 4),
+              "p3": (0, 2, 1)}),
+            ("a", 3, "(Mul (View ?root (Expand ?F)) ?B)", (0, 1, 2),
+             {"__lhs__": "(MatMul (View (View ?y (Reshape ?s3)) (Permute ?p3)) ?b)",
+              "b": ("in", (4, 5, 3), "f32"), "y": ("in", (1, 2, 4, 5), "f32"), "s3": (2, 4, 5),
+              "p3": (1, 0, 2)})):
+        u = g[unit]                            # the input axis that becomes the unit axis
+        pp = "(vec-of " + " ".join(f"(- {g[i]} (min 1 (max 0 (- {g[i]} {u}))))" for i in keep) + ")"
+        sq = f"(vec-remove ?sy {u})"
+        out3 = "(vec-of " + " ".join(so.format(i) for i in keep) + ")"
+        inner = f"(View (View ?y (Reshape {sq})) (Permute {pp}))"
+        rules.append(Rule(
+            f"kernels/View: bmm operand {side} permuted with its unit axis -> "
+            f"reshape(permute(squeeze {side})) [r=4]",
+            "exact", "(View ?y (Permute ?p))", f"(View {inner} (Reshape ?so))",
+            (f"(= ?red (SumReduce {mul} (vec-of 2)))", "(= ?so (shape ?root))",
+             "(= (vec-length ?so) 4)", f"(= {so.format(unit)} 1)", "(= ?sy (shape ?y))"),
+            sets=(f"(set (shape (View ?y (Reshape {sq}))) {sq})", f"(set (shape {inner}) {out3})"),
+            cases=(lhs_case,)))
+    return rules
 
 
 def softmax_rules() -> list[Rule]:

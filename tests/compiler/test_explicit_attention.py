@@ -132,17 +132,22 @@ class GroupedAttention(nn.Module):
     repeated by ``expand`` + ``reshape`` (``repeat_kv``), ``kv_heads == 1`` being multi-query
     attention; optionally an additive ``-inf`` ``triu`` mask."""
 
-    def __init__(self, width=32, heads=4, kv_heads=1, triu=False):
+    def __init__(self, width=32, heads=4, kv_heads=1, triu=False, op_on=""):
         super().__init__()
         self.d = width // heads
         self.q, self.o = nn.Linear(width, width), nn.Linear(width, width)
         self.k, self.v = nn.Linear(width, kv_heads * self.d), nn.Linear(width, kv_heads * self.d)
-        self.h, self.g, self.triu = heads, kv_heads, triu
+        self.h, self.g, self.triu, self.op_on = heads, kv_heads, triu, op_on
 
     def forward(self, x):
         b, t, c = x.shape
-        q = self.q(x).view(b, t, self.h, self.d).transpose(1, 2)
+        q = self.q(x).view(b, t, self.h, self.d)
+        if "q" in self.op_on:        # GPT-J: rotary on [B, T, H, D], before the transpose
+            q = q * torch.linspace(0.5, 1.5, self.d)
+        q = q.transpose(1, 2)
         k, v = (z(x).view(b, t, self.g, self.d).transpose(1, 2) for z in (self.k, self.v))
+        if "k" in self.op_on:        # Llama: rotary on the K heads, before repeat_kv
+            k = k * torch.linspace(1.5, 0.5, self.d)
         r = self.h // self.g
         k, v = (z[:, :, None].expand(b, self.g, r, t, self.d).reshape(b, self.h, t, self.d)
                 for z in (k, v))
@@ -155,18 +160,21 @@ class GroupedAttention(nn.Module):
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 @pytest.mark.parametrize("triu", [False, True])
-def test_grouped_and_multi_query_attention_become_one_form(batch, kv_heads, triu):
-    """One K/V head (its bmm operand a 2-D value broadcast over the batch at a batch of one) and
-    grouped heads at a batch above one (the bmm merges the 5-D expand straight to 3-D) once kept
+@pytest.mark.parametrize("op_on", ["", "qk"])
+def test_grouped_and_multi_query_attention_become_one_form(batch, kv_heads, triu, op_on):
+    """One K/V head (its bmm operand a 2-D value broadcast over the batch at a batch of one, or
+    a computed [1, K, N] one when an elementwise op made K), grouped heads at a batch above one
+    (the bmm merges the 5-D expand straight to 3-D), and an op on q before its transpose at a
+    batch of one (the views compose into one permute that places the unit N axis) once kept
     the softmax and both products."""
     torch.manual_seed(kv_heads)
-    mod = GroupedAttention(kv_heads=kv_heads, triu=triu).eval()
+    mod = GroupedAttention(kv_heads=kv_heads, triu=triu, op_on=op_on).eval()
     forms = _forms_and_check(mod, (torch.randn(batch, 8, 32),))
     assert forms.get("attention") == 1 and "softmax" not in forms, forms
 
 
 @pytest.mark.parametrize("mod", [GroupedAttention(kv_heads=2, triu=True),
-                                 GroupedAttention(kv_heads=1),
+                                 GroupedAttention(kv_heads=1, op_on="qk"),
                                  NeoXAttention(split="chunk", rope=True)],
                          ids=["gqa", "mqa", "neox-rope"])
 def test_grouped_and_per_head_layouts_compile_and_match_eager(mod, tmp_path, monkeypatch):
