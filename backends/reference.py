@@ -30,8 +30,12 @@ class ReferenceExecutor:
         graph: the primitive graph.
         precision: ``"native"`` (each node in its own dtype) or ``"float64"``.
         dot_operands: optional ``f(operand, reduced_axes) -> operand`` applied to both operands of
-            every ``SumReduce(Mul(a, b))`` before the product: a reduced-precision tensor-core
-            contraction (``lumc.backends.precision.round_operand``). Native precision only.
+            every tensor-core contraction (``SumReduce(Mul(a, b))`` over a product space with an
+            ``M`` or ``N`` dim, :func:`lumc.backends.triton.contraction.tensor_core_contractions`)
+            before the product: a reduced-precision ``tl.dot``
+            (``lumc.backends.precision.round_operand``). A normalization's row statistics in
+            the same kernel (``sum(d * d)``) are not rounded: the kernel sums them in fp32.
+            Native precision only.
     """
 
     def __init__(self, graph: Graph, precision: str = "native", dot_operands=None):
@@ -57,6 +61,10 @@ class ReferenceExecutor:
         for k, c in sum_users.items():
             if c == users.get(k, 0):
                 self._fused_mul.add(k)
+        self._dots: set[int] = set()
+        if self.dot_operands is not None:
+            from lumc.backends.triton.contraction import tensor_core_contractions
+            self._dots = {id(c.node) for c in tensor_core_contractions(self.order)}
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate every output.
@@ -118,7 +126,8 @@ class ReferenceExecutor:
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             a, b = vals[id(m.srcs[0])], vals[id(m.srcs[1])]
-            return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64, self.dot_operands)
+            return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64,
+                                          self.dot_operands if id(n) in self._dots else None)
         xs = [vals[id(s)] for s in n.srcs]
         if n.op == "Cast":
             # a cast of a broadcast view (a weight expanded over a contraction's product space)

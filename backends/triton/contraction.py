@@ -131,11 +131,19 @@ def same_iteration(c1: Contraction, c2: Contraction) -> bool:
             and c1.b.dtype == c2.b.dtype)
 
 
+def tensor_core_contractions(nodes: list[Node]) -> list[Contraction]:
+    """The contractions of ``nodes`` a kernel computes with ``tl.dot``: a product space with an
+    ``M`` or ``N`` dim and two distinct operands. A normalization's row statistic
+    (``SumReduce(Mul(d, d))``, ``sum(x * x)``: no broadcast operand) is summed on CUDA cores in
+    fp32 at every ``PRECISION``."""
+    return [c for c in find_contractions(nodes) if (c.m_dims or c.n_dims) and c.a is not c.b]
+
+
 def paired_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction] | None:
     """The two contractions of a paired matmul kernel (:func:`same_iteration`), in the order of
     ``nodes``; None unless the meaning has exactly two contractions and they pair. A normalization's
     sum of squares (``SumReduce(Mul(d, d))``, no broadcast operand) is not a contraction here."""
-    cs = [c for c in find_contractions(nodes) if (c.m_dims or c.n_dims) and c.a is not c.b]
+    cs = tensor_core_contractions(nodes)
     if len(cs) == 2 and same_iteration(cs[0], cs[1]):
         return cs[0], cs[1]
     return None

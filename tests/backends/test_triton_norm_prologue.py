@@ -236,3 +236,28 @@ def test_the_row_statistics_cost_is_charged_to_norm_prologues_only(monkeypatch):
     simulator._STATIC.clear()          # the per-kernel memo holds the charged work
     assert simulator.simulate_kernel_time(att, cfg_a, dev) == with_cost[0]
     assert simulator.simulate_kernel_time(fused, cfg_m, dev) < with_cost[1]
+
+
+@pytest.mark.parametrize("p,tol", [("bf16", 1e-4), ("fp16", 2e-5), ("fp8", 1e-4)])
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_reduced_precision_rounds_the_dot_operands_not_the_row_statistics(kind, p, tol):
+    """At a reduced ``PRECISION`` the kernel rounds the normalized tile and the weight for
+    ``tl.dot`` and sums the row statistics (``sum(d * d)``) in fp32. The emulation the checks and
+    the CPU executor use (``ReferenceExecutor(dot_operands=...)``) once rounded the statistics'
+    operands too, as if they were a contraction: 1e-3 (bf16) to 1e-2 (fp8) of the output apart,
+    which rejected correct bf16 kernels and overstated the fp8 quality cost."""
+    from lumc.backends.precision import dot_rounding
+    rng = np.random.default_rng(3)
+    graph, _ = _graph((64, 96), 80, kind, rng)
+    call = _fused_program(graph).calls[0]
+    tk = TritonKernel(call.kernel)
+    xv = _x((64, 96), rng)
+    consts = [c.arg.value for c in call.inputs[1:]]
+    cfg = configs.make(4, 2, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, N_TILES=2, PRECISION=p)
+    got = to_numpy(tk(xv, *consts, config=cfg)[0])
+    feed = {f"in{i}": v for i, v in enumerate([xv] + consts)}
+    emu = ReferenceExecutor(call.kernel.meaning, dot_operands=dot_rounding(cfg.kwargs()))(feed)
+    exact = ReferenceExecutor(call.kernel.meaning, "float64")(feed)["out0"]
+    scale = np.abs(exact).max()
+    assert np.abs(got - emu["out0"]).max() / scale < tol
+    assert np.abs(emu["out0"] - exact).max() / scale > tol      # and the precision is reduced
