@@ -110,8 +110,10 @@ def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(g[fin] - r[fin]).max() / scale)
 
 
-# dots the Triton interpreter computes as a GPU would (its tf32 is exact fp32, within tolerance)
-INTERPRETER_EXACT_DOTS = ("ieee", "tf32x3", "tf32", "fp16")
+# dots the Triton interpreter computes as a GPU would (its tf32 is exact fp32, within tolerance;
+# bf16 and fp8 through ``backends/triton/interpreter_bf16``, which rounds bf16 and converts to
+# float8 as the GPU does: their products are exact in fp32 and accumulate in fp32)
+INTERPRETER_EXACT_DOTS = ("ieee", "tf32x3", "tf32", "fp16", "bf16", "fp8")
 # how far a reduced-precision kernel may be from its numpy emulation (lumc.backends.precision):
 # the summation order, plus for tf32 the hardware's own operand rounding (1 tf32 ulp, 2^-10) and
 # for fp8 Hopper's reduced-precision accumulation inside one MMA (DeepSeek-V3, arXiv:2412.19437
@@ -379,12 +381,12 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
 
     def _check_once(self, e: KernelEntry, precision: str | None = None) -> tuple[bool, str]:
         """The numerics verdict on ``sim:*`` of a kernel at one operand precision (memoized here
-        and in the database). The Triton interpreter's reduced-precision dots are not the GPU's
-        (its fp8 products are not exact; bf16 values compute as the GPU's only through
-        ``backends/triton/interpreter_bf16``), so a ``bf16`` or ``fp8`` config is
-        checked at the kernel's exact precision, which runs the same source but for the dot's
-        operand casts; the reduced-precision dot itself is emulated in numpy
-        (``lumc.backends.precision``) by the CPU executor and measured by the quality gate."""
+        and in the database). A config at a reduced precision (``bf16``, ``fp16``, ``fp8``) runs
+        its own branch of the source in the interpreter (bf16 rounding and float8 conversion as
+        the GPU's through ``backends/triton/interpreter_bf16``) and is judged against the numpy
+        emulation of that precision (``lumc.backends.precision``) within
+        :data:`PRECISION_CHECK_RTOL`; the model-level cost of the precision is the quality
+        gate's."""
         from lumc.backends.triton import configs as cf
         problem = e.triton.rendered.problem
         default = cf.DEFAULT_PRECISION.get(problem.get("dot_dtype") or "", None)
