@@ -74,6 +74,13 @@ def test_reduced_precision_compile_measures_its_quality(precision, weights, db):
         assert r["weight_storage"]["bytes_after"] * 2 == r["weight_storage"]["bytes_before"]
     if weights == "int8":
         assert r["weight_storage"]["int8"] == 2
+    if precision in ("bf16", "fp8"):
+        # each contraction's check ran its own precision's branch of the source in the CPU
+        # interpreter (judged against the emulation), not the fp32 branch
+        rows = db._conn.execute("SELECT config, note FROM timings WHERE config = ?",
+                                (f"numerics-check:{precision}",)).fetchall()
+        assert rows and all(f"PRECISION={precision}" in note and note.startswith("checked")
+                            for _, note in rows), rows
 
 
 def test_fp32_default_is_tensor_core_split_tf32(db):
