@@ -131,12 +131,16 @@ def same_iteration(c1: Contraction, c2: Contraction) -> bool:
             and c1.b.dtype == c2.b.dtype)
 
 
+def is_tensor_core(c: Contraction) -> bool:
+    """``c`` is computed with ``tl.dot``: its product space has an ``M`` or ``N`` dim and its two
+    operands are distinct. A normalization's row statistic (``SumReduce(Mul(d, d))``,
+    ``sum(x * x)``: no broadcast operand) is summed on CUDA cores in fp32 at every ``PRECISION``."""
+    return bool(c.m_dims or c.n_dims) and c.a is not c.b
+
+
 def tensor_core_contractions(nodes: list[Node]) -> list[Contraction]:
-    """The contractions of ``nodes`` a kernel computes with ``tl.dot``: a product space with an
-    ``M`` or ``N`` dim and two distinct operands. A normalization's row statistic
-    (``SumReduce(Mul(d, d))``, ``sum(x * x)``: no broadcast operand) is summed on CUDA cores in
-    fp32 at every ``PRECISION``."""
-    return [c for c in find_contractions(nodes) if (c.m_dims or c.n_dims) and c.a is not c.b]
+    """The contractions of ``nodes`` a kernel computes with ``tl.dot`` (:func:`is_tensor_core`)."""
+    return [c for c in find_contractions(nodes) if is_tensor_core(c)]
 
 
 def paired_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction] | None:

@@ -80,9 +80,6 @@ def emit_dot(w, a: str, products: list[tuple[str, str]], operand: dt.DType, leve
 
 def _branch(p: str, a: str, products: list[tuple[str, str]]) -> list[str]:
     if p in _CAST:
-        if len(products) == 1:
-            b, acc = products[0]
-            return [f"{acc} = tl.dot({a}.to({_CAST[p]}), {b}.to({_CAST[p]}), {acc})"]
         return [f"a_c = {a}.to({_CAST[p]})"] + \
             [f"{acc} = tl.dot(a_c, {b}.to({_CAST[p]}), {acc})" for b, acc in products]
     m = repr(FP8_MAX)

@@ -133,11 +133,10 @@ def install() -> bool | str:
         fp_to_fp = builder.create_fp_to_fp
 
         def fp_to_fp_(self, src, dst_type, rounding_mode):
-            to = getattr(dst_type, "scalar", dst_type)
-            if to in fp8 and getattr(src.dtype, "scalar", src.dtype) in (f32, tl.float16, bf16):
-                vals = _widen(src.data) if is_bf16(src) else src.data
+            frm, to = getattr(src.dtype, "scalar", src.dtype), getattr(dst_type, "scalar", dst_type)
+            if to in fp8 and frm in (f32, tl.float16, bf16):
+                vals = _widen(src.data) if frm == bf16 else src.data
                 return handle(_to_fp8(vals, fp8[to]), to)
-            frm = getattr(src.dtype, "scalar", src.dtype)
             if frm in fp8 and to in (f32, tl.float16, bf16):    # exact (NaN was decoded as 480)
                 vals = np.asarray(src.data).view(fp8[frm]).astype(np.float32)
                 return handle(_round(vals), bf16) if to == bf16 else \

@@ -41,7 +41,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
-from lumc.backends.triton.contraction import as_contraction, same_iteration
+from lumc.backends.triton.contraction import as_contraction, is_tensor_core, same_iteration
 from lumc.compiler.core.fusion_norms import NormOnLoad, _chain
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
 from lumc.compiler.runtime.program import Program
@@ -253,8 +253,7 @@ class GreedyFusion(NormOnLoad):
         by_key: dict[tuple, list] = {}
         for n in self.order:
             c = as_contraction(n) if id(n) not in self.group else None
-            if c is not None and (c.m_dims or c.n_dims) and c.a is not c.b \
-                    and id(n) not in self.outputs:
+            if c is not None and is_tensor_core(c) and id(n) not in self.outputs:
                 by_key.setdefault((id(c.a), c.full), []).append(c)
         pairs: dict[int, Node] = {}
         for cs in by_key.values():

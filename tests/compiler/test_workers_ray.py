@@ -66,8 +66,9 @@ def ray_cluster():
     address = f"{ray.util.get_node_ip_address()}:{port}"     # where ray start puts its GCS
     # no token authentication: ``ray start`` turns it on when ~/.ray/auth_token exists (which a
     # local ``ray.init`` writes), while a driver joining by address does not send the token
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
-    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_AUTH_MODE", "disabled")
+    mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
@@ -100,11 +101,7 @@ def ray_cluster():
         except subprocess.TimeoutExpired:
             head.kill()
             head.wait(timeout=30)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        mp.undo()
 
 
 @pytest.mark.skipif(DRIVER_ENV in os.environ, reason="the parent's test")
