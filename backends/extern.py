@@ -205,7 +205,7 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     total = 0.0
     skip: set[int] = set()
     if impl == "sdpa":
-        c1, c2 = cs
+        c1, c2 = vendor_contractions(kernel)
         # the fused attention: q, k, v and out once; FLOPs of both products
         flops = 2 * c1.batch * c1.M * c1.N * c1.K + 2 * c2.batch * c2.M * c2.N * c2.K
         nbytes = (c1.batch * (c1.M + c1.N) * c1.K + c2.batch * c2.K * c2.N + c2.batch * c2.M * c2.N) * isz
@@ -213,11 +213,15 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         eff_a = SDPA_EFFICIENCY if dtype.itemsize <= 2 else eff
         total += max(flops / (peak * eff_a * _fill(c1, dev)), nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY))
         total += dev.launch_overhead_s
-        # the softmax and score function run inside it: only ops after the value product remain
+        # the softmax and score function run inside it: the operands' prologues (RoPE, a
+        # QK-norm) run before it and the ops after the value product after it, as eager ops
         from lumc.backends.triton.render_matmul import dependents
+        from lumc.ir.graph import toposort
         nodes = kernel.meaning.nodes()
         after = {id(n) for n in dependents(nodes, c2.node)}
-        skip = {id(n) for n in nodes if id(n) not in after} | {id(c2.node)}
+        before = {id(n) for n in toposort([c1.a, c1.b, c2.b])}
+        skip = {id(n) for n in nodes if id(n) not in after and id(n) not in before} | \
+            {id(c2.node)}
     elif impl == "cudnn":
         total, skip = _cudnn_time(cs, cfg, dev, isz, peak)
         cs = [c for c in cs if id(c.node) not in skip]

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
 from lumc.backends.triton.configs import attention_shared_memory, next_pow2, score_bytes
-from lumc.backends.triton.contraction import as_contraction, paired_contractions
+from lumc.backends.triton.contraction import (as_contraction, paired_contractions,
+                                              tensor_core_contractions)
 from lumc.backends.triton.dot_precision import dot_dtype
 from lumc.ir.graph import toposort
 from lumc.ir.kernels import Kernel
@@ -268,8 +269,9 @@ def attention_problem(kernel: Kernel) -> dict:
     if hit is not None:
         return hit
     nodes = kernel.meaning.nodes()
-    prods = [n for n in nodes if n.op == "SumReduce" and n.srcs[0].op == "Mul"]
-    s1, s2 = prods[0], prods[-1]          # scores first: the values' product reads them
+    # scores first: the values' product reads them (a QK-norm's sum(x * x) is not a product)
+    prods = [c.node for c in tensor_core_contractions(nodes)]
+    s1, s2 = prods[0], prods[-1]
     m1, m2 = s1.srcs[0], s2.srcs[0]
     d = prod(m1.shape[a] for a in s1.arg)
     keys = prod(m2.shape[a] for a in s2.arg)
@@ -283,14 +285,17 @@ def attention_problem(kernel: Kernel) -> dict:
 
 def _expression_ops(x) -> int:
     """Elementwise ops an operand's expression issues to form its tile once: each compute node's
-    element count, down to the kernel's inputs (views and constants are reads, not ops)."""
+    element count (a reduction's, of a QK-norm formed on load: its operand's), down to the
+    kernel's inputs (views and constants are reads, not ops)."""
     total, seen, stack = 0, set(), [x]
     while stack:
         n = stack.pop()
         if id(n) in seen or n.op in ("Input", "Constant", "Iota"):
             continue
         seen.add(id(n))
-        if n.op != "View":
+        if n.op in ("SumReduce", "MaxReduce"):
+            total += n.srcs[0].numel
+        elif n.op != "View":
             total += n.numel
         stack.extend(n.srcs)
     return total
@@ -300,12 +305,12 @@ _PROLOGUES: "weakref.WeakKeyDictionary[Kernel, dict]" = weakref.WeakKeyDictionar
 
 
 def attention_prologues(kernel: Kernel) -> dict:
-    """The elementwise operand prologues of an attention kernel (RoPE, ``fusion``'s
-    ``_attention_prologue``): ``PROLOGUE_Q``, the ops forming the query once, ``PROLOGUE_KV``, the
+    """The operand prologues of an attention kernel (RoPE, ``fusion``'s ``_attention_prologue``; a
+    QK-norm, ``fusion_norms.HeadNormInAttention``): ``PROLOGUE_Q``, the ops forming the query once, ``PROLOGUE_KV``, the
     keys' and values' (formed once per query block), and ``M``, the queries per batch and head."""
     hit = _PROLOGUES.get(kernel)
     if hit is None:
-        prods = [n for n in kernel.meaning.nodes() if n.op == "SumReduce" and n.srcs[0].op == "Mul"]
+        prods = [c.node for c in tensor_core_contractions(kernel.meaning.nodes())]
         m1, m2 = prods[0].srcs[0], prods[-1].srcs[0]
         hit = _PROLOGUES[kernel] = {
             "M": as_contraction(prods[0]).M, "PROLOGUE_Q": _expression_ops(m1.srcs[0]),

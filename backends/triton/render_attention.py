@@ -38,7 +38,7 @@ from lumc.backends.triton import exprs
 from lumc.backends.triton.attention_mask import key_limit_offset
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.configs import next_pow2, score_bytes
-from lumc.backends.triton.contraction import dims_used, find_contractions
+from lumc.backends.triton.contraction import dims_used, tensor_core_contractions
 from lumc.backends.triton.dot_precision import attention_dot, dot_dtype
 from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
 from lumc.backends.triton.render_matmul import DOT_DTYPES, bind_all, check_epilogue, dependents, place
@@ -90,7 +90,7 @@ class AttentionPlan:
 
     def __init__(self, kernel: Kernel):
         nodes = kernel.meaning.nodes()
-        cs = find_contractions(nodes)
+        cs = tensor_core_contractions(nodes)     # a QK-norm's sum(x * x) is not one of them
         if len(cs) != 2:
             raise RenderError(f"attention needs two contractions (scores, values), found {len(cs)}")
         c1, c2 = cs
@@ -105,7 +105,10 @@ class AttentionPlan:
         under = [left.srcs[0]] if not self.pushed else [
             n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n not in after]
         before = toposort(under)                    # the softmax and everything under it
-        reds = [n for n in before if n.op in ("SumReduce", "MaxReduce") and n is not c1.node]
+        # a normalization formed on an operand's load (QK-norm) reduces inside the operand
+        self.operand_nodes = set(toposort([c1.a, c1.b, c2.b]))
+        reds = [n for n in before if n.op in ("SumReduce", "MaxReduce") and n is not c1.node
+                and n not in self.operand_nodes]
         self.plan: RowPlan = plan_rows_of(before, reds, {})
         merges = [_match_softmax(r, self.plan) for r in reds]
         merges = [m for m in merges if m is not None]
@@ -269,6 +272,8 @@ def render_attention(kernel: Kernel) -> KernelParts:
     overrides: dict[Node, str] = {}
 
     def resolve(ev, n, idx, mask, level):
+        if n.op in ("SumReduce", "MaxReduce") and n in ap.operand_nodes:
+            return operand_row_reduce(ev, n, idx, level)
         if n is c1.node:
             return state["scores"]
         if n is c2.node:
@@ -294,6 +299,35 @@ def render_attention(kernel: Kernel) -> KernelParts:
             rv = ev.value(src, reshape_index(row_idx, plan.reduced_shape, src.shape), "rmask", 0)
             return rv if state["row_eval"] else w.bind(f"{rv}[:, None]", "b", level)
         return None
+
+    # the operand being loaded: (its head-dim index, its mask, the tile axis of the head dim)
+    operand: dict = {}
+    row_reduced: dict = {}
+
+    def operand_row_reduce(ev, n, idx, level):
+        """A row statistic of a normalization formed on an operand's load (QK-norm): the operand
+        tile holds its rows whole along the head dim, so the statistic is reduced from the
+        tile's own elements (``fusion_norms.HeadNormInAttention`` admits only a norm over the last
+        axis whose rows reach the tile along its head dim)."""
+        if not operand:
+            raise RenderError(f"node {n!r}: a reduction under an operand, outside its load")
+        (ax,) = n.arg if len(n.arg) == 1 else (None,)
+        if ax is None or n.srcs[0].shape[ax] > operand["width"]:
+            raise RenderError(f"node {n!r}: an operand's reduction must run over its head dim")
+        key = (n, tuple(i for k, i in enumerate(idx) if k != ax), operand["d"])
+        if key in row_reduced:
+            return row_reduced[key]
+        full = list(idx)
+        full[ax] = operand["d"]
+        x = ev.value(n.srcs[0], full, operand["mask"], level)
+        acc = exprs.tl_dtype(n.dtype.accumulator)
+        fn, other = ("tl.sum", "0.0") if n.op == "SumReduce" else ("tl.max", "float('-inf')")
+        axis = operand["axis"]
+        keep = "[:, None]" if axis == 1 else "[None, :]"
+        red = w.bind(f"{fn}(tl.where({operand['mask']}, {x}.to({acc}), {other}), axis={axis})"
+                     f"{keep}.to({exprs.tl_dtype(n.dtype)})", "r", level)
+        row_reduced[key] = red
+        return red
 
     ev = Evaluator(w, ptrs, resolve, "tl.int64" if big else "tl.int32")
     i64 = ".to(tl.int64)" if big else ""
@@ -326,7 +360,9 @@ def render_attention(kernel: Kernel) -> KernelParts:
                        c1.m_dims: bind_all(w, unravel("rm[:, None]", c1.shape_of(c1.m_dims)), "qm"),
                        c1.k_dims: bind_all(w, unravel("rd[None, :]", c1.shape_of(c1.k_dims)), "qd")})
     w.line(f"q_mask = rmask[:, None] & (rd[None, :] < {D})")
+    operand.update(d="rd[None, :]", mask="q_mask", axis=1, width=D)
     q = ev.value(c1.a, q_idx, "q_mask", 0)
+    operand.clear()
     md = exprs.tl_dtype(sm.m.dtype)
     sd = exprs.tl_dtype(sm.s.dtype.accumulator)
     w.line(f"m_run = tl.full([BLOCK_M], float('-inf'), {md})")
@@ -346,7 +382,9 @@ def render_attention(kernel: Kernel) -> KernelParts:
                         c1.k_dims: bind_all(w, unravel("rd[:, None]", c1.shape_of(c1.k_dims)), "kd", 1),
                         c1.n_dims: bind_all(w, unravel("rn[None, :]", c1.shape_of(c1.n_dims)), "kn", 1)})
     w.line(f"k_mask = (rd[:, None] < {D}) & nmask[None, :]")
+    operand.update(d="rd[:, None]", mask="k_mask", axis=0, width=D)
     kt = ev.value(c1.b, kt_idx, "k_mask", 1)
+    operand.clear()
     s = attention_dot(w, w.fresh("s"), q, kt, c1.a.dtype, 1)
     if c1.node.dtype != dt.f32:
         s = w.bind(f"{s}.to({exprs.tl_dtype(c1.node.dtype)})", "s", 1)
@@ -385,7 +423,9 @@ def render_attention(kernel: Kernel) -> KernelParts:
                        c2.k_dims: bind_all(w, unravel("rn[:, None]", c2.shape_of(c2.k_dims)), "vn", 1),
                        c2.n_dims: bind_all(w, unravel("rdv[None, :]", c2.shape_of(c2.n_dims)), "vd", 1)})
     w.line(f"v_mask = nmask[:, None] & (rdv[None, :] < {DV})")
+    operand.update(d="rdv[None, :]", mask="v_mask", axis=1, width=DV)
     v = ev.value(c2.b, v_idx, "v_mask", 1)
+    operand.clear()
     pv = attention_dot(w, w.fresh("pv"), f"{p}.to({exprs.tl_dtype(c2.b.dtype)})", v, c2.b.dtype, 1)
     w.line(f"acc = acc * alpha[:, None] + {pv}")
     w.line("m_run = m_new")

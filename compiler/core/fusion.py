@@ -42,7 +42,8 @@ from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
 from lumc.backends.triton.contraction import as_contraction, is_tensor_core, same_iteration
-from lumc.compiler.core.fusion_norms import NormOnLoad, _chain
+from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
+                                              _chain)
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
 from lumc.compiler.runtime.program import Program
 
@@ -52,11 +53,9 @@ MAX_RECOMPUTE_OPS = 48   # longest elementwise chain recomputed in each of sever
 CHEAP_OPERAND_OPS = 2    # longest prologue fused under a contraction operand
 MAX_WEIGHT_PROLOGUE_OPS = 8   # longest dequantization of stored weights fused under one (NVFP4: 6)
 MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its epilogue
-# the note a fusion without ``kv_prologue`` leaves where the twin candidate would differ
-KV_PROLOGUE_REFUSAL = "an attention key/value prologue is recomputed per query block (+kv-prologue)"
 
 
-class GreedyFusion(NormOnLoad):
+class GreedyFusion(NormOnLoad, HeadNormInAttention):
     """Realization decisions for one graph; :meth:`program` cuts the kernels.
 
     Attributes:
@@ -79,6 +78,7 @@ class GreedyFusion(NormOnLoad):
         self.row_owned: set[int] = set()
         self.prologue_exits: set[int] = set()     # norm kernels fused into their contractions
         self.norm_consumers: set[int] = set()     # contractions (SumReduce ids) that fuse one
+        self.head_pending: dict[int, Node] = {}   # QK-norms formed in attention (decided last)
         self.order = graph.nodes()
         self.byid = {id(n): n for n in self.order}
         self.pos = {id(n): i for i, n in enumerate(self.order)}   # topological position
@@ -376,6 +376,8 @@ class GreedyFusion(NormOnLoad):
                 for k, s in enumerate(n.srcs):
                     b, views = _chain(s)
                     if id(b) in self.group and self.group[id(b)] != mine and id(b) not in self.realized:
+                        if id(b) in self.head_pending or self._head_norm_candidate(b, exits):
+                            continue
                         if self.norm_epilogue and self._norm_exit(b, exits) is not None:
                             self.pending.setdefault(id(b), b)   # decided after the walk
                             continue
@@ -392,7 +394,7 @@ class GreedyFusion(NormOnLoad):
         for b in self.pending.values():
             self._fuse_norm_on_load(b, exits)
         for exit_ in exits.values():
-            if id(exit_) not in self.prologue_exits:
+            if id(exit_) not in self.prologue_exits and id(exit_) not in self.head_pending:
                 self._realize(exit_, None, "end of a reduction kernel")
         # inlined nodes with several consumers: recompute when cheap, else realize
         for n in self.order:
@@ -426,6 +428,7 @@ class GreedyFusion(NormOnLoad):
             if len(consumers) > 1 and (len(big) > 1 or ops > MAX_RECOMPUTE_OPS):
                 self._realize(n, uses[0][0], f"{len(consumers)} consumers and recompute reads "
                                              f"{len(big)} large buffers / {ops} ops")
+        self._fuse_head_norms(exits)
 
     # ---- kernels ---------------------------------------------------------------------------
     def program(self, label: str = "greedy") -> Program:

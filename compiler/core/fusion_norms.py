@@ -16,6 +16,9 @@ from lumc.ir.ops import ELEMENTWISE
 from lumc.backends.triton.contraction import as_contraction
 from lumc.backends.triton.norm_prologue import reads_operand_rows
 
+# the note a fusion without ``kv_prologue`` leaves where the twin candidate would differ
+KV_PROLOGUE_REFUSAL = "an attention key/value prologue is recomputed per query block (+kv-prologue)"
+
 
 def _chain(x: Node) -> tuple[Node, list]:
     """``(base, views)``: follow a stack of views down to the node they read."""
@@ -157,3 +160,138 @@ class NormOnLoad:
                     seen.add(id(r))
                     out.append(r)
         return sorted(out, key=lambda n: self.pos[id(n)])
+
+
+def _keeps_rows(v, src_shape, ax: int = -1) -> bool:
+    """View ``v`` over a contiguous source of shape ``src_shape`` reads, along its axis ``ax``, one
+    run of the source's last axis (stride 1, never crossing into another source row), and its other
+    dims move by whole source rows: a row of the view along ``ax`` (within its valid box) lies in
+    one row of the source, the same for every element of it."""
+    if not v.shape or not src_shape:
+        return False
+    L = src_shape[-1]
+    ax = ax % len(v.shape)
+    if v.shape[ax] > 1 and v.strides[ax] != 1:
+        return False
+    if any(st % L for k, st in enumerate(v.strides) if k != ax):
+        return False
+    lo, hi = v.mask[ax] if v.mask is not None else (0, v.shape[ax])
+    if hi <= lo:
+        return True
+    return (v.offset + lo) // L == (v.offset + hi - 1) // L
+
+
+class HeadNormInAttention:
+    """QK-norm formed inside attention: a layernorm/RMSNorm form over the last axis (the head dim)
+    whose result is read only by elementwise expressions (RoPE) of an attention kernel's operands.
+    The attention kernel loads each q (k, v) tile with its whole head dim, so it computes the row
+    statistics from the tile it loaded and normalizes it there (``render_attention``), instead of a
+    norm kernel writing the normalized heads and attention re-reading them. The query's norm is
+    always fused; the keys' and values' only with ``kv_prologue`` (recomputed per query block).
+    A mixin of ``GreedyFusion``, like :class:`NormOnLoad`."""
+
+    def _head_norm_candidate(self, b: Node, exits: dict) -> bool:
+        """During the walk: ``b`` may be formed inside attention (decided by
+        :meth:`_fuse_head_norms` once every other realization is known). Without ``kv_prologue``,
+        a keys' or values' norm that would be is noted, so the ``+kv-prologue`` twin is made."""
+        if self._head_norm_paths(b, exits) is not None:
+            self.head_pending[id(b)] = b
+            return True
+        if not self.kv_prologue and self._norm_exit(b, exits) is not None:
+            self.kv_prologue = True
+            try:
+                if self._head_norm_paths(b, exits) is not None:
+                    self._refuse(b, None, KV_PROLOGUE_REFUSAL)
+            finally:
+                self.kv_prologue = False
+        return False
+
+    def _fuse_head_norms(self, exits: dict) -> None:
+        """Form each pending norm inside the attention that reads it when its paths there are
+        still all inlined; else write it (its form kernel stays)."""
+        for b in self.head_pending.values():
+            if self._head_norm_paths(b, exits) is None:
+                self._realize(b, None, "a reader between the norm and attention is written")
+                continue
+            rid = self.group[id(b)]
+            form = self.forms.pop(rid).form
+            for k in [k for k, g in self.group.items() if g == rid]:
+                del self.group[k]
+            self.prologue_exits.add(id(b))
+            self._refuse(b, None, f"{form} over the head dim formed inside the attention kernel "
+                                  "that reads it (QK-norm)")
+
+    def _head_norm_paths(self, b: Node, exits: dict) -> list[int] | None:
+        """The nodes between norm exit ``b`` and the attention operands that read it (inlined
+        there), when every reader of ``b`` is such a path of elementwise ops and row-keeping views
+        (:func:`_keeps_rows`) ending on the head dim of an attention operand (the query's, or with
+        ``kv_prologue`` a key's or value's); else None. ``b``'s normalization must run over its
+        last axis."""
+        rec = self._norm_exit(b, exits)
+        if rec is None or dict(rec.attrs).get("axis") not in (len(b.shape) - 1, -1):
+            return None
+        L = b.shape[-1]
+        inner: list[int] = []
+        seen: set[int] = set()
+        stack = [b]
+        while stack:
+            x = stack.pop()
+            for u, views in self.uses[id(x)]:
+                ax = -1
+                if u.op == "Mul" and id(u) in self.group:
+                    ax = self._attention_side(u, x, L, views)
+                    if ax is None:
+                        return None
+                shape = x.shape
+                for k, v in enumerate(views):
+                    if not _keeps_rows(v, shape, ax if k == len(views) - 1 else -1):
+                        return None
+                    shape = v.shape
+                if u.op == "Mul" and id(u) in self.group:
+                    continue
+                if (u.op not in ELEMENTWISE or id(u) in self.group or id(u) in self.realized
+                        or id(u) in self.outputs):
+                    return None
+                if id(u) not in seen:
+                    seen.add(id(u))
+                    inner.append(id(u))
+                    stack.append(u)
+        return inner
+
+    def _attention_side(self, u: Node, x: Node, L: int, views: list) -> int | None:
+        """The axis of the head dim in the operand where ``x`` reaches ``u`` (through ``views``),
+        when ``u`` is the product ``Mul(a, b)`` of an attention form's contraction and ``x`` is its
+        query (``a`` of the scores) or, with ``kv_prologue``, its keys (``b`` of the scores) or
+        values (``b`` of the value product), and that axis, of length ``L``, is one the kernel
+        loads whole (the scores' summed dim, the values' output dim); else None."""
+        rec = self.forms.get(self.group.get(id(u)))
+        if rec is None or rec.form != "attention" or not views:
+            return None
+        r = [s for s, _ in self.uses[id(u)] if s.op == "SumReduce"]
+        c = as_contraction(r[0]) if len(r) == 1 else None
+        side = [k for k, s in enumerate(u.srcs) if _chain(s)[0] is x]
+        if c is None or not side:
+            return None
+        if side == [0]:
+            dims = c.k_dims
+        elif not self.kv_prologue:
+            return None
+        else:   # the scores' keys (the product the other one reads) or the values
+            dims = c.k_dims if self._feeds_contraction(r[0]) else c.n_dims
+        if len(dims) != 1 or c.full[dims[0]] != L:
+            return None
+        return dims[0]
+
+    def _feeds_contraction(self, r: Node) -> bool:
+        """Another contraction of ``r``'s form reads ``r`` (``r`` is attention's score product)."""
+        g, seen, stack = self.group.get(id(r)), {id(r)}, [r]
+        while stack:
+            x = stack.pop()
+            for u, _ in self.uses.get(id(x), []):
+                if id(u) in seen or self.group.get(id(u)) != g:
+                    continue
+                if as_contraction(u) is not None:
+                    return True
+                seen.add(id(u))
+                stack.append(u)
+        return False

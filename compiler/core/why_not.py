@@ -20,6 +20,10 @@ import re
 from lumc.compiler.core.fusion import CHEAP_OPERAND_OPS
 from lumc.ir.graph import Node
 
+_QK_NORM = ("a per-head norm (QK-norm) is formed in the attention kernel that reads it only over "
+            "the head dim and only through elementwise ops and row-keeping views; the keys' and "
+            "values' only in the '+kv-prologue' candidates (it lost on bound or time), and a norm "
+            "over all heads (OLMo-2) never")
 NO_RULE = {
     ("layernorm", "matmul"): "the normalization formed on load in the contractions that read it "
                              "(the '+norm-prologue' and '+norm-on-load' candidates) was not "
@@ -38,6 +42,8 @@ NO_RULE = {
                                 "the attention kernel only by the '+kv-prologue' candidates "
                                 "(once per query block): it lost on bound or time (candidates "
                                 "below), or the expression is longer than the fusion recomputes",
+    ("rmsnorm", "attention"): _QK_NORM,
+    ("layernorm", "attention"): _QK_NORM,
     ("matmul", "attention"): "the attention form reads q, k and v from memory (columns of the "
                              "projection's output): no rule makes a contraction its prologue",
     ("attention", "matmul"): "no rule fuses attention with the output projection that reads it "
