@@ -183,3 +183,27 @@ def test_qwen3_layers_are_five_kernels_each():
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-5)
     att = next(c.kernel for c in fewest.calls if c.kernel.form == "attention")
     check(att, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
+
+
+def test_bf16_qk_norm_in_attention_matches_the_reference():
+    """A bf16 model normalizes in fp32 (casts around the norm, as Qwen3's RMSNorm): the fused
+    kernel runs them on the loaded tile, in the interpreter, as the reference does."""
+    torch.manual_seed(0)
+    mod = QKNormAttention(128, 4, 2, seq=16, norm="rms", rope=True).eval()
+
+    class Bf16(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m.to(torch.bfloat16)
+
+        def forward(self, x):
+            return self.m(x.to(torch.bfloat16))
+
+    x = torch.randn(1, 11, 128)
+    g = import_torch(Bf16(mod), (x,)).graph
+    res = egraph_candidates(g, "h200", k=16)
+    best = {p.label: p for p in res.candidates}["egraph-horizontal+kv-prologue"]
+    assert _norm_kernels(best) == 0, best.form_counts()
+    att = next(c.kernel for c in best.calls if c.kernel.form == "attention")
+    assert any(n.op == "Cast" for n in att.meaning.nodes())
+    check(att, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
