@@ -207,3 +207,38 @@ def test_bf16_qk_norm_in_attention_matches_the_reference():
     att = next(c.kernel for c in best.calls if c.kernel.form == "attention")
     assert any(n.op == "Cast" for n in att.meaning.nodes())
     check(att, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
+
+
+def qk_norm_attention_kernel(b, h, t, d, dtype, norm="rms", causal=True):
+    """An attention kernel built without the e-graph (the GPU image has no egglog): RMSNorm or
+    LayerNorm of every q and k head over the head dim, in fp32 between casts, formed on load."""
+    from lumc.ir import dtypes as dt
+    from lumc.ir.library.norm import layer_norm, rms_norm
+    from triton_cases import attention, make_kernel
+
+    def f(q, k, v, wq, wk):
+        def n_(x, w):
+            x32 = x.cast(dt.f32)
+            y = rms_norm(x32, w, epsilon=1e-6) if norm == "rms" else layer_norm(x32, w)[0]
+            return y.cast(dtype)
+        return attention(d ** -0.5, causal=causal)(n_(q, wq), n_(k, wk), v)
+    return make_kernel("attention", f, [((b, h, t, d), dtype)] * 3 + [((d,), dt.f32)] * 2)
+
+
+@pytest.mark.parametrize("norm", ["rms", "ln"])
+@pytest.mark.parametrize("d", [64, 80])
+def test_qk_norm_attention_kernel_without_the_egraph(norm, d):
+    from lumc.ir import dtypes as dt
+    k = qk_norm_attention_kernel(2, 3, 21, d, dt.f32, norm)
+    check(k, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_qk_norm_attention_on_the_device(dtype):
+    """Compiled for the GPU (not the interpreter): the fused norms' tile sums, at bf16 and fp32."""
+    from lumc.ir import dtypes as dt
+    d = getattr(dt, dtype)
+    k = qk_norm_attention_kernel(2, 8, 200, 128, d)
+    for bm, bn in ((64, 64), (128, 32)):
+        check(k, config=configs.make(4, 2, BLOCK_M=bm, BLOCK_N=bn))
