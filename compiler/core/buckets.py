@@ -19,7 +19,7 @@ twice the search budget and a bucket edge at 128). The compile:
 3. **Searches per bucket**: the range is cut into :data:`DEFAULT_BUCKETS` buckets (geometric
    edges, at the step's multiples), each searched at its representative size (its largest: a tile
    that fits the largest size fits all) with the remaining budget split in proportion to the
-   buckets' weights, and its chosen plan's numerics checked at the bucket's smallest and largest
+   buckets' weights (the square root of the representative size, twice for the ``@`` bucket), and its chosen plan's numerics checked at the bucket's smallest and largest
    size against the reference executor on the model imported there.
 4. **Stores one plan per bucket**, at the probe sizes, with its configs. A call of size ``n``
    re-sizes its bucket's plan to ``n`` (``lumc.compiler.runtime.variants``): no search, no
@@ -370,8 +370,13 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
     cuts = {k: bucket_edges(r, per_dim) for k, r in ranges.items()}
     import itertools
     boxes = [dict(zip(cuts, c)) for c in itertools.product(*cuts.values())]
-    weights = [1.0 + sum(1.0 for k, (lo, hi) in b.items()
-                         if ranges[k].at is not None and lo <= ranges[k].at <= hi) for b in boxes]
+    # a bucket's reference runs, numerics checks and timings grow with its size: its share of
+    # the budget grows with the square root of its representative size's work (elements), so
+    # the largest bucket is not left with nothing timed; a bucket holding ``@at`` counts twice
+    small = math.prod(hi for lo, hi in boxes[0].values())
+    weights = [(1.0 + sum(1.0 for k, (lo, hi) in b.items()
+                          if ranges[k].at is not None and lo <= ranges[k].at <= hi))
+               * math.sqrt(math.prod(hi for lo, hi in b.values()) / small) for b in boxes]
     done = []
     from lumc.compiler.core.measure import sharing_checks
     # largest sizes first: their reference values and checks cost the most, and the smaller
