@@ -68,6 +68,9 @@ class Frontend:
     known_model: object = None
 
 
+SOURCE_NAME_KEY = "lumc.source_name"   # a bound model's file name (ONNX metadata_props)
+
+
 def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> Frontend:
     """Load, check and import an ONNX model (path, bytes or ``onnx.ModelProto``).
 
@@ -91,7 +94,8 @@ def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> F
         for k, v in example_inputs.items():
             input_shapes.setdefault(k, tuple(np.shape(v)))
     imported = import_onnx(m, _resolve_dim_names(m, input_shapes))
-    name = os.path.basename(str(model)) if isinstance(model, (str, os.PathLike)) else "model"
+    name = os.path.basename(str(model)) if isinstance(model, (str, os.PathLike)) else next(
+        (p.value for p in m.metadata_props if p.key == SOURCE_NAME_KEY), "model")
     return Frontend(imported.graph, src, name, list(imported.warnings), info)
 
 
@@ -346,7 +350,9 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
     if bind:
         from lumc.compiler.frontends.onnx_frontend import bind_inputs, load_model
-        model = bind_inputs(load_model(model), bind)
+        path, model = model, bind_inputs(load_model(model), bind)
+        if isinstance(path, (str, os.PathLike)):   # the report and artifact keep the file's name
+            model.metadata_props.add(key=SOURCE_NAME_KEY, value=os.path.basename(str(path)))
     budget_s = parse_duration(budget)
     deadline = Deadline(budget_s, clock)
     db = db if db is not None else TuningDatabase()
@@ -434,6 +440,10 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
     ``given`` supplies the stored graph and the candidates instead (a size bucket of a range,
     ``lumc.compiler.core.buckets``: the e-graph ran once for every bucket)."""
     policy = policy or PrecisionPolicy()
+    unknown = [n for n in policy.logits if n not in fe.graph.outputs]
+    if unknown:
+        raise InputError(f"--logits {unknown[0]}: the model has no output of that name; outputs: "
+                         f"{', '.join(fe.graph.outputs)}")
     budget_s = deadline.budget_s
     progress = Progress(budget_s, target, quiet)
     try:

@@ -226,7 +226,8 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
             if p is not program and len(p.calls) < mine:
                 cands.append({"label": p.label, "kernels": len(p.calls), "bound_s": bd,
                               "chosen_bound_s": chosen_bound})
-    return {"pairs": pairs, "candidates": cands}
+    # how many candidates were compared (0: none were given, e.g. without the e-graph)
+    return {"pairs": pairs, "candidates": cands, "compared": len(candidates or []) if bounds else 0}
 
 
 def why_not_lines(doc: dict, first: int = 0, last: int | None = None) -> list[str]:
@@ -239,6 +240,9 @@ def why_not_lines(doc: dict, first: int = 0, last: int | None = None) -> list[st
                    f"{e['consumer_form']} ({e['value']}): not one kernel")
         out.append(f"    fusion: {e['fusion']}")
         out.append(f"    rule:   {e['rule']}")
+    if doc.get("compared") and not doc.get("candidates") and first == 0 and last is None:
+        out.append(f"candidates: none of the {doc['compared']} e-graph candidates had fewer "
+                   "kernels than the chosen program")
     for c in doc.get("candidates", []):
         cb = c.get("chosen_bound_s")
         how = "lost on bound" if cb is not None and c["bound_s"] > cb else "lost on time"

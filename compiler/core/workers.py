@@ -479,6 +479,12 @@ def with_workers(fn):
     def wrapped(*args, workers=None, **kwargs):
         with use_workers(workers):
             return fn(*args, **kwargs)
+    import inspect
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind == p.VAR_KEYWORD), len(params))
+    params.insert(at, inspect.Parameter("workers", inspect.Parameter.KEYWORD_ONLY, default=None))
+    wrapped.__signature__ = sig.replace(parameters=params)   # what it takes, workers= included
     return wrapped
 
 

@@ -51,12 +51,13 @@ def generic_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype],
     for name, shape in shapes.items():
         d = np.dtype(dtypes[name])
         if d.kind == "f" or d.name == "bfloat16":
-            out[name] = rng.standard_normal(shape).astype(d)
+            a = rng.standard_normal(shape)
         elif d.kind == "b":
-            out[name] = rng.random(shape) < 0.5
+            a = rng.random(shape) < 0.5
         else:
-            high = (int_high or {}).get(name, GENERIC_INT_HIGH)
-            out[name] = rng.integers(0, high, shape).astype(d)
+            a = rng.integers(0, (int_high or {}).get(name, GENERIC_INT_HIGH), shape)
+        # an array even for a rank-0 shape (numpy draws a scalar there)
+        out[name] = np.asarray(a).astype(d)
     return out
 
 

@@ -46,10 +46,28 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
         from lumc.compiler.core.torch_compile import compile_module
         if example_inputs is None:
             raise InputError("compiling a torch module needs example_inputs=(tensor, ...)")
+        if shapes is not None:
+            kwargs["shapes"] = shapes
+        _refuse_unknown(compile_module, kwargs, "a torch module", "dynamic_shapes= sets its "
+                        "sizes; use_egraph=, fast_math=, bind= and shapes= apply to ONNX models")
         return compile_module(model, example_inputs, budget=budget, device=device, **kwargs)
     from lumc.compiler.core.pipeline import compile_model
+    _refuse_unknown(compile_model, kwargs, "an ONNX model", "")
     return compile_model(model, budget=budget, device=device, example_inputs=example_inputs,
                          shapes=shapes, **kwargs)
+
+
+def _refuse_unknown(fn, kwargs: dict, what: str, hint: str) -> None:
+    """An ``InputError`` naming the first keyword ``fn`` does not take (a typo, or an option of the
+    other frontend), instead of Python's ``TypeError``."""
+    import inspect
+    known = inspect.signature(fn).parameters
+    bad = [k for k in kwargs if k not in known]
+    if bad:
+        raise InputError(f"lumc.compile: {bad[0]}= is not an option for {what}"
+                         + (f" ({hint})" if hint else "") + "; options: "
+                         + ", ".join(k for k, p in known.items() if p.kind == p.KEYWORD_ONLY
+                                     or p.default is not inspect.Parameter.empty))
 
 
 def _is_torch_module(model) -> bool:

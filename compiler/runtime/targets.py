@@ -49,9 +49,12 @@ def resolve_target(device: str | None) -> Target:
     if d.startswith("sim:"):
         try:
             spec = get_device(d[4:])
-        except KeyError as e:
-            raise LumcError(f"unknown simulated device {device!r}: {e.args[0]}") from None
+        except KeyError:
+            raise LumcError(f"unknown simulated device {device!r}; use sim:h100 or sim:h200") \
+                from None
         return Target(f"sim:{spec.name}", spec, True, "cpu")
+    if d.startswith("cuda:") and not d[5:].isdigit():
+        raise LumcError(f"unknown device {device!r}; use cuda[:N], sim:h100 or sim:h200")
     if d == "cuda" or d.startswith("cuda:"):
         if not _cuda_available():
             raise LumcError(f"device {device!r}: no CUDA GPU on this machine; use --device sim:h200 "

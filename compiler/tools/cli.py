@@ -234,6 +234,8 @@ def _load_arrays(npz: str | None, pairs: tuple[str, ...]) -> dict[str, np.ndarra
         name, eq, path = item.partition("=")
         if not eq or not name or not path:
             raise InputError(f"bad --input {item!r}: expected NAME=FILE.npy")
+        if sum(p.partition("=")[0] == name for p in pairs) > 1:
+            raise InputError(f"--input {name}: given twice")
         arrays[name] = _read_npy(path, f"--input {name}")
     return arrays
 
@@ -364,8 +366,9 @@ p = 1/2; for the known models of `lumc models list` (recognized by sha256) it us
 recipe instead (token ids + attention mask, byte values 0..255, audio, a synthetic text image).
 
 Dynamic dims are set with --shape INPUT=1x3x64x64 (a whole input) or --shape DIM=N (a dim name,
-e.g. batch_size=2), or by the shapes of the given arrays; one left unset is an error. An artifact's
-shapes are fixed at compile time: --shape is refused for one.
+e.g. batch_size=2), or by the shapes of the given arrays; one left unset is an error. An artifact
+compiled for fixed shapes refuses --shape; one compiled for size ranges (lumc compile --shape
+DIM=LO..HI) takes any size in its ranges.
 
 --check runs onnxruntime (CPU) on the same inputs and prints, per output, the max abs error
 max|a-b| and the max rel error max|a-b| / max(max|b|, tiny) (a = lumc, b = onnxruntime, tiny =

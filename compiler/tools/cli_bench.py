@@ -275,6 +275,11 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
     if moved is not None and ideal:
         line += f", {moved / 1e6:.3f} MB moved ({moved / ideal:.2f}x ideal {ideal / 1e6:.3f} MB)"
     click.echo(line)
+    if r.get("precision") is not None:
+        click.echo(f"precision {r.get('precision')}, weights {r.get('weights')}")
+    from lumc.compiler.tools.cli_compile import user_notes
+    for w in user_notes(r):
+        click.echo(f"note: {w}")
     if r.get("candidates_total") is not None:
         click.echo(f"search: {r.get('candidates_total')} candidates, {r.get('candidates_pruned')} pruned "
                    f"by bound, {r.get('candidates_timed')} timed, {r.get('candidates_rejected')} "

@@ -209,9 +209,8 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
             parts.append(f"mean KL {q['kl_mean']:.3g}, top-1 {100 * top1:.1f}%")
         click.echo(f"  precision {r['precision']} (weights {r['weights']}) vs fp32: "
                    + ", ".join(parts) + ("" if q["passed"] else f"; GATE FAILED: {q['reason']}"))
-    for w in r.get("warnings", []):
-        if w.startswith("precision "):
-            click.echo(f"  note: {w}")
+    for w in user_notes(r):
+        click.echo(f"  note: {w}")
     w = r.get("workers")
     if w and w["kind"] != "in-process":
         click.echo(f"  workers: {w['count']} {w['kind']}, units per worker "
@@ -223,6 +222,13 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     elif eg.get("error"):
         click.echo(f"  e-graph: not used ({eg['error']})")
     click.echo(f"wrote {out_path}" + (f" and {report_path}" if report_path else ""))
+
+
+def user_notes(r: dict) -> list[str]:
+    """The report's warnings a user must see in the summary and in ``lumc inspect``: what the
+    reduced-precision policy did (``precision ...``) and a weight storage that was refused for its
+    quality and replaced by the model's own weights (``weights ...``)."""
+    return [w for w in r.get("warnings", []) if w.startswith(("precision ", "weights "))]
 
 
 def _echo_variants(cm, r, out_path, report_path) -> None:
@@ -238,9 +244,8 @@ def _echo_variants(cm, r, out_path, report_path) -> None:
                    f"{(v.get('bound_time_s') or 0) * 1e6:.1f} us, {v['stopped_because']}")
     for v in r.get("not_compiled", []):
         click.echo(f"  not compiled: {v['describe']}: {v['reason']}")
-    for w in r.get("warnings", []):
-        if w.startswith("precision ") or w.startswith("weights "):
-            click.echo(f"  note: {w}")
+    for w in user_notes(r):
+        click.echo(f"  note: {w}")
     click.echo(f"wrote {out_path}" + (f" and {report_path}" if report_path else ""))
 
 

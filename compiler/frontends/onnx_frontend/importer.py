@@ -165,13 +165,15 @@ def resolve_input_specs(model: onnx.ModelProto,
             continue
         if not has_shape(vi):
             problems.append(f"input {vi.name!r} has no declared shape; give it with "
-                            f"--shape {vi.name}=<d0>x<d1>...")
+                            f"--shape {vi.name}=<d0>x<d1>... (shapes={{{vi.name!r}: (d0, d1, ...)}} "
+                            "in Python)")
             continue
         dyn = [d for d in spec.shape if isinstance(d, str)]
         if dyn:
             hint = "x".join(str(d) if isinstance(d, int) else f"<{d}>" for d in spec.shape)
+            py = ", ".join(f"{d!r}: N" for d in dict.fromkeys(dyn))
             problems.append(f"input {vi.name!r} has dynamic dims {dyn}; give them with "
-                            f"--shape {vi.name}={hint}")
+                            f"--shape {vi.name}={hint} (shapes={{{py}}} in Python)")
             continue
         out.append(spec)
     if problems:
