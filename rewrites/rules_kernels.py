@@ -68,6 +68,31 @@ def _matmul_rule(ra: int, rb: int, bare_a: bool, folded_b: bool) -> Rule:
                 "exact", lhs, "(MatMul ?a ?b)", tuple(where), cases=cases)
 
 
+def _one_row_matmul_rule(ra: int) -> Rule:
+    """``M = 1``: ``b`` needs no broadcast over the rows, so its view into the product space is a
+    bare reshape of any value (a grouped-query V, ``[B, G, R, T, D]`` merged to ``[B, G*R, 1, T,
+    D]`` for one query) with no Expand to match. It is read as the reshape to ``b``'s own
+    ``[..., K, N]`` (the product shape without the unit M axis), then the unit axis inserted:
+    row-major reshapes compose, so the two read the same elements."""
+    f = ra + 1
+    a_part = "(View (View ?a (Reshape ?sa1)) (Expand ?F))"
+    lhs = (f"(View (SumReduce (Mul {a_part} (View ?y (Reshape ?F))) (vec-of {f - 2})) "
+           "(Reshape ?so))")
+    sbm = f"(vec-remove ?F {ra - 2})"
+    vb = f"(View ?y (Reshape {sbm}))"
+    where = ("(= ?sa (shape ?a))", f"(= (vec-length ?sa) {ra})", f"(= (vec-get ?sa {ra - 2}) 1)",
+             "(= ?sa1 (vec-push ?sa 1))", f"(= (vec-length ?F) {f})",
+             f"(= (vec-get ?F {ra - 1}) (vec-get ?sa {ra - 1}))",
+             f"(= ?so (vec-set ?sa {ra - 1} (vec-get ?F {ra})))")
+    batch = (2, 3)[: ra - 2]
+    cases = ({"a": ("in", batch + (1, 4), "f32"), "y": ("in", (6, 4, 5) if ra == 4 else (2, 4, 5),
+                                                          "f32"),
+              "F": batch + (1, 4, 5), "sa1": batch + (1, 4, 1)},)
+    return Rule(f"kernels/MatMul: sum(expand(a) * reshape(y)) of one row -> matmul(a, "
+                f"reshape(y)) [{ra}x{ra} M=1]", "exact", lhs, f"(MatMul ?a {vb})", where,
+                sets=(f"(set (shape {vb}) {sbm})",), cases=cases)
+
+
 def matmul_rules() -> list[Rule]:
     """``sum(expand(a) * expand(b))`` over K -> ``MatMul(a, b)`` for a [..., M, K], b [..., K, N]."""
     rules = []
@@ -75,6 +100,7 @@ def matmul_rules() -> list[Rule]:
         for bare_a in (False, True):
             for folded_b in ((True, False) if rb == 2 else (False,)):
                 rules.append(_matmul_rule(ra, rb, bare_a, folded_b))
+    rules += [_one_row_matmul_rule(ra) for ra in (3, 4)]
     return rules
 
 

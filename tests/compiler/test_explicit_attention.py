@@ -362,3 +362,61 @@ def test_keys_made_by_elementwise_ops_still_form_attention(batch, k_only):
     torch.manual_seed(0)
     forms = _forms_and_check(_RopeAttention(k_only=k_only).eval(), (torch.randn(batch, 8, 32),))
     assert forms.get("attention") == 1 and "softmax" not in forms, forms
+
+
+class DecodeStep(nn.Module):
+    """One decoding step of grouped-query attention: one new query per sequence, the new K/V row
+    appended to a cache (``torch.cat``, both returned), K/V heads repeated by Llama's
+    ``repeat_kv`` (5-D expand) or ``repeat_interleave``."""
+
+    def __init__(self, width=64, heads=8, kv_heads=2, repeat="expand"):
+        super().__init__()
+        self.h, self.g, self.d, self.repeat = heads, kv_heads, width // heads, repeat
+        self.q = nn.Linear(width, width, bias=False)
+        self.kv = nn.Linear(width, 2 * kv_heads * self.d, bias=False)
+
+    def forward(self, x, pk, pv):
+        b = x.shape[0]
+        q = self.q(x).view(b, 1, self.h, self.d).transpose(1, 2)
+        k, v = self.kv(x).view(b, 1, 2, self.g, self.d).permute(2, 0, 3, 1, 4)
+        K, V = torch.cat([pk, k], 2), torch.cat([pv, v], 2)
+        r = self.h // self.g
+        if self.repeat == "expand":
+            Kr, Vr = (z[:, :, None].expand(b, self.g, r, z.shape[2], self.d)
+                      .reshape(b, self.h, z.shape[2], self.d) for z in (K, V))
+        else:
+            Kr, Vr = K.repeat_interleave(r, 1), V.repeat_interleave(r, 1)
+        y = F.scaled_dot_product_attention(q, Kr, Vr)
+        return y.transpose(1, 2).reshape(b, 1, -1), K, V
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("repeat", ["expand", "interleave"])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_a_decoding_step_of_grouped_query_attention_is_one_form(batch, repeat, kv_heads):
+    """One query (M = 1): the value product's V, the cache merged to [B, H, 1, T, D], reaches the
+    product through a bare reshape (nothing to broadcast over one row), which no matmul rule read,
+    so decoding kept two GEMVs and a softmax; values against torch eager."""
+    torch.manual_seed(0)
+    mod = DecodeStep(kv_heads=kv_heads, repeat=repeat).eval()
+    t = 13
+    args = (torch.randn(batch, 1, 64), torch.randn(batch, kv_heads, t, 8),
+            torch.randn(batch, kv_heads, t, 8))
+    g = import_torch(mod, args).graph
+    res = egraph_candidates(g, "h200", k=4)
+    feed = {name: a.numpy() for name, a in zip(g.inputs, args)}
+    with torch.no_grad():
+        want = [w.numpy() for w in mod(*args)]
+    for p in res.candidates:
+        got = list(run_program_reference(p, g, feed).values())
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    forms = res.best.form_counts()
+    assert forms.get("attention") == 1 and "softmax" not in forms, forms
+    att = next(c.kernel for c in res.best.calls if c.kernel.form == "attention")
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "backends"))
+    from triton_cases import check
+    from lumc.backends.triton import configs
+    check(att, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16))   # the interpreter
