@@ -295,6 +295,7 @@ class DynamoGraph:
         with torch._guards.tracing(None):
             aten_gm = make_fx(with_constants if baked else fn, decomposition_table=self._table,
                               tracing_mode="fake")(*kept)
+        self._writes = _lift_input_writes(aten_gm, [i for i in range(n) if i not in baked])
         check_supported(aten_gm.graph)
         slots = []
         placeholders = [p for p in aten_gm.graph.nodes if p.op == "placeholder"]
@@ -453,13 +454,21 @@ class DynamoGraph:
         return feed
 
     def __call__(self, *args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in args):
+            # lumc compiles for inference: outputs that need a gradient get one that refuses
+            # (else a loss through them would silently leave this graph's parameters without one)
+            return _InferenceOnly.apply(self._run, *args)
+        return self._run(*args)
+
+    def _run(self, *args):
         if self.ranged is not None:
             if self._in_range(args):
                 program = self._range_program
                 feed = self._feed(program, self._kept(args))
                 results = self.ranged.select(feed).run(feed)
-                return tuple(from_numpy(results[name], program.device)
-                             for name in program.output_names)
+                return self._write_back(args, tuple(from_numpy(results[name], program.device)
+                                                    for name in program.output_names))
             self.outside_calls += 1
             counters["outside_range"] += 1
         spec = self._specialize(list(args))
@@ -468,7 +477,19 @@ class DynamoGraph:
         out = []
         for name, v in zip(program.output_names, spec.flat_outputs):
             out.append(from_numpy(results[name], program.device) if name in results else v)
-        return tuple(out)
+        return self._write_back(args, tuple(out))
+
+    def _write_back(self, args, out: tuple) -> tuple:
+        """The graph's own outputs; its last ones are the new values of inputs it wrote in place
+        (``_lift_input_writes``: a buffer's EMA, a KV cache row), copied into those inputs here,
+        as eager mode leaves them."""
+        writes = getattr(self, "_writes", [])
+        if not writes:
+            return out
+        with torch.no_grad():
+            for (i, _), v in zip(writes, out[len(out) - len(writes):]):
+                args[i].copy_(v)
+        return out[:len(out) - len(writes)]
 
     def report(self) -> str:
         how = "kernel search per shape" if self.search else "reference executor, no kernel search"
@@ -494,6 +515,44 @@ class DynamoGraph:
             lines.append(f"  specialization {s.key}: ATen {aten}; "
                          f"{sum(counts.values())} primitive nodes; lowered in {s.seconds:.2f} s")
         return "\n".join(lines)
+
+
+def _lift_input_writes(gm: torch.fx.GraphModule, arg_index: list[int]) -> list[tuple[int, str]]:
+    """Turn the functionalized graph's in-place writes into its inputs (``copy_(input, new)`` at
+    the end: a buffer updated in ``forward``, a KV cache row set by index) into extra outputs, last,
+    so the compiled graph is a pure function; returns ``[(argument index, placeholder name)]`` in
+    output order (``arg_index[k]``: the Dynamo argument of the k-th placeholder)."""
+    places = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    out_node = next(p for p in reversed(gm.graph.nodes) if p.op == "output")
+    writes, values = [], []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
+                and node.args[0] in places and not node.users:
+            writes.append((arg_index[places.index(node.args[0])], node.args[0].name))
+            values.append(node.args[1])
+            gm.graph.erase_node(node)
+    if writes:
+        outs = out_node.args[0]
+        out_node.args = ((tuple(outs) if isinstance(outs, (tuple, list)) else (outs,))
+                         + tuple(values),)
+        gm.recompile()
+    return writes
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """The outputs of a lumc-compiled graph whose inputs require gradients: computed by lumc, with
+    a backward that raises, so ``loss.backward()`` through them fails in one line instead of
+    leaving the graph's parameters without gradients."""
+
+    @staticmethod
+    def forward(ctx, run, *args):
+        return tuple(run(*args))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("lumc: this graph was compiled for inference and has no backward; "
+                           "train with another torch.compile backend (or none), and compile "
+                           "for lumc under torch.no_grad() or torch.inference_mode()")
 
 
 def compile_range(model, ranges: dict, frontend, budget_s: float, device: str | None = None,

@@ -372,8 +372,13 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     mutated = [f"{s.kind.name.lower()} {s.target!r}" for s in sig.output_specs
                if s.kind.name not in ("USER_OUTPUT",)]
     if mutated:
-        raise UnsupportedOpError("the module mutates state: " + ", ".join(mutated)
-                                 + " (call module.eval() before compiling)")
+        training = any(m.training for m in module.modules()) if hasattr(module, "modules") \
+            else False
+        raise UnsupportedOpError(
+            "the module mutates state: " + ", ".join(mutated)
+            + (" (call module.eval() before compiling)" if training else
+               " in forward; lumc.compile compiles a pure function: pass the state in and return "
+               "its new value, or use torch.compile(m, backend=\"lumc\"), which writes it back"))
     output_index = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
     leaves = pytree.tree_flatten((tuple(args), kwargs))[0]
     names_by_tensor = _dim_names(module, tuple(args), kwargs, dynamic_shapes)

@@ -1,0 +1,74 @@
+"""State and gradients through ``torch.compile(backend="lumc")``.
+
+A graph that writes its inputs in place (a buffer's running average, a KV cache row set by index)
+was compiled as if the writes were not there: the first call's outputs were right, the buffers
+never changed, and later calls drifted from eager. The writes are now extra outputs of the pure
+compiled graph, copied back into the inputs after each call. A graph whose inputs require
+gradients returns outputs whose backward raises (lumc compiles for inference), instead of
+outputs that silently cut the parameters off the loss.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import lumc
+from lumc.ir.errors import UnsupportedOpError
+
+
+class Stateful(nn.Module):
+    """A running mean of the inputs (``mul_`` / ``add_`` on a buffer) and a cache row written at a
+    Python-int position."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("ema", torch.zeros(4))
+        self.register_buffer("cache", torch.zeros(8, 4))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, pos: int):
+        self.ema.mul_(0.9).add_(0.1 * x.mean(0))
+        self.cache[pos] = x[0]
+        return self.lin(x) + self.ema, self.cache.sum(0)
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_in_place_writes_to_buffers_are_kept_across_calls(search, tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m, ref = Stateful().eval(), Stateful().eval()
+    ref.load_state_dict(m.state_dict())
+    f = torch.compile(m, backend="lumc", options={"budget": "30s", "search": search,
+                                                  "device": "sim:h200"})
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.randn(3, 4)
+            got, want = f(x, i), ref(x, i)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(m.ema, ref.ema, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(m.cache, ref.cache, rtol=0, atol=0)
+    assert m.cache[:3].abs().sum() > 0          # the rows were really written
+
+
+def test_a_graph_needing_gradients_refuses_its_backward(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)                          # train mode, parameters require grad
+    bias = nn.Parameter(torch.zeros(4))
+    f = torch.compile(m, backend="lumc", options={"budget": "10s", "search": False})
+    x = torch.randn(2, 8)
+    y = f(x)
+    torch.testing.assert_close(y, m(x), rtol=1e-5, atol=1e-6)     # inference works as before
+    loss = (y + bias).pow(2).sum()
+    with pytest.raises(RuntimeError, match="compiled for inference"):
+        loss.backward()
+    with torch.no_grad():                        # no gradient needed: plain tensors
+        assert not f(x).requires_grad
+
+
+def test_lumc_compile_names_the_way_out_for_state_written_in_forward():
+    m = Stateful().eval()
+    with pytest.raises(UnsupportedOpError, match="pass the state in and return its new value"):
+        lumc.compile(m, budget="10s", example_inputs=(torch.randn(3, 4), 0))
