@@ -30,12 +30,32 @@ _LOCK = threading.Lock()
 _MODULES: dict[str, ModuleType] = {}
 
 
+_FALLBACK: dict[Path, Path] = {}
+
+
 def cache_dir() -> Path:
-    """The directory generated kernels live in (created on first use)."""
+    """The directory generated kernels live in (created on first use). Where the cache folder
+    cannot be written (a read-only mount), a private folder under the system temp dir, with one
+    warning: the kernels still compile, only not kept there (a kernel that cannot be written must
+    not be mistaken for one that failed)."""
     root = os.environ.get("LUMC_CACHE_DIR") or platformdirs.user_cache_dir("lumc")
     d = Path(root) / "kernels"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    if d in _FALLBACK:
+        return _FALLBACK[d]
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if os.access(d, os.W_OK | os.X_OK):
+            return d
+        why = "not writable"
+    except OSError as e:
+        why = e.strerror or str(e)
+    alt = Path(tempfile.gettempdir()) / f"lumc-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    alt.mkdir(mode=0o700, parents=True, exist_ok=True)
+    import warnings
+    warnings.warn(f"lumc: kernel cache {d} cannot be used ({why}); generated kernels go to {alt}",
+                  RuntimeWarning, stacklevel=2)
+    _FALLBACK[d] = alt
+    return alt
 
 
 def write_source(rk: RenderedKernel) -> Path:

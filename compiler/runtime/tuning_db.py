@@ -51,6 +51,22 @@ class Timing:
     note: str = ""
 
 
+_COLUMNS = ("kernel_hash TEXT, config TEXT, device TEXT, lumc_version TEXT, triton_version TEXT, "
+            "driver_version TEXT, seconds REAL, ok INTEGER, simulated INTEGER, note TEXT, "
+            "created REAL")
+# SQLite's primary result codes for a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB): only these set
+# the file aside; a full disk (SQLITE_FULL), an I/O error, a read-only folder or a lock are the
+# environment's, and the file is left alone (https://www.sqlite.org/rescode.html)
+_CORRUPT_CODES = (11, 26)
+
+
+def _corrupt(err: Exception) -> bool:
+    """``err`` says the database file itself is damaged (or has another schema: lumc's own
+    DatabaseError, which has no SQLite code)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    return code is None or (code & 0xFF) in _CORRUPT_CODES
+
+
 class TuningDatabase:
     """SQLite store of kernel timings (see module docstring).
 
@@ -76,7 +92,8 @@ class TuningDatabase:
             try:
                 self._conn = self._open()
             except sqlite3.DatabaseError as e:
-                self._conn = self._set_aside_and_rebuild(e)
+                self._conn = self._set_aside_and_rebuild(e) if _corrupt(e) else \
+                    self._in_memory(e)
         except sqlite3.Error as e:   # still failing on a fresh file: the folder is the problem
             raise ArtifactError(f"tuning database {self.path} cannot be opened ({e}); set "
                                 "LUMC_CACHE_DIR to a writable folder") from None
@@ -94,12 +111,18 @@ class TuningDatabase:
             conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif row[0] != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema {row[0]}, expected {SCHEMA_VERSION}")
-        conn.execute("""CREATE TABLE IF NOT EXISTS timings (
-            kernel_hash TEXT, config TEXT, device TEXT, lumc_version TEXT, triton_version TEXT,
-            driver_version TEXT, seconds REAL, ok INTEGER, simulated INTEGER, note TEXT,
-            created REAL,
+        conn.execute(f"""CREATE TABLE IF NOT EXISTS timings ({_COLUMNS},
             PRIMARY KEY (kernel_hash, config, device, lumc_version, triton_version, driver_version))""")
         conn.execute("PRAGMA quick_check").fetchone()
+        return conn
+
+    def _in_memory(self, err: Exception) -> sqlite3.Connection:
+        """The database file cannot be used for a reason outside it (a full disk, a read-only
+        folder, an I/O error): it is left as it is, and this compile keeps its timings in memory."""
+        self._warn_unwritable(err)
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        conn.execute(f"""CREATE TABLE timings ({_COLUMNS},
+            PRIMARY KEY (kernel_hash, config, device, lumc_version, triton_version, driver_version))""")
         return conn
 
     def _set_aside_and_rebuild(self, err: Exception) -> sqlite3.Connection:
@@ -123,6 +146,8 @@ class TuningDatabase:
                  key.driver_version)).fetchone()
         except sqlite3.DatabaseError as e:
             try:
+                if not _corrupt(e):
+                    raise e
                 self._conn = self._set_aside_and_rebuild(e)
             except (sqlite3.Error, OSError) as e2:
                 self._warn_unwritable(e2)
@@ -170,6 +195,8 @@ class TuningDatabase:
             self._warn_unwritable(e)
         except sqlite3.DatabaseError as e:
             try:
+                if not _corrupt(e):
+                    raise e
                 self._conn = self._set_aside_and_rebuild(e)
                 self._conn.execute(sql, args)
             except (sqlite3.Error, OSError) as e2:
@@ -189,9 +216,15 @@ class TuningDatabase:
                 "by_device": {d: c for d, c in rows}}
 
     def clear(self) -> int:
-        """Delete every timing; returns how many were deleted."""
+        """Delete every timing; returns how many were deleted.
+
+        Raises:
+            ArtifactError: the database cannot be written (a read-only or full disk)."""
         n = self._conn.execute("SELECT COUNT(*) FROM timings").fetchone()[0]
-        self._conn.execute("DELETE FROM timings")
+        try:
+            self._conn.execute("DELETE FROM timings")
+        except sqlite3.OperationalError as e:
+            raise ArtifactError(f"tuning database {self.path} cannot be cleared ({e})") from None
         try:
             self._conn.execute("VACUUM")      # give the space back: `cache info` shows the size
         except sqlite3.OperationalError:      # another process holds the database: keep its pages

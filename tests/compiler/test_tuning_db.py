@@ -72,3 +72,90 @@ def test_stored_plans_and_set_aside_files_are_listed_and_cleared(tmp_path):
     assert (tmp_path / "other.sqlite.corrupt-1").exists() and p.exists()
     db.put(key(), Timing(1e-6, True, True))           # the live database still works
     assert db.get(key()).seconds == pytest.approx(1e-6)
+
+
+def _sqlite_error(cls, message: str, code: int):
+    import sqlite3
+    e = getattr(sqlite3, cls)(message)
+    e.sqlite_errorcode = code
+    return e
+
+
+@pytest.mark.parametrize("message,code", [("database or disk is full", 13),
+                                          ("disk I/O error", 10),
+                                          ("attempt to write a readonly database", 8)])
+def test_a_full_or_read_only_disk_leaves_a_healthy_database_alone(tmp_path, monkeypatch, message,
+                                                                   code):
+    """Only a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB) is set aside: a full disk, an I/O
+    error or a read-only folder is the environment's, and the user's timings stay where they are
+    while this compile keeps its own in memory."""
+    p = tmp_path / "t.sqlite"
+    db = TuningDatabase(p)
+    db.put(key(), Timing(2e-5, True, True))
+    db.close()
+    before = p.read_bytes()
+
+    def refuse(self):
+        raise _sqlite_error("OperationalError", message, code)
+    monkeypatch.setattr(TuningDatabase, "_open", refuse)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        db2 = TuningDatabase(p)
+    assert any("cannot be written" in str(x.message) for x in w), [str(x.message) for x in w]
+    assert not any("unreadable" in str(x.message) for x in w)
+    assert db2.recovered_from is None and db2.set_aside_files() == []
+    assert p.read_bytes() == before
+    db2.put(key(), Timing(3e-5, True, True))            # this compile's timings, in memory
+    assert db2.get(key()).seconds == 3e-5
+    monkeypatch.undo()
+    assert TuningDatabase(p).get(key()).seconds == 2e-5  # the file's own, untouched
+
+
+def test_an_io_error_on_write_does_not_set_the_database_aside(tmp_path):
+    p = tmp_path / "t.sqlite"
+    db = TuningDatabase(p)
+    db.put(key(), Timing(2e-5, True, True))
+
+    class Failing:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, sql, *a):
+            if sql.startswith("INSERT"):
+                raise _sqlite_error("OperationalError", "disk I/O error", 10)
+            return self.conn.execute(sql, *a)
+    db._conn = Failing(db._conn)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        db.put(key(kernel_hash="def"), Timing(1e-5, True, True))
+    assert any("cannot be written" in str(x.message) for x in w)
+    assert db.set_aside_files() == [] and db.get(key()).seconds == 2e-5
+
+
+def test_clearing_a_read_only_database_is_one_error(tmp_path):
+    import sqlite3
+    from lumc.ir.errors import ArtifactError
+    p = tmp_path / "t.sqlite"
+    db = TuningDatabase(p)
+    db.put(key(), Timing(2e-5, True, True))
+    db.close()
+    db = TuningDatabase(p)
+    db._conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, isolation_level=None)
+    with pytest.raises(ArtifactError, match="cannot be cleared"):
+        db.clear()
+
+
+def test_an_unwritable_kernel_cache_falls_back_to_a_private_temp_dir(tmp_path, monkeypatch):
+    """A read-only cache folder: kernels are written under the temp dir (one warning), so they
+    compile and are timed instead of failing as if their code were wrong."""
+    import os
+    from lumc.backends.triton import cache
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "ro"))
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p).startswith(str(tmp_path / "ro"))
+                        else real(p, m))
+    monkeypatch.setattr(cache, "_FALLBACK", {})
+    with pytest.warns(RuntimeWarning, match="cannot be used"):
+        d = cache.cache_dir()
+    assert not str(d).startswith(str(tmp_path)) and d.is_dir() and os.access(d, os.W_OK)
+    assert cache.cache_dir() == d                      # decided once
