@@ -28,7 +28,7 @@ from lumc.backends.extern import impl_of
 from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, precision_report,
                                           store_weights)
-from lumc.compiler.core.precision_gate import stage_quality, weights_gate
+from lumc.compiler.core.precision_gate import precision_note, stage_quality, weights_gate
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
 from lumc.compiler.core.variants import compile_variants, size_lists
@@ -536,6 +536,9 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
             return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
                                     use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,
                                     policy=down, given=given)
+        note = precision_note(policy, quality)
+        if note:
+            fe.warnings.append(note)
         kernel_err = max((measurer.entries[k].max_error for k in ck), default=0.0)
         if err is not None or kernel_err:
             err = max(err or 0.0, kernel_err)

@@ -137,3 +137,25 @@ def _auto(configs, reduced, raised, evaluate, deadline, q0) -> tuple[list, dict]
                         for i, v in sens.items()}
     q["auto_first_try"] = {"max_rel": q0["max_rel"], "kl_mean": q0.get("kl_mean")}
     return current, q
+
+
+def precision_note(policy: PrecisionPolicy, quality: dict | None) -> str | None:
+    """One line for the report's notes when the plan's contractions do not all run at the policy's
+    own precision (``fp8`` allows ``bf16``; the gate raises kernels to pass; ``auto`` mixes by
+    design): how many run at each precision, and how many the gate raised. None when they all do,
+    or for an exact compile."""
+    if quality is None:
+        return None
+    dots = [p for p in quality.get("kernel_precision", []) if p is not None]
+    counts: dict[str, int] = {}
+    for p in dots:
+        counts[p] = counts.get(p, 0) + 1
+    if not dots or (policy.precision != "auto" and set(counts) == {policy.precision}):
+        return None
+    mix = ", ".join(f"{n} at {p}" for p, n in sorted(counts.items(),
+                                                     key=lambda kv: -_rank(kv[0])))
+    raised = quality.get("raised_kernels", 0)
+    why = (f"; {raised} raised to pass the quality gate" if raised else "") + \
+        ("" if policy.precision == "auto" else
+         "; the others were faster there, or no config of the lower precision applies")
+    return f"precision {policy.precision}: of {len(dots)} contractions, {mix}{why}"

@@ -170,6 +170,33 @@ def test_torch_module_and_backend_take_the_policy(tmp_path, monkeypatch):
     assert 1e-6 < np.abs(got - want).max() <= r["tolerance"]
     g = torch.compile(m, backend="lumc", options={"budget": "30s", "device": "sim:h200",
                                                   "precision": "bf16"})
-    np.testing.assert_allclose(g(x).numpy(), got, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(g(x).detach().numpy(), got, rtol=0, atol=1e-6)   # as eager: grad
     with pytest.raises(Exception, match="--precision"):
         torch.compile(m, backend="lumc", options={"precision": "int4"})(x)
+
+
+def test_the_notes_say_which_precision_the_contractions_really_run_at(db):
+    """--precision fp8 whose plan runs some contractions at bf16 (faster there, or raised by the
+    gate) said only 'precision fp8'; the report's notes now give the mix (and the artifact's label
+    stays the policy, with its kernels' precisions beside it)."""
+    from lumc.compiler.core.precision_gate import precision_note
+    pol = PrecisionPolicy("fp8")
+    assert precision_note(pol, None) is None
+    assert precision_note(pol, {"kernel_precision": ["fp8", None, "fp8"]}) is None
+    note = precision_note(pol, {"kernel_precision": ["bf16", None, "fp8", "bf16"],
+                                "raised_kernels": 1})
+    assert note == ("precision fp8: of 3 contractions, 1 at fp8, 2 at bf16; 1 raised to pass the "
+                    "quality gate; the others were faster there, or no config of the lower "
+                    "precision applies")
+    assert precision_note(PrecisionPolicy("auto"), {"kernel_precision": ["fp8", "fp8"]}) == \
+        "precision auto: of 2 contractions, 2 at fp8"
+    # wired into the compile: a note exactly when a contraction is not at fp8
+    cm = lumc.compile(classifier(), budget="60s", device="sim:h200", db=db, use_egraph=False,
+                      precision="fp8", max_kl=1e-9, logits=("y",))
+    r = cm.report_dict()
+    kp = [p for p in r["quality"]["kernel_precision"] if p is not None] if r["quality"] else []
+    notes = [w for w in r["warnings"] if w.startswith("precision fp8: of ")]
+    if r["precision"] == "fp8":
+        assert bool(notes) == (set(kp) != {"fp8"}), (kp, r["warnings"])
+    else:          # the gate could not be met at fp8 even raised: the fallback is said instead
+        assert any("misses the quality gate" in w for w in r["warnings"])
