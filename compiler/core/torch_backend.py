@@ -59,7 +59,7 @@ from lumc.compiler.frontends.torch_frontend.capture import CapturedProgram, Inpu
 from lumc.compiler.core.torch_compile import Specialization
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
-from lumc.ir.errors import BudgetError, InputError, LumcError
+from lumc.ir.errors import BudgetError, InputError, LumcError, UnsupportedOpError
 
 DEFAULT_MAX_SIZE = 1024   # the top of a dynamic dim's range where Dynamo leaves it unbounded
 
@@ -292,9 +292,17 @@ class DynamoGraph:
         kept = [a for i, a in enumerate(args) if i not in baked]
         # outside Dynamo's tracing context, make_fx makes its own static-shape fake mode instead
         # of reusing Dynamo's symbolic one: the trace is at exactly these shapes
-        with torch._guards.tracing(None):
-            aten_gm = make_fx(with_constants if baked else fn, decomposition_table=self._table,
-                              tracing_mode="fake")(*kept)
+        from lumc.compiler.frontends.torch_frontend.capture import (DATA_DEPENDENT_HINT,
+                                                                    quiet_tracing)
+        try:
+            with torch._guards.tracing(None), quiet_tracing():
+                aten_gm = make_fx(with_constants if baked else fn, decomposition_table=self._table,
+                                  tracing_mode="fake")(*kept)
+        except Exception as e:       # make_fx raises many unrelated exception types
+            if "data-dependent" not in str(e):
+                raise
+            raise UnsupportedOpError(f"the graph cannot be traced at fixed sizes: "
+                                     f"{str(e).splitlines()[0]}{DATA_DEPENDENT_HINT}") from None
         self._writes = _lift_input_writes(aten_gm, [i for i in range(n) if i not in baked])
         check_supported(aten_gm.graph)
         slots = []

@@ -72,3 +72,29 @@ def test_lumc_compile_names_the_way_out_for_state_written_in_forward():
     m = Stateful().eval()
     with pytest.raises(UnsupportedOpError, match="pass the state in and return its new value"):
         lumc.compile(m, budget="10s", example_inputs=(torch.randn(3, 4), 0))
+
+
+class IndexedWrite(nn.Module):
+    """A cache row written at an index held in a 0-d tensor: torch reads its value to index."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 8, 4))
+
+    def forward(self, x, idx):
+        self.cache[:, idx] = x
+        return self.cache.sum(1)
+
+
+def test_an_index_read_from_a_tensor_is_one_clear_error(capsys):
+    from lumc.ir.errors import ModelError
+    with pytest.raises(ModelError, match="uses a tensor's value as an index"):
+        lumc.compile(IndexedWrite(), budget="10s", example_inputs=(torch.randn(1, 4),
+                                                                   torch.tensor(0)))
+    assert "def forward" not in capsys.readouterr().out     # torch's partial graph held back
+    f = torch.compile(IndexedWrite(), backend="lumc", options={"budget": "10s", "search": False})
+    with pytest.raises(Exception, match="uses a tensor's value as an index") as info:
+        with torch.no_grad():
+            f(torch.randn(1, 4), torch.tensor(1))
+    assert "UnsupportedOpError" in str(info.value)
+    assert "def forward" not in capsys.readouterr().out

@@ -12,6 +12,9 @@ are concrete; a new shape is a new specialization, see ``compiled.py``).
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -45,7 +48,27 @@ def _export_hint(e: Exception) -> str:
     if "Cache" in text and "in output" in text:
         # transformers decoders return their KV cache object (DynamicCache) by default
         return " (a transformers model returns its KV cache: build it with use_cache=False)"
+    if "data-dependent" in text or type(e).__name__.startswith("GuardOnDataDependent"):
+        return DATA_DEPENDENT_HINT
     return ""
+
+
+# a tensor's value used as an index, a size or a branch (``cache[:, idx] = x`` with ``idx`` a
+# tensor, ``.item()``): torch cannot trace it without knowing the value
+DATA_DEPENDENT_HINT = (" (the module uses a tensor's value as an index, size or condition, e.g. "
+                       "cache[:, idx] = x with idx a tensor, or .item(): lumc compiles for indices "
+                       "and sizes known at compile time; pass it as a Python int)")
+
+
+@contextlib.contextmanager
+def quiet_tracing():
+    """Hold back what torch prints while it traces (a failing trace prints its partial FX graph
+    to stdout): shown after a successful trace (the module's own prints), dropped after a failure,
+    which the caller reports in one line."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        yield
+    sys.stdout.write(buf.getvalue())
 
 
 def decomposition_table():
@@ -346,8 +369,9 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     """
     kwargs = dict(kwargs or {})
     try:
-        ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
-        ep = ep.run_decompositions(decomposition_table())
+        with quiet_tracing():
+            ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
+            ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # export raises many unrelated exception types
         raise ModelError(f"torch.export failed: {_first_line(e)}{_export_hint(e)}") from e
     check_supported(ep.graph)      # every unsupported op at once, before copying any weight
