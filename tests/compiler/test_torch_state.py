@@ -98,3 +98,10 @@ def test_an_index_read_from_a_tensor_is_one_clear_error(capsys):
             f(torch.randn(1, 4), torch.tensor(1))
     assert "UnsupportedOpError" in str(info.value)
     assert "def forward" not in capsys.readouterr().out
+
+
+def test_training_mode_batch_norm_says_so_on_both_paths():
+    m = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).train()
+    with pytest.raises(UnsupportedOpError, match=r"batch norm in training mode \(call "
+                                                 r"module.eval\(\) before compiling\)"):
+        lumc.compile(m, budget="10s", example_inputs=(torch.randn(16, 8),))

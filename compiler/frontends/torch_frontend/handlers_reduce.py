@@ -288,6 +288,12 @@ def _bn_no_stats(ctx, x, weight, bias, training, momentum, eps):
     return _bn_batch_stats(x, weight, bias, eps)
 
 
+@aten("_native_batch_norm_legit_functional.default", requires=["norm.batch_norm"],
+      check=lambda node: "batch norm in training mode (call module.eval() before compiling)")
+def _bn_functional(ctx, *args):     # torch.export's training-mode form: always refused above
+    raise AssertionError("refused by its check")
+
+
 @aten("_native_batch_norm_legit.default", requires=["norm.batch_norm"], check=_bn_training)
 def _bn_legit(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, eps)
