@@ -122,8 +122,8 @@ class CompiledModel:
                 raise InputError(f"missing input {k!r} ({n.dtype}{list(n.shape)})", node=k)
             a = arrays[k]
             if tuple(a.shape) != n.shape:
-                raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for {n.shape}",
-                                 node=k)
+                raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for "
+                                 f"{getattr(self, 'shape_text', {}).get(k, n.shape)}", node=k)
             if a.dtype != n.dtype.np:
                 raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
                                  node=k)

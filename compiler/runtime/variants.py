@@ -168,6 +168,7 @@ class VariantModel:
                                 template.torch_device)
             # the bucket's own kernels, size-generic (lumc.backends.triton.size_generic)
             names = {key.probes[k]: f"L{i}" for i, k in enumerate(sorted(key.ranges))}
+            hit.shape_text = self._shape_text(template)
             hit.sized = (template.program, names,
                          {names[key.probes[k]]: sizes[k] // key.ranges[k][2] for k in key.ranges},
                          key.table, key.largest_units())
@@ -175,6 +176,28 @@ class VariantModel:
         while len(self._instances) > self.MAX_INSTANCES:
             self._instances.pop(next(iter(self._instances)))
         return hit
+
+    def _shape_text(self, template) -> dict[str, str]:
+        """``{input: "(2, seq, 16) with seq in 2..64"}``: what a re-sized plan's inputs take, for
+        its shape errors (the plan itself holds one size of each range)."""
+        spans = {}
+        for k in self._ranged[0][0].ranges:
+            rs = sorted({tuple(kk.ranges[k]) for kk, _ in self._ranged})
+            spans[k] = f"{rs[0][0]}..{rs[-1][1]}" + (f" in steps of {rs[0][2]}" if rs[0][2] > 1
+                                                      else "")
+        out = {}
+        for name, n in template.graph.inputs.items():
+            shape = [str(d) for d in n.shape]
+            used = []
+            for k, uses in self._ranged[0][0].axes.items():
+                for nm, ax in uses:
+                    if nm == name and ax < len(shape):
+                        shape[ax] = k
+                        used.append(k)
+            if used:
+                out[name] = f"({', '.join(shape)}) with " + ", ".join(
+                    f"{k} in {spans[k]}" for k in dict.fromkeys(used))
+        return out
 
     def _ranged_pick(self, sizes: dict):
         for key, cm in self._ranged:

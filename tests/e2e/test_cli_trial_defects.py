@@ -147,3 +147,20 @@ def test_why_not_says_when_no_candidate_had_fewer_kernels():
     assert why_not_lines(doc) == [
         "candidates: none of the 7 e-graph candidates had fewer kernels than the chosen program"]
     assert why_not_lines({"pairs": [], "candidates": [], "compared": 0}) == []
+
+
+def test_a_range_compile_names_its_range_in_shape_errors(tmp_path):
+    """A wrong static dim at a size-range plan said 'compiled for (2, 8, 16)': the plan re-sized
+    to the call's seq, not what the compile serves."""
+    torch = pytest.importorskip("torch")
+    from torch.export import Dim
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)).eval()
+    f = lumc.compile(m, budget="60s", device="sim:h200", example_inputs=(torch.randn(2, 16, 16),),
+                     dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(lumc.InputError, match=r"has shape \(3, 8, 16\), compiled for "
+                                              r"\(2, seq, 16\) with seq in 2\.\.64"):
+        f(torch.randn(3, 8, 16))
