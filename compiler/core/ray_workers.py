@@ -8,8 +8,9 @@ actors only run units (:func:`~lumc.compiler.core.workers.run_check_unit`,
 
 * **Cluster.** ``ray://HOST:PORT`` connects through Ray Client; ``ray`` joins the cluster
   ``RAY_ADDRESS`` names, else starts a local one with every core of this machine (no dashboard,
-  quiet logs). A cluster this compile started is shut down when the compile ends; a joined one is
-  only disconnected from. A driver that already called ``ray.init`` is used as it is.
+  quiet logs; never the cluster a ``ray start`` recorded in ``/tmp/ray``). A cluster this
+  compile started is shut down when the compile ends; a joined one is only disconnected from. A
+  driver that already called ``ray.init`` is used as it is.
 * **Actors.** ``sim:*``: one actor per CPU of the cluster (``num_cpus=1``), started with
   ``TRITON_INTERPRET=1`` in its environment. A GPU target: one per GPU (``num_gpus=1``); an actor
   whose GPU is not of the target's kind (another name than the driver's) is dropped, so timings
@@ -48,6 +49,20 @@ from lumc.ir.errors import InputError
 UNIT_TIMEOUT_S = 900.0   # a unit running longer is taken as hung (a big interpreter check: minutes)
 START_TIMEOUT_S = 120.0  # GPU actors report their device within this
 _POLL_S = 0.05
+
+
+def ray_init_kwargs(address: str | None, num_cpus: int | None = None) -> dict:
+    """The keyword arguments of ``ray.init`` for ``address`` (``ray://HOST:PORT``, ``HOST:PORT``,
+    ``auto``; None: a new local cluster of ``num_cpus`` CPUs, default this machine's).
+
+    Without an address the call says ``address="local"``: a bare ``ray.init`` joins the cluster
+    that ``$RAY_TMPDIR/ray/ray_current_cluster`` (default ``/tmp/ray``) names, which a cluster
+    that died leaves behind, and then refuses ``num_cpus``."""
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
+    if address:
+        return {"address": address, **quiet}
+    return {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1,
+            "include_dashboard": False, **quiet}
 
 
 class UnitActor:
@@ -155,16 +170,11 @@ class RayWorkers:
         address = spec.address or os.environ.get("RAY_ADDRESS") or None
         self.address = address or ("local" if not ray.is_initialized() else "this process's Ray")
         if not ray.is_initialized():
-            quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
             try:
                 with warnings.catch_warnings():     # Ray Client warns before it raises
                     warnings.simplefilter("ignore")
-                    if address:
-                        ray.init(address=address, **quiet)
-                    else:
-                        ray.init(num_cpus=num_cpus or os.cpu_count() or 1,
-                                 include_dashboard=False, **quiet)
-                        self.started_cluster = True
+                    ray.init(**ray_init_kwargs(address, num_cpus))
+                self.started_cluster = not address
             except Exception as e:
                 raise InputError(f"--workers {spec.text or 'ray'}: cannot start or reach the Ray "
                                  f"cluster{' at ' + address if address else ''}: "

@@ -319,3 +319,70 @@ def test_ray_without_address_starts_and_stops_a_cluster(ray_cluster, tmp_path):
     assert w["count"] == os.cpu_count() and w["units"] >= 2
     assert r["max_rel_error"] is not None and r["max_rel_error"] < 1e-5
     assert _raylets() <= before               # its raylet is gone; the module's cluster stays
+
+
+def _stale_ray_tmpdir() -> str:
+    """A short ``RAY_TMPDIR`` (Ray's socket paths must fit 107 bytes) whose
+    ``ray/ray_current_cluster`` names a cluster that died: nothing listens at its address."""
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="lr", dir="/tmp")
+    os.makedirs(os.path.join(tmp, "ray"))
+    with open(os.path.join(tmp, "ray", "ray_current_cluster"), "w") as f:
+        f.write(f"127.0.0.1:{_free_port()}")
+    return tmp
+
+
+def test_no_address_never_joins_a_stale_recorded_cluster(monkeypatch):
+    """Without an address ``ray.init`` is told ``address="local"``: Ray's own resolution then
+    starts a new cluster, where a bare call resolves to the dead cluster a ``ray start`` left in
+    ``ray_current_cluster`` (and refuses ``num_cpus``: the error users saw)."""
+    import shutil
+
+    from ray._private.services import canonicalize_bootstrap_address
+
+    from lumc.compiler.core.ray_workers import ray_init_kwargs
+    tmp = _stale_ray_tmpdir()
+    try:
+        monkeypatch.setenv("RAY_TMPDIR", tmp)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        stale = open(os.path.join(tmp, "ray", "ray_current_cluster")).read()
+        joined = canonicalize_bootstrap_address(None)       # the trap is set (Ray names
+        assert joined.rsplit(":", 1)[1] == stale.rsplit(":", 1)[1]   # 127.0.0.1 by the node IP)
+        kw = ray_init_kwargs(None, 3)
+        assert canonicalize_bootstrap_address(kw["address"]) is None    # a new local cluster
+        assert kw["num_cpus"] == 3 and kw["include_dashboard"] is False
+        assert ray_init_kwargs("ray://h:10001")["address"] == "ray://h:10001"
+        assert "num_cpus" not in ray_init_kwargs("10.0.0.1:6379")
+    finally:
+        shutil.rmtree(tmp)
+
+
+@pytest.mark.slow
+def test_ray_without_address_past_a_stale_cluster_record(tmp_path):
+    """``--workers ray`` with no ``RAY_ADDRESS`` while ``ray_current_cluster`` names a dead
+    cluster: the compile starts its own local cluster, runs its units there and leaves the
+    record file as it found it."""
+    import shutil
+
+    import onnx
+    tmp = _stale_ray_tmpdir()
+    record = os.path.join(tmp, "ray", "ray_current_cluster")
+    stale = open(record).read()
+    model = tmp_path / "small.onnx"
+    onnx.save(small_model(), model)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=tmp, LUMC_CACHE_DIR=str(tmp_path / "cache"))
+    try:
+        r = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()",
+                            "compile", str(model), "--budget", "120s", "--device", "sim:h200",
+                            "-o", str(tmp_path / "out.lumc"), "--report", str(tmp_path / "r.json"),
+                            "--quiet", "--workers", "ray"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        w = json.loads((tmp_path / "r.json").read_text())["workers"]
+        assert w["started_cluster"] is True and w["address"] == "local"
+        assert w["count"] == os.cpu_count() and w["units"] >= 1
+        assert open(record).read() == stale
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
