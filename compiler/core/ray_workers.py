@@ -10,7 +10,9 @@ actors only run units (:func:`~lumc.compiler.core.workers.run_check_unit`,
   ``RAY_ADDRESS`` names, else starts a local one with every core of this machine (no dashboard,
   quiet logs; never the cluster a ``ray start`` recorded in ``/tmp/ray``). A cluster this
   compile started is shut down when the compile ends; a joined one is only disconnected from. A
-  driver that already called ``ray.init`` is used as it is.
+  driver that already called ``ray.init`` is used as it is. An address that refuses or does not
+  take a TCP connection within ``CONNECT_TIMEOUT_S`` is an error at once (Ray itself retries for
+  30 s to minutes).
 * **Actors.** ``sim:*``: one actor per CPU of the cluster (``num_cpus=1``), started with
   ``TRITON_INTERPRET=1`` in its environment. A GPU target: one per GPU (``num_gpus=1``); an actor
   whose GPU is not of the target's kind (another name than the driver's) is dropped, so timings
@@ -34,6 +36,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
+import socket
 import threading
 import time
 import warnings
@@ -48,6 +52,7 @@ from lumc.ir.errors import InputError
 
 UNIT_TIMEOUT_S = 900.0   # a unit running longer is taken as hung (a big interpreter check: minutes)
 START_TIMEOUT_S = 120.0  # GPU actors report their device within this
+CONNECT_TIMEOUT_S = 5.0  # a cluster's address answers a TCP connect within this
 _POLL_S = 0.05
 
 
@@ -63,6 +68,31 @@ def ray_init_kwargs(address: str | None, num_cpus: int | None = None) -> dict:
         return {"address": address, **quiet}
     return {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1,
             "include_dashboard": False, **quiet}
+
+
+def probe_address(what: str, address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Open (and close) a TCP connection to the ``HOST:PORT`` of ``address`` (``ray://`` or a
+    GCS address; ``auto`` and other forms are left to Ray) within ``timeout_s`` seconds.
+
+    Ray retries an unreachable address for 30 s (Ray Client) or minutes (a GCS address), past a
+    short budget, which then ran out with no word of the address.
+
+    Raises:
+        InputError: the connection is refused, times out, or the host is unknown (one line
+            naming ``what`` (the ``--workers`` value), the address and the reason).
+    """
+    m = re.fullmatch(r"(?:ray://)?\[?([^\s\[\]/]+?)\]?:(\d+)/?", address)
+    if m is None:
+        return
+    host, port = m.group(1), int(m.group(2))
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        reason = (f"no answer within {timeout_s:g} s" if isinstance(e, TimeoutError)
+                  else e.strerror or str(e) or type(e).__name__)
+        raise InputError(f"--workers {what}: cannot reach the Ray cluster at {address} "
+                         f"({reason})") from None
 
 
 class UnitActor:
@@ -151,8 +181,9 @@ class RayWorkers:
         retries: times a lost unit is run again elsewhere before it fails.
         num_cpus: CPUs of a local cluster started here (default: this machine's).
     Raises:
-        InputError: Ray is not installed; the cluster cannot be reached; it has no CPU (no GPU of
-            the target's kind, for a GPU target).
+        InputError: Ray is not installed; the cluster cannot be reached (an address that does
+            not take a TCP connection within ``CONNECT_TIMEOUT_S``: at once, not after Ray's own
+            retries); it has no CPU (no GPU of the target's kind, for a GPU target).
     """
 
     kind = "ray"
@@ -170,6 +201,8 @@ class RayWorkers:
         address = spec.address or os.environ.get("RAY_ADDRESS") or None
         self.address = address or ("local" if not ray.is_initialized() else "this process's Ray")
         if not ray.is_initialized():
+            if address:
+                probe_address(spec.text or "ray", address)
             try:
                 with warnings.catch_warnings():     # Ray Client warns before it raises
                     warnings.simplefilter("ignore")

@@ -386,3 +386,31 @@ def test_ray_without_address_past_a_stale_cluster_record(tmp_path):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+
+def test_unreachable_address_fails_at_once(tmp_path):
+    """``--workers ray://127.0.0.1:PORT`` where nothing listens: exit 2 within seconds with one
+    line naming the address and the reason (it used to wait out Ray Client's 30 s of retries,
+    past the budget, and report the budget as too small)."""
+    import onnx
+
+    from lumc.compiler.core.ray_workers import probe_address
+    from lumc.ir.errors import InputError
+    port = _free_port()
+    model = tmp_path / "small.onnx"
+    onnx.save(small_model(), model)
+    env = {**os.environ, "LUMC_CACHE_DIR": str(tmp_path / "cache")}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()",
+                        "compile", str(model), "--budget", "20s", "--device", "sim:h200",
+                        "-o", str(tmp_path / "out.lumc"), "--quiet",
+                        "--workers", f"ray://127.0.0.1:{port}"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"lumc: error: --workers ray://127.0.0.1:{port}: cannot reach the "
+                                f"Ray cluster at ray://127.0.0.1:{port} (Connection refused)")
+    assert took < 15 and not (tmp_path / "out.lumc").exists()
+    with pytest.raises(InputError, match=r"--workers ray: cannot reach the Ray cluster at "
+                                         rf"127\.0\.0\.1:{port} \(Connection refused\)"):
+        probe_address("ray", f"127.0.0.1:{port}")     # a GCS address (RAY_ADDRESS) alike
+    probe_address("ray", "auto")                      # not HOST:PORT: left to Ray
