@@ -43,6 +43,15 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def const_values(t: "Tensor") -> np.ndarray | None:
+    """The array of the ``Constant`` that ``t`` is, or reads through unmasked views (a superset
+    of the values ``t`` holds); None when ``t`` is anything else."""
+    n = t.node
+    while n.op == "View" and n.arg.mask is None:
+        n = n.srcs[0]
+    return np.asarray(n.arg.value) if n.op == "Constant" else None
+
+
 class Tensor(TensorMath):
     """A lazily built tensor: an IR node plus numpy-style methods. Immutable."""
     __slots__ = ("node",)
@@ -260,20 +269,11 @@ class Tensor(TensorMath):
     def div(self, o) -> "Tensor":
         """ONNX ``Div``. Floats: the ``Div`` primitive, correctly rounded (IEEE-754; the reciprocal
         form ``a * (1/b)``, up to 1.5 ulp off, is only a fast-math rewrite). Integers: truncation
-        toward zero, exact for |a| < 2**52 (computed in f64)."""
+        toward zero, exact (:meth:`idiv`, which also defines division by zero)."""
         a, b = self._bcast(o)
         if a.dtype.is_float:
             return a._op("Div", b)
         return a.idiv(b)
-
-    def idiv(self, o) -> "Tensor":
-        """Integer division truncating toward zero (C semantics): ``(a - fmod(a, b)) / b`` is an exact
-        multiple, so rounding its f64 quotient to nearest recovers it exactly for |a| < 2**52."""
-        a, b = self._bcast(o)
-        q = a.sub(a.fmod(b)).cast(dt.f64).div(b.cast(dt.f64))
-        half = q.scalar_like(0.5)
-        q = q.lt(q.scalar_like(0.0)).where(q.sub(half), q.add(half))
-        return q.cast(a.dtype)
 
     def fmod(self, o) -> "Tensor":
         """C ``fmod`` (ONNX Mod with fmod=1): the result has the sign of the dividend."""

@@ -1,4 +1,5 @@
-"""Transcendental, rounding and power compositions of :class:`lumc.ir.tensor.Tensor`.
+"""Transcendental, rounding, power and integer-division compositions of
+:class:`lumc.ir.tensor.Tensor`.
 
 A mixin of ``Tensor`` (split out of ``tensor.py`` by concept): every method builds primitives only
 (``Exp2``, ``Log2``, ``Sin``, ``Sqrt``, ``Mod``, ``Where``...), exact where IEEE-754 / ONNX is exact,
@@ -107,6 +108,65 @@ class TensorMath:
         # a zero result keeps the sign of x (round(-0.4) == -0.0); x * 0 carries that sign
         return r.eq(r.scalar_like(0.0)).where(self.mul(0.0), r)
 
+    def idiv(self, o) -> "Tensor":
+        """Integer division truncating toward zero (C, ONNX ``Div``, torch ``rounding_mode="trunc"``),
+        exact for every value of every integer dtype (i8..i64, u8..u64); same dtype out,
+        broadcast shapes. See :meth:`_int_quotient` for overflow and division by zero.
+
+        Raises:
+            ShapeError: a float or bool operand, or shapes that do not broadcast.
+        """
+        return self._int_quotient(o, floor=False)
+
+    def floordiv(self, o) -> "Tensor":
+        """Integer division rounding toward -inf (Python ``//``, torch ``floor_divide`` and
+        ``rounding_mode="floor"``), exact for every value; as :meth:`idiv` otherwise."""
+        return self._int_quotient(o, floor=True)
+
+    def _int_quotient(self, o, floor: bool) -> "Tensor":
+        """``trunc(a / b)`` (``floor(a / b)`` when ``floor``) of integers, from ``Mod`` (C fmod,
+        exact) and f64 arithmetic, then one exact correction.
+
+        ``m = a - fmod(a, b)`` is the exact multiple ``trunc(a / b) * b``, and ``q0``, ``m / b``
+        in f64 rounded to an integer, is ``q = trunc(a / b)`` exactly when ``|a| < 2**52`` (every
+        8..32-bit value). A 64-bit ``q0`` is off by at most ``|q| * 2**-51`` (three f64 roundings;
+        a nonzero error needs ``|q| > 2**50``, so ``|b| < 2**14``): the residual ``m - q0 * b``,
+        computed in wrapping 64-bit arithmetic, is exactly ``(q - q0) * b``, below ``2**14`` in
+        magnitude, and its f64 quotient by ``b`` is the exact correction. The floor form steps
+        down by one where the remainder is nonzero and its sign differs from ``b``'s.
+
+        Overflow wraps as in torch and numpy: ``MIN / -1`` is ``MIN``. Division by zero (an error
+        in torch, undefined in ONNX) gives ``0`` for ``0 / 0``, else the dtype's max for
+        ``a > 0`` and its min for ``a < 0``: the f64 quotient's +-inf / NaN saturated as ``Cast``
+        saturates (the integer form of ``a / 0.0``).
+        """
+        from lumc.ir.tensor import const_values   # tensor.py imports this module
+        a, b = self._bcast(o)
+        d = a.dtype
+        if not d.is_int:
+            raise ShapeError(f"integer division needs integer tensors, got {d}")
+        r = a.fmod(b)
+        m = a.sub(r)
+        bf = b.cast(dt.f64)
+        # 8..32 bits: round in i64 so that MIN / -1 = -MIN wraps back to MIN in d below
+        q = _round_to(m.cast(dt.f64).div(bf), d if d.itemsize == 8 else dt.i64)
+        if d.itemsize == 8:
+            s = dt.i64      # u64 too: wrapping arithmetic mod 2**64 is the same bits either way
+            q = q.cast(s)
+            e = m.cast(s).sub(q.mul(b.cast(s)))
+            q = q.add(_round_to(e.cast(dt.f64).div(bf), s))
+        q = q.cast(d)
+        zero = a.scalar_like(0)
+        if floor and d.kind == "int":
+            fix = r.ne(zero).logical_and(r.lt(zero).logical_xor(b.lt(zero)))
+            q = fix.where(q.sub(q.scalar_like(1)), q)
+        bv = const_values(b)
+        if bv is None or not bv.all():
+            sat = a.lt(zero).where(a.scalar_like(d.min_value()),
+                                   a.eq(zero).where(zero, a.scalar_like(d.max_value())))
+            q = b.eq(zero).where(sat, q)
+        return q
+
     def pow(self, o) -> "Tensor":
         """ONNX ``Pow``. A constant integer exponent uses repeated squaring (exact for integer
         results, correct for negative bases). Otherwise ``sign * exp2(y * log2|x|)`` with the IEEE
@@ -157,3 +217,9 @@ class TensorMath:
                 base = base.mul(base)
         return result
 
+
+def _round_to(x, to: dt.DType):
+    """f64 ``x`` (an integer plus rounding error below 1/2) rounded half away from zero, as
+    integer dtype ``to`` (``Cast`` truncates and saturates)."""
+    half = x.scalar_like(0.5)
+    return x.lt(x.scalar_like(0.0)).where(x.sub(half), x.add(half)).cast(to)

@@ -43,11 +43,6 @@ XFAIL: dict[str, str] = {
     # output size (onnxruntime gives [1, 4] here, as lumc)
     "test_resize_downsample_scales_linear_align_corners": "align_corners length: ONNX ref vs ORT",
     "test_resize_downsample_scales_cubic_align_corners": "align_corners length: ONNX ref vs ORT",
-    # bit planes come from floor-halving through f64 (handlers_bits), exact below 2^52 only; the
-    # cases' uint64 values use all 64 bits
-    "test_bitwise_and_ui64_bcast_3v1d": "uint64 bit ops through f64: exact below 2^52 only",
-    "test_bitwise_or_ui64_bcast_3v1d": "uint64 bit ops through f64: exact below 2^52 only",
-    "test_bitwise_xor_ui64_bcast_3v1d": "uint64 bit ops through f64: exact below 2^52 only",
 }
 
 

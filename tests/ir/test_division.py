@@ -137,3 +137,98 @@ def test_fast_math_reaches_the_egraph_only_when_asked(tmp_path, monkeypatch):
     lumc.compile(m, budget="30s", device="sim:h200", db=TuningDatabase(tmp_path / "b.sqlite"),
                  fast_math=True)
     assert seen and all(seen)
+
+
+# ---- integer division: exact for every value of every integer dtype ------------------------------
+INT_DTYPES = [dt.i8, dt.i16, dt.i32, dt.i64, dt.u8, dt.u16, dt.u32, dt.u64]
+
+
+def _int_operands(d: dt.DType, rng, n: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of edge values (min, max, +-2**62, 2**53 + 1, zero remainders, +-1, 0) plus
+    random full-range dividends over small and large divisors."""
+    info = np.iinfo(d.np)
+    lo, hi = int(info.min), int(info.max)
+    edges = {lo, lo + 1, hi, hi - 1, 0, 1, 2, 3, 7, 255, 2 ** 62, 2 ** 61 + 1, 2 ** 53 + 1,
+             2 ** 31, 2 ** 16 * 7, 6 * 2 ** 40}
+    edges |= {-v for v in edges}
+    edges = sorted(v for v in edges if lo <= v <= hi)
+    a = [x for x in edges for _ in edges]
+    b = [y for _ in edges for y in edges]
+    big = rng.integers(lo, hi, n, dtype=d.np, endpoint=True)
+    small = rng.integers(max(lo, -300), min(hi, 300), n, dtype=d.np, endpoint=True)
+    a += big.tolist() * 2 + small.tolist()
+    b += small.tolist() + big[::-1].tolist() + big.tolist()
+    return np.array(a, dtype=d.np), np.array(b, dtype=d.np)
+
+
+def _int_quotients(a: np.ndarray, b: np.ndarray, d: dt.DType) -> tuple[np.ndarray, np.ndarray]:
+    """trunc(a / b) and floor(a / b) in Python integers, wrapped into ``d`` (``MIN / -1`` is
+    ``MIN``, as torch's floor division); ``x / 0`` is 0, max or min by the sign of ``x``."""
+    info = np.iinfo(d.np)
+    trunc, floor = [], []
+    for x, y in zip(a.tolist(), b.tolist()):
+        if y == 0:
+            t = f = 0 if x == 0 else (int(info.max) if x > 0 else int(info.min))
+        else:
+            f = x // y
+            t = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+        trunc.append(t)
+        floor.append(f)
+    wrap = (lambda v: np.array(v, dtype=object) % 2 ** (8 * d.itemsize))
+    as_d = (lambda v: wrap(v).astype(np.uint64).astype(d.np))
+    return as_d(trunc), as_d(floor)
+
+
+def _int_div_graph(d: dt.DType, n: int, const_b: np.ndarray | None = None) -> Graph:
+    x = input_node("a", (n,), d)
+    ins = {"a": x}
+    if const_b is None:
+        ins["b"] = input_node("b", (n,), d)
+        y = Tensor(ins["b"])
+    else:
+        y = Tensor.const(const_b, d)
+    return Graph(ins, {"t": Tensor(x).div(y).node, "f": Tensor(x).floordiv(y).node})
+
+
+@pytest.mark.parametrize("d", INT_DTYPES, ids=str)
+def test_reference_integer_division_is_exact(d):
+    """``Tensor.div`` (ONNX ``Div``, torch trunc division) and ``Tensor.floordiv`` on integers
+    equal Python's exact integer quotients, above 2**52 too (the f64 composition gave
+    ``2**61 // 7 = 329406144173384832``, not ``...850``)."""
+    a, b = _int_operands(d, np.random.default_rng(3))
+    out = ReferenceExecutor(_int_div_graph(d, len(a)))({"a": a, "b": b})
+    trunc, floor = _int_quotients(a, b, d)
+    assert out["t"].dtype == d.np and out["f"].dtype == d.np
+    np.testing.assert_array_equal(out["t"], trunc)
+    np.testing.assert_array_equal(out["f"], floor)
+    if d == dt.i64:
+        hit = a == 2 ** 61
+        assert (out["f"][hit & (b == 7)] == 329406144173384850).all()
+
+
+def test_reference_integer_division_by_a_constant():
+    """A constant divisor without zeros leaves out the division-by-zero select; the quotient is
+    the same exact one (a scalar broadcast, as ``x // 7`` lowers)."""
+    d = dt.i64
+    a, _ = _int_operands(d, np.random.default_rng(4))
+    for c in (7, -3, 1, -1):
+        out = ReferenceExecutor(_int_div_graph(d, len(a), np.array(c)))({"a": a})
+        trunc, floor = _int_quotients(a, np.full_like(a, c), d)
+        np.testing.assert_array_equal(out["t"], trunc)
+        np.testing.assert_array_equal(out["f"], floor)
+
+
+@pytest.mark.parametrize("d", [dt.i64, dt.u64, dt.i32, dt.i8], ids=str)
+def test_triton_integer_division_is_exact(d):
+    """The same compositions rendered to Triton (the interpreter here) give the exact quotients
+    and agree with the reference executor (``triton_cases.check``)."""
+    from triton_cases import check, make_kernel
+    a, b = _int_operands(d, np.random.default_rng(5), n=100)
+    k = make_kernel("pointwise", lambda x, y: (x.div(y), x.floordiv(y)),
+                    [((len(a),), d), ((len(a),), d)])
+    tk = check(k, {"in0": a, "in1": b}, tol=(0, 0))
+    from lumc.backends.triton.launch import to_numpy
+    t, f = (to_numpy(o) for o in tk(a, b))
+    trunc, floor = _int_quotients(a, b, d)
+    np.testing.assert_array_equal(t, trunc)
+    np.testing.assert_array_equal(f, floor)

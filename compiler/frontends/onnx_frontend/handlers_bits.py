@@ -2,9 +2,8 @@
 ``BitwiseNot`` and ``BitwiseAnd/Or/Xor`` (bit planes by repeated floor-halving, recombined).
 
 A left shift is a wrapping multiply by ``2^y`` (read from a constant table of the dtype, where
-``2^(w-1)`` wraps to the sign bit). A right shift is a floor division by ``2^y``; the integer
-division composes through f64, so it is exact for ``|x| < 2^52`` (every i8/u8/i32 value; i64
-beyond that is not exact). Shift amounts outside ``[0, w)`` give the sign fill (``-1`` for a right
+``2^(w-1)`` wraps to the sign bit). A right shift is a floor division by ``2^y``, exact for every
+value (``Tensor.idiv``). Shift amounts outside ``[0, w)`` give the sign fill (``-1`` for a right
 shift of a negative value, else 0), as the spec says. ``~x`` is ``-1 - x`` (signed) or
 ``max - x`` (unsigned), exact.
 """
@@ -61,7 +60,7 @@ def _bitwise_not(ctx: OpContext):
 
 def _bit_planes(x: Tensor, w: int) -> list[Tensor]:
     """The ``w`` two's-complement bits of ``x`` (i64 0/1 tensors, least significant first), by
-    repeated floor-halving (exact for ``|x| < 2^52``, see the module docstring)."""
+    repeated floor-halving (exact: ``Tensor.idiv``)."""
     q = x.cast(dt.i64)
     two = q.scalar_like(2)
     planes = []
@@ -86,8 +85,8 @@ def _bitwise(ctx: OpContext):
             bit = pa.add(pb).sub(pa.mul(pb))
         else:
             bit = pa.add(pb).mod(pa.scalar_like(2))
-        # the top bit of a signed dtype weighs -2^(w-1)
-        weight = -(1 << k) if (k == w - 1 and a.dtype.kind == "int") else (1 << k)
+        # the top bit of a signed dtype weighs -2^(w-1); u64's 2^63 is the same bits in i64
+        weight = -(1 << k) if (k == w - 1 and (a.dtype.kind == "int" or w == 64)) else (1 << k)
         term = bit.mul(bit.scalar_like(weight))
         out = term if out is None else out.add(term)
     return out.cast(a.dtype)

@@ -74,14 +74,6 @@ def _floor_div_float(a: Tensor, b: Tensor) -> Tensor:
     return b.eq(zero).where(a.div(b), fl)
 
 
-def _floor_div_int(a: Tensor, b: Tensor) -> Tensor:
-    q = a.idiv(b)
-    r = a.fmod(b)
-    zero = r.scalar_like(0)
-    fix = r.ne(zero).logical_and(r.lt(zero).logical_xor(b.broadcast_to(r.shape).lt(zero)))
-    return fix.where(q.sub(1), q)
-
-
 def _trunc(x: Tensor) -> Tensor:
     if not x.dtype.is_float:
         return x
@@ -96,7 +88,7 @@ def _div_mode(ctx, a, b, *, rounding_mode=None):
     if rounding_mode == "trunc":
         return _trunc(a.div(b)) if a.dtype.is_float else a.idiv(b)
     if rounding_mode == "floor":
-        return _floor_div_float(a, b) if a.dtype.is_float else _floor_div_int(a, b)
+        return _floor_div_float(a, b) if a.dtype.is_float else a.floordiv(b)
     raise ctx.unsupported(f"rounding_mode {rounding_mode!r}")
 
 
