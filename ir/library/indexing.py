@@ -3,7 +3,8 @@
 ``gather``/``gather_elements``/``gather_nd`` end in exactly one primitive ``Gather`` (the only
 data-dependent read); the others (``tile``, ``pad`` in every mode, ``one_hot``, ``trilu``, ``range_``,
 ``depth_to_space``, ``space_to_depth``) are views, iotas and selects, so the e-graph can fuse them.
-Negative indices are normalized as ONNX says (``i < 0 -> i + n``); an index still out of range is an
+Negative indices are normalized as ONNX says (``i < 0 -> i + n``; ``gather(negative_indices=False)``
+leaves them out of range, as torch's ``embedding`` has them); an index still out of range is an
 error the reference executor raises (``IndexError``) and other backends leave undefined, as ONNX does.
 """
 from __future__ import annotations
@@ -51,12 +52,15 @@ def normalize_indices(indices: Tensor, n: int | Tensor) -> Tensor:
     return indices.lt(zero).where(indices.add(nn.cast(indices.dtype)), indices)
 
 
-def gather(x: Tensor, indices, axis: int = 0) -> Tensor:
+def gather(x: Tensor, indices, axis: int = 0, negative_indices: bool = True) -> Tensor:
     """ONNX ``Gather``: ``out = x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
 
     Args:
         x: any dtype and rank >= 1.
-        indices: i32/i64 tensor (or array-like), values in ``[-n, n)``.
+        indices: i32/i64 tensor (or array-like), values in ``[-n, n)``; in ``[0, n)`` when
+            ``negative_indices`` is False (torch ``embedding`` and ``index_select``, which refuse
+            a negative index): it then reaches the ``Gather`` primitive as given, so a negative
+            one is out of range there like one past the end.
         axis: in ``[-rank, rank)``.
     Raises:
         ShapeError: bad axis or index dtype.
@@ -64,7 +68,9 @@ def gather(x: Tensor, indices, axis: int = 0) -> Tensor:
     if x.ndim == 0:
         raise ShapeError("Gather needs a tensor of rank >= 1", op="Gather")
     axis = normalize_axis(axis, x.ndim)
-    idx = normalize_indices(_as_index(indices), x.shape[axis])
+    idx = _as_index(indices)
+    if negative_indices:
+        idx = normalize_indices(idx, x.shape[axis])
     return take(x, idx, axis)
 
 

@@ -470,3 +470,21 @@ def test_every_library_function_a_handler_needs_is_importable():
     missing = {op: missing_requirements(h) for op, h in HANDLERS.items() if missing_requirements(h)}
     assert missing == {}
     assert len(HANDLERS) >= 160
+
+
+def test_gather_with_negative_indices_still_wraps(tmp_path, monkeypatch):
+    """ONNX ``Gather`` counts a negative index from the end (torch's ``embedding`` refuses it):
+    through import and through a compiled model, against onnxruntime; ``-n - 1`` is refused."""
+    import lumc
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    table = RNG.standard_normal((10, 4)).astype(np.float32)
+    model = make_model([helper.make_node("Gather", ["w", "ids"], ["y"], axis=0)],
+                       [vi("ids", [1, 3], TensorProto.INT64)], [vi("y", [1, 3, 4])],
+                       [numpy_helper.from_array(table, "w")])
+    ids = np.array([[1, -3, -10]], np.int64)
+    assert_matches_ort(model, {"ids": ids}, rtol=0, atol=0)
+    np.testing.assert_array_equal(run_ort(model, {"ids": ids})[0], table[[[1, 7, 0]]])
+    f = lumc.compile(model, budget="20s", device="sim:h200")
+    np.testing.assert_array_equal(f(ids), table[[[1, 7, 0]]])
+    with pytest.raises(InputError, match=r"op Gather: index -11 .* out of range \[-10, 10\)"):
+        f(np.array([[1, -11, 0]], np.int64))

@@ -21,7 +21,8 @@ import lumc
 from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
 from lumc.compiler.frontends.torch_frontend import import_torch, supported_ops
 from lumc.compiler.core.torch_compile import compile_module as _compile_module
-from lumc.ir.errors import BudgetError, InputError, ModelError, UnsupportedOpError
+from lumc.ir.errors import (BudgetError, IndexRangeError, InputError, ModelError,
+                             UnsupportedOpError)
 
 # the lowering tests compare against eager on the reference executor; one test below runs the search
 compile_module = functools.partial(_compile_module, search=False)
@@ -302,6 +303,59 @@ def test_integer_division_is_exact_against_eager(dtype):
     lo, minus_one = torch.tensor([info.min], dtype=dtype), torch.tensor([-1], dtype=dtype)
     f1 = compile_module(FloorDiv().eval(), (lo, minus_one))
     assert f1(lo, minus_one).item() == (lo // minus_one).item() == info.min
+
+
+class Lookups(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, i):
+        return self.emb(i), self.emb.weight.index_select(0, i.reshape(-1)), self.emb.weight[i]
+
+
+def test_embedding_and_index_select_refuse_a_negative_index_as_eager():
+    """``embedding`` and ``index_select`` refuse a negative index (eager: IndexError), like one
+    past the end: one line naming the op and the range (it used to wrap: -3 read row 7).
+    ``x[i]`` counts a negative index from the end, as eager does."""
+    torch.manual_seed(11)
+    m = Lookups().eval()
+    good = torch.tensor([[1, 9, 0]])
+    f = compile_module(m, (good,))
+    check_close(f(good), m(good))
+    neg = torch.tensor([[1, -3, 0]])
+    with pytest.raises(IndexError):
+        m.emb(neg)
+    with pytest.raises(IndexError):
+        m.emb.weight.index_select(0, neg.reshape(-1))
+    check_close(m.emb.weight[neg], m.emb.weight[torch.tensor([[1, 7, 0]])])   # x[i] wraps
+    for ids, bad in (([[1, -3, 0]], -3), ([[1, 10, 0]], 10), ([[-10, 2, 0]], -10)):
+        with pytest.raises(IndexRangeError, match=rf"op Gather: gather index {bad} out of range "
+                                                  r"\[0, 10\)"):
+            f(torch.tensor(ids))
+    only_x = compile_module(IndexOnly(m.emb.weight.detach()).eval(), (good,))
+    check_close(only_x(neg), m.emb.weight[neg])
+
+
+class IndexOnly(nn.Module):
+    def __init__(self, table):
+        super().__init__()
+        self.register_buffer("table", table)
+
+    def forward(self, i):
+        return self.table[i]
+
+
+def test_embedding_negative_index_refused_after_the_search(tmp_path, monkeypatch):
+    """The same through ``lumc.compile`` (the searched plan's CPU execution)."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(12)
+    m = nn.Embedding(10, 4).eval()
+    good = torch.tensor([[1, 9, 0]])
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(good,))
+    check_close(f(good), m(good))
+    with pytest.raises(IndexRangeError, match=r"op Gather: gather index -3 out of range \[0, 10\)"):
+        f(torch.tensor([[1, -3, 0]]))
 
 
 # ---- the interface ---------------------------------------------------------------------------------

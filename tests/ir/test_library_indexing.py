@@ -259,3 +259,18 @@ def test_view_ops_emit_no_compute():
                lambda t: space_to_depth(t, 1), lambda t: pad(t, [0, 0, 1, 2, 0, 0, 0, 1], "edge")):
         ops = set(build(fn, x).op_counts())
         assert ops <= {"Input", "View", "Where", "Constant"}, ops
+
+
+def test_gather_without_negative_indices_refuses_them():
+    """``negative_indices=False`` (torch ``embedding``/``index_select``): a negative index
+    reaches the ``Gather`` primitive as given and is out of range there, like one past the end;
+    in range the result is ``np.take``'s."""
+    from lumc.ir.errors import IndexRangeError
+    x = randn(5, 3)
+    idx = np.array([4, 0, 2], np.int64)
+    same(run(lambda t, i: gather(t, i, 0, negative_indices=False), x, idx), x[idx])
+    for bad in (-1, -5, 5):
+        with pytest.raises(IndexRangeError, match=rf"gather index {bad} out of range \[0, 5\)"):
+            run(lambda t, i: gather(t, i, 0, negative_indices=False), x,
+                np.array([0, bad], np.int64))
+    same(run(lambda t, i: gather(t, i, 0), x, np.array([0, -1], np.int64)), x[[0, 4]])

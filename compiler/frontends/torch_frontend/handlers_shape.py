@@ -3,8 +3,9 @@
 ``gather``, ``embedding``) and scatters into slices.
 
 PyTorch's view semantics differ from ONNX in small ways handled here: ``squeeze`` of a dim that is
-not 1 is a no-op, ``expand`` takes ``-1`` for "keep", ``slice`` bounds clamp, and ``index`` with
-non-adjacent index tensors moves the indexed dims to the front.
+not 1 is a no-op, ``expand`` takes ``-1`` for "keep", ``slice`` bounds clamp, ``index`` with
+non-adjacent index tensors moves the indexed dims to the front, and ``embedding`` and
+``index_select`` refuse a negative index (``x[i]`` counts it from the end).
 """
 from __future__ import annotations
 
@@ -182,9 +183,11 @@ def _repeat(ctx, x, repeats):
 
 
 # ---- gathers ----------------------------------------------------------------------------------------
+# embedding and index_select refuse a negative index (IndexError in eager), unlike x[i]: it stays
+# out of range of the Gather primitive, refused like one past the end
 @aten("index_select.default", requires=["indexing.gather"])
 def _index_select(ctx, x, dim, index):
-    return lib("indexing.gather")(x, index, axis=dim)
+    return lib("indexing.gather")(x, index, axis=dim, negative_indices=False)
 
 
 @aten("gather.default", requires=["indexing.gather_elements"])
@@ -194,7 +197,7 @@ def _gather(ctx, x, dim, index, *, sparse_grad=False):
 
 @aten("embedding.default", requires=["indexing.gather"])
 def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return lib("indexing.gather")(weight, indices, axis=0)
+    return lib("indexing.gather")(weight, indices, axis=0, negative_indices=False)
 
 
 def _index_check(node) -> str | None:
