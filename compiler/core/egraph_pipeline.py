@@ -394,9 +394,15 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
                                             for w, r in zip(wide, results)]))
     # single flips, cheapest first across regions: programs argmin extraction never returns
     flips = sorted((d, i, c, n) for i, r in enumerate(results) for d, c, n in r.alts)
-    for d, i, c, n in flips[:max_flips]:
+    n_flips = 0
+    for d, i, c, n in flips:
+        if n_flips == max_flips:
+            break
         r = results[i]
         pick = choose_once(r.view, {c: n})
+        if pick.get(c) != n:     # the e-node reads its own class: no program (see ``choose``)
+            continue
+        n_flips += 1
         alt = list(base)
         alt[i] = pick
         node = r.view.classes[c][n]

@@ -223,6 +223,10 @@ def choose(g: EGraphView, cost: CostModel, forced: dict[str, int] | None = None
     """Least tree-cost e-node per e-class: ``({class: node index}, {class: cost})``.
 
     ``forced`` pins some classes to a given e-node (its cost is then whatever that node costs).
+    A pin whose e-node cannot be computed (its children derive only from the pinned class
+    itself, as a view of the class's inverse view does) would leave the class, and every class
+    above it, without a pick; such a pin is released (the class keeps its free choice, so
+    ``pick[c] != forced[c]`` says so), since no program computes it.
     An e-node's cost is its local cost plus the costs of its distinct child classes, never below
     any child's, so Knuth's generalization of Dijkstra's algorithm applies ("A generalization of
     Dijkstra's algorithm", IPL 1977): classes are settled cheapest first, each once, and an e-node
@@ -230,7 +234,20 @@ def choose(g: EGraphView, cost: CostModel, forced: dict[str, int] | None = None
     exponentially often on a DAG with many shared paths. Classes left unsettled (only cycles or
     infinite costs below them) have no pick and cost ``inf``.
     """
-    forced = forced or {}
+    forced = dict(forced or {})
+    while True:
+        pick, best = _settle(g, cost, forced)
+        cyclic = [c for c in forced if c not in pick]
+        if not cyclic:
+            return pick, best
+        for c in cyclic:   # once every pin settles, so does every class the free choice settles
+            del forced[c]
+
+
+def _settle(g: EGraphView, cost: CostModel, forced: dict[str, int]
+            ) -> tuple[dict[str, int], dict[str, float]]:
+    """One pass of :func:`choose`'s settlement with ``forced`` pinned (a pinned class may be
+    left without a pick)."""
     kids: dict[tuple[str, int], list[str]] = {}
     waiting: dict[tuple[str, int], int] = {}
     parents: dict[str, list[tuple[str, int]]] = {}
@@ -277,6 +294,9 @@ def reachable(g: EGraphView, pick: dict[str, int], roots: list[str]) -> list[str
                 continue
             if c in seen:
                 continue
+            if c not in pick:
+                raise KeyError(f"e-class {c} has no chosen e-node (unsettled: only cycles or "
+                               "infinite costs below it)")
             seen.add(c)
             stack.append((c, True))
             for k in _expr_kids(g, g.classes[c][pick[c]]):

@@ -407,3 +407,59 @@ def test_choose_is_the_least_fixpoint():
             if c in pick:
                 n = g.classes[c][pick[c]]
                 assert float(n.ctor[1:]) + sum(best[k] for k in set(n.args)) == pytest.approx(best[c])
+
+
+def test_a_pin_that_reads_its_own_class_is_released():
+    """Pinning class ``a`` to ``View(b)`` where ``b``'s only e-node is ``View(a)`` (a reshape
+    and its inverse) asks for a value computed only from itself: no program. ``choose`` used to
+    leave ``a`` and the root above it without a pick (decode then raised KeyError); the pin is
+    released instead, while a pin with a program holds."""
+    from lumc.compiler.core.extract import ENode, EGraphView, choose, reachable
+
+    class Flat:
+        def enode_cost(self, g, c, n):
+            return float(n.ctor[1:])
+
+    g = EGraphView()
+    g.classes = {"x": [ENode("c1", [])],
+                 "a": [ENode("c5", ["x"]), ENode("c0", ["b"]), ENode("c9", ["x"])],
+                 "b": [ENode("c0", ["a"])],
+                 "r": [ENode("c1", ["b"])]}
+    pick, best = choose(g, Flat(), {"a": 1})
+    assert pick["a"] == 0 and best["r"] == 7.0
+    assert reachable(g, pick, ["r"]) == ["x", "a", "b", "r"]
+    pick, best = choose(g, Flat(), {"a": 2})
+    assert pick["a"] == 2 and best["r"] == 11.0
+
+
+def test_every_candidate_decodes_when_a_flip_reads_its_own_class(caplog):
+    """softmax(q) @ v at rank 4 with a unit batch dim (the attention of t16_decode.py, reduced):
+    the batched matmul reads the softmax through a reshape to rank 3, whose class holds only
+    that reshape of the softmax's class, which holds the inverse reshape. The cheapest flip
+    pinned the softmax's class to that inverse reshape: no program, and two candidates failed
+    to decode (``KeyError('Expr-39')``). Now every candidate decodes and matches eager."""
+    import logging
+
+    import torch
+
+    from lumc.compiler.frontends.torch_frontend import import_torch
+
+    class SoftmaxMatmul(torch.nn.Module):
+        def forward(self, q, v):
+            return torch.softmax(q, -1) @ v
+
+    torch.manual_seed(0)
+    m = SoftmaxMatmul().eval()
+    q, v = torch.randn(1, 2, 8, 8), torch.randn(1, 2, 8, 16)
+    g = import_torch(m, (q, v)).graph
+    with caplog.at_level(logging.WARNING, logger="lumc.egraph"):
+        res = egraph_candidates(g, "h200", k=50)
+    assert not [r.getMessage() for r in caplog.records if "failed to decode" in r.getMessage()]
+    assert len(res.candidates) >= 3
+    feed = dict(zip(g.inputs, (q.numpy(), v.numpy())))
+    with torch.no_grad():
+        want = m(q, v).numpy()
+    for p in res.candidates:
+        p.validate()
+        (got,) = run_program_reference(p, g, feed).values()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
