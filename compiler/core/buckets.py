@@ -482,3 +482,35 @@ def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph
                      for k, cm in done],
     }
     return VariantModel(done, {}, [], report, fe_p.source_onnx)
+
+
+def compile_range(model, ranges: dict, frontend, budget_s: float, device: str | None = None,
+                  policy=None):
+    """``compile_ranges`` with the kernel search on ``device`` (the e-graph on, the tuning
+    database): the one range compile of a torch graph or module.
+
+    Args:
+        model: ``frontend``'s first argument (the Dynamo graph module; None from
+            ``torch_compile.compile_module_range``, whose frontend holds the capture).
+        ranges: ``{dim name: DimRange or int}``, compile_ranges' ``shapes``.
+        frontend: ``(model, {dim: size}) -> Frontend`` lowering the model at those sizes.
+    Returns:
+        the :class:`~lumc.compiler.runtime.variants.VariantModel`.
+    """
+    from lumc.compiler.core.pipeline import Given, compile_frontend, stage_candidates
+    from lumc.compiler.core.precision import PrecisionPolicy
+    from lumc.compiler.runtime.targets import resolve_target, versions, with_measured_ceilings
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    policy = policy or PrecisionPolicy()
+    target = resolve_target(device)
+    ver = versions(gpu=not target.simulated)
+    db = TuningDatabase()
+    target = with_measured_ceilings(target, db)
+    tgt = dataclasses.replace(target, spec=dataclasses.replace(
+        target.spec, dot_precisions=policy.dot_precisions()))
+    return compile_ranges(
+        model, budget=budget_s, shapes=dict(ranges), policy=policy, frontend=frontend,
+        candidates=lambda g, dl: stage_candidates(g, tgt, dl, True, False),
+        compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
+            fe, dl, target, ver, db, example_inputs=None, use_egraph=True, quiet=True,
+            policy=policy, given=Given(stored, progs, stats)))

@@ -60,6 +60,8 @@ from lumc.compiler.core.torch_compile import Specialization
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir.errors import BudgetError, InputError, LumcError, UnsupportedOpError
+from lumc.compiler.core.torch_state import InferenceOnly, lift_input_writes
+from lumc.compiler.core.buckets import compile_range
 
 DEFAULT_MAX_SIZE = 1024   # the top of a dynamic dim's range where Dynamo leaves it unbounded
 
@@ -303,7 +305,7 @@ class DynamoGraph:
                 raise
             raise UnsupportedOpError(f"the graph cannot be traced at fixed sizes: "
                                      f"{str(e).splitlines()[0]}{DATA_DEPENDENT_HINT}") from None
-        self._writes = _lift_input_writes(aten_gm, [i for i in range(n) if i not in baked])
+        self._writes = lift_input_writes(aten_gm, [i for i in range(n) if i not in baked])
         check_supported(aten_gm.graph)
         slots = []
         placeholders = [p for p in aten_gm.graph.nodes if p.op == "placeholder"]
@@ -466,7 +468,7 @@ class DynamoGraph:
                                            for a in args):
             # lumc compiles for inference: outputs that need a gradient get one that refuses
             # (else a loss through them would silently leave this graph's parameters without one)
-            return _InferenceOnly.apply(self._run, *args)
+            return InferenceOnly.apply(self._run, *args)
         return self._run(*args)
 
     def _run(self, *args):
@@ -489,7 +491,7 @@ class DynamoGraph:
 
     def _write_back(self, args, out: tuple) -> tuple:
         """The graph's own outputs; its last ones are the new values of inputs it wrote in place
-        (``_lift_input_writes``: a buffer's EMA, a KV cache row), copied into those inputs here,
+        (``torch_state.lift_input_writes``: a buffer's EMA, a KV cache row), copied into those inputs here,
         as eager mode leaves them."""
         writes = getattr(self, "_writes", [])
         if not writes:
@@ -523,77 +525,6 @@ class DynamoGraph:
             lines.append(f"  specialization {s.key}: ATen {aten}; "
                          f"{sum(counts.values())} primitive nodes; lowered in {s.seconds:.2f} s")
         return "\n".join(lines)
-
-
-def _lift_input_writes(gm: torch.fx.GraphModule, arg_index: list[int]) -> list[tuple[int, str]]:
-    """Turn the functionalized graph's in-place writes into its inputs (``copy_(input, new)`` at
-    the end: a buffer updated in ``forward``, a KV cache row set by index) into extra outputs, last,
-    so the compiled graph is a pure function; returns ``[(argument index, placeholder name)]`` in
-    output order (``arg_index[k]``: the Dynamo argument of the k-th placeholder)."""
-    places = [p for p in gm.graph.nodes if p.op == "placeholder"]
-    out_node = next(p for p in reversed(gm.graph.nodes) if p.op == "output")
-    writes, values = [], []
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
-                and node.args[0] in places and not node.users:
-            writes.append((arg_index[places.index(node.args[0])], node.args[0].name))
-            values.append(node.args[1])
-            gm.graph.erase_node(node)
-    if writes:
-        outs = out_node.args[0]
-        out_node.args = ((tuple(outs) if isinstance(outs, (tuple, list)) else (outs,))
-                         + tuple(values),)
-        gm.recompile()
-    return writes
-
-
-class _InferenceOnly(torch.autograd.Function):
-    """The outputs of a lumc-compiled graph whose inputs require gradients: computed by lumc, with
-    a backward that raises, so ``loss.backward()`` through them fails in one line instead of
-    leaving the graph's parameters without gradients."""
-
-    @staticmethod
-    def forward(ctx, run, *args):
-        return tuple(run(*args))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError("lumc: this graph was compiled for inference and has no backward; "
-                           "train with another torch.compile backend (or none), and compile "
-                           "for lumc under torch.no_grad() or torch.inference_mode()")
-
-
-def compile_range(model, ranges: dict, frontend, budget_s: float, device: str | None = None,
-                  policy=None):
-    """``compile_ranges`` with the kernel search on ``device`` (the e-graph on, the tuning
-    database): the one range compile of a torch graph or module.
-
-    Args:
-        model: ``frontend``'s first argument (the Dynamo graph module; None from
-            ``torch_compile.compile_module_range``, whose frontend holds the capture).
-        ranges: ``{dim name: DimRange or int}``, compile_ranges' ``shapes``.
-        frontend: ``(model, {dim: size}) -> Frontend`` lowering the model at those sizes.
-    Returns:
-        the :class:`~lumc.compiler.runtime.variants.VariantModel`.
-    """
-    from lumc.compiler.core.buckets import compile_ranges
-    from lumc.compiler.core.pipeline import Given, compile_frontend, stage_candidates
-    from lumc.compiler.core.precision import PrecisionPolicy
-    from lumc.compiler.runtime.targets import resolve_target, versions, with_measured_ceilings
-    from lumc.compiler.runtime.tuning_db import TuningDatabase
-    policy = policy or PrecisionPolicy()
-    target = resolve_target(device)
-    ver = versions(gpu=not target.simulated)
-    db = TuningDatabase()
-    target = with_measured_ceilings(target, db)
-    tgt = dataclasses.replace(target, spec=dataclasses.replace(
-        target.spec, dot_precisions=policy.dot_precisions()))
-    return compile_ranges(
-        model, budget=budget_s, shapes=dict(ranges), policy=policy, frontend=frontend,
-        candidates=lambda g, dl: stage_candidates(g, tgt, dl, True, False),
-        compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
-            fe, dl, target, ver, db, example_inputs=None, use_egraph=True, quiet=True,
-            policy=policy, given=Given(stored, progs, stats)))
 
 
 def _device(args) -> torch.device:

@@ -399,7 +399,7 @@ def compile_module_range(program: CapturedProgram, ranges: dict, budget_s: float
             read at other axes than the capture has it: one line each, never a fallback to the
             example's sizes. BudgetError: too small a budget for the buckets.
     """
-    from lumc.compiler.core.torch_backend import compile_range
+    from lumc.compiler.core.buckets import compile_range
     open_ended = [info.name for info in program.dims.values() if info.max_value is None]
     try:
         vm = compile_range(None, ranges, _range_frontend(program, name), budget_s, device, policy)
