@@ -130,6 +130,14 @@ class PrecisionPolicy:
             return self.tolerance
         return max(DEFAULT_TOLERANCE[self.precision], WEIGHTS_TOLERANCE[self.weights])
 
+    def check_logits(self, outputs: list[str]) -> None:
+        """Raises InputError when ``logits`` names no output of the model (the KL and top-1 gate
+        would silently measure nothing)."""
+        unknown = [n for n in self.logits if n not in outputs]
+        if unknown:
+            raise InputError(f"--logits {unknown[0]}: the model has no output of that name; "
+                             f"outputs: {', '.join(outputs)}")
+
     def dot_precisions(self) -> dict:
         return dict(DOT_PRECISIONS[self.precision])
 
