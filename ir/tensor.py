@@ -318,6 +318,14 @@ class Tensor(TensorMath):
             return neg
         return Tensor.full(self.shape, False, dt.bool_)
 
+    def signbit(self) -> "Tensor":
+        """C99 ``signbit`` as bool: true for ``x < 0`` and for -0.0 (whose reciprocal is -inf).
+        No primitive reads a NaN's sign bit: NaN gives False."""
+        zero = self.scalar_like(0)
+        if not self.dtype.is_float:
+            return self.lt(zero)
+        return self.lt(zero).logical_or(self.recip().lt(zero))
+
     def le(self, o) -> "Tensor":
         """``a <= b``: not ``b < a``, and false when either side is NaN."""
         a, b = self._bcast(o)

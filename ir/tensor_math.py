@@ -168,37 +168,99 @@ class TensorMath:
         return q
 
     def pow(self, o) -> "Tensor":
-        """ONNX ``Pow``. A constant integer exponent uses repeated squaring (exact for integer
-        results, correct for negative bases). Otherwise ``sign * exp2(y * log2|x|)`` with the IEEE
-        special cases (x < 0 with non-integer y gives NaN; 0**negative gives inf; x**0 gives 1)."""
-        if not isinstance(o, type(self)):
+        """ONNX ``Pow`` / ``torch.pow``: ``x ** y`` broadcast, in ``x``'s dtype.
+
+        Floats follow IEEE-754 ``pow`` (C99 Annex F.9.4.4, as numpy and torch): ``x ** ±0 = 1``
+        and ``1 ** y = 1`` even for NaN; ``(-1) ** ±inf = 1``; ``(±0) ** y`` is ``±inf`` (y < 0
+        odd integer), ``+inf`` (other y < 0), ``±0`` (y > 0 odd integer), ``+0`` (other y > 0);
+        a finite ``x < 0`` to a finite non-integer power is NaN; ``x ** ±inf`` and ``(±inf) ** y``
+        by magnitude, with the sign of an odd integer power. The magnitude is
+        ``exp2(y * log2|x|)`` computed one precision up (f16/bf16 in f32, f32 in f64) and rounded
+        once: within 1 ulp of the correctly rounded result. f64 has no wider type: its relative
+        error is about ``|y log2 x| * 2**-52`` (up to ~2**-42 near the double range's ends).
+        A constant integer exponent in [0, 4] or -1 is repeated multiplication (one rounding per
+        product, the same special values; 2 and -1 are correctly rounded); a constant 0.5 is
+        ``sqrt`` (correctly rounded) with ``pow``'s ``(-0) ** 0.5 = +0`` and
+        ``(-inf) ** 0.5 = +inf``.
+
+        Integers (``y`` an integer tensor of any int dtype): exact by binary exponentiation,
+        wrapping modulo ``2**bits`` on overflow like ``Mul`` (numpy, torch); for ``y < 0`` the
+        truncated real value: 0 for ``|x| >= 2``, ``±1`` for ``x = ±1``, and ``0 ** y`` is ``+inf``
+        saturated to the type's max (see ``Cast``). An integer ``x`` with a float ``y`` is ``pow``
+        in f64 truncated toward zero (the ONNX reference, ``np.power(x, y).astype(x.dtype)``).
+        """
+        from lumc.ir.tensor import Tensor, broadcast_shapes   # tensor.py imports this module
+        if not isinstance(o, Tensor):
             y = np.asarray(o)
-            if y.ndim == 0 and float(y) == int(float(y)) and abs(int(float(y))) <= 64:
-                return self.powi(int(float(y)))
-            o = self._coerce(o)
-        from lumc.ir.tensor import broadcast_shapes   # tensor.py imports this module
-        if o.node.op == "Constant":
-            vals = o.node.arg.value
-            if vals.size == 1 and np.isfinite(vals).all() and float(vals.flat[0]) == int(vals.flat[0]) \
-                    and abs(int(vals.flat[0])) <= 64:
-                return self.powi(int(vals.flat[0])).expand(broadcast_shapes(self.shape, o.shape))
-            if vals.size == 1 and float(vals.flat[0]) == 0.5 and self.dtype.is_float:
-                return self.sqrt().expand(broadcast_shapes(self.shape, o.shape))
-        if not self.dtype.is_float:
-            r = self.cast(dt.f64).pow(o.cast(dt.f64))
-            return r.round().cast(self.dtype)
-        x, y = self._bcast(o.cast(self.dtype))
+            fractional = y.dtype.kind == "f" and not (np.isfinite(y).all()
+                                                      and (y == np.trunc(y)).all())
+            # an integer tensor to a fractional Python power: the f64 path, not the power truncated
+            o = (Tensor.const(y, dt.f64) if fractional and not self.dtype.is_float
+                 else self._coerce(y))
+        if o.node.op == "Constant" and o.node.arg.value.size == 1:
+            c = o.node.arg.value.reshape(())
+            shape = broadcast_shapes(self.shape, o.shape)
+            if np.isfinite(c) and float(c) == int(c):
+                n = int(c)
+                if (0 <= n <= 4 or n == -1 and self.dtype.is_float) or (
+                        0 <= n <= 64 and not self.dtype.is_float):
+                    return self.powi(n).expand(shape)
+            if float(c) == 0.5 and self.dtype.is_float:
+                x = self.add(self.scalar_like(0.0))   # -0 + 0 = +0: pow(-0, 0.5) is +0, sqrt(-0) -0
+                # pow(-inf, 0.5) is +inf where sqrt(-inf) is NaN
+                r = x.isinf(detect_positive=False).where(x.scalar_like(np.inf), x.sqrt())
+                return r.expand(shape)
+        if self.dtype.is_float:
+            return self._pow_float(o)
+        if o.dtype.is_float:
+            return self.cast(dt.f64)._pow_float(o.cast(dt.f64)).cast(self.dtype)
+        return self._pow_int(o)
+
+    def _pow_float(self, o) -> "Tensor":
+        """IEEE ``pow`` of a float ``self`` (see :meth:`pow`), ``o`` of any numeric dtype."""
+        wide = dt.f32 if self.dtype in (dt.f16, dt.bf16) else dt.f64
+        x, y = self.cast(wide)._bcast(o.cast(wide))
+        one, zero = x.scalar_like(1.0), x.scalar_like(0.0)
         ax = x.abs()
         mag = y.mul(ax.log2()).exp2()
-        y_int = y.floor().eq(y)
-        y_odd = y_int.logical_and(y.fmod(2.0).abs().eq(y.scalar_like(1.0)))
-        zero = x.scalar_like(0.0)
-        neg = x.lt(zero)
-        r = neg.logical_and(y_odd).where(mag.neg(), mag)
-        r = neg.logical_and(y_int.logical_not()).logical_and(y.isinf().logical_not()).where(
-            x.scalar_like(np.nan), r)
-        r = y.eq(zero).where(x.scalar_like(1.0), r)
-        return r
+        # |x| = 1, y = ±inf: log2 1 = 0 and 0 * inf is NaN; the limit is 1
+        mag = ax.eq(one).logical_and(y.isinf()).where(one, mag)
+        y_int = y.floor().eq(y)   # ±inf counts as an (even) integer, NaN does not
+        y_odd = y_int.logical_and(y.fmod(2.0).abs().eq(one))
+        # the sign bit, not x < 0: (-0) ** 3 is -0 and (-0) ** -1 is -inf
+        r = x.signbit().logical_and(y_odd).where(mag.neg(), mag)
+        # a finite x < 0 to a finite non-integer power has no real value (-0 and -inf have one)
+        finite_neg = x.lt(zero).logical_and(x.scalar_like(-np.inf).lt(x))
+        no_real = finite_neg.logical_and(y_int.logical_not())
+        r = no_real.where(x.scalar_like(np.nan), r)
+        r = y.eq(zero).logical_or(x.eq(one)).where(one, r)   # x ** ±0 = 1, 1 ** y = 1, NaN too
+        return r.cast(self.dtype)
+
+    def _pow_int(self, o) -> "Tensor":
+        """Exact integer ``pow`` (see :meth:`pow`): ``o`` an integer tensor, any int dtype."""
+        from lumc.ir.tensor import broadcast_shapes
+        shape = broadcast_shapes(self.shape, o.shape)
+        x, y = self.expand(shape), o.expand(shape)
+        bits = 8 * y.dtype.itemsize - (0 if y.dtype.kind == "uint" else 1)   # value bits of y
+        # right-to-left binary exponentiation over every value bit of y: bit k multiplies x**(2**k)
+        result, base = x.scalar_like(1), x
+        for k in range(bits):
+            low = y if k + 1 == bits else y.fmod(y.scalar_like(2 ** (k + 1)))   # y mod 2**(k+1)
+            bit = y.scalar_like(2 ** k - 1).lt(low)
+            result = bit.where(result.mul(base), result)
+            if k + 1 < bits:
+                base = base.mul(base)
+        if y.dtype.kind == "uint":
+            return result
+        # y < 0: the real value 1 / x**-y truncated toward zero
+        zero, one = x.scalar_like(0), x.scalar_like(1)
+        # 1 / 0 = +inf, saturated to the type's max
+        r = x.eq(zero).where(x.scalar_like(np.iinfo(x.dtype.np).max), zero)
+        r = x.eq(one).where(one, r)
+        if x.dtype.kind != "uint":
+            odd = y.fmod(y.scalar_like(2)).ne(y.scalar_like(0))
+            r = x.eq(one.neg()).where(odd.where(one.neg(), one), r)
+        return y.lt(y.scalar_like(0)).where(r, result)
 
     def powi(self, n: int) -> "Tensor":
         """``x ** n`` for a Python int ``n`` by repeated squaring (``n < 0``: reciprocal)."""

@@ -128,9 +128,7 @@ def _prod_log(x: Tensor, ax: tuple[int, ...]) -> Tensor:
     xd = x.cast(dt.f64)
     zero = xd.scalar_like(0.0)
     mag = xd.abs().log2().sum(ax, keepdims=True).exp2()
-    # the sign bit is set for x < 0 and for -0.0 (whose reciprocal is -inf)
-    signbit = xd.lt(zero).logical_or(xd.recip().lt(zero))
-    negatives = signbit.where(xd.scalar_like(1.0), zero).sum(ax, keepdims=True)
+    negatives = xd.signbit().where(xd.scalar_like(1.0), zero).sum(ax, keepdims=True)
     odd = negatives.fmod(2.0).gt(mag.scalar_like(0.5))
     return odd.where(mag.neg(), mag).cast(x.dtype)
 

@@ -30,7 +30,6 @@ EXCEPTIONS = {
     ("tan", "float32"): "tan = sin / cos: near pi/2 the fp32 argument shift of cos is amplified by "
                         "tan's condition number (4e-6 relative at x = -1.56)",
     ("tan", "float16"): "tan = sin / cos, as for float32, over fp16's coarser inputs",
-    ("pow", "float16"): "pow = exp2(y * log2 x) in fp16 rounds y * log2 x first",
     ("linalg.vector_norm", "float16"): "the fp16 norm's |x|^p terms are rounded to fp16 before "
                                        "the f32 sum (eager accumulates in f32 from the inputs)",
 }

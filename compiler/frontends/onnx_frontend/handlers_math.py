@@ -65,7 +65,7 @@ def _mod(ctx: OpContext):
 
 @handler("Pow")
 def _pow(ctx: OpContext):
-    """A constant integer exponent uses repeated squaring (see ``Tensor.pow``)."""
+    """IEEE-754 ``pow`` for floats, exact integer powers (see ``Tensor.pow``)."""
     return ctx.input(0).pow(ctx.input(1))
 
 

@@ -101,9 +101,15 @@ def _floor_divide(ctx, a, b):
 
 @aten("pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar")
 def _pow(ctx, a, b):
+    """IEEE ``pow`` (``Tensor.pow``), except where eager PyTorch's kernels (CPU and CUDA
+    ``pow_tensor_scalar``) swap a Python exponent 0.5 / -0.5 for ``sqrt`` / ``rsqrt``: there
+    ``(-0) ** 0.5 = -0`` and ``(-inf) ** 0.5 = NaN`` as in eager, not ``+0`` and ``+inf``."""
     d = result_dtype(a, b)
     if isinstance(b, (int, float)) and not isinstance(b, bool):
-        return to_tensor(a, d).pow(b)
+        x = to_tensor(a, d)
+        if x.dtype.is_float and b in (0.5, -0.5):
+            return x.sqrt() if b > 0 else x.rsqrt()
+        return x.pow(b)
     x, y = promote(a, b)
     return x.pow(y)
 
