@@ -22,6 +22,7 @@ between releases.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +42,8 @@ from lumc.rewrites.patterns import Rule
 
 CHUNK = 64
 RULE_CHUNK = 8        # declarations and rules sent to egglog per program
+# a region's global names (the Encoder's ``$e<n>``), string literals (input names) skipped
+GLOBAL_NAME = re.compile(r'("(?:[^"\\]|\\.)*")|\$(\w+)')
 
 
 def all_rules() -> list[Rule]:
@@ -143,6 +146,7 @@ class Saturator:
             raise ImportError(f"the e-graph stage needs egglog, which is not installed "
                               f"({EGGLOG_MISSING})")
         self.egraph = bindings.EGraph()
+        self._runs = 0
         self._ctors = set()
         from lumc.rewrites.language import constructors
         self._ctors = set(constructors())
@@ -203,9 +207,19 @@ class Saturator:
 
     def saturate(self, lines: list[str], region: str = "") -> tuple[dict, RunStats]:
         """Insert a region (encoder lines), run the schedule, return the serialized e-graph (JSON
-        as a dict) and the run's statistics."""
+        as a dict) and the run's statistics.
+
+        The region's global names (``$e3``) are bound as ``$r<run>_e3`` inside the engine and given
+        back as written in the serialization's ``let`` fields, so no name is bound twice in one
+        engine: with egglog 13.2, names bound again after a ``push``/``pop`` of earlier regions
+        could resolve to another term (an ArgMax region saturated after an integer ``min`` and
+        another ArgMax read ``(Where $e31 $e9 $e3)`` as ``(Where $e3 $e9 $e3)``: an i64
+        condition, and its candidates failed to decode)."""
         stats = RunStats(region=region)
         t0 = time.perf_counter()
+        self._runs += 1
+        tag = f"$r{self._runs}_"
+        lines = [GLOBAL_NAME.sub(lambda m: m.group(1) or tag + m.group(2), ln) for ln in lines]
         self._run("(push)")
         try:
             for i in range(0, len(lines), CHUNK):
@@ -233,6 +247,10 @@ class Saturator:
             data = json.loads(self.egraph.serialize([]).to_json())
         finally:
             self._run("(pop)")
+        for d in data["class_data"].values():
+            if d.get("let"):
+                d["let"] = ",".join("$" + n.strip()[len(tag):] if n.strip().startswith(tag)
+                                    else n.strip() for n in d["let"].split(","))
         classes = {n["eclass"] for n in data["nodes"].values()
                    if data["class_data"].get(n["eclass"], {}).get("type") == "Expr"}
         stats.eclasses = len(classes)
