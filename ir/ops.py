@@ -154,22 +154,29 @@ _STORAGE_NP = frozenset(d.np for d in dt.STORAGE_DTYPES)
 def cast_array(x: np.ndarray, to: dt.DType) -> np.ndarray:
     """ONNX ``Cast``: float to int truncates toward zero; to bool is ``x != 0`` (NaN is True).
     To or from a storage type (float8, int4...): ml_dtypes' conversion, as the ONNX reference
-    (round to nearest even; the Cast handler saturates first where ``saturate`` asks)."""
+    (round to nearest even; the Cast handler saturates first where ``saturate`` asks).
+
+    A float outside an integer type's range, and NaN, have no value in ONNX (undefined; numpy,
+    onnxruntime and C give whatever the CPU's conversion gives). lumc saturates, the same in every
+    backend: NaN -> 0, values whose truncation is at least ``max + 1`` (``+inf`` included) -> the
+    type's max, below its min (``-inf`` included) -> its min, for every signed and unsigned type.
+    ``max + 1`` and ``min`` are powers of two, exact in float64, so a 64-bit type's bounds are exact
+    too (``float(2**63 - 1)`` rounds up to 2**63: clamping in float, then converting, would not
+    give the max)."""
     if to.is_storage or x.dtype in _STORAGE_NP:
         return x.astype(to.np)
     if to.is_bool:
         return x != 0
     src_float = x.dtype.kind == "f" or x.dtype == dt.bf16.np
     if src_float and to.is_int:
+        info = np.iinfo(to.np)
         with np.errstate(all="ignore"):
-            x = np.trunc(x.astype(np.float64))
-            info = np.iinfo(to.np)
-            # out-of-range and NaN are undefined in ONNX; saturate so results are deterministic
-            # the largest double below 2**63 (2**64 unsigned): a 64-bit max rounds up to it
-            hi = float(info.max) if to.itemsize < 8 else (
-                float(2 ** 64 - 2048) if to.kind == "uint" else float(2 ** 63 - 1024))
-            x = np.nan_to_num(x, nan=0.0, posinf=hi, neginf=float(info.min))
-            return np.clip(x, float(info.min), hi).astype(to.np)
+            t = np.trunc(x.astype(np.float64))
+            over = t >= float(int(info.max) + 1)
+            under = t < float(info.min)
+            # every double in [min, max + 1) converts exactly; the rest is replaced below
+            inside = np.where(over | under | np.isnan(t), 0.0, t).astype(to.np)
+        return np.where(over, to.np.type(info.max), np.where(under, to.np.type(info.min), inside))
     with np.errstate(all="ignore"):   # a float narrowing overflows to ±inf, as IEEE-754 rounds
         return x.astype(to.np)
 

@@ -8,8 +8,9 @@ keep IEEE results on every dtype; each override says why:
   on fp64 ``/`` is ``div.rn.f64`` (div_rn is fp32-only).
 * ``Sqrt``/``Exp2``/``Log2``/``Sin``/``Recip``/``Div``/``Mod`` on fp16/bf16: computed in fp32 and rounded once,
   which is what the numpy reference does (Triton's math ops take fp32/fp64 only).
-* ``Cast`` to bool is ``x != 0`` (NaN is True, as ONNX); float to int truncates and saturates, NaN
-  gives 0 (the reference's deterministic choice for what ONNX leaves undefined). A float that was
+* ``Cast`` to bool is ``x != 0`` (NaN is True, as ONNX); float to int truncates and saturates to
+  the type's min/max exactly (64-bit types included), NaN gives 0: the reference's definition of
+  what ONNX leaves undefined (``lumc.ir.ops.cast_array``). A float that was
   itself cast from an integer that fits the target (a quantized weight's byte on its way to a
   gather index) converts plainly: no NaN, nothing to truncate or clamp.
 
@@ -97,10 +98,15 @@ def render_cast(expr: str, src: dt.DType, to: dt.DType) -> str:
         x = f"{expr}.to(tl.float64)"
         lo, hi = float(info.min), float(info.max)
         if to.itemsize == 8:
-            # the largest double below 2**63 (2**64 unsigned): the type's max rounds up
+            # the largest double below 2**63 (2**64 unsigned): the type's max rounds up to 2**63
             hi = float(2 ** 64 - 2048) if to.kind == "uint" else float(2 ** 63 - 1024)
-        return (f"tl.where({x} != {x}, 0.0, tl.minimum(tl.maximum({x}, {lo!r}), {hi!r}))"
-                f".to({tl_dtype(to)})")
+        out = (f"tl.where({x} != {x}, 0.0, tl.minimum(tl.maximum({x}, {lo!r}), {hi!r}))"
+               f".to({tl_dtype(to)})")
+        if to.itemsize == 8:
+            # no double holds the max: one at or past max + 1 (2**63 or 2**64, +inf) takes it
+            top = float(int(info.max) + 1)
+            out = f"tl.where({x} >= {top!r}, {render_constant(info.max, to)}, {out})"
+        return out
     if src.is_bool:
         return f"{expr}.to(tl.int8).to({tl_dtype(to)})"
     return OPS["Cast"].triton.format(expr, dtype=tl_dtype(to))

@@ -68,10 +68,7 @@ class TorchEvaluator:
         if op in unary:
             return unary[op](v[0])
         if op == "Cast":
-            sat = None
-            if n.srcs[0].dtype.is_float and n.arg.is_int:
-                info = np.iinfo(n.arg.np)
-                sat = (float(info.min), float(info.max))
+            sat = n.srcs[0].dtype.is_float and n.arg.is_int
             return gt.cast_op(v[0], gt._TORCH_NAMES[n.arg.name], sat)
         binary = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": torch.fmod,
                   "LessThan": torch.lt}

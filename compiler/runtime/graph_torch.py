@@ -13,7 +13,8 @@ Semantics match the reference executor (``lumc.backends.reference``):
   materialized broadcast product;
 * views are ``torch.as_strided`` over the source's flat row-major elements, with negative strides
   turned into a flip and masks (padding) into ``constant_pad_nd``;
-* ``Cast`` from float to int truncates and saturates, as ``lumc.ir.ops.cast_array`` does.
+* ``Cast`` from float to int truncates and saturates to the type's exact min/max (NaN -> 0), as
+  ``lumc.ir.ops.cast_array`` does.
 """
 from __future__ import annotations
 
@@ -73,16 +74,24 @@ def view_op(x, shape: tuple, strides: tuple, offset: int, mask):
     return out
 
 
-def cast_op(x, to_name: str, saturate: tuple | None):
-    """ONNX Cast: to bool is ``x != 0``; float to int truncates and saturates (NaN -> 0)."""
+def cast_op(x, to_name: str, saturate: bool):
+    """ONNX Cast: to bool is ``x != 0``; with ``saturate`` (float to int) truncates and saturates
+    to the type's exact min/max, NaN -> 0 (``lumc.ir.ops.cast_array``)."""
     import torch
     to = getattr(torch, to_name)
     if to == torch.bool:
         return x != 0
-    if saturate is not None:
-        lo, hi = saturate
-        y = torch.nan_to_num(torch.trunc(x.to(torch.float64)), nan=0.0, posinf=hi, neginf=lo)
-        return torch.clamp(y, lo, hi).to(to)
+    if saturate:
+        lo, hi = torch.iinfo(to).min, torch.iinfo(to).max   # hi + 1 and lo: exact doubles
+        y = torch.trunc(x.to(torch.float64))
+        over, under = y >= float(hi + 1), y < float(lo)
+        inside = torch.where(over | under | torch.isnan(y), torch.zeros_like(y), y).to(to)
+        if not to.is_signed:
+            # torch has no masked_fill for uint16/32/64: the max is all ones, -1 in the signed
+            # view of the same width (below the range is 0 already)
+            signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[to.itemsize]
+            return inside.view(signed).masked_fill(over, -1).view(to)
+        return inside.masked_fill(over, hi).masked_fill(under, lo)
     if any(st == 0 and d > 1 for st, d in zip(x.stride(), x.shape)):
         # a broadcast view: convert its distinct elements once, stay a view
         idx = tuple(slice(0, 1) if (st == 0 and d > 1) else slice(None)
@@ -229,11 +238,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
                   "Recip": torch.reciprocal}[op]
             r = cf(fn, (ins[0],))
         elif op == "Cast":
-            src = n.srcs[0].dtype
-            sat = None
-            if src.is_float and n.arg.is_int:
-                info = np.iinfo(n.arg.np)
-                sat = (float(info.min), float(info.max))
+            sat = n.srcs[0].dtype.is_float and n.arg.is_int
             r = cf(cast_op, (ins[0], _TORCH_NAMES[n.arg.name], sat))
         elif op in ("Add", "Mul", "Div", "Mod", "LessThan"):
             fn = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": torch.fmod,

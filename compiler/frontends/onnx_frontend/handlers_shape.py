@@ -171,7 +171,9 @@ def _expand(ctx: OpContext):
 
 def _cast_to(x, to, saturate: bool):
     """``Cast`` to ``to``; to a float8 type with ``saturate`` (the default) values beyond the
-    type's range, infinities included, become its largest finite value (ONNX Cast-19)."""
+    type's range, infinities included, become its largest finite value (ONNX Cast-19). Float to
+    integer (undefined in ONNX out of range): truncated, saturated to the type's min/max, NaN -> 0
+    (``lumc.ir.ops.cast_array``)."""
     if saturate and to in dt.FLOAT8_DTYPES and x.dtype != to:
         if x.dtype.is_storage:
             x = x.cast(dt.f32)
