@@ -2,6 +2,8 @@
 quality measured against the fp32 model and float64, the gate, and the report fields."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -200,3 +202,34 @@ def test_the_notes_say_which_precision_the_contractions_really_run_at(db):
         assert bool(notes) == (set(kp) != {"fp8"}), (kp, r["warnings"])
     else:          # the gate could not be met at fp8 even raised: the fallback is said instead
         assert any("misses the quality gate" in w for w in r["warnings"])
+
+
+def _wide_weight_model():
+    """x[8, 64] @ W[64, 32] with weights ~1e5 (fp16's largest finite value is 65504)."""
+    w = (np.random.default_rng(0).standard_normal((64, 32)) * 1e5).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "big",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])],
+                          [numpy_helper.from_array(w, "W")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), w
+
+
+def test_fp16_weights_beyond_range_store_as_inf_without_a_warning(db):
+    model, w = _wide_weight_model()
+    x = Tensor(input_node("x", (8, 64), dt.f32))
+    graph = Graph({"x": x.node}, {"y": (x @ Tensor.const(w)).node})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # numpy's "overflow encountered in cast" leaked here
+        stored, stats = store_weights(graph, PrecisionPolicy("fp16"))
+        assert stats["converted"] == 1
+        const = next(n for n in stored.nodes() if n.op == "Constant" and n.dtype == dt.f16)
+        with np.errstate(over="ignore"):
+            want = w.astype(np.float16)
+        np.testing.assert_array_equal(const.arg.value, want)
+        assert np.isinf(const.arg.value).any()
+        # the whole compile: the gate refuses the fp16 weights and says so, nothing on stderr
+        cm = lumc.compile(model, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                          precision="fp16")
+    r = cm.report_dict()
+    assert r["precision"] == "fp32"
+    assert any("misses the quality gate" in m for m in r["warnings"])
