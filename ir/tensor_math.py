@@ -187,7 +187,9 @@ class TensorMath:
         wrapping modulo ``2**bits`` on overflow like ``Mul`` (numpy, torch); for ``y < 0`` the
         truncated real value: 0 for ``|x| >= 2``, ``±1`` for ``x = ±1``, and ``0 ** y`` is ``+inf``
         saturated to the type's max (see ``Cast``). An integer ``x`` with a float ``y`` is ``pow``
-        in f64 truncated toward zero (the ONNX reference, ``np.power(x, y).astype(x.dtype)``).
+        in f64 truncated toward zero (the ONNX reference, ``np.power(x, y).astype(x.dtype)``),
+        rounded to the nearest integer first where ``y`` is integral (the exact value is then an
+        integer, or in [-1, 1]).
         """
         from lumc.ir.tensor import Tensor, broadcast_shapes   # tensor.py imports this module
         if not isinstance(o, Tensor):
@@ -213,7 +215,13 @@ class TensorMath:
         if self.dtype.is_float:
             return self._pow_float(o)
         if o.dtype.is_float:
-            return self.cast(dt.f64)._pow_float(o.cast(dt.f64)).cast(self.dtype)
+            y = o.cast(dt.f64)
+            r = self.cast(dt.f64)._pow_float(y)
+            # an integral y: the real value is an integer (y >= 0), or in [-1, 1] (y < 0), which
+            # exp2(y log2 x) misses by an ulp or so (9 ** 3.0 = 728.99999...): rounded to the
+            # nearest, it truncates as the exact value does (np.power rounds correctly)
+            r = y.floor().eq(y).where(r.round(), r)
+            return r.cast(self.dtype)
         return self._pow_int(o)
 
     def _pow_float(self, o) -> "Tensor":

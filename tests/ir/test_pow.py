@@ -135,3 +135,18 @@ def test_integer_base_float_exponent_truncates_like_the_onnx_reference():
     want = np.where(np.isnan(w), 0.0, np.trunc(w)).astype(np.int64)
     np.testing.assert_array_equal(run_pow(x, y), want)
     np.testing.assert_array_equal(run_pow(x[:4], 0.5), np.array([1, 1, 2, 1], np.int64))
+
+
+@pytest.mark.parametrize("d", [np.int32, np.int64])
+def test_integer_base_integral_float_exponent_is_exact(d):
+    """``9 ** 3.0`` was 728: exp2(3 log2 9) is an ulp under 729 in f64 and truncation kept it (the
+    ONNX conformance case test_pow_types_int32_float32 fails that way). An integral exponent's
+    value is an integer (or in [-1, 1]): rounded first, it truncates as numpy's exact one does."""
+    x = np.arange(-12, 13, dtype=d)
+    for e in range(-3, 12):
+        y = np.full(x.shape, float(e), np.float32)
+        with np.errstate(all="ignore"):
+            want = np.power(x.astype(np.float64), y.astype(np.float64))
+        ok = np.isfinite(want) & (np.abs(want) < np.iinfo(d).max)
+        got = run_pow(x, y)
+        np.testing.assert_array_equal(got[ok], want[ok].astype(d), err_msg=f"y = {e}")
