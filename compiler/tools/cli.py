@@ -545,11 +545,12 @@ def print_outputs(outputs: dict, ref: dict | None, rtol: float | None, atol: flo
     return checks
 
 
-def finish_check(checks: dict[str, OutputCheck], rtol: float | None, atol: float | None = None
-                 ) -> None:
-    """The ``--check`` verdict: exit 1 when any output failed."""
+def finish_check(checks: dict[str, OutputCheck], rtol: float | None, atol: float | None = None,
+                 how: str | None = None) -> None:
+    """The ``--check`` verdict: exit 1 when any output failed; ``how`` names the tolerance when it
+    is not the dtype table's or the flags' (a reduced-precision artifact's own)."""
     bad = [n for n, c in checks.items() if not c.ok]
-    note = tolerance_note(checks, rtol, atol)
+    note = how or tolerance_note(checks, rtol, atol)
     if bad:
         click.echo(f"check: FAILED for {', '.join(bad)} ({note})", err=True)
         sys.exit(1)

@@ -402,7 +402,7 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         for n, x in inputs.items()))
     ort = c._run_onnxruntime(cm.source_onnx, inputs) if check else None
     tol = r.get("tolerance")
-    note_atol = atol
+    note_atol, how = atol, None
     reduced = r.get("precision", "fp32") != "fp32" or r.get("weights", "same") != "same"
     if ort is not None and reduced and tol and rtol is None and atol is None:
         # a reduced-precision artifact is judged by the tolerance its compile recorded, relative
@@ -411,6 +411,7 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         atol = {k: rtol * float(np.max(np.abs(v))) if np.size(v) and np.asarray(v).dtype.kind == "f"
                 else 0.0 for k, v in ort.items()}
         note_atol = None
+        how = f"the compile's tolerance {rtol:g} of each output's largest |reference|; ints exact"
         click.echo(f"precision {r['precision']} (weights {r.get('weights', 'same')}): judged at "
                    f"the compile's tolerance {rtol:g} of each output's largest |reference|")
     checks = c.print_outputs(outputs, ort, rtol, atol, lambda: c.float64_outputs(cm.graph, inputs))
@@ -422,4 +423,4 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         c._write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
         click.echo(f"wrote {out_path}")
     if check:
-        c.finish_check(checks, rtol, note_atol)
+        c.finish_check(checks, rtol, note_atol, how)

@@ -164,3 +164,14 @@ def test_a_range_compile_names_its_range_in_shape_errors(tmp_path):
     with pytest.raises(lumc.InputError, match=r"has shape \(3, 8, 16\), compiled for "
                                               r"\(2, seq, 16\) with seq in 2\.\.64"):
         f(torch.randn(3, 8, 16))
+
+
+def test_check_of_a_reduced_precision_artifact_names_its_tolerance(linear, tmp_path):
+    out = tmp_path / "linear-bf16.lumc"
+    res = lumc_cli("compile", linear, "--budget", "30s", "--device", "sim:h200", "--precision",
+                   "bf16", "-o", out, "--quiet")
+    assert res.exit_code == 0, res.output
+    res = lumc_cli("run", out, "--random", "--check")
+    assert res.exit_code == 0, res.output
+    verdict = next(ln for ln in res.output.splitlines() if ln.startswith("check:"))
+    assert "the compile's tolerance" in verdict and "by dtype" not in verdict, verdict
