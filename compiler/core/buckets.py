@@ -83,7 +83,7 @@ def parse_range(text: str) -> DimRange | None:
 
 def ranges_in(shapes: dict | None) -> dict[str, DimRange]:
     """The ranged dims of ``shapes``: its :class:`DimRange` values (the API's ``(lo, hi)`` tuples
-    become DimRanges in ``pipeline.with_ranges``)."""
+    become DimRanges in ``onnx_stage.with_ranges``)."""
     return {k: v for k, v in (shapes or {}).items() if isinstance(v, DimRange)}
 
 

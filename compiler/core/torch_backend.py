@@ -358,7 +358,7 @@ class DynamoGraph:
 
     def _frontend(self, model, sizes: dict):
         """``compile_ranges``' frontend: the graph traced and lowered at ``sizes``."""
-        from lumc.compiler.core.pipeline import Frontend
+        from lumc.compiler.core.onnx_stage import Frontend
         try:
             program, imported, info = self._trace(self._example_at(sizes))
         except LumcError:

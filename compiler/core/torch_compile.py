@@ -371,7 +371,7 @@ def dim_ranges(program: CapturedProgram, example: list | None = None) -> dict:
 def _range_frontend(program: CapturedProgram, name: str):
     """``compile_ranges``' frontend: the captured graph lowered at ``{dim name: size}`` (the
     re-specialization a new shape gets, at the sizes compile_ranges asks for, under its probing)."""
-    from lumc.compiler.core.pipeline import Frontend
+    from lumc.compiler.core.onnx_stage import Frontend
     from lumc.ir.tensor import Tensor
     by_name = {info.name: sym for sym, info in program.dims.items()}
 

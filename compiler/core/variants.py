@@ -133,7 +133,7 @@ def compile_variants(model, *, budget, shapes: dict | None, compile_one, clock=t
         the first variant's own error when no variant compiles.
     """
     from lumc.compiler.frontends.onnx_frontend import load_model
-    from lumc.compiler.core.pipeline import _resolve_dim_names, stage_frontend
+    from lumc.compiler.core.onnx_stage import resolve_dim_names, stage_frontend
     t0 = clock()
     budget_s = parse_duration(budget)
     m = load_model(model)
@@ -153,7 +153,7 @@ def compile_variants(model, *, budget, shapes: dict | None, compile_one, clock=t
     leaves, skipped = [], []
     for combo in combos:
         shp = {**fixed, **combo}
-        whole = _input_shapes(m, _resolve_dim_names(m, shp))
+        whole = _input_shapes(m, resolve_dim_names(m, shp))
 
         def split(proto, forced: dict):
             try:

@@ -1,0 +1,112 @@
+"""The ONNX frontend stage of a compile: load, check and import a model at the sizes asked
+(``stage_frontend``), dim names resolved to whole-input shapes, size ranges recognized
+(``with_ranges``), inputs bound to constants (``bind_model``). The pipeline
+(``lumc.compiler.core.pipeline``) runs every stage after it on the :class:`Frontend` it returns.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumc.compiler.core.buckets import DimRange
+from lumc.ir.errors import InputError
+from lumc.ir.graph import Graph
+
+@dataclass
+class Frontend:
+    graph: Graph
+    source_onnx: bytes | None
+    model_name: str
+    warnings: list[str] = field(default_factory=list)
+    known_model: object = None
+
+
+SOURCE_NAME_KEY = "lumc.source_name"   # a bound model's file name (ONNX metadata_props)
+
+
+def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> Frontend:
+    """Load, check and import an ONNX model (path, bytes or ``onnx.ModelProto``).
+
+    Raises:
+        ModelError, UnsupportedOpError, InputError: one line each (see ``lumc.compiler.frontends.onnx_frontend``).
+    """
+    from lumc.compiler.frontends.onnx_frontend import check_supported, import_onnx, load_model
+    from lumc.compiler.frontends.models import identify_bytes
+    m = load_model(model)
+    check_supported(m)
+    if isinstance(model, (str, os.PathLike)):
+        with open(model, "rb") as f:
+            src = f.read()               # the file's own bytes: artifacts keep the model as given
+    elif isinstance(model, (bytes, bytearray)):
+        src = bytes(model)
+    else:
+        src = m.SerializeToString()
+    info = identify_bytes(src)
+    input_shapes = dict(shapes or {})
+    if example_inputs:
+        for k, v in example_inputs.items():
+            input_shapes.setdefault(k, tuple(np.shape(v)))
+    imported = import_onnx(m, resolve_dim_names(m, input_shapes))
+    name = os.path.basename(str(model)) if isinstance(model, (str, os.PathLike)) else next(
+        (p.value for p in m.metadata_props if p.key == SOURCE_NAME_KEY), "model")
+    return Frontend(imported.graph, src, name, list(imported.warnings), info)
+
+
+def resolve_dim_names(m, shapes: dict) -> dict:
+    """Turn ``{dim name: n}`` entries (``batch_size=2``) into whole-input shapes."""
+    from lumc.compiler.frontends.onnx_frontend import model_input_specs
+    specs = model_input_specs(m)
+    names = {s.name for s in specs}
+    dims = {k: v for k, v in shapes.items() if k not in names}
+    out = {k: tuple(v) for k, v in shapes.items() if k in names}
+    for s in specs:
+        if s.name in out:
+            continue
+        if any(isinstance(d, str) for d in s.shape):
+            if all(not isinstance(d, str) or d in dims for d in s.shape):
+                out[s.name] = tuple(_scalar_dim(dims[d], d) if isinstance(d, str) else d for d in s.shape)
+    return out
+
+
+def with_ranges(model, shapes: dict | None) -> dict | None:
+    """``shapes`` with the API's ``(lo, hi)`` 2-tuples under a dim name (not an input's) as
+    :class:`~lumc.compiler.core.buckets.DimRange`."""
+    if not shapes or not any(isinstance(v, tuple) and len(v) == 2 for v in shapes.values()):
+        return shapes
+    from lumc.compiler.frontends.onnx_frontend import load_model, model_input_specs
+    names = {s.name for s in model_input_specs(load_model(model))}
+    return {k: DimRange(int(v[0]), int(v[1])) if (isinstance(v, tuple) and len(v) == 2
+                                                   and k not in names) else v
+            for k, v in shapes.items()}
+
+
+def _scalar_dim(v, name: str = "") -> int:
+    """One size for dynamic dim ``name``: an int, or a 1-tuple (the CLI's ``batch_size=2``).
+
+    Raises:
+        InputError: a 2-tuple (a range ``(lo, hi)``: see ``lumc.compiler.core.variants``) or
+            anything else that is not one size.
+    """
+    if isinstance(v, (tuple, list)):
+        if len(v) == 2 and isinstance(v, tuple):
+            raise InputError(f"--shape {name}={v[0]}..{v[1]}: a range of sizes needs kernels that "
+                             "take their sizes at run time, which lumc does not generate yet; give "
+                             f"the sizes to compile as a list ({name}={v[0]},{v[1]} or "
+                             f"shapes={{{name!r}: [{v[0]}, {v[1]}]}})")
+        if len(v) != 1:
+            raise InputError(f"--shape {name}: a dynamic dim takes one size, got {v!r}")
+        v = v[0]
+    return int(v)
+
+
+def bind_model(model, bind: dict):
+    """``model`` (a path, bytes or ``onnx.ModelProto``) with the inputs in ``bind`` made constants
+    (``--bind``, ``lumc.compiler.frontends.onnx_frontend.bind_inputs``); a path's file name is kept
+    in its metadata, so the report and the artifact name the model as given."""
+    from lumc.compiler.frontends.onnx_frontend import bind_inputs, load_model
+    bound = bind_inputs(load_model(model), bind)
+    if isinstance(model, (str, os.PathLike)):
+        bound.metadata_props.add(key=SOURCE_NAME_KEY, value=os.path.basename(str(model)))
+    return bound
