@@ -330,6 +330,16 @@ def render_attention(kernel: Kernel) -> KernelParts:
         return red
 
     ev = Evaluator(w, ptrs, resolve, "tl.int64" if big else "tl.int32")
+
+    def load_operand(node, idx, mask, level, d, axis, width):
+        """An operand tile (``node`` at ``idx``), with its head-dim index ``d`` along tile
+        ``axis`` (``width`` wide) known to :func:`operand_row_reduce` while it is evaluated."""
+        operand.update(d=d, mask=mask, axis=axis, width=width)
+        try:
+            return ev.value(node, idx, mask, level)
+        finally:
+            operand.clear()
+
     i64 = ".to(tl.int64)" if big else ""
     w.line("pid_m = tl.program_id(0)")
     w.line(f"pid_b = tl.program_id(1){i64}")
@@ -360,9 +370,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
                        c1.m_dims: bind_all(w, unravel("rm[:, None]", c1.shape_of(c1.m_dims)), "qm"),
                        c1.k_dims: bind_all(w, unravel("rd[None, :]", c1.shape_of(c1.k_dims)), "qd")})
     w.line(f"q_mask = rmask[:, None] & (rd[None, :] < {D})")
-    operand.update(d="rd[None, :]", mask="q_mask", axis=1, width=D)
-    q = ev.value(c1.a, q_idx, "q_mask", 0)
-    operand.clear()
+    q = load_operand(c1.a, q_idx, "q_mask", 0, "rd[None, :]", 1, D)
     md = exprs.tl_dtype(sm.m.dtype)
     sd = exprs.tl_dtype(sm.s.dtype.accumulator)
     w.line(f"m_run = tl.full([BLOCK_M], float('-inf'), {md})")
@@ -382,9 +390,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
                         c1.k_dims: bind_all(w, unravel("rd[:, None]", c1.shape_of(c1.k_dims)), "kd", 1),
                         c1.n_dims: bind_all(w, unravel("rn[None, :]", c1.shape_of(c1.n_dims)), "kn", 1)})
     w.line(f"k_mask = (rd[:, None] < {D}) & nmask[None, :]")
-    operand.update(d="rd[:, None]", mask="k_mask", axis=0, width=D)
-    kt = ev.value(c1.b, kt_idx, "k_mask", 1)
-    operand.clear()
+    kt = load_operand(c1.b, kt_idx, "k_mask", 1, "rd[:, None]", 0, D)
     s = attention_dot(w, w.fresh("s"), q, kt, c1.a.dtype, 1)
     if c1.node.dtype != dt.f32:
         s = w.bind(f"{s}.to({exprs.tl_dtype(c1.node.dtype)})", "s", 1)
@@ -423,9 +429,7 @@ def render_attention(kernel: Kernel) -> KernelParts:
                        c2.k_dims: bind_all(w, unravel("rn[:, None]", c2.shape_of(c2.k_dims)), "vn", 1),
                        c2.n_dims: bind_all(w, unravel("rdv[None, :]", c2.shape_of(c2.n_dims)), "vd", 1)})
     w.line(f"v_mask = nmask[:, None] & (rdv[None, :] < {DV})")
-    operand.update(d="rdv[None, :]", mask="v_mask", axis=1, width=DV)
-    v = ev.value(c2.b, v_idx, "v_mask", 1)
-    operand.clear()
+    v = load_operand(c2.b, v_idx, "v_mask", 1, "rdv[None, :]", 1, DV)
     pv = attention_dot(w, w.fresh("pv"), f"{p}.to({exprs.tl_dtype(c2.b.dtype)})", v, c2.b.dtype, 1)
     w.line(f"acc = acc * alpha[:, None] + {pv}")
     w.line("m_run = m_new")

@@ -194,23 +194,18 @@ class HeadNormInAttention:
         """During the walk: ``b`` may be formed inside attention (decided by
         :meth:`_fuse_head_norms` once every other realization is known). Without ``kv_prologue``,
         a keys' or values' norm that would be is noted, so the ``+kv-prologue`` twin is made."""
-        if self._head_norm_paths(b, exits) is not None:
+        if self._head_norm_reaches(b, exits, self.kv_prologue):
             self.head_pending[id(b)] = b
             return True
-        if not self.kv_prologue and self._norm_exit(b, exits) is not None:
-            self.kv_prologue = True
-            try:
-                if self._head_norm_paths(b, exits) is not None:
-                    self._refuse(b, None, KV_PROLOGUE_REFUSAL)
-            finally:
-                self.kv_prologue = False
+        if not self.kv_prologue and self._head_norm_reaches(b, exits, True):
+            self._refuse(b, None, KV_PROLOGUE_REFUSAL)
         return False
 
     def _fuse_head_norms(self, exits: dict) -> None:
         """Form each pending norm inside the attention that reads it when its paths there are
         still all inlined; else write it (its form kernel stays)."""
         for b in self.head_pending.values():
-            if self._head_norm_paths(b, exits) is None:
+            if not self._head_norm_reaches(b, exits, self.kv_prologue):
                 self._realize(b, None, "a reader between the norm and attention is written")
                 continue
             rid = self.group[id(b)]
@@ -221,17 +216,14 @@ class HeadNormInAttention:
             self._refuse(b, None, f"{form} over the head dim formed inside the attention kernel "
                                   "that reads it (QK-norm)")
 
-    def _head_norm_paths(self, b: Node, exits: dict) -> list[int] | None:
-        """The nodes between norm exit ``b`` and the attention operands that read it (inlined
-        there), when every reader of ``b`` is such a path of elementwise ops and row-keeping views
-        (:func:`_keeps_rows`) ending on the head dim of an attention operand (the query's, or with
-        ``kv_prologue`` a key's or value's); else None. ``b``'s normalization must run over its
-        last axis."""
+    def _head_norm_reaches(self, b: Node, exits: dict, kv: bool) -> bool:
+        """Every reader of norm exit ``b`` is a path of inlined elementwise ops and row-keeping
+        views (:func:`_keeps_rows`) ending on the head dim of an attention operand: the query's,
+        or with ``kv`` a key's or value's. ``b``'s normalization must run over its last axis."""
         rec = self._norm_exit(b, exits)
         if rec is None or dict(rec.attrs).get("axis") not in (len(b.shape) - 1, -1):
-            return None
+            return False
         L = b.shape[-1]
-        inner: list[int] = []
         seen: set[int] = set()
         stack = [b]
         while stack:
@@ -239,29 +231,28 @@ class HeadNormInAttention:
             for u, views in self.uses[id(x)]:
                 ax = -1
                 if u.op == "Mul" and id(u) in self.group:
-                    ax = self._attention_side(u, x, L, views)
+                    ax = self._attention_side(u, x, L, views, kv)
                     if ax is None:
-                        return None
+                        return False
                 shape = x.shape
                 for k, v in enumerate(views):
                     if not _keeps_rows(v, shape, ax if k == len(views) - 1 else -1):
-                        return None
+                        return False
                     shape = v.shape
                 if u.op == "Mul" and id(u) in self.group:
                     continue
                 if (u.op not in ELEMENTWISE or id(u) in self.group or id(u) in self.realized
                         or id(u) in self.outputs):
-                    return None
+                    return False
                 if id(u) not in seen:
                     seen.add(id(u))
-                    inner.append(id(u))
                     stack.append(u)
-        return inner
+        return True
 
-    def _attention_side(self, u: Node, x: Node, L: int, views: list) -> int | None:
+    def _attention_side(self, u: Node, x: Node, L: int, views: list, kv: bool) -> int | None:
         """The axis of the head dim in the operand where ``x`` reaches ``u`` (through ``views``),
         when ``u`` is the product ``Mul(a, b)`` of an attention form's contraction and ``x`` is its
-        query (``a`` of the scores) or, with ``kv_prologue``, its keys (``b`` of the scores) or
+        query (``a`` of the scores) or, with ``kv``, its keys (``b`` of the scores) or
         values (``b`` of the value product), and that axis, of length ``L``, is one the kernel
         loads whole (the scores' summed dim, the values' output dim); else None."""
         rec = self.forms.get(self.group.get(id(u)))
@@ -274,7 +265,7 @@ class HeadNormInAttention:
             return None
         if side == [0]:
             dims = c.k_dims
-        elif not self.kv_prologue:
+        elif not kv:
             return None
         else:   # the scores' keys (the product the other one reads) or the values
             dims = c.k_dims if self._feeds_contraction(r[0]) else c.n_dims

@@ -141,6 +141,8 @@ class DynamoGraph:
         self.per_shape_reason: str | None = None
         self.outside_calls = 0
         self._range_program: CapturedProgram | None = None
+        # [(argument index, placeholder)] the graph writes in place (``lift_input_writes``)
+        self._writes: list[tuple[int, str]] = []
         self._table = decomposition_table()
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._examples = list(example_inputs)
@@ -491,9 +493,9 @@ class DynamoGraph:
 
     def _write_back(self, args, out: tuple) -> tuple:
         """The graph's own outputs; its last ones are the new values of inputs it wrote in place
-        (``torch_state.lift_input_writes``: a buffer's EMA, a KV cache row), copied into those inputs here,
-        as eager mode leaves them."""
-        writes = getattr(self, "_writes", [])
+        (``torch_state.lift_input_writes``: a buffer's EMA, a KV cache row), copied into those
+        inputs here, as eager mode leaves them."""
+        writes = self._writes
         if not writes:
             return out
         with torch.no_grad():

@@ -89,6 +89,9 @@ class CompiledModel:
         self.source_onnx = source_onnx
         self.torch_device = torch_device
         self._gpu_plan = None
+        # {input: "(2, seq, 16) with seq in 2..64"}: a size-range plan's inputs, for its shape
+        # errors (set by ``lumc.compiler.runtime.variants``; a fixed-size plan's shapes are its own)
+        self.shape_text: dict[str, str] = {}
 
     # ---- specs -----------------------------------------------------------------------------------
     @property
@@ -123,7 +126,7 @@ class CompiledModel:
             a = arrays[k]
             if tuple(a.shape) != n.shape:
                 raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for "
-                                 f"{getattr(self, 'shape_text', {}).get(k, n.shape)}", node=k)
+                                 f"{self.shape_text.get(k, n.shape)}", node=k)
             if a.dtype != n.dtype.np:
                 raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
                                  node=k)

@@ -25,12 +25,7 @@ from lumc.backends.extern import extern_impls, simulate_extern_time
 from lumc.backends.simulator import (attention_prologue_seconds, attention_prologues,
                                      simulate_kernel_time)
 from lumc.backends.triton import configs
-from triton_cases import check
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+from triton_cases import check, egraph_candidates_checked, rotate_half
 
 
 class RMSNorm(nn.Module):
@@ -91,19 +86,6 @@ class QKNormAttention(nn.Module):
         return self.o(y.transpose(1, 2).reshape(b, t, self.h * self.d))
 
 
-def _candidates(mod, x):
-    """The e-graph's candidates, each checked against torch eager in the reference executor."""
-    g = import_torch(mod, (x,)).graph
-    res = egraph_candidates(g, "h200", k=64)
-    feed = {next(iter(g.inputs)): x.numpy()}
-    with torch.no_grad():
-        want = mod(x).numpy()
-    for p in res.candidates:
-        got = next(iter(run_program_reference(p, g, feed).values()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
-    return res
-
-
 NORM_FORMS = ("rmsnorm", "layernorm")
 
 
@@ -120,7 +102,7 @@ def _norm_kernels(p) -> int:
 def test_qk_norm_is_formed_inside_attention(b, t, width, heads, kv, norm, rope):
     torch.manual_seed(0)
     mod = QKNormAttention(width, heads, kv, seq=16, norm=norm, rope=rope).eval()
-    res = _candidates(mod, torch.randn(b, t, width))
+    res = egraph_candidates_checked(mod, torch.randn(b, t, width))
     by_label = {p.label: p for p in res.candidates}
     # without +kv-prologue the query's norm is in the attention kernel, the keys' is its own kernel
     base, best = by_label.get("egraph-horizontal"), by_label.get("egraph-horizontal+kv-prologue")
@@ -155,7 +137,7 @@ def test_a_norm_over_all_heads_stays_a_kernel():
     attention kernel loads, so the norm is not formed there; the program is still exact."""
     torch.manual_seed(0)
     mod = QKNormAttention(64, 4, 4, seq=16, whole=True).eval()
-    res = _candidates(mod, torch.randn(1, 16, 64))
+    res = egraph_candidates_checked(mod, torch.randn(1, 16, 64))
     for p in res.candidates:
         if "attention" in p.form_counts():
             att = next(c.kernel for c in p.calls if c.kernel.form == "attention")

@@ -12,24 +12,15 @@ part) feeds RoPE too.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lumc.compiler.core.egraph_pipeline import egraph_candidates
-from lumc.compiler.frontends.torch_frontend.capture import import_torch
-from lumc.compiler.runtime.program import run_program_reference
 from lumc.backends.devices import get_device
 from lumc.backends.simulator import attention_prologue_seconds, attention_prologues
 from lumc.backends.triton import configs
-from triton_cases import check
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+from triton_cases import check, egraph_candidates_checked, rotate_half
 
 
 class RopeAttention(nn.Module):
@@ -70,18 +61,6 @@ class RopeAttention(nn.Module):
         return self.o(y.transpose(1, 2).reshape(b, t, self.h * self.d))
 
 
-def _candidates(mod, x):
-    g = import_torch(mod, (x,)).graph
-    res = egraph_candidates(g, "h200", k=64)
-    feed = {next(iter(g.inputs)): x.numpy()}
-    with torch.no_grad():
-        want = mod(x).numpy()
-    for p in res.candidates:
-        got = next(iter(run_program_reference(p, g, feed).values()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
-    return res
-
-
 @pytest.mark.parametrize("b,t,width,heads,kv,causal,explicit", [
     (1, 16, 32, 2, 2, True, False),
     (2, 13, 64, 4, 4, False, False),     # a ragged sequence, batch > 1
@@ -91,7 +70,7 @@ def _candidates(mod, x):
 def test_rope_is_computed_inside_attention(b, t, width, heads, kv, causal, explicit):
     torch.manual_seed(0)
     mod = RopeAttention(width, heads, kv, seq=16, causal=causal, explicit=explicit).eval()
-    res = _candidates(mod, torch.randn(b, t, width))
+    res = egraph_candidates_checked(mod, torch.randn(b, t, width))
     by_label = {p.label: p for p in res.candidates}
     # without +kv-prologue the query's RoPE is in the attention kernel, the keys' is written
     base = [p for lab, p in by_label.items() if "attention" in p.form_counts()
@@ -123,7 +102,7 @@ def test_rope_reads_the_merged_qkv_projection():
     rotate-half pieces read it too (not a second Q or K projection)."""
     torch.manual_seed(0)
     mod = RopeAttention(64, 4, 4, seq=16).eval()
-    res = _candidates(mod, torch.randn(1, 16, 64))
+    res = egraph_candidates_checked(mod, torch.randn(1, 16, 64))
     best = {}
     for p in res.candidates:
         best.setdefault(len(p.calls), p)

@@ -127,3 +127,29 @@ def assert_compiles_for_hopper(rendered, cfg) -> None:
     assert r.error is None, r.error
     assert r.spill_stores == 0 and r.spill_loads == 0
     assert any(op.startswith(("HGMMA", "HMMA")) for op in r.tensor_core), r.tensor_core
+
+
+# ---- torch modules through the e-graph --------------------------------------------------------
+def rotate_half(x):
+    """RoPE's ``cat(-x2, x1)`` over the last axis (Llama's ``rotate_half``), on torch tensors."""
+    import torch
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def egraph_candidates_checked(mod, x, k: int = 64):
+    """The e-graph's candidates for ``mod(x)`` (a torch module of one tensor), each run on the
+    reference executor and checked against torch eager (rtol 1e-4, atol 1e-5)."""
+    import torch
+    from lumc.compiler.core.egraph_pipeline import egraph_candidates
+    from lumc.compiler.frontends.torch_frontend.capture import import_torch
+    from lumc.compiler.runtime.program import run_program_reference
+    g = import_torch(mod, (x,)).graph
+    res = egraph_candidates(g, "h200", k=k)
+    feed = {next(iter(g.inputs)): x.numpy()}
+    with torch.no_grad():
+        want = mod(x).numpy()
+    for p in res.candidates:
+        got = next(iter(run_program_reference(p, g, feed).values()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    return res

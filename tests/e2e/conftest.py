@@ -14,6 +14,14 @@ TINY_B = np.array([0.125, -0.5], dtype=np.float32)
 
 
 @pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private ``LUMC_CACHE_DIR`` for one test (files that opt in: ``pytestmark =
+    pytest.mark.usefixtures("cache_dir")``); its path."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
 def record_time(request):
     """``record_time(what, seconds)``: adds a line to the 'e2e wall times' section of the report."""
     def rec(what: str, seconds: float) -> None:

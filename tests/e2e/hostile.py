@@ -77,3 +77,10 @@ def one_line_error(res, *words):
     for w in words:
         assert w in lines[0], (w, lines[0])
     return lines[0]
+
+
+def lumc_cli(*args):
+    """``lumc ARGS`` in-process (click's runner); arguments may be paths or numbers."""
+    from click.testing import CliRunner
+    from lumc.compiler.tools.cli import cli
+    return CliRunner().invoke(cli, [str(a) for a in args])

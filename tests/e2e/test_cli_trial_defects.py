@@ -12,24 +12,17 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 import lumc
 from lumc.compiler.core.why_not import why_not_lines
-from lumc.compiler.tools.cli import cli
 
 sys.path.insert(0, os.path.dirname(__file__))
-from hostile import one_line_error  # noqa: E402
+from hostile import lumc_cli, one_line_error  # noqa: E402
 
 
-def lumc_cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("cache_dir")   # a private LUMC_CACHE_DIR per test
 
 
 @pytest.fixture

@@ -18,30 +18,22 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import tiny_model  # noqa: E402
-from hostile import (artifact_parts, nested_json, one_line_error, write_artifact,  # noqa: E402
-                     zip_bomb_member)
+from hostile import (artifact_parts, lumc_cli, nested_json, one_line_error,  # noqa: E402
+                     write_artifact, zip_bomb_member)
 
 import lumc  # noqa: E402
-from lumc.compiler.tools.cli import cli  # noqa: E402
 from lumc.ir.errors import ArtifactError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def lumc_cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+pytestmark = pytest.mark.usefixtures("cache_dir")   # a private LUMC_CACHE_DIR per test
 
 
 @pytest.fixture(scope="module")
