@@ -22,8 +22,7 @@ from lumc.compiler.frontends.torch_frontend.capture import import_torch
 from lumc.compiler.runtime.program import run_program_reference
 from lumc.backends.devices import get_device
 from lumc.backends.extern import extern_impls, simulate_extern_time
-from lumc.backends.simulator import (attention_prologue_seconds, attention_prologues,
-                                     simulate_kernel_time)
+from lumc.backends.simulator import attention_prologue_seconds, attention_prologues
 from lumc.backends.triton import configs
 from triton_cases import check, egraph_candidates_checked, rotate_half
 
@@ -126,7 +125,6 @@ def test_qk_norm_is_formed_inside_attention(b, t, width, heads, kv, norm, rope):
     assert attention_prologues(plain)["PROLOGUE_KV"] == 0      # the keys' norm is its own kernel
     cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     assert attention_prologue_seconds(att, cfg, dev) > attention_prologue_seconds(plain, cfg, dev)
-    assert simulate_kernel_time(att, cfg, dev) > attention_prologue_seconds(att, cfg, dev)
     # SDPA (an extern) computes the norms as eager torch ops before it: each is charged
     if "sdpa" in extern_impls(att):
         assert simulate_extern_time(att, {"IMPL": "sdpa"}, dev) > \
