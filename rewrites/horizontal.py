@@ -36,7 +36,30 @@ from lumc.rewrites.patterns import Rule
 CTORS = {"HCat": ("Expr", "Expr"), "Part": ("Expr", "i64", "i64")}
 # key functions of the termination order (see the module docstring)
 FUNCTIONS = ("(function hbase (Expr) i64 :merge (min old new))",
-             "(function hlast (Expr) i64 :merge (min old new))")
+             "(function hlast (Expr) i64 :merge (min old new))",
+             # a strided step that reads columns lo..hi of every row of an n-column source
+             "(function colpart (Step) IVec :merge old)")
+
+
+def column_part(src_shape, box) -> tuple[int, int, int] | None:
+    """``(lo, hi, n)`` when the view ``box`` of a contiguous ``src_shape`` reads columns
+    ``lo..hi`` of every row of it, rows in order (``src.reshape(-1, n)[:, lo:hi]`` reshaped to
+    ``box.shape``; the last axis has ``n`` columns), else None. Such a slice of a contraction is
+    the contraction over the weight's columns (:func:`split_rules`)."""
+    src_shape = tuple(int(d) for d in src_shape)
+    if box.mask is not None or not src_shape or len(box.shape) != len(src_shape):
+        return None
+    n, w = src_shape[-1], int(box.shape[-1])
+    if tuple(box.shape[:-1]) != src_shape[:-1] or w < 1 or w >= n or \
+            (w > 1 and box.strides[-1] != 1):
+        return None
+    row = n
+    for d, st in zip(reversed(src_shape[:-1]), reversed(box.strides[:-1])):
+        if d != 1 and st != row:
+            return None
+        row *= d
+    lo = int(box.offset)
+    return (lo, lo + w, n) if 0 <= lo and lo + w <= n else None
 
 
 def _const_value(n: Node, depth: int = 16) -> np.ndarray | None:
@@ -139,5 +162,46 @@ def _pair_rule(bias: bool) -> Rule:
                 lhs, f"(Part {wide} 0 ?n1)", tuple(where), sets=tuple(sets), cases=(case,))
 
 
+def _column_slice_host(a_shape, b_shape, lo: int, hi: int):
+    """A soundness case's left side: columns ``lo..hi`` of ``a @ b`` (the pattern language has no
+    slice: the case builds it in IR from the bound inputs, as ``torch.chunk`` lowers)."""
+    def build(env):
+        return Tensor(env["A"]).matmul(Tensor(env["B"])).slice([lo], [hi], [-1]).node
+    return {"A": ("in", a_shape, "f32"), "B": ("in", b_shape, "f32"), "host": build,
+            "__lhs__": "?host"}
+
+
+def split_rules() -> list[Rule]:
+    """A column slice of a contraction is the contraction over the weight's columns::
+
+        (x @ w)[..., lo:hi]  ==  x @ w[..., lo:hi]
+
+    the inverse of :func:`_pair_rule`, for a model that stores the wide weight itself (Phi-3's
+    ``gate_up_proj`` read through ``chunk``): its halves become two contractions of one left
+    operand, which the fusion pairs in one kernel with the gated product as epilogue. Each output
+    column is computed from the same operands in the same order, so the rule is ``exact``. The
+    encoder marks the strided steps that read whole rows' columns (``colpart``,
+    :func:`column_part`)."""
+    part = "(Part ?b ?lo ?hi)"
+    narrow = f"(MatMul ?a {part})"
+    cols = "(Part ?y ?lo ?hi)"
+    return [Rule("kernels/MatMul: columns lo..hi of x @ w -> x @ w[..., lo:hi]", "exact",
+                 "(View ?y (Strided ?k))", f"(View {cols} (Reshape ?so))",
+                 ("(= ?y (MatMul ?a ?b))", "(= ?c (colpart (Strided ?k)))",
+                  "(= ?sy (shape ?y))", "(= ?r (vec-length ?sy))",
+                  "(= (vec-get ?sy (- ?r 1)) (vec-get ?c 2))",
+                  "(= ?lo (vec-get ?c 0))", "(= ?hi (vec-get ?c 1))",
+                  "(= ?sb (shape ?b))", "(= ?so (shape ?root))"),
+                 # the slice is a Part of the wide contraction (which the horizontal candidate
+                 # keeps, ``egraph_pipeline._wide_forced``) and the narrow contraction
+                 sets=(f"(union {cols} {narrow})",
+                       f"(set (shape {part}) (vec-set ?sb (- (vec-length ?sb) 1) (- ?hi ?lo)))",
+                       f"(set (shape {cols}) (vec-set ?sy (- ?r 1) (- ?hi ?lo)))",
+                       f"(set (shape (View {cols} (Reshape ?so))) ?so)"),
+                 cases=(_column_slice_host((5, 6), (6, 8), 2, 5),
+                        _column_slice_host((2, 3, 6), (6, 8), 4, 8),
+                        _column_slice_host((2, 3, 6), (2, 6, 8), 0, 3)))]
+
+
 def rules() -> list[Rule]:
-    return [_pair_rule(True), _pair_rule(False)]
+    return [_pair_rule(True), _pair_rule(False)] + split_rules()

@@ -228,8 +228,11 @@ class Encoder:
                 if refined != src_shape:     # a per-head split (GPT-NeoX's fused QKV)
                     cur = self._fresh(f"(View {cur} (Reshape {ivec(refined)}))", refined)
                 src_shape = box.shape
-                cur = self._fresh(f"(View {cur} (Strided {self.tables.strided_id(box)}))",
-                                  box.shape)
+                sid = self.tables.strided_id(box)
+                cur = self._fresh(f"(View {cur} (Strided {sid}))", box.shape)
+                cols = _horizontal.column_part(refined, box)
+                if cols is not None:
+                    self.lines.append(f"(set (colpart (Strided {sid})) {ivec(cols)})")
             if len(x.shape) > len(src_shape) and (not steps or steps[-1][0] != "expand"):
                 steps = steps + [("expand", tuple(x.shape))]   # rank growth always ends in Expand
             steps = fold_steps(src_shape, steps)

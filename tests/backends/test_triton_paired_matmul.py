@@ -106,6 +106,52 @@ def test_rmsnorm_on_load_feeds_both_products(b, t):
     check(k, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, N_TILES=2))
 
 
+class FusedGateUpMLP(nn.Module):
+    """transformers' Phi3MLP after an RMSNorm: one ``gate_up_proj`` of twice the width, split by
+    ``chunk`` (or by explicit slices), then ``up * silu(gate)`` and the down-projection."""
+
+    def __init__(self, width=32, inner=48, eps=1e-6, split="chunk"):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(width) + 0.5)
+        self.gate_up = nn.Linear(width, 2 * inner, bias=False)
+        self.down = nn.Linear(inner, width, bias=False)
+        self.eps, self.inner, self.split = eps, inner, split
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
+        y = self.gate_up(h)
+        if self.split == "chunk":
+            gate, up = y.chunk(2, dim=-1)
+        else:   # up first: the halves in the other order
+            up, gate = y[..., :self.inner], y[..., self.inner:]
+        return x + self.down(up * F.silu(gate))
+
+
+@pytest.mark.parametrize("b,t,split", [(1, 13, "chunk"), (2, 8, "slices")])
+def test_fused_gate_up_weight_is_split_into_a_paired_kernel(b, t, split):
+    """A model that stores gate and up as one wide weight (Phi-3) reads the halves of one product
+    through column slices; the e-graph unions each half with the product over the weight's columns
+    (``horizontal.split_rules``), so the MLP is two kernels as for separate weights, and no kernel
+    writes the wide [M, 2 I] product."""
+    torch.manual_seed(1)
+    mod, x = FusedGateUpMLP(split=split).eval(), torch.randn(b, t, 32)
+    g = import_torch(mod, (x,)).graph
+    res = egraph_candidates(g, "h200", k=32)
+    with torch.no_grad():
+        want = mod(x).numpy()
+    feed = {next(iter(g.inputs)): x.numpy()}
+    for p in res.candidates:
+        got = next(iter(run_program_reference(p, g, feed).values()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    fused = [p for p in res.candidates if len(p.calls) == 2]
+    assert fused, {p.label: len(p.calls) for p in res.candidates}
+    assert len(res.best.calls) == 2, res.best.label
+    k = fused[0].calls[0].kernel
+    assert dict(k.attrs).get("paired") is True
+    assert all(tuple(n.shape)[-1] != 96 for c in fused[0].calls for n in c.outputs)
+    check(k, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, N_TILES=1))
+
+
 def test_simulator_and_configs_price_two_right_operands():
     paired = _paired_kernel(_gated((1, 512, 1024), 2048))
     x = Tensor(input_node("x", (1, 512, 1024), dt.f32))

@@ -100,3 +100,20 @@ def test_horizontal_candidate_is_one_contraction_with_constant_weights(bias, fla
     ref = ReferenceExecutor(g, "float64")(feed)["y"]
     got = run_program_reference(wide, g, feed)["y"]
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_column_part_accepts_only_whole_rows_in_order():
+    """The encoder's ``colpart`` fact: a strided step is a column slice of a contraction only when
+    it reads columns lo..hi of every row, rows in order (``src.reshape(-1, n)[:, lo:hi]``)."""
+    from lumc.ir.views import View
+    from lumc.rewrites.horizontal import column_part
+    src = (2, 3, 8)
+    assert column_part(src, View((2, 3, 5), (24, 8, 1), 3)) == (3, 8, 8)
+    assert column_part((6, 1, 8), View((6, 1, 4), (8, 0, 1), 0)) == (0, 4, 8)    # unit dims
+    assert column_part(src, View((2, 3, 1), (24, 8, 0), 7)) == (7, 8, 8)         # one column
+    assert column_part(src, View((2, 3, 8), (24, 8, 1), 0)) is None              # not a slice
+    assert column_part(src, View((2, 2, 5), (24, 8, 1), 3)) is None              # rows missing
+    assert column_part(src, View((2, 3, 4), (24, 8, 2), 0)) is None              # every other
+    assert column_part(src, View((2, 3, 4), (8, 16, 1), 0)) is None              # rows permuted
+    assert column_part(src, View((2, 3, 4), (24, 8, 1), 6)) is None              # past the row
+    assert column_part(src, View((2, 3, 4), (24, 8, 1), 0, ((0, 2), (0, 3), (0, 2)))) is None
