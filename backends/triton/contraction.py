@@ -112,6 +112,26 @@ def as_contraction(n: Node) -> Contraction | None:
     return Contraction(n, a, b, full, tuple(m), tuple(nn), tuple(k), tuple(batch))
 
 
+def as_contraction_squeezed(n: Node) -> Contraction | None:
+    """:func:`as_contraction`, also when the product reaches the sum through a reshape that only
+    drops leading 1s (``SumReduce(reshape(Mul(a, b)))``: the e-graph's batch-of-one spelling,
+    ``views/SumReduce`` in ``lumc.rewrites.rules_views``). Dims are those of the product; ``node``
+    is ``n`` itself. Graph-level decisions use it (which contractions pair); a kernel's meaning
+    has the reshape composed into the operands' views, where :func:`as_contraction` sees it."""
+    c = as_contraction(n)
+    if c is not None or n.op != "SumReduce" or n.srcs[0].op != "View":
+        return c
+    v, p = n.srcs[0], n.srcs[0].srcs[0]
+    lead = len(p.shape) - len(v.shape)
+    if p.op != "Mul" or lead < 1 or tuple(p.shape[lead:]) != tuple(v.shape) or \
+            any(d != 1 for d in p.shape[:lead]) or not v.arg.is_contiguous:
+        return None
+    from lumc.ir.graph import node as make
+    c = as_contraction(make("SumReduce", [p], tuple(a + lead for a in n.arg)))
+    return None if c is None else Contraction(n, c.a, c.b, c.full, c.m_dims, c.n_dims,
+                                              c.k_dims, c.batch_dims)
+
+
 def find_contractions(nodes: list[Node]) -> list[Contraction]:
     out = []
     for n in nodes:

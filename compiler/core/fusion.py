@@ -41,7 +41,8 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
-from lumc.backends.triton.contraction import as_contraction, is_tensor_core, same_iteration
+from lumc.backends.triton.contraction import (as_contraction, as_contraction_squeezed,
+                                              is_tensor_core, same_iteration)
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
@@ -252,7 +253,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
         first in topological order claims the second when its epilogue closes over both."""
         by_key: dict[tuple, list] = {}
         for n in self.order:
-            c = as_contraction(n) if id(n) not in self.group else None
+            c = as_contraction_squeezed(n) if id(n) not in self.group else None
             if c is not None and is_tensor_core(c) and id(n) not in self.outputs:
                 by_key.setdefault((id(c.a), c.full), []).append(c)
         pairs: dict[int, Node] = {}

@@ -106,6 +106,35 @@ def test_rmsnorm_on_load_feeds_both_products(b, t):
     check(k, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, N_TILES=2))
 
 
+@pytest.mark.parametrize("b", [1, 2])
+def test_one_row_gate_and_up_are_one_row_kernel(b):
+    """Decoding (one row per sequence): gate and up are GEMVs, which the e-graph may spell as a sum
+    over the product reshaped without its leading 1 (``views/SumReduce``). They still pair: one row
+    kernel sums both products over the same tile of the normalized input and writes only
+    ``silu(gate) * up``, so no candidate has three GEMV kernels for the MLP."""
+    torch.manual_seed(2)
+    mod, x = LlamaMLP(width=48, inner=80).eval(), torch.randn(b, 1, 48)
+    g = import_torch(mod, (x,)).graph
+    res = egraph_candidates(g, "h200", k=32)
+    with torch.no_grad():
+        want = mod(x).numpy()
+    feed = {next(iter(g.inputs)): x.numpy()}
+    for p in res.candidates:
+        got = next(iter(run_program_reference(p, g, feed).values()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+
+    def joined(k):
+        reds = [n for n in k.meaning.nodes() if n.op == "SumReduce" and n.numel == b * 80]
+        return len(reds) == 2 and all(o.numel == b * 80 for o in k.meaning.outputs.values())
+    paired = [c.kernel for p in res.candidates for c in p.calls if joined(c.kernel)]
+    assert paired, {p.label: p.form_counts() for p in res.candidates}
+    assert len(res.best.calls) <= 3, res.best.form_counts()
+    parts = render_parts(paired[0], None)
+    space = configs.config_space(parts.config_space, parts.problem)
+    for cfg in (space[0], space[-1]):
+        check(paired[0], config=cfg)
+
+
 class FusedGateUpMLP(nn.Module):
     """transformers' Phi3MLP after an RMSNorm: one ``gate_up_proj`` of twice the width, split by
     ``chunk`` (or by explicit slices), then ``up * silu(gate)`` and the down-projection."""
