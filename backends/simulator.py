@@ -245,15 +245,38 @@ def _prologue_views(x, depth: int = 4) -> list:
     return out
 
 
+def _main_reduction(kernel: Kernel):
+    """The reduction over the widest operand (a GEMV's, not the row statistic of the input it
+    normalizes on load), the first of them; None without one."""
+    reds = [n for n in kernel.meaning.nodes() if n.op in ("SumReduce", "MaxReduce")]
+    return max(reds, key=lambda n: n.srcs[0].numel, default=None)
+
+
 def row_dims(kernel: Kernel) -> tuple[int, int]:
-    """``(rows, row length)`` of a row kernel: from its first reduction, the reduced extent is the
+    """``(rows, row length)`` of a row kernel: from its main reduction, the reduced extent is the
     row and the rest are rows (a kernel without a reduction is one row per output element)."""
-    for n in kernel.meaning.nodes():
-        if n.op in ("SumReduce", "MaxReduce"):
-            src = n.srcs[0].shape
-            row = prod(src[a] for a in n.arg) if n.arg else 1
-            return max(prod(src) // max(row, 1), 1), max(row, 1)
+    n = _main_reduction(kernel)
+    if n is not None:
+        src = n.srcs[0].shape
+        row = prod(src[a] for a in n.arg) if n.arg else 1
+        return max(prod(src) // max(row, 1), 1), max(row, 1)
     return max(sum(prod(n.shape) for n in kernel.outputs), 1), 1
+
+
+def row_prologue_ops(kernel: Kernel) -> int:
+    """Ops per element of a row kernel's main tile spent on the row statistics of the input it
+    normalizes on load (``rowplan.RowPlan.prologue``): the statistics are taken again over every
+    main row and the normalization formed on every tile, so each op of their expressions (the
+    nodes of a statistic's operand size, and each statistic's add) is issued per tile element."""
+    main = _main_reduction(kernel)
+    if main is None:
+        return 0
+    stats = [n for n in kernel.meaning.nodes() if n.op in ("SumReduce", "MaxReduce")
+             and n.srcs[0].numel < main.srcs[0].numel]
+    sizes = {r.srcs[0].numel for r in stats}
+    ops = sum(1 for n in kernel.meaning.nodes() if n.op not in ("View", "Input", "Constant",
+              "Iota", "SumReduce", "MaxReduce") and n.numel in sizes)
+    return ops + len(stats)
 
 
 _ATTENTION: "weakref.WeakKeyDictionary[Kernel, dict]" = weakref.WeakKeyDictionary()
@@ -359,8 +382,8 @@ def _static(kernel: Kernel) -> tuple:
         c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
         prologue = row_statistics_work(kernel, c) if c is not None and kernel.form == "matmul" \
             else RowWork()
-        rows = row_dims(kernel) if c is None and kernel.form not in ("pointwise", "gather") \
-            else None
+        rows = (*row_dims(kernel), row_prologue_ops(kernel)) \
+            if c is None and kernel.form not in ("pointwise", "gather") else None
         hit = (sum(kernel.read_bytes()), sum(n.nbytes for n in kernel.outputs), dtype,
                kernel.flops(), c, prologue, rows)
         _STATIC[kernel] = hit
@@ -410,14 +433,14 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             flops = flops * issued / out_elems
         else:
             # row kernels: BLOCK_M rows per program, each row read in BLOCK_K-wide chunks
-            rows, row = rows
+            rows, row, pro_ops = rows
             rows_pp = int(cfg.get("BLOCK_M", 1))
             chunk = int(cfg.get("BLOCK_K", cfg.get("BLOCK", 1024)))
             split = int(cfg.get("SPLIT", 1))      # a split reduction: SPLIT programs per row group
             programs = math.ceil(rows / rows_pp) * split
             tile_bytes = rows_pp * min(chunk, math.ceil(row / split)) * dtype.itemsize
             issued = programs * rows_pp * math.ceil(row / chunk) * chunk
-            flops = flops * max(issued / (rows * row), 1.0)
+            flops = flops * max(issued / (rows * row), 1.0) + issued * pro_ops
             # a looped row kernel that normalizes re-reads its row once more
             if row > chunk and kernel.form in ("softmax", "layernorm", "rmsnorm"):
                 hbm += in_bytes * (1 - L2_HIT)
@@ -489,10 +512,10 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             lanes = math.ceil(out_elems / block) * block
             flops = flops * lanes / out_elems
         else:
-            rows, row = rows
+            rows, row, pro_ops = rows
             rows_pp = int(cfg.get("BLOCK_M", 1))
             issued = math.ceil(rows / rows_pp) * rows_pp * math.ceil(row / block) * block
-            flops = flops * max(issued / (rows * row), 1.0)
+            flops = flops * max(issued / (rows * row), 1.0) + issued * pro_ops
         peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
         finish = 0.0
     return max(flops / peak, (in_bytes + out_bytes) / dev.hbm_bandwidth) + \

@@ -164,6 +164,23 @@ class RowKernel:
         self.w.close()
         self.finish(r, acc)
 
+    def prologue_statistics(self) -> None:
+        """The row statistics of the main rows' normalized input (``RowPlan.prologue``), first:
+        each as the same reduction over the main tile, of its operand read through the view that
+        reads the normalized input (one value per main row, kept as a ``[BLOCK_M, 1]`` column for
+        the full tiles that normalize on load)."""
+        from lumc.ir.graph import node
+        for r in self.kernel.meaning.nodes():
+            v = self.plan.prologue.get(r)
+            if v is None:
+                continue
+            same = node(r.op, [node("View", [r.srcs[0]], v)], self.plan.axes)
+            if self.one_pass:
+                self.finish(same, self.reduce_tile(same, self.operand_tile(same, 0)))
+            else:
+                self.loop_reduce(same)
+            self.row_vals[r] = self.w.bind(f"{self.row_vals.pop(same)}[:, None]", "b", 0)
+
     def store_outputs(self, kinds: tuple[str, ...], level: int) -> None:
         plan = self.plan
         for name, o in self.kernel.meaning.outputs.items():
@@ -185,6 +202,7 @@ class RowKernel:
     def write_one_pass(self) -> None:
         self.setup_rows()
         self.setup_k("0")
+        self.prologue_statistics()
         for r in self.plan.reduces:
             self.finish(r, self.reduce_tile(r, self.operand_tile(r, 0)))
         self.store_outputs(("full",), 0)
@@ -193,6 +211,7 @@ class RowKernel:
     def write_looped(self) -> None:
         from lumc.backends.triton.render_norm import find_online_merges
         self.setup_rows()
+        self.prologue_statistics()
         merges = find_online_merges(self.plan)
         done: set[Node] = set()
         for group in self.plan.levels:

@@ -35,6 +35,8 @@ SPLIT_MIN_K = 1 << 16      # rows at least this long: every chunk keeps >= 4096 
 
 def split_refusal(kernel: Kernel, plan: RowPlan) -> str | None:
     """Why ``kernel`` cannot be rendered as a split reduction, or None when it can."""
+    if plan.prologue:
+        return "a row statistic of the input is formed first (a normalization on load)"
     if any(plan.level[r] != 0 for r in plan.reduces):
         return "a reduction depends on another reduction (row statistics are needed first)"
     for name, o in kernel.meaning.outputs.items():

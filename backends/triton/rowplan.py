@@ -13,6 +13,15 @@ elements. Nodes are classified:
 A reduction's *level* is one more than the deepest reduction its operand depends on: softmax's max is
 level 0 and its sum level 1, so a looped kernel that cannot keep the row in registers needs one pass
 per level unless an online form merges two levels (``render_norm``).
+
+A *prologue statistic* is a reduction of another shape whose value reaches the main reductions'
+operands only as a normalization of their input: a decoding step's RMSNorm before a GEMV
+(``sum(x * x)`` over the hidden dim of ``x [B, 1, C]``, the GEMV summing ``C`` for each of ``N``
+columns). When the view ``V`` that reads the normalized input into the main shape ``S`` maps the
+main reduced axes one-to-one onto the statistic's reduced (trailing) axes and the kept dims only onto
+its rows, the statistic of the row a main row reads equals the same reduction taken over the main
+tile, ``sum over K of V(x * x)``: the kernel computes it so, first, with the main row structure
+(:attr:`RowPlan.prologue`).
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ from dataclasses import dataclass, field
 from lumc.ir.graph import Node
 from lumc.ir.kernels import Kernel
 from lumc.ir.ops import REDUCE
+from lumc.ir.movement import compose_view
 from lumc.ir.views import View, contiguous_strides, prod
 from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.indexing import is_pure_reshape
@@ -37,6 +47,8 @@ class RowPlan:
     level: dict[Node, int]
     kind: dict[Node, str]                   # "row" / "full" for nodes depending on a reduction
     outputs: dict[str, str] = field(default_factory=dict)   # out name -> "row" / "full"
+    # prologue statistic -> the view reading its operand's shape into ``shape`` (module docstring)
+    prologue: dict[Node, View] = field(default_factory=dict)
 
     @property
     def kept_shape(self) -> tuple[int, ...]:
@@ -78,7 +90,125 @@ def plan_rows(kernel: Kernel) -> RowPlan | None:
     reduces = [n for n in nodes if n.op in REDUCE]
     if not reduces:
         return None
-    return plan_rows_of(nodes, reduces, kernel.meaning.outputs)
+    key = {r: (tuple(r.srcs[0].shape), tuple(sorted(r.arg))) for r in reduces}
+    if len(set(key.values())) == 1:
+        return plan_rows_of(nodes, reduces, kernel.meaning.outputs)
+    main_key = max(key.values(), key=lambda k: prod(k[0]))
+    mains = [r for r in reduces if key[r] == main_key]
+    stats = [r for r in reduces if key[r] != main_key]
+    prologue = prologue_statistics(nodes, mains, stats, kernel.meaning.outputs)
+    plan = plan_rows_of(nodes, mains, kernel.meaning.outputs)
+    plan.prologue = prologue
+    return plan
+
+
+def _row_map_ok(v: View, stat_shape: tuple[int, ...], stat_axes: tuple[int, ...],
+                axes: tuple[int, ...]) -> bool:
+    """View ``v`` (of a contiguous ``stat_shape`` source, into the main shape) sends the main
+    reduced ``axes`` one-to-one onto the statistic's trailing reduced ``stat_axes`` (row-major over
+    ``L`` elements) and every kept dim to whole rows of ``L``: so the main row ``i`` reads the
+    statistic's row ``(offset + sum of its kept strides) // L`` only."""
+    n = len(stat_shape)
+    if v.mask is not None or tuple(stat_axes) != tuple(range(n - len(stat_axes), n)):
+        return False
+    length = prod(stat_shape[a] for a in stat_axes)
+    red = [(v.shape[a], v.strides[a]) for a in axes if v.shape[a] != 1]
+    want = 1
+    for d, st in reversed(red):
+        if st != want:
+            return False
+        want *= d
+    if want != length:
+        return False
+    kept = [k for k in range(len(v.shape)) if k not in axes]
+    return v.offset % length == 0 and all(v.strides[k] % length == 0 for k in kept)
+
+
+def prologue_statistics(nodes: list[Node], mains: list[Node], stats: list[Node],
+                        outputs: dict[str, Node]) -> dict[Node, View]:
+    """``{statistic: V}`` for the reductions ``stats`` (one operand shape and axes: a layer norm's
+    mean and variance) that are prologue statistics of ``mains`` (module docstring).
+
+    Raises:
+        RenderError: statistics that are not (of two shapes, written as an output, read by a main
+            reduction otherwise than through one row-mapping view, or normalized across rows).
+    """
+    shape, axes = tuple(mains[0].srcs[0].shape), tuple(sorted(mains[0].arg))
+    keys = {(tuple(r.srcs[0].shape), tuple(sorted(r.arg))) for r in stats}
+    if len(keys) != 1:
+        raise RenderError(f"node {stats[0]!r}: reductions of one row kernel must share operand "
+                          f"shape and axes ({shape}, {axes}), or be the row statistics of one "
+                          f"normalization of their input; got {sorted(keys)}")
+    (stat_shape, stat_axes), = keys
+    # the normalization: nodes depending on a statistic, up to the views into the main shape
+    # (a view into the main space, or into a shape the main operand reshapes: the squeezed GEMV)
+    dep, crossing, views = set(stats), [], set()
+    for n in nodes:
+        if n in dep or not any(s in dep for s in n.srcs):
+            continue
+        if n.op == "View" and prod(n.shape) == prod(shape) and prod(shape) > prod(stat_shape) \
+                and tuple(n.srcs[0].shape) == stat_shape:
+            crossing.append(n)
+            views.add(n.arg if tuple(n.shape) == shape
+                      else compose_view(n.arg, View.contiguous(shape)))
+        elif n.op in REDUCE:
+            raise RenderError(f"node {n!r}: a main reduction reads a row statistic's value "
+                              "other than through the view of its normalized input")
+        else:
+            dep.add(n)
+    if any(o in dep for o in outputs.values()):
+        raise RenderError(f"node {stats[0]!r}: a row statistic of another shape is written")
+    beyond = set(crossing)
+    for n in nodes:
+        if any(s in beyond for s in n.srcs):
+            beyond.add(n)
+    plan_rows_of([n for n in nodes if n not in beyond], stats, {})   # raises: crosses rows
+    if len(views) != 1 or None in views or not _row_map_ok(next(iter(views)), stat_shape, stat_axes, axes):
+        raise RenderError(f"node {stats[0]!r}: a row statistic read into the main reductions "
+                          f"through {len(views)} views, not one that maps whole rows "
+                          f"({stat_shape} reduced over {stat_axes} into {shape} over {axes})")
+    odd = {tuple(n.shape) for n in crossing} - {shape}
+    if odd and not _reshaped_elementwise(mains, crossing, dep, odd.pop()):
+        raise RenderError(f"node {stats[0]!r}: the normalized input reaches the main reductions "
+                          "through views other than one reshape into their operand shape")
+    v = next(iter(views))
+    return {r: v for r in stats}
+
+
+def _reshaped_elementwise(mains: list[Node], crossing: list[Node], dep: set, shape) -> bool:
+    """Every main reduction reads a contiguous reshape of a value of ``shape`` computed
+    elementwise from the ``crossing`` views and from values that do not depend on the statistics
+    (``dep``): so reading the normalized input through a crossing view then the reshape is reading
+    it through their composition (the view :func:`prologue_statistics` checks)."""
+    cross = set(crossing)
+    for r in mains:
+        op = r.srcs[0]
+        if op.op != "View" or not op.arg.is_contiguous or tuple(op.srcs[0].shape) != shape:
+            return False
+        stack, seen = [op.srcs[0]], set()
+        while stack:
+            n = stack.pop()
+            if n in seen or n in cross:
+                continue
+            seen.add(n)
+            if n.op == "View" or n.op in REDUCE or tuple(n.shape) != shape:
+                if _depends_on(n, dep):
+                    return False
+                continue
+            stack.extend(n.srcs)
+    return True
+
+
+def _depends_on(n: Node, dep: set) -> bool:
+    stack, seen = [n], set()
+    while stack:
+        x = stack.pop()
+        if x in dep:
+            return True
+        if x not in seen:
+            seen.add(x)
+            stack.extend(x.srcs)
+    return False
 
 
 def plan_rows_of(nodes: list[Node], reduces: list[Node], outputs: dict[str, Node]) -> RowPlan:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE
 
-from lumc.backends.triton.contraction import as_contraction
+from lumc.backends.triton.contraction import as_contraction, as_contraction_squeezed
 from lumc.backends.triton.norm_prologue import reads_operand_rows
 
 # the note a fusion without ``kv_prologue`` leaves where the twin candidate would differ
@@ -33,7 +33,7 @@ def _chain(x: Node) -> tuple[Node, list]:
 def _row_plannable(r: Node, epilogue: bool) -> bool:
     """Contraction ``r``'s kernel can compute row statistics (what ``norm_prologue`` and
     ``norm_epilogue`` render): no batch dims, and in its epilogue its rows before its columns."""
-    c = as_contraction(r)
+    c = as_contraction_squeezed(r)
     if c is None or c.batch_dims:
         return False
     return not (epilogue and c.m_dims and c.n_dims) or max(c.m_dims) < min(c.n_dims)
@@ -94,12 +94,28 @@ class NormOnLoad:
     def _operand_readers(self, b: Node, u: Node) -> list[int] | None:
         """The contractions (ids of their ``SumReduce``) whose left operand ``u`` reads ``b``, when
         their kernels can compute ``b``'s row statistics in the prologue; else None."""
-        if not (u.op == "Mul" and self._contraction_operand(u) and _chain(u.srcs[0])[0] is b
-                and id(u) not in self.group):
+        rs = self._sums_of(u) if u.op == "Mul" and id(u) not in self.group else None
+        if not rs or _chain(u.srcs[0])[0] is not b:
             return None
-        rs = [x for x, _ in self.uses[id(u)]]
-        ok = all(_row_plannable(x, False) and reads_operand_rows(as_contraction(x)) for x in rs)
+        ok = all(_row_plannable(x, False) and reads_operand_rows(as_contraction_squeezed(x))
+                 for x in rs)
         return [id(x) for x in rs] if ok else None
+
+    def _sums_of(self, u: Node) -> list[Node] | None:
+        """The sums that read product ``u`` whole: directly, or through a reshape that drops its
+        leading 1s (a GEMV's batch-of-one spelling, ``as_contraction_squeezed``); else None."""
+        out = []
+        for x, _ in self.uses[id(u)]:
+            if x.op == "View" and x.arg.is_contiguous and id(x) not in self.group:
+                more = [y for y, _ in self.uses[id(x)]]
+                if not more or any(as_contraction_squeezed(y) is None for y in more):
+                    return None
+                out += more
+            elif x.op == "SumReduce":
+                out.append(x)
+            else:
+                return None
+        return out or None
 
     def _fuse_norm_on_load(self, b: Node, exits: dict) -> None:
         """Post-LN fusion (``norm_epilogue``), decided once every kernel's epilogue is known: ``b``

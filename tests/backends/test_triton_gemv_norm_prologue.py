@@ -1,0 +1,111 @@
+"""A decoding step's normalization formed on load in its GEMVs (``rowplan.RowPlan.prologue``).
+
+With one row per sequence the projections after an RMSNorm or LayerNorm are GEMVs, rendered as row
+kernels (one program per ``BLOCK_M`` output columns, each summing over the hidden dim). The norm's
+row statistics are taken again in each program over the main tile, through the view that reads
+the normalized input, so the normalization is never written: rendered and run in the Triton
+interpreter for batches whose rows map to different statistics, both row-kernel variants, a paired
+gate/up, and the refusal of a view that reads the statistic's rows across the reduced axis. The
+simulator prices the statistics per main tile element."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lumc.backends.devices import get_device
+from lumc.backends.simulator import row_dims, row_prologue_ops, simulate_kernel_time
+from lumc.backends.triton import configs
+from lumc.backends.triton.codegen import RenderError
+from lumc.backends.triton.render import render_parts
+from lumc.backends.triton.rowplan import plan_rows
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.compiler.frontends.torch_frontend.capture import import_torch
+from lumc.ir import dtypes as dt
+from lumc.ir.library.norm import layer_norm, rms_norm
+from test_triton_paired_matmul import LlamaMLP
+from triton_cases import check, make_kernel
+
+
+def _normed(kind, x, s, b):
+    return rms_norm(x, s) if kind == "rms" else layer_norm(x, s, b)[0]
+
+
+def _gemv(kind: str, batch: int, c: int, n: int):
+    """``norm(x) @ w`` for ``x [batch, 1, c]`` (a decoding step's hidden state)."""
+    return make_kernel("reduction", lambda x, s, b, w: _normed(kind, x, s, b) @ w,
+                       [((batch, 1, c), dt.f32), ((c,), dt.f32), ((c,), dt.f32), ((c, n), dt.f32)])
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("batch,c,n", [(1, 48, 40), (3, 100, 24)])
+@pytest.mark.parametrize("variant", ["one-pass", "looped"])
+def test_gemv_forms_its_input_normalized_on_load(kind, batch, c, n, variant):
+    k = _gemv(kind, batch, c, n)
+    plan = plan_rows(k)
+    assert (plan.M, plan.K) == (batch * n, c)
+    assert len(plan.prologue) == (1 if kind == "rms" else 2)     # LayerNorm: mean and variance
+    assert not any(o.shape == (batch, 1, c) for o in k.meaning.outputs.values())
+    # ragged: BLOCK_M does not divide the rows, BLOCK_K not the hidden dim when looped
+    for cfg in ({"BLOCK_M": 4, "BLOCK_K": 32 if variant == "looped" else 128, "num_warps": 4},
+                {"BLOCK_M": 16, "BLOCK_K": 64 if variant == "looped" else 128, "num_warps": 4}):
+        check(k, variant=variant, config=configs.make(cfg.pop("num_warps"), 1, **cfg), seed=batch)
+
+
+def test_paired_gate_and_up_share_the_statistic():
+    """The gated MLP's gate and up GEMVs of one RMSNorm: one row kernel, two sums, one statistic."""
+    def build(x, s, wg, wu):
+        h = rms_norm(x, s)
+        g, u = h @ wg, h @ wu
+        return g / ((-g).exp() + 1.0) * u
+    c, f = 64, 72
+    k = make_kernel("reduction", build, [((2, 1, c), dt.f32), ((c,), dt.f32),
+                                         ((c, f), dt.f32), ((c, f), dt.f32)])
+    plan = plan_rows(k)
+    assert len(plan.reduces) == 2 and len(plan.prologue) == 1
+    check(k)
+    check(k, variant="looped", config=configs.make(4, 1, BLOCK_M=8, BLOCK_K=16))
+
+
+def test_statistic_read_across_its_rows_is_refused():
+    """``norm(x).T @ w`` sums the normalized value down a column: each term has another row's
+    statistic, which one value per main row cannot hold. The renderer refuses it (the fusion keeps
+    such a norm a kernel of its own) instead of computing a wrong sum."""
+    k = make_kernel("reduction", lambda x, s, w: rms_norm(x, s).permute((1, 0)) @ w,
+                    [((24, 24), dt.f32), ((24,), dt.f32), ((24, 16), dt.f32)])
+    with pytest.raises(RenderError, match="row statistic"):
+        render_parts(k, None)
+
+
+def test_simulator_prices_the_statistics_per_tile_element():
+    """Row dims come from the GEMV, not from the statistic listed first, and the statistics' ops
+    are issued for every element of the main tile."""
+    k = _gemv("rms", 1, 512, 1024)
+    plain = make_kernel("reduction", lambda x, w: x @ w, [((1, 1, 512), dt.f32),
+                                                          ((512, 1024), dt.f32)])
+    assert row_dims(k) == (1024, 512)
+    assert row_prologue_ops(k) >= 4 and row_prologue_ops(plain) == 0
+    dev = get_device("h200")
+    cfg = {"BLOCK_M": 4, "BLOCK_K": 512, "num_warps": 8, "num_stages": 1}
+    assert simulate_kernel_time(k, cfg, dev) > simulate_kernel_time(plain, cfg, dev)
+
+
+def test_decoding_mlp_is_two_kernels():
+    """LlamaMLP with one row: RMSNorm + gate + up + SiLU product in one row kernel, then the
+    down-projection with the residual. Every candidate matches eager."""
+    torch.manual_seed(3)
+    mod, x = LlamaMLP(width=64, inner=96).eval(), torch.randn(1, 1, 64)
+    g = import_torch(mod, (x,)).graph
+    res = egraph_candidates(g, "h200", k=32)
+    from lumc.compiler.runtime.program import run_program_reference
+    with torch.no_grad():
+        want = mod(x).numpy()
+    feed = {next(iter(g.inputs)): x.numpy()}
+    for p in res.candidates:
+        got = next(iter(run_program_reference(p, g, feed).values()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    two = [p for p in res.candidates if len(p.calls) == 2]
+    assert two, {p.label: p.form_counts() for p in res.candidates}
+    first = two[0].calls[0].kernel
+    assert plan_rows(first).prologue and len(plan_rows(first).reduces) == 2
+    check(first)
