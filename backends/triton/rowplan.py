@@ -96,6 +96,10 @@ def plan_rows(kernel: Kernel) -> RowPlan | None:
     main_key = max(key.values(), key=lambda k: prod(k[0]))
     mains = [r for r in reduces if key[r] == main_key]
     stats = [r for r in reduces if key[r] != main_key]
+    if any(prod(key[r][0]) >= prod(main_key[0]) for r in stats):
+        r = next(r for r in stats if prod(key[r][0]) >= prod(main_key[0]))
+        raise RenderError(f"node {r!r}: reductions of one row kernel must share operand shape "
+                          f"and axes {main_key}; got {key[r]}")
     prologue = prologue_statistics(nodes, mains, stats, kernel.meaning.outputs)
     plan = plan_rows_of(nodes, mains, kernel.meaning.outputs)
     plan.prologue = prologue
