@@ -8,9 +8,12 @@ about 5 s).
   the compile returns a checked artifact, the loss in its report.
 * The pool alone: a unit lost twice fails with ``WorkerLost`` and the pool goes on; a hung unit's
   actor is killed; a unit's own exception is its result; an array goes to the object store once.
+* The tests' clusters keep their files in a private ``RAY_TMPDIR``: the ``ray_current_cluster``
+  record of a cluster the user runs on the machine stays as it was.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import operator
@@ -45,42 +48,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """The address of a local Ray cluster with 2 CPUs, stopped after the module.
+@contextlib.contextmanager
+def ray_head(num_cpus: int = 2):
+    """``ray start --head --block`` of ``num_cpus`` CPUs in a child process (its reaper stops
+    every Ray process of it when that child ends); yields the cluster's GCS address once it takes
+    a driver, and stops it on exit.
 
-    The cluster is ``ray start --head --block`` in a child process (its reaper stops every Ray
-    process of it when that child ends), never ``ray.init`` in this one: a Ray driver's threads
-    can deadlock the interpreter's exit after every test has passed (ray-project/ray#29431 and
-    #44836; it once held a CI run until its time limit). The tests that need a driver of their
-    own run it in a child pytest (:func:`test_in_a_driver_process`); there this fixture joins the
-    cluster."""
-    if DRIVER_ENV in os.environ:
-        ray.init(address=os.environ[DRIVER_ENV], log_to_driver=False, logging_level=logging.ERROR)
-        try:
-            yield os.environ[DRIVER_ENV]
-        finally:
-            ray.shutdown()
-        return
+    Ray's files go to a private, short ``RAY_TMPDIR`` (Ray's socket paths must fit 107 bytes), set
+    in this process and its children until the exit and then removed: ``ray start`` records its
+    address in ``$RAY_TMPDIR/ray/ray_current_cluster`` (default ``/tmp/ray``), the record a bare
+    ``ray.init`` on this machine joins, which belongs to a cluster the user may run here.
+
+    Raises:
+        pytest.fail.Exception: ``ray start`` exited, or no driver joined in 30 tries.
+    """
+    import shutil
+    import tempfile
     port = _free_port()
     address = f"{ray.util.get_node_ip_address()}:{port}"     # where ray start puts its GCS
+    private = tempfile.mkdtemp(prefix="lr", dir="/tmp")
     # no token authentication: ``ray start`` turns it on when ~/.ray/auth_token exists (which a
     # local ``ray.init`` writes), while a driver joining by address does not send the token
     mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_TMPDIR", private)
     mp.setenv("RAY_AUTH_MODE", "disabled")
     mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
-                             "--block", "--num-cpus=2", "--include-dashboard=false",
+                             "--block", f"--num-cpus={num_cpus}", "--include-dashboard=false",
                              f"--port={port}",
                              "--disable-usage-stats"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     try:
         probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-                 "assert ray.cluster_resources().get('CPU') == 2; ray.shutdown()")
-        for _ in range(30):                   # until the cluster takes a driver with its 2 CPUs
+                 f"assert ray.cluster_resources().get('CPU') == {num_cpus}; ray.shutdown()")
+        for _ in range(30):                   # until the cluster takes a driver with its CPUs
             if head.poll() is not None:
                 pytest.fail(f"ray start exited with {head.returncode}")
             try:
@@ -102,6 +106,51 @@ def ray_cluster():
             head.kill()
             head.wait(timeout=30)
         mp.undo()
+        shutil.rmtree(private, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The address of a local Ray cluster with 2 CPUs (:func:`ray_head`), stopped after the module.
+
+    The cluster is ``ray start`` in a child process, never ``ray.init`` in this one: a Ray
+    driver's threads can deadlock the interpreter's exit after every test has passed
+    (ray-project/ray#29431 and #44836; it once held a CI run until its time limit). The tests that
+    need a driver of their own run it in a child pytest (:func:`test_in_a_driver_process`); there
+    this fixture joins the cluster."""
+    if DRIVER_ENV in os.environ:
+        ray.init(address=os.environ[DRIVER_ENV], log_to_driver=False, logging_level=logging.ERROR)
+        try:
+            yield os.environ[DRIVER_ENV]
+        finally:
+            ray.shutdown()
+        return
+    with ray_head(2) as address:
+        yield address
+
+
+def test_the_test_cluster_leaves_the_users_ray_record(monkeypatch):
+    """The tests' cluster keeps off the Ray record of a cluster the user runs on this machine
+    (``$RAY_TMPDIR/ray/ray_current_cluster``, here a record planted in a directory standing for
+    ``/tmp``): ``ray start`` used to overwrite it with the tests' address, which was dead after
+    the tests (a bare ``ray.init`` of the user then joined nothing)."""
+    import shutil
+    import tempfile
+    user = tempfile.mkdtemp(prefix="lu", dir="/tmp")
+    record = os.path.join(user, "ray", "ray_current_cluster")
+    os.makedirs(os.path.dirname(record))
+    with open(record, "w") as f:
+        f.write("10.9.8.7:6379")
+    monkeypatch.setenv("RAY_TMPDIR", user)
+    try:
+        with ray_head(1):
+            assert open(record).read() == "10.9.8.7:6379"
+            assert os.environ["RAY_TMPDIR"] != user
+        assert open(record).read() == "10.9.8.7:6379"
+        assert os.listdir(os.path.dirname(record)) == ["ray_current_cluster"]  # no session dir
+        assert os.environ["RAY_TMPDIR"] == user
+    finally:
+        shutil.rmtree(user)
 
 
 @pytest.mark.skipif(DRIVER_ENV in os.environ, reason="the parent's test")
