@@ -1,11 +1,14 @@
 """Indexing and layout ops of ONNX built from ``Gather``, ``Iota``, ``Where`` and views.
 
 ``gather``/``gather_elements``/``gather_nd`` end in exactly one primitive ``Gather`` (the only
-data-dependent read); the others (``tile``, ``pad`` in every mode, ``one_hot``, ``trilu``, ``range_``,
-``depth_to_space``, ``space_to_depth``) are views, iotas and selects, so the e-graph can fuse them.
-Negative indices are normalized as ONNX says (``i < 0 -> i + n``; ``gather(negative_indices=False)``
-leaves them out of range, as torch's ``embedding`` has them); an index still out of range is an
-error the reference executor raises (``IndexError``) and other backends leave undefined, as ONNX does.
+data-dependent read; torch's ``gather_elements(negative_indices=False)`` first reads its index
+through a second one, over ``[0, n)``, which range-checks it); the others (``tile``, ``pad`` in
+every mode, ``one_hot``, ``trilu``, ``range_``, ``depth_to_space``, ``space_to_depth``) are views,
+iotas and selects, so the e-graph can fuse them.
+Negative indices are normalized as ONNX says (``i < 0 -> i + n``; ``gather`` and ``gather_elements``
+with ``negative_indices=False`` leave them out of range, as torch's ``embedding`` and ``gather``
+have them); an index still out of range is an error the reference executor raises (``IndexError``)
+and other backends leave undefined, as ONNX does.
 """
 from __future__ import annotations
 
@@ -74,11 +77,22 @@ def gather(x: Tensor, indices, axis: int = 0, negative_indices: bool = True) -> 
     return take(x, idx, axis)
 
 
-def gather_elements(x: Tensor, indices, axis: int = 0) -> Tensor:
+def gather_elements(x: Tensor, indices, axis: int = 0, negative_indices: bool = True) -> Tensor:
     """ONNX ``GatherElements``: ``out[i..] = x[i_0, .., indices[i..], .., i_{r-1}]`` (index replaces
     coordinate ``axis``), ``out`` has ``indices``' shape (each dim <= ``x``'s, except along ``axis``).
 
     One ``Gather`` from the flattened ``x`` at a linear index built from iotas.
+
+    Args:
+        x: any dtype and rank >= 1.
+        indices: i32/i64 tensor (or array-like) of ``x``'s rank, values in ``[-n, n)``, ``n`` the
+            size of ``axis``; in ``[0, n)`` when ``negative_indices`` is False (torch ``gather``,
+            which refuses a negative index): it then first reaches a ``Gather`` of ``[0, n)`` as
+            given, so an index outside its axis is refused there (the linear index alone would
+            read a neighbouring row).
+        axis: in ``[-rank, rank)``.
+    Raises:
+        ShapeError: bad axis, index rank or index shape.
     """
     idx = _as_index(indices)
     r = x.ndim
@@ -89,7 +103,11 @@ def gather_elements(x: Tensor, indices, axis: int = 0) -> Tensor:
         if k != axis and idx.shape[k] > x.shape[k]:
             raise ShapeError(f"indices shape {idx.shape} exceeds data shape {x.shape} on axis {k}",
                              op="GatherElements")
-    idx = normalize_indices(idx, x.shape[axis]).cast(dt.i64)
+    if negative_indices:
+        idx = normalize_indices(idx, x.shape[axis])
+    else:
+        idx = take(Tensor.iota((x.shape[axis],), 0, idx.dtype), idx, 0)
+    idx = idx.cast(dt.i64)
     strides = [prod(x.shape[k + 1:]) for k in range(r)]
     lin = idx.mul(strides[axis]) if strides[axis] != 1 else idx
     for k in range(r):

@@ -358,6 +358,54 @@ def test_embedding_negative_index_refused_after_the_search(tmp_path, monkeypatch
         f(torch.tensor([[1, -3, 0]]))
 
 
+class GatherAlong(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x, i):
+        return torch.gather(x, self.dim, i) * 2
+
+
+def test_gather_refuses_a_negative_index_as_eager():
+    """``torch.gather`` refuses an index outside ``[0, n)`` of its dim, a negative one too (eager:
+    "index -1 is out of bounds"): one line naming the op and the range. It used to count -1 from
+    the end, and an index outside its dim read a neighbouring row of the flattened table."""
+    torch.manual_seed(13)
+    x = torch.randn(3, 4)
+    for dim, good, bads in (
+            (1, [[0, 3], [1, 2], [3, 0]], ([[0, 3], [-1, 2], [3, 0]], [[0, 3], [1, 2], [3, -4]],
+                                          [[0, 3], [4, 2], [3, 0]], [[0, 3], [1, 2], [-5, 0]])),
+            (0, [[0, 2, 1, 0], [2, 2, 0, 1]], ([[0, -1, 1, 0], [2, 2, 0, 1]],
+                                               [[0, 2, 1, 0], [2, 3, 0, 1]]))):
+        m = GatherAlong(dim).eval()
+        f = compile_module(m, (x, torch.tensor(good)))
+        check_close(f(x, torch.tensor(good)), m(x, torch.tensor(good)))
+        n = x.shape[dim]
+        for ids in bads:
+            i = torch.tensor(ids)
+            bad = i[(i < 0) | (i >= n)][0].item()
+            with pytest.raises(RuntimeError, match=rf"index {bad} is out of bounds"):
+                m(x, i)
+            with pytest.raises(IndexRangeError, match=rf"op Gather: gather index {bad} out of "
+                                                      rf"range \[0, {n}\)"):
+                f(x, i)
+
+
+def test_gather_negative_index_refused_after_the_search(tmp_path, monkeypatch):
+    """The same through ``lumc.compile`` (the searched plan's CPU execution)."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(14)
+    m = GatherAlong(1).eval()
+    x, good = torch.randn(3, 4), torch.tensor([[0, 3], [1, 2], [3, 0]])
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(x, good))
+    check_close(f(x, good), m(x, good))
+    other = torch.tensor([[3, 3], [0, 2], [1, 1]])
+    check_close(f(x, other), m(x, other))
+    with pytest.raises(IndexRangeError, match=r"op Gather: gather index -1 out of range \[0, 4\)"):
+        f(x, torch.tensor([[0, 3], [-1, 2], [3, 0]]))
+
+
 # ---- the interface ---------------------------------------------------------------------------------
 def test_import_torch_returns_concrete_graph_with_named_dims():
     torch.manual_seed(6)

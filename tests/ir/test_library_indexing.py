@@ -274,3 +274,28 @@ def test_gather_without_negative_indices_refuses_them():
             run(lambda t, i: gather(t, i, 0, negative_indices=False), x,
                 np.array([0, bad], np.int64))
     same(run(lambda t, i: gather(t, i, 0), x, np.array([0, -1], np.int64)), x[[0, 4]])
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements_without_negative_indices_refuses_them(axis):
+    """``negative_indices=False`` (torch ``gather``): an index outside ``[0, n)`` of its axis is
+    refused by a ``Gather`` over that axis, where the linear index into the flattened table alone
+    read a neighbouring row (-1 on axis 1 of row 1 read row 0's last element); in range the result
+    is ``np.take_along_axis``'s."""
+    from lumc.ir.errors import IndexRangeError
+    x = randn(3, 4)
+    n = x.shape[axis]
+    sub = x[:, :2] if axis == 0 else x[:2, :]       # the rows/columns the 2x2 index addresses
+    idx = RNG.integers(0, n, size=(2, 2)).astype(np.int64)
+    for dtype in (np.int64, np.int32):
+        same(run(lambda t, i: gather_elements(t, i, axis, negative_indices=False), x,
+                 idx.astype(dtype)), np.take_along_axis(sub, idx, axis=axis))
+    for bad in (-1, -n, n, -n - 1):
+        i = idx.copy()
+        i[1, 0] = bad
+        with pytest.raises(IndexRangeError, match=rf"gather index {bad} out of range \[0, {n}\)"):
+            run(lambda t, j: gather_elements(t, j, axis, negative_indices=False), x, i)
+    i = idx.copy()
+    i[1, 0] = -1                                    # ONNX GatherElements counts it from the end
+    same(run(lambda t, j: gather_elements(t, j, axis), x, i),
+         np.take_along_axis(sub, np.where(i < 0, i + n, i), axis=axis))

@@ -4,8 +4,8 @@
 
 PyTorch's view semantics differ from ONNX in small ways handled here: ``squeeze`` of a dim that is
 not 1 is a no-op, ``expand`` takes ``-1`` for "keep", ``slice`` bounds clamp, ``index`` with
-non-adjacent index tensors moves the indexed dims to the front, and ``embedding`` and
-``index_select`` refuse a negative index (``x[i]`` counts it from the end).
+non-adjacent index tensors moves the indexed dims to the front, and ``embedding``,
+``index_select`` and ``gather`` refuse a negative index (``x[i]`` counts it from the end).
 """
 from __future__ import annotations
 
@@ -183,8 +183,8 @@ def _repeat(ctx, x, repeats):
 
 
 # ---- gathers ----------------------------------------------------------------------------------------
-# embedding and index_select refuse a negative index (IndexError in eager), unlike x[i]: it stays
-# out of range of the Gather primitive, refused like one past the end
+# embedding, index_select and gather refuse a negative index (an error in eager), unlike x[i]: it
+# stays out of range of the Gather primitive, refused like one past the end
 @aten("index_select.default", requires=["indexing.gather"])
 def _index_select(ctx, x, dim, index):
     return lib("indexing.gather")(x, index, axis=dim, negative_indices=False)
@@ -192,7 +192,7 @@ def _index_select(ctx, x, dim, index):
 
 @aten("gather.default", requires=["indexing.gather_elements"])
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
-    return lib("indexing.gather_elements")(x, index, axis=dim)
+    return lib("indexing.gather_elements")(x, index, axis=dim, negative_indices=False)
 
 
 @aten("embedding.default", requires=["indexing.gather"])
