@@ -18,7 +18,7 @@ import string
 import numpy as np
 
 from lumc.ir import dtypes as dt
-from lumc.ir.errors import IndexRangeError, InputError
+from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError
 from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import OPS, cast_array
 
@@ -98,6 +98,8 @@ class ReferenceExecutor:
                 vals[id(n)] = self._eval(n, vals, f64, force=id(n) in keep)
             except IndexError as e:   # a Gather index outside its axis (from an input or a constant)
                 raise IndexRangeError(str(e), op=n.op) from None
+            except ZeroDivisionError as e:   # an integer Mod by zero
+                raise DivisionByZeroError(str(e), op=n.op) from None
             if id(n) in keep:
                 kept[id(n)] = vals[id(n)]
             for s in n.srcs:

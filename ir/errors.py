@@ -79,3 +79,11 @@ class IndexRangeError(InputError, ModelError):
     """An index (``Gather``'s) lies outside its axis at run time. It comes from an input or from
     a model constant (then it is found while folding, at import): both an input and a model error.
     """
+
+
+class DivisionByZeroError(InputError, ModelError):
+    """An integer divisor of the ``Mod`` primitive (torch ``fmod`` and ``remainder``) is 0 at run
+    time, which eager torch refuses too (ONNX ``Mod`` gives 0 there instead, the ONNX reference's
+    value). Like :class:`IndexRangeError` it comes from an input or from a model constant: both an
+    input and a model error.
+    """

@@ -6,9 +6,10 @@ row; ``tests/ir/test_op_table.py`` fails where any column is missing.
 
 Semantics follow IEEE-754 and the ONNX spec. ``Div`` is correctly rounded float division (integer
 division, truncating, is a composition in ``Tensor.idiv``). ``Mod`` is the C ``fmod`` (the result
-has the sign of the dividend) for floats and integers alike; Python-style modulo is a composition in
-``lumc.ir.library``. Reductions keep the reduced dims (size 1) so ranks never change under them, and
-accumulate f16/bf16 inputs in fp32.
+has the sign of the dividend) for floats and integers alike, and refuses an integer divisor of 0
+(:func:`int_mod_by_zero`; ``Tensor.fmod``, which gives 0 there for ONNX, divides by 1 there);
+Python-style modulo is a composition in ``lumc.ir.library``. Reductions keep the reduced dims (size
+1) so ranks never change under them, and accumulate f16/bf16 inputs in fp32.
 """
 from __future__ import annotations
 
@@ -196,6 +197,23 @@ def _ref_reduce(kind):
     return run
 
 
+def int_mod_by_zero(dtype_name: str) -> str:
+    """The reason an integer ``Mod`` of divisor 0 is refused (``dtype_name``: ``int32``...), one
+    text for the reference executor and the torch replays (``lumc.compiler.runtime.graph_torch``)."""
+    return f"integer modulo by zero ({dtype_name} divisor 0)"
+
+
+def _ref_mod(xs, arg):
+    """C ``fmod``; an integer divisor of 0 raises ZeroDivisionError (numpy would give 0; the
+    reference executor turns it into ``DivisionByZeroError``). Kernels leave it undefined, as they
+    leave an index outside a ``Gather``'s axis."""
+    a, b = xs
+    if b.dtype.kind in "iu" and b.size and not b.all():
+        raise ZeroDivisionError(int_mod_by_zero(b.dtype.name))
+    with np.errstate(all="ignore"):
+        return np.fmod(a, b)
+
+
 def _ref_gather(xs, axis):
     table, index = xs
     if index.size and (index.min() < 0 or index.max() >= table.shape[axis]):
@@ -290,8 +308,7 @@ _ROWS = [
     OpDef("Div", "binary", 2, _float_binary, _same_shape,
           _np_errstate(lambda xs, a: np.divide(xs[0], xs[1], dtype=xs[0].dtype)), _ewise_flops,
           "Div", "tl.math.div_rn({0}, {1})", frozenset({"elementwise"})),
-    OpDef("Mod", "binary", 2, _same_numeric, _same_shape,
-          _np_errstate(lambda xs, a: np.fmod(xs[0], xs[1])), _ewise_flops,
+    OpDef("Mod", "binary", 2, _same_numeric, _same_shape, _ref_mod, _ewise_flops,
           "Mod", "_fmod({0}, {1})", frozenset({"elementwise"})),
     OpDef("LessThan", "binary", 2, _compare, _same_shape,
           _np_errstate(lambda xs, a: np.less(xs[0], xs[1])), _ewise_flops,

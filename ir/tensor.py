@@ -275,15 +275,27 @@ class Tensor(TensorMath):
             return a._op("Div", b)
         return a.idiv(b)
 
-    def fmod(self, o) -> "Tensor":
-        """C ``fmod`` (ONNX Mod with fmod=1): the result has the sign of the dividend."""
+    def fmod(self, o, zero_divisors: bool = True) -> "Tensor":
+        """C ``fmod`` (ONNX Mod with fmod=1): the result has the sign of the dividend.
+
+        An integer divisor of 0, undefined in ONNX, gives 0 (numpy's ``fmod``, the ONNX
+        reference's value): the ``Mod`` primitive, which refuses it, divides by 1 there. With
+        ``zero_divisors=False`` (torch ``fmod`` and ``remainder``, which refuse it) the divisor
+        reaches ``Mod`` as given, so a 0 is refused there (``DivisionByZeroError``).
+        """
         a, b = self._bcast(o)
+        bv = const_values(b)
+        if zero_divisors and not a.dtype.is_float and (bv is None or not bv.all()):
+            zero = b.scalar_like(0)
+            by_zero = b.eq(zero)
+            return by_zero.where(zero, a._op("Mod", by_zero.where(b.scalar_like(1), b)))
         return a._op("Mod", b)
 
-    def mod(self, o) -> "Tensor":
-        """Python-style modulo (ONNX Mod with fmod=0): the result has the sign of the divisor."""
+    def mod(self, o, zero_divisors: bool = True) -> "Tensor":
+        """Python-style modulo (ONNX Mod with fmod=0): the result has the sign of the divisor.
+        An integer divisor of 0 as in :meth:`fmod`."""
         a, b = self._bcast(o)
-        r = a.fmod(b)
+        r = a.fmod(b, zero_divisors)
         zero = r.scalar_like(0)
         fix = r.ne(zero).logical_and(r.lt(zero).logical_xor(b.lt(zero)))
         return fix.where(r.add(b), r)

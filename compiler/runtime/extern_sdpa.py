@@ -70,7 +70,7 @@ class TorchEvaluator:
         if op == "Cast":
             sat = n.srcs[0].dtype.is_float and n.arg.is_int
             return gt.cast_op(v[0], gt._TORCH_NAMES[n.arg.name], sat)
-        binary = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": torch.fmod,
+        binary = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": gt.mod_op,
                   "LessThan": torch.lt}
         if op in binary:
             return binary[op](v[0], v[1])

@@ -14,7 +14,10 @@ Semantics match the reference executor (``lumc.backends.reference``):
 * views are ``torch.as_strided`` over the source's flat row-major elements, with negative strides
   turned into a flip and masks (padding) into ``constant_pad_nd``;
 * ``Cast`` from float to int truncates and saturates to the type's exact min/max (NaN -> 0), as
-  ``lumc.ir.ops.cast_array`` does.
+  ``lumc.ir.ops.cast_array`` does;
+* ``Mod`` of integers refuses a divisor of 0 with the reference executor's
+  ``DivisionByZeroError`` (:func:`mod_op`), not torch's bare ``RuntimeError: ZeroDivisionError``
+  (CPU; a GPU gives no error).
 """
 from __future__ import annotations
 
@@ -98,6 +101,23 @@ def cast_op(x, to_name: str, saturate: bool):
                     for st, d in zip(x.stride(), x.shape))
         return x[idx].to(to).expand(x.shape)
     return x.to(to)
+
+
+def mod_op(a, b):
+    """C ``fmod`` (``Mod``), as ``torch.fmod`` (an integer one checks its divisor first: on a GPU,
+    one synchronization).
+
+    Raises:
+        DivisionByZeroError: an integer divisor is 0 (one line naming the op and the dtype), as
+            the reference executor raises it. Raised here, in a helper, so that ``torch.fx``
+            prints no code listing of the generated ``forward`` on stderr.
+    """
+    import torch
+    if not a.dtype.is_floating_point and bool((b == 0).any()):
+        from lumc.ir.errors import DivisionByZeroError
+        from lumc.ir.ops import int_mod_by_zero
+        raise DivisionByZeroError(int_mod_by_zero(str(b.dtype).removeprefix("torch.")), op="Mod")
+    return torch.fmod(a, b)
 
 
 def sum_op(x, axes: tuple, out_name: str, acc_name: str):
@@ -241,7 +261,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
             sat = n.srcs[0].dtype.is_float and n.arg.is_int
             r = cf(cast_op, (ins[0], _TORCH_NAMES[n.arg.name], sat))
         elif op in ("Add", "Mul", "Div", "Mod", "LessThan"):
-            fn = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": torch.fmod,
+            fn = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": mod_op,
                   "LessThan": torch.lt}[op]
             r = cf(fn, (ins[0], ins[1]))
         elif op == "Where":

@@ -282,6 +282,77 @@ def test_graph_module_matches_the_reference_executor(model):
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-6, atol=1e-6)
 
 
+def int_division_model(n=64):
+    """``a fmod b``, ``a mod b`` (Python's) and ``a / b`` (truncating) of int32 ``[n]`` inputs: a
+    divisor that is a graph input, so random inputs hold zeros."""
+    i32 = TensorProto.INT32
+    nodes = [helper.make_node("Mod", ["a", "b"], ["f"], fmod=1),
+             helper.make_node("Mod", ["a", "b"], ["m"], fmod=0),
+             helper.make_node("Div", ["a", "b"], ["q"])]
+    g = helper.make_graph(nodes, "intdiv", [helper.make_tensor_value_info(k, i32, [n]) for k in "ab"],
+                          [helper.make_tensor_value_info(k, i32, [n]) for k in "fmq"])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_graph_module_integer_division_and_modulo_by_zero(capfd):
+    """The torch replay of integer ``Mod`` and ``Div`` with zero divisors gives the reference
+    executor's values (ONNX Mod: 0, numpy's and the ONNX reference's; Div: the dtype's max / min,
+    0 for 0 / 0); it raised torch's bare ``RuntimeError: ZeroDivisionError``, after ``torch.fx``
+    printed the generated code on stderr. A ``Mod`` primitive given a divisor of 0 (torch's
+    ``fmod``/``remainder``) is refused with the reference executor's one-line error, nothing on
+    stderr."""
+    import torch
+
+    from lumc.ir import dtypes as dt
+    from lumc.ir.errors import DivisionByZeroError
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.tensor import Tensor
+    graph = import_onnx(int_division_model(8), {}).graph
+    a = np.array([7, -7, 7, -7, 0, 5, -5, 0], np.int32)
+    b = np.array([3, 3, -3, 0, 0, 0, 0, 2], np.int32)
+    ref = ReferenceExecutor(graph)({"a": a, "b": b})
+    nz = b != 0
+    safe = np.where(nz, b, 1)
+    big, small = np.iinfo(np.int32).max, np.iinfo(np.int32).min
+    want = {"f": np.where(nz, np.fmod(a, safe), 0), "m": np.where(nz, np.mod(a, safe), 0),
+            "q": np.where(nz, np.trunc(a / safe), np.sign(a) * big + (a < 0) * (small + big))}
+    for k, v in want.items():
+        np.testing.assert_array_equal(ref[k], v.astype(np.int32), err_msg=k)
+    got = graph_module(graph)(torch.from_numpy(a), torch.from_numpy(b))
+    for (k, r), g in zip(ref.items(), got):
+        np.testing.assert_array_equal(g.numpy(), r, err_msg=k)
+    capfd.readouterr()
+    x, y = input_node("a", (8,), dt.i32), input_node("b", (8,), dt.i32)
+    raw = Graph({"a": x, "b": y}, {"r": Tensor(x).fmod(Tensor(y), zero_divisors=False).node})
+    mod = graph_module(raw)
+    np.testing.assert_array_equal(mod(torch.from_numpy(a), torch.from_numpy(safe))[0].numpy(),
+                                  np.fmod(a, safe))
+    for run_it in (lambda: mod(torch.from_numpy(a), torch.from_numpy(b)),
+                   lambda: ReferenceExecutor(raw)({"a": a, "b": b})):
+        with pytest.raises(DivisionByZeroError,
+                           match=r"^op Mod: integer modulo by zero \(int32 divisor 0\)$"):
+            run_it()
+    assert capfd.readouterr().err == ""
+
+
+def test_vs_eager_with_integer_zero_divisors(tmp_path, monkeypatch):
+    """``lumc bench ART --vs eager`` of integer Mod and Div whose random divisors hold zeros: the
+    eager rival (the torch replay) agrees with lumc; it ended in a traceback."""
+    from lumc.compiler.tools.bench import bench_inputs
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    onnx.save(int_division_model(), tmp_path / "intdiv.onnx")
+    cm = lumc.compile(str(tmp_path / "intdiv.onnx"), budget="20s", device="sim:h200",
+                      db=TuningDatabase(tmp_path / "db.sqlite"))
+    cm.save(tmp_path / "intdiv.lumc")
+    assert (bench_inputs(lumc.load(tmp_path / "intdiv.lumc"))["b"] == 0).any()
+    res = run("bench", str(tmp_path / "intdiv.lumc"), "--vs", "eager", "--repeats", "1",
+              "--threads", "1")
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output
+    row = next(ln for ln in res.output.splitlines() if ln.startswith("torch eager"))
+    assert float(row.split()[7]) == 0.0                 # max rel error against lumc
+
+
 @pytest.mark.slow
 def test_vs_eager_and_inductor_report_inductor_kernels(env):
     res = run("bench", str(env["art"]), "--vs", "eager,inductor", "--repeats", "3", "--threads", "1")

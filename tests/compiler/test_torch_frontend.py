@@ -21,8 +21,8 @@ import lumc
 from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
 from lumc.compiler.frontends.torch_frontend import import_torch, supported_ops
 from lumc.compiler.core.torch_compile import compile_module as _compile_module
-from lumc.ir.errors import (BudgetError, IndexRangeError, InputError, ModelError,
-                             UnsupportedOpError)
+from lumc.ir.errors import (BudgetError, DivisionByZeroError, IndexRangeError, InputError,
+                             ModelError, UnsupportedOpError)
 
 # the lowering tests compare against eager on the reference executor; one test below runs the search
 compile_module = functools.partial(_compile_module, search=False)
@@ -303,6 +303,50 @@ def test_integer_division_is_exact_against_eager(dtype):
     lo, minus_one = torch.tensor([info.min], dtype=dtype), torch.tensor([-1], dtype=dtype)
     f1 = compile_module(FloorDiv().eval(), (lo, minus_one))
     assert f1(lo, minus_one).item() == (lo // minus_one).item() == info.min
+
+
+class IntModulo(nn.Module):
+    def forward(self, x, y):
+        return torch.fmod(x, y), torch.remainder(x, y), x % 5 - torch.fmod(x, -3)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8])
+def test_integer_fmod_and_remainder_refuse_a_zero_divisor_as_eager(dtype):
+    """``torch.fmod`` and ``torch.remainder`` of integers by 0: eager raises (ZeroDivisionError);
+    lumc refuses with one line naming the op and the reason (it used to return 0). Nonzero
+    divisors of either sign equal eager; float ``fmod`` by 0 stays NaN, as in eager."""
+    x = torch.tensor([7, -7, 7, -7, 0, 5, -100], dtype=dtype)
+    y = torch.tensor([3, 3, -3, -3, 2, 1, -1], dtype=dtype)
+    m = IntModulo().eval()
+    f = compile_module(m, (x, y))
+    check_close(f(x, y), m(x, y))
+    name = str(dtype).removeprefix("torch.")
+    for zero_at in (0, 4):
+        z = y.clone()
+        z[zero_at] = 0
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            m(x, z)
+        with pytest.raises(DivisionByZeroError,
+                           match=rf"^op Mod: integer modulo by zero \({name} divisor 0\)$"):
+            f(x, z)
+    a, b = torch.tensor([7.0, -7.0, 0.0]), torch.tensor([0.0, 2.0, 0.0])
+    fl = compile_module(m, (a, b))
+    got, want = fl(a, b), m(a, b)
+    for g, w in zip(got, want):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g[~g.isnan()], w[~w.isnan()])
+
+
+def test_integer_fmod_by_zero_refused_after_the_search(tmp_path, monkeypatch):
+    """The same through ``lumc.compile`` (the searched plan's CPU execution)."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    m = IntModulo().eval()
+    x = torch.tensor([7, -7, 7, -7, 0, 5], dtype=torch.int32)
+    y = torch.tensor([3, 3, -3, -3, 2, 1], dtype=torch.int32)
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(x, y))
+    check_close(f(x, y), m(x, y))
+    with pytest.raises(DivisionByZeroError,
+                       match=r"op Mod: integer modulo by zero \(int32 divisor 0\)"):
+        f(x, torch.tensor([3, 3, -3, 0, 2, 1], dtype=torch.int32))
 
 
 class Lookups(nn.Module):

@@ -441,11 +441,20 @@ def _promoted(method: str):
     return handler
 
 
+def _modulo(method: str):
+    """``fmod`` / ``mod`` after type promotion; an integer divisor of 0 is refused, as eager
+    refuses it (``ZeroDivisionError``): it reaches the ``Mod`` primitive as given."""
+    def handler(ctx, a, b):
+        a, b = promote(a, b)
+        return getattr(a, method)(b, zero_divisors=False)
+    return handler
+
+
 # remainder is Python modulo (Tensor.mod: fmod moved by b where signs differ), fmod is C's;
 # maximum/minimum propagate NaN
+aten("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")(_modulo("mod"))
+aten("fmod.Tensor", "fmod.Scalar")(_modulo("fmod"))
 for _overloads, _method in [
-        (("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor"), "mod"),
-        (("fmod.Tensor", "fmod.Scalar"), "fmod"),
         (("maximum.default", "max.other"), "maximum"),
         (("minimum.default", "min.other"), "minimum")]:
     aten(*_overloads)(_promoted(_method))
