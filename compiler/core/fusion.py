@@ -30,6 +30,9 @@ that reads it:
   block; the ``+kv-prologue`` candidates).
 * Two contractions of one left operand whose epilogues meet (a gated MLP's ``silu(g) * u``) are one
   *paired* matmul kernel with two accumulators (:meth:`GreedyFusion._pairs`).
+* Independent pointwise kernels of one element count, close in launch order, are one kernel with
+  several outputs (horizontal fusion: a decoding step's key and value cache concatenations), when
+  every input of the later one is written before the first (:meth:`GreedyFusion._pointwise_partners`).
 
 Each refused fusion is logged once, naming both nodes and the reason (Inductor's ``WhyNoFuse``).
 """
@@ -54,6 +57,7 @@ MAX_RECOMPUTE_OPS = 48   # longest elementwise chain recomputed in each of sever
 CHEAP_OPERAND_OPS = 2    # longest prologue fused under a contraction operand
 MAX_WEIGHT_PROLOGUE_OPS = 8   # longest dequantization of stored weights fused under one (NVFP4: 6)
 MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its epilogue
+HORIZONTAL_LOOKAHEAD = 4  # later kernels a pointwise kernel looks at for independent partners
 
 
 class GreedyFusion(NormOnLoad, HeadNormInAttention):
@@ -449,6 +453,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
             if id(n) in self.realized and id(n) not in self.row_owned:
                 rec = form_of.get(id(n))
                 rows = self.row_outputs.get(id(n), [])
+                if id(n) in done:
+                    continue
                 if rec is not None:
                     calls.append(build_call([n], boundary, rec.form, rec.attrs))
                 elif self.group.get(id(n)) in self.norm_consumers:
@@ -456,7 +462,11 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
                     # (and writes the row values other kernels read)
                     calls.append(build_call([n] + rows, boundary, push_views=False))
                 else:
-                    calls.append(build_call([n], boundary))
+                    call = build_call([n], boundary)
+                    more = self._pointwise_partners(n, call, done, form_of) \
+                        if call.kernel.form == "pointwise" else []
+                    calls.append(build_call([n] + more, boundary) if more else call)
+                    done.update(id(m) for m in more)
                 done.add(id(n))
                 done.update(id(r) for r in rows)
         outputs = {}
@@ -464,6 +474,29 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
             outputs[name] = n
         prog = Program(calls, outputs, label=label, notes=list(self.refusals), graph=self.graph)
         return prog
+
+
+    def _pointwise_partners(self, n: Node, call, done: set[int], form_of: dict) -> list[Node]:
+        """Later realized nodes whose pointwise kernels join ``n``'s (``call``): the same element
+        count, every input written already (``done``) or a leaf, so the joint kernel may run at
+        ``n``'s place; among the next :data:`HORIZONTAL_LOOKAHEAD` kernels in launch order."""
+        out: list[Node] = []
+        seen = 0
+        ready = set(done)
+        for m in self.order[self.pos[id(n)] + 1:]:
+            if seen >= HORIZONTAL_LOOKAHEAD:
+                break
+            if id(m) not in self.realized or id(m) in self.row_owned or id(m) in ready:
+                continue
+            seen += 1
+            if id(m) in form_of or self.group.get(id(m)) in self.norm_consumers \
+                    or self.row_outputs.get(id(m)) or m.numel != n.numel:
+                continue
+            trial = build_call([m], lambda x: id(x) in self.realized and x is not m)
+            if trial.kernel.form == "pointwise" and all(
+                    id(x) in ready or x.op in ("Input", "Constant") for x in trial.inputs):
+                out.append(m)
+        return out
 
 
 def _alias_output(n: Node) -> bool:

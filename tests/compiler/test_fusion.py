@@ -259,3 +259,44 @@ def test_products_of_different_left_operands_are_not_paired():
     p = run_both(graph({"y": _silu(x @ const((16, 24))) * (z @ const((16, 24)))},
                        {"x": x, "z": z}))
     assert not any(dict(c.kernel.attrs).get("paired") for c in p.calls)
+
+
+def _two_caches(dependent: bool = False, late: bool = False):
+    """A decoding step's key and value caches: ``cat(past, new)`` twice, independent copies of one
+    element count (``dependent``: the second reads the first; ``late``: the second's new row comes
+    from a reduction computed after the first)."""
+    pk, pv = (Tensor(input_node(n, (1, 2, 7, 8), dt.f32)) for n in ("pk", "pv"))
+    k, v = (Tensor(input_node(n, (1, 2, 1, 8), dt.f32)) for n in ("k", "v"))
+    kk = concat([pk, k.mul(k.scalar_like(0.5))], 2)
+    if dependent:
+        vv = concat([pv, v], 2).add(kk.exp())
+    elif late:
+        vv = concat([pv, kk.sum(2, keepdims=True)], 2)
+    else:
+        vv = concat([pv, v.neg()], 2)
+    g = Graph({x.node.arg.name: x.node for x in (pk, pv, k, v)}, {"K": kk.node, "V": vv.node})
+    rng = np.random.default_rng(0)
+    feed = {name: rng.standard_normal(n.shape).astype(np.float32) for name, n in g.inputs.items()}
+    return g, feed
+
+
+@pytest.mark.parametrize("case", ["independent", "dependent", "late"])
+def test_independent_pointwise_kernels_of_one_size_are_one_kernel(case):
+    """Horizontal fusion of pointwise kernels: the two cache concatenations are one kernel with
+    two outputs; a second copy that reads the first (fused into it, recomputed) or waits for a
+    later reduction is not joined. Values match the reference, and the joint kernel runs in the
+    Triton interpreter."""
+    g, feed = _two_caches(dependent=case == "dependent", late=case == "late")
+    p = greedy_program(g)
+    want = ReferenceExecutor(g)(feed)
+    got = run_program_reference(p, g, feed)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    pointwise = [c for c in p.calls if c.kernel.form == "pointwise"]
+    if case == "independent":
+        assert len(p.calls) == 1 and len(pointwise[0].outputs) == 2
+        from tests.backends.triton_cases import check
+        check(pointwise[0].kernel)
+    else:
+        assert all(len(c.outputs) == 1 for c in p.calls)
+        p.validate()
