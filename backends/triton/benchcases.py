@@ -98,11 +98,29 @@ def bench_cases(d: dt.DType = dt.bf16, scale: int = 1) -> list[BenchCase]:
         BenchCase("attention", _kernel("attention", _attention(hd ** -0.5),
                                        [((b, h, L, hd), d)] * 3),
                   lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "compute", "sdpa", {}),
+        # a decoding step's MLP input (Llama-3-8B: hidden 4096, 14336 columns): RMSNorm formed on
+        # load in the paired gate/up GEMV, one row kernel writing only silu(gate) * up
+        BenchCase("gemv-norm-gate-up", _kernel("reduction", _gated_gemv,
+                                               [((1, 1, 4096), d), ((4096,), d),
+                                                ((4096, 14336 // s), d), ((4096, 14336 // s), d)]),
+                  lambda x, w, wg, wu: _torch_gated_gemv(x, w, wg, wu), "memory", "copy", {}),
         # one very long row: the split (two-stage) reduction, else one program for the whole GPU
         BenchCase("global-sum", _kernel("reduction", lambda x: x.sum(None), [((n_pw,), d)]),
                   lambda x: x.sum(dtype=torch_f32()).to(x.dtype), "memory", "copy", {}),
     ]
     return cases
+
+
+def _gated_gemv(x, w, wg, wu):
+    h = rms_norm(x, w)
+    g, u = h @ wg, h @ wu
+    return g / ((-g).exp() + 1.0) * u
+
+
+def _torch_gated_gemv(x, w, wg, wu):
+    import torch.nn.functional as F
+    h = F.rms_norm(x, (x.shape[-1],), w, 1e-5)
+    return F.silu(h @ wg) * (h @ wu)
 
 
 def torch_f32():

@@ -219,7 +219,8 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         elif bk > min(4096, next_pow2(p["K"])) or bk < 256:
             return False
         tile = bm * bk
-        return tile <= REG_TILE * w and tile >= 32 * w and c["num_stages"] == 1 + (not p["one_pass"])
+        return (tile * p.get("LIVE_TILES", 1) <= REG_TILE * w and tile >= 32 * w
+                and c["num_stages"] == 1 + (not p["one_pass"]))
     if space == "matmul_rows":   # no column tile group past the last column tile
         return c["N_TILES"] <= next_pow2(cdiv(p["N"], c["BLOCK_N"])) and _legal("matmul", p, c)
     if space == "matmul_splitk":   # every split walks >= SPLITK_MIN_STEPS K steps; no split that

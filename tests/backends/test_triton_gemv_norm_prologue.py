@@ -109,3 +109,43 @@ def test_decoding_mlp_is_two_kernels():
     first = two[0].calls[0].kernel
     assert plan_rows(first).prologue and len(plan_rows(first).reduces) == 2
     check(first)
+
+
+def _paired_norm(c, f):
+    def build(x, s, wg, wu):
+        h = rms_norm(x, s)
+        g, u = h @ wg, h @ wu
+        return g / ((-g).exp() + 1.0) * u
+    return make_kernel("reduction", build, [((1, 1, c), dt.f32), ((c,), dt.f32),
+                                            ((c, f), dt.f32), ((c, f), dt.f32)])
+
+
+def test_config_space_leaves_registers_for_every_live_tile():
+    """A paired GEMV with its input normalized on load keeps three tiles live: its config space
+    offers no tile that fills the per-thread register budget once (one warp, one row of 4096
+    spilled 172 bytes on sm_90), while a plain reduction keeps its full budget."""
+    k = _paired_norm(4096, 512)
+    parts = render_parts(k, None)
+    assert parts.problem["LIVE_TILES"] == 3
+    space = configs.config_space(parts.config_space, parts.problem)
+    assert space
+    for cfg in space:
+        assert cfg["BLOCK_M"] * cfg["BLOCK_K"] * 3 <= configs.REG_TILE * cfg.num_warps
+    plain = make_kernel("reduction", lambda x: x.sum(-1), [((8, 4096), dt.f32)])
+    assert render_parts(plain, None).problem["LIVE_TILES"] == 1
+
+
+@pytest.mark.slow
+def test_best_simulated_config_compiles_for_hopper_without_spills():
+    """Llama-8B's decoding gate/up (hidden 4096, 14336 columns) with the RMSNorm on load: the
+    config the simulator ranks first compiles for sm_90 ahead of time without spilling."""
+    from lumc.backends.triton.aot import compile_aot
+    from lumc.backends.triton.render import render
+    k = _paired_norm(4096, 14336)
+    parts = render_parts(k, None)
+    dev = get_device("h200")
+    space = configs.config_space(parts.config_space, parts.problem)
+    best = min(space, key=lambda c: simulate_kernel_time(k, c.kwargs(), dev))
+    r = compile_aot(render(k), best)
+    assert r.error is None, r.error
+    assert not r.spills, (str(best), r.registers, r.spill_stores)
