@@ -93,13 +93,21 @@ def plan_rows(kernel: Kernel) -> RowPlan | None:
     key = {r: (tuple(r.srcs[0].shape), tuple(sorted(r.arg))) for r in reduces}
     if len(set(key.values())) == 1:
         return plan_rows_of(nodes, reduces, kernel.meaning.outputs)
-    main_key = max(key.values(), key=lambda k: prod(k[0]))
+    # the main reductions read every other one (the statistics of the input they normalize)
+    above: dict[Node, set] = {}
+    for n in nodes:
+        got = set().union(*(above[s] for s in n.srcs)) if n.srcs else set()
+        above[n] = got | {key[n]} if n in key else got
+    keys = set(key.values())
+    sinks = [k for k in keys if all(above[r] >= keys - {k} for r in reduces if key[r] == k)]
+    if len(sinks) != 1:
+        a, b = sorted(keys)[:2]
+        raise RenderError(f"node {reduces[-1]!r}: reductions of one row kernel must share operand "
+                          f"shape and axes, or read the row statistics of their input; got {a} "
+                          f"and {b}")
+    main_key = sinks[0]
     mains = [r for r in reduces if key[r] == main_key]
     stats = [r for r in reduces if key[r] != main_key]
-    if any(prod(key[r][0]) >= prod(main_key[0]) for r in stats):
-        r = next(r for r in stats if prod(key[r][0]) >= prod(main_key[0]))
-        raise RenderError(f"node {r!r}: reductions of one row kernel must share operand shape "
-                          f"and axes {main_key}; got {key[r]}")
     prologue = prologue_statistics(nodes, mains, stats, kernel.meaning.outputs)
     plan = plan_rows_of(nodes, mains, kernel.meaning.outputs)
     plan.prologue = prologue
@@ -150,7 +158,7 @@ def prologue_statistics(nodes: list[Node], mains: list[Node], stats: list[Node],
     for n in nodes:
         if n in dep or not any(s in dep for s in n.srcs):
             continue
-        if n.op == "View" and prod(n.shape) == prod(shape) and prod(shape) > prod(stat_shape) \
+        if n.op == "View" and prod(n.shape) == prod(shape) and tuple(n.shape) != stat_shape \
                 and tuple(n.srcs[0].shape) == stat_shape:
             crossing.append(n)
             views.add(n.arg if tuple(n.shape) == shape
@@ -171,25 +179,29 @@ def prologue_statistics(nodes: list[Node], mains: list[Node], stats: list[Node],
         raise RenderError(f"node {stats[0]!r}: a row statistic read into the main reductions "
                           f"through {len(views)} views, not one that maps whole rows "
                           f"({stat_shape} reduced over {stat_axes} into {shape} over {axes})")
-    odd = {tuple(n.shape) for n in crossing} - {shape}
-    if odd and not _reshaped_elementwise(mains, crossing, dep, odd.pop()):
+    shapes = {tuple(n.shape) for n in crossing}
+    if len(shapes) != 1 or not _reshaped_elementwise(mains, crossing, dep, shapes.pop(), shape):
         raise RenderError(f"node {stats[0]!r}: the normalized input reaches the main reductions "
                           "through views other than one reshape into their operand shape")
     v = next(iter(views))
     return {r: v for r in stats}
 
 
-def _reshaped_elementwise(mains: list[Node], crossing: list[Node], dep: set, shape) -> bool:
-    """Every main reduction reads a contiguous reshape of a value of ``shape`` computed
-    elementwise from the ``crossing`` views and from values that do not depend on the statistics
-    (``dep``): so reading the normalized input through a crossing view then the reshape is reading
-    it through their composition (the view :func:`prologue_statistics` checks)."""
+def _reshaped_elementwise(mains: list[Node], crossing: list[Node], dep: set, shape,
+                          main_shape) -> bool:
+    """Every main reduction reads (through a contiguous reshape, when ``shape`` is not the main
+    ``main_shape``) a value of ``shape`` computed elementwise from the ``crossing`` views and from
+    values that do not depend on the statistics (``dep``): so its operand reads the normalized
+    input through a crossing view (then the reshape), the view :func:`prologue_statistics`
+    checks, and through no other."""
     cross = set(crossing)
     for r in mains:
         op = r.srcs[0]
-        if op.op != "View" or not op.arg.is_contiguous or tuple(op.srcs[0].shape) != shape:
-            return False
-        stack, seen = [op.srcs[0]], set()
+        if shape != tuple(main_shape):
+            if op.op != "View" or not op.arg.is_contiguous or tuple(op.srcs[0].shape) != shape:
+                return False
+            op = op.srcs[0]
+        stack, seen = [op], set()
         while stack:
             n = stack.pop()
             if n in seen or n in cross:

@@ -38,7 +38,7 @@ def _gemv(kind: str, batch: int, c: int, n: int):
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-@pytest.mark.parametrize("batch,c,n", [(1, 48, 40), (3, 100, 24)])
+@pytest.mark.parametrize("batch,c,n", [(1, 48, 40), (3, 100, 24), (2, 64, 1)])   # n=1: a value head
 @pytest.mark.parametrize("variant", ["one-pass", "looped"])
 def test_gemv_forms_its_input_normalized_on_load(kind, batch, c, n, variant):
     k = _gemv(kind, batch, c, n)
@@ -149,3 +149,16 @@ def test_best_simulated_config_compiles_for_hopper_without_spills():
     r = compile_aot(render(k), best)
     assert r.error is None, r.error
     assert not r.spills, (str(best), r.registers, r.spill_stores)
+
+
+def test_normalized_input_permuted_after_its_view_is_refused():
+    """The normalized input read into the main shape, then permuted across rows before the sum:
+    main row ``(i, j)`` needs the statistic of row ``j``, the view alone says ``i``. Refused (a
+    statistic computed per main row through that view would be another row's)."""
+    def build(x, s, w):
+        v = rms_norm(x, s).reshape((4, 16, 1)).expand((4, 16, 4))
+        return (v * 2.0).permute((2, 1, 0)).mul(w).sum(1)
+    k = make_kernel("reduction", build, [((4, 1, 16), dt.f32), ((16,), dt.f32),
+                                         ((4, 16, 4), dt.f32)])
+    with pytest.raises(RenderError, match="row statistic|normalized input"):
+        render_parts(k, None)
