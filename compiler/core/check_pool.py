@@ -40,19 +40,22 @@ def _interrupts_deferred():
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            os.kill(os.getpid(), signal.SIGINT)
+        for s in held:
+            signal.signal(s, previous[s])
+        for s in dict.fromkeys(caught):
+            os.kill(os.getpid(), s)
 
 
 def _die_with_parent(read_fd: int, write_fd: int, parent: int) -> None:
     """Worker initializer: ignore SIGINT, and exit at once when the parent goes away (EOF on the
     pipe, or a new parent pid when another forked process still holds the write end)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # not the CLI's handler, inherited by the fork
     os.close(write_fd)
 
     def watch():

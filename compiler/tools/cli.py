@@ -6,7 +6,7 @@
 
 Every :class:`~lumc.ir.errors.LumcError` (a bad model, an unsupported op, a bad input, an output
 that cannot be written) ends the command with one line ``lumc: error: <message>`` on stderr and exit
-status 2, never a traceback; so do running out of memory and Ctrl-C. Any other exception is a bug in
+status 2, never a traceback; so do running out of memory, Ctrl-C and SIGTERM. Any other exception is a bug in
 lumc and keeps its traceback. ``--check`` exits 1 when an output is outside tolerance. lumc's own
 warnings print as one line ``lumc: warning: <message>``.
 
@@ -51,8 +51,8 @@ class _LumcGroup(click.Group):
         except MemoryError as err:
             what = str(err) or "an allocation failed"
             _fail(ctx, f"out of memory: {what}; use smaller --shape values or inputs")
-        except KeyboardInterrupt:
-            _fail(ctx, "interrupted (Ctrl-C); no output was written half-way")
+        except KeyboardInterrupt as err:
+            _fail(ctx, f"{_interrupt_text(err)}; no output was written half-way")
         except click.UsageError as err:   # a subcommand's bad option: one line too, with the way out
             if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):
                 raise
@@ -61,7 +61,23 @@ class _LumcGroup(click.Group):
         except Exception as err:
             if not caused_by_interrupt(err):
                 raise
-            _fail(ctx, "interrupted (Ctrl-C); no output was written half-way")
+            _fail(ctx, f"{_interrupt_text(err)}; no output was written half-way")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``, a job scheduler, ``timeout``): handled as Ctrl-C is, so the same
+    cleanup runs (temporary files removed, workers stopped) and the command ends with one line and
+    exit status 2."""
+
+
+def _interrupt_text(err: BaseException) -> str:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, Terminated):
+            return "terminated (SIGTERM)"
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return "interrupted (Ctrl-C)"
 
 
 def caused_by_interrupt(err: BaseException) -> bool:
@@ -99,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = _show_warning
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _first_interrupt)
+        signal.signal(signal.SIGTERM, _first_interrupt)
     cli.main(args=argv, prog_name="lumc")
 
 
@@ -106,22 +123,24 @@ _EXIT_AFTER_INTERRUPT_S = 20.0   # cleanup after Ctrl-C is bounded (the pool's j
 
 
 def _first_interrupt(signum, frame):
-    """SIGINT handler of the CLI: the first Ctrl-C raises KeyboardInterrupt (turned into one error
-    line); later ones are ignored, so they cannot interrupt the cleanup or the error line with a
-    traceback. A watchdog ends the process with status 2 if the cleanup ever stalls."""
+    """SIGINT and SIGTERM handler of the CLI: the first Ctrl-C raises KeyboardInterrupt (a SIGTERM
+    :class:`Terminated`, one), turned into one error line; later signals of either kind are ignored,
+    so they cannot interrupt the cleanup or the error line with a traceback. A watchdog ends the
+    process with status 2 if the cleanup ever stalls."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted (Ctrl-C)"
 
     def watchdog():
         time.sleep(_EXIT_AFTER_INTERRUPT_S)
         try:
-            sys.stderr.write("lumc: error: interrupted (Ctrl-C); cleanup did not finish, "
-                             "stopping now\n")
+            sys.stderr.write(f"lumc: error: {what}; cleanup did not finish, stopping now\n")
             sys.stderr.flush()
         finally:
             os._exit(2)
 
     threading.Thread(target=watchdog, name="lumc-interrupt-watchdog", daemon=True).start()
-    raise KeyboardInterrupt
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 _show_warning_default = warnings.showwarning

@@ -32,7 +32,7 @@ compile of the same model reuses the tuning database and re-times nothing.
 --shape is checked as `lumc run` checks it: every NAME must be an input or a dynamic dim of the
 model, given once, and bindings must agree. -o and --report are written atomically (missing
 folders are created, a symlink is followed); they never replace the model, each other, a device,
-a FIFO or a directory. Ctrl-C stops the compile with nothing half-written.
+a FIFO or a directory. Ctrl-C or SIGTERM stops the compile with nothing half-written.
 
 --workers spreads the work units (numerics checks on sim:*; compile, check and time on a GPU) over
 N local processes (local:N), the Ray cluster RAY_ADDRESS names or a local one started for this
@@ -115,7 +115,7 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @click.option("--quiet", is_flag=True, help="no progress display")
 def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, precision, weights,
                 tolerance, max_kl, logits, bind_items, fast_math, workers, quiet):
-    from lumc.compiler.tools.cli import caused_by_interrupt
+    from lumc.compiler.tools.cli import _interrupt_text, caused_by_interrupt
     written: list[str] = []
     policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
               "max_kl": max_kl, "logits": tuple(logits)}
@@ -127,7 +127,8 @@ def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph,
             raise
         done = (f"only {' and '.join(written)} {'was' if len(written) == 1 else 'were'} written"
                 if written else "nothing was written")
-        raise LumcError(f"interrupted: {done}; timings measured so far are kept in the tuning "
+        what = "interrupted" if _interrupt_text(err).startswith("interrupted") else _interrupt_text(err)
+        raise LumcError(f"{what}: {done}; timings measured so far are kept in the tuning "
                         "database") from None
 
 

@@ -230,6 +230,31 @@ def test_real_sigint_during_a_compile(tiny, tmp_path):
     assert not out.exists() and not [f for f in tmp_path.iterdir() if f.name.startswith(".m.lumc")]
 
 
+def test_sigterm_while_the_artifact_is_written_leaves_nothing(tiny, tmp_path):
+    """SIGTERM (kill PID, a scheduler's time limit) arriving while -o is written: one line, exit 2,
+    no temporary file beside -o and the file already there untouched (it was killed by the default
+    action: status -15, a half-written '.m.lumc.*.tmp' left behind)."""
+    out = tmp_path / "m.lumc"
+    out.write_bytes(b"the user's previous artifact")
+    script = ("import os, signal\n"
+              "import lumc.compiler.runtime.artifact as a\n"
+              "real = os.fsync\n"
+              "def fsync(fd):\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    real(fd)\n"
+              "a.os = type('os', (), {n: getattr(os, n) for n in dir(os) if not n.startswith('__')})\n"
+              "a.os.fsync = staticmethod(fsync)\n"
+              "from lumc.compiler.tools.cli import main; main()\n")
+    p = subprocess.run([sys.executable, "-c", script, "compile", str(tiny), "--budget", "30s",
+                        "--shape", "n=3", "-o", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.splitlines() == ["lumc: error: terminated (SIGTERM): nothing was written; "
+                                     "timings measured so far are kept in the tuning database"]
+    assert out.read_bytes() == b"the user's previous artifact"
+    assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".m.lumc")] == []
+
+
 def test_usage_errors_are_one_line(tiny, tmp_path):
     one_line_error(lumc_cli("compile", tiny), "Missing option '--budget'", "--help")
     one_line_error(lumc_cli("run", tiny, "--frobnicate"), "No such option", "--frobnicate")
