@@ -25,7 +25,8 @@ import weakref
 
 import numpy as np
 
-from lumc.backends.extern import extern_impls, impl_of
+from lumc.backends.extern import IMPLS, extern_impls, impl_of
+from lumc.backends.extern import _contractions as contractions_of
 from lumc.ir.errors import InputError
 from lumc.ir.kernels import Kernel
 
@@ -120,7 +121,14 @@ class ExternKernel:
 
     def __init__(self, kernel: Kernel, impl: str = "cublas"):
         if impl not in extern_impls(kernel):
-            raise ValueError(f"implementation {impl!r} does not apply to this {kernel.form} kernel")
+            if impl not in IMPLS or impl == "triton" or not contractions_of(kernel):
+                raise ValueError(f"implementation {impl!r} does not apply to this {kernel.form} "
+                                 "kernel")
+            # A plan chosen for a size range and re-sized to a small size of it: its contractions
+            # can degenerate there (K = 1 at size 1, or M = N = 1), where no vendor call applies
+            # (backends/extern.py: vendor_contractions). The kernel's meaning is the same, so it
+            # runs as the torch replay (cublas's path, each contraction one einsum).
+            impl = "cublas"
         self.kernel = kernel
         self.impl = impl
         self._modules: dict[tuple, object] = {}

@@ -86,6 +86,36 @@ def test_which_kernels_get_externs():
         ExternKernel(pw)
 
 
+@pytest.mark.parametrize("impl", ["cublas", "cudnn", "sdpa"])
+def test_extern_config_runs_a_contraction_resized_to_k_1(impl):
+    """A range plan chose IMPL=cublas for a contraction over the dynamic dim (CumSum over n as a
+    matmul); re-sized to the range's low end n = 1 the contraction has K = 1, where no vendor call
+    applies. It runs (as the torch replay of the same meaning) instead of raising ValueError
+    ('lumc compile --shape n=1..64' of a CumSum model ended in that traceback)."""
+    k = _kernel("matmul", lambda a, b: a @ b, [((5, 1), dt.f32), ((1, 7), dt.f32)])
+    assert bx.extern_impls(k) == []
+    a, b = _inputs([((5, 1), dt.f32), ((1, 7), dt.f32)], 3)
+    got = run_extern_numpy(k, {"IMPL": impl, "PRECISION": "ieee"}, [a, b])[0]
+    np.testing.assert_allclose(got, a @ b, rtol=1e-6)
+
+
+def test_range_compile_of_a_cumsum_runs_at_every_size(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    import lumc
+    g = helper.make_graph([helper.make_node("CumSum", ["x", "ax"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "n"])],
+                          [numpy_helper.from_array(np.array(1, np.int64), "ax")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    f = lumc.compile(m.SerializeToString(), budget="30s", device="sim:h200",
+                     shapes={"n": (1, 16)}, db=TuningDatabase(tmp_path / "t.sqlite"))
+    for n in (1, 2, 3, 7, 16):
+        x = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
+        np.testing.assert_allclose(f(x), np.cumsum(x, axis=1), rtol=1e-5, atol=1e-6)
+
+
 def test_simulated_extern_price():
     n = 8192
     k = _kernel("matmul", lambda a, b: a @ b, [((n, n), dt.bf16), ((n, n), dt.bf16)])
