@@ -159,7 +159,8 @@ class CompiledModel:
             if self._gpu_plan is None:
                 self._gpu_plan = GpuPlan(self)
             return self._gpu_plan.run_numpy(arrays)
-        return run_program_reference(self.program, self.graph, arrays, configs=self.configs)
+        out = run_program_reference(self.program, self.graph, arrays, configs=self.configs)
+        return own_outputs(out, arrays)
 
     def __call__(self, *args, **kwargs):
         """Run on numpy arrays (or torch tensors), positionally in input order or by name.
@@ -254,6 +255,19 @@ def _check_node_sizes(path, nodes, sub=None) -> None:
             raise ArtifactError(f"{path}: part 'graph.json' declares a {n.op} value of shape "
                                 f"{list(shape)} ({nbytes} bytes), more than this machine's "
                                 f"{mem} bytes of memory")
+
+
+def own_outputs(out: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The outputs as arrays of the caller's own, as onnxruntime returns them: an output that is an
+    input or a view of one (a graph output that is an input, an ``Identity``, ``Squeeze`` or
+    ``Reshape`` of one) or that shares memory with another output (two outputs of one value) is
+    copied, so writing into one output changes neither the caller's inputs nor other outputs."""
+    seen = list(inputs.values())
+    for k, v in out.items():
+        if any(np.may_share_memory(v, s) for s in seen):
+            out[k] = v = v.copy()
+        seen.append(v)
+    return out
 
 
 def load(path, device: str | None = None) -> CompiledModel:

@@ -199,3 +199,38 @@ def test_looks_like_artifact(tmp_path):
     assert not looks_like_artifact(onnx_named_lumc) and not looks_like_artifact(onnx_file)
     with pytest.raises(ArtifactError, match="damaged .lumc artifact"):
         load_artifact(trunc, "0.1.0")
+
+
+def test_outputs_never_alias_the_callers_inputs_or_each_other(tmp_path):
+    """Graph outputs that are an input, a view of one (Squeeze) or one value under two names came
+    back as the caller's own array or views of it (and as one array twice): writing into an output
+    changed the caller's input and the other output. onnxruntime returns fresh arrays; so does lumc."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+    import lumc
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    f32 = TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node("Squeeze", ["x"], ["sq"]),
+                           helper.make_node("Relu", ["x"], ["y"]),
+                           helper.make_node("Identity", ["y"], ["z"])], "g",
+                          [vi("x", f32, [1, 2, 1, 3])],
+                          [vi("x", f32, [1, 2, 1, 3]), vi("sq", f32, [2, 3]),
+                           vi("y", f32, [1, 2, 1, 3]), vi("z", f32, [1, 2, 1, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    f = lumc.compile(m.SerializeToString(), budget="20s", device="sim:h200",
+                     db=TuningDatabase(tmp_path / "t.sqlite"))
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 1, 3) - 2
+    keep = x.copy()
+    xo, sq, y, z = f(x)
+    xo[...] = 100
+    np.testing.assert_array_equal(x, keep)
+    sq[...] = 200       # a view of the input came back read-only
+    y[...] = 300
+    np.testing.assert_array_equal(x, keep)
+    np.testing.assert_array_equal(z, np.maximum(keep, 0))
+    out = f.run({"x": x})
+    out["x"][...] = 7
+    np.testing.assert_array_equal(x, keep)
