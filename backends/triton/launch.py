@@ -77,6 +77,23 @@ def to_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
+def input_to_numpy(t, name: str, convert=None) -> np.ndarray:
+    """:func:`to_numpy` (or ``convert``) of a caller's input tensor; one that holds no readable dense data (on the
+    ``meta`` device, sparse, quantized) is an ``InputError`` naming the input, not torch's error.
+
+    Raises:
+        InputError: the tensor cannot be read as an array.
+    """
+    from lumc.ir.errors import InputError
+    try:
+        return (convert or to_numpy)(t)
+    except (RuntimeError, NotImplementedError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InputError(f"input {name!r} is a {t.dtype} tensor on {t.device} with layout "
+                         f"{t.layout} that cannot be read ({first}); give a dense tensor with "
+                         "data", node=name) from None
+
+
 class TritonKernel:
     """A kernel ready to launch.
 

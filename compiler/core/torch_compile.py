@@ -30,6 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.triton.launch import input_to_numpy
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.frontends.onnx_frontend import ImportedModel
 from lumc.compiler.core import torch_plan_cache as plan_cache
@@ -149,7 +150,7 @@ class CompiledTorchModule:
             if not isinstance(leaf, torch.Tensor):
                 raise InputError(f"input {slot.name!r} must be a tensor, got "
                                  f"{type(leaf).__name__}", node=slot.name)
-            arr = to_numpy(leaf)
+            arr = input_to_numpy(leaf, slot.name, to_numpy)
             if arr.dtype != slot.dtype.np:
                 raise InputError(f"input {slot.name!r} has dtype {leaf.dtype}, expected "
                                  f"{slot.dtype}", node=slot.name)

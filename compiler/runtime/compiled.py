@@ -113,8 +113,8 @@ class CompiledModel:
         arrays = {}
         for k, v in given.items():
             if type(v).__module__.startswith("torch"):
-                from lumc.backends.triton.launch import to_numpy
-                v = to_numpy(v)
+                from lumc.backends.triton.launch import input_to_numpy
+                v = input_to_numpy(v, k)
             a = np.asarray(v) if isinstance(v, (np.ndarray, np.generic, list, tuple, int, float,
                                                 bool)) else None
             if a is None or (a.dtype.kind not in "biuf" and a.dtype not in _EXTRA_NP):

@@ -234,3 +234,33 @@ def test_outputs_never_alias_the_callers_inputs_or_each_other(tmp_path):
     out = f.run({"x": x})
     out["x"][...] = 7
     np.testing.assert_array_equal(x, keep)
+
+
+@pytest.mark.parametrize("kind", ["meta", "sparse", "qint8"])
+def test_a_torch_input_without_readable_data_is_an_input_error(tmp_path, monkeypatch, kind):
+    """A meta, sparse or quantized tensor given to a compiled model (ONNX or torch module) raised
+    torch's NotImplementedError/TypeError from deep in the conversion; it is one InputError naming
+    the input."""
+    import numpy as np
+    import torch
+    from onnx import TensorProto, helper
+    import lumc
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [vi("x", TensorProto.FLOAT, [2, 3])], [vi("y", TensorProto.FLOAT, [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    db = TuningDatabase(tmp_path / "t.sqlite")
+    f = lumc.compile(m.SerializeToString(), budget="20s", device="sim:h200", db=db)
+    x = torch.randn(2, 3)
+    t = {"meta": lambda: x.to("meta"), "sparse": x.to_sparse,
+         "qint8": lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)}[kind]()
+    with pytest.raises(lumc.InputError, match="input 'x' is a .* tensor .* cannot be read"):
+        f(t)
+    mod = torch.nn.ReLU()
+    h = lumc.compile(mod, budget="20s", device="sim:h200", example_inputs=(x,))
+    with pytest.raises(lumc.InputError, match="tensor .* cannot be read"):
+        h(t)
+    np.testing.assert_array_equal(h(x).numpy(), mod(x).numpy())
