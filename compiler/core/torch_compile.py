@@ -65,6 +65,20 @@ def _shape_key(leaves) -> tuple:
                  for t in leaves)
 
 
+def _call_shape(spec) -> str:
+    """``2 positional arguments and keyword arguments scale, bias`` for an ``(args, kwargs)``
+    pytree spec."""
+    try:
+        pos, kw = spec.child(0), spec.child(1)
+        n = pos.num_children
+        text = f"{n} positional argument{'s' if n != 1 else ''}"
+        names = list(kw.context or []) if kw.num_children else []
+        return text + (f" and keyword arguments {', '.join(map(str, names))}" if names
+                       else " and no keyword arguments")
+    except (AttributeError, IndexError, TypeError):
+        return " ".join(str(spec).split())
+
+
 class CompiledTorchModule:
     """A captured PyTorch module, callable on torch tensors.
 
@@ -105,8 +119,11 @@ class CompiledTorchModule:
                 kwargs = {k: kwargs[k] for k in kw_spec.context}
         leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         if in_spec is not None and spec != in_spec:
+            want, got = _call_shape(in_spec), _call_shape(spec)
+            if want == got:     # the same counts and names: a nested structure differs
+                want, got = " ".join(str(in_spec).split()), " ".join(str(spec).split())
             raise InputError(f"the call's arguments do not match the captured ones: expected "
-                             f"{in_spec}, got {spec}")
+                             f"{want}, got {got}")
         return leaves
 
     def specialization(self, leaves, feed: dict | None = None) -> Specialization:

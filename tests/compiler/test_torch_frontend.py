@@ -604,3 +604,26 @@ def test_a_kv_cache_in_the_output_names_the_fix():
     with pytest.raises(ModelError, match="use_cache=False") as ei:
         import_torch(Decoder(), (torch.randn(2, 3),))
     assert "\n" not in str(ei.value)
+
+
+def test_a_call_with_other_arguments_names_them(monkeypatch, tmp_path):
+    """A call missing a keyword argument (or with an extra one, or keywords given by position) was
+    refused with two pytree TreeSpec dumps over several lines; the message names the counts and
+    the keywords."""
+    import lumc
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+
+    class KW(nn.Module):
+        def forward(self, x, *, scale, bias):
+            return x * scale + bias
+    x, s, b = torch.randn(2, 3), torch.tensor(2.0), torch.randn(3)
+    f = lumc.compile(KW(), budget="20s", device="sim:h200", example_inputs=(x,),
+                     example_kwargs={"scale": s, "bias": b})
+    torch.testing.assert_close(f(x, bias=b, scale=s), x * s + b)
+    head = "the call's arguments do not match the captured ones: expected 1 positional argument " \
+           "and keyword arguments scale, bias, got "
+    for call, got in [(lambda: f(x, scale=s), "1 positional argument and keyword arguments scale"),
+                      (lambda: f(x, s, b), "3 positional arguments and no keyword arguments")]:
+        with pytest.raises(lumc.InputError) as e:
+            call()
+        assert str(e.value) == head + got
