@@ -255,6 +255,39 @@ def test_sigterm_while_the_artifact_is_written_leaves_nothing(tiny, tmp_path):
     assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".m.lumc")] == []
 
 
+def test_a_model_with_external_data_loads_from_any_directory(tmp_path, monkeypatch):
+    """onnx's checker, given the proto in memory, looked for the external data file in the current
+    directory: every model saved with external data was refused ('should be stored in w.bin, but
+    it is not regular file') unless lumc ran in the model's folder."""
+    w = np.arange(24, dtype=np.float32).reshape(4, 6) / 10
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    (tmp_path / "model").mkdir()
+    onnx.save(m, str(tmp_path / "model" / "m.onnx"), save_as_external_data=True,
+              location="w.bin", size_threshold=0)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    x = np.ones((2, 4), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = lumc_cli("run", tmp_path / "model" / "m.onnx", "--input", f"x={tmp_path / 'x.npy'}",
+                   "-o", tmp_path / "y.npz", "--check")
+    assert res.exit_code == 0, res.output
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], x @ w, rtol=1e-6)
+    # a location outside the model's folder is still refused, in one line
+    m2 = onnx.load(str(tmp_path / "model" / "m.onnx"), load_external_data=False)
+    for e in m2.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = "../model/w.bin"
+    (tmp_path / "other").mkdir()
+    onnx.save(m2, str(tmp_path / "other" / "up.onnx"))
+    one_line_error(lumc_cli("run", tmp_path / "other" / "up.onnx", "--random"),
+                   "'../model/w.bin' points outside the directory")
+
+
 def test_usage_errors_are_one_line(tiny, tmp_path):
     one_line_error(lumc_cli("compile", tiny), "Missing option '--budget'", "--help")
     one_line_error(lumc_cli("run", tiny, "--frobnicate"), "No such option", "--frobnicate")

@@ -109,7 +109,8 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
         model = _parse(data, f"model file {path!r}")
         base = os.path.dirname(os.path.abspath(path))
         _check_external_files(model, base, path)
-        check_model_valid(model, f"model file {path!r}")  # before external data: a small proto
+        # before external data: a small proto
+        check_model_valid(model, f"model file {path!r}", external_checked=True)
         try:
             onnx.load_external_data_for_model(model, base)
         except Exception as e:  # OSError, ValueError, onnx's checker.ValidationError
@@ -127,10 +128,18 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
     return model
 
 
-def check_model_valid(model: onnx.ModelProto, what: str = "the model") -> None:
+def check_model_valid(model: onnx.ModelProto, what: str = "the model",
+                      external_checked: bool = False) -> None:
     """Validate ``model`` as onnxruntime would before running it: ``onnx.checker.check_model``
     (IR version, opset imports, every node against its op schema: input and output counts,
     required attributes, attribute types; graph topology) and declared dims >= 0.
+
+    ``external_checked``: the model's external data files were found next to its file
+    (:func:`_check_external_files`) and are loaded with onnx's own checks of their locations
+    (nothing absolute, nothing outside the folder) right after. The checker, given a proto in
+    memory, looks for them in the current directory instead, and refused every model with external
+    data unless run from its folder; for the check, their locations are marked as in-memory data
+    (a leading ``#``, which the checker does not look up) and restored after.
 
     Raises:
         ModelError: one line with the checker's reason and the node it names.
@@ -150,16 +159,26 @@ def check_model_valid(model: onnx.ModelProto, what: str = "the model") -> None:
             if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
     for tt in lent:
         tt.shape.SetInParent()
+    marked = []
+    if external_checked:
+        marked = [e for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL
+                  for e in t.external_data if e.key == "location"]
+        for e in marked:
+            e.value = "#" + e.value
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         reason = " ".join(str(e).replace("==> Context:", ";").split())
+        if marked:
+            reason = reason.replace("'#", "'")
         raise ModelError(f"{what} is invalid (onnx.checker): {reason[:400]}") from None
     except ValueError:   # a proto over protobuf's 2 GB limit: it cannot be checked in memory
         pass
     finally:
         for tt in lent:
             tt.ClearField("shape")
+        for e in marked:
+            e.value = e.value[1:]
 
 
 def _tensors(graph: onnx.GraphProto):
