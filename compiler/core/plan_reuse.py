@@ -19,11 +19,15 @@ from lumc.compiler.runtime.targets import Target
 def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, use_egraph: bool
                     ) -> str | None:
     """A key for the compile's result, or None when the model is not given as a file or bytes."""
+    extra = b""
     if isinstance(model, (str, os.PathLike)):
         try:
             with open(model, "rb") as f:
                 src = f.read()
         except OSError:
+            return None
+        extra = _external_data_digest(src, os.path.dirname(os.path.abspath(model)))
+        if extra is None:
             return None
     elif isinstance(model, (bytes, bytearray)):
         src = bytes(model)
@@ -33,10 +37,38 @@ def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, us
         except AttributeError:
             return None
     h = hashlib.sha256(src)
+    h.update(extra)
     shp = {k: list(np.atleast_1d(v).tolist()) for k, v in sorted((shapes or {}).items())}
     ex = {k: list(np.shape(v)) for k, v in sorted((example_inputs or {}).items())}
     h.update(repr((shp, ex, target.name, sorted(ver.items()), use_egraph)).encode())
     return h.hexdigest()[:32]
+
+
+def _external_data_digest(src: bytes, base: str) -> bytes | None:
+    """A hash of the external data files a model file names (its weights, when it was saved with
+    ``save_as_external_data``), in name order: they are part of the model as much as the file is
+    (new weights in ``model.bin`` beside an unchanged ``model.onnx`` reused the stored plan, with
+    the old weights). ``b""`` for a model with none; None when one cannot be read (no reuse)."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    if b"location" not in src:          # no external data entry can be in the file
+        return b""
+    try:
+        m = onnx.load_from_string(src)
+        names = sorted({e.value for t in _get_all_tensors(m) if uses_external_data(t)
+                        for e in t.external_data if e.key == "location"})
+    except Exception:   # a malformed model: the frontend says what is wrong with it
+        return None
+    h = hashlib.sha256()
+    for name in names:
+        h.update(name.encode() + b"\0")
+        try:
+            with open(os.path.join(base, name), "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 24), b""):
+                    h.update(chunk)
+        except OSError:
+            return None
+    return h.digest()
 
 
 def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | None:

@@ -68,6 +68,39 @@ def test_second_compile_reuses_plan_and_database(model, db):
     assert r3["best_time_s"] == first.report_dict()["best_time_s"]
 
 
+def _external_weights_model(folder, w):
+    """A MatMul model saved as ``m.onnx`` with its weight in the external data file ``m.bin``."""
+    import os
+    if os.path.exists(folder / "m.bin"):
+        os.remove(folder / "m.bin")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(folder / "m.onnx"), save_as_external_data=True, location="m.bin",
+              size_threshold=0)
+    return folder / "m.onnx"
+
+
+def test_new_external_weights_are_not_served_from_a_stored_plan(db, tmp_path):
+    """The stored plan was keyed by the .onnx file's bytes alone: new weights written to its
+    external data file (the same graph re-exported) compiled to the stored plan of the old
+    weights, which gave the old model's outputs."""
+    x = np.ones((2, 8), np.float32)
+    path = _external_weights_model(tmp_path, np.eye(8, dtype=np.float32))
+    first = lumc.compile(str(path), budget="20s", device="sim:h200", db=db)
+    np.testing.assert_array_equal(first(x), x)
+    again = lumc.compile(str(path), budget="20s", device="sim:h200", db=db)
+    assert "reused" in again.report_dict()["stopped_because"]      # same weights: reused
+    before = path.read_bytes()
+    path = _external_weights_model(tmp_path, 3 * np.eye(8, dtype=np.float32))
+    assert path.read_bytes() == before                              # only m.bin changed
+    new = lumc.compile(str(path), budget="20s", device="sim:h200", db=db)
+    np.testing.assert_array_equal(new(x), 3 * x)
+    assert "reused" not in new.report_dict()["stopped_because"]
+
+
 def test_save_load_roundtrip_and_corruption(model, db, tmp_path):
     cm = lumc.compile(model, budget="20s", device="sim:h200", db=db)
     p = tmp_path / "m.lumc"
