@@ -39,6 +39,13 @@ def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> F
     if isinstance(model, (str, os.PathLike)):
         with open(model, "rb") as f:
             src = f.read()               # the file's own bytes: artifacts keep the model as given
+        if _names_external_data(src):
+            # ... but not its weights' file names: an artifact holds the model with its weights,
+            # so that --check and the onnxruntime rival run it anywhere, the files gone too
+            try:
+                src = m.SerializeToString()
+            except ValueError:           # over protobuf's 2 GB: only the file's bytes can be kept
+                pass
     elif isinstance(model, (bytes, bytearray)):
         src = bytes(model)
     else:
@@ -52,6 +59,18 @@ def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> F
     name = os.path.basename(str(model)) if isinstance(model, (str, os.PathLike)) else next(
         (p.value for p in m.metadata_props if p.key == SOURCE_NAME_KEY), "model")
     return Frontend(imported.graph, src, name, list(imported.warnings), info)
+
+
+def _names_external_data(src: bytes) -> bool:
+    """Whether the serialized model keeps some tensor's data in an external file."""
+    if b"location" not in src:
+        return False
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    try:
+        return any(uses_external_data(t) for t in _get_all_tensors(onnx.load_from_string(src)))
+    except Exception:
+        return False
 
 
 def resolve_dim_names(m, shapes: dict) -> dict:

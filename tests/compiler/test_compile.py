@@ -101,6 +101,26 @@ def test_new_external_weights_are_not_served_from_a_stored_plan(db, tmp_path):
     assert "reused" not in new.report_dict()["stopped_because"]
 
 
+def test_an_artifact_of_a_model_with_external_data_holds_its_weights(db, tmp_path, monkeypatch):
+    """The artifact kept the .onnx file's bytes as its source model, which name the external data
+    file instead of holding the weights: 'lumc run ART --check' and 'lumc bench ART --vs
+    onnxruntime' failed in another directory or once the file was gone (onnxruntime: 'External
+    data path ... does not exist')."""
+    import os
+    w = np.arange(64, dtype=np.float32).reshape(8, 8) / 7
+    path = _external_weights_model(tmp_path, w)
+    cm = lumc.compile(str(path), budget="20s", device="sim:h200", db=db)
+    cm.save(tmp_path / "m.lumc")
+    os.remove(tmp_path / "m.bin")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    back = lumc.load(tmp_path / "m.lumc")
+    x = np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)
+    sess = ort.InferenceSession(back.source_onnx, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=1e-5)
+    np.testing.assert_allclose(back(x), x @ w, rtol=1e-5)
+
+
 def test_save_load_roundtrip_and_corruption(model, db, tmp_path):
     cm = lumc.compile(model, budget="20s", device="sim:h200", db=db)
     p = tmp_path / "m.lumc"
