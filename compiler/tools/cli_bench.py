@@ -21,7 +21,7 @@ import click
 
 from lumc.compiler.runtime.artifact import check_writable, looks_like_artifact, refuse_same_file, write_atomic
 from lumc.compiler.tools.cli import SEED, cli, nonempty_path
-from lumc.ir.errors import LumcError
+from lumc.ir.errors import InputError, LumcError
 
 
 def is_artifact(path: str) -> bool:
@@ -246,13 +246,15 @@ def inspect_cmd(artifact, plot_path, aot_target, why_not=False):
     loaded = lumc.load(artifact, device="cpu")
     from lumc.compiler.runtime.variants import VariantModel
     plans = loaded.representatives() if isinstance(loaded, VariantModel) else [(None, loaded)]
+    if plot_path and len(plans) > 1:    # refused before anything is printed, not skipped (exit 0)
+        raise InputError(f"--plot draws one plan, and {artifact} holds {len(plans)} (one per size "
+                         f"or size range); draw one with lumc bench {artifact} --shape DIM=N "
+                         f"--plot {plot_path}")
     for desc, cm in plans:
         if desc is not None:
             click.echo(f"== plan {desc}")
         _inspect_one(cm, artifact, manifest, plot_path if desc is None else None, aot_target,
                      why_not)
-    if plot_path and len(plans) > 1:
-        click.echo(f"--plot draws one plan; {artifact} holds {len(plans)}: not drawn")
 
 
 def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):

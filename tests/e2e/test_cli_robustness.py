@@ -288,6 +288,22 @@ def test_a_model_with_external_data_loads_from_any_directory(tmp_path, monkeypat
                    "'../model/w.bin' points outside the directory")
 
 
+def test_inspect_plot_of_a_several_plan_artifact_is_refused_not_skipped(tiny, tmp_path):
+    """'lumc inspect ART --plot OUT.png' of an artifact with one plan per size printed 'not drawn'
+    on stdout and exited 0 without writing OUT.png; it is refused in one line (exit 2)."""
+    art = tmp_path / "r.lumc"
+    res = lumc_cli("compile", tiny, "--budget", "30s", "--shape", "n=2,5", "-o", art, "--quiet")
+    assert res.exit_code == 0, res.output
+    png = tmp_path / "roof.png"
+    one_line_error(lumc_cli("inspect", art, "--plot", png), "--plot draws one plan",
+                   "holds 2", f"lumc bench {art} --shape DIM=N --plot {png}")
+    assert not png.exists()
+    res = lumc_cli("bench", art, "--shape", "n=5", "--repeats", "1", "--plot", png)
+    assert res.exit_code == 0 and png.stat().st_size > 0, res.output
+    res = lumc_cli("inspect", art)          # without --plot: every plan's table
+    assert res.exit_code == 0 and res.stdout.count("== plan") == 2, res.output
+
+
 def test_usage_errors_are_one_line(tiny, tmp_path):
     one_line_error(lumc_cli("compile", tiny), "Missing option '--budget'", "--help")
     one_line_error(lumc_cli("run", tiny, "--frobnicate"), "No such option", "--frobnicate")
