@@ -117,8 +117,12 @@ class CompiledModel:
                 v = input_to_numpy(v, k)
             a = np.asarray(v) if isinstance(v, (np.ndarray, np.generic, list, tuple, int, float,
                                                 bool)) else None
-            if a is None or (a.dtype.kind not in "biuf" and a.dtype not in _EXTRA_NP):
+            if a is None:
                 raise InputError(f"input {k!r} is a {type(v).__name__}, not a numeric array", node=k)
+            if a.dtype.kind not in "biuf" and a.dtype not in _EXTRA_NP:
+                want = self.graph.inputs[k].dtype.np if k in self.graph.inputs else None
+                raise InputError(f"input {k!r} has dtype {a.dtype}, not a number type lumc runs"
+                                 + (f"; compiled for {want}" if want is not None else ""), node=k)
             arrays[k] = a
         for k, n in self.graph.inputs.items():
             if k not in arrays:

@@ -264,3 +264,23 @@ def test_a_torch_input_without_readable_data_is_an_input_error(tmp_path, monkeyp
     with pytest.raises(lumc.InputError, match="tensor .* cannot be read"):
         h(t)
     np.testing.assert_array_equal(h(x).numpy(), mod(x).numpy())
+
+
+def test_an_input_of_a_non_numeric_dtype_names_its_dtype(tmp_path):
+    """A complex (or string) array was refused as 'input 'x' is a ndarray, not a numeric array',
+    which says nothing of what is wrong with it; the message names its dtype and the compiled one."""
+    import numpy as np
+    from onnx import TensorProto, helper
+    import lumc
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [vi("x", TensorProto.FLOAT, [2, 3])], [vi("y", TensorProto.FLOAT, [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    f = lumc.compile(m.SerializeToString(), budget="20s", device="sim:h200",
+                     db=TuningDatabase(tmp_path / "t.sqlite"))
+    with pytest.raises(lumc.InputError) as e:
+        f(np.zeros((2, 3), np.complex64))
+    assert str(e.value).endswith("input 'x' has dtype complex64, not a number type lumc runs; "
+                                 "compiled for float32")
