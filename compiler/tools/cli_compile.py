@@ -227,9 +227,11 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
 
 def user_notes(r: dict) -> list[str]:
     """The report's warnings a user must see in the summary and in ``lumc inspect``: what the
-    reduced-precision policy did (``precision ...``) and a weight storage that was refused for its
-    quality and replaced by the model's own weights (``weights ...``)."""
-    return [w for w in r.get("warnings", []) if w.startswith(("precision ", "weights "))]
+    reduced-precision policy did (``precision ...``), a weight storage that was refused for its
+    quality and replaced by the model's own weights (``weights ...``), and a graph output listed
+    more than once, which lumc returns once (``graph output ...``)."""
+    return [w for w in r.get("warnings", [])
+            if w.startswith(("precision ", "weights ", "graph output "))]
 
 
 def _echo_variants(cm, r, out_path, report_path) -> None:

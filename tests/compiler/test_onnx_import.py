@@ -488,3 +488,19 @@ def test_gather_with_negative_indices_still_wraps(tmp_path, monkeypatch):
     np.testing.assert_array_equal(f(ids), table[[[1, 7, 0]]])
     with pytest.raises(InputError, match=r"op Gather: index -11 .* out of range \[-10, 10\)"):
         f(np.array([[1, -11, 0]], np.int64))
+
+
+def test_an_output_listed_twice_is_returned_once_and_said():
+    """A graph may list one value twice among its outputs; onnxruntime then returns it twice.
+    lumc keys outputs by name and returns it once: the import says so in its warnings (which the
+    compile summary and report show), so `--check`'s "all 1 outputs match" is not read as the
+    whole story."""
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2, 3])],
+                   [vi("y", [2, 3]), vi("y", [2, 3])])
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    assert len(ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})) == 2
+    imp = import_onnx(m)
+    assert list(imp.graph.outputs) == ["y"]
+    np.testing.assert_array_equal(ReferenceExecutor(imp.graph)({"x": x})["y"], np.maximum(x, 0))
+    assert any("'y' is listed 2 times" in w and "onnxruntime returns it 2 times" in w
+               for w in imp.warnings), imp.warnings

@@ -452,3 +452,21 @@ def test_cache_info_and_clear_cover_plans_and_set_aside_databases(cache_dir, com
     assert "1 stored plans, 2 set-aside database files" in res.stdout
     assert not list((cache_dir / "plans").iterdir())
     assert not list(cache_dir.glob("tuning.sqlite.corrupt-*"))
+
+
+def test_an_output_listed_twice_is_said_in_the_summary_and_inspect(tmp_path):
+    """onnxruntime returns a graph output listed twice twice; lumc returns it once. The compile
+    summary and ``lumc inspect`` say so (``--check`` then compares the one output it has)."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])] * 2)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    src, out = tmp_path / "dup.onnx", tmp_path / "dup.lumc"
+    onnx.save(m, src)
+    r = lumc_cli("compile", src, "--budget", "10s", "-o", out)
+    assert r.exit_code == 0, r.output
+    note = "graph output 'y' is listed 2 times: lumc returns it once (onnxruntime returns it 2 times)"
+    assert note in r.output
+    r = lumc_cli("inspect", out)
+    assert r.exit_code == 0 and note in r.output

@@ -262,6 +262,11 @@ def import_onnx(model, input_shapes: dict[str, Sequence[int]] | None = None) -> 
             raise ModelError(f"graph output {vi.name!r} is never produced")
         t = imp.env[vi.name]
         if vi.name in outputs:
+            times = sum(o.name == vi.name for o in model.graph.output)
+            note = (f"graph output {vi.name!r} is listed {times} times: lumc returns it once "
+                    f"(onnxruntime returns it {times} times)")
+            if note not in warnings:
+                warnings.append(note)
             continue
         outputs[vi.name] = t.node
         out_specs.append(TensorSpec(vi.name, t.shape, t.dtype))
