@@ -245,18 +245,22 @@ def _prologue_views(x, depth: int = 4) -> list:
     return out
 
 
-def _main_reduction(kernel: Kernel):
-    """The reduction over the widest operand (a GEMV's, not the row statistic of the input it
-    normalizes on load), the first of them; None without one."""
-    reds = [n for n in kernel.meaning.nodes() if n.op in ("SumReduce", "MaxReduce")]
-    return max(reds, key=lambda n: n.srcs[0].numel, default=None)
+def _row_reductions(kernel: Kernel) -> tuple[list, list]:
+    """``(mains, statistics)`` of a row kernel's reductions (``rowplan.main_reductions``: the
+    statistics are those of an input normalized on load); all of them main when they do not split
+    that way."""
+    from lumc.backends.triton.rowplan import main_reductions
+    nodes = kernel.meaning.nodes()
+    reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce")]
+    return (main_reductions(nodes, reds) or (reds, [])) if reds else ([], [])
 
 
 def row_dims(kernel: Kernel) -> tuple[int, int]:
     """``(rows, row length)`` of a row kernel: from its main reduction, the reduced extent is the
     row and the rest are rows (a kernel without a reduction is one row per output element)."""
-    n = _main_reduction(kernel)
-    if n is not None:
+    mains, _ = _row_reductions(kernel)
+    if mains:
+        n = mains[0]
         src = n.srcs[0].shape
         row = prod(src[a] for a in n.arg) if n.arg else 1
         return max(prod(src) // max(row, 1), 1), max(row, 1)
@@ -268,11 +272,7 @@ def row_prologue_ops(kernel: Kernel) -> int:
     normalizes on load (``rowplan.RowPlan.prologue``): the statistics are taken again over every
     main row and the normalization formed on every tile, so each op of their expressions (the
     nodes of a statistic's operand size, and each statistic's add) is issued per tile element."""
-    main = _main_reduction(kernel)
-    if main is None:
-        return 0
-    stats = [n for n in kernel.meaning.nodes() if n.op in ("SumReduce", "MaxReduce")
-             and n.srcs[0].numel < main.srcs[0].numel]
+    _, stats = _row_reductions(kernel)
     sizes = {r.srcs[0].numel for r in stats}
     ops = sum(1 for n in kernel.meaning.nodes() if n.op not in ("View", "Input", "Constant",
               "Iota", "SumReduce", "MaxReduce") and n.numel in sizes)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lumc.ir.graph import Node
+from lumc.ir.graph import Node, node
 from lumc.ir.ops import ELEMENTWISE
 from lumc.ir.views import prod
 
@@ -126,8 +126,7 @@ def as_contraction_squeezed(n: Node) -> Contraction | None:
     if p.op != "Mul" or lead < 1 or tuple(p.shape[lead:]) != tuple(v.shape) or \
             any(d != 1 for d in p.shape[:lead]) or not v.arg.is_contiguous:
         return None
-    from lumc.ir.graph import node as make
-    c = as_contraction(make("SumReduce", [p], tuple(a + lead for a in n.arg)))
+    c = as_contraction(node("SumReduce", [p], tuple(a + lead for a in n.arg)))
     return None if c is None else Contraction(n, c.a, c.b, c.full, c.m_dims, c.n_dims,
                                               c.k_dims, c.batch_dims)
 

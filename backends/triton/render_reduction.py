@@ -240,9 +240,9 @@ def live_tiles(plan: RowPlan) -> int:
     statistics' operand and the normalized tile). Measured on sm_90 AOT at K = 4096 fp32: a GEMV
     with an RMSNorm on load at one warp and one row (128 values per thread) spills 1072 bytes, and
     a paired one 172; at a quarter of that per thread neither spills."""
-    from lumc.backends.triton.contraction import as_contraction
-    products = [r for r in plan.reduces if as_contraction(r) is not None
-                or (r.srcs[0].op == "View" and r.srcs[0].srcs[0].op == "Mul")]
+    from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core
+    products = [c for c in map(as_contraction_squeezed, plan.reduces)
+                if c is not None and is_tensor_core(c)]
     return 1 + max(len(products) - 1, 0) + (1 if plan.prologue else 0)
 
 

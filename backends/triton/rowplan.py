@@ -17,11 +17,11 @@ per level unless an online form merges two levels (``render_norm``).
 A *prologue statistic* is a reduction of another shape whose value reaches the main reductions'
 operands only as a normalization of their input: a decoding step's RMSNorm before a GEMV
 (``sum(x * x)`` over the hidden dim of ``x [B, 1, C]``, the GEMV summing ``C`` for each of ``N``
-columns). When the view ``V`` that reads the normalized input into the main shape ``S`` maps the
-main reduced axes one-to-one onto the statistic's reduced (trailing) axes and the kept dims only onto
-its rows, the statistic of the row a main row reads equals the same reduction taken over the main
-tile, ``sum over K of V(x * x)``: the kernel computes it so, first, with the main row structure
-(:attr:`RowPlan.prologue`).
+columns). When the view ``V`` that reads the normalized input into the main shape ``S`` maps
+the main reduced axes one-to-one onto the statistic's reduced (trailing) axes and the kept dims
+only onto its rows, the statistic of the row a main row reads equals the same reduction taken over
+the main tile, ``sum over K of V(x * x)``: the kernel computes it so, first, with the main row
+structure (:attr:`RowPlan.prologue`).
 """
 from __future__ import annotations
 
@@ -90,28 +90,40 @@ def plan_rows(kernel: Kernel) -> RowPlan | None:
     reduces = [n for n in nodes if n.op in REDUCE]
     if not reduces:
         return None
-    key = {r: (tuple(r.srcs[0].shape), tuple(sorted(r.arg))) for r in reduces}
-    if len(set(key.values())) == 1:
-        return plan_rows_of(nodes, reduces, kernel.meaning.outputs)
-    # the main reductions read every other one (the statistics of the input they normalize)
-    above: dict[Node, set] = {}
-    for n in nodes:
-        got = set().union(*(above[s] for s in n.srcs)) if n.srcs else set()
-        above[n] = got | {key[n]} if n in key else got
-    keys = set(key.values())
-    sinks = [k for k in keys if all(above[r] >= keys - {k} for r in reduces if key[r] == k)]
-    if len(sinks) != 1:
-        a, b = sorted(keys)[:2]
+    split = main_reductions(nodes, reduces)
+    if split is None:
+        keys = sorted({(tuple(r.srcs[0].shape), tuple(sorted(r.arg))) for r in reduces})
         raise RenderError(f"node {reduces[-1]!r}: reductions of one row kernel must share operand "
-                          f"shape and axes, or read the row statistics of their input; got {a} "
-                          f"and {b}")
-    main_key = sinks[0]
-    mains = [r for r in reduces if key[r] == main_key]
-    stats = [r for r in reduces if key[r] != main_key]
+                          f"shape and axes, or read the row statistics of their input; got "
+                          f"{keys[0]} and {keys[1]}")
+    mains, stats = split
+    if not stats:
+        return plan_rows_of(nodes, reduces, kernel.meaning.outputs)
     prologue = prologue_statistics(nodes, mains, stats, kernel.meaning.outputs)
     plan = plan_rows_of(nodes, mains, kernel.meaning.outputs)
     plan.prologue = prologue
     return plan
+
+
+def main_reductions(nodes: list[Node], reduces: list[Node]
+                    ) -> tuple[list[Node], list[Node]] | None:
+    """``(mains, statistics)``: the reductions of one operand shape and axes that read every
+    other reduction (the statistics of the input they normalize, :attr:`RowPlan.prologue`), and
+    the others; every reduction is a main one when all share their shape and axes. None when no
+    one group reads all the others (two unrelated reductions). ``nodes`` topological."""
+    key = {r: (tuple(r.srcs[0].shape), tuple(sorted(r.arg))) for r in reduces}
+    keys = set(key.values())
+    if len(keys) == 1:
+        return list(reduces), []
+    above: dict[Node, set] = {}
+    for n in nodes:
+        got = set().union(*(above[s] for s in n.srcs)) if n.srcs else set()
+        above[n] = got | {key[n]} if n in key else got
+    sinks = [k for k in keys if all(above[r] >= keys - {k} for r in reduces if key[r] == k)]
+    if len(sinks) != 1:
+        return None
+    return ([r for r in reduces if key[r] == sinks[0]],
+            [r for r in reduces if key[r] != sinks[0]])
 
 
 def _row_map_ok(v: View, stat_shape: tuple[int, ...], stat_axes: tuple[int, ...],
@@ -175,25 +187,27 @@ def prologue_statistics(nodes: list[Node], mains: list[Node], stats: list[Node],
         if any(s in beyond for s in n.srcs):
             beyond.add(n)
     plan_rows_of([n for n in nodes if n not in beyond], stats, {})   # raises: crosses rows
-    if len(views) != 1 or None in views or not _row_map_ok(next(iter(views)), stat_shape, stat_axes, axes):
+    if len(views) != 1 or None in views or \
+            not _row_map_ok(next(iter(views)), stat_shape, stat_axes, axes):
         raise RenderError(f"node {stats[0]!r}: a row statistic read into the main reductions "
                           f"through {len(views)} views, not one that maps whole rows "
                           f"({stat_shape} reduced over {stat_axes} into {shape} over {axes})")
     shapes = {tuple(n.shape) for n in crossing}
-    if len(shapes) != 1 or not _reshaped_elementwise(mains, crossing, dep, shapes.pop(), shape):
+    if len(shapes) != 1 or not _reshaped_elementwise(mains, crossing, dep | beyond, shapes.pop(),
+                                                     shape):
         raise RenderError(f"node {stats[0]!r}: the normalized input reaches the main reductions "
                           "through views other than one reshape into their operand shape")
     v = next(iter(views))
     return {r: v for r in stats}
 
 
-def _reshaped_elementwise(mains: list[Node], crossing: list[Node], dep: set, shape,
+def _reshaped_elementwise(mains: list[Node], crossing: list[Node], tainted: set, shape,
                           main_shape) -> bool:
     """Every main reduction reads (through a contiguous reshape, when ``shape`` is not the main
     ``main_shape``) a value of ``shape`` computed elementwise from the ``crossing`` views and from
-    values that do not depend on the statistics (``dep``): so its operand reads the normalized
-    input through a crossing view (then the reshape), the view :func:`prologue_statistics`
-    checks, and through no other."""
+    values that do not depend on the statistics (not ``tainted``): so its operand reads the
+    normalized input through a crossing view (then the reshape), the view
+    :func:`prologue_statistics` checks, and through no other."""
     cross = set(crossing)
     for r in mains:
         op = r.srcs[0]
@@ -208,23 +222,12 @@ def _reshaped_elementwise(mains: list[Node], crossing: list[Node], dep: set, sha
                 continue
             seen.add(n)
             if n.op == "View" or n.op in REDUCE or tuple(n.shape) != shape:
-                if _depends_on(n, dep):
+                if n in tainted:
                     return False
                 continue
             stack.extend(n.srcs)
     return True
 
-
-def _depends_on(n: Node, dep: set) -> bool:
-    stack, seen = [n], set()
-    while stack:
-        x = stack.pop()
-        if x in dep:
-            return True
-        if x not in seen:
-            seen.add(x)
-            stack.extend(x.srcs)
-    return False
 
 
 def plan_rows_of(nodes: list[Node], reduces: list[Node], outputs: dict[str, Node]) -> RowPlan:

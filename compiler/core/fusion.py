@@ -32,7 +32,8 @@ that reads it:
   *paired* matmul kernel with two accumulators (:meth:`GreedyFusion._pairs`).
 * Independent pointwise kernels of one element count, close in launch order, are one kernel with
   several outputs (horizontal fusion: a decoding step's key and value cache concatenations), when
-  every input of the later one is written before the first (:meth:`GreedyFusion._pointwise_partners`).
+  every input of the later one is written before the first
+  (:meth:`GreedyFusion._pointwise_partners`).
 
 Each refused fusion is logged once, naming both nodes and the reason (Inductor's ``WhyNoFuse``).
 """
@@ -44,8 +45,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
-from lumc.backends.triton.contraction import (as_contraction, as_contraction_squeezed,
-                                              is_tensor_core, same_iteration)
+from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core, same_iteration
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
@@ -482,11 +482,10 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
         ``n``'s place; among the next :data:`HORIZONTAL_LOOKAHEAD` kernels in launch order."""
         out: list[Node] = []
         seen = 0
-        ready = set(done)
         for m in self.order[self.pos[id(n)] + 1:]:
             if seen >= HORIZONTAL_LOOKAHEAD:
                 break
-            if id(m) not in self.realized or id(m) in self.row_owned or id(m) in ready:
+            if id(m) not in self.realized or id(m) in self.row_owned or id(m) in done:
                 continue
             seen += 1
             if id(m) in form_of or self.group.get(id(m)) in self.norm_consumers \
@@ -494,7 +493,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
                 continue
             trial = build_call([m], lambda x: id(x) in self.realized and x is not m)
             if trial.kernel.form == "pointwise" and all(
-                    id(x) in ready or x.op in ("Input", "Constant") for x in trial.inputs):
+                    id(x) in done or x.op in ("Input", "Constant") for x in trial.inputs):
                 out.append(m)
         return out
 

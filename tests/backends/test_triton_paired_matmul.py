@@ -16,15 +16,12 @@ from lumc.backends.devices import get_device
 from lumc.backends.simulator import contraction_dims, simulate_kernel_time
 from lumc.backends.triton import configs
 from lumc.backends.triton.render import render_parts
-from lumc.compiler.core.egraph_pipeline import egraph_candidates
 from lumc.compiler.core.fusion import greedy_program
-from lumc.compiler.frontends.torch_frontend.capture import import_torch
-from lumc.compiler.runtime.program import run_program_reference
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.kernels import Kernel
 from lumc.ir.tensor import Tensor
-from triton_cases import check
+from triton_cases import check, egraph_candidates_checked
 
 RNG = np.random.default_rng(0)
 
@@ -85,14 +82,7 @@ def test_rmsnorm_on_load_feeds_both_products(b, t):
     two kernels (paired gate/up with the norm on load, down-projection with the residual)."""
     torch.manual_seed(0)
     mod, x = LlamaMLP().eval(), torch.randn(b, t, 32)
-    g = import_torch(mod, (x,)).graph
-    res = egraph_candidates(g, "h200", k=32)
-    with torch.no_grad():
-        want = mod(x).numpy()
-    feed = {next(iter(g.inputs)): x.numpy()}
-    for p in res.candidates:
-        got = next(iter(run_program_reference(p, g, feed).values()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    res = egraph_candidates_checked(mod, x, k=32)
     # the horizontal plans leave the joined pair apart: no candidate writes a merged [M, 2 I]
     for p in res.candidates:
         for c in p.calls:
@@ -114,14 +104,7 @@ def test_one_row_gate_and_up_are_one_row_kernel(b):
     ``silu(gate) * up``, so no candidate has three GEMV kernels for the MLP."""
     torch.manual_seed(2)
     mod, x = LlamaMLP(width=48, inner=80).eval(), torch.randn(b, 1, 48)
-    g = import_torch(mod, (x,)).graph
-    res = egraph_candidates(g, "h200", k=32)
-    with torch.no_grad():
-        want = mod(x).numpy()
-    feed = {next(iter(g.inputs)): x.numpy()}
-    for p in res.candidates:
-        got = next(iter(run_program_reference(p, g, feed).values()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    res = egraph_candidates_checked(mod, x, k=32)
 
     def joined(k):
         reds = [n for n in k.meaning.nodes() if n.op == "SumReduce" and n.numel == b * 80]
@@ -164,14 +147,7 @@ def test_fused_gate_up_weight_is_split_into_a_paired_kernel(b, t, split):
     writes the wide [M, 2 I] product."""
     torch.manual_seed(1)
     mod, x = FusedGateUpMLP(split=split).eval(), torch.randn(b, t, 32)
-    g = import_torch(mod, (x,)).graph
-    res = egraph_candidates(g, "h200", k=32)
-    with torch.no_grad():
-        want = mod(x).numpy()
-    feed = {next(iter(g.inputs)): x.numpy()}
-    for p in res.candidates:
-        got = next(iter(run_program_reference(p, g, feed).values()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
+    res = egraph_candidates_checked(mod, x, k=32)
     fused = [p for p in res.candidates if len(p.calls) == 2]
     assert fused, {p.label: len(p.calls) for p in res.candidates}
     assert len(res.best.calls) == 2, res.best.label
