@@ -187,11 +187,16 @@ class RowWork:
         epilogue: passes over a residual's rows, a loop over ``N`` each
             (``lumc.backends.triton.norm_epilogue``).
         epilogue_ops: elementwise ops per residual element inside those loops.
+        operand_buffers: buffers of the operand's size that forming one operand tile reads (two
+            where the normalized value is itself a residual plus a normalization formed on load,
+            ``fusion_norms``: Gemma's ``x + norm(s)``); a statistic's pass counts each buffer its
+            body reads, so ``prologue`` and ``epilogue`` count buffer passes.
     """
     prologue: int = 0
     prologue_ops: int = 0
     epilogue: int = 0
     epilogue_ops: int = 0
+    operand_buffers: int = 1
 
 
 def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
@@ -221,11 +226,37 @@ def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
         if id(x) not in inside_epi and x.op not in ("SumReduce", "MaxReduce"):
             inside_epi.add(id(x))
             stack.extend(x.srcs)
-    # a layer norm's mean and variance are one pass over the row (``row_moments``)
-    return RowWork(len(pro) - len(moment_pairs(pro)),
+    # a layer norm's mean and variance are one pass over the row (``row_moments``); each pass
+    # reads every buffer its statistic's body reads
+    paired = set(moment_pairs(pro).values()) | set(moment_pairs(epi).values())
+    return RowWork(sum(len(_buffers_read(r.srcs[0], a_size)) for r in pro if r not in paired),
                    sum(1 for n in body if n.numel == a_size and id(n) in under),
-                   len(epi) - len(moment_pairs(epi)),
-                   sum(1 for n in body if n.numel == o_size and id(n) in inside_epi))
+                   sum(len(_buffers_read(r.srcs[0], o_size)) for r in epi if r not in paired),
+                   sum(1 for n in body if n.numel == o_size and id(n) in inside_epi),
+                   max(1, len(_buffers_read(_left_operand(main), a_size))))
+
+
+def _left_operand(main) -> object:
+    """The left operand of contraction ``SumReduce(Mul(a, b))``."""
+    return main.srcs[0].srcs[0]
+
+
+def _buffers_read(x, size: int) -> set[int]:
+    """Ids of the kernel inputs of ``size`` elements that ``x``'s elementwise body reads (through
+    views; a gather of ``size`` elements reads that many of its table's), not looking past
+    reductions (their row values are registers, not reads)."""
+    out, seen, stack = set(), set(), [x]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op in ("Input", "Gather"):
+            if n.numel == size:
+                out.add(id(n))
+        elif n.op not in ("SumReduce", "MaxReduce"):
+            stack.extend(n.srcs)
+    return out
 
 
 def _prologue_views(x, depth: int = 4) -> list:
@@ -415,7 +446,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         programs = c.batch * tm * groups * sk
         a_bytes = c.batch * c.m * c.k * dtype.itemsize
         b_bytes = c.operands_b * c.batch * c.k * c.n * dtype.itemsize
-        hbm += (a_bytes * (tn - 1) + b_bytes * (tm - 1)) * (1 - L2_HIT)
+        hbm += (a_bytes * prologue.operand_buffers * (tn - 1) + b_bytes * (tm - 1)) * (1 - L2_HIT)
         if sk > 1:   # the fp32 partial tiles written and read back by the finish kernel (at HBM)
             hbm += 2 * sk * c.batch * tm * bm * tn * bn * 4
         padded = 2 * c.operands_b * c.batch * tm * bm * tn * bn * math.ceil(c.k / (bk * sk)) * bk * sk

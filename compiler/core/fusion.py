@@ -22,7 +22,8 @@ that reads it:
   formed on load in them (``norm_prologue``, pre-LN); with ``norm_epilogue`` also where it is read
   by an elementwise op of a contraction's epilogue (post-LN: the residual), decided after every
   kernel's epilogue is known. The first kernel that forms it writes its row values for the others
-  (``lumc.compiler.core.fusion_norms``).
+  (``lumc.compiler.core.fusion_norms``). A norm read inside another norm's kernel (a sandwich
+  norm's ``x + N(s)`` under the next pre-norm and post-norm) is formed on load there too, one deep.
 * An elementwise value read through a pad (a concatenation's part: RoPE's ``-x2``) by an
   elementwise reader is computed there, zero outside the view's box.
 * An attention form's query operand may be any elementwise expression (RoPE): the kernel loads the
@@ -84,6 +85,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
         self.prologue_exits: set[int] = set()     # norm kernels fused into their contractions
         self.norm_consumers: set[int] = set()     # contractions (SumReduce ids) that fuse one
         self.head_pending: dict[int, Node] = {}   # QK-norms formed in attention (decided last)
+        self.must_write: set[int] = set()    # inputs of a norm formed on load inside another
+        self._exits: dict[int, Node] = {}
         self.order = graph.nodes()
         self.byid = {id(n): n for n in self.order}
         self.pos = {id(n): i for i, n in enumerate(self.order)}   # topological position
@@ -396,7 +399,9 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
                     self._realize(n, None, "Contiguous materializes")
             if id(n) in self.outputs:
                 self._realize(n, None, "model output")
-        for b in self.pending.values():
+        self._exits = exits
+        # consumers first: a norm read inside another norm's kernel knows that kernel's fate
+        for b in sorted(self.pending.values(), key=lambda x: -self.pos[id(x)]):
             self._fuse_norm_on_load(b, exits)
         for exit_ in exits.values():
             if id(exit_) not in self.prologue_exits and id(exit_) not in self.head_pending:

@@ -6,12 +6,17 @@ normalization, the first writes its row values (``mean``, ``rsqrt(var + eps)``) 
 
 :class:`NormOnLoad` is a mixin of :class:`~lumc.compiler.core.fusion.GreedyFusion`: it reads the
 fusion's ``uses``, ``group``, ``forms``, ``realized`` and ``pos`` and records its decisions in
-``prologue_exits``, ``norm_consumers``, ``row_outputs`` and ``row_owned``.
+``prologue_exits``, ``norm_consumers``, ``row_outputs``, ``row_owned`` and ``must_write``.
+
+Sandwich norms (Gemma-2/3, OLMo-2: ``h = x + N_post(s)`` read by the next pre-norm and the next
+post-norm): a norm exit read inside another norm's kernel is formed on load there
+(:meth:`NormOnLoad._nests`), one deep (its inputs are then written: ``must_write``); see
+docs/triton-backend.md, "Sandwich norms".
 """
 from __future__ import annotations
 
 from lumc.ir.graph import Node
-from lumc.ir.ops import ELEMENTWISE
+from lumc.ir.ops import ELEMENTWISE, REDUCE
 
 from lumc.backends.triton.contraction import as_contraction, as_contraction_squeezed
 from lumc.backends.triton.norm_prologue import reads_operand_rows
@@ -71,13 +76,18 @@ class NormOnLoad:
         """The contractions (ids of their ``SumReduce``) that form ``b`` on load where ``u`` reads
         it: ``u`` is their left operand (prologue), or an elementwise op of one's epilogue reading
         ``b`` through free reshapes (a post-LN residual), or an elementwise op inlined into such
-        epilogues (``0.5 * y``, ``relu(y)``, ``-y``: every use of it is one); None for any other
+        epilogues (``0.5 * y``, ``relu(y)``, ``-y``: every use of it is one); ``[]`` where ``u`` is
+        inside another norm's kernel that forms ``b`` too (:meth:`_nests`); None for any other
         reader, or a contraction whose kernel cannot compute row statistics."""
+        g = self.group.get(id(u))
+        if depth == 0 and g in self.forms:      # inside another norm's kernel
+            whole = u.numel == b.numel or (u.op in REDUCE and _chain(u.srcs[0])[0] is b)
+            nests = whole and self._free_reshape(views) and self._nests(b, g)
+            return [] if nests else None
         if depth == 0 and u.op == "Mul" and self._contraction_operand(u):
             return self._operand_readers(b, u)
         if u.op not in ELEMENTWISE or u.numel != b.numel or not self._free_reshape(views):
             return None
-        g = self.group.get(id(u))
         r = self.byid.get(g) if g is not None else None
         if (r is not None and g not in self.forms and r.op == "SumReduce" and r.srcs[0].op == "Mul"):
             return [g] if _row_plannable(r, True) else None
@@ -127,23 +137,31 @@ class NormOnLoad:
         values each); the others read those instead of re-reading whole rows."""
         if id(b) in self.realized:
             return
-        readers = []
+        if id(b) in self.must_write:
+            self._realize(b, None, "read by a normalization formed on load in another kernel "
+                                   "(on-load normalizations nest one deep)")
+            return
+        readers, nested = [], False
         for u, views in self.uses[id(b)]:
             got = self._on_load_readers(b, u, views)
             if got is None:
                 self._realize(b, u, "normalization not formed on load: the reader is neither a "
-                                    "contraction's left operand nor an elementwise op of its "
-                                    "epilogue")
+                                    "contraction's left operand, an elementwise op of its "
+                                    "epilogue, nor a norm over the same rows")
                 return
+            nested |= not got
             readers += got
+        if nested:
+            self.must_write.update(self._norm_inputs(b))
         self.prologue_exits.add(id(b))
         self.norm_consumers.update(readers)
         self._refuse(b, None, "normalization formed on load in its contractions' prologues and "
-                              "epilogues")
+                              "epilogues" + (" and inside the norm kernels that read it"
+                                             if nested else ""))
         # a paired contraction reads it in its partner's kernel (the group's root)
         kernels = sorted({id(exits[self.group.get(g, g)]) for g in readers},
                          key=lambda k: self.pos[k])
-        rows = self._row_values(b) if len(kernels) > 1 else []
+        rows = self._row_values(b) if len(kernels) > 1 and not nested else []
         if rows:
             self.row_outputs.setdefault(kernels[0], []).extend(
                 r for r in rows if id(r) not in self.row_owned)
@@ -153,6 +171,39 @@ class NormOnLoad:
                     self.row_owned.add(id(r))
                     self._refuse(r, None, "row values of a normalization formed on load, written "
                                           "by the first kernel that forms it for the others")
+
+    def _nests(self, b: Node, g: int) -> bool:
+        """Norm exit ``b`` is read inside the norm form kernel ``g``, which reduces operands of the
+        same shape over the same axes, and that kernel is written (a row kernel: it takes ``b``'s
+        statistics as more row reductions) or formed on load in contractions' prologues (their
+        statistics loops take ``b``'s first)."""
+        rec = self.forms[g]
+        if rec.form not in ("layernorm", "rmsnorm"):
+            return False
+        e = self._exits.get(g)
+        if e is None or id(e) in self.head_pending:
+            return False
+        if self._reduce_keys(self.group[id(b)]) != self._reduce_keys(g):
+            return False
+        # pending exits after ``b`` are decided (consumers first); any other is written
+        return id(e) in self.prologue_exits or id(e) in self.realized or id(e) not in self.pending
+
+    def _reduce_keys(self, g: int) -> set:
+        return {(tuple(n.srcs[0].shape), tuple(sorted(n.arg))) for k, gg in self.group.items()
+                if gg == g and (n := self.byid[k]).op in REDUCE}
+
+    def _norm_inputs(self, b: Node) -> list[int]:
+        """Ids of the computed nodes outside ``b``'s norm kernel that its members read."""
+        g = self.group[id(b)]
+        out = []
+        for k, gg in self.group.items():
+            if gg != g:
+                continue
+            for s_ in self.byid[k].srcs:
+                x = _chain(s_)[0]
+                if self.group.get(id(x)) != g and self._is_compute(x):
+                    out.append(id(x))
+        return out
 
     def _row_values(self, b: Node) -> list[Node]:
         """The computed row values (statistics and functions of them) that the normalized value

@@ -24,7 +24,14 @@ _QK_NORM = ("a per-head norm (QK-norm) is formed in the attention kernel that re
             "the head dim and only through elementwise ops and row-keeping views; the keys' and "
             "values' only in the '+kv-prologue' candidates (it lost on bound or time), and a norm "
             "over all heads (OLMo-2) never")
+_NESTED_NORM = ("a norm read inside another norm's kernel (a sandwich norm's residual sum) is formed "
+                "on load there in the '+norm-on-load' candidates when both reduce the same rows, "
+                "one deep: the inputs of a norm so formed are written (the residual stream once "
+                "per layer); here it was one of those, read across rows, or the candidate lost on "
+                "bound or time")
 NO_RULE = {
+    ("rmsnorm", "rmsnorm"): _NESTED_NORM,
+    ("layernorm", "layernorm"): _NESTED_NORM,
     ("layernorm", "matmul"): "the normalization formed on load in the contractions that read it "
                              "(the '+norm-prologue' and '+norm-on-load' candidates) was not "
                              "chosen: it lost on bound or time (candidates below), or the value "
