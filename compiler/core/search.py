@@ -9,7 +9,10 @@ launch overhead included) and a config space. The loop:
    (``measure`` reports numerics failures; a wrong kernel config is discarded, never chosen) and
    timed at its first legal config. A program's time is the sum of its kernels' best times.
 2. **Depth**, after each candidate measured. Time goes first to the kernels of the best programs
-   whose best measured time is furthest above their bound; their other configs are tried in order.
+   whose best measured time is furthest above their bound, in seconds, times the number of times
+   one of those programs runs them (a repeated layer's kernel once per layer: what tuning it could
+   save the program), divided by one plus the kernel's tries in a row that found nothing better;
+   their other configs are tried in order (best predicted first, ``measure.ordered_configs``).
    A kernel whose best time is within ``slack`` of its bound is done: no config can beat it by more
    than that (counted as pruned), and a config whose own bound (``config_bounds``) is not below the
    kernel's best time is pruned. Tuning stops when the best time has not improved by ``min_gain``
@@ -121,6 +124,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
     prog_time: dict[int, float] = {}
     best = [math.inf, order[0] if order else 0]
     history: list[float] = []
+    fruitless: dict = {}     # kernel -> tries in a row that did not improve its best time
 
     def progress():
         if on_progress is not None:
@@ -205,7 +209,14 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             if not open_k:
                 stats.stopped_because = "exhausted"
                 return None
-            by_gap = sorted(open_k, key=lambda k: (best_t[k] / max(bounds[k], 1e-12), str(k)),
+            # the time a kernel could still save the best programs: its gap to its bound times
+            # the times one of them runs it (a repeated layer's kernel counts once per layer),
+            # discounted by its tries in a row that found nothing better (its configs come best
+            # predicted first: a kernel whose next ones keep losing yields to the others)
+            uses = {k: max(candidates[i].count(k) for i in top) for k in open_k}
+            by_gap = sorted(open_k, key=lambda k: ((best_t[k] - bounds[k]) * uses[k]
+                                                   / (1 + fruitless.get(k, 0)),
+                                                   best_t[k] / max(bounds[k], 1e-12), str(k)),
                             reverse=True)
             k = by_gap[0]
             ci = next(ci for ci in range(configs[k]) if ci not in tried[k])
@@ -215,8 +226,10 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                 tried[k].add(ci)
                 stats.candidates_pruned += 1
                 continue
+            before = best_t[k]
             if not try_config(k, ci):
                 return "budget"
+            fruitless[k] = 0 if best_t[k] < before else fruitless.get(k, 0) + 1
             refresh()
             win = max(window, 2 * len(pool))
             if len(history) - start > win and history[-win - 1] < math.inf and \

@@ -119,3 +119,30 @@ def test_config_bounds_prune_without_measuring():
                    config_bounds=lambda k, ci: cb[ci])
     assert ("k", 1) not in calls and ("k", 3) not in calls
     assert r.configs == {"k": 2} and r.stats.candidates_pruned == 2
+
+
+def test_a_kernel_repeated_per_layer_goes_first():
+    """Tuning order is what a kernel could save the best program: its gap to its bound times how
+    often the program runs it. A layer's kernel (12 runs, 1 s above its bound) goes before a
+    one-off kernel 5 s above its bound, though the one-off is further above in ratio."""
+    clock = FakeClock()
+    times = {"layer": [3.0] + [2.0] * 5, "once": [6.0] + [5.9] * 5}
+    measure, calls = make_measure(times, clock, cost=0.01)
+    run_search([["layer"] * 12 + ["once"]], {"layer": 2.0, "once": 1.0},
+               {"layer": 6, "once": 6}, measure, Deadline(1000, clock), window=5)
+    tuned = [k for k, _ in calls[2:]]
+    assert tuned[0] == "layer", calls
+
+
+def test_fruitless_tries_yield_to_another_kernel():
+    """A kernel whose next configs keep losing yields to the next kernel by potential: the one
+    with the smaller gap but a much better config is reached before the search converges (it was
+    never tried when the order was by gap alone: every try went to the first kernel)."""
+    clock = FakeClock()
+    times = {"mm": [8.0] * 51, "att": [5.0, 5.0, 1.5] + [5.0] * 48}
+    measure, calls = make_measure(times, clock, cost=0.01)
+    r = run_search([["mm", "att", "mm", "att"]], {"mm": 1.0, "att": 1.0},
+                   {"mm": 51, "att": 51}, measure, Deadline(1000, clock), window=5)
+    assert ("att", 2) in calls, calls
+    assert r.configs["att"] == 2 and r.time_s == pytest.approx(2 * 8.0 + 2 * 1.5)
+    assert r.stats.stopped_because.startswith("converged")
