@@ -107,6 +107,13 @@ def bench_cases(d: dt.DType = dt.bf16, scale: int = 1) -> list[BenchCase]:
         # one very long row: the split (two-stage) reduction, else one program for the whole GPU
         BenchCase("global-sum", _kernel("reduction", lambda x: x.sum(None), [((n_pw,), d)]),
                   lambda x: x.sum(dtype=torch_f32()).to(x.dtype), "memory", "copy", {}),
+        # a sandwich norm (Gemma-3: h = x + N_post(s), then N_pre(h) @ W) formed on load, nested:
+        # the statistics of s, then of h, then the main loop (``fusion_norms``); 1.1 TFLOP
+        BenchCase("matmul-sandwich-norm", _kernel(
+            "matmul", _sandwich_matmul,
+            [((mm, 4096), d), ((mm, 4096), d), ((4096,), d), ((4096,), d), ((4096, 2 * mm), d)]),
+            lambda x, s, w1, w2, w: _torch_sandwich_matmul(x, s, w1, w2, w), "compute", "matmul",
+            {}),
     ]
     return cases
 
@@ -121,6 +128,16 @@ def _torch_gated_gemv(x, w, wg, wu):
     import torch.nn.functional as F
     h = F.rms_norm(x, (x.shape[-1],), w, 1e-5)
     return F.silu(h @ wg) * (h @ wu)
+
+
+def _sandwich_matmul(x, s, w1, w2, w):
+    return rms_norm(x + rms_norm(s, w1), w2) @ w
+
+
+def _torch_sandwich_matmul(x, s, w1, w2, w):
+    import torch.nn.functional as F
+    h = x + F.rms_norm(s, (s.shape[-1],), w1, 1e-5)
+    return F.rms_norm(h, (h.shape[-1],), w2, 1e-5) @ w
 
 
 def torch_f32():

@@ -247,3 +247,18 @@ def test_a_post_ln_over_a_sandwich_is_three_contractions(kind):
         got = _run(prog, {"x": xv}, cfg)[id(prog.outputs["z"])]
         np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=2e-4,
                                    atol=2e-4 * np.abs(ref).max())
+
+
+def test_nested_prologue_compiles_for_hopper_without_spills():
+    """The GPU check's sandwich case (``benchcases``: ``N_pre(x + N_post(s)) @ W``, bf16, hidden
+    4096) compiled ahead of time for cuda:90 at the default config and a 128x128 tile: no spills,
+    tensor-core SASS (the two statistics loops before the main loop cost no registers across it)."""
+    from triton_cases import assert_compiles_for_hopper
+    from lumc.backends.triton.benchcases import bench_cases
+    case = next(c for c in bench_cases(dt.bf16) if c.name == "matmul-sandwich-norm")
+    tk = TritonKernel(case.kernel)
+    assert tk.rendered.config_space == "matmul_rows"
+    assert tk.source.count("for s_start in range") == 2      # s's statistic, then h's
+    assert_compiles_for_hopper(tk.rendered, tk.default_config())
+    assert_compiles_for_hopper(tk.rendered, configs.make(8, 3, BLOCK_M=128, BLOCK_N=128,
+                                                         BLOCK_K=64, GROUP_M=8, N_TILES=1))
