@@ -265,7 +265,10 @@ class RowStatistics:
         n = w.bind(f"{cnt} + {nb}", "t", 1)
         delta = w.bind(f"{mb} - {mean}", "t", 1)
         w.line(f"{mean} = {mean} + {delta} * ({nb} / {n})")
-        w.line(f"{m2} = {m2} + {mb2} + {delta} * {delta} * ({cnt} * {nb} / {n})")
+        # the first chunk (no running count) adds no cross term: 0 * delta^2 would be NaN for a
+        # row whose squares overflow (|x| > 1.8e19), where the two-pass variance is +inf
+        w.line(f"{m2} = {m2} + {mb2} + tl.where({cnt} > 0, {delta} * {delta} * ({cnt} * {nb} / {n}), "
+               "0.0)")
         w.line(f"{cnt} = {n}")
         w.close()
         for r, expr in ((s1, f"{mean} * {K}"), (s2, m2)):

@@ -138,7 +138,9 @@ class ChanMoments:
         w.line("delta = b_mean - mean_run")
         w.line("n_new = n_run + n_blk")
         w.line("mean_run = mean_run + delta * (n_blk / n_new)")
-        w.line("m2_run = m2_run + b_m2 + delta * delta * (n_run * n_blk / n_new)")
+        # no cross term for the first block: 0 * delta^2 is NaN where the squares overflow
+        w.line("m2_run = m2_run + b_m2 + tl.where(n_run > 0, delta * delta * (n_run * n_blk / n_new), "
+               "0.0)")
         w.line("sum_y = b_sum - sum_comp")
         w.line("sum_t = sum_run + sum_y")
         w.line("sum_comp = tl.where(tl.abs(sum_t) < float('inf'), (sum_t - sum_run) - sum_y, 0.0)")

@@ -101,3 +101,21 @@ def test_one_pass_statistics_propagate_inf_and_nan_like_the_reference():
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     finite = np.isfinite(ref)
     np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_rows_whose_squares_overflow_are_not_nan():
+    """A row of magnitude 1e30: its squared deviations overflow, so the two-pass variance is +inf,
+    ``rsqrt`` gives 0 and the normalized row is finite (0 here). Chan's first chunk has no running
+    count: its cross term ``delta^2 * 0`` was ``inf * 0 = NaN`` and the row came out NaN."""
+    rng = np.random.default_rng(4)
+    tk, kernel, w, args = _kernel(4, 40, 8, rng)
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    x[1] *= 1e30
+    x[2] *= 1e19                        # squares just over the fp32 range
+    ref = ReferenceExecutor(kernel.meaning)({f"in{i}": v for i, v in enumerate(args(x))})["out0"]
+    assert np.isfinite(ref).all()
+    for cfg in (None, configs.make(4, 2, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8,
+                                   N_TILES=2, PRECISION="ieee")):
+        got = to_numpy(tk(*args(x), config=cfg)[0])
+        assert not np.isnan(got).any(), np.argwhere(np.isnan(got))[:, 0]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

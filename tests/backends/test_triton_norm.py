@@ -11,7 +11,8 @@ import pytest
 from lumc.ir import dtypes as dt
 from lumc.ir.library.norm import softmax
 from lumc.backends.triton import configs, render
-from triton_cases import check, layernorm_kernel, make_kernel, rmsnorm_kernel, softmax_kernel
+from triton_cases import (check, layernorm_kernel, make_kernel, random_inputs, rmsnorm_kernel,
+                          softmax_kernel)
 
 SIZES = [1, 7, 127, 1023, 4097]
 LOOP = configs.make(4, 2, BLOCK_M=2, BLOCK_K=256)
@@ -78,6 +79,14 @@ def test_layernorm_with_large_mean_is_stable():
     err = np.abs(got.numpy().astype(np.float64) - exact).max()
     assert err <= 2 * err_ref + 1e-5, (err, err_ref)
 
+
+def test_layernorm_row_whose_squares_overflow_is_not_nan():
+    """A row of magnitude 1e30 in the looped (Chan) form: the two-pass variance is +inf and the
+    normalized row is the bias; the first block's cross term ``delta^2 * 0`` was NaN."""
+    k = layernorm_kernel((3, 1023), dt.f32)
+    feed = random_inputs(k, 3)
+    feed["in0"][1] *= 1e30
+    check(k, feed, variant="looped", config=LOOP)
 
 def test_layernorm_all_outputs():
     """Y, Mean and InvStdDev: full-size and per-row outputs of one kernel."""
