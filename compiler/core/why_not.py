@@ -32,6 +32,8 @@ _NESTED_NORM = ("a norm read inside another norm's kernel (a sandwich norm's res
 NO_RULE = {
     ("rmsnorm", "rmsnorm"): _NESTED_NORM,
     ("layernorm", "layernorm"): _NESTED_NORM,
+    ("rmsnorm", "layernorm"): _NESTED_NORM,
+    ("layernorm", "rmsnorm"): _NESTED_NORM,
     ("layernorm", "matmul"): "the normalization formed on load in the contractions that read it "
                              "(the '+norm-prologue' and '+norm-on-load' candidates) was not "
                              "chosen: it lost on bound or time (candidates below), or the value "
@@ -109,6 +111,11 @@ def _norm_rule(program, i: int, v, default: str, on_load_built: bool) -> str:
     program other than this one was among the candidates), else the search."""
     for j, c in enumerate(program.calls):
         if j != i and any(n is v for n in c.inputs) and not _as_operand(c, v):
+            if c.kernel.form in ("layernorm", "rmsnorm"):
+                return (f"#{j} ({c.kernel.form}) also reads it: a norm read inside another norm's "
+                        "kernel is formed on load there only over the same rows and one deep "
+                        "(a norm whose own input is formed on load that way is written: the "
+                        "residual stream once per layer), in the '+norm-on-load' candidates")
             if c.kernel.form != "matmul":
                 return (f"a norm is formed on load only where every reader is a contraction's "
                         f"operand or epilogue; #{j} ({c.kernel.form}) also reads it, so it is "

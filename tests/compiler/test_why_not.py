@@ -116,3 +116,33 @@ def test_post_ln_ffn_pairs_name_the_sum_and_the_row_values(tmp_path, monkeypatch
     rules = [e["rule"] for e in cm.report_dict()["why_not"]["pairs"]]
     assert sum("the sum a normalization reads (post-LN)" in r for r in rules) == 2, rules
     assert sum(r.startswith("row values of a normalization formed on load") for r in rules) == 1
+
+
+def test_a_sandwich_norm_written_for_nesting_names_the_norm_reader(tmp_path, monkeypatch):
+    """Sandwich norms (``h = x + N(s)`` read by the next norms): a norm read by a norm kernel is
+    written because on-load normalizations nest one deep, not because a norm reader is never
+    allowed (the rule said so before sandwich nesting); an RMSNorm read inside a LayerNorm kernel
+    has the nesting rule too, not 'no kernels rule'."""
+    from lumc.ir.library import norm
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(7)
+    x = Tensor(input_node("x", (1, 8, 32), dt.f32))
+
+    def w(n, m):
+        return Tensor(const_node((rng.standard_normal((n, m)) / np.sqrt(n)).astype(np.float32)))
+
+    def g():
+        return Tensor(const_node(rng.uniform(0.5, 1.5, 32).astype(np.float32)))
+    h = x
+    for _ in range(2):
+        h = h + norm.rms_norm(norm.rms_norm(h, g()) @ w(32, 32), g())
+        u = (norm.rms_norm(h, g()) @ w(32, 48)).maximum(0.0)
+        h = h + norm.rms_norm(u @ w(48, 32), g())
+    y = norm.layer_norm(h, g())[0]
+    cm = compile_graph(Graph({"x": x.node}, {"y": y.node}), budget="30s", device="sim:h200")
+    pairs = cm.report_dict()["why_not"]["pairs"]
+    rules = {(e["producer_form"], e["consumer_form"]): e["rule"] for e in pairs}
+    assert all("every reader is a contraction's operand" not in e["rule"] for e in pairs), pairs
+    for key, rule in rules.items():
+        if key[0] in ("rmsnorm", "layernorm") and key[1] in ("rmsnorm", "layernorm"):
+            assert "one deep" in rule, (key, rule)
