@@ -273,6 +273,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
                 for c2 in cs[i + 1:]:
                     if taken & {id(c.node), id(c2.node)} or not same_iteration(c, c2):
                         continue
+                    if c.M == 1 and not _same_row_spelling(c.node, c2.node):
+                        continue     # one GEMV row kernel needs one operand shape and axes
                     if reach[id(c.node)] & reach[id(c2.node)]:
                         pairs[id(c.node)] = c2.node
                         taken |= {id(c.node), id(c2.node)}
@@ -501,6 +503,13 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
                     id(x) in done or x.op in ("Input", "Constant") for x in trial.inputs):
                 out.append(m)
         return out
+
+
+def _same_row_spelling(r1: Node, r2: Node) -> bool:
+    """Two sums reduce operands of one shape over the same axes (what a row kernel computing
+    both needs, ``rowplan.plan_rows``)."""
+    return tuple(r1.srcs[0].shape) == tuple(r2.srcs[0].shape) and \
+        tuple(sorted(r1.arg)) == tuple(sorted(r2.arg))
 
 
 def _alias_output(n: Node) -> bool:

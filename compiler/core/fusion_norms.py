@@ -161,7 +161,11 @@ class NormOnLoad:
         # a paired contraction reads it in its partner's kernel (the group's root)
         kernels = sorted({id(exits[self.group.get(g, g)]) for g in readers},
                          key=lambda k: self.pos[k])
-        rows = self._row_values(b) if len(kernels) > 1 and not nested else []
+        # shared only between contraction kernels: a GEMV (one row, rendered as a row kernel)
+        # cannot write a statistic of another shape (``rowplan.prologue_statistics``)
+        share = len(kernels) > 1 and not nested and all(
+            (c := as_contraction_squeezed(self.byid[g])) is not None and c.M > 1 for g in readers)
+        rows = self._row_values(b) if share else []
         if rows:
             self.row_outputs.setdefault(kernels[0], []).extend(
                 r for r in rows if id(r) not in self.row_owned)

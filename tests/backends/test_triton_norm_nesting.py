@@ -262,3 +262,32 @@ def test_nested_prologue_compiles_for_hopper_without_spills():
     assert_compiles_for_hopper(tk.rendered, tk.default_config())
     assert_compiles_for_hopper(tk.rendered, configs.make(8, 3, BLOCK_M=128, BLOCK_N=128,
                                                          BLOCK_K=64, GROUP_M=8, N_TILES=1))
+
+
+def test_every_decoding_candidate_renders():
+    """At one token (decoding) the projections are GEMVs rendered as row kernels: a norm formed on
+    load in several of them is not given to the first to write its row values (a row kernel
+    cannot write a statistic of another shape), and two GEMVs spelled over different operand
+    shapes are not paired into one row kernel. Every kernel of every candidate renders (they
+    failed, and the search dropped those candidates without a word)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from lumc.compiler.frontends.torch_frontend.capture import import_torch
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(num_hidden_layers=2, hidden_size=64,
+                                        intermediate_size=96, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                        vocab_size=300, attn_implementation="sdpa",
+                                        use_cache=False)
+    mod = transformers.Gemma3TextModel(cfg).eval()
+    g = import_torch(mod, (torch.randint(0, cfg.vocab_size, (1, 1)),)).graph
+    res = egraph_candidates(g, "h200", k=32)
+    assert any("+norm-on-load" in p.label for p in res.candidates)
+    failed = []
+    for p in res.candidates:
+        for call in p.calls:
+            try:
+                TritonKernel(call.kernel).rendered
+            except Exception as e:   # noqa: BLE001 - collected, asserted below
+                failed.append((p.label, call.kernel.form, str(e)[:120]))
+    assert not failed, failed
