@@ -385,6 +385,40 @@ def attention_prologue_seconds(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> fl
     return (p["PROLOGUE_Q"] + p["PROLOGUE_KV"] * blocks) / dev.vector_flops["f32"]
 
 
+# issue slots per result of an fp32 op relative to an FMA on sm_90: 128 FMA results per clock
+# per SM, 16 for the multi-function unit's exp2, log2, sin, reciprocal and square root (CUDA C++
+# Programming Guide, "Arithmetic Instructions" throughput table, compute capability 9.0); an IEEE
+# division is a reciprocal and its Newton corrections
+SFU_OPS = {"Exp2": 8, "Log2": 8, "Sin": 8, "Recip": 8, "Sqrt": 8, "Div": 8}
+_SCORE_OPS: "weakref.WeakKeyDictionary[Kernel, int]" = weakref.WeakKeyDictionary()
+
+
+def attention_score_seconds(kernel: Kernel, dev: DeviceSpec) -> float:
+    """CUDA-core time of an attention kernel's score function ``f`` (``render_attention``: the
+    elementwise ops between the score product and the softmax's reductions, a mask or Gemma-2's
+    ``c * tanh(s / c)``), evaluated once per score element; multi-function-unit ops weighted by
+    :data:`SFU_OPS`, at the fp32 vector peak (the caller spreads it over the SMs the grid fills).
+    The softmax's own ``exp2`` is in the form's efficiency, not here."""
+    ops = _SCORE_OPS.get(kernel)
+    if ops is None:
+        nodes = kernel.meaning.nodes()
+        prods = [c.node for c in tensor_core_contractions(nodes)]
+        ops = 0
+        if prods:
+            dep, after = {prods[0]}, set()      # f: on the scores, before the softmax's sums
+            for n in nodes:
+                if n is prods[0] or not any(s in dep or s in after for s in n.srcs):
+                    continue
+                if n.op in ("SumReduce", "MaxReduce") or any(s in after for s in n.srcs):
+                    after.add(n)
+                else:
+                    dep.add(n)
+            ops = sum(SFU_OPS.get(n.op, 1) * n.numel for n in dep
+                      if n is not prods[0] and n.op not in ("View", "Cast"))
+        _SCORE_OPS[kernel] = ops
+    return ops / dev.vector_flops["f32"]
+
+
 def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int, operands_b: int = 1) -> int:
     """Shared memory one program takes: attention's fitted bound (``configs``), a contraction's
     pipelined operand tiles (``operands_b`` right tiles: 2 for a paired matmul), a row kernel's
@@ -489,7 +523,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     if c is not None and cfg.get("PRECISION") == "fp8":
         body += fp8_scaling_seconds(c, cfg, dev)
     if kernel.form == "attention":
-        body += attention_prologue_seconds(kernel, cfg, dev) / max(sm_fill, 1e-9)
+        body += (attention_prologue_seconds(kernel, cfg, dev)
+                 + attention_score_seconds(kernel, dev)) / max(sm_fill, 1e-9)
     if c is not None and kernel.form == "matmul":
         # a normalization formed on load: every program re-reads its rows of the operand once per
         # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores

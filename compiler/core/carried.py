@@ -4,8 +4,8 @@ egglog is not installed where the GPU is (its wheel alone is 48.6 MB, beyond wha
 carries), and without it a compile searches only the greedy program. So the e-graph runs on a CPU
 machine, and what it decided travels as data: for each candidate program, the decoded graph the
 e-graph chose (its rewritten expressions: attention, layer norm and horizontal forms), the form
-records, and the fusion flags (``+norm-prologue``, ``+norm-on-load``, ``+kv-prologue``). The
-machine with the GPU rebuilds each program with the same greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`,
+records, and the fusion flags (``+norm-prologue``, ``+norm-on-load``, ``+kv-prologue``,
+``+attention``). The machine with the GPU rebuilds each program with the same greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`,
 pure Python) and searches them as if its own e-graph had produced them.
 
 The file holds no weights. Leaves are bound on the receiving machine:
@@ -287,9 +287,11 @@ def load(graph: Graph, directory: str | Path) -> tuple[list[Program], str]:
                 root = _rebuild(nodes[r], memo, leaf)
                 forms[id(root)] = FormRecord(form, _from_json_attrs(attrs),
                                              [_rebuild(nodes[i], memo, leaf) for i in ins])
-            pro, epi, kv = (list(c["flags"]) + [False])[:3]   # files before +kv-prologue: 2 flags
+            # files before +kv-prologue hold 2 flags, before +attention 3
+            pro, epi, kv, att = (list(c["flags"]) + [False, False])[:4]
             p = greedy_program(Graph(dict(graph.inputs), outs), label=c["label"], forms=forms,
-                               norm_prologue=pro, norm_epilogue=epi, kv_prologue=kv)
+                               norm_prologue=pro, norm_epilogue=epi, kv_prologue=kv,
+                               attention=att)
             p.validate()
         except Exception:  # noqa: BLE001 - a candidate that does not bind here is dropped
             dropped += 1

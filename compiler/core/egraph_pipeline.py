@@ -28,6 +28,7 @@ from lumc.compiler.core.extract import (CostModel, EGraphView, FormRecord, alter
                                    decode)
 from lumc.compiler.core.constfold import fold_constants
 from lumc.compiler.core.fusion import KV_PROLOGUE_REFUSAL, greedy_program
+from lumc.compiler.core.fusion_attention import ATTENTION_REFUSAL
 from lumc.compiler.core.partition import Region, partition
 from lumc.compiler.runtime.program import Program, program_time_bound
 
@@ -300,23 +301,25 @@ def _wide_forced(view: EGraphView) -> dict[str, int] | None:
     return forced
 
 
-def fusion_flags(label: str) -> tuple[bool, bool, bool]:
-    """``(norm_prologue, norm_epilogue, kv_prologue)`` of a candidate's label: its suffixes
-    ``+norm-prologue`` or ``+norm-on-load``, then ``+kv-prologue``."""
-    kv = label.endswith("+kv-prologue")
-    base = label[:-len("+kv-prologue")] if kv else label
-    return base.endswith("+norm-prologue"), base.endswith("+norm-on-load"), kv
+def fusion_flags(label: str) -> tuple[bool, bool, bool, bool]:
+    """``(norm_prologue, norm_epilogue, kv_prologue, attention)`` of a candidate's label: its
+    suffixes ``+norm-prologue`` or ``+norm-on-load``, then ``+kv-prologue`` and ``+attention`` (the
+    twins, in the order they were made)."""
+    tail = label.split("+")[1:]
+    return ("norm-prologue" in tail, "norm-on-load" in tail, "kv-prologue" in tail,
+            "attention" in tail)
 
 
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
                      tables: Tables, label: str, norm_prologue: bool = False,
                      memo: dict | None = None, norm_epilogue: bool = False,
-                     kv_prologue: bool = False) -> Program:
+                     kv_prologue: bool = False, attention: bool = False) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
     the chosen forms (``norm_prologue``: normalizations read only by contractions are formed on
     load inside them; ``norm_epilogue``: also where a contraction's epilogue reads them,
     ``lumc.compiler.core.fusion``; ``kv_prologue``: attention computes its elementwise keys and
-    values itself). ``memo`` (shared by the candidates of one
+    values itself; ``attention``: attention assembled around score functions no rule spells,
+    ``fusion_attention``). ``memo`` (shared by the candidates of one
     e-graph run) keeps each region's decode by its choice and the nodes it reads, so a region
     that the candidates choose alike over the same inputs is decoded once (the same nodes)."""
     env: dict[int, Node] = {}
@@ -342,10 +345,11 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
     outs = {k: env.get(id(o), o) for k, o in graph.outputs.items()}
     new = Graph(graph.inputs, outs)
     prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue,
-                          norm_epilogue=norm_epilogue, kv_prologue=kv_prologue)
+                          norm_epilogue=norm_epilogue, kv_prologue=kv_prologue,
+                          attention=attention)
     prog.value_keys = keys
     # what the fusion was given: enough to build the program again elsewhere (carried.py)
-    prog.decoded = (new, forms, (norm_prologue, norm_epilogue, kv_prologue))
+    prog.decoded = (new, forms, (norm_prologue, norm_epilogue, kv_prologue, attention))
     return prog
 
 
@@ -454,16 +458,18 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
         try:
-            pro, epi, kv = fusion_flags(label)
+            pro, epi, kv, att = fusion_flags(label)
             p = decode_candidate(graph, results, picks, tables, label, norm_prologue=pro,
-                                 memo=decoded, norm_epilogue=epi, kv_prologue=kv)
+                                 memo=decoded, norm_epilogue=epi, kv_prologue=kv, attention=att)
             p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(
                 logging.DEBUG))
             continue
-        if not label.endswith("+kv-prologue") and any(KV_PROLOGUE_REFUSAL in x for x in p.notes):
+        if not kv and any(KV_PROLOGUE_REFUSAL in x for x in p.notes):
             queue.appendleft((f"{label}+kv-prologue", picks))
+        if not att and any(ATTENTION_REFUSAL in x for x in p.notes):
+            queue.appendleft((f"{label}+attention", picks))
         sig = p.signature()
         if sig in seen:
             continue

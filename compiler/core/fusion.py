@@ -29,6 +29,9 @@ that reads it:
 * An attention form's query operand may be any elementwise expression (RoPE): the kernel loads the
   query tile once. Its keys' and values' expressions only with ``kv_prologue`` (recomputed per query
   block; the ``+kv-prologue`` candidates).
+* With ``attention`` (the ``+attention`` candidates), a softmax form between a score contraction
+  (through an elementwise score function no attention rule spells: Gemma-2's soft cap) and the
+  value contraction is assembled into one attention form (``lumc.compiler.core.fusion_attention``).
 * Two contractions of one left operand whose epilogues meet (a gated MLP's ``silu(g) * u``) are one
   *paired* matmul kernel with two accumulators (:meth:`GreedyFusion._pairs`).
 * Independent pointwise kernels of one element count, close in launch order, are one kernel with
@@ -47,6 +50,7 @@ from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
 from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core, same_iteration
+from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
@@ -61,7 +65,7 @@ MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its e
 HORIZONTAL_LOOKAHEAD = 4  # later kernels a pointwise kernel looks at for independent partners
 
 
-class GreedyFusion(NormOnLoad, HeadNormInAttention):
+class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
     """Realization decisions for one graph; :meth:`program` cuts the kernels.
 
     Attributes:
@@ -72,8 +76,9 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
 
     def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None,
                  norm_prologue: bool = False, norm_epilogue: bool = False,
-                 kv_prologue: bool = False):
+                 kv_prologue: bool = False, attention: bool = False):
         self.graph = graph
+        self.attention = attention
         self.norm_prologue = norm_prologue or norm_epilogue
         self.norm_epilogue = norm_epilogue
         self.kv_prologue = kv_prologue
@@ -100,7 +105,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention):
         self.group: dict[int, int] = {}
         self.refusals: list[str] = []
         self._closed: dict[int, tuple] = {}
-        self.forms = self._form_groups(forms or {})
+        self.forms = self._form_groups(self._with_attention(forms or {}))
         self._decide()
 
     # ---- analysis --------------------------------------------------------------------------
@@ -518,7 +523,7 @@ def _alias_output(n: Node) -> bool:
 
 def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None,
                    norm_prologue: bool = False, norm_epilogue: bool = False,
-                   kv_prologue: bool = False) -> Program:
+                   kv_prologue: bool = False, attention: bool = False) -> Program:
     """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
 
     Model outputs that are model inputs, constants, or free reshapes of a realized node are not
@@ -530,7 +535,9 @@ def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = Non
     fuses a layernorm/rmsnorm form read only by contractions into them (pre-LN fusion);
     ``norm_epilogue`` also where a contraction's epilogue reads it (post-LN: the residual);
     ``kv_prologue`` computes elementwise key and value operands of attention inside it (the query's
-    always is).
+    always is); ``attention`` assembles attention forms around score functions no rule spells
+    (``fusion_attention``).
     """
     return GreedyFusion(graph, forms=forms, norm_prologue=norm_prologue,
-                        norm_epilogue=norm_epilogue, kv_prologue=kv_prologue).program(label)
+                        norm_epilogue=norm_epilogue, kv_prologue=kv_prologue,
+                        attention=attention).program(label)
