@@ -95,6 +95,19 @@ class AttentionAssembly:
         inputs = list(dict.fromkeys([q, kt, v] + sides))
         masked = any(s.numel > 1 for s in sides)
         rec = FormRecord("attention", (("mask", "function"), ("masked", masked)), inputs)
+        # the kernel writes only the values: a score, a step of f or the softmax read elsewhere
+        # (a model output, a second softmax over the same scores) would leave the form dropped by
+        # ``_form_groups`` (the softmax form with it) or, for an output, a one-product "attention"
+        # kernel that cannot render
+        members = self._members(id(c2), rec)
+        inside = members | {id(c2)}
+        leak = next((m for m in members if m in self.outputs or any(
+            id(u) not in inside for u, _ in self.uses.get(m, []))), None)
+        if leak is not None:
+            n = self.byid[leak]
+            self._refuse(sm, c2, f"softmax not assembled into attention: %{n.id}:{n.op} inside "
+                                 "it is read elsewhere")
+            return None
         stop = {id(n) for n in inputs}
         try:
             from lumc.backends.triton.render_attention import AttentionPlan

@@ -161,3 +161,46 @@ def test_gemma2_layers_are_six_kernels_each():
     got = run_program_reference(prog, g, {next(iter(g.inputs)): ids.numpy()})
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-5)
     assert math.isfinite(float(np.abs(want).max()))
+
+
+class SharedScores(nn.Module):
+    """Capped scores that something besides the one softmax reads: a model output (``scores``) or
+    a second softmax (``two``)."""
+
+    def __init__(self, two=False):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96, bias=False)
+        self.two = two
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        s = torch.tanh(torch.matmul(q, k.transpose(2, 3)) * 0.25 / 5.0) * 5.0
+        y = torch.matmul(F.softmax(s, dim=-1), v)
+        if self.two:
+            return y + torch.matmul(F.softmax(s * 0.5, dim=-1), v)
+        return y, s
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_scores_read_elsewhere_are_not_assembled(two):
+    """The attention kernel writes only its values. Scores that are also a model output were
+    assembled anyway: the output cut the score product into a kernel of its own, labelled
+    attention with one contraction, which cannot render (the search dropped that candidate
+    silently). Two softmaxes over the same scores were both assembled, then both dropped as
+    overlapping, their softmax forms lost with them (11 kernels where 7 were). Now nothing is
+    assembled and the note says why; every candidate renders and matches eager."""
+    from lumc.backends.triton.launch import TritonKernel
+    torch.manual_seed(4)
+    mod = SharedScores(two).eval()
+    x = torch.randn(1, 12, 32) * 3
+    g = import_torch(mod, (x,)).graph
+    cands = egraph_candidates(g, "h200", k=16).candidates
+    assert not any("+attention" in p.label for p in cands), [p.label for p in cands]
+    assert any("read elsewhere" in n for p in cands for n in p.notes)
+    for p in cands:
+        for c in p.calls:
+            TritonKernel(c.kernel)                  # renders (raised RenderError for an output)
+    prog = min(cands, key=lambda p: len(p.calls))
+    assert prog.form_counts().get("softmax") == (2 if two else 1), prog.form_counts()
+    _against_eager(g, prog, mod, x)
