@@ -131,8 +131,9 @@ _ALPHAS: dict[str, float] = {}   # the probed scale per kernel content (Kernel.c
 
 # scores the score function is probed at: alpha from 0 and 1, linearity out to 128 (a soft cap of
 # 30 or 50, Gemma-2's, bends there by percents; one of 1e6 would pass, and then differs from the
-# affine function by less than fp32 resolves at the probe's scale)
-PROBE_SCORES = (0.0, 1.0, 2.0, 64.0, 128.0)
+# affine function by less than fp32 resolves at the probe's scale), and negative scores: |S| is S
+# at every S >= 0
+PROBE_SCORES = (0.0, 1.0, 2.0, 64.0, 128.0, -1.0, -64.0, -128.0)
 
 
 class SdpaAttention:
@@ -191,7 +192,7 @@ class SdpaAttention:
                     raise ValueError("not an SDPA attention: the score function is not "
                                      "alpha * S + mask")
             for s, x in zip(PROBE_SCORES[1:], xs[1:]):
-                slack = s * 1e-5 * max(1.0, abs(a)) + 4 * 2.0 ** -23 * (xs[0].abs() + x.abs())
+                slack = abs(s) * 1e-5 * max(1.0, abs(a)) + 4 * 2.0 ** -23 * (xs[0].abs() + x.abs())
                 if not (a > 0 and bool(((x - xs[0] - s * a).abs() <= slack)[fin].all())):
                     raise ValueError("not an SDPA attention: the score function is not "
                                      "alpha * S + mask")

@@ -204,3 +204,30 @@ def test_scores_read_elsewhere_are_not_assembled(two):
     prog = min(cands, key=lambda p: len(p.calls))
     assert prog.form_counts().get("softmax") == (2 if two else 1), prog.form_counts()
     _against_eager(g, prog, mod, x)
+
+
+def test_sdpa_refuses_a_score_function_affine_only_for_positive_scores():
+    """``|S|`` equals ``S`` at every probe of 0 and above: the probe accepted it as affine and
+    SDPA computed ``softmax(S)`` where the model has ``softmax(|S|)``; negative probes refuse it.
+    The scaled, causally masked attention is still accepted."""
+    from lumc.compiler.runtime.extern import ExternKernel
+
+    class Abs(CappedAttention):
+        def forward(self, x):
+            b, t, _ = x.shape
+            q = self.q(x).view(b, t, self.h, self.d).transpose(1, 2)
+            k = self.k(x).view(b, t, self.kvh, self.d).transpose(1, 2)
+            v = self.v(x).view(b, t, self.kvh, self.d).transpose(1, 2)
+            k = k.repeat_interleave(self.h // self.kvh, dim=1)
+            v = v.repeat_interleave(self.h // self.kvh, dim=1)
+            s = torch.matmul(q, k.transpose(2, 3)).abs() * self.d ** -0.5
+            p = F.softmax(s, dim=-1)
+            return self.o(torch.matmul(p, v).transpose(1, 2).reshape(b, t, -1))
+    torch.manual_seed(5)
+    x = torch.randn(1, 16, 64)
+    _, prog = _fewest(Abs().eval(), x)
+    att = next(c.kernel for c in prog.calls if c.kernel.form == "attention")
+    with pytest.raises(ValueError, match="affine|alpha|score"):
+        ExternKernel(att, "sdpa")
+    _, prog = _fewest(CappedAttention(cap=None).eval(), x)
+    ExternKernel(next(c.kernel for c in prog.calls if c.kernel.form == "attention"), "sdpa")
