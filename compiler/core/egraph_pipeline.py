@@ -310,6 +310,15 @@ def fusion_flags(label: str) -> tuple[bool, bool, bool, bool]:
             "attention" in tail)
 
 
+def attention_twin(label: str, notes: list[str]) -> bool:
+    """Whether the candidate ``label`` (its fusion's ``notes``) gets a ``+attention`` twin
+    (``fusion_attention``): its fusion noted a softmax it could assemble, it is not a twin
+    already, and its plan did not choose against the e-graph's attention forms (``all:Attention
+    Masked->MatMul``: the twin would put one back)."""
+    return (not fusion_flags(label)[3] and "Attention" not in label.split("+")[0]
+            and any(ATTENTION_REFUSAL in x for x in notes))
+
+
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
                      tables: Tables, label: str, norm_prologue: bool = False,
                      memo: dict | None = None, norm_epilogue: bool = False,
@@ -468,7 +477,7 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
             continue
         if not kv and any(KV_PROLOGUE_REFUSAL in x for x in p.notes):
             queue.appendleft((f"{label}+kv-prologue", picks))
-        if not att and any(ATTENTION_REFUSAL in x for x in p.notes):
+        if attention_twin(label, p.notes):
             queue.appendleft((f"{label}+attention", picks))
         sig = p.signature()
         if sig in seen:

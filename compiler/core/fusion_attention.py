@@ -9,7 +9,8 @@ spells. The Triton attention kernel renders any elementwise ``f`` of the score t
 (``backends/triton/render_attention.py``: ``softmax(f(q @ k^T)) @ v``), so the fusion assembles
 that form itself (:class:`AttentionAssembly`, a mixin of ``fusion.GreedyFusion``), in the
 ``+attention`` twin of each candidate whose fusion notes it could (the candidate as extracted,
-three kernels, stays: the search times both, as it does the e-graph's own unfused alternatives):
+three kernels, stays a candidate and competes on its bound and time like the e-graph's own unfused
+alternatives; a plan that chose against the e-graph's attention forms gets no twin):
 
 * a softmax form whose input is reached from exactly one contraction of two non-constant operands
   (the scores) through elementwise ops and views, every other leaf a side input (a mask, a bias, a

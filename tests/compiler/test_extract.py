@@ -463,3 +463,17 @@ def test_every_candidate_decodes_when_a_flip_reads_its_own_class(caplog):
         p.validate()
         (got,) = run_program_reference(p, g, feed).values()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_twins():
+    """The +attention twin (``fusion_attention``) is made where the fusion noted a softmax it could
+    assemble, once, and not for a plan that chose against the e-graph's attention forms."""
+    from lumc.compiler.core.egraph_pipeline import attention_twin
+    from lumc.compiler.core.fusion_attention import ATTENTION_REFUSAL
+    note = [f"no fusion %3:SumReduce: {ATTENTION_REFUSAL}"]
+    assert attention_twin("egraph-argmin+norm-on-load", note)
+    assert attention_twin("flip:region0:MatMul", note)
+    assert not attention_twin("egraph-argmin", ["no fusion %3:Mul: model output"])
+    assert not attention_twin("egraph-argmin+attention", note)
+    assert not attention_twin("all:AttentionMasked->MatMul+norm-prologue", note)
+    assert not attention_twin("flip:region2:AttentionSelect", note)
