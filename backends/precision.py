@@ -88,3 +88,25 @@ def dot_rounding(config: dict | None):
         return None
     bk = int((config or {}).get("BLOCK_K", 32))
     return lambda x, reduced: round_operand(x, p, reduced, bk)
+
+
+def deferred_factors(kernel, config: dict | None) -> dict | None:
+    """The ``ReferenceExecutor(factored=...)`` map of ``kernel`` at ``config``: for an attention
+    kernel at an elementwise operand rounding (``bf16``, ``fp16``, ``tf32``), the value product's
+    probabilities ``exp2(s - max) * (1 / sum)`` as ``{id(operand): (numerator, row factor,
+    BLOCK_N)}``; the flash loop rounds the numerator relative to the running max of each key block
+    and divides after the product (FlashAttention-2, arXiv:2307.08691, Algorithm 1), as do SDPA's
+    kernels (their key blocks unknown here: one block). None otherwise (the operand is
+    rounded as a whole, as a GEMM prologue forms its tile and then rounds it)."""
+    p = (config or {}).get("PRECISION")
+    if p not in ("bf16", "fp16", "tf32") or getattr(kernel, "form", None) != "attention":
+        return None
+    from lumc.backends.triton.codegen import RenderError
+    from lumc.backends.triton.render_attention import AttentionPlan
+    try:
+        ap = AttentionPlan(kernel)
+    except RenderError:
+        return None
+    block = (config or {}).get("BLOCK_N")
+    num, fac = (ap.e2, ap.g2) if ap.pushed else (ap.e, ap.g)
+    return {id(ap.c2.a): (num, fac, None if block is None else int(block))}

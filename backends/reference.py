@@ -36,9 +36,20 @@ class ReferenceExecutor:
             (``lumc.backends.precision.round_operand``). A normalization's row statistics in
             the same kernel (``sum(d * d)``) are not rounded: the kernel sums them in fp32.
             Native precision only.
+        factored: ``{id(operand): (numerator, factor, block)}`` for contraction operands that
+            are (views or casts of) ``numerator * factor``, ``factor`` constant along the reduced
+            axes, whose kernel rounds only the numerator and applies the factor after the product:
+            a flash-attention loop rounds ``exp2(s - m_j)`` for ``P @ V``, with ``m_j`` the row's
+            running max after key block ``j`` (``block`` keys each; None: one block), and divides
+            by the row sum at the end (FlashAttention-2, Dao 2023, arXiv:2307.08691, Algorithm 1
+            lines 8-12). With ``dot_operands`` set, such an operand is evaluated as
+            ``round(E / R_j) * R_j * factor``, ``R_j`` the running max of the numerator ``E`` at
+            the end of block ``j`` (``exp2(s - m_j) = E / R_j``), and not rounded again. The
+            numerator's rounding must be elementwise (bf16, fp16, tf32).
     """
 
-    def __init__(self, graph: Graph, precision: str = "native", dot_operands=None):
+    def __init__(self, graph: Graph, precision: str = "native", dot_operands=None,
+                 factored: dict | None = None):
         if precision not in ("native", "float64"):
             raise ValueError(f"precision must be 'native' or 'float64', got {precision!r}")
         self.graph = graph
@@ -51,6 +62,10 @@ class ReferenceExecutor:
                 users[id(s)] = users.get(id(s), 0) + 1
         for n in graph.outputs.values():
             users[id(n)] = users.get(id(n), 0) + 1
+        self.factored = dict(factored or {}) if self.dot_operands is not None else {}
+        for num, fac, _ in self.factored.values():      # kept until the contraction reads them
+            for x in (num, fac):
+                users[id(x)] = users.get(id(x), 0) + 1
         self._users = users
         # a Mul whose every user is a SumReduce is never materialized (einsum evaluates the pair)
         self._fused_mul = set()
@@ -123,13 +138,47 @@ class ReferenceExecutor:
                 kept[id(n)] = vals[id(n)]
         return out, kept
 
+    def _factored_operand(self, op: Node, vals, f64: bool, axes) -> np.ndarray:
+        """``op`` (views or casts of ``numerator * factor``, read by a contraction over ``axes``)
+        with the numerator rounded as the flash loop rounds it (see ``factored``)."""
+        num, fac, block = self.factored[id(op)]
+        chain, x = [], op
+        while not (x.op == "Mul" and {id(s) for s in x.srcs} == {id(num), id(fac)}):
+            chain.append(x)
+            x = x.srcs[0]
+
+        def through(v):                 # the chain's views and casts, applied to one factor
+            for y in reversed(chain):
+                v = self._eval(y, {id(y.srcs[0]): v}, f64, force=True)
+            return v
+        e, full = _compact_broadcast(through(vals[id(num)]))
+        g = through(np.broadcast_to(vals[id(fac)], x.shape))
+        keys = [d for d in axes if e.shape[d] > 1]
+        rest = [d for d in range(e.ndim) if d not in keys]
+        moved = np.transpose(e, rest + keys)
+        flat = moved.reshape(moved.shape[:len(rest)] + (-1,)).astype(np.float32)
+        k = flat.shape[-1]
+        bn = k if block is None else max(1, min(int(block), k))
+        with np.errstate(all="ignore"):
+            run = np.maximum.accumulate(flat, axis=-1) if k else flat
+            ends = np.minimum((np.arange(k) // bn + 1) * bn, k) - 1
+            r = run[..., ends]
+            rounded = np.where(r > 0, self.dot_operands(flat / r, ()) * r, flat)
+        back = np.transpose(rounded.reshape(moved.shape), np.argsort(rest + keys))
+        if full is not None:
+            back = np.broadcast_to(back, full)
+        with np.errstate(all="ignore"):
+            return (back * g).astype(np.float32)
+
     def _eval(self, n: Node, vals, f64: bool, force: bool = False) -> np.ndarray:
         row = OPS[n.op]
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
-            a, b = vals[id(m.srcs[0])], vals[id(m.srcs[1])]
-            return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64,
-                                          self.dot_operands if id(n) in self._dots else None)
+            dots = self.dot_operands if id(n) in self._dots else None
+            a, b = (self._factored_operand(s, vals, f64, n.arg) if dots is not None and
+                    id(s) in self.factored else vals[id(s)] for s in m.srcs)
+            rounded = tuple(dots is not None and id(s) in self.factored for s in m.srcs)
+            return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64, dots, rounded)
         xs = [vals[id(s)] for s in n.srcs]
         if n.op == "Cast":
             # a cast of a broadcast view (a weight expanded over a contraction's product space)
@@ -173,7 +222,7 @@ def checked_input(n: Node, inputs: dict) -> np.ndarray:
 
 
 def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DType,
-                           f64: bool, dot_operands=None) -> np.ndarray:
+                           f64: bool, dot_operands=None, rounded=(False, False)) -> np.ndarray:
     """``sum(a * b, axes, keepdims=True)`` without materializing ``a * b``.
 
     ``a`` and ``b`` have the same shape (the ``Mul`` rule). Broadcast dims (numpy stride 0) of each
@@ -200,8 +249,10 @@ def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DTy
     cb, sb = compact(b)
     red = set(axes)
     if dot_operands is not None and out_dtype.is_float:
-        ca = dot_operands(ca, tuple(i for i, ch in enumerate(sa) if letters.index(ch) in red))
-        cb = dot_operands(cb, tuple(i for i, ch in enumerate(sb) if letters.index(ch) in red))
+        if not rounded[0]:
+            ca = dot_operands(ca, tuple(i for i, ch in enumerate(sa) if letters.index(ch) in red))
+        if not rounded[1]:
+            cb = dot_operands(cb, tuple(i for i, ch in enumerate(sb) if letters.index(ch) in red))
     present = set(sa) | set(sb)
     out_sub = "".join(letters[k] for k in range(rank) if k not in red and letters[k] in present)
     with np.errstate(all="ignore"):

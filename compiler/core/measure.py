@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumc.backends.extern import extern_bound, extern_configs, is_extern, simulate_extern_time
-from lumc.backends.precision import dot_rounding
+from lumc.backends.precision import deferred_factors, dot_rounding
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
@@ -493,7 +493,8 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         if rounding is not None:
             # a reduced-precision dot is judged against its meaning with the same operand rounding
             feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
-            emu = ReferenceExecutor(e.kernel.meaning, dot_operands=rounding)(feed)
+            emu = ReferenceExecutor(e.kernel.meaning, dot_operands=rounding,
+                                    factored=deferred_factors(e.kernel, cfg.kwargs()))(feed)
             refs = [emu[k] for k in e.kernel.meaning.outputs]
             p_tol = PRECISION_CHECK_RTOL[cfg.kwargs()["PRECISION"]]
         for o, r, n in zip(outs, refs, call.outputs):
