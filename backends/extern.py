@@ -34,6 +34,12 @@ Simulated price (``sim:*``): the roofline of what the torch path launches, at a 
   pay cuDNN's NCHW -> NHWC transforms of ``x`` and ``y`` (read and write each, two launches), an
   fp32 operand rounded to bf16/fp16 its eager cast, and windows wider at the end than at the start
   an explicit ``F.pad`` of ``x``.
+* Attention (``sdpa``): ``max(FLOPs / (peak * eff * fill), bytes / (bandwidth * BW_EFFICIENCY))``
+  plus a launch, the bytes q, k, v, the output and the mask (one value per score: SDPA takes a
+  dense ``attn_mask``); at ``PRECISION`` bf16/fp16 on fp32 operands, at 2 bytes, plus the eager
+  casts of q, k, v down and the output back (four launches). A mask that depends on the kernel's
+  inputs (a padding mask) is recomputed per call: each op of the score function over the full
+  scores, one launch each (:func:`sdpa_mask_nodes`); a constant one (causal) is computed once.
 * ``eff`` (:data:`CUBLAS_EFFICIENCY`, :data:`SDPA_EFFICIENCY`) is the share of dense peak the vendor
   kernel reaches on large problems; ``fill`` the share of SMs a small problem can occupy with
   64 x 64 output tiles (cuBLAS's smallest common Hopper tile), counting split-K over long K.
@@ -208,11 +214,36 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         c1, c2 = vendor_contractions(kernel)
         # the fused attention: q, k, v and out once; FLOPs of both products
         flops = 2 * c1.batch * c1.M * c1.N * c1.K + 2 * c2.batch * c2.M * c2.N * c2.K
-        nbytes = (c1.batch * (c1.M + c1.N) * c1.K + c2.batch * c2.K * c2.N + c2.batch * c2.M * c2.N) * isz
-        # FlashAttention for half types; fp32 runs SDPA's memory-efficient kernel on CUDA cores
-        eff_a = SDPA_EFFICIENCY if dtype.itemsize <= 2 else eff
-        total += max(flops / (peak * eff_a * _fill(c1, dev)), nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY))
+        bw = dev.hbm_bandwidth * BW_EFFICIENCY
+        # an fp32 kernel at bf16/fp16 casts q, k, v down and the output back, eager ops
+        half = isz == 4 and cfg.get("PRECISION") in ("bf16", "fp16")
+        ksz = 2 if half else isz
+        qkv = c1.batch * (c1.M + c1.N) * c1.K + c2.batch * c2.K * c2.N
+        out_n = c2.batch * c2.M * c2.N
+        # the mask SDPA reads: one value per score (the score function at S = 0, compacted)
+        scores = c1.batch * c1.M * c1.N
+        nbytes = (qkv + out_n + scores) * ksz
+        # FlashAttention / the memory-efficient kernel on tensor cores for half types; fp32 runs
+        # the memory-efficient kernel
+        eff_a = SDPA_EFFICIENCY if ksz <= 2 else eff
+        total += max(flops / (peak * eff_a * _fill(c1, dev)), nbytes / bw)
         total += dev.launch_overhead_s
+        if half:
+            total += (qkv + out_n) * (isz + ksz) / bw + 4 * dev.launch_overhead_s
+        mask_nodes = sdpa_mask_nodes(kernel)
+        if any(n.op == "Input" for n in mask_nodes):
+            # the mask is recomputed per call (``extern_sdpa``): zeros for the scores, each op of
+            # the score function at S = 0 over the full scores, the ln 2 scale, and at half
+            # precision the clamp to its range and the cast (isfinite, clamp, where, to)
+            for n in mask_nodes:
+                if n.op in ("Input", "Constant", "View"):
+                    continue
+                total += (n.nbytes + sum(min(x.nbytes, x.srcs[0].nbytes) if x.op == "View"
+                                         else x.nbytes for x in n.srcs if x.numel > 1)) / bw
+                total += dev.launch_overhead_s
+            total += 3 * scores * isz / bw + 2 * dev.launch_overhead_s
+            if half:
+                total += scores * 36 / bw + 4 * dev.launch_overhead_s
         # the softmax and score function run inside it: the operands' prologues (RoPE, a
         # QK-norm) run before it and the ops after the value product after it, as eager ops
         from lumc.backends.triton.render_matmul import dependents
@@ -244,6 +275,19 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
                      for s in n.srcs if s.op != "Constant" or s.numel > 1) + n.nbytes
         total += nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + dev.launch_overhead_s
     return total
+
+
+def sdpa_mask_nodes(kernel: Kernel) -> list:
+    """The nodes SDPA's mask is computed from: the score function evaluated at ``S = 0``
+    (``compiler/runtime/extern_sdpa.py``), i.e. everything the softmax's input depends on but
+    the score contraction and its operands. A mask none of whose nodes is an ``Input`` (a causal
+    mask of iotas, a constant bias) is the same on every call."""
+    from lumc.ir.graph import toposort
+    p = attention_plan(kernel)
+    if p is None:
+        return []
+    below = {id(n) for n in toposort([p.c1.node])}
+    return [n for n in toposort([p.softmax.m.srcs[0]]) if id(n) not in below]
 
 
 def _materialized_operands(c, isz: int, dev: DeviceSpec) -> float:

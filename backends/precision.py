@@ -90,6 +90,22 @@ def dot_rounding(config: dict | None):
     return lambda x, reduced: round_operand(x, p, reduced, bk)
 
 
+def emulation(kernel, config: dict | None) -> dict:
+    """``ReferenceExecutor`` keyword arguments that emulate ``kernel`` at ``config``'s operand
+    precision: ``dot_operands`` (:func:`dot_rounding`), ``factored`` (:func:`deferred_factors`) and
+    ``rounded``: for SDPA at ``bf16``/``fp16`` on fp32 operands, the value product's result, which
+    SDPA returns in the half type (``compiler/runtime/extern_sdpa.py``)."""
+    cfg = config or {}
+    out = {"dot_operands": dot_rounding(cfg), "factored": deferred_factors(kernel, cfg)}
+    if out["dot_operands"] is not None and cfg.get("IMPL") == "sdpa" and \
+            cfg.get("PRECISION") in ("bf16", "fp16") and out["factored"]:
+        from lumc.backends.triton.render_attention import AttentionPlan
+        c2 = AttentionPlan(kernel).c2
+        if c2.node.dtype.itemsize == 4:
+            out["rounded"] = {id(c2.node)}
+    return out
+
+
 def deferred_factors(kernel, config: dict | None) -> dict | None:
     """The ``ReferenceExecutor(factored=...)`` map of ``kernel`` at ``config``: for an attention
     kernel at an elementwise operand rounding (``bf16``, ``fp16``, ``tf32``), the value product's
@@ -107,6 +123,6 @@ def deferred_factors(kernel, config: dict | None) -> dict | None:
         ap = AttentionPlan(kernel)
     except RenderError:
         return None
-    block = (config or {}).get("BLOCK_N")
+    block = None if (config or {}).get("IMPL") == "sdpa" else (config or {}).get("BLOCK_N")
     num, fac = (ap.e2, ap.g2) if ap.pushed else (ap.e, ap.g)
     return {id(ap.c2.a): (num, fac, None if block is None else int(block))}

@@ -46,10 +46,12 @@ class ReferenceExecutor:
             ``round(E / R_j) * R_j * factor``, ``R_j`` the running max of the numerator ``E`` at
             the end of block ``j`` (``exp2(s - m_j) = E / R_j``), and not rounded again. The
             numerator's rounding must be elementwise (bf16, fp16, tf32).
+        rounded: ids of nodes whose values the kernel stores at the reduced precision (with
+            ``dot_operands`` set, rounded by it after evaluation): SDPA's half-precision output.
     """
 
     def __init__(self, graph: Graph, precision: str = "native", dot_operands=None,
-                 factored: dict | None = None):
+                 factored: dict | None = None, rounded=()):
         if precision not in ("native", "float64"):
             raise ValueError(f"precision must be 'native' or 'float64', got {precision!r}")
         self.graph = graph
@@ -63,6 +65,7 @@ class ReferenceExecutor:
         for n in graph.outputs.values():
             users[id(n)] = users.get(id(n), 0) + 1
         self.factored = dict(factored or {}) if self.dot_operands is not None else {}
+        self.rounded = set(rounded) if self.dot_operands is not None else set()
         for num, fac, _ in self.factored.values():      # kept until the contraction reads them
             for x in (num, fac):
                 users[id(x)] = users.get(id(x), 0) + 1
@@ -111,6 +114,8 @@ class ReferenceExecutor:
                 continue
             try:
                 vals[id(n)] = self._eval(n, vals, f64, force=id(n) in keep)
+                if id(n) in self.rounded:
+                    vals[id(n)] = self.dot_operands(vals[id(n)], ())
             except IndexError as e:   # a Gather index outside its axis (from an input or a constant)
                 raise IndexRangeError(str(e), op=n.op) from None
             except ZeroDivisionError as e:   # an integer Mod by zero

@@ -191,7 +191,7 @@ class ExternKernel:
 
             def sdpa(args):
                 with _tf32(allow):
-                    return self._sdpa(dict(zip(names, args)), device)
+                    return self._sdpa(dict(zip(names, args)), device, prec)
             return sdpa
         mod = self._module(device, prec)
         from lumc.compiler.runtime.extern_conv import cudnn_tf32

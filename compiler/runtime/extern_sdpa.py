@@ -9,7 +9,8 @@ constant and ``beta`` any mask or bias (``-inf`` where ``Where`` masks). That is
 at construction ``f`` is evaluated at ``S = 0, 1, 2`` on two random draws of the kernel's inputs,
 ``alpha`` must be one positive constant and ``f(2) = 2 alpha + beta``; otherwise the implementation
 does not apply (``ValueError``). Per call, ``beta`` is ``f`` evaluated at ``S = 0`` (the mask's own
-inputs only: no score matrix is formed), and since ``softmax2(c x) = softmax(c ln2 x)``, SDPA gets
+inputs only: no score matrix is formed; once per device for a mask of constants and iotas, a causal
+one), and since ``softmax2(c x) = softmax(c ln2 x)``, SDPA gets
 ``scale = alpha c ln 2`` and ``attn_mask = beta c ln 2``. The normalizer must be ``1 / sum`` (what SDPA
 applies). Everything before the products (prologues) and after ``C2`` (the epilogue) is evaluated
 with torch ops (:class:`TorchEvaluator`).
@@ -159,6 +160,11 @@ class SdpaAttention:
         if alpha is None:
             alpha = _ALPHAS[key] = self._probe_alpha()
         self.alpha = alpha
+        # a mask of iotas and constants only (causal, a fixed bias) is computed once per device
+        # and dtype, outside a CUDA-graph capture (a tensor allocated in one belongs to its pool)
+        from lumc.backends.extern import sdpa_mask_nodes
+        self._mask_fixed = not any(n.op == "Input" for n in sdpa_mask_nodes(kernel))
+        self._masks: dict = {}
 
     def _probe_alpha(self) -> float:
         import torch
@@ -201,8 +207,13 @@ class SdpaAttention:
             raise ValueError("not an SDPA attention: the score scale depends on the inputs")
         return alphas[0]
 
-    def __call__(self, feed: dict, device) -> list:
-        """The kernel's outputs (``out0..`` order) for ``feed`` (``{placeholder: tensor}``)."""
+    def __call__(self, feed: dict, device, precision: str | None = None) -> list:
+        """The kernel's outputs (``out0..`` order) for ``feed`` (``{placeholder: tensor}``).
+
+        ``precision`` ``bf16``/``fp16`` on fp32 operands: q, k, v and the mask are cast to that
+        type (finite mask values clamped to its range first, so a -1e9 mask stays finite) and
+        SDPA runs its half-precision kernels; its output, in that type, is cast back. The rounding
+        this costs is what the numerics check emulates (``backends/precision.py: emulation``)."""
         import torch
         from torch.nn import functional as F
         p, c1, c2 = self.p, self.p.c1, self.p.c2
@@ -210,13 +221,26 @@ class SdpaAttention:
         q = _compact(ev(c1.a), c1, (c1.batch_dims, c1.m_dims, c1.k_dims))
         k = _compact(ev(c1.b), c1, (c1.batch_dims, c1.n_dims, c1.k_dims))
         v = _compact(ev(c2.b), c2, (c2.batch_dims, c2.k_dims, c2.n_dims))
-        zero = torch.zeros(c1.node.shape, dtype=_torch_dt(c1.node), device=device)
-        beta = TorchEvaluator(self.kernel, feed, device, {c1.node: zero}, ev.memo,
-                              self.constants)(self.x)
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision or "")
+        if half is not None and q.dtype == torch.float32:
+            q, k, v = q.to(half), k.to(half), v.to(half)
         ln2c = p.softmax.scale * math.log(2.0)
-        fr1 = c1.node.shape
-        mask = _compact((beta.to(torch.float32) * ln2c).reshape(fr1), c1,
-                        (c1.batch_dims, c1.m_dims, c1.n_dims)).to(q.dtype)
+        mkey = (str(device), q.dtype)
+        mask = self._masks.get(mkey) if self._mask_fixed else None
+        if mask is None:
+            zero = torch.zeros(c1.node.shape, dtype=_torch_dt(c1.node), device=device)
+            beta = TorchEvaluator(self.kernel, feed, device, {c1.node: zero}, ev.memo,
+                                  self.constants)(self.x)
+            fr1 = c1.node.shape
+            mask = _compact((beta.to(torch.float32) * ln2c).reshape(fr1), c1,
+                            (c1.batch_dims, c1.m_dims, c1.n_dims))
+            if q.dtype != mask.dtype:       # finite values stay finite: -1e9 is not -inf in fp16
+                fi = torch.finfo(q.dtype)
+                mask = torch.where(torch.isfinite(mask), mask.clamp(fi.min, fi.max), mask)
+            mask = mask.to(q.dtype)
+            capturing = str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
+            if self._mask_fixed and not capturing:
+                self._masks[mkey] = mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.alpha * ln2c)
         # back to C2's output layout: [batch.., query.., value..] at their dims, 1 elsewhere
         dims = list(c2.batch_dims) + list(c2.m_dims) + list(c2.n_dims)

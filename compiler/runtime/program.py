@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumc.backends.devices import DeviceSpec, get_device
-from lumc.backends.precision import deferred_factors, dot_rounding
+from lumc.backends.precision import emulation
 from lumc.backends.reference import ReferenceExecutor, checked_input
 from lumc.ir.graph import Graph, Node
 from lumc.ir.kernels import Kernel
@@ -179,8 +179,7 @@ def run_program_reference(program: Program, graph: Graph, inputs: dict[str, np.n
         else:
             feed = {ph.arg.name: _value_of(n, env) for ph, n in zip(k.inputs, c.inputs)}
             # a reduced-precision tl.dot (the config's PRECISION) rounds its operands first
-            res = ReferenceExecutor(k.meaning, precision, dot_operands=dot_rounding(cfg),
-                                    factored=deferred_factors(k, cfg))(feed)
+            res = ReferenceExecutor(k.meaning, precision, **emulation(k, cfg))(feed)
         for (oname, _), n in zip(k.meaning.outputs.items(), c.outputs):
             env[id(n)] = res[oname].astype(n.dtype.np, copy=False)
     out = {}

@@ -94,3 +94,88 @@ def test_sdpa_price_is_one_fused_launch():
     flops = 4 * 4 * 32 * 4096 * 4096 * 128
     assert t == pytest.approx(flops / (989.4e12 * bx.SDPA_EFFICIENCY) + 4e-6, rel=1e-3)
     assert t < bx.simulate_extern_time(k, {"IMPL": "cublas", "PRECISION": "bf16"}, H200)
+
+
+@pytest.mark.parametrize("name", ["plain", "causal", "bias+epilogue"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_sdpa_at_half_precision_runs_in_it_and_passes_its_check(name, precision):
+    """``IMPL=sdpa PRECISION=bf16`` on fp32 operands runs SDPA in bf16 (it ran fp32 before: the
+    knob did nothing while the simulator priced bf16 tensor cores): the error against the float64
+    meaning is that of the half type, and the kernel is within the numerics check's tolerance of
+    the flash emulation with the output stored in the half type."""
+    from lumc.backends.precision import emulation
+    from lumc.compiler.core.measure import PRECISION_CHECK_RTOL, STORED_HALF_RTOL
+    f, specs = CASES[name]
+    k = _kernel("attention", f, specs)
+    ins = _inputs(specs, seed=3)
+    feed = {f"in{i}": x for i, x in enumerate(ins)}
+    cfg = {"IMPL": "sdpa", "PRECISION": precision}
+    got = run_extern_numpy(k, cfg, ins)[0]
+    f64 = ReferenceExecutor(k.meaning, "float64")(feed)["out0"]
+    err = max_rel_error(got, f64)
+    unit = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}[precision]
+    assert unit / 8 < err < 8 * unit
+    kw = emulation(k, cfg)
+    assert kw["rounded"] and kw["factored"]
+    emu = ReferenceExecutor(k.meaning, **kw)(feed)["out0"]
+    assert max_rel_error(got, emu) <= PRECISION_CHECK_RTOL[precision] + STORED_HALF_RTOL[precision]
+
+
+def test_sdpa_fp16_keeps_a_large_finite_mask_finite():
+    """A -1e9 padding bias is -inf in fp16; clamped to fp16's range first, a fully masked row
+    stays the uniform average it is in the fp32 model instead of becoming NaN."""
+    def f(q, k, v, m):
+        return softmax(_scores(q, k) + m, -1) @ v
+    specs = QKV + [((B, 1, 1, LK), dt.f32)]
+    k = _kernel("attention", f, specs)
+    ins = _inputs(specs, seed=1)
+    ins[3] = np.where(np.arange(LK) < 5, 0.0, -1e9).astype(np.float32).reshape(1, 1, 1, LK)
+    ins[3] = np.broadcast_to(ins[3], (B, 1, 1, LK)).copy()
+    ins[3][1] = -1e9                                  # batch 1: every key masked
+    got = run_extern_numpy(k, {"IMPL": "sdpa", "PRECISION": "fp16"}, ins)[0]
+    f64 = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    assert np.isfinite(got).all()
+    assert max_rel_error(got, f64) < 4e-3
+
+
+def test_sdpa_price_counts_casts_and_a_per_call_mask():
+    """Priced as it runs: an fp32 kernel at bf16 pays its casts (four eager launches), and a mask
+    computed from the kernel's inputs (a padding bias) pays its eager ops every call, where a
+    causal mask of iotas is computed once; the kernel reads one mask value per score."""
+    from lumc.backends.devices import H200
+    shape = (1, 12, 128, 64)
+
+    def pad(q, k, v, m):
+        return softmax(_scores(q, k) + m, -1) @ v
+
+    def causal(q, k, v):
+        i = Tensor.iota((128, 128), 0, dt.i32)
+        j = Tensor.iota((128, 128), 1, dt.i32)
+        return softmax(j.lt(i + 1).where(_scores(q, k), float("-inf")), -1) @ v
+    t = {}
+    for name, f, extra in (("pad", pad, [(1, 1, 1, 128)]), ("causal", causal, [])):
+        for d in (dt.f32, dt.bf16):
+            k = _kernel("attention", f, [(shape, d)] * 3 + [(s, d) for s in extra])
+            t[name, d.name] = bx.simulate_extern_time(k, {"IMPL": "sdpa", "PRECISION": "bf16"}, H200)
+    launch = H200.launch_overhead_s
+    assert t["causal", "f32"] - t["causal", "bf16"] > 4 * launch
+    assert t["pad", "bf16"] - t["causal", "bf16"] > 3 * launch
+    assert [n.op for n in bx.sdpa_mask_nodes(_kernel("attention", causal, [(shape, dt.f32)] * 3))
+            if n.op == "Input"] == []
+
+
+def test_sdpa_constant_mask_is_computed_once():
+    k = _kernel("attention", _causal, QKV)
+    ek = ExternKernel(k, "sdpa")
+    assert ek._sdpa._mask_fixed
+    ins = _inputs(QKV)
+    a = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
+    from lumc.compiler.runtime.extern import _EXTERN
+    sd = _EXTERN[k]["sdpa"]._sdpa
+    assert len(sd._masks) == 1
+    b = run_extern_numpy(k, {"IMPL": "sdpa"}, _inputs(QKV, seed=5))[0]
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in
+                                                   enumerate(_inputs(QKV, seed=5))})["out0"]
+    assert len(sd._masks) == 1 and max_rel_error(b, ref) < 1e-5 and not np.array_equal(a, b)
+    assert not ExternKernel(_kernel("attention", _bool_mask, CASES["bool-mask"][1]),
+                            "sdpa")._sdpa._mask_fixed
