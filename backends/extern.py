@@ -71,6 +71,13 @@ CUBLAS_FP32_EFFICIENCY = 0.75
 # FlashAttention-2 through SDPA reaches ~35-50% of bf16 peak on H100 forward passes (Dao, 2023,
 # "FlashAttention-2", fig. 7; FlashAttention-3, 2024, reports FA2 at 350-400 TFLOP/s); 0.40.
 SDPA_EFFICIENCY = 0.40
+# SDPA on fp32 operands runs the memory-efficient kernel (FlashAttention takes only half types),
+# whose fp32 GEMMs on sm_80+ are CUTLASS tensor-op MMAs with OpMultiplyAddFastF32: split TF32, three
+# MMAs per product, whatever ``allow_tf32`` says (PyTorch, aten/src/ATen/native/transformers/cuda/
+# mem_eff_attention/gemm_kernel_utils.h, DefaultGemmType<ArchTag, float>). So it is priced at the
+# tf32x3 peak (at SDPA_EFFICIENCY, an estimate for this kernel), and no separate ``tf32`` config
+# is offered: it would run the same kernel.
+SDPA_FP32_PRECISION = "tf32x3"
 # Share of tensor-core peak cuDNN's implicit-GEMM convolutions reach on Hopper (estimate: below
 # cuBLAS's 0.78 for the im2col address math and the filter-size tails; to be replaced by gpu-check).
 CUDNN_EFFICIENCY = 0.65
@@ -155,6 +162,8 @@ def extern_configs(kernel: Kernel, dev: DeviceSpec | None = None) -> list[dict]:
         for p in precs:
             if p == "fp8" and (impl != "cublas" or not scaled_mm_applies(kernel)):
                 continue
+            if impl == "sdpa" and p == "tf32" and d == "f32" and "ieee" in precs:
+                continue        # SDPA's fp32 kernel has no TF32 mode (see SDPA_FP32_PRECISION)
             out.append({"IMPL": impl} if p is None else {"IMPL": impl, "PRECISION": p})
     return out
 
@@ -220,18 +229,21 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         ksz = 2 if half else isz
         qkv = c1.batch * (c1.M + c1.N) * c1.K + c2.batch * c2.K * c2.N
         out_n = c2.batch * c2.M * c2.N
-        # the mask SDPA reads: one value per score (the score function at S = 0, compacted)
+        # the mask SDPA reads: one value per score (the score function at S = 0, compacted),
+        # none where it is constant or causal (``sdpa_mask_kind``), whose masked blocks are skipped
         scores = c1.batch * c1.M * c1.N
-        nbytes = (qkv + out_n + scores) * ksz
+        kind = sdpa_mask_kind(kernel)
+        flops *= sdpa_causal_share(kernel)
+        nbytes = (qkv + out_n + (scores if kind in ("input", "dense") else 0)) * ksz
         # FlashAttention / the memory-efficient kernel on tensor cores for half types; fp32 runs
-        # the memory-efficient kernel
-        eff_a = SDPA_EFFICIENCY if ksz <= 2 else eff
-        total += max(flops / (peak * eff_a * _fill(c1, dev)), nbytes / bw)
+        # the memory-efficient kernel in split TF32 whatever PRECISION says
+        peak_a = peak if ksz <= 2 else dev.dot_peak(SDPA_FP32_PRECISION)
+        total += max(flops / (peak_a * SDPA_EFFICIENCY * _fill(c1, dev)), nbytes / bw)
         total += dev.launch_overhead_s
         if half:
             total += (qkv + out_n) * (isz + ksz) / bw + 4 * dev.launch_overhead_s
         mask_nodes = sdpa_mask_nodes(kernel)
-        if any(n.op == "Input" for n in mask_nodes):
+        if kind == "input":
             # the mask is recomputed per call (``extern_sdpa``): zeros for the scores, each op of
             # the score function at S = 0 over the full scores, the ln 2 scale, and at half
             # precision the clamp to its range and the cast (isfinite, clamp, where, to)
@@ -288,6 +300,75 @@ def sdpa_mask_nodes(kernel: Kernel) -> list:
         return []
     below = {id(n) for n in toposort([p.c1.node])}
     return [n for n in toposort([p.softmax.m.srcs[0]]) if id(n) not in below]
+
+
+# the largest score tensor whose constant mask is evaluated (on the CPU, once per kernel content) to
+# see whether SDPA can run it without a mask or with ``is_causal``; larger ones are read as dense
+MASK_EVAL_MAX = 1 << 24
+_MASK_KINDS: dict[str, str] = {}
+
+
+def sdpa_mask_kind(kernel: Kernel) -> str:
+    """What SDPA needs for the kernel's mask (the score function at ``S = 0``, as ``[batch, M, N]``):
+
+    * ``"input"``: it depends on the kernel's inputs (a padding mask): computed per call, dense;
+    * ``"none"``: one finite value everywhere (softmax ignores a constant shift): no mask, so
+      FlashAttention serves it;
+    * ``"causal"``: one finite value where key ``j <= `` query ``i`` and ``-inf`` elsewhere, in every
+      batch: ``is_causal=True`` (SDPA's top-left aligned lower triangle), FlashAttention again,
+      skipping the masked key blocks;
+    * ``"dense"``: anything else (or a score tensor over :data:`MASK_EVAL_MAX`): an ``attn_mask``,
+      computed once per device.
+    """
+    nodes = sdpa_mask_nodes(kernel)
+    if any(n.op == "Input" for n in nodes):
+        return "input"
+    key = kernel.content_hash()
+    hit = _MASK_KINDS.get(key)
+    if hit is None:
+        hit = _MASK_KINDS[key] = _fixed_mask_kind(kernel, nodes)
+    return hit
+
+
+def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
+    import numpy as np
+    from lumc.backends.reference import ReferenceExecutor
+    p = attention_plan(kernel)
+    if p is None or p.c1.node.numel > MASK_EVAL_MAX:
+        return "dense"
+    c1 = p.c1
+    ex = ReferenceExecutor(kernel.meaning)
+    vals = {id(c1.node): np.zeros(c1.node.shape, c1.node.dtype.np)}
+    with np.errstate(all="ignore"):
+        for n in nodes:
+            vals[id(n)] = ex._eval(n, vals, False, force=True)
+    x = p.softmax.m.srcs[0]
+    beta = np.broadcast_to(vals[id(x)], x.shape).astype(np.float64).reshape(c1.node.shape)
+    groups = (c1.batch_dims, c1.m_dims, c1.n_dims)
+    keep = [d for g in groups for d in g]
+    sub = beta[tuple(slice(None) if d in keep else 0 for d in range(len(c1.full)))]
+    kept = [d for d in range(len(c1.full)) if d in keep]
+    sub = np.transpose(sub, [kept.index(d) for d in keep]).reshape(
+        [prod(c1.full[d] for d in g) for g in groups])
+    fin = np.isfinite(sub)
+    if np.isnan(sub).any() or np.isposinf(sub).any() or not fin.any():
+        return "dense"
+    one = sub[fin].flat[0]
+    if not (sub[fin] == one).all():
+        return "dense"
+    if fin.all():
+        return "none"
+    m, n = sub.shape[1:]
+    tri = np.arange(n)[None, :] <= np.arange(m)[:, None]
+    return "causal" if (fin == tri[None]).all() else "dense"
+
+
+def sdpa_causal_share(kernel: Kernel) -> float:
+    """The share of scores a causal SDPA computes (``sum_i min(i + 1, N) / (M N)``), else 1."""
+    if sdpa_mask_kind(kernel) != "causal":
+        return 1.0
+    c1 = attention_plan(kernel).c1
+    return sum(min(i + 1, c1.N) for i in range(c1.M)) / (c1.M * c1.N)
 
 
 def _materialized_operands(c, isz: int, dev: DeviceSpec) -> float:

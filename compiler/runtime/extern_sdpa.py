@@ -9,8 +9,9 @@ constant and ``beta`` any mask or bias (``-inf`` where ``Where`` masks). That is
 at construction ``f`` is evaluated at ``S = 0, 1, 2`` on two random draws of the kernel's inputs,
 ``alpha`` must be one positive constant and ``f(2) = 2 alpha + beta``; otherwise the implementation
 does not apply (``ValueError``). Per call, ``beta`` is ``f`` evaluated at ``S = 0`` (the mask's own
-inputs only: no score matrix is formed; once per device for a mask of constants and iotas, a causal
-one), and since ``softmax2(c x) = softmax(c ln2 x)``, SDPA gets
+inputs only: no score matrix is formed; once per device for a mask of constants and iotas; none at
+all where it is constant, ``is_causal`` where it is the causal triangle:
+``lumc.backends.extern.sdpa_mask_kind``), and since ``softmax2(c x) = softmax(c ln2 x)``, SDPA gets
 ``scale = alpha c ln 2`` and ``attn_mask = beta c ln 2``. The normalizer must be ``1 / sum`` (what SDPA
 applies). Everything before the products (prologues) and after ``C2`` (the epilogue) is evaluated
 with torch ops (:class:`TorchEvaluator`).
@@ -162,8 +163,10 @@ class SdpaAttention:
         self.alpha = alpha
         # a mask of iotas and constants only (causal, a fixed bias) is computed once per device
         # and dtype, outside a CUDA-graph capture (a tensor allocated in one belongs to its pool)
-        from lumc.backends.extern import sdpa_mask_nodes
-        self._mask_fixed = not any(n.op == "Input" for n in sdpa_mask_nodes(kernel))
+        from lumc.backends.extern import sdpa_mask_kind
+        # a constant or causal mask is no mask: SDPA may then pick FlashAttention
+        self.mask_kind = sdpa_mask_kind(kernel)
+        self._mask_fixed = self.mask_kind != "input"
         self._masks: dict = {}
 
     def _probe_alpha(self) -> float:
@@ -227,7 +230,7 @@ class SdpaAttention:
         ln2c = p.softmax.scale * math.log(2.0)
         mkey = (str(device), q.dtype)
         mask = self._masks.get(mkey) if self._mask_fixed else None
-        if mask is None:
+        if mask is None and self.mask_kind not in ("none", "causal"):
             zero = torch.zeros(c1.node.shape, dtype=_torch_dt(c1.node), device=device)
             beta = TorchEvaluator(self.kernel, feed, device, {c1.node: zero}, ev.memo,
                                   self.constants)(self.x)
@@ -241,7 +244,8 @@ class SdpaAttention:
             capturing = str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
             if self._mask_fixed and not capturing:
                 self._masks[mkey] = mask
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.alpha * ln2c)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.alpha * ln2c,
+                                             is_causal=self.mask_kind == "causal")
         # back to C2's output layout: [batch.., query.., value..] at their dims, 1 elsewhere
         dims = list(c2.batch_dims) + list(c2.m_dims) + list(c2.n_dims)
         t = out.reshape([c2.full[d] for d in dims])

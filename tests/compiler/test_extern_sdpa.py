@@ -164,18 +164,62 @@ def test_sdpa_price_counts_casts_and_a_per_call_mask():
             if n.op == "Input"] == []
 
 
-def test_sdpa_constant_mask_is_computed_once():
-    k = _kernel("attention", _causal, QKV)
-    ek = ExternKernel(k, "sdpa")
-    assert ek._sdpa._mask_fixed
-    ins = _inputs(QKV)
-    a = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
+def _shifted_causal(q, k, v):
+    s = _scores(q, k)
+    i = Tensor.iota((LQ, LK), 0, dt.i32)
+    j = Tensor.iota((LQ, LK), 1, dt.i32)
+    return softmax(j.lt(i + 4).where(s, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("f, specs, kind", [
+    (_plain, QKV, "none"), (_causal, QKV, "causal"), (_shifted_causal, QKV, "dense"),
+    (_bool_mask, CASES["bool-mask"][1], "input")])
+def test_sdpa_mask_kinds(f, specs, kind):
+    """A constant mask is none (FlashAttention may serve it), the top-left causal triangle is
+    ``is_causal`` (LQ=13 != LK=19 here), any other constant mask is computed once per device, and
+    a mask of the inputs per call; each matches the float64 meaning."""
     from lumc.compiler.runtime.extern import _EXTERN
-    sd = _EXTERN[k]["sdpa"]._sdpa
-    assert len(sd._masks) == 1
-    b = run_extern_numpy(k, {"IMPL": "sdpa"}, _inputs(QKV, seed=5))[0]
-    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in
-                                                   enumerate(_inputs(QKV, seed=5))})["out0"]
-    assert len(sd._masks) == 1 and max_rel_error(b, ref) < 1e-5 and not np.array_equal(a, b)
-    assert not ExternKernel(_kernel("attention", _bool_mask, CASES["bool-mask"][1]),
-                            "sdpa")._sdpa._mask_fixed
+    k = _kernel("attention", f, specs)
+    assert bx.sdpa_mask_kind(k) == kind
+    for seed in (0, 5):
+        ins = _inputs(specs, seed=seed)
+        got = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
+        ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in
+                                                       enumerate(ins)})["out0"]
+        assert max_rel_error(got, ref) < 1e-5
+    assert len(_EXTERN[k]["sdpa"]._sdpa._masks) == (1 if kind == "dense" else 0)
+
+
+def test_sdpa_price_skips_what_flash_skips():
+    """No mask read for a constant or causal mask, and a causal one computes ~half the scores;
+    another constant mask is read, one value per score."""
+    from lumc.backends.devices import H200
+    L = 2048
+
+    def tri(shift):
+        def f(q, k, v):
+            i = Tensor.iota((L, L), 0, dt.i32)
+            j = Tensor.iota((L, L), 1, dt.i32)
+            return softmax(j.lt(i + shift).where(_scores(q, k), float("-inf")), -1) @ v
+        return f
+    ks = {name: _kernel("attention", f, [((1, 4, L, D), dt.bf16)] * 3)
+          for name, f in (("plain", _plain), ("causal", tri(1)), ("shifted", tri(2)))}
+    t = {name: bx.simulate_extern_time(k, {"IMPL": "sdpa"}, H200) for name, k in ks.items()}
+    assert [bx.sdpa_mask_kind(ks[n]) for n in ("plain", "causal", "shifted")] == \
+        ["none", "causal", "dense"]
+    assert bx.sdpa_causal_share(ks["causal"]) == pytest.approx((L + 1) / (2 * L))
+    assert t["causal"] < t["plain"] < t["shifted"]
+
+
+def test_sdpa_on_fp32_has_no_tf32_config_and_prices_split_tf32():
+    """SDPA's fp32 kernel is split TF32 whatever allow_tf32 says: one fp32 config, priced at the
+    tf32x3 peak (it was priced at the TF32 peak for ``PRECISION=tf32``, 3x too fast)."""
+    import dataclasses
+    from lumc.backends.devices import H200
+    k = _kernel("attention", _plain, [((4, 32, 2048, 128), dt.f32)] * 3)
+    dev = dataclasses.replace(H200, dot_precisions={"f32": ("tf32", "ieee")})
+    cfgs = [c for c in bx.extern_configs(k, dev) if c["IMPL"] == "sdpa"]
+    assert cfgs == [{"IMPL": "sdpa", "PRECISION": "ieee"}]
+    flops = 4 * 4 * 32 * 2048 * 2048 * 128
+    t = bx.simulate_extern_time(k, cfgs[0], H200)
+    assert t >= flops / (H200.dot_peak("tf32") / 3 * bx.SDPA_EFFICIENCY)
