@@ -291,15 +291,25 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
 
 def sdpa_mask_nodes(kernel: Kernel) -> list:
     """The nodes SDPA's mask is computed from: the score function evaluated at ``S = 0``
-    (``compiler/runtime/extern_sdpa.py``), i.e. everything the softmax's input depends on but
-    the score contraction and its operands. A mask none of whose nodes is an ``Input`` (a causal
-    mask of iotas, a constant bias) is the same on every call."""
-    from lumc.ir.graph import toposort
+    (``compiler/runtime/extern_sdpa.py``), i.e. everything the softmax's input depends on, sources
+    first, not through the score contraction (an operand's value it reads directly, a QK-norm's
+    row factor applied to the scores, is among them). A mask none of whose nodes is an ``Input``
+    (a causal mask of iotas, a constant bias) is the same on every call."""
     p = attention_plan(kernel)
     if p is None:
         return []
-    below = {id(n) for n in toposort([p.c1.node])}
-    return [n for n in toposort([p.softmax.m.srcs[0]]) if id(n) not in below]
+    out, seen, stack = [], {id(p.c1.node)}, [(p.softmax.m.srcs[0], False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            out.append(n)
+            continue
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        stack.extend((x, False) for x in n.srcs)
+    return out
 
 
 # the largest score tensor whose constant mask is evaluated (on the CPU, once per kernel content) to

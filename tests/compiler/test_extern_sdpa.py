@@ -223,3 +223,29 @@ def test_sdpa_on_fp32_has_no_tf32_config_and_prices_split_tf32():
     flops = 4 * 4 * 32 * 2048 * 2048 * 128
     t = bx.simulate_extern_time(k, cfgs[0], H200)
     assert t >= flops / (H200.dot_peak("tf32") / 3 * bx.SDPA_EFFICIENCY)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["plain", "causal"])
+def test_gpu_sdpa_constant_and_causal_masks_run_on_flash_attention(name):
+    """With only the FlashAttention backend enabled, SDPA raises when given any attn_mask: the
+    extern runs a constant (plain) and a causal mask through it, in bf16 on fp32 operands too."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from lumc.backends.triton.launch import to_numpy
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    qkv = [((B, H, 64, 64), dt.f32)] * 3
+
+    def causal(q, k, v):
+        i = Tensor.iota((64, 64), 0, dt.i32)
+        j = Tensor.iota((64, 64), 1, dt.i32)
+        return softmax(j.lt(i + 1).where(_scores(q, k), float("-inf")), -1) @ v
+    k = _kernel("attention", _plain if name == "plain" else causal, qkv)
+    ek = ExternKernel(k, "sdpa")
+    ins = _inputs(qkv)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    xs = [torch.from_numpy(x).cuda() for x in ins]
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        got = to_numpy(ek(*xs, config={"IMPL": "sdpa", "PRECISION": "bf16"})[0])
+    assert max_rel_error(got, ref) < 3e-2
