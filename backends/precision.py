@@ -113,9 +113,13 @@ def deferred_factors(kernel, config: dict | None) -> dict | None:
     BLOCK_N)}``; the flash loop rounds the numerator relative to the running max of each key block
     and divides after the product (FlashAttention-2, arXiv:2307.08691, Algorithm 1), as do SDPA's
     kernels (their key blocks unknown here: one block). None otherwise (the operand is
-    rounded as a whole, as a GEMM prologue forms its tile and then rounds it)."""
+    rounded as a whole, as a GEMM prologue forms its tile and then rounds it), and for the other
+    extern implementations (``cublas``, ``cudnn``): they evaluate the softmax as eager torch ops and
+    hand the normalized probabilities, rounded, to the GEMM."""
     p = (config or {}).get("PRECISION")
     if p not in ("bf16", "fp16", "tf32") or getattr(kernel, "form", None) != "attention":
+        return None
+    if (config or {}).get("IMPL", "triton") not in ("triton", "sdpa"):
         return None
     from lumc.backends.triton.codegen import RenderError
     from lumc.backends.triton.render_attention import AttentionPlan

@@ -97,3 +97,20 @@ def test_gemm_operands_are_rounded_whole():
     k = _kernel("attention", _attn(False), [((2, 3, L, D), dt.f32)] * 3)
     for p in ("ieee", "tf32x3", "fp8", None):
         assert deferred_factors(k, {"PRECISION": p} if p else {}) is None
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cublas_attention_is_judged_against_rounded_normalized_probabilities(precision):
+    """The cuBLAS extern of an attention kernel runs the softmax as eager torch ops and rounds the
+    normalized probabilities for the value GEMM: it is no flash loop, so its check must not defer
+    the row factor (with it, every bf16 cuBLAS attention config was rejected: 1.9e-3 > 1e-3)."""
+    from lumc.backends.precision import emulation
+    from lumc.compiler.runtime.extern import run_extern_numpy
+    k = _kernel("attention", _attn(False), [((2, 3, L, D), dt.f32)] * 3)
+    cfg = {"IMPL": "cublas", "PRECISION": precision}
+    assert deferred_factors(k, cfg) is None
+    ins = _inputs(1, 3.0)
+    got = run_extern_numpy(k, cfg, ins)[0]
+    emu = ReferenceExecutor(k.meaning, **emulation(k, cfg))(
+        {f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    assert max_rel_error(got, emu) < 1e-5
