@@ -164,6 +164,9 @@ def extern_configs(kernel: Kernel, dev: DeviceSpec | None = None) -> list[dict]:
                 continue
             if impl == "sdpa" and p == "tf32" and d == "f32" and "ieee" in precs:
                 continue        # SDPA's fp32 kernel has no TF32 mode (see SDPA_FP32_PRECISION)
+            if impl == "sdpa" and p in ("bf16", "fp16") and d == "f32" and \
+                    not sdpa_half_ok(kernel, p):
+                continue        # its mask would change in the half type (sdpa_half_ok)
             out.append({"IMPL": impl} if p is None else {"IMPL": impl, "PRECISION": p})
     return out
 
@@ -316,6 +319,7 @@ def sdpa_mask_nodes(kernel: Kernel) -> list:
 # see whether SDPA can run it without a mask or with ``is_causal``; larger ones are read as dense
 MASK_EVAL_MAX = 1 << 24
 _MASK_KINDS: dict[str, str] = {}
+_MASK_HALF_EXACT: dict[str, dict] = {}
 
 
 def sdpa_mask_kind(kernel: Kernel) -> str:
@@ -340,27 +344,41 @@ def sdpa_mask_kind(kernel: Kernel) -> str:
     return hit
 
 
-def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
+def _mask_values(kernel: Kernel, nodes: list, feed: dict | None = None):
+    """The mask SDPA gets before its ``c ln 2`` scale: the score function at ``S = 0`` as a float64
+    ``[batch, M, N]`` array (``feed``: values of the mask's ``Input`` nodes by name), or None over
+    :data:`MASK_EVAL_MAX` scores."""
     import numpy as np
     from lumc.backends.reference import ReferenceExecutor
     p = attention_plan(kernel)
     if p is None or p.c1.node.numel > MASK_EVAL_MAX:
-        return "dense"
+        return None
     c1 = p.c1
     ex = ReferenceExecutor(kernel.meaning)
     vals = {id(c1.node): np.zeros(c1.node.shape, c1.node.dtype.np)}
     with np.errstate(all="ignore"):
         for n in nodes:
-            vals[id(n)] = ex._eval(n, vals, False, force=True)
+            vals[id(n)] = (feed[n.arg.name] if n.op == "Input" else
+                           ex._eval(n, vals, False, force=True))
     x = p.softmax.m.srcs[0]
     beta = np.broadcast_to(vals[id(x)], x.shape).astype(np.float64).reshape(c1.node.shape)
     groups = (c1.batch_dims, c1.m_dims, c1.n_dims)
     keep = [d for g in groups for d in g]
     sub = beta[tuple(slice(None) if d in keep else 0 for d in range(len(c1.full)))]
     kept = [d for d in range(len(c1.full)) if d in keep]
-    sub = np.transpose(sub, [kept.index(d) for d in keep]).reshape(
+    return np.transpose(sub, [kept.index(d) for d in keep]).reshape(
         [prod(c1.full[d] for d in g) for g in groups])
+
+
+def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
+    import numpy as np
+    sub = _mask_values(kernel, nodes)
+    if sub is None:
+        return "dense"
     fin = np.isfinite(sub)
+    ln2c = attention_plan(kernel).softmax.scale * math.log(2.0)
+    _MASK_HALF_EXACT[kernel.content_hash()] = {h: _exact_in(sub[fin] * ln2c, h)
+                                               for h in ("bf16", "fp16")}
     if np.isnan(sub).any() or np.isposinf(sub).any() or not fin.any():
         return "dense"
     one = sub[fin].flat[0]
@@ -371,6 +389,47 @@ def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
     m, n = sub.shape[1:]
     tri = np.arange(n)[None, :] <= np.arange(m)[:, None]
     return "causal" if (fin == tri[None]).all() else "dense"
+
+
+def _exact_in(v, half: str) -> bool:
+    """Whether finite mask values ``v`` (as SDPA gets them, scaled) survive its clamp to the range
+    of ``half`` and the cast unchanged; a value at or below -2^20 that stays there after the clamp
+    masks (exp of it underflows, and it swamps any score) and may round."""
+    import ml_dtypes
+    import numpy as np
+    t = ml_dtypes.bfloat16 if half == "bf16" else np.float16
+    fi = ml_dtypes.finfo(t)
+    c = np.clip(v, float(fi.min), float(fi.max))
+    back = c.astype(t).astype(np.float64)
+    return bool(np.all((back == v) | ((v <= -2.0 ** 20) & (c <= -2.0 ** 20))))
+
+
+def sdpa_half_ok(kernel: Kernel, half: str) -> bool:
+    """Whether SDPA at ``half`` (bf16/fp16) on fp32 operands gets the kernel's mask as the model
+    has it. SDPA takes the mask in the half type: a bias is rounded to it (ALiBi at bf16: 3e-2 off
+    at L = 128), and in fp16 a finite mask value beyond its range is clamped to -65504, which no
+    longer swamps the scores of a fully masked row. Offered where no mask is passed (``none``,
+    ``causal``), where a constant mask's values are exact in the type (or still mask after the
+    clamp), and for a mask of the inputs where every input is bool and the mask, evaluated for two
+    random draws of them, is exact (a padding mask ``where(m, s, -inf)``); a float or integer
+    input's values are unknown until run time."""
+    import numpy as np
+    kind = sdpa_mask_kind(kernel)
+    if kind in ("none", "causal"):
+        return True
+    if kind == "dense":
+        return _MASK_HALF_EXACT.get(kernel.content_hash(), {}).get(half, False)
+    nodes = sdpa_mask_nodes(kernel)
+    ins = [n for n in nodes if n.op == "Input"]
+    if not all(n.dtype.is_bool for n in ins):
+        return False
+    ln2c = attention_plan(kernel).softmax.scale * math.log(2.0)
+    for seed in (0, 1):
+        rng = np.random.default_rng(seed)
+        sub = _mask_values(kernel, nodes, {n.arg.name: rng.random(n.shape) < 0.5 for n in ins})
+        if sub is None or not _exact_in(sub[np.isfinite(sub)] * ln2c, half):
+            return False
+    return True
 
 
 def sdpa_causal_share(kernel: Kernel) -> float:

@@ -122,8 +122,10 @@ def test_sdpa_at_half_precision_runs_in_it_and_passes_its_check(name, precision)
 
 
 def test_sdpa_fp16_keeps_a_large_finite_mask_finite():
-    """A -1e9 padding bias is -inf in fp16; clamped to fp16's range first, a fully masked row
-    stays the uniform average it is in the fp32 model instead of becoming NaN."""
+    """A -1e9 bias is -inf in fp16; clamped to fp16's range first it stays finite, and a fully
+    masked row is the softmax of its scores (the float64 meaning's answer: fp32 rounds the scores
+    away under -1e9 and averages the row, which is why ``sdpa_half_ok`` does not offer fp16 SDPA
+    for such a mask) instead of NaN."""
     def f(q, k, v, m):
         return softmax(_scores(q, k) + m, -1) @ v
     specs = QKV + [((B, 1, 1, LK), dt.f32)]
@@ -249,3 +251,32 @@ def test_gpu_sdpa_constant_and_causal_masks_run_on_flash_attention(name):
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         got = to_numpy(ek(*xs, config={"IMPL": "sdpa", "PRECISION": "bf16"})[0])
     assert max_rel_error(got, ref) < 3e-2
+
+
+def test_sdpa_half_configs_only_where_the_mask_survives_the_cast():
+    """SDPA takes its mask in the half type: a constant bias that bf16 rounds (ALiBi-like), a float
+    input's bias (unknown values), and in fp16 a -1e9 mask (clamped to -65504, no longer swamping
+    a fully masked row) get no half SDPA config; no mask, causal, and a bool padding mask do."""
+    import dataclasses
+    from lumc.backends.devices import H200
+    dev = dataclasses.replace(H200, dot_precisions={"f32": ("bf16", "fp16", "ieee")})
+
+    def alibi(q, k, v):
+        i = Tensor.iota((LQ, LK), 0, dt.i32).cast(dt.f32)
+        j = Tensor.iota((LQ, LK), 1, dt.i32).cast(dt.f32)
+        return softmax(_scores(q, k) + (j - i) * 0.3, -1) @ v
+
+    def shifted_1e9(q, k, v):
+        i = Tensor.iota((LQ, LK), 0, dt.i32)
+        j = Tensor.iota((LQ, LK), 1, dt.i32)
+        return softmax(_scores(q, k) + j.lt(i + 4).where(0.0, -1e9), -1) @ v
+
+    def precs(f, specs):
+        k = _kernel("attention", f, specs)
+        return sorted(c.get("PRECISION") for c in bx.extern_configs(k, dev) if c["IMPL"] == "sdpa")
+    assert precs(_plain, QKV) == ["bf16", "fp16", "ieee"]
+    assert precs(_causal, QKV) == ["bf16", "fp16", "ieee"]
+    assert precs(_bool_mask, CASES["bool-mask"][1]) == ["bf16", "fp16", "ieee"]
+    assert precs(alibi, QKV) == ["ieee"]
+    assert precs(_bias_epilogue, CASES["bias+epilogue"][1]) == ["ieee"]
+    assert precs(shifted_1e9, QKV) == ["bf16", "ieee"]
