@@ -237,7 +237,7 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         scores = c1.batch * c1.M * c1.N
         kind = sdpa_mask_kind(kernel)
         flops *= sdpa_causal_share(kernel)
-        nbytes = (qkv + out_n + (scores if kind in ("input", "dense") else 0)) * ksz
+        nbytes = (qkv + out_n + (scores if kind in ("input", "dense", "unknown") else 0)) * ksz
         # FlashAttention / the memory-efficient kernel on tensor cores for half types; fp32 runs
         # the memory-efficient kernel in split TF32 whatever PRECISION says
         peak_a = peak if ksz <= 2 else dev.dot_peak(SDPA_FP32_PRECISION)
@@ -319,6 +319,10 @@ def sdpa_mask_nodes(kernel: Kernel) -> list:
 # see whether SDPA can run it without a mask or with ``is_causal``; larger ones are read as dense
 MASK_EVAL_MAX = 1 << 24
 _MASK_KINDS: dict[str, str] = {}
+# a mask value (natural-log units, as SDPA adds it) at or below this is masked: added to any score
+# under 1e29 in fp32 it rounds to itself and its exp is 0, as -inf's (finfo(float32).min scaled by
+# 1/sqrt(d) is ~-3e37; -1e9 or -1e4 masks are not: a large enough score would still show through)
+MASKED_LOGIT = -1e30
 _MASK_HALF_EXACT: dict[str, dict] = {}
 
 
@@ -331,8 +335,12 @@ def sdpa_mask_kind(kernel: Kernel) -> str:
     * ``"causal"``: one finite value where key ``j <= `` query ``i`` and ``-inf`` elsewhere, in every
       batch: ``is_causal=True`` (SDPA's top-left aligned lower triangle), FlashAttention again,
       skipping the masked key blocks;
-    * ``"dense"``: anything else (or a score tensor over :data:`MASK_EVAL_MAX`): an ``attn_mask``,
-      computed once per device.
+    * ``"dense"``: anything else: an ``attn_mask``, computed once per device;
+    * ``"unknown"``: a constant mask over :data:`MASK_EVAL_MAX` scores, too large to evaluate here:
+      priced as dense; the runtime computes it once on its device and classifies it there
+      (``compiler/runtime/extern_sdpa.py``), so a large causal mask still runs ``is_causal``.
+
+    Masked means ``-inf`` or at most :data:`MASKED_LOGIT` once scaled (HF's ``finfo.min``).
     """
     nodes = sdpa_mask_nodes(kernel)
     if any(n.op == "Input" for n in nodes):
@@ -374,21 +382,25 @@ def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
     import numpy as np
     sub = _mask_values(kernel, nodes)
     if sub is None:
-        return "dense"
+        return "unknown"
     fin = np.isfinite(sub)
     ln2c = attention_plan(kernel).softmax.scale * math.log(2.0)
     _MASK_HALF_EXACT[kernel.content_hash()] = {h: _exact_in(sub[fin] * ln2c, h)
                                                for h in ("bf16", "fp16")}
-    if np.isnan(sub).any() or np.isposinf(sub).any() or not fin.any():
+    if np.isnan(sub).any() or np.isposinf(sub).any():
         return "dense"
-    one = sub[fin].flat[0]
-    if not (sub[fin] == one).all():
+    # masked: -inf, or a value that swamps any score short of fp32 overflow (HF's finfo.min masks)
+    masked = ~fin | (sub * ln2c <= MASKED_LOGIT)
+    if masked.all():
         return "dense"
-    if fin.all():
+    one = sub[~masked].flat[0]
+    if not (sub[~masked] == one).all():
+        return "dense"
+    if not masked.any():
         return "none"
     m, n = sub.shape[1:]
     tri = np.arange(n)[None, :] <= np.arange(m)[:, None]
-    return "causal" if (fin == tri[None]).all() else "dense"
+    return "causal" if (~masked == tri[None]).all() else "dense"
 
 
 def _exact_in(v, half: str) -> bool:

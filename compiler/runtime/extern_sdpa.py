@@ -243,7 +243,12 @@ class SdpaAttention:
             mask = mask.to(q.dtype)
             capturing = str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
             if self._mask_fixed and not capturing:
-                self._masks[mkey] = mask
+                if self.mask_kind == "unknown":     # too large to classify on the host
+                    self.mask_kind = _classify_mask(mask, ln2c)
+                if self.mask_kind in ("none", "causal"):
+                    mask = None
+                else:
+                    self._masks[mkey] = mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.alpha * ln2c,
                                              is_causal=self.mask_kind == "causal")
         # back to C2's output layout: [batch.., query.., value..] at their dims, 1 elsewhere
@@ -254,6 +259,27 @@ class SdpaAttention:
         t = t.to(_torch_dt(c2.node))
         fin = TorchEvaluator(self.kernel, feed, device, {c2.node: t}, ev.memo, self.constants)
         return [fin(o) for o in self.kernel.meaning.outputs.values()]
+
+
+def _classify_mask(mask, ln2c: float) -> str:
+    """``lumc.backends.extern.sdpa_mask_kind``'s verdict on a computed ``[batch, M, N]`` mask (in
+    SDPA's units, already scaled by ``ln2c``), on its own device: ``none``, ``causal`` or
+    ``dense``."""
+    import torch
+    from lumc.backends.extern import MASKED_LOGIT
+    m = mask.float()
+    if bool(torch.isnan(m).any()) or bool(torch.isposinf(m).any()):
+        return "dense"
+    masked = ~torch.isfinite(m) | (m <= MASKED_LOGIT)
+    if bool(masked.all()):
+        return "dense"
+    vals = m[~masked]
+    if not bool((vals == vals[0]).all()):
+        return "dense"
+    if not bool(masked.any()):
+        return "none"
+    tri = torch.ones(m.shape[-2:], dtype=torch.bool, device=m.device).tril()
+    return "causal" if bool(torch.equal(~masked, tri.expand_as(masked))) else "dense"
 
 
 def _torch_dt(n: Node):

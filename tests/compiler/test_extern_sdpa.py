@@ -280,3 +280,43 @@ def test_sdpa_half_configs_only_where_the_mask_survives_the_cast():
     assert precs(alibi, QKV) == ["ieee"]
     assert precs(_bias_epilogue, CASES["bias+epilogue"][1]) == ["ieee"]
     assert precs(shifted_1e9, QKV) == ["bf16", "ieee"]
+
+
+def _causal_filled(fill):
+    def f(q, k, v):
+        i = Tensor.iota((LQ, LK), 0, dt.i32)
+        j = Tensor.iota((LQ, LK), 1, dt.i32)
+        return softmax(_scores(q, k) + j.lt(i + 1).where(0.0, fill), -1) @ v
+    return f
+
+
+@pytest.mark.parametrize("fill, kind", [(float(np.finfo(np.float32).min), "causal"),
+                                        (-1e9, "dense"), (float("-inf"), "causal")])
+def test_sdpa_hf_style_causal_mask(fill, kind):
+    """HF's additive causal mask (finfo.min above the diagonal) is is_causal: added to any score
+    under 1e29 it rounds to itself, as -inf does; -1e9 is not (a large score shows through)."""
+    k = _kernel("attention", _causal_filled(fill), QKV)
+    assert bx.sdpa_mask_kind(k) == kind
+    ins = _inputs(QKV, seed=2)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    assert max_rel_error(run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0], ref) < 1e-5
+
+
+@pytest.mark.parametrize("f, kind", [(_causal, "causal"), (_plain, "none"),
+                                     (_shifted_causal, "dense")])
+def test_sdpa_mask_too_large_for_the_host_is_classified_on_its_device(monkeypatch, f, kind):
+    """Over MASK_EVAL_MAX scores the host cannot evaluate the mask ("unknown", priced as dense);
+    the first call computes it on its device and classifies it there: a causal one then runs
+    is_causal with no mask kept (an LLM's 32 x 2048 x 2048 causal mask, 1 GiB in bf16)."""
+    from lumc.compiler.runtime.extern import _EXTERN
+    monkeypatch.setattr(bx, "MASK_EVAL_MAX", 0)
+    monkeypatch.setattr(bx, "_MASK_KINDS", {})
+    k = _kernel("attention", f, QKV)
+    assert bx.sdpa_mask_kind(k) == "unknown"
+    ins = _inputs(QKV, seed=4)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    for _ in range(2):
+        assert max_rel_error(run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0], ref) < 1e-5
+    sd = _EXTERN[k]["sdpa"]._sdpa
+    assert sd.mask_kind == kind
+    assert len(sd._masks) == (1 if kind == "dense" else 0)
