@@ -320,3 +320,20 @@ def test_sdpa_mask_too_large_for_the_host_is_classified_on_its_device(monkeypatc
     sd = _EXTERN[k]["sdpa"]._sdpa
     assert sd.mask_kind == kind
     assert len(sd._masks) == (1 if kind == "dense" else 0)
+
+
+def test_scores_written_transposed_are_not_sdpa():
+    """Scores written ``(k @ q^T)^T`` pair queries and keys the other way round in the score
+    contraction: SDPA would take k for the query (0.93 off); like the Triton renderer, the plan
+    refuses the view and cuBLAS serves it."""
+    tril = np.tril(np.ones((LQ, LQ), bool))
+
+    def f(q, k, v):
+        s = (k @ q.transpose(-1, -2)).transpose(-1, -2) * D ** -0.5
+        return softmax(Tensor.const(tril).where(s, float("-inf")), -1) @ v
+    specs = [((B, H, LQ, D), dt.f32)] * 3
+    k = _kernel("attention", f, specs)
+    assert bx.extern_impls(k) == ["cublas"]
+    ins = _inputs(specs)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    assert max_rel_error(run_extern_numpy(k, {"IMPL": "cublas"}, ins)[0], ref) < 1e-5
