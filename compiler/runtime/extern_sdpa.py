@@ -237,14 +237,16 @@ class SdpaAttention:
             fr1 = c1.node.shape
             mask = _compact((beta.to(torch.float32) * ln2c).reshape(fr1), c1,
                             (c1.batch_dims, c1.m_dims, c1.n_dims))
+            capturing = str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
+            if self._mask_fixed and not capturing and self.mask_kind == "unknown":
+                # too large to classify on the host; classified as the model has it (fp32), not
+                # as the first call's precision rounds it: the verdict serves every later call
+                self.mask_kind = _classify_mask(mask, ln2c)
             if q.dtype != mask.dtype:       # finite values stay finite: -1e9 is not -inf in fp16
                 fi = torch.finfo(q.dtype)
                 mask = torch.where(torch.isfinite(mask), mask.clamp(fi.min, fi.max), mask)
             mask = mask.to(q.dtype)
-            capturing = str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
             if self._mask_fixed and not capturing:
-                if self.mask_kind == "unknown":     # too large to classify on the host
-                    self.mask_kind = _classify_mask(mask, ln2c)
                 if self.mask_kind in ("none", "causal"):
                     mask = None
                 else:

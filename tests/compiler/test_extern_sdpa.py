@@ -337,3 +337,43 @@ def test_scores_written_transposed_are_not_sdpa():
     ins = _inputs(specs)
     ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
     assert max_rel_error(run_extern_numpy(k, {"IMPL": "cublas"}, ins)[0], ref) < 1e-5
+
+
+def test_scores_transposed_after_the_scale_are_not_sdpa():
+    """The transpose may follow an op on the scores (``((k @ q^T) * c)^T``, ``(k @ q^T + 0)^T``):
+    a view of a value computed from the scores moves their elements just as one of the scores
+    does (SDPA took k for the query: 0.93 off); reshapes still pass."""
+    tril = np.tril(np.ones((LQ, LQ), bool))
+
+    def after_scale(q, k, v):
+        s = ((k @ q.transpose(-1, -2)) * D ** -0.5).transpose(-1, -2)
+        return softmax(Tensor.const(tril).where(s, float("-inf")), -1) @ v
+
+    def reshaped(q, k, v):
+        s = ((q @ k.transpose(-1, -2)) * D ** -0.5).reshape((B * H, LQ, LQ)).reshape((B, H, LQ, LQ))
+        return softmax(Tensor.const(tril).where(s, float("-inf")), -1) @ v
+    specs = [((B, H, LQ, D), dt.f32)] * 3
+    assert bx.extern_impls(_kernel("attention", after_scale, specs)) == ["cublas"]
+    k = _kernel("attention", reshaped, specs)
+    assert bx.extern_impls(k) == ["sdpa", "cublas"]
+    ins = _inputs(specs)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    assert max_rel_error(run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0], ref) < 1e-5
+
+
+def test_device_mask_classification_ignores_the_first_calls_precision(monkeypatch):
+    """An "unknown" mask is classified once; a first call at PRECISION=bf16 rounded a small bias
+    (100 + 0.01 j) to one value ("none") and every later fp32 call ran without it (3e-2 off)."""
+    from lumc.compiler.runtime.extern import _EXTERN
+    monkeypatch.setattr(bx, "MASK_EVAL_MAX", 0)
+    monkeypatch.setattr(bx, "_MASK_KINDS", {})
+
+    def f(q, k, v):
+        j = Tensor.iota((LQ, LK), 1, dt.i32).cast(dt.f32)
+        return softmax(_scores(q, k) + (j * 0.01 + 100.0), -1) @ v
+    k = _kernel("attention", f, QKV)
+    ins = _inputs(QKV, seed=1)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    run_extern_numpy(k, {"IMPL": "sdpa", "PRECISION": "bf16"}, ins)
+    assert _EXTERN[k]["sdpa"]._sdpa.mask_kind == "dense"
+    assert max_rel_error(run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0], ref) < 1e-5
