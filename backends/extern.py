@@ -142,13 +142,6 @@ def attention_plan(kernel: Kernel):
     if any(n.op == "View" and n.srcs[0] in (p.c1.node, sm.m, sm.s) and not p.tile_view_ok(n)
            for n in kernel.meaning.nodes()):
         return None
-    # ... and so does every view between the scores and the softmax's input: SDPA reads the score
-    # function at S and the mask (``_mask_values``) in C1's element order, so a view of a value
-    # computed from the scores (``((k @ q^T) * c)^T``: the transpose after the scale) may only
-    # reshape, never move elements
-    if any(n.op == "View" and n.srcs[0] is not p.c1.node and not _order_kept(n)
-           for n in _score_function(p)):
-        return None
     g = p.g
     while g.op in ("View", "Cast"):
         g = g.srcs[0]
@@ -156,38 +149,6 @@ def attention_plan(kernel: Kernel):
     while s is not None and s.op in ("View", "Cast"):
         s = s.srcs[0]
     return p if s is p.softmax.s else None
-
-
-def _score_function(p) -> list:
-    """The nodes between C1's scores and the softmax's input (both included) that read the scores."""
-    x = p.softmax.m.srcs[0]
-    order, seen, stack = [], set(), [(x, False)]
-    while stack:
-        n, done = stack.pop()
-        if done:
-            order.append(n)
-            continue
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        stack.append((n, True))
-        if n is not p.c1.node:
-            stack.extend((s, False) for s in n.srcs)
-    reads = {id(p.c1.node)}
-    for n in order:
-        if any(id(s) in reads for s in n.srcs):
-            reads.add(id(n))
-    return [n for n in order if id(n) in reads]
-
-
-def _order_kept(n) -> bool:
-    """Whether view ``n`` reads its source in its own element order (a reshape)."""
-    from lumc.ir.views import contiguous_strides
-    v, src = n.arg, n.srcs[0]
-    if v.offset or v.mask is not None or n.numel != src.numel:
-        return False
-    return all(d == 1 or st == cs
-               for d, st, cs in zip(v.shape, v.strides, contiguous_strides(tuple(v.shape))))
 
 
 # operand precisions torch's vendor GEMMs run (``allow_tf32`` off/on, operands rounded to half, or

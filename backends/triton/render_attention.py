@@ -119,6 +119,7 @@ class AttentionPlan:
         check_epilogue(nodes, after, c2.node)
         self.e = self.softmax.s.srcs[0]             # exp2((x - max) * c): the sum's operand
         self._match_dims()
+        self._check_score_views()
         if self.pushed:
             self._match_pushed(left)
             return
@@ -133,6 +134,32 @@ class AttentionPlan:
         if dims_used(self.g) & set(self.plan.axes):
             raise RenderError("the softmax's normalizer varies along the keys")
         self._check_p_view()
+
+    def _check_score_views(self) -> None:
+        """Every view between the scores and the softmax's input, of a value computed from the
+        scores, only reshapes: the flash loop (and SDPA, ``backends/extern.py``) evaluates the
+        score function on the score tile in C1's element order, so ``((k @ q^T) * c)^T``, the
+        transpose after the scale, would pair each query with the wrong keys (0.93 off)."""
+        x = self.softmax.m.srcs[0]
+        order, seen, stack = [], set(), [(x, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                order.append(n)
+                continue
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            stack.append((n, True))
+            if n is not self.c1.node:
+                stack.extend((s, False) for s in n.srcs)
+        reads = {id(self.c1.node)}
+        for n in order:
+            if any(id(s) in reads for s in n.srcs):
+                reads.add(id(n))
+                if n.op == "View" and n.srcs[0] is not self.c1.node and not _order_kept(n):
+                    raise RenderError(f"node {n!r}: the score function moves elements of the "
+                                      "scores through a view")
 
     def _match_pushed(self, left: Node) -> None:
         """``C2.a = E2 * G2`` over C2's full shape: ``E2 = exp2((x2 - max) * c)`` (the softmax's
@@ -228,6 +255,14 @@ class AttentionPlan:
             elif src.shape[j] != d or st != cs[j]:
                 return False
         return True
+
+
+def _order_kept(n: Node) -> bool:
+    """Whether view ``n`` reads its source in its own element order (a reshape)."""
+    v, src = n.arg, n.srcs[0]
+    if v.offset or v.mask is not None or n.numel != src.numel:
+        return False
+    return all(d == 1 or st == cs for d, st, cs in zip(v.shape, v.strides, contiguous_strides(v.shape)))
 
 
 def _is_exp_of_row(e: Node, sm: OnlineSoftmax) -> bool:

@@ -221,3 +221,22 @@ def test_simulator_prices_attention_at_the_shared_memory_it_takes(case):
         want = configs.attention_shared_memory(rk.problem, kw)
         assert simulator._smem_bytes(k, kw, ins[0][1].itemsize) == want
         simulator.simulate_kernel_time(k, kw, get_device("h200"))   # legal configs price
+
+
+def test_score_function_view_that_moves_elements_is_refused():
+    """``((k @ q^T) * c)^T``: the transpose comes after the scale, a view of a value computed
+    from the scores; the flash loop evaluates the score function in the scores' own element
+    order, so rendering it paired each query with the wrong keys (0.93 off; the search's check
+    caught it). The plan refuses it; ``(q @ k^T) * c`` renders."""
+    from lumc.backends.triton.benchcases import _kernel as _k
+    from lumc.backends.triton.render_attention import AttentionPlan
+    from lumc.ir.tensor import Tensor as _T
+    tril = np.tril(np.ones((12, 12), bool))
+    bad = _k("attention", lambda q, k, v: softmax(_T.const(tril).where(
+        ((k @ q.transpose(-1, -2)) * 0.25).transpose(-1, -2), float("-inf")), -1) @ v,
+        [((2, 3, 12, 16), dt.f32)] * 3)
+    with pytest.raises(RenderError, match="moves elements"):
+        AttentionPlan(bad)
+    good = _k("attention", lambda q, k, v: softmax(_T.const(tril).where(
+        (q @ k.transpose(-1, -2)) * 0.25, float("-inf")), -1) @ v, [((2, 3, 12, 16), dt.f32)] * 3)
+    AttentionPlan(good)
