@@ -54,6 +54,7 @@ the torch path itself.
 from __future__ import annotations
 
 import math
+import weakref
 
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.extern_conv import conv_plan, conv_plans
@@ -121,12 +122,22 @@ def extern_impls(kernel: Kernel) -> list[str]:
             + (["cudnn"] if conv_plans(_contractions(kernel)) else []))
 
 
+_PLANS: "weakref.WeakKeyDictionary[Kernel, object]" = weakref.WeakKeyDictionary()
+
+
 def attention_plan(kernel: Kernel):
     """The ``AttentionPlan`` of an ``attention`` kernel that SDPA can compute structurally (the
-    probabilities a view of ``exp2(...) / sum``), else None. Whether its score function is affine
-    (a scale and a mask) is checked numerically by ``lumc.compiler.runtime.extern_sdpa``."""
+    probabilities a view of ``exp2(...) / sum``), else None; once per kernel object (the search
+    prices every extern config through it). Whether its score function is affine (a scale and a
+    mask) is checked numerically by ``lumc.compiler.runtime.extern_sdpa``."""
     if kernel.form != "attention":
         return None
+    if kernel not in _PLANS:
+        _PLANS[kernel] = _attention_plan(kernel)
+    return _PLANS[kernel]
+
+
+def _attention_plan(kernel: Kernel):
     from lumc.backends.triton.codegen import RenderError
     from lumc.backends.triton.render_attention import AttentionPlan
     try:
@@ -305,21 +316,11 @@ def sdpa_mask_nodes(kernel: Kernel) -> list:
     first, not through the score contraction (an operand's value it reads directly, a QK-norm's
     row factor applied to the scores, is among them). A mask none of whose nodes is an ``Input``
     (a causal mask of iotas, a constant bias) is the same on every call."""
+    from lumc.ir.graph import toposort
     p = attention_plan(kernel)
     if p is None:
         return []
-    out, seen, stack = [], {id(p.c1.node)}, [(p.softmax.m.srcs[0], False)]
-    while stack:
-        n, done = stack.pop()
-        if done:
-            out.append(n)
-            continue
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        stack.append((n, True))
-        stack.extend((x, False) for x in n.srcs)
-    return out
+    return [n for n in toposort([p.softmax.m.srcs[0]], stop=[p.c1.node]) if n is not p.c1.node]
 
 
 # the largest score tensor whose constant mask is evaluated (on the CPU, once per kernel content) to
@@ -389,6 +390,7 @@ def _mask_values(kernel: Kernel, nodes: list, feed: dict | None = None):
 
 def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
     import numpy as np
+    import torch
     sub = _mask_values(kernel, nodes)
     if sub is None:
         return "unknown"
@@ -396,20 +398,28 @@ def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
     ln2c = attention_plan(kernel).softmax.scale * math.log(2.0)
     _MASK_HALF_EXACT[kernel.content_hash()] = {h: _exact_in(sub[fin] * ln2c, h)
                                                for h in ("bf16", "fp16")}
-    if np.isnan(sub).any() or np.isposinf(sub).any():
+    return classify_mask(torch.from_numpy(sub * ln2c))
+
+
+def classify_mask(mask) -> str:
+    """``none``, ``causal`` or ``dense`` (:func:`sdpa_mask_kind`) for a computed ``[batch, M, N]``
+    mask tensor in SDPA's units (scaled by ``c ln 2``), on whatever device holds it: the host's
+    evaluation here, the runtime's of a mask too large for the host (``extern_sdpa``)."""
+    import torch
+    m = mask.double() if mask.device.type == "cpu" else mask.float()
+    if bool(torch.isnan(m).any()) or bool(torch.isposinf(m).any()):
         return "dense"
     # masked: -inf, or a value that swamps any score short of fp32 overflow (HF's finfo.min masks)
-    masked = ~fin | (sub * ln2c <= MASKED_LOGIT)
-    if masked.all():
+    masked = ~torch.isfinite(m) | (m <= MASKED_LOGIT)
+    if bool(masked.all()):
         return "dense"
-    one = sub[~masked].flat[0]
-    if not (sub[~masked] == one).all():
+    vals = m[~masked]
+    if not bool((vals == vals[0]).all()):
         return "dense"
-    if not masked.any():
+    if not bool(masked.any()):
         return "none"
-    m, n = sub.shape[1:]
-    tri = np.arange(n)[None, :] <= np.arange(m)[:, None]
-    return "causal" if (~masked == tri[None]).all() else "dense"
+    tri = torch.ones(m.shape[-2:], dtype=torch.bool, device=m.device).tril()
+    return "causal" if bool(torch.equal(~masked, tri.expand_as(masked))) else "dense"
 
 
 def _exact_in(v, half: str) -> bool:

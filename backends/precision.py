@@ -99,8 +99,8 @@ def emulation(kernel, config: dict | None) -> dict:
     out = {"dot_operands": dot_rounding(cfg), "factored": deferred_factors(kernel, cfg)}
     if out["dot_operands"] is not None and cfg.get("IMPL") == "sdpa" and \
             cfg.get("PRECISION") in ("bf16", "fp16") and out["factored"]:
-        from lumc.backends.triton.render_attention import AttentionPlan
-        c2 = AttentionPlan(kernel).c2
+        from lumc.backends.extern import attention_plan
+        c2 = attention_plan(kernel).c2
         if c2.node.dtype.itemsize == 4:
             out["rounded"] = {id(c2.node)}
     return out

@@ -170,10 +170,10 @@ class ReferenceExecutor:
             r = run[..., ends]
             rounded = np.where(r > 0, self.dot_operands(flat / r, ()) * r, flat)
         back = np.transpose(rounded.reshape(moved.shape), np.argsort(rest + keys))
-        if full is not None:
-            back = np.broadcast_to(back, full)
+        g, _ = _compact_broadcast(g)
         with np.errstate(all="ignore"):
-            return (back * g).astype(np.float32)
+            out = (back * g).astype(np.float32)   # in the numerator's compact shape: the einsum
+        return out if full is None else np.broadcast_to(out, full)   # keeps it a broadcast
 
     def _eval(self, n: Node, vals, f64: bool, force: bool = False) -> np.ndarray:
         row = OPS[n.op]

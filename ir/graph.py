@@ -162,8 +162,10 @@ def view_node(src: Node, fn) -> Node:
     return src if v.is_identity_of(src.shape) else node("View", (src,), v)
 
 
-def toposort(roots) -> list[Node]:
-    """Every node reachable from ``roots``, operands before users (iterative; deep graphs are fine)."""
+def toposort(roots, stop=()) -> list[Node]:
+    """Every node reachable from ``roots``, operands before users (iterative; deep graphs are fine).
+    A node in ``stop`` (a collection of nodes) is listed but its operands are not followed."""
+    stop_ids = {id(x) for x in stop}
     order, seen = [], set()
     for root in roots:
         if id(root) in seen:
@@ -178,6 +180,8 @@ def toposort(roots) -> list[Node]:
                 continue
             seen.add(id(n))
             stack.append((n, True))
+            if id(n) in stop_ids:
+                continue
             for s in reversed(n.srcs):
                 if id(s) not in seen:
                     stack.append((s, False))

@@ -140,21 +140,8 @@ class AttentionPlan:
         scores, only reshapes: the flash loop (and SDPA, ``backends/extern.py``) evaluates the
         score function on the score tile in C1's element order, so ``((k @ q^T) * c)^T``, the
         transpose after the scale, would pair each query with the wrong keys (0.93 off)."""
-        x = self.softmax.m.srcs[0]
-        order, seen, stack = [], set(), [(x, False)]
-        while stack:
-            n, done = stack.pop()
-            if done:
-                order.append(n)
-                continue
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            stack.append((n, True))
-            if n is not self.c1.node:
-                stack.extend((s, False) for s in n.srcs)
         reads = {id(self.c1.node)}
-        for n in order:
+        for n in toposort([self.softmax.m.srcs[0]], stop=[self.c1.node]):
             if any(id(s) in reads for s in n.srcs):
                 reads.add(id(n))
                 if n.op == "View" and n.srcs[0] is not self.c1.node and not _order_kept(n):

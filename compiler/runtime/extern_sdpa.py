@@ -161,10 +161,10 @@ class SdpaAttention:
         if alpha is None:
             alpha = _ALPHAS[key] = self._probe_alpha()
         self.alpha = alpha
-        # a mask of iotas and constants only (causal, a fixed bias) is computed once per device
-        # and dtype, outside a CUDA-graph capture (a tensor allocated in one belongs to its pool)
+        # a constant or causal mask is no mask (SDPA may then pick FlashAttention); another mask
+        # of iotas and constants is computed once per device and dtype, outside a CUDA-graph
+        # capture (a tensor allocated in one belongs to its pool)
         from lumc.backends.extern import sdpa_mask_kind
-        # a constant or causal mask is no mask: SDPA may then pick FlashAttention
         self.mask_kind = sdpa_mask_kind(kernel)
         self._mask_fixed = self.mask_kind != "input"
         self._masks: dict = {}
@@ -241,7 +241,8 @@ class SdpaAttention:
             if self._mask_fixed and not capturing and self.mask_kind == "unknown":
                 # too large to classify on the host; classified as the model has it (fp32), not
                 # as the first call's precision rounds it: the verdict serves every later call
-                self.mask_kind = _classify_mask(mask, ln2c)
+                from lumc.backends.extern import classify_mask
+                self.mask_kind = classify_mask(mask)
             if q.dtype != mask.dtype:       # finite values stay finite: -1e9 is not -inf in fp16
                 fi = torch.finfo(q.dtype)
                 mask = torch.where(torch.isfinite(mask), mask.clamp(fi.min, fi.max), mask)
@@ -261,27 +262,6 @@ class SdpaAttention:
         t = t.to(_torch_dt(c2.node))
         fin = TorchEvaluator(self.kernel, feed, device, {c2.node: t}, ev.memo, self.constants)
         return [fin(o) for o in self.kernel.meaning.outputs.values()]
-
-
-def _classify_mask(mask, ln2c: float) -> str:
-    """``lumc.backends.extern.sdpa_mask_kind``'s verdict on a computed ``[batch, M, N]`` mask (in
-    SDPA's units, already scaled by ``ln2c``), on its own device: ``none``, ``causal`` or
-    ``dense``."""
-    import torch
-    from lumc.backends.extern import MASKED_LOGIT
-    m = mask.float()
-    if bool(torch.isnan(m).any()) or bool(torch.isposinf(m).any()):
-        return "dense"
-    masked = ~torch.isfinite(m) | (m <= MASKED_LOGIT)
-    if bool(masked.all()):
-        return "dense"
-    vals = m[~masked]
-    if not bool((vals == vals[0]).all()):
-        return "dense"
-    if not bool(masked.any()):
-        return "none"
-    tri = torch.ones(m.shape[-2:], dtype=torch.bool, device=m.device).tril()
-    return "causal" if bool(torch.equal(~masked, tri.expand_as(masked))) else "dense"
 
 
 def _torch_dt(n: Node):

@@ -307,7 +307,7 @@ def test_sdpa_hf_style_causal_mask(fill, kind):
 def test_sdpa_mask_too_large_for_the_host_is_classified_on_its_device(monkeypatch, f, kind):
     """Over MASK_EVAL_MAX scores the host cannot evaluate the mask ("unknown", priced as dense);
     the first call computes it on its device and classifies it there: a causal one then runs
-    is_causal with no mask kept (an LLM's 32 x 2048 x 2048 causal mask, 1 GiB in bf16)."""
+    is_causal with no mask kept (an LLM's 32 x 2048 x 2048 causal mask, 256 MiB in bf16)."""
     from lumc.compiler.runtime.extern import _EXTERN
     monkeypatch.setattr(bx, "MASK_EVAL_MAX", 0)
     monkeypatch.setattr(bx, "_MASK_KINDS", {})
