@@ -7,6 +7,15 @@ Reshape``...) collapse and the shapes they compute become plain ints for the han
 
 Leaves and views of constant leaves stay as they are (a ``ConstantOfShape`` is one scalar plus a
 broadcast view); they are evaluated only when a handler asks for their value.
+
+An *index expression* stays as it is too: elementwise ops and views over ``Iota`` and scalar
+constants only (``arange(L)[:, None] >= arange(S)``, a causal mask; ``arange(n) * 2 + 1``). A kernel
+computes it from its indices for free, where a folded constant is an array to store in the artifact
+and read on every call, and folding hides the structure downstream stages look for: the attention
+form's mask evaluation sees an index expression as the causal triangle (SDPA runs it with
+``is_causal``, FlashAttention skipping the masked key blocks), a folded mask as an opaque input.
+Handlers still get its value through :meth:`ConstantFolder.value`; the e-graph's constant folding
+(``lumc.compiler.core.constfold``) still folds the ones a gather index is computed from.
 """
 from __future__ import annotations
 
@@ -14,6 +23,7 @@ import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.graph import Graph, Node, const_node
+from lumc.ir.ops import ELEMENTWISE
 from lumc.ir.symbolic import held
 from lumc.ir.tensor import Tensor
 
@@ -25,6 +35,7 @@ class ConstantFolder:
 
     def __init__(self):
         self._dynamic: dict[Node, bool] = {}
+        self._index: dict[Node, int] = {}
         self._values: dict[Node, np.ndarray] = {}
 
     def is_dynamic(self, n: Node) -> bool:
@@ -44,6 +55,30 @@ class ConstantFolder:
             stack.append((m, True))
             stack.extend((s, False) for s in m.srcs if s not in memo)
         return memo[n]
+
+    def is_index_expression(self, n: Node) -> bool:
+        """Whether ``n`` is elementwise ops and views over ``Iota`` leaves and scalar constants
+        only, with at least one ``Iota`` (see the module docstring)."""
+        # 0: something else; 1: scalar constants only (broadcast or not); 2: an index expression
+        memo = self._index
+        stack = [(n, False)]
+        while stack:
+            m, ready = stack.pop()
+            if m in memo:
+                continue
+            if m.op == "Iota":
+                memo[m] = 2
+            elif m.op == "Constant":
+                memo[m] = 1 if m.numel == 1 else 0
+            elif m.op != "View" and m.op not in ELEMENTWISE:
+                memo[m] = 0
+            elif ready:
+                kinds = [memo[s] for s in m.srcs]
+                memo[m] = 0 if 0 in kinds else max(kinds)
+            else:
+                stack.append((m, True))
+                stack.extend((s, False) for s in m.srcs if s not in memo)
+        return memo[n] == 2
 
     def input_names(self, n: Node) -> list[str]:
         """Names of the graph inputs ``n`` depends on, in first-seen order."""
@@ -79,6 +114,8 @@ class ConstantFolder:
         if n.op == "View" and n.srcs[0].op in _LAZY_LEAVES:
             return t
         if held(n.shape):      # its size is a probed dynamic dim: kept as a computation
+            return t
+        if self.is_index_expression(n):
             return t
         folded = Tensor(const_node(self.value(t)))
         self._dynamic[folded.node] = False

@@ -5,7 +5,9 @@ caller (weights as constants, user inputs as ``Input`` leaves); symbolic sizes (
 arithmetic on SymInts) evaluate to plain ints, since the concrete input shapes fix them; each ATen
 call goes to its handler (:mod:`.registry`). Every tensor result that does not depend on an input is
 folded to a constant on the spot (the ONNX frontend's :class:`ConstantFolder`: the reference
-executor's numpy semantics), so masks, position ids and other shape-only subgraphs leave no trace.
+executor's numpy semantics), so shape-only subgraphs leave no trace; index expressions (elementwise
+ops over ``arange``: a causal mask) stay computations a kernel forms from its indices (see
+:mod:`lumc.compiler.frontends.onnx_frontend.folding`).
 Each result is checked against the shape and dtype PyTorch traced for it.
 """
 from __future__ import annotations
