@@ -1,4 +1,5 @@
-"""Handlers for reductions (``sum``, ``mean``, ``amax``, ``max.dim``, ``var``, ``cumsum``...), softmax
+"""Handlers for reductions (``sum``, ``mean``, ``amax``, ``max.dim``, ``var``, ``cumsum``, ``cumprod``,
+``logcumsumexp``...), softmax
 and the normalizations (``native_layer_norm``, batch norm in inference mode, ``native_group_norm``).
 
 Integer and bool sums accumulate in i64 as PyTorch does; an empty ``dim`` list means every dim.
@@ -155,6 +156,48 @@ def _cumsum(ctx, x, dim, *, dtype=None):
     if x.ndim == 0:
         return x
     return lib("reduce.cumsum")(x, normalize_axis(dim, x.ndim))
+
+
+def _prefix_grid(x: Tensor, dim: int, fill) -> tuple[Tensor, list[int]]:
+    """``x`` with ``dim`` moved last and widened to ``[..., i, j]``: ``x[..., j]`` where ``j <= i``,
+    ``fill`` elsewhere (a scan as a reduction over ``j``: ``O(n^2)`` work along ``dim``); and the
+    permutation that moves the scanned dim back."""
+    perm = [a for a in range(x.ndim) if a != dim] + [dim]
+    back = [perm.index(a) for a in range(x.ndim)]
+    xl = x.permute(perm)
+    n = xl.shape[-1]
+    grid = xl.unsqueeze([-2]).expand(xl.shape[:-1] + (n, n))
+    keep = Tensor.iota((n, n), 1).le(Tensor.iota((n, n), 0))        # j <= i
+    return keep.where(grid, grid.scalar_like(fill)), back
+
+
+@aten("cumprod.default", requires=["reduce.reduce"])
+def _cumprod(ctx, x, dim, *, dtype=None):
+    """Running product along ``dim``: each prefix reduced by ``reduce.reduce``'s product (floats:
+    within an ulp of the sequential product; integers exact, wrapping as PyTorch's)."""
+    x = x.cast(lumc_dtype(dtype)) if dtype is not None else \
+        (x.cast(dt.i64) if not x.dtype.is_float else x)
+    if x.ndim == 0 or x.numel == 0:
+        return x
+    grid, back = _prefix_grid(x, normalize_axis(dim, x.ndim), 1)
+    return lib("reduce.reduce")(grid, "prod", [-1], keepdims=False).permute(back)
+
+
+@aten("logcumsumexp.default")
+def _logcumsumexp(ctx, x, dim):
+    """``log(cumsum(exp(x)))`` along ``dim``, shifted by each prefix's max (no overflow); a prefix
+    of ``-inf`` gives ``-inf``, one holding ``+inf`` gives ``+inf``, NaN propagates. Computed in
+    the accumulator type of half inputs (f32)."""
+    if not x.dtype.is_float:
+        raise ShapeError(f"needs a floating-point tensor, got {x.dtype}")
+    if x.ndim == 0 or x.numel == 0:
+        return x
+    xa = x.cast(x.dtype.accumulator)
+    grid, back = _prefix_grid(xa, normalize_axis(dim, x.ndim), float("-inf"))
+    m = grid.max([-1], keepdims=True)
+    shift = m.isinf().logical_or(m.isnan()).where(m.scalar_like(0.0), m)
+    r = grid.sub(shift).exp().sum([-1], keepdims=True).log().add(shift)
+    return r.reshape(r.shape[:-1]).permute(back).cast(x.dtype)
 
 
 # ---- softmax ---------------------------------------------------------------------------------------

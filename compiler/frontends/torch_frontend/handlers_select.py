@@ -1,4 +1,5 @@
-"""Handlers for data-dependent selection with static shapes: ``topk``, ``sort``, ``bucketize``.
+"""Handlers for data-dependent selection with static shapes: ``topk``, ``sort``, ``bucketize``, and
+the scatters (``scatter``, ``scatter_add``, ``scatter_reduce``, ``index_put``).
 
 There is no sort primitive: an element's rank along the axis is the number of elements that must
 come before it (larger for a descending order, ties broken by the lower index), from an
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from lumc.compiler.frontends.torch_frontend.registry import aten, lib
 from lumc.ir import dtypes as dt
-from lumc.ir.tensor import Tensor, normalize_axis
+from lumc.ir.errors import ShapeError, UnsupportedOpError
+from lumc.ir.tensor import Tensor, broadcast_shapes, concat, normalize_axis
 
 
 def _gt(a: Tensor, b: Tensor) -> Tensor:
@@ -74,3 +76,91 @@ def _bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
     below = b.le(xe) if right else b.lt(xe)
     r = below.cast(dt.i64).sum([-1])
     return r.cast(dt.i32) if out_int32 else r
+
+
+# ---- scatters -------------------------------------------------------------------------------------
+# ``lumc.ir.library.scatter``: every output position compared with every update's target
+_TORCH_REDUCE = {"sum": "add", "add": "add", "prod": "mul", "multiply": "mul", "amax": "max",
+                 "amin": "min", "mean": "mean"}
+
+
+def _scatter(x: Tensor, dim: int, index: Tensor, src, reduce: str = "none",
+             include_self: bool = True) -> Tensor:
+    """PyTorch's ``scatter`` family: ``index`` may be smaller than ``src`` in every dim (only its
+    extent is read) and than ``x`` off ``dim``; a scalar ``src`` fills ``index``'s shape."""
+    if x.ndim == 0:   # PyTorch treats a 0-d scatter as a 1-element one
+        s1 = src.reshape((1,)) if isinstance(src, Tensor) else src
+        return _scatter(x.reshape((1,)), 0, index.reshape((1,)), s1, reduce,
+                        include_self).reshape(())
+    if isinstance(src, Tensor):
+        if src.ndim != index.ndim or any(s < i for s, i in zip(src.shape, index.shape)):
+            raise ShapeError(f"index {index.shape} reaches past src {src.shape}")
+        upd = src.cast(x.dtype).slice([0] * index.ndim, list(index.shape))
+    else:
+        upd = Tensor.full(index.shape, src, x.dtype)
+    red = _TORCH_REDUCE.get(reduce, reduce)
+    return lib("scatter.scatter_elements")(x, index, upd, axis=dim, reduction=red,
+                                           include_self=include_self)
+
+
+@aten("scatter.src", "scatter.value", requires=["scatter.scatter_elements"])
+def _scatter_plain(ctx, x, dim, index, src):
+    return _scatter(x, dim, index, src)
+
+
+@aten("scatter.reduce", "scatter.value_reduce", requires=["scatter.scatter_elements"])
+def _scatter_reduce_old(ctx, x, dim, index, src, *, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@aten("scatter_add.default", requires=["scatter.scatter_elements"])
+def _scatter_add(ctx, x, dim, index, src):
+    return _scatter(x, dim, index, src, "add")
+
+
+@aten("scatter_reduce.two", requires=["scatter.scatter_elements"])
+def _scatter_reduce(ctx, x, dim, index, src, reduce, *, include_self=True):
+    return _scatter(x, dim, index, src, reduce, bool(include_self))
+
+
+@aten("index_put.default", requires=["scatter.scatter_nd"])
+def _index_put(ctx, x, indices, values, accumulate=False):
+    """``x[indices] = values`` (``+=`` with ``accumulate``; ``index_copy`` and ``index_add``
+    export as this). Integer index tensors (broadcast together, adjacent, after any number of full
+    slices) become one ``ScatterND`` over the indexed dims; a boolean mask becomes a select, where
+    ``values`` broadcast over the selected positions (``x[m] = 0``, ``x[m] = row``): a ``values``
+    with one entry per selected position depends on how many the mask selects, which is known only
+    at run time (UnsupportedOpError)."""
+    idx = list(indices) + [None] * (x.ndim - len(indices))
+    pos = [i for i, t in enumerate(idx) if t is not None]
+    if not pos:
+        return values.cast(x.dtype).expand(x.shape)
+    if pos != list(range(pos[0], pos[-1] + 1)):
+        raise UnsupportedOpError("index tensors separated by a full slice (x[i, :, j] = v)")
+    a, k = pos[0], len(pos)
+    its = [idx[i] for i in pos]
+    v = values.cast(x.dtype)
+    if any(t.dtype.is_bool for t in its):
+        if k != 1:
+            raise UnsupportedOpError("a boolean mask combined with other indices")
+        m = its[0]
+        rest = x.shape[a + m.ndim:]
+        vs = v.shape
+        while vs and vs[0] == 1 and len(vs) > len(rest):
+            vs = vs[1:]
+        if len(vs) > len(rest):
+            raise UnsupportedOpError(
+                f"x[mask] = values with values of shape {tuple(v.shape)}: one value per selected "
+                f"position depends on how many the mask selects, known only at run time")
+        v = v.reshape(vs).expand(x.shape)
+        mb = m.reshape((1,) * a + m.shape + (1,) * len(rest)).expand(x.shape)
+        return mb.where(x.add(v) if accumulate else v, x)
+    b = broadcast_shapes(*(t.shape for t in its))
+    stacked = concat([t.cast(dt.i64).expand(b).unsqueeze([len(b)]) for t in its], len(b))
+    perm = list(range(a, a + k)) + list(range(a)) + list(range(a + k, x.ndim))
+    target = x.shape[:a] + b + x.shape[a + k:]
+    vp = v.expand(target).permute(list(range(a, a + len(b))) + list(range(a)) +
+                                  list(range(a + len(b), len(target))))
+    out = lib("scatter.scatter_nd")(x.permute(perm), stacked, vp,
+                                    reduction="add" if accumulate else "none")
+    return out.permute([perm.index(d) for d in range(x.ndim)])
