@@ -219,7 +219,7 @@ _FLOAT_UNARY = {
 for _name, _m in _FLOAT_UNARY.items():
     aten(f"{_name}.default")(lambda ctx, x, _m=_m: _m(float_of(x)))
 
-_LIB_UNARY = {"erf": "activations.erf", "expm1": "activations.expm1", "log1p": "activations.log1p",
+_LIB_UNARY = {"erf": "activations.erf", "erfc": "activations.erfc", "expm1": "activations.expm1", "log1p": "activations.log1p",
               "relu": "activations.relu", "silu": "activations.silu", "mish": "activations.mish",
               "hardswish": "activations.hard_swish"}
 for _name, _q in _LIB_UNARY.items():
@@ -345,6 +345,11 @@ def _empty_strided(ctx, size, stride, *, dtype=None, **_layout):
     return _full(size, 0, lumc_dtype(dtype) if dtype is not None else dt.f32)
 
 
+@aten("empty_permuted.default")
+def _empty_permuted(ctx, size, physical_layout, *, dtype=None, **_layout):
+    return _full(size, 0, lumc_dtype(dtype) if dtype is not None else dt.f32)
+
+
 @aten("new_full.default")
 def _new_full(ctx, x, size, fill_value, *, dtype=None, **_layout):
     return _full(size, fill_value, lumc_dtype(dtype) if dtype is not None else x.dtype)
@@ -458,3 +463,33 @@ for _overloads, _method in [
         (("maximum.default", "max.other"), "maximum"),
         (("minimum.default", "min.other"), "minimum")]:
     aten(*_overloads)(_promoted(_method))
+
+
+@aten("signbit.default")
+def _signbit(ctx, x):
+    """True for negative numbers and -0.0 (:meth:`Tensor.signbit`); a NaN's sign bit cannot be
+    read by any primitive, so NaN gives False (PyTorch reads it: True for -NaN)."""
+    return x.signbit()
+
+
+@aten("copysign.Tensor", "copysign.Scalar")
+def _copysign(ctx, a, b):
+    """``|a|`` with the sign of ``b`` (-0.0 counts as negative; a NaN ``b`` as positive, see
+    :func:`_signbit`). Float result (integers promote to f32, as PyTorch)."""
+    a, b = (float_of(t) for t in promote(a, b))
+    mag = a.abs()
+    return b.signbit().where(mag.neg(), mag)
+
+
+@aten("hypot.default")
+def _hypot(ctx, a, b):
+    """``sqrt(a^2 + b^2)`` without overflow or underflow: ``m sqrt(1 + (n / m)^2)`` with
+    ``m = max(|a|, |b|)``, ``n = min``; ``+inf`` when either is infinite (even with a NaN, as C's
+    ``hypot``), NaN for another NaN, 0 for two zeros."""
+    a, b = (float_of(t) for t in promote(a, b))
+    a, b = a.abs().broadcast_to(b.shape), b.abs().broadcast_to(a.shape)
+    m, n = a.maximum(b), a.minimum(b)
+    zero = m.scalar_like(0.0)
+    r = m.eq(zero).where(zero, n.div(m.eq(zero).where(m.scalar_like(1.0), m)))
+    out = m.mul(r.mul(r).add(1.0).sqrt())
+    return a.isinf().logical_or(b.isinf()).where(m.scalar_like(float("inf")), out)

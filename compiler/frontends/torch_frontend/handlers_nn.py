@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from lumc.compiler.frontends.torch_frontend.registry import aten, arg, lib, promote, to_tensor
+from lumc.compiler.frontends.torch_frontend.registry import aten, arg, float_of, lib, promote, to_tensor
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, toposort
@@ -346,3 +346,26 @@ def _flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, 
     lse = lib("reduce.reduce")(scores.cast(dt.f32), "log_sum_exp", [-1], keepdims=False)
     return out, lse
 
+
+
+@aten("_cdist_forward.default")
+def _cdist(ctx, x1, x2, p, compute_mode=None):
+    """``cdist``: the ``p``-norm distance of every row of ``x1`` ``[..., P, M]`` to every row of
+    ``x2`` ``[..., R, M]``, ``[..., P, R]``, from the differences themselves (PyTorch's default
+    forms Euclidean distances of more than 25 rows through a matmul, ``|a|^2 + |b|^2 - 2 a.b``,
+    which loses digits to cancellation; this does not). ``p = 0`` counts differing coordinates,
+    ``p = inf`` takes the largest difference."""
+    x1, x2 = promote(x1, x2)
+    x1, x2 = float_of(x1), float_of(x2)
+    diff = x1.unsqueeze([-2]).sub(x2.unsqueeze([-3])).abs()             # [..., P, R, M]
+    p = float(p)
+    if p == 0.0:
+        return diff.ne(diff.scalar_like(0.0)).cast(diff.dtype).sum([-1])
+    if math.isinf(p):
+        return diff.max([-1])
+    if p == 1.0:
+        return diff.sum([-1])
+    if p == 2.0:
+        return diff.mul(diff).sum([-1]).sqrt()
+    total = diff.pow(diff.scalar_like(p)).sum([-1])
+    return total.pow(total.scalar_like(1.0 / p))

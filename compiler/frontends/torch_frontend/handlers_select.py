@@ -1,5 +1,5 @@
-"""Handlers for data-dependent selection with static shapes: ``topk``, ``sort``, ``bucketize``, and
-the scatters (``scatter``, ``scatter_add``, ``scatter_reduce``, ``index_put``).
+"""Handlers for data-dependent selection with static shapes: ``topk``, ``sort``, ``bucketize``,
+``searchsorted``, ``kthvalue``, ``median``, ``cummax`` / ``cummin``, and the scatters (``scatter``, ``scatter_add``, ``scatter_reduce``, ``index_put``).
 
 There is no sort primitive: an element's rank along the axis is the number of elements that must
 come before it (larger for a descending order, ties broken by the lower index), from an
@@ -9,7 +9,7 @@ as larger than every number, as PyTorch's ``sort`` does.
 """
 from __future__ import annotations
 
-from lumc.compiler.frontends.torch_frontend.registry import aten, lib
+from lumc.compiler.frontends.torch_frontend.registry import aten, lib, promote
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError, UnsupportedOpError
 from lumc.ir.tensor import Tensor, broadcast_shapes, concat, normalize_axis
@@ -68,14 +68,123 @@ def _sort_stable(ctx, x, *, stable=None, dim=-1, descending=False):
     return _sort(ctx, x, dim, descending)
 
 
+def _count_below(values: Tensor, seq: Tensor, right: bool) -> Tensor:
+    """For each of ``values`` (``[..., k]`` against ``seq`` ``[..., n]``, or ``seq`` 1-D): how many
+    of ``seq`` lie below it (``right``: at or below), i64. NaN is above every number, as in
+    PyTorch's sort (a NaN value counts all ``n``); a ``seq`` holding NaN is not sorted, and PyTorch's
+    binary search then answers differently."""
+    b = seq.unsqueeze([-2])                                   # [..., 1, n]
+    xe = values.unsqueeze([-1])                               # [..., k, 1]
+    below = b.le(xe) if right else b.lt(xe)
+    if values.dtype.is_float:
+        below = below.logical_or(xe.isnan().logical_and(b.isnan().logical_not()))
+    return below.cast(dt.i64).sum([-1])
+
+
 @aten("bucketize.Tensor")
 def _bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
     """Bucket index of each element: the number of boundaries below it (``right``: at or below)."""
-    b = boundaries.cast(x.dtype).reshape((1,) * x.ndim + boundaries.shape)
-    xe = x.unsqueeze([-1])
-    below = b.le(xe) if right else b.lt(xe)
-    r = below.cast(dt.i64).sum([-1])
+    x, boundaries = promote(x, boundaries)
+    r = _count_below(x.reshape(x.shape + (1,)), boundaries, right).reshape(x.shape) \
+        if x.ndim else _count_below(x.reshape((1,)), boundaries, right).reshape(())
     return r.cast(dt.i32) if out_int32 else r
+
+
+@aten("searchsorted.Tensor")
+def _searchsorted(ctx, seq, values, *, out_int32=False, right=False, side=None, sorter=None):
+    """Insertion points of ``values`` in the sorted last dim of ``seq`` (1-D, or with ``values``'
+    leading dims): :func:`_count_below`."""
+    if sorter is not None:
+        raise UnsupportedOpError("searchsorted with a sorter")
+    right = bool(right) or side == "right"
+    seq, values = promote(seq, values)
+    if values.ndim == 0:
+        r = _count_below(values.reshape((1,)), seq, right).reshape(())
+    elif seq.ndim == 1:
+        r = _count_below(values.reshape(values.shape + (1,)), seq, right).reshape(values.shape)
+    else:
+        r = _count_below(values, seq, right)
+    return r.cast(dt.i32) if out_int32 else r
+
+
+def _kth(x: Tensor, dim: int, k: int, keepdim: bool) -> tuple[Tensor, Tensor]:
+    """The ``k``-th smallest (0-based, NaN largest) along ``dim`` and its index."""
+    d = normalize_axis(dim, x.ndim)
+    n = x.shape[d]
+    if not 0 <= k < n:
+        raise ShapeError(f"k = {k + 1} out of range for a dim of {n}")
+    vals, idx = _ranked(x, d, n, False)
+    v = vals.slice([k], [k + 1], [d])
+    i = idx.slice([k], [k + 1], [d])
+    return (v, i) if keepdim else (v.squeeze([d]), i.squeeze([d]))
+
+
+@aten("kthvalue.default")
+def _kthvalue(ctx, x, k, dim=-1, keepdim=False):
+    """The ``k``-th smallest along ``dim`` (NaN largest) and its index (among equal values, the
+    lowest; PyTorch leaves which one unspecified). ``O(n^2)`` compares, as :func:`_ranked`."""
+    if x.ndim == 0:
+        return x, Tensor.full((), 0, dt.i64)
+    return _kth(x, dim, int(k) - 1, bool(keepdim))
+
+
+@aten("median.dim")
+def _median_dim(ctx, x, dim=-1, keepdim=False):
+    """The lower median along ``dim`` and its index; a slice holding NaN gives NaN at its first
+    NaN, as PyTorch does."""
+    if x.ndim == 0:
+        return x, Tensor.full((), 0, dt.i64)
+    d = normalize_axis(dim, x.ndim)
+    n = x.shape[d]
+    v, i = _kth(x, d, (n - 1) // 2, True)
+    if x.dtype.is_float:
+        nan = x.isnan()
+        pos = Tensor.iota(x.shape, d).broadcast_to(x.shape)
+        first = nan.where(pos, pos.scalar_like(n)).min([d], keepdims=True)
+        has = nan.max([d], keepdims=True)
+        v = has.where(v.scalar_like(float("nan")), v)
+        i = has.where(first, i)
+    return (v, i) if keepdim else (v.squeeze([d]), i.squeeze([d]))
+
+
+@aten("median.default")
+def _median(ctx, x):
+    return _median_dim(ctx, x.reshape((x.numel,)), 0)[0] if x.ndim else x
+
+
+def _cumulative(x: Tensor, dim: int, largest: bool) -> tuple[Tensor, Tensor]:
+    """``cummax`` / ``cummin``: the running extreme and the last index holding it (PyTorch's
+    ``>=`` update); once a NaN is seen it stays, indexed by the latest NaN."""
+    if x.ndim == 0:
+        return x, Tensor.full((), 0, dt.i64)
+    d = normalize_axis(dim, x.ndim)
+    perm = [a for a in range(x.ndim) if a != d] + [d]
+    back = [perm.index(a) for a in range(x.ndim)]
+    xl = x.permute(perm)
+    n = xl.shape[-1]
+    grid = xl.unsqueeze([-2]).expand(xl.shape[:-1] + (n, n))          # [..., i, j] = x[j]
+    keep = Tensor.iota((n, n), 1).le(Tensor.iota((n, n), 0))           # j <= i
+    xc = grid.cast(dt.u8) if grid.dtype.is_bool else grid
+    fill = xc.dtype.min_value() if largest else xc.dtype.max_value()
+    sel = keep.where(xc, xc.scalar_like(fill))
+    best = sel.max([-1], keepdims=True) if largest else sel.min([-1], keepdims=True)
+    hit = keep.logical_and(_same(xc, best))
+    j = Tensor.iota(hit.shape, hit.ndim - 1)
+    idx = hit.where(j, j.scalar_like(-1)).max([-1])
+    vals = best.reshape(best.shape[:-1])
+    if x.dtype.is_bool:
+        vals = vals.cast(dt.bool_)
+    return vals.permute(back), idx.permute(back)
+
+
+@aten("cummax.default")
+def _cummax(ctx, x, dim):
+    return _cumulative(x, dim, True)
+
+
+@aten("cummin.default")
+def _cummin(ctx, x, dim):
+    return _cumulative(x, dim, False)
 
 
 # ---- scatters -------------------------------------------------------------------------------------

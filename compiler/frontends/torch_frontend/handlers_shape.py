@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lumc.compiler.frontends.torch_frontend.registry import aten, lib, promote
+from lumc.compiler.frontends.torch_frontend.registry import aten, lib, lumc_dtype, promote
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
+from lumc.ir.graph import view_node
 from lumc.ir.tensor import Tensor, broadcast_shapes, concat, normalize_axis
-from lumc.ir.views import prod
+from lumc.ir.views import View, prod
 
 _BIG = 2 ** 63 - 1
 
@@ -290,3 +291,61 @@ def _numel(ctx, x):
 @aten("dim.default")
 def _dim(ctx, x):
     return x.ndim
+
+
+def _strided(x: Tensor, fn) -> Tensor:
+    """``x`` through the view ``fn(View) -> View`` on its contiguous layout (composed with a view
+    ``x`` already is, where ``fn`` accepts it: None makes it a view of the materialized value)."""
+    return Tensor(view_node(x.node, fn))
+
+
+@aten(*_copies("diagonal.default"))
+def _diagonal(ctx, x, offset=0, dim1=0, dim2=1):
+    """The ``offset`` diagonal of the ``dim1`` x ``dim2`` planes, appended as the last dim: one
+    view (stride ``s1 + s2``), no copy."""
+    d1, d2 = normalize_axis(dim1, x.ndim), normalize_axis(dim2, x.ndim)
+    if d1 == d2:
+        raise ShapeError(f"diagonal dims must differ, got {dim1} and {dim2}")
+    n1, n2 = x.shape[d1], x.shape[d2]
+    r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+    length = max(0, min(n1 - r0, n2 - c0))
+    keep = [d for d in range(x.ndim) if d not in (d1, d2)]
+
+    def fn(v: View) -> View | None:
+        if v.mask is not None:
+            return None
+        st = v.strides
+        off = v.offset + (r0 * st[d1] + c0 * st[d2] if length else 0)
+        return View._make([v.shape[d] for d in keep] + [length],
+                          [st[d] for d in keep] + [st[d1] + st[d2]], off, None)
+    return _strided(x, fn)
+
+
+@aten(*_copies("unfold.default"))
+def _unfold(ctx, x, dimension, size, step):
+    """``Tensor.unfold``: windows of ``size`` every ``step`` along ``dimension``, the window
+    appended as the last dim: one view, no copy."""
+    if x.ndim == 0:
+        return x.reshape((1,))
+    d = normalize_axis(dimension, x.ndim)
+    n = x.shape[d]
+    if size > n or step <= 0:
+        raise ShapeError(f"unfold size {size} > {n} or step {step} <= 0")
+    count = (n - size) // step + 1
+
+    def fn(v: View) -> View | None:
+        if v.mask is not None:
+            return None
+        shape, st = list(v.shape), list(v.strides)
+        return View._make(shape[:d] + [count] + shape[d + 1:] + [size],
+                          st[:d] + [st[d] * step] + st[d + 1:] + [st[d]], v.offset, None)
+    return _strided(x, fn)
+
+
+@aten("triu_indices.default", "tril_indices.default")
+def _tri_indices(ctx, row, col, offset=0, *, dtype=None, **_layout):
+    """The ``[2, N]`` row and column indices of the upper (lower) triangle: a constant."""
+    upper = ctx.op.startswith("aten.triu")
+    r, c = (np.triu_indices if upper else np.tril_indices)(row, offset, col)
+    d = lumc_dtype(dtype) if dtype is not None else dt.i64
+    return Tensor.const(np.stack([r, c]).astype(d.np))

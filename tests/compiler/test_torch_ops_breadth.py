@@ -1,0 +1,106 @@
+"""More ATen ops against PyTorch eager: ``erfc``, ``diagonal``, ``unfold``, ``triu_indices`` /
+``tril_indices``, ``empty_permuted``, ``copysign``, ``signbit``, ``hypot``, ``searchsorted``,
+``bucketize``, ``kthvalue``, ``median``, ``cummax`` / ``cummin``, ``cdist``; with NaN, infinities,
+signed zeros, ties and ragged shapes where the op defines them."""
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from lumc.compiler.core.torch_compile import compile_module as _compile_module
+
+compile_module = functools.partial(_compile_module, search=False)
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+
+NAN, INF = float("nan"), float("inf")
+G = torch.Generator().manual_seed(1)
+X = torch.randn(4, 6, generator=G)
+X3 = torch.randn(2, 5, 6, generator=G)
+# ties (rounded), NaN and infinities in one row
+R = torch.tensor([[2.0, 1.0, 2.0, NAN, 1.0, -INF], [0.5, -0.0, 0.0, 3.0, 3.0, -1.0],
+                  [INF, 2.0, NAN, NAN, -3.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+
+
+class Fn(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
+def _close(got, ref, tol):
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, ref.shape, got.dtype)
+    if ref.dtype.is_floating_point:
+        assert torch.allclose(got, ref, rtol=tol, atol=tol * 1e-2, equal_nan=True), (got, ref)
+        # signed zeros as eager has them
+        z = ref == 0
+        assert torch.equal(torch.signbit(got[z]), torch.signbit(ref[z]))
+    else:
+        assert torch.equal(got, ref), (got, ref)
+
+
+CASES = {
+    "erfc": (lambda x: torch.erfc(x * 4), X, 3e-7),
+    "erfc tail and infinities": (lambda x: torch.erfc(torch.tensor([-INF, -3.0, 0.0, 4.0, 9.0, INF, NAN])
+                                                      + x[0, 0] * 0), X, 3e-7),
+    "diagonal offsets": (lambda x: torch.cat([torch.diagonal(x, 2), torch.diagonal(x, -1),
+                                              torch.diagonal(x, 9)]), X, 0),
+    "diagonal of other dims": (lambda x: torch.diagonal(X3 * x[0, 0], -1, 2, 0), X, 1e-6),
+    "unfold": (lambda x: x.unfold(1, 3, 2) + x.t().unfold(0, 2, 3).sum(), X, 1e-6),
+    "unfold of a slice": (lambda x: x[1:, 1:].unfold(0, 2, 1), X, 0),
+    "triu/tril indices": (lambda x: torch.cat([x[tuple(torch.triu_indices(4, 6, 1))],
+                                               x[tuple(torch.tril_indices(4, 6, -1))]]), X, 0),
+    "empty_like filled": (lambda x: torch.empty_like(x).fill_(2.0) + torch.zeros_like(x), X, 0),
+    "copysign": (lambda x: torch.copysign(x, torch.tensor([-0.0, 0.0, -1.0, 2.0, -INF, 1.0])),
+                 X, 0),
+    "copysign of zeros": (lambda x: torch.copysign(x * 0, -x), X, 0),
+    "signbit": (lambda x: torch.signbit(torch.cat([x, torch.tensor([[-0.0, 0.0, INF, -INF, 1, -1]])])),
+                X, 0),
+    "hypot": (lambda x: torch.hypot(x * 1e30, torch.tensor([INF, NAN, 0.0, 1e30, 3.0, -0.0])), X, 2e-7),
+    "hypot tiny": (lambda x: torch.hypot(x * 1e-30, x.flip(1) * 1e-30), X, 2e-7),
+    "searchsorted": (lambda x: torch.searchsorted(torch.tensor([-1.0, 0.0, 0.0, 1.0]),
+                                                  torch.cat([x, R], 0)), X, 0),
+    "searchsorted right, batched": (lambda x: torch.searchsorted(x.sort(1)[0], x[:, :3].round(),
+                                                                 right=True, out_int32=True), X, 0),
+    "bucketize with NaN": (lambda x: torch.bucketize(R, torch.tensor([-1.0, 0.0, 2.0]), right=True),
+                           X, 0),
+    "kthvalue": (lambda x: torch.stack([torch.kthvalue(x, 3, 0)[0], torch.kthvalue(x, 1, 0)[0]]),
+                 X, 0),
+    "kthvalue index, keepdim": (lambda x: torch.kthvalue(x, 2, 1, keepdim=True)[1], X, 0),
+    "median with NaN": (lambda x: torch.median(R, 1)[0], X, 0),
+    "median index of NaN": (lambda x: torch.median(torch.where(x > 0.8, NAN, x), 1)[1], X, 0),
+    "median of all": (lambda x: torch.median(x), X, 0),
+    "cummax": (lambda x: torch.cummax(R, 1)[0], X, 0),
+    "cummax index, ties and NaN": (lambda x: torch.cummax(R, 1)[1], X, 0),
+    "cummin": (lambda x: torch.cummin(R, 1)[0], X, 0),
+    "cummin index, dim 0": (lambda x: torch.cummin(R, 0)[1], X, 0),
+    "cummax int": (lambda x: torch.cummax((x * 3).long(), 1)[0], X, 0),
+    "cdist p=2": (lambda x: torch.cdist(x, x.flip(0) * 2), X, 1e-5),
+    "cdist p=1, 0, inf, 3": (lambda x: torch.stack([torch.cdist(x, X3[0, :3], p=p)
+                                                    for p in (1.0, 0.0, INF, 3.0)]), X, 1e-5),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_against_eager(name):
+    f, x, tol = CASES[name]
+    m = Fn(f).eval()
+    with torch.no_grad():
+        ref = m(x)
+        got = compile_module(m, (x,))(x)
+    _close(got, ref, tol)
+
+
+def test_erfc_keeps_relative_accuracy_in_the_tail():
+    """erfc(x) for large x is tiny; 1 - erf(x) would be 0 from x = 4 on in fp32."""
+    x = torch.linspace(-5, 10, 3001)
+    got = compile_module(Fn(torch.erfc).eval(), (x,))(x).double()
+    ref = torch.tensor([math.erfc(v) for v in x.double().tolist()], dtype=torch.float64)
+    ok = ref > 1e-37
+    assert ((got[ok] - ref[ok]).abs() / ref[ok]).max() < 3e-7
