@@ -369,3 +369,18 @@ def _cdist(ctx, x1, x2, p, compute_mode=None):
         return diff.mul(diff).sum([-1]).sqrt()
     total = diff.pow(diff.scalar_like(p)).sum([-1])
     return total.pow(total.scalar_like(1.0 / p))
+
+
+_GRID_MODES = {0: "linear", 1: "nearest", 2: "cubic"}       # at::native::GridSamplerInterpolation
+_GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}  # at::native::GridSamplerPadding
+
+
+@aten("grid_sampler_2d.default", "grid_sampler_3d.default", requires=["sample.grid_sample"])
+def _grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
+    """``F.grid_sample``: :func:`lumc.ir.library.sample.grid_sample` (PyTorch's ``GridSampler.h``
+    semantics, which ONNX adopted, except that PyTorch's bicubic pads each tap, not the
+    position)."""
+    x, grid = promote(x, grid)
+    mode = _GRID_MODES[int(interpolation_mode)]
+    return lib("sample.grid_sample")(x, grid, mode, _GRID_PADDING[int(padding_mode)],
+                                     bool(align_corners), pad_coords=mode != "cubic")
