@@ -277,6 +277,10 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             total += 3 * scores * isz / bw + 2 * dev.launch_overhead_s
             if half:
                 total += scores * 36 / bw + 4 * dev.launch_overhead_s
+            # its fully masked queries (isneginf, all) and their rows set to NaN (masked_fill)
+            total += (scores * ksz + 2 * out_n * ksz) / bw + 3 * dev.launch_overhead_s
+        elif kind == "dense" and _MASK_DEAD.get(kernel.content_hash()):
+            total += 2 * out_n * ksz / bw + dev.launch_overhead_s   # a fixed mask's dead queries
         # the softmax and score function run inside it: the operands' prologues (RoPE, a
         # QK-norm) run before it and the ops after the value product after it, as eager ops
         from lumc.backends.triton.render_matmul import dependents
@@ -332,6 +336,7 @@ _MASK_KINDS: dict[str, str] = {}
 # 1/sqrt(d) is ~-3e37; -1e9 or -1e4 masks are not: a large enough score would still show through)
 MASKED_LOGIT = -1e30
 _MASK_HALF_EXACT: dict[str, dict] = {}
+_MASK_DEAD: dict[str, bool] = {}   # whether a fixed mask masks every key of some query
 
 
 def sdpa_mask_kind(kernel: Kernel) -> str:
@@ -391,10 +396,15 @@ def _mask_values(kernel: Kernel, nodes: list, feed: dict | None = None):
 def _fixed_mask_kind(kernel: Kernel, nodes: list) -> str:
     import numpy as np
     import torch
+    from lumc.backends.triton.attention_mask import mask_depends_on_scores
     sub = _mask_values(kernel, nodes)
     if sub is None:
         return "unknown"
+    p = attention_plan(kernel)
+    if mask_depends_on_scores(p.softmax.m.srcs[0], p.c1.node):   # not SDPA's (its probe refuses)
+        return "dense"
     fin = np.isfinite(sub)
+    _MASK_DEAD[kernel.content_hash()] = bool(np.isneginf(sub).all(-1).any())
     ln2c = attention_plan(kernel).softmax.scale * math.log(2.0)
     _MASK_HALF_EXACT[kernel.content_hash()] = {h: _exact_in(sub[fin] * ln2c, h)
                                                for h in ("bf16", "fp16")}

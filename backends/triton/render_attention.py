@@ -35,7 +35,8 @@ from lumc.ir.graph import Node, toposort
 from lumc.ir.kernels import Kernel
 from lumc.ir.views import contiguous_strides
 from lumc.backends.triton import exprs
-from lumc.backends.triton.attention_mask import key_limit_offset
+from lumc.backends.triton.attention_mask import key_limit_offset, sized_key_limit
+from lumc.backends.triton.size_generic import rendering_sized, sized_substitution
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.configs import next_pow2, score_bytes
 from lumc.backends.triton.contraction import dims_used, tensor_core_contractions
@@ -398,7 +399,10 @@ def render_attention(kernel: Kernel) -> KernelParts:
     w.line(f"m_run = tl.full([BLOCK_M], float('-inf'), {md})")
     w.line(f"l_run = tl.zeros([BLOCK_M], {sd})")
     w.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)")
-    lim = key_limit_offset(sm.m.srcs[0], c1.node, ap.t_groups, LK)
+    if rendering_sized():   # one source for every size of a bucket: the offset must hold at all
+        lim = sized_key_limit(sm.m.srcs[0], c1.node, ap.t_groups, LK, sized_substitution)
+    else:
+        lim = key_limit_offset(sm.m.srcs[0], c1.node, ap.t_groups, LK)
     if lim is None:
         w.open(f"for n_start in range(0, {LK}, BLOCK_N):")
     else:   # a static (causal) mask: key blocks past the last one any of these queries sees

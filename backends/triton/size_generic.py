@@ -15,6 +15,8 @@ reference executor on its meaning re-sized there (``tests/backends/test_size_gen
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import re
 
@@ -60,6 +62,38 @@ def rewrite_sizes(text: str, probes: dict[int, str], table: dict | None = None) 
     return _NUM.sub(sub, text)
 
 
+# {probe prime: argument name} and the range's table while :func:`render_sized` renders: a
+# renderer that bakes a value derived at the probe sizes into the source checks it holds elsewhere
+_PROBES: contextvars.ContextVar = contextvars.ContextVar("lumc_sized_probes", default=None)
+
+
+@contextlib.contextmanager
+def _rendering_sized(probes: dict[int, str], table: dict | None):
+    token = _PROBES.set((dict(probes), dict(table or {})))
+    try:
+        yield
+    finally:
+        _PROBES.reset(token)
+
+
+def sized_substitution(shift):
+    """While :func:`render_sized` renders: the Substitution that moves every probe's size by
+    ``shift`` units (an int, or ``"double"``: ``2 p``), None for a size under 1; None outside a
+    size-generic render (the kernel serves its probe sizes only)."""
+    got = _PROBES.get()
+    if got is None:
+        return None
+    from lumc.ir.symbolic import Substitution
+    probes, table = got
+    sizes = {p: 2 * p if shift == "double" else p + shift for p in probes}
+    return Substitution(sizes, table) if min(sizes.values()) >= 1 else None
+
+
+def rendering_sized() -> bool:
+    """Whether a size-generic render (:func:`render_sized`) is under way."""
+    return _PROBES.get() is not None
+
+
 def render_sized(kernel: Kernel, probes: dict[int, str], variant: str | None = None,
                  table: dict | None = None, largest: dict[int, int] | None = None):
     """The :class:`~lumc.backends.triton.source.RenderedKernel` of ``kernel`` (at probe sizes) whose
@@ -70,7 +104,8 @@ def render_sized(kernel: Kernel, probes: dict[int, str], variant: str | None = N
     from lumc.backends.triton.render import render_parts
     from lumc.backends.triton.source import assemble
     from lumc.ir.symbolic import Substitution
-    with served_at(Substitution(largest, table) if largest else None):
+    with served_at(Substitution(largest, table) if largest else None), \
+            _rendering_sized(probes, table):
         parts = render_parts(kernel, variant)
     rw = lambda t: rewrite_sizes(t, probes, table) if t else t     # noqa: E731
     parts = dataclasses.replace(

@@ -168,6 +168,7 @@ class SdpaAttention:
         self.mask_kind = sdpa_mask_kind(kernel)
         self._mask_fixed = self.mask_kind != "input"
         self._masks: dict = {}
+        self._dead: dict = {}    # per fixed mask: its fully masked queries (None: there are none)
 
     def _probe_alpha(self) -> float:
         import torch
@@ -230,6 +231,7 @@ class SdpaAttention:
         ln2c = p.softmax.scale * math.log(2.0)
         mkey = (str(device), q.dtype)
         mask = self._masks.get(mkey) if self._mask_fixed else None
+        dead = self._dead.get(mkey) if self._mask_fixed else None
         if mask is None and self.mask_kind not in ("none", "causal"):
             zero = torch.zeros(c1.node.shape, dtype=_torch_dt(c1.node), device=device)
             beta = TorchEvaluator(self.kernel, feed, device, {c1.node: zero}, ev.memo,
@@ -247,13 +249,20 @@ class SdpaAttention:
                 fi = torch.finfo(q.dtype)
                 mask = torch.where(torch.isfinite(mask), mask.clamp(fi.min, fi.max), mask)
             mask = mask.to(q.dtype)
+            # a query whose every key is -inf: the meaning's softmax is 0/0 = NaN there, where
+            # SDPA's kernels give 0 (PyTorch's _safe_softmax); the model's own zeroing (if any) is
+            # the epilogue's, so the kernel keeps its meaning. A fixed mask decides it once.
+            dead = torch.isneginf(mask).all(-1, keepdim=True)
             if self._mask_fixed and not capturing:
                 if self.mask_kind in ("none", "causal"):
                     mask = None
                 else:
                     self._masks[mkey] = mask
+                dead = self._dead[mkey] = dead if bool(dead.any()) else None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.alpha * ln2c,
                                              is_causal=self.mask_kind == "causal")
+        if dead is not None:
+            out = out.masked_fill(dead, float("nan"))
         # back to C2's output layout: [batch.., query.., value..] at their dims, 1 elsewhere
         dims = list(c2.batch_dims) + list(c2.m_dims) + list(c2.n_dims)
         t = out.reshape([c2.full[d] for d in dims])

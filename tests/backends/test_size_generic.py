@@ -149,3 +149,49 @@ def test_padded_convolutions_serve_every_size_through_the_table():
                 np.testing.assert_allclose(t.numpy(), r, rtol=1e-4, atol=1e-4,
                                            err_msg=f"{k.form} at {h}x{w}")
     assert padded, "some kernel reads a padded size"
+
+
+def test_a_key_limit_that_moves_with_the_size_is_not_baked_in(tmp_path, monkeypatch):
+    """Causal plus a global key every 19 positions: at the probe S = 113 the last global key is 95,
+    at S = 116 it is 114; a size-generic kernel rendered at the probe must not stop at 95."""
+    from onnx import TensorProto as TP, helper, numpy_helper
+
+    import lumc
+    from lumc.backends.triton import configs as C
+    from lumc.backends.triton.size_generic import SizedKernel
+
+    def c(name, v):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(v), name))
+    nodes = [c("z", np.int64(0)), c("one", np.int64(1)), c("ax", np.int64(2)),
+             c("ax1", np.array([1], np.int64)), c("m19", np.int64(19)), c("scale", np.float32(0.25)),
+             c("ninf", np.float32(-np.inf)),
+             helper.make_node("Shape", ["q"], ["sh"]), helper.make_node("Gather", ["sh", "ax"], ["n"]),
+             helper.make_node("Range", ["z", "n", "one"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "ax1"], ["rc"]),
+             helper.make_node("LessOrEqual", ["r", "rc"], ["causal"]),
+             helper.make_node("Mod", ["r", "m19"], ["jm"]), helper.make_node("Equal", ["jm", "z"], ["glob"]),
+             helper.make_node("Or", ["causal", "glob"], ["mask"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+             helper.make_node("Where", ["mask", "s1", "ninf"], ["s2"]),
+             helper.make_node("Softmax", ["s2"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    io = lambda n: helper.make_tensor_value_info(n, TP.FLOAT, [1, 2, "S", 16])  # noqa: E731
+    m = helper.make_model(helper.make_graph(nodes, "g", [io("q"), io("k"), io("v")], [io("y")]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    f = lumc.compile(m.SerializeToString(), budget="40s", device="sim:h200", workers="local:1",
+                     shapes={"S": (2, 120)})
+    key, cm = f._ranged[-1]
+    call = next(c for c in cm.program.calls if c.kernel.form == "attention")
+    sk = SizedKernel(call.kernel, {v: "L0" for v in key.probes.values()}, key.table, None)
+    for S in (113, 116, 120):
+        rng = np.random.default_rng(S)
+        feed = {n: rng.standard_normal((1, 2, S, 16)).astype(np.float32) for n in "qkv"}
+        i = np.arange(S)
+        s = feed["q"].astype(np.float64) @ feed["k"].astype(np.float64).transpose(0, 1, 3, 2) * 0.25
+        s = np.where((i[None] <= i[:, None]) | (i[None] % 19 == 0), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = (p / p.sum(-1, keepdims=True)) @ feed["v"]
+        out = sk(*[feed[n.arg.name] for n in call.inputs], sizes={"L0": S},
+                 config=C.make(4, 1, BLOCK_M=16, BLOCK_N=16))[0].numpy().reshape(ref.shape)
+        assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max(), S

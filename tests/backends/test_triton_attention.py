@@ -12,6 +12,7 @@ from lumc.ir import dtypes as dt
 from lumc.backends.triton import configs, render
 from lumc.backends.triton.codegen import RenderError
 from lumc.ir.library.norm import softmax
+from lumc.ir.tensor import Tensor
 from triton_cases import attention, check, make_kernel
 
 SMALL_BLOCKS = configs.make(4, 1, BLOCK_M=16, BLOCK_N=16)
@@ -240,3 +241,26 @@ def test_score_function_view_that_moves_elements_is_refused():
     good = _k("attention", lambda q, k, v: softmax(_T.const(tril).where(
         (q @ k.transpose(-1, -2)) * 0.25, float("-inf")), -1) @ v, [((2, 3, 12, 16), dt.f32)] * 3)
     AttentionPlan(good)
+
+
+def test_a_mask_that_depends_on_the_scores_skips_no_key_block():
+    """where(S == 0 and j > i, -inf, S) masks the upper triangle only at S = 0: its key blocks
+    must still be read (a causal skip from the S = 0 evaluation was 1.2 off), and SDPA's mask
+    kind is not causal."""
+    from lumc.backends.extern import sdpa_mask_kind
+
+    def f(q, k, v):
+        s = (q @ k.transpose(-1, -2)) * 0.25
+        L, S = s.shape[-2], s.shape[-1]
+        upper = Tensor.iota((L, S), 0).lt(Tensor.iota((L, S), 1))
+        zero = s.eq(s.scalar_like(0.0)).logical_and(upper)
+        return softmax(zero.where(s.scalar_like(float("-inf")), s), -1) @ v
+    k = make_kernel("attention", f, [((2, 64, 16), dt.f32)] * 3)
+    tk = check(k, config=SMALL_BLOCKS)
+    assert "n_end" not in tk.source
+    assert sdpa_mask_kind(k) == "dense"
+
+
+def test_causal_mask_still_skips_key_blocks():
+    k = make_kernel("attention", attention(0.25, causal=True), [((2, 64, 16), dt.f32)] * 3)
+    assert "n_end" in check(k, config=SMALL_BLOCKS).source

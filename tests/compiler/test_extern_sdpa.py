@@ -377,3 +377,15 @@ def test_device_mask_classification_ignores_the_first_calls_precision(monkeypatc
     run_extern_numpy(k, {"IMPL": "sdpa", "PRECISION": "bf16"}, ins)
     assert _EXTERN[k]["sdpa"]._sdpa.mask_kind == "dense"
     assert max_rel_error(run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0], ref) < 1e-5
+
+
+def test_sdpa_keeps_nan_for_a_query_whose_every_key_is_masked():
+    """PyTorch's SDPA gives 0 for a fully masked query; the kernel's meaning (softmax of all
+    -inf) gives NaN, and so must the sdpa implementation (the model's zeroing is its epilogue)."""
+    k = _kernel("attention", _bool_mask, CASES["bool-mask"][1])
+    ins = _inputs(CASES["bool-mask"][1])
+    ins[3][1] = False                                   # batch 1: every key masked
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    got = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
+    assert np.isnan(ref[1]).all() and np.isnan(got[1]).all()
+    assert max_rel_error(got[0], ref[0]) < 1e-5
