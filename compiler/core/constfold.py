@@ -14,9 +14,13 @@ kernel as a view of the model input, and the attention form reads it in its prol
   constant. Larger ones (a broadcast scalar expanded to a whole tensor) stay as they are: folding
   would only add bytes to read. A value whose elements are all the same (bit for bit) becomes a
   broadcast scalar, the spelling every rule matches.
+* An input-independent compute node that a contraction, a reduction or a gather reads (through
+  views), of at most :data:`MAX_OPERAND_ELEMS` elements (``eye(n)``, ``tril(ones)`` built from
+  ``arange``, which import keeps as index expressions, ``lumc.compiler.frontends.onnx_frontend.folding``):
+  no kernel forms it on load, so unfolded it would be a kernel of its own on every call.
 * ``Gather(t, idx, 0)`` with ``t`` 1-D and a constant ``idx`` equal to ``arange(len(t))`` along its
   flattened order is ``reshape(t, idx.shape)``.
-Both are exact.
+All are exact.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from lumc.ir.symbolic import held
 from lumc.ir.tensor import Tensor
 
 MAX_FOLD_ELEMS = 1 << 16
+MAX_OPERAND_ELEMS = 1 << 24      # a constant operand folded (64 MB of fp32), as import would have
 
 
 def _identity_gather(table: Node, idx: np.ndarray) -> bool:
@@ -58,6 +63,16 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
         if id(x) not in index:
             index.add(id(x))
             stack.extend(x.srcs)
+    # the value nodes (below views) a contraction, reduction or gather reads: a constant one is an
+    # array to read, not work for a kernel that has no prologue for it (``eye(n) @ x``)
+    operand: set[int] = set()
+    for n in order:
+        reads = (n.srcs[0].srcs if n.op == "SumReduce" and n.srcs[0].op == "Mul" else
+                 n.srcs[:1] if n.op in ("SumReduce", "MaxReduce", "Gather") else ())
+        for r in reads:
+            while r.op == "View":
+                r = r.srcs[0]
+            operand.add(id(r))
     new: dict[int, Node] = {}
     constant: dict[int, bool] = {}
     changed = False
@@ -75,6 +90,9 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
         x = n if srcs == n.srcs else node(n.op, srcs, n.arg)
         if is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
                 t.dtype.is_float for t in (n, *n.srcs)) and not held(n.shape):
+            x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
+        elif is_const and id(n) in operand and n.op not in ("View", "Contiguous") and \
+                n.numel <= MAX_OPERAND_ELEMS and not held(n.shape):
             x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
         elif n.op == "Gather" and int(n.arg) == 0 and srcs[1].op == "Constant" and \
                 _identity_gather(srcs[0], srcs[1].arg.value):

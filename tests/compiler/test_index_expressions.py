@@ -88,3 +88,35 @@ def test_onnx_range_mask_is_an_index_expression():
     x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
     y = ReferenceExecutor(graph)({"x": x})["y"]
     np.testing.assert_array_equal(y, np.where(np.tri(8, dtype=bool), x, -np.inf))
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("eye operand", lambda x: x @ torch.eye(16)),
+    ("tril operand", lambda x: torch.tril(torch.ones(8, 8)) @ x),
+    ("sum of an index matrix", lambda x: x + (torch.arange(16)[:, None] * torch.arange(16)).sum(0)),
+])
+def test_an_index_expression_a_contraction_reads_is_one_constant_not_a_kernel(tmp_path, monkeypatch,
+                                                                               name, f):
+    """No kernel forms eye(n) or tril(ones) on load: folded before the e-graph, the matmul reads
+    it as it reads a weight (one kernel, as before index expressions were kept)."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    cm = lumc.compile(_Fn(f), budget="20s", example_inputs=(x,), device="sim:h200")
+    calls = cm.specializations[0].compiled.program.calls
+    assert len(calls) == 1, [c.kernel.form for c in calls]
+    assert torch.allclose(torch.as_tensor(cm(x)), _Fn(f)(x), rtol=1e-5, atol=1e-5)
+
+
+def test_transcendentals_of_positions_fold_at_import():
+    folder = ConstantFolder()
+    t = folder.fold(Tensor.iota((8,), 0, dt.f32).mul(0.1).sin())
+    assert t.node.op == "Constant"

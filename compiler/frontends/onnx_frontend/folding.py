@@ -8,14 +8,16 @@ Reshape``...) collapse and the shapes they compute become plain ints for the han
 Leaves and views of constant leaves stay as they are (a ``ConstantOfShape`` is one scalar plus a
 broadcast view); they are evaluated only when a handler asks for their value.
 
-An *index expression* stays as it is too: elementwise ops and views over ``Iota`` and scalar
-constants only (``arange(L)[:, None] >= arange(S)``, a causal mask; ``arange(n) * 2 + 1``). A kernel
+An *index expression* stays as it is too: arithmetic, compares, selects, casts and views over
+``Iota`` and scalar constants only (``arange(L)[:, None] >= arange(S)``, a causal mask;
+``arange(n) * 2 + 1``; not ``sin``, ``exp`` or ``log`` of positions, which fold). A kernel
 computes it from its indices for free, where a folded constant is an array to store in the artifact
 and read on every call, and folding hides the structure downstream stages look for: the attention
 form's mask evaluation sees an index expression as the causal triangle (SDPA runs it with
 ``is_causal``, FlashAttention skipping the masked key blocks), a folded mask as an opaque input.
 Handlers still get its value through :meth:`ConstantFolder.value`; the e-graph's constant folding
-(``lumc.compiler.core.constfold``) still folds the ones a gather index is computed from.
+(``lumc.compiler.core.constfold``) still folds the ones a gather index is computed from, and those
+a contraction, reduction or gather reads (``eye(n) @ x``), which no kernel forms on load.
 """
 from __future__ import annotations
 
@@ -23,11 +25,13 @@ import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.graph import Graph, Node, const_node
-from lumc.ir.ops import ELEMENTWISE
 from lumc.ir.symbolic import held
 from lumc.ir.tensor import Tensor
 
 _LAZY_LEAVES = ("Constant", "Iota")
+# what an index expression may compute: integer-like arithmetic, compares, selects (a kernel does
+# them for free); a transcendental (sin/exp/log of positions: a RoPE table) is cheaper read
+_INDEX_OPS = frozenset({"View", "Add", "Mul", "Mod", "Div", "LessThan", "Where", "Cast"})
 
 
 class ConstantFolder:
@@ -57,8 +61,8 @@ class ConstantFolder:
         return memo[n]
 
     def is_index_expression(self, n: Node) -> bool:
-        """Whether ``n`` is elementwise ops and views over ``Iota`` leaves and scalar constants
-        only, with at least one ``Iota`` (see the module docstring)."""
+        """Whether ``n`` is ``_INDEX_OPS`` over ``Iota`` leaves and scalar constants only, with at
+        least one ``Iota`` (see the module docstring)."""
         # 0: something else; 1: scalar constants only (broadcast or not); 2: an index expression
         memo = self._index
         stack = [(n, False)]
@@ -70,7 +74,7 @@ class ConstantFolder:
                 memo[m] = 2
             elif m.op == "Constant":
                 memo[m] = 1 if m.numel == 1 else 0
-            elif m.op != "View" and m.op not in ELEMENTWISE:
+            elif m.op not in _INDEX_OPS:
                 memo[m] = 0
             elif ready:
                 kinds = [memo[s] for s in m.srcs]
