@@ -26,7 +26,7 @@ demo:  ## fetch MiniLM-L3, compile it (short budget, whatever device is here), r
 	$(LUMC) run build/minilm.lumc --random --check
 	$(LUMC) inspect build/minilm.lumc
 
-models:  ## fetch the four models of MODELS.md into the user cache
+models:  ## fetch the four models of the README's Models table into the user cache
 	$(LUMC) models fetch all
 
 clean:  ## remove build and test leftovers (not .venv, not the model cache)
@@ -51,6 +51,6 @@ gpu-wheels:  ## fetch the wheels gpu-check installs on the GPU machine (CPython 
 gpu-candidates:  ## run each gpu-check model's e-graph here (needs egglog, no GPU) and write its candidates to build/gpu-candidates, carried to the GPU machine (its image has no egglog)
 	$(PY) -m lumc.compiler.tools.gpu_main --candidates-out build/gpu-candidates
 
-gpu-models:  ## copy the four MODELS.md models into build/gpu-models (carried to the GPU machine)
+gpu-models:  ## copy the four models (README, Models) into build/gpu-models (carried to the GPU machine)
 	mkdir -p build/gpu-models
 	for m in silero-vad magika ppocr-det minilm-l3; do cp "$$($(LUMC) models fetch $$m)" build/gpu-models/; done

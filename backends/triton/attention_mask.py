@@ -14,6 +14,8 @@ and two random draws), else there is no limit. Only ``-inf`` is masked: a NaN sc
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from lumc.ir.graph import Node
@@ -73,9 +75,21 @@ def mask_depends_on_scores(x: Node, scores: Node) -> bool:
     return _static_mask(nodes, x, scores) is None
 
 
+_KEPT: "weakref.WeakKeyDictionary[Node, dict]" = weakref.WeakKeyDictionary()
+
+
 def _kept(x: Node, scores: Node, t_groups: dict, n_keys: int) -> np.ndarray | None:
     """``[queries, keys]``: whether any batch keeps the key for the query (see
-    :func:`key_limit_offset`); None for a mask of the inputs, of the scores, or too large."""
+    :func:`key_limit_offset`); None for a mask of the inputs, of the scores, or too large.
+    Memoized per score function (a kernel is rendered once per config)."""
+    key = (id(scores), n_keys, tuple((k, tuple(v)) for k, v in sorted(t_groups.items())))
+    memo = _KEPT.setdefault(x, {})
+    if key not in memo:
+        memo[key] = _kept_now(x, scores, t_groups, n_keys)
+    return memo[key]
+
+
+def _kept_now(x: Node, scores: Node, t_groups: dict, n_keys: int) -> np.ndarray | None:
     if x.numel > MAX_MASK_ELEMENTS:
         return None
     nodes = _ancestors(x, scores)

@@ -14,10 +14,12 @@ kernel as a view of the model input, and the attention form reads it in its prol
   constant. Larger ones (a broadcast scalar expanded to a whole tensor) stay as they are: folding
   would only add bytes to read. A value whose elements are all the same (bit for bit) becomes a
   broadcast scalar, the spelling every rule matches.
-* An input-independent compute node that a contraction, a reduction or a gather reads (through
-  views), of at most :data:`MAX_OPERAND_ELEMS` elements (``eye(n)``, ``tril(ones)`` built from
-  ``arange``, which import keeps as index expressions, ``lumc.compiler.frontends.onnx_frontend.folding``):
-  no kernel forms it on load, so unfolded it would be a kernel of its own on every call.
+* A compute node of iotas and scalars alone that a contraction, a reduction or a gather reads
+  (through views), of at most :data:`MAX_OPERAND_ELEMS` elements (``eye(n)``, ``tril(ones)`` built
+  from ``arange``, which import keeps as index expressions,
+  ``lumc.compiler.frontends.onnx_frontend.folding``): no kernel forms it on load, so unfolded it
+  would be a kernel of its own on every call. (A value of constant arrays, a weight dequantized
+  from its stored form, stays: the contraction forms it on load, reading the narrow bytes.)
 * ``Gather(t, idx, 0)`` with ``t`` 1-D and a constant ``idx`` equal to ``arange(len(t))`` along its
   flattened order is ``reshape(t, idx.shape)``.
 All are exact.
@@ -75,23 +77,30 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
             operand.add(id(r))
     new: dict[int, Node] = {}
     constant: dict[int, bool] = {}
+    # 2: computed from iotas (and scalars) alone; 1: scalars alone; 0: reads an array or an input
+    # (a weight dequantized in a contraction's prologue stays there: only index values fold)
+    iota_only: dict[int, int] = {}
     changed = False
     for n in order:
         srcs = tuple(new[id(s)] for s in n.srcs)
         if n.op in ("Constant", "Iota"):
             constant[id(n)] = True
+            iota_only[id(n)] = 2 if n.op == "Iota" else (1 if n.numel == 1 else 0)
             new[id(n)] = n
             continue
         if n.op == "Input":
             constant[id(n)] = False
+            iota_only[id(n)] = 0
             new[id(n)] = n
             continue
         is_const = all(constant[id(s)] for s in n.srcs)
+        kinds = [iota_only[id(s)] for s in n.srcs]
+        iota_only[id(n)] = 0 if not kinds or 0 in kinds else max(kinds)
         x = n if srcs == n.srcs else node(n.op, srcs, n.arg)
         if is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
                 t.dtype.is_float for t in (n, *n.srcs)) and not held(n.shape):
             x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
-        elif is_const and id(n) in operand and n.op not in ("View", "Contiguous") and \
+        elif iota_only[id(n)] == 2 and id(n) in operand and n.op not in ("View", "Contiguous") and \
                 n.numel <= MAX_OPERAND_ELEMS and not held(n.shape):
             x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
         elif n.op == "Gather" and int(n.arg) == 0 and srcs[1].op == "Constant" and \

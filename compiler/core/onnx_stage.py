@@ -80,12 +80,23 @@ def resolve_dim_names(m, shapes: dict) -> dict:
     names = {s.name for s in specs}
     dims = {k: v for k, v in shapes.items() if k not in names}
     out = {k: tuple(v) for k, v in shapes.items() if k in names}
+    partial: dict[str, list[str]] = {}    # input -> the dims it still needs
     for s in specs:
         if s.name in out:
             continue
-        if any(isinstance(d, str) for d in s.shape):
-            if all(not isinstance(d, str) or d in dims for d in s.shape):
-                out[s.name] = tuple(_scalar_dim(dims[d], d) if isinstance(d, str) else d for d in s.shape)
+        named = list(dict.fromkeys(d for d in s.shape if isinstance(d, str)))
+        missing = [d for d in named if d not in dims]
+        if named and not missing:
+            out[s.name] = tuple(_scalar_dim(dims[d], d) if isinstance(d, str) else d for d in s.shape)
+        elif named and len(missing) < len(named):
+            partial[s.name] = missing
+    if partial:
+        miss = list(dict.fromkeys(d for ds in partial.values() for d in ds))
+        given = ", ".join(f"{k}={v}" for k, v in dims.items())
+        raise InputError("; ".join(f"input {k!r} also needs {ds}" for k, ds in partial.items())
+                         + f" (given {given}): give " + ", ".join(miss) + " too (shapes={"
+                         + ", ".join(f"{d!r}: N" for d in miss) + "} in Python, "
+                         + " ".join(f"--shape {d}=N" for d in miss) + " at the CLI)")
     return out
 
 

@@ -382,10 +382,10 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                               key=lambda p: sum(kernel_time_bound(c.kernel, ceil) for c in p.calls))
         stage_s["candidates"] = deadline.elapsed() - sum(stage_s.values())
         progress.stage("reference", deadline)
-        # past the deadline already: no reference run, no search; the best-bound candidate
+        # past the deadline already: no search, the best-bound candidate; but the reference runs
+        # anyway (within the hard deadline's grace): no program is returned unchecked
         t_ref = deadline.elapsed()
-        ref_out, values = stage_reference(graph, programs, inputs) if not deadline.expired() \
-            else (None, {})
+        ref_out, values = stage_reference(graph, programs, inputs)
         # a reduced-precision compile keeps time for its quality gate: about three whole-model
         # runs (the fp32 model, the emulated program), like the one the reference stage just made
         search_deadline = deadline
@@ -415,9 +415,10 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         chosen = programs[result.candidate]
         ck = keys[result.candidate]
         configs = [measurer.config_of(k, result.configs.get(k, 0)) for k in ck]
-        # the chosen program end to end on the CPU against the reference, when time is left
+        # the chosen program end to end on the CPU against the reference, even past the deadline
+        # (the hard deadline's grace bounds it; a budget too small for it is a BudgetError)
         err = None
-        if ref_out is not None and not deadline.expired():
+        if ref_out is not None:
             out = run_program_reference(chosen, graph, inputs, configs=configs)
             err = max((max_rel_error(out[k], ref_out[k]) if graph.outputs[k].dtype.is_float else
                        (0.0 if np.array_equal(out[k], ref_out[k]) else float("inf")))

@@ -87,8 +87,11 @@ def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | No
     finished = not str(r.get("stopped_because", "")).startswith("budget")
     if not finished and r.get("budget_s", 0) < budget_s:
         return None
+    # what the earlier compile did (its workers, its e-graph) stays with it: this one ran neither
     r["reused_plan"] = {"compile_s": r.get("compile_s"), "budget_s": r.get("budget_s"),
-                        "stopped_because": r.get("stopped_because")}
+                        "stopped_because": r.get("stopped_because"),
+                        "workers": r.pop("workers", None), "egraph": r.get("egraph")}
+    r["egraph"] = {"used": False, "reused_plan": True}
     r["stopped_because"] = "reused the plan of an identical earlier compile (nothing re-timed)"
     r["budget_s"] = budget_s
     r["compile_s"] = deadline.elapsed()

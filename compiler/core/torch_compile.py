@@ -185,6 +185,29 @@ class CompiledTorchModule:
             return tuple(flat_out)
         return pytree.tree_unflatten(flat_out, self.program.out_spec)
 
+    def save(self, path) -> str:
+        """Write the compiled specialization as a self-contained ``.lumc`` artifact (atomically;
+        returns its hash). ``lumc.load(path)`` gives a :class:`CompiledModel`: it takes the flat
+        inputs by name (or position) as numpy arrays or tensors and returns one array (a tuple for
+        several outputs; tensors for tensors), not the module's output structure.
+
+        Raises:
+            InputError: nothing compiled yet (call it once), compiled without the kernel search,
+                or several shapes compiled (save one: ``f.specializations[i].compiled.save(path)``).
+        """
+        done = [s for s in self._cache.values() if s.compiled is not None]
+        if self._cache and not done:
+            raise InputError("compiled with no kernel search (the reference executor): there is "
+                             "no plan to save; compile with lumc.compile")
+        if len(done) != 1:
+            shapes = "; ".join(", ".join("x".join(map(str, k[0])) for k in s.key if k[0] != "value")
+                               for s in done)
+            raise InputError("nothing compiled yet: call the module once (or compile with "
+                             "example_inputs=)" if not done else
+                             f"{len(done)} shapes compiled ({shapes}); save one with "
+                             "f.specializations[i].compiled.save(path)")
+        return done[0].compiled.save(path)
+
     def report(self) -> str:
         """A short text: inputs and outputs, the ATen ops lowered, node counts per specialization."""
         p = self.program

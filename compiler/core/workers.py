@@ -302,6 +302,7 @@ class LocalWorkers:
         self.lost = 0
         self.retried = 0
         self.broken = False
+        self.closing = False
 
     def submit(self, kernel: Kernel, cfg: dict, ins: list) -> Future | None:
         """The sim check of ``kernel`` at ``cfg`` on ``ins``; the future gives its output arrays.
@@ -337,6 +338,10 @@ class LocalWorkers:
                     tally[1] += secs
                 else:
                     from concurrent.futures.process import BrokenProcessPool
+                    if isinstance(err, BrokenProcessPool) and self.closing:
+                        # killed by close(): the search is over and dropped it, nothing was lost
+                        outer.cancel()
+                        return
                     if isinstance(err, BrokenProcessPool):
                         self.lost += 1
                         self.broken = True
@@ -360,6 +365,8 @@ class LocalWorkers:
                 "in_flight": self.in_flight}
 
     def close(self) -> None:
+        with self._lock:
+            self.closing = True        # checks still running are killed: dropped, not lost
         self._pool.close()
 
 

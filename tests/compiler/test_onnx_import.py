@@ -504,3 +504,27 @@ def test_an_output_listed_twice_is_returned_once_and_said():
     np.testing.assert_array_equal(ReferenceExecutor(imp.graph)({"x": x})["y"], np.maximum(x, 0))
     assert any("'y' is listed 2 times" in w and "onnxruntime returns it 2 times" in w
                for w in imp.warnings), imp.warnings
+
+
+def test_reshape_copying_a_dim_past_the_input_rank_is_one_clear_error():
+    """A shape computed from a zero-size dim holds a 0, which allowzero=0 reads as 'copy that
+    input dim'; past the input's rank that is an error (onnxruntime's too), in one line."""
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Constant", [], ["tail"], value=numpy_helper.from_array(
+                 np.array([4], np.int64))),
+             helper.make_node("Concat", ["tail", "sh"], ["t"], axis=0),
+             helper.make_node("Reshape", ["x", "t"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "S"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ShapeError) as e:
+        import_onnx(m, {"x": (2, 0)})      # shape [4, 2, 0]: the 0 at position 2, rank 2
+    assert "position 2" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_minilm_inputs_at_zero_length():
+    from lumc.compiler.frontends.models import _minilm_inputs
+    out = _minilm_inputs({"input_ids": (2, 0), "attention_mask": (2, 0)},
+                         {"input_ids": np.int64, "attention_mask": np.int64},
+                         np.random.default_rng(0))
+    assert out["input_ids"].shape == (2, 0) and out["attention_mask"].shape == (2, 0)

@@ -440,3 +440,20 @@ def test_a_call_with_other_arguments_names_them(monkeypatch, tmp_path):
         with pytest.raises(lumc.InputError) as e:
             call()
         assert str(e.value) == head + got
+
+
+def test_a_compiled_module_saves_its_one_shape(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(7)
+    m = MLP().eval()
+    x = torch.randn(2, 5, 16)
+    f = lumc.compile(m, budget="20s", example_inputs=(x,), device="sim:h200")
+    f.save(tmp_path / "m.lumc")
+    g = lumc.load(tmp_path / "m.lumc")
+    with torch.no_grad():
+        assert rel_err(torch.as_tensor(g(x.numpy())), m(x)) <= TOL
+        assert rel_err(g(x), m(x)) <= TOL           # tensors in, tensors out
+    h = compile_module(m, (x,))                   # the reference executor: no plan to save
+    with pytest.raises(InputError, match="no kernel search"):
+        h.save(tmp_path / "n.lumc")
+    assert not (tmp_path / "n.lumc").exists()

@@ -308,6 +308,9 @@ def test_usage_errors_are_one_line(tiny, tmp_path):
     one_line_error(lumc_cli("compile", tiny), "Missing option '--budget'", "--help")
     one_line_error(lumc_cli("run", tiny, "--frobnicate"), "No such option", "--frobnicate")
     one_line_error(lumc_cli("run", tmp_path), "is a directory")
+    # an option missing its value points at the subcommand's help, not the group's
+    one_line_error(lumc_cli("compile", tiny, "--budget", "5s", "--logits"), "requires an argument",
+                   "compile --help")
 
 
 def test_ctrl_c_in_any_command_is_one_line(tiny, monkeypatch):

@@ -75,6 +75,11 @@ def _reshape(ctx: OpContext):
     shape = ctx.attr("shape") if ctx.opset < 5 else ctx.const_ints(1, "shape")
     allowzero = ctx.attr("allowzero", 0)
     if not allowzero:
+        bad = [k for k, d in enumerate(shape) if d == 0 and k >= x.ndim]
+        if bad:   # (a zero-size dim computed into the shape reads as "copy", as onnxruntime has it)
+            raise ShapeError(f"shape {list(shape)} has 0 at position {bad[0]}, which allowzero=0 "
+                             f"reads as 'copy input dim {bad[0]}', but the input {x.shape} has "
+                             f"rank {x.ndim} (a zero-size dim reaching this Reshape?)")
         shape = [x.shape[k] if d == 0 else d for k, d in enumerate(shape)]
     return x.reshape(shape)
 
