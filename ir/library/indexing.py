@@ -2,7 +2,8 @@
 
 ``gather``/``gather_elements``/``gather_nd`` end in exactly one primitive ``Gather`` (the only
 data-dependent read; torch's ``gather_elements(negative_indices=False)`` first reads its index
-through a second one, over ``[0, n)``, which range-checks it); the others (``tile``, ``pad`` in
+through a second one, over ``[0, n)``, which range-checks it), except that ``gather`` by a constant
+index that is one run of positions is a view (``select``, ``chunk``); the others (``tile``, ``pad`` in
 every mode, ``one_hot``, ``trilu``, ``range_``, ``depth_to_space``, ``space_to_depth``) are views,
 iotas and selects, so the e-graph can fuse them.
 Negative indices are normalized as ONNX says (``i < 0 -> i + n``; ``gather`` and ``gather_elements``
@@ -74,7 +75,23 @@ def gather(x: Tensor, indices, axis: int = 0, negative_indices: bool = True) -> 
     idx = _as_index(indices)
     if negative_indices:
         idx = normalize_indices(idx, x.shape[axis])
-    return take(x, idx, axis)
+    as_view = _constant_run(x, idx, axis)
+    return as_view if as_view is not None else take(x, idx, axis)
+
+
+def _constant_run(x: Tensor, idx: Tensor, axis: int) -> Tensor | None:
+    """``x`` gathered along ``axis`` by a constant index that is one run (one position, or
+    consecutive ones up or down: ``select``, ``chunk`` and ``unbind`` as exporters write them) as
+    a view, which fuses into whatever reads it; None for any other index (data-dependent, several
+    runs, or out of range, whose read stays a ``Gather`` that raises)."""
+    if idx.node.op != "Constant":
+        return None
+    v = np.asarray(idx.node.arg.value).reshape(-1)
+    n = x.shape[axis]
+    if v.size == 0 or v.min() < 0 or v.max() >= n or len(_index_runs(v)) != 1:
+        return None
+    picked = _take_runs(x, axis, v)                          # the run along axis, v.size long
+    return picked.reshape(x.shape[:axis] + tuple(idx.shape) + x.shape[axis + 1:])
 
 
 def gather_elements(x: Tensor, indices, axis: int = 0, negative_indices: bool = True) -> Tensor:

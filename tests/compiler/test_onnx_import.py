@@ -528,3 +528,33 @@ def test_minilm_inputs_at_zero_length():
                          {"input_ids": np.int64, "attention_mask": np.int64},
                          np.random.default_rng(0))
     assert out["input_ids"].shape == (2, 0) and out["attention_mask"].shape == (2, 0)
+
+
+@pytest.mark.parametrize("idx,is_view", [(np.array(1), True), (np.array(-1), True),
+                                         (np.array([2, 3]), True), (np.array([[3, 2, 1]]), True),
+                                         (np.array([1, 1]), True), (np.array([0, 2]), False)])
+def test_gather_by_a_constant_run_is_a_view(idx, is_view):
+    """select / chunk / unbind as exporters write them (Gather by a constant scalar or run) read
+    through a view that fuses, not a Gather kernel; any other constant index stays a Gather."""
+    nodes = [helper.make_node("Constant", [], ["i"], value=numpy_helper.from_array(idx.astype(np.int64))),
+             helper.make_node("Gather", ["x", "i"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph = import_onnx(m).graph
+    assert (not any(n.op == "Gather" for n in graph.nodes())) == is_view
+    x = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(ReferenceExecutor(graph)({"x": x})["y"], want)
+
+
+def test_gather_by_an_out_of_range_constant_still_fails_when_run():
+    nodes = [helper.make_node("Constant", [], ["i"], value=numpy_helper.from_array(np.array(7))),
+             helper.make_node("Gather", ["x", "i"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).graph
+    assert any(n.op == "Gather" for n in graph.nodes())
+    from lumc.ir.errors import IndexRangeError
+    with pytest.raises(IndexRangeError, match="out of range"):
+        ReferenceExecutor(graph)({"x": np.zeros((2, 4), np.float32)})
