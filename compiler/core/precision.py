@@ -7,8 +7,9 @@ the quality gate that measures what reduced precision cost.
 ``fp32``   fp32-class results (default): contractions on tensor cores in split TF32 (``tf32x3``), or
            IEEE FFMA (``ieee``) where the search finds it faster (tiny K); default tolerance 1e-4
 ``tf32``   one TF32 MMA per product (10 mantissa bits): tolerance 5e-3
-``bf16``   weights stored in bf16 (half the bytes), contractions on bf16 tensor cores with fp32
-           accumulation; everything else computes in fp32: tolerance 1e-1
+``bf16``   weights stored in bf16 (half the bytes; vectors such as biases and norm parameters stay
+           fp32), contractions on bf16 tensor cores with fp32 accumulation; everything else
+           computes in fp32: tolerance 1e-1
 ``fp16``   the same with fp16 weights and fp16 tensor cores: tolerance 2e-2
 ``fp8``    bf16 weights, contractions at e4m3 with per-1xBLOCK_K scales (``dot_precision.py``) or bf16
            where that is faster: tolerance 2e-1
@@ -150,7 +151,8 @@ class PrecisionPolicy:
 def store_weights(graph: Graph, policy: PrecisionPolicy) -> tuple[Graph, dict]:
     """The graph with its weights stored as the policy says; compute stays in the graph's dtypes.
 
-    Every fp32 ``Constant`` of at least :data:`MIN_WEIGHT_ELEMENTS` elements that is not a gather
+    Every fp32 ``Constant`` of at least :data:`MIN_WEIGHT_ELEMENTS` elements and two dims over 1
+    (not a vector: biases and norm parameters stay fp32, as under autocast) that is not a gather
     table becomes ``Cast(W', f32)`` of its bf16/fp16 rounding (round to nearest even) under
     ``bf16``/``fp16``/``fp8``/``auto``; with ``weights`` ``int8``/``fp8``/``nvfp4``, a weight read
     only by contractions becomes the dequantization of its quantized storage instead
@@ -215,7 +217,9 @@ def _store_constant(n: Node, users: dict, to, weights: str, stats: dict) -> Node
                 stats["bytes_after"] += got[1]
                 return got[0]
             stats["skipped"] += 1
-    if to is None:
+    if to is None or sum(d > 1 for d in n.shape) < 2:
+        # a vector (a bias, a norm's scale and shift) stays fp32: it saves no bytes worth having,
+        # and its cast would keep it out of the prologue a contraction forms the norm in
         return n
     # beyond fp16's range a weight rounds to ±inf (IEEE-754): expected, and the quality gate then
     # refuses the plan and the compile falls back, saying so; numpy's overflow warning adds nothing

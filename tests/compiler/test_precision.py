@@ -233,3 +233,23 @@ def test_fp16_weights_beyond_range_store_as_inf_without_a_warning(db):
     r = cm.report_dict()
     assert r["precision"] == "fp32"
     assert any("misses the quality gate" in m for m in r["warnings"])
+
+
+@pytest.mark.parametrize("policy", ["bf16", "fp16", "auto"])
+def test_vectors_stay_fp32_under_a_half_policy(policy):
+    """A norm's scale and shift and a bias keep fp32 (as under autocast): their bytes are nothing,
+    and a cast of them kept the LayerNorm out of the next matmul's prologue (an extra kernel that
+    made bf16 slower than fp32 on a small block)."""
+    from lumc.ir.library.norm import layer_norm
+    rng = np.random.default_rng(0)
+    x = Tensor(input_node("x", (8, 64), dt.f32))
+    g, b = (Tensor.const(rng.standard_normal(64).astype(np.float32)) for _ in range(2))
+    w = Tensor.const(rng.standard_normal((64, 32)).astype(np.float32))
+    bias = Tensor.const(rng.standard_normal((1, 32)).astype(np.float32))
+    y = layer_norm(x, g, b)[0] @ w + bias
+    stored, stats = store_weights(Graph({"x": x.node}, {"y": y.node}), PrecisionPolicy(policy))
+    assert stats["converted"] == 1
+    consts = [n for n in stored.nodes() if n.op == "Constant" and n.numel >= 32]
+    assert sorted((n.shape, n.dtype.name) for n in consts) == sorted(
+        [((64,), "f32"), ((64,), "f32"), ((1, 32), "f32"),
+         ((64, 32), "f16" if policy == "fp16" else "bf16")])
