@@ -70,12 +70,14 @@ class EGraphView:
                 v.classes.setdefault(c, []).append(ENode(op, kids))
             elif op == "shape":
                 shape_rows.append((kids[0], c))
-            elif op in ("hbase", "hlast"):   # horizontal fusion's keys: not values
+            elif op in ("hbase", "hlast", "colpart"):
+                # horizontal fusion's functions: keys, or (colpart) a function whose value, a
+                # vec-of, shares its e-class; not values themselves
                 continue
             elif typ in ("i64", "f64", "String", "bool"):
                 v.values[c] = _literal(op, typ)
-            else:
-                prim[c] = (op, kids)
+            elif prim.get(c, ("",))[0] not in ("vec-of", "vec-empty"):
+                prim[c] = (op, kids)     # a vector's literal wins over another term equal to it
 
         def value(c):
             if c in v.values:

@@ -110,6 +110,11 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
             except egraph_pipeline.EGraphDeadline as e:
                 stats["error"] = (f"e-graph stopped at its share of the budget ({share:.2g} s) "
                                   f"{e}; greedy candidates only")
+            except Exception as e:   # an e-graph defect must not sink a compile the greedy
+                # candidates can finish (each is checked like any other); the report says so
+                stats["error"] = (f"e-graph failed ({type(e).__name__}: {str(e)[:200]}); greedy "
+                                  "candidates only")
+                res = None
     if use_egraph and res is not None:
         tot = res.total
         stats.update({"enodes": tot.enodes, "eclasses": tot.eclasses, "iterations": tot.iterations,

@@ -49,7 +49,7 @@ def _cubic_weights(t: Tensor) -> list[Tensor]:
 
 
 def grid_sample(x: Tensor, grid: Tensor, mode: str = "linear", padding: str = "zeros",
-                align: bool = False, pad_coords: bool = True) -> Tensor:
+                align: bool = False, style: str = "onnx") -> Tensor:
     """ONNX ``GridSample`` / PyTorch ``grid_sample`` (see the module docstring).
 
     Args:
@@ -60,10 +60,11 @@ def grid_sample(x: Tensor, grid: Tensor, mode: str = "linear", padding: str = "z
         padding: ``zeros``, ``border`` or ``reflection``: what a position outside reads.
         align: ``align_corners``: -1 and 1 are the centers of the corner elements (else their
             outer edges).
-        pad_coords: move a position outside the border inside (clamp or reflect) before its taps
-            are formed, as ONNX does in every mode and PyTorch for nearest and linear; False
-            (PyTorch's bicubic) pads only each tap, so a position just outside still blends
-            the taps on both sides. Same result for nearest and linear.
+        style: ``onnx`` (the ONNX reference: nearest rounds, then a position outside the border
+            moves inside, clamped or reflected) or ``torch`` (``GridSampler.h``: the position is
+            clamped, or reflected and clamped, before nearest rounds it, so a reflected half-pixel
+            tie rounds the other way; bicubic moves no position, only pads each tap, so one just
+            outside still blends the taps on both sides).
     Returns:
         ``[N, C, O1, ..., Om]`` in ``x``'s dtype.
     Raises:
@@ -84,15 +85,25 @@ def grid_sample(x: Tensor, grid: Tensor, mode: str = "linear", padding: str = "z
     for i, d in enumerate(dims):
         v = g.slice([k - 1 - i], [k - i], [2]).reshape((n, m))     # grid stores x (last dim) first
         v = v.add(1.0).mul(0.5 * (d - 1)) if align else v.add(1.0).mul(0.5 * d).sub(0.5)
-        if mode == "nearest":
-            v = v.round()
         lo, hi = (0.0, d - 1.0) if align else (-0.5, d - 0.5)
-        if padding == "border" and pad_coords:
-            # only a position outside [lo, hi] moves (ONNX); inside, each tap is clamped
-            out = v.lt(v.scalar_like(lo)).logical_or(v.scalar_like(hi).lt(v))
-            v = out.where(v.clip(v.scalar_like(0.0), v.scalar_like(d - 1.0)), v)
-        elif padding == "reflection" and pad_coords:
-            v = _reflect(v, lo, hi)
+        if style == "torch":
+            # GridSampler.h: border clips; reflection reflects then clips; nearest rounds after
+            # (a reflected half-pixel tie rounds the other way); bicubic pads only its taps
+            if mode != "cubic" and padding == "border":
+                v = v.clip(v.scalar_like(0.0), v.scalar_like(d - 1.0))
+            elif mode != "cubic" and padding == "reflection":
+                v = _reflect(v, lo, hi).clip(v.scalar_like(0.0), v.scalar_like(d - 1.0))
+            if mode == "nearest":
+                v = v.round()
+        else:
+            if mode == "nearest":
+                v = v.round()
+            if padding == "border":
+                # only a position outside [lo, hi] moves (ONNX); inside, each tap is clamped
+                out = v.lt(v.scalar_like(lo)).logical_or(v.scalar_like(hi).lt(v))
+                v = out.where(v.clip(v.scalar_like(0.0), v.scalar_like(d - 1.0)), v)
+            elif padding == "reflection":
+                v = _reflect(v, lo, hi)
         coords.append((v, lo, hi))
     flat = x.reshape((n, c, prod(dims)))
 

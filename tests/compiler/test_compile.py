@@ -223,3 +223,15 @@ def test_a_dim_name_given_without_its_partner_names_the_missing_one():
     msg = str(e.value)
     assert "also needs ['seq']" in msg and "'seq': N" in msg and "given batch=1" in msg
     assert "\n" not in msg
+
+
+def test_an_egraph_defect_falls_back_to_the_greedy_candidates(model, db, monkeypatch):
+    from lumc.compiler.core import egraph_pipeline
+
+    def broken(*a, **k):
+        raise TypeError("a defect")
+    monkeypatch.setattr(egraph_pipeline, "egraph_candidates", broken)
+    cm = lumc.compile(model, budget="20s", device="sim:h200", db=db, reuse_plan=False)
+    r = cm.report_dict()
+    assert "e-graph failed (TypeError: a defect)" in r["egraph"]["error"]
+    assert r["max_rel_error"] <= 1e-4

@@ -167,3 +167,42 @@ def test_onnx_gridsample_cubic_near_the_border_matches_the_onnx_reference(paddin
     imported = import_onnx(model)
     got = ReferenceExecutor(imported.graph)({"x": x, "g": grid})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name,f,args", [
+    ("nearest reflection half-pixel ties", lambda x, g: nn.functional.grid_sample(
+        x, g, mode="nearest", padding_mode="reflection", align_corners=False),
+     (torch.arange(4.).reshape(1, 1, 1, 4), torch.stack(
+         [torch.tensor([1.5, -1.5, 1.25, 3.0, 10.0, 1e4]), torch.zeros(6)], -1).reshape(1, 1, 6, 2))),
+    ("index_put bool accumulate", lambda x, i, v: x.index_put((i,), v, accumulate=True),
+     (torch.zeros(4, dtype=torch.bool), torch.tensor([1, 1]), torch.tensor([True, True]))),
+    ("index_fill int with a float", lambda x, i: x.index_fill(1, i, -2.7),
+     (torch.zeros(2, 3, dtype=torch.long), torch.tensor([1]))),
+    ("cdist p=0 with NaN", lambda a, b: torch.cdist(a, b, p=0),
+     (torch.tensor([[NAN, 1.0], [0.0, 2.0]]), torch.tensor([[0.0, 0.0]]))),
+    ("median of nothing", lambda x: torch.median(x), (torch.zeros(0),)),
+    ("signbit of bools", lambda x: torch.signbit(x), (torch.tensor([True, False]),)),
+    ("searchsorted of a Python scalar", lambda s: torch.searchsorted(s, 0.5),
+     (torch.tensor([0.0, 1.0]),)),
+])
+def test_edge_cases_found_by_a_breaking_helper(name, f, args):
+    class M(nn.Module):
+        def forward(self, *xs):
+            return f(*xs)
+    m = M().eval()
+    with torch.no_grad():
+        ref = m(*args)
+        got = compile_module(m, args)(*args)
+    _close(got, ref, 1e-6)
+
+
+def test_kthvalue_along_dim_0_through_the_egraph(tmp_path, monkeypatch):
+    """A sort along dim 0 put a horizontal-fusion function term in a shape's e-class; reading the
+    e-graph took it for the shape (a TypeError sank the compile)."""
+    import lumc
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    v = torch.randn(2, 5, generator=torch.Generator().manual_seed(0))
+    m = Fn(lambda t: torch.kthvalue(t, 2, 0)[0]).eval()
+    f = lumc.compile(m, budget="20s", example_inputs=(v,), device="sim:h200")
+    assert f.specializations[0].compiled.report_dict()["egraph"]["error"] is None
+    _close(torch.as_tensor(f(v)), m(v), 0)

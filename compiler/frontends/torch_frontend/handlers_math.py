@@ -307,8 +307,13 @@ def _factory_dtype(dtype, value) -> dt.DType:
 def _full(shape, value, d: dt.DType) -> Tensor:
     if isinstance(value, Tensor):
         return value.cast(d).expand(tuple(shape))
-    if d.is_int and isinstance(value, float) and not float(value).is_integer():
-        raise ShapeError(f"fill value {value} does not fit {d}")
+    if d.is_int and isinstance(value, float):
+        # PyTorch converts a float fill to an integer dtype toward zero (full(2, 2.7, long) is 2)
+        # and refuses one the type cannot hold
+        lo, hi = d.min_value(), d.max_value()
+        if not math.isfinite(value) or not lo <= math.trunc(value) <= hi:
+            raise ShapeError(f"fill value {value} does not fit {d}")
+        value = math.trunc(value)
     return Tensor.full(tuple(int(s) for s in shape), value, d)
 
 
@@ -468,8 +473,8 @@ for _overloads, _method in [
 @aten("signbit.default")
 def _signbit(ctx, x):
     """True for negative numbers and -0.0 (:meth:`Tensor.signbit`); a NaN's sign bit cannot be
-    read by any primitive, so NaN gives False (PyTorch reads it: True for -NaN)."""
-    return x.signbit()
+    read by any primitive, so NaN gives False (PyTorch reads it: True for -NaN); bools have none."""
+    return Tensor.full(x.shape, False, dt.bool_) if x.dtype.is_bool else x.signbit()
 
 
 @aten("copysign.Tensor", "copysign.Scalar")

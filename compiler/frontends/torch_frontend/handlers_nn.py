@@ -359,8 +359,9 @@ def _cdist(ctx, x1, x2, p, compute_mode=None):
     x1, x2 = float_of(x1), float_of(x2)
     diff = x1.unsqueeze([-2]).sub(x2.unsqueeze([-3])).abs()             # [..., P, R, M]
     p = float(p)
-    if p == 0.0:
-        return diff.ne(diff.scalar_like(0.0)).cast(diff.dtype).sum([-1])
+    if p == 0.0:   # a NaN coordinate makes the count NaN, as PyTorch's
+        ones = diff.ne(diff.scalar_like(0.0)).cast(diff.dtype)
+        return diff.isnan().where(diff, ones).sum([-1])
     if math.isinf(p):
         return diff.max([-1])
     if p == 1.0:
@@ -383,4 +384,4 @@ def _grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners)
     x, grid = promote(x, grid)
     mode = _GRID_MODES[int(interpolation_mode)]
     return lib("sample.grid_sample")(x, grid, mode, _GRID_PADDING[int(padding_mode)],
-                                     bool(align_corners), pad_coords=mode != "cubic")
+                                     bool(align_corners), style="torch")

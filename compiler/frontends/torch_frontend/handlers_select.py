@@ -90,14 +90,14 @@ def _bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
     return r.cast(dt.i32) if out_int32 else r
 
 
-@aten("searchsorted.Tensor")
+@aten("searchsorted.Tensor", "searchsorted.Scalar")
 def _searchsorted(ctx, seq, values, *, out_int32=False, right=False, side=None, sorter=None):
     """Insertion points of ``values`` in the sorted last dim of ``seq`` (1-D, or with ``values``'
     leading dims): :func:`_count_below`."""
     if sorter is not None:
         raise UnsupportedOpError("searchsorted with a sorter")
     right = bool(right) or side == "right"
-    seq, values = promote(seq, values)
+    seq, values = promote(seq, values)      # a Python scalar becomes a 0-d tensor
     if values.ndim == 0:
         r = _count_below(values.reshape((1,)), seq, right).reshape(())
     elif seq.ndim == 1:
@@ -149,6 +149,8 @@ def _median_dim(ctx, x, dim=-1, keepdim=False):
 
 @aten("median.default")
 def _median(ctx, x):
+    if x.numel == 0:      # PyTorch: the median of nothing is NaN
+        return Tensor.full((), float("nan"), x.dtype if x.dtype.is_float else dt.f32)
     return _median_dim(ctx, x.reshape((x.numel,)), 0)[0] if x.ndim else x
 
 
@@ -240,6 +242,9 @@ def _index_put(ctx, x, indices, values, accumulate=False):
     ``values`` broadcast over the selected positions (``x[m] = 0``, ``x[m] = row``): a ``values``
     with one entry per selected position depends on how many the mask selects, which is known only
     at run time (UnsupportedOpError)."""
+    if x.dtype.is_bool and accumulate:    # adding bools is or-ing them: through i64 and back
+        out = _index_put(ctx, x.cast(dt.i64), indices, values.cast(dt.i64), True)
+        return out.ne(out.scalar_like(0))
     idx = list(indices) + [None] * (x.ndim - len(indices))
     pos = [i for i, t in enumerate(idx) if t is not None]
     if not pos:
