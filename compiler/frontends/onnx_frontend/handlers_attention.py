@@ -6,7 +6,9 @@ every output agrees with it: 3-D inputs split into heads; ``sqrt(scale)`` applie
 the KV cache concatenated in front of K and V; masks (bool or additive, padded with "masked" up to
 the KV length), bottom-right causal masking, sliding windows and ``nonpad_kv_seqlen`` padding all
 become one additive ``-inf`` bias; grouped-query heads are repeated; ``softcap`` applies before the
-bias; rows with no attendable key give zeros. Boolean masks are turned into biases with ``Where``,
+bias; rows with no attendable key give zeros. Unless the probabilities are an output, the softmax is
+the plain one and those rows are zeroed after the value product, so the attention form (one
+kernel, or SDPA) matches it. Boolean masks are turned into biases with ``Where``,
 never by multiplying (``0 * -inf`` would be NaN).
 """
 from __future__ import annotations
@@ -33,9 +35,9 @@ def _bias_from(allowed: Tensor, dtype: dt.DType) -> Tensor:
                          Tensor.full(allowed.shape, -np.inf, dtype))
 
 
-def _frontier(q: int, kv: int, offset, dtype: dt.DType, test) -> Tensor:
+def _frontier(q: int, kv: int, offset, dtype: dt.DType, test, kept: list | None = None) -> Tensor:
     """Bias of ``test(i + offset - j)`` over ``(q, kv)``, or ``(batch, 1, q, kv)`` for a per-batch
-    offset tensor."""
+    offset tensor; the test itself is appended to ``kept``."""
     i = Tensor.iota((q, kv), 0)
     j = Tensor.iota((q, kv), 1)
     if isinstance(offset, Tensor):
@@ -43,7 +45,20 @@ def _frontier(q: int, kv: int, offset, dtype: dt.DType, test) -> Tensor:
         diff = i.reshape((1, 1, q, kv)).add(off).sub(j.reshape((1, 1, q, kv)))
     else:
         diff = i.add(Tensor.full((q, kv), int(offset), dt.i64)).sub(j)
-    return _bias_from(test(diff), dtype)
+    ok = test(diff)
+    if kept is not None:
+        kept.append(ok)
+    return _bias_from(ok, dtype)
+
+
+def _may_mask_a_row(row_masked: Tensor) -> bool:
+    """Whether some query may have no attendable key: evaluated now for a mask of constants and
+    iotas (a causal mask: never), assumed for one of the inputs."""
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.ir.graph import Graph, toposort
+    if any(n.op == "Input" for n in toposort([row_masked.node])) or row_masked.numel > 1 << 22:
+        return True
+    return bool(np.asarray(ReferenceExecutor(Graph({}, {"m": row_masked.node}))({})["m"]).any())
 
 
 def _softmax_guarded(x: Tensor) -> Tensor:
@@ -96,11 +111,22 @@ def _attention(ctx: OpContext):
         offset = nonpad.reshape((-1,)).sub(Tensor.full((nonpad.numel,), nq, nonpad.dtype))
     else:
         offset = past_k.shape[2] if past_k is not None else 0
+    # beside the bias, which positions it masks, from its pieces (not from the bias itself, which
+    # the score function reads): a bias is -inf where a piece is, unless a float mask is +inf or
+    # NaN there
+    kept: list[Tensor] = []
+    poison = None
+    if mask is not None:
+        if mask.dtype.is_bool:
+            kept.append(mask)
+        else:
+            kept.append(mask.ne(mask.scalar_like(-np.inf)))
+            poison = mask.isnan().logical_or(mask.eq(mask.scalar_like(np.inf)))
     if is_causal:
         base = bias if mask is None else (_bias_from(mask, f) if mask.dtype.is_bool else mask)
         if left >= 0 or right >= 0:
             base = bias.add(base)
-        bias = base.add(_frontier(nq, nkv, offset, f, lambda d: d.ge(d.scalar_like(0))))
+        bias = base.add(_frontier(nq, nkv, offset, f, lambda d: d.ge(d.scalar_like(0)), kept))
     elif mask is not None:
         bias = bias.add(_bias_from(mask, f) if mask.dtype.is_bool else mask)
     if left >= 0 or right >= 0:
@@ -113,10 +139,11 @@ def _attention(ctx: OpContext):
             if right >= 0:
                 ok = ok.logical_and(d.neg().le(d.scalar_like(right)))
             return ok
-        bias = bias.add(_frontier(nq, nkv, offset, f, inside))
+        bias = bias.add(_frontier(nq, nkv, offset, f, inside, kept))
     if nonpad is not None:
         j = Tensor.iota((nonpad.numel, nkv), 1)
         keep = j.lt(nonpad.cast(dt.i64).reshape((-1, 1)).expand((nonpad.numel, nkv)))
+        kept.append(keep.reshape((nonpad.numel, 1, 1, nkv)))
         bias = bias.add(_bias_from(keep, f).reshape((nonpad.numel, 1, 1, nkv)))
 
     hq, hk = q.shape[1], k.shape[1]
@@ -135,13 +162,31 @@ def _attention(ctx: OpContext):
     if mode == 2:
         qk_out = with_bias
     sm_in = with_bias.cast(dtype_of(precision)) if precision is not None else with_bias
-    probs = _softmax_guarded(sm_in)
     row_masked = bias.max(-1, keepdims=True)
     row_masked = row_masked.eq(row_masked.scalar_like(-np.inf))
-    probs = row_masked.where(probs.scalar_like(0.0), probs)
-    if mode == 3:
+    if mode == 3:       # the probabilities are an output: the reference's guarded softmax
+        probs = _softmax_guarded(sm_in)
+        probs = row_masked.where(probs.scalar_like(0.0), probs)
         qk_out = probs
-    y = probs.cast(f).matmul(v)
+        y = probs.cast(f).matmul(v)
+    else:
+        # the plain softmax the attention form matches (one kernel, or SDPA), and a query with
+        # no attendable key zeroed after the value product: its softmax row is 0/0 there, which
+        # the reference guards to 0 before the product. Same values, except where such a row
+        # meets an infinite or NaN value (the reference's 0 * inf is NaN, this is 0) or every
+        # key's score is itself -inf with a finite bias (infinite q or k: this gives NaN)
+        wide = sm_in.cast(dt.f32) if sm_in.dtype in (dt.f16, dt.bf16) else sm_in
+        probs = lib("norm.softmax")(wide, axis=-1).cast(sm_in.dtype)
+        y = probs.cast(f).matmul(v)
+        if kept:
+            allowed = kept[0]
+            for k_ in kept[1:]:
+                allowed = allowed.logical_and(k_)
+            if poison is not None:
+                allowed = allowed.logical_or(poison)
+            dead = allowed.cast(dt.f32).max(-1, keepdims=True).lt(0.5)
+            if _may_mask_a_row(dead):
+                y = dead.where(y.scalar_like(0.0), y)
     if rank == 3:
         y = y.permute((0, 2, 1, 3))
         y = y.reshape((y.shape[0], y.shape[1], -1))
