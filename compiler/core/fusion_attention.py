@@ -93,21 +93,28 @@ class AttentionAssembly:
         q, kt = (_chain(s) for s in c1.srcs[0].srcs)
         mul2 = c2.srcs[0]
         v = _chain(mul2.srcs[1])
-        inputs = list(dict.fromkeys([q, kt, v] + sides))
-        masked = any(s.numel > 1 for s in sides)
-        rec = FormRecord("attention", (("mask", "function"), ("masked", masked)), inputs)
         # the kernel writes only the values: a score, a step of f or the softmax read elsewhere
         # (a model output, a second softmax over the same scores) would leave the form dropped by
         # ``_form_groups`` (the softmax form with it) or, for an output, a one-product "attention"
-        # kernel that cannot render
-        members = self._members(id(c2), rec)
-        inside = members | {id(c2)}
-        leak = next((m for m in members if m in self.outputs or any(
-            id(u) not in inside for u, _ in self.uses.get(m, []))), None)
-        if leak is not None:
+        # kernel that cannot render. A step of the mask alone (no score in it) read elsewhere too
+        # (a dead-row flag's reduction reads the same condition) is read as an input instead.
+        for _ in range(8):
+            inputs = list(dict.fromkeys([q, kt, v] + sides))
+            masked = any(s.numel > 1 for s in sides)
+            rec = FormRecord("attention", (("mask", "function"), ("masked", masked)), inputs)
+            members = self._members(id(c2), rec)
+            inside = members | {id(c2)}
+            leak = next((m for m in members if m in self.outputs or any(
+                id(u) not in inside for u, _ in self.uses.get(m, []))), None)
+            if leak is None:
+                break
             n = self.byid[leak]
-            self._refuse(sm, c2, f"softmax not assembled into attention: %{n.id}:{n.op} inside "
-                                 "it is read elsewhere")
+            if leak in self.outputs or self._depends_on(n, c1):
+                self._refuse(sm, c2, f"softmax not assembled into attention: %{n.id}:{n.op} "
+                                     "inside it is read elsewhere")
+                return None
+            sides = sides + [n]
+        else:
             return None
         stop = {id(n) for n in inputs}
         try:
