@@ -146,13 +146,6 @@ def _attention_plan(kernel: Kernel):
         return None
     if p.pushed:
         return None
-    # the scores and the softmax's statistics read where each query's and key's position is kept
-    # (what the Triton renderer checks as it resolves them): scores written (k @ q^T)^T pair them
-    # the other way round, and SDPA would take k for the query
-    sm = p.softmax
-    if any(n.op == "View" and n.srcs[0] in (p.c1.node, sm.m, sm.s) and not p.tile_view_ok(n)
-           for n in kernel.meaning.nodes()):
-        return None
     g = p.g
     while g.op in ("View", "Cast"):
         g = g.srcs[0]

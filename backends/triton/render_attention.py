@@ -120,7 +120,7 @@ class AttentionPlan:
         check_epilogue(nodes, after, c2.node)
         self.e = self.softmax.s.srcs[0]             # exp2((x - max) * c): the sum's operand
         self._match_dims()
-        self._check_score_views()
+        self._check_score_views(nodes)
         if self.pushed:
             self._match_pushed(left)
             return
@@ -136,11 +136,20 @@ class AttentionPlan:
             raise RenderError("the softmax's normalizer varies along the keys")
         self._check_p_view()
 
-    def _check_score_views(self) -> None:
+    def _check_score_views(self, nodes: list[Node]) -> None:
         """Every view between the scores and the softmax's input, of a value computed from the
         scores, only reshapes: the flash loop (and SDPA, ``backends/extern.py``) evaluates the
         score function on the score tile in C1's element order, so ``((k @ q^T) * c)^T``, the
-        transpose after the scale, would pair each query with the wrong keys (0.93 off)."""
+        transpose after the scale, would pair each query with the wrong keys (0.93 off). And every
+        view of the scores or of the softmax's statistics keeps each query's (and key's) position
+        (:meth:`tile_view_ok`): scores written ``(k @ q^T)^T`` pair them the other way round."""
+        sm = self.softmax
+        for n in nodes:
+            if n.op == "View" and n.srcs[0] in (self.c1.node, sm.m, sm.s) and \
+                    not self.tile_view_ok(n):
+                raise RenderError(f"node {n!r}: the scores or the softmax statistics are read "
+                                  "through a view that does not keep each query's (and key's) "
+                                  "position")
         reads = {id(self.c1.node)}
         for n in toposort([self.softmax.m.srcs[0]], stop=[self.c1.node]):
             if any(id(s) in reads for s in n.srcs):
@@ -301,9 +310,6 @@ def render_attention(kernel: Kernel) -> KernelParts:
             return state["scores"]
         if n is c2.node:
             return state["out"]
-        if n.op == "View" and n.srcs[0] in (c1.node, sm.m, sm.s) and not ap.tile_view_ok(n):
-            raise RenderError(f"node {n!r}: the scores or the softmax statistics are read through "
-                              "a view that does not keep each query's (and key's) position")
         if n.op == "View" and n.srcs[0] is c1.node:
             return state["scores"]
         if ap.pushed and n.op == "View" and n.srcs[0] in (sm.m, sm.s) and tuple(n.shape) == c2.full:

@@ -197,6 +197,22 @@ def argmin(x: Tensor, axis: int = 0, keepdims: bool = True,
     return _arg_extreme(x, axis, keepdims, select_last_index, largest=False)
 
 
+def scan_grid(x: Tensor, axis: int, fill) -> tuple[Tensor, Tensor, list[int]]:
+    """A scan along ``axis`` as a reduction over one more axis: ``(grid, keep, back)`` with ``x``'s
+    ``axis`` moved last and widened to ``[..., i, j]``, ``grid`` holding ``x[..., j]`` where
+    ``keep`` (``j <= i``, ``[n, n]``) and ``fill`` elsewhere, and ``back`` the permutation that
+    moves the scanned axis back after the reduction over ``j``. ``O(n^2)`` work along ``axis``
+    (PyTorch's ``cumprod``, ``logcumsumexp``, ``cummax``, ``cummin``)."""
+    axis = normalize_axis(axis, x.ndim)
+    perm = [a for a in range(x.ndim) if a != axis] + [axis]
+    back = [perm.index(a) for a in range(x.ndim)]
+    xl = x.permute(perm)
+    n = xl.shape[-1]
+    grid = xl.unsqueeze([-2]).expand(xl.shape[:-1] + (n, n))          # [..., i, j] = x[j]
+    keep = Tensor.iota((n, n), 1).le(Tensor.iota((n, n), 0))           # j <= i
+    return keep.where(grid, grid.scalar_like(fill)), keep, back
+
+
 def cumsum(x: Tensor, axis: int, exclusive: bool = False, reverse: bool = False) -> Tensor:
     """ONNX ``CumSum`` along ``axis`` as a contraction with a triangular 0/1 mask:
     ``out[..., i, ...] = sum_j M[i, j] * x[..., j, ...]`` with ``M[i, j] = j <= i`` (``j < i`` when

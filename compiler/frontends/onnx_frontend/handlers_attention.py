@@ -51,14 +51,12 @@ def _frontier(q: int, kv: int, offset, dtype: dt.DType, test, kept: list | None 
     return _bias_from(ok, dtype)
 
 
-def _may_mask_a_row(row_masked: Tensor) -> bool:
-    """Whether some query may have no attendable key: evaluated now for a mask of constants and
-    iotas (a causal mask: never), assumed for one of the inputs."""
-    from lumc.backends.reference import ReferenceExecutor
-    from lumc.ir.graph import Graph, toposort
-    if any(n.op == "Input" for n in toposort([row_masked.node])) or row_masked.numel > 1 << 22:
-        return True
-    return bool(np.asarray(ReferenceExecutor(Graph({}, {"m": row_masked.node}))({})["m"]).any())
+def _may_mask_a_row(dead: Tensor) -> bool:
+    """Whether some query may have no attendable key: decided now for a mask of constants and iotas
+    (a causal mask: never; :meth:`ConstantFolder.value`), assumed for a mask of the inputs."""
+    from lumc.compiler.frontends.onnx_frontend.folding import ConstantFolder
+    v = ConstantFolder().value(dead) if dead.numel <= 1 << 22 else None
+    return v is None or bool(np.asarray(v).any())
 
 
 def _softmax_guarded(x: Tensor) -> Tensor:
@@ -162,10 +160,10 @@ def _attention(ctx: OpContext):
     if mode == 2:
         qk_out = with_bias
     sm_in = with_bias.cast(dtype_of(precision)) if precision is not None else with_bias
-    row_masked = bias.max(-1, keepdims=True)
-    row_masked = row_masked.eq(row_masked.scalar_like(-np.inf))
     if mode == 3:       # the probabilities are an output: the reference's guarded softmax
         probs = _softmax_guarded(sm_in)
+        row_masked = bias.max(-1, keepdims=True)
+        row_masked = row_masked.eq(row_masked.scalar_like(-np.inf))
         probs = row_masked.where(probs.scalar_like(0.0), probs)
         qk_out = probs
         y = probs.cast(f).matmul(v)

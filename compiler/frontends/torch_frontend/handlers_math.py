@@ -219,8 +219,8 @@ _FLOAT_UNARY = {
 for _name, _m in _FLOAT_UNARY.items():
     aten(f"{_name}.default")(lambda ctx, x, _m=_m: _m(float_of(x)))
 
-_LIB_UNARY = {"erf": "activations.erf", "erfc": "activations.erfc", "expm1": "activations.expm1", "log1p": "activations.log1p",
-              "relu": "activations.relu", "silu": "activations.silu", "mish": "activations.mish",
+_LIB_UNARY = {"erf": "activations.erf", "erfc": "activations.erfc", "expm1": "activations.expm1",
+              "log1p": "activations.log1p", "relu": "activations.relu", "silu": "activations.silu", "mish": "activations.mish",
               "hardswish": "activations.hard_swish"}
 for _name, _q in _LIB_UNARY.items():
     aten(f"{_name}.default", requires=[_q])(lambda ctx, x, _q=_q: lib(_q)(float_of(x)))

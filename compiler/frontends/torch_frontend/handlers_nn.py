@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from lumc.compiler.frontends.torch_frontend.registry import aten, arg, float_of, lib, promote, to_tensor
+from lumc.compiler.frontends.torch_frontend.registry import (aten, arg, float_of, lib, promote,
+                                                          to_tensor)
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, toposort
@@ -345,7 +346,6 @@ def _flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, 
     # the second result: log-sum-exp of each query's scores, f32 [B, H, L]
     lse = lib("reduce.reduce")(scores.cast(dt.f32), "log_sum_exp", [-1], keepdims=False)
     return out, lse
-
 
 
 @aten("_cdist_forward.default")

@@ -158,20 +158,7 @@ def _cumsum(ctx, x, dim, *, dtype=None):
     return lib("reduce.cumsum")(x, normalize_axis(dim, x.ndim))
 
 
-def _prefix_grid(x: Tensor, dim: int, fill) -> tuple[Tensor, list[int]]:
-    """``x`` with ``dim`` moved last and widened to ``[..., i, j]``: ``x[..., j]`` where ``j <= i``,
-    ``fill`` elsewhere (a scan as a reduction over ``j``: ``O(n^2)`` work along ``dim``); and the
-    permutation that moves the scanned dim back."""
-    perm = [a for a in range(x.ndim) if a != dim] + [dim]
-    back = [perm.index(a) for a in range(x.ndim)]
-    xl = x.permute(perm)
-    n = xl.shape[-1]
-    grid = xl.unsqueeze([-2]).expand(xl.shape[:-1] + (n, n))
-    keep = Tensor.iota((n, n), 1).le(Tensor.iota((n, n), 0))        # j <= i
-    return keep.where(grid, grid.scalar_like(fill)), back
-
-
-@aten("cumprod.default", requires=["reduce.reduce"])
+@aten("cumprod.default", requires=["reduce.reduce", "reduce.scan_grid"])
 def _cumprod(ctx, x, dim, *, dtype=None):
     """Running product along ``dim``: each prefix reduced by ``reduce.reduce``'s product (floats:
     within an ulp of the sequential product; integers exact, wrapping as PyTorch's)."""
@@ -179,11 +166,11 @@ def _cumprod(ctx, x, dim, *, dtype=None):
         (x.cast(dt.i64) if not x.dtype.is_float else x)
     if x.ndim == 0 or x.numel == 0:
         return x
-    grid, back = _prefix_grid(x, normalize_axis(dim, x.ndim), 1)
+    grid, _, back = lib("reduce.scan_grid")(x, dim, 1)
     return lib("reduce.reduce")(grid, "prod", [-1], keepdims=False).permute(back)
 
 
-@aten("logcumsumexp.default")
+@aten("logcumsumexp.default", requires=["reduce.scan_grid"])
 def _logcumsumexp(ctx, x, dim):
     """``log(cumsum(exp(x)))`` along ``dim``, shifted by each prefix's max (no overflow); a prefix
     of ``-inf`` gives ``-inf``, one holding ``+inf`` gives ``+inf``, NaN propagates. Computed in
@@ -193,7 +180,7 @@ def _logcumsumexp(ctx, x, dim):
     if x.ndim == 0 or x.numel == 0:
         return x
     xa = x.cast(x.dtype.accumulator)
-    grid, back = _prefix_grid(xa, normalize_axis(dim, x.ndim), float("-inf"))
+    grid, _, back = lib("reduce.scan_grid")(xa, dim, float("-inf"))
     m = grid.max([-1], keepdims=True)
     shift = m.isinf().logical_or(m.isnan()).where(m.scalar_like(0.0), m)
     r = grid.sub(shift).exp().sum([-1], keepdims=True).log().add(shift)

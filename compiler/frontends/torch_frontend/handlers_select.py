@@ -159,18 +159,11 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> tuple[Tensor, Tensor]:
     ``>=`` update); once a NaN is seen it stays, indexed by the latest NaN."""
     if x.ndim == 0:
         return x, Tensor.full((), 0, dt.i64)
-    d = normalize_axis(dim, x.ndim)
-    perm = [a for a in range(x.ndim) if a != d] + [d]
-    back = [perm.index(a) for a in range(x.ndim)]
-    xl = x.permute(perm)
-    n = xl.shape[-1]
-    grid = xl.unsqueeze([-2]).expand(xl.shape[:-1] + (n, n))          # [..., i, j] = x[j]
-    keep = Tensor.iota((n, n), 1).le(Tensor.iota((n, n), 0))           # j <= i
-    xc = grid.cast(dt.u8) if grid.dtype.is_bool else grid
+    xc = x.cast(dt.u8) if x.dtype.is_bool else x
     fill = xc.dtype.min_value() if largest else xc.dtype.max_value()
-    sel = keep.where(xc, xc.scalar_like(fill))
+    sel, keep, back = lib("reduce.scan_grid")(xc, dim, fill)
     best = sel.max([-1], keepdims=True) if largest else sel.min([-1], keepdims=True)
-    hit = keep.logical_and(_same(xc, best))
+    hit = keep.logical_and(_same(sel, best))      # sel is x[j] wherever keep holds
     j = Tensor.iota(hit.shape, hit.ndim - 1)
     idx = hit.where(j, j.scalar_like(-1)).max([-1])
     vals = best.reshape(best.shape[:-1])
@@ -179,12 +172,12 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> tuple[Tensor, Tensor]:
     return vals.permute(back), idx.permute(back)
 
 
-@aten("cummax.default")
+@aten("cummax.default", requires=["reduce.scan_grid"])
 def _cummax(ctx, x, dim):
     return _cumulative(x, dim, True)
 
 
-@aten("cummin.default")
+@aten("cummin.default", requires=["reduce.scan_grid"])
 def _cummin(ctx, x, dim):
     return _cumulative(x, dim, False)
 
