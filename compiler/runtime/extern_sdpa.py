@@ -222,9 +222,12 @@ class SdpaAttention:
         from torch.nn import functional as F
         p, c1, c2 = self.p, self.p.c1, self.p.c2
         ev = TorchEvaluator(self.kernel, feed, device, constants=self.constants)
-        q = _compact(ev(c1.a), c1, (c1.batch_dims, c1.m_dims, c1.k_dims))
-        k = _compact(ev(c1.b), c1, (c1.batch_dims, c1.n_dims, c1.k_dims))
-        v = _compact(ev(c2.b), c2, (c2.batch_dims, c2.k_dims, c2.n_dims))
+        # 4-D, [1, batch, L, D]: PyTorch's fused kernels (FlashAttention, memory-efficient, cuDNN,
+        # the CPU flash kernel) take nothing else; a 3-D call runs the math fallback, which forms
+        # the score matrix (``sdp_utils_cpp.h: check_tensor_shapes``)
+        q = _compact(ev(c1.a), c1, ((), c1.batch_dims, c1.m_dims, c1.k_dims))
+        k = _compact(ev(c1.b), c1, ((), c1.batch_dims, c1.n_dims, c1.k_dims))
+        v = _compact(ev(c2.b), c2, ((), c2.batch_dims, c2.k_dims, c2.n_dims))
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision or "")
         if half is not None and q.dtype == torch.float32:
             q, k, v = q.to(half), k.to(half), v.to(half)
@@ -238,7 +241,7 @@ class SdpaAttention:
                                   self.constants)(self.x)
             fr1 = c1.node.shape
             mask = _compact((beta.to(torch.float32) * ln2c).reshape(fr1), c1,
-                            (c1.batch_dims, c1.m_dims, c1.n_dims))
+                            ((), c1.batch_dims, c1.m_dims, c1.n_dims))
             capturing = str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
             if self._mask_fixed and not capturing and self.mask_kind == "unknown":
                 # too large to classify on the host; classified as the model has it (fp32), not

@@ -389,3 +389,20 @@ def test_sdpa_keeps_nan_for_a_query_whose_every_key_is_masked():
     got = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
     assert np.isnan(ref[1]).all() and np.isnan(got[1]).all()
     assert max_rel_error(got[0], ref[0]) < 1e-5
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sdpa_runs_on_a_fused_kernel_not_the_math_fallback(name):
+    """PyTorch's fused SDPA kernels (FlashAttention, memory-efficient, cuDNN; the CPU flash
+    kernel) take only 4-D query, key and value: the extern once passed ``[batch, L, D]`` and every
+    call fell back to the math kernel, which forms the score matrix. With only the flash backend
+    enabled (torch's CPU flash kernel takes fp32 and any mask) the extern must still run, and match
+    the float64 meaning."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    f, specs = CASES[name]
+    k = _kernel("attention", f, specs)
+    ins = _inputs(specs)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        got = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
+    assert max_rel_error(got, ref) < 1e-5
