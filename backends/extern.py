@@ -170,6 +170,8 @@ def extern_configs(kernel: Kernel, dev: DeviceSpec | None = None) -> list[dict]:
     precs = [p for p in (allowed or ()) if p in TORCH_PRECISIONS] or [None]
     out = []
     for impl in extern_impls(kernel):
+        if impl == "sdpa" and not sdpa_fused_ok(kernel):
+            continue        # SDPA would run its math fallback (sdpa_fused_ok)
         for p in precs:
             if p == "fp8" and (impl != "cublas" or not scaled_mm_applies(kernel)):
                 continue
@@ -180,6 +182,22 @@ def extern_configs(kernel: Kernel, dev: DeviceSpec | None = None) -> list[dict]:
                 continue        # its mask would change in the half type (sdpa_half_ok)
             out.append({"IMPL": impl} if p is None else {"IMPL": impl, "PRECISION": p})
     return out
+
+
+# head dims every fused SDPA kernel takes: FlashAttention-2 (q, k, v one head dim, a multiple of 8,
+# at most 256), the memory-efficient kernel (multiples of 8 for half types, 4 for fp32) and cuDNN
+# (multiples of 8, at most 128 on older versions: it is not the only backend); PyTorch's
+# ``sdp_utils.cpp`` (check_head_dim_size_flash / _mem_efficient) and FlashAttention-2's README
+SDPA_HEAD_MULTIPLE, SDPA_MAX_HEAD = 8, 256
+
+
+def sdpa_fused_ok(kernel: Kernel) -> bool:
+    """Whether PyTorch runs this attention on a fused kernel (not the math fallback, which forms
+    the ``[batch, M, N]`` score matrix the simulator does not price): query/key and value head
+    dims multiples of :data:`SDPA_HEAD_MULTIPLE` and at most :data:`SDPA_MAX_HEAD`."""
+    p = attention_plan(kernel)
+    return p is not None and all(d % SDPA_HEAD_MULTIPLE == 0 and 0 < d <= SDPA_MAX_HEAD
+                                 for d in (p.c1.K, p.c2.N))
 
 
 def scaled_mm_applies(kernel: Kernel) -> bool:

@@ -406,3 +406,16 @@ def test_sdpa_runs_on_a_fused_kernel_not_the_math_fallback(name):
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         got = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
     assert max_rel_error(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("d,offered", [(16, True), (12, False), (40, True), (320, False)])
+def test_sdpa_offered_only_for_head_dims_a_fused_kernel_takes(d, offered):
+    """A head dim that no fused SDPA kernel takes (not a multiple of 8, or over 256) would run the
+    math fallback on a GPU, which forms the score matrix the simulator does not price: no sdpa
+    config is searched there (the Triton flash kernel and cuBLAS still are)."""
+    from lumc.backends.devices import H200
+    qkv = [((B, H, LQ, d), dt.f32), ((B, H, LK, d), dt.f32), ((B, H, LK, d), dt.f32)]
+    k = _kernel("attention", _plain, qkv)
+    impls = {c["IMPL"] for c in bx.extern_configs(k, H200)}
+    assert ("sdpa" in impls) == offered
+    assert "cublas" in impls
