@@ -277,8 +277,10 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         mask_nodes = sdpa_mask_nodes(kernel)
         if kind == "input":
             # the mask is recomputed per call (``extern_sdpa``): zeros for the scores, each op of
-            # the score function at S = 0 over the full scores, the ln 2 scale, and at half
-            # precision the clamp to its range and the cast (isfinite, clamp, where, to)
+            # the score function at S = 0, the ln 2 scale, and at half precision the clamp to its
+            # range and the cast (isfinite, clamp, where, to); priced over the full scores, an
+            # upper bound: the runtime forms a mask only along the dims it varies over (a padding
+            # mask's [B, 1, 1, N]), and its launches dominate at model sizes
             for n in mask_nodes:
                 if n.op in ("Input", "Constant", "View"):
                     continue

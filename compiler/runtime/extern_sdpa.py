@@ -31,8 +31,12 @@ class TorchEvaluator:
     some nodes' values (what the rest is computed from). Semantics: ``lumc.compiler.runtime.graph_torch``."""
 
     def __init__(self, kernel: Kernel, feed: dict, device, overrides: dict | None = None,
-                 memo: dict | None = None, constants: dict | None = None):
+                 memo: dict | None = None, constants: dict | None = None, broadcast: bool = False):
         self.kernel, self.feed, self.device = kernel, feed, device
+        # broadcast: a value may keep size 1 along a dim its node is constant over (a stride-0
+        # view's broadcast, which elementwise ops keep by torch's broadcasting), so a padding mask
+        # [B, 1, 1, N] viewed as [B, H, M, N] scores is computed at its own size, not per score
+        self.broadcast = broadcast
         # weights copied to the device once (a host copy cannot happen inside a CUDA-graph capture)
         self.constants = constants if constants is not None else {}
         self.memo: dict[int, object] = dict(memo or {})
@@ -54,6 +58,12 @@ class TorchEvaluator:
         from lumc.compiler.runtime.extern import _native_contraction
         op = n.op
         v = [self.memo.get(id(s)) for s in n.srcs]
+        if self.broadcast and op not in ELEMENTWISE_TORCH:
+            if op == "View":
+                return self._broadcast_view(n, v[0])
+            # anything else reads its operands whole (expand: a view, no copy)
+            v = [x.expand(s.shape) if tuple(x.shape) != tuple(s.shape) else x
+                 for x, s in zip(v, n.srcs)]
         if op == "Input":
             return self.feed[n.arg.name]
         if op == "Constant":
@@ -80,8 +90,8 @@ class TorchEvaluator:
             return torch.where(*v)
         if op == "SumReduce":
             if n.srcs[0].op == "Mul":
-                a, b = n.srcs[0].srcs
-                return _native_contraction(None)(self(a), self(b), *gt._contraction_args(n))
+                a, b = (self(x).expand(x.shape) for x in n.srcs[0].srcs)
+                return _native_contraction(None)(a, b, *gt._contraction_args(n))
             acc = n.dtype.accumulator if n.dtype.is_float else n.dtype
             return gt.sum_op(v[0], tuple(n.arg), gt._TORCH_NAMES[n.dtype.name],
                              gt._TORCH_NAMES[acc.name])
@@ -97,6 +107,27 @@ class TorchEvaluator:
         if op == "Contiguous":
             return v[0].contiguous()
         raise NotImplementedError(f"no torch evaluation for primitive op {op}")
+
+    def _broadcast_view(self, n: Node, x):
+        """A view in broadcast mode: a broadcast scalar stays one (unless the view pads it); a
+        stride-0 dim of the view keeps size 1."""
+        from lumc.compiler.runtime import graph_torch as gt
+        a, src = n.arg, n.srcs[0]
+        if tuple(x.shape) != tuple(src.shape):
+            if a.mask is None and x.numel() == 1:
+                return x.reshape([1] * len(a.shape))
+            x = x.expand(src.shape)      # read whole (view_op copies it): correct, not minimal
+        out = gt.view_op(x, tuple(a.shape), tuple(a.strides), int(a.offset), a.mask)
+        if a.mask is None:
+            for k, st in enumerate(a.strides):
+                if st == 0 and out.shape[k] > 1:
+                    out = out.narrow(k, 0, 1)
+        return out
+
+
+# primitive ops computed elementwise by torch's broadcasting (TorchEvaluator's broadcast mode)
+ELEMENTWISE_TORCH = frozenset({"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Cast", "Add", "Mul", "Div",
+                               "Mod", "LessThan", "Where"})
 
 
 def _topo(root: Node, known: dict) -> list[Node]:
@@ -118,14 +149,25 @@ def _topo(root: Node, known: dict) -> list[Node]:
     return out
 
 
-def _compact(t, c, groups):
-    """``t`` over ``c.full`` as a ``[prod(group) for group]`` tensor (other dims read at 0)."""
+def _compact(t, c, groups, broadcast: bool = False):
+    """``t`` over ``c.full`` as a ``[prod(group) for group]`` tensor (other dims read at 0). With
+    ``broadcast``, ``t`` may hold size 1 along dims it is constant over, and a group all of such
+    dims stays size 1 (SDPA broadcasts it): only the groups it varies along are formed."""
     keep = [d for g in groups for d in g]
     idx = tuple(slice(None) if d in keep else 0 for d in range(len(c.full)))
-    sub = t.expand(c.full)[idx] if tuple(t.shape) != tuple(c.full) else t[idx]
+    sub = (t if broadcast else t.expand(c.full))[idx]
     kept = [d for d in range(len(c.full)) if d in keep]
     sub = sub.permute([kept.index(d) for d in keep])
-    return sub.reshape([math.prod(c.full[d] for d in g) for g in groups])
+    sizes, pos = [], 0
+    for g in groups:
+        span = range(pos, pos + len(g))
+        pos += len(g)
+        if broadcast and all(sub.shape[i] == 1 for i in span):
+            sizes.append(1)
+            continue
+        sub = sub.expand([c.full[keep[i]] if i in span else d for i, d in enumerate(sub.shape)])
+        sizes.append(math.prod(c.full[d] for d in g))
+    return sub.reshape(sizes)
 
 
 _ALPHAS: dict[str, float] = {}   # the probed scale per kernel content (Kernel.content_hash)
@@ -236,18 +278,18 @@ class SdpaAttention:
         mask = self._masks.get(mkey) if self._mask_fixed else None
         dead = self._dead.get(mkey) if self._mask_fixed else None
         if mask is None and self.mask_kind not in ("none", "causal"):
-            zero = torch.zeros(c1.node.shape, dtype=_torch_dt(c1.node), device=device)
+            # at the mask's own size: a padding mask stays [B, 1, 1, N], not one value per score
+            zero = torch.zeros([1] * len(c1.node.shape), dtype=_torch_dt(c1.node), device=device)
             beta = TorchEvaluator(self.kernel, feed, device, {c1.node: zero}, ev.memo,
-                                  self.constants)(self.x)
-            fr1 = c1.node.shape
-            mask = _compact((beta.to(torch.float32) * ln2c).reshape(fr1), c1,
-                            ((), c1.batch_dims, c1.m_dims, c1.n_dims))
+                                  self.constants, broadcast=True)(self.x)
+            mask = _compact(_t_to_scores(beta.to(torch.float32) * ln2c, p.t2f1, c1.node.shape),
+                            c1, ((), c1.batch_dims, c1.m_dims, c1.n_dims), broadcast=True)
             capturing = str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
             if self._mask_fixed and not capturing and self.mask_kind == "unknown":
                 # too large to classify on the host; classified as the model has it (fp32), not
                 # as the first call's precision rounds it: the verdict serves every later call
                 from lumc.backends.extern import classify_mask
-                self.mask_kind = classify_mask(mask)
+                self.mask_kind = classify_mask(mask.expand(q.shape[:-1] + k.shape[-2:-1]))
             if q.dtype != mask.dtype:       # finite values stay finite: -1e9 is not -inf in fp16
                 fi = torch.finfo(q.dtype)
                 mask = torch.where(torch.isfinite(mask), mask.clamp(fi.min, fi.max), mask)
@@ -274,6 +316,17 @@ class SdpaAttention:
         t = t.to(_torch_dt(c2.node))
         fin = TorchEvaluator(self.kernel, feed, device, {c2.node: t}, ev.memo, self.constants)
         return [fin(o) for o in self.kernel.meaning.outputs.values()]
+
+
+def _t_to_scores(t, t2f1: list[int], shape: tuple):
+    """``t`` over the softmax's domain (``T``, maybe with broadcast size-1 dims) reshaped to the
+    scores' ``shape``: ``T`` and the scores differ only in unit dims (``AttentionPlan.t2f1``: the
+    scores' dim of each non-unit dim of ``T``)."""
+    out = [1] * len(shape)
+    for j, f in enumerate(t2f1):
+        if f >= 0:
+            out[f] = t.shape[j]
+    return t.reshape(out)
 
 
 def _torch_dt(n: Node):

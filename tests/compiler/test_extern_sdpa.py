@@ -419,3 +419,39 @@ def test_sdpa_offered_only_for_head_dims_a_fused_kernel_takes(d, offered):
     impls = {c["IMPL"] for c in bx.extern_configs(k, H200)}
     assert ("sdpa" in impls) == offered
     assert "cublas" in impls
+
+
+def _pad_bias(q, k, v, m):
+    """BERT's additive padding mask: (1 - m) * finfo.min, m an int [B, 1, 1, LK] input."""
+    return softmax(_scores(q, k) + (1.0 - m.cast(dt.f32)) * float(np.finfo(np.float32).min), -1) @ v
+
+
+@pytest.mark.parametrize("name,f,mspec,most", [
+    ("bool padding", _bool_mask, ((B, 1, 1, LK), dt.bool_), B * LK),
+    ("int padding bias", _pad_bias, ((B, 1, 1, LK), dt.i64), B * LK),
+    ("per-query bias", _bias_epilogue, ((B, 1, LQ, LK), dt.f32), B * LQ * LK),
+])
+def test_sdpa_gets_the_mask_at_its_own_size(monkeypatch, name, f, mspec, most):
+    """The mask SDPA reads is the score function at S = 0, formed where it varies only: a padding
+    mask [B, 1, 1, N] reaches SDPA broadcastable ([1, B*H, 1, N] or smaller), not one value per
+    score ([B*H, M, N]: at B = 8, H = 32, 4096 tokens, 17 GB of fp32). Values still match."""
+    import torch
+    from torch.nn import functional as F
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(None if attn_mask is None else attn_mask.shape)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    specs = QKV + [mspec]
+    k = _kernel("attention", f, specs)
+    ins = _inputs(specs)
+    if mspec[1] == dt.i64:
+        ins[-1] = (np.arange(LK) < LK - 3 - np.arange(B)[:, None, None, None]).astype(np.int64)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    got = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
+    assert max_rel_error(got, ref) < 1e-5
+    (shape,) = seen
+    assert shape is not None and len(shape) == 4
+    assert int(np.prod(shape)) <= most * H, (name, tuple(shape))
