@@ -84,7 +84,18 @@ def declarations() -> str:
         f"(datatype Expr {ctors})",
         "(function shape (Expr) IVec :merge old)",
         *_horizontal.FUNCTIONS,
+        *ROUNDING_TABLE,
     ])
+
+
+# ``(split-of dtype)``: Veltkamp's splitting constant 2^(53 - p) + 1 for a float type of p
+# significant bits: ``g = v * c; g + (v - g)`` is f64 ``v`` rounded to nearest in that type (Dekker,
+# "A floating-point technique for extending the available precision", 1971; exact for normal
+# results, which is all a rule compares it with). A rule can so test that a constant is exactly
+# ``dtype(1 / N)`` in f64 arithmetic (``rules_kernels.norm_rules``).
+SPLIT_BITS = {"f64": 53, "f32": 24, "f16": 11, "bf16": 8}
+ROUNDING_TABLE = ["(function split-of (String) f64 :merge old)"] + [
+    f'(set (split-of "{name}") {float(2 ** (53 - p) + 1)!r})' for name, p in SPLIT_BITS.items()]
 
 
 OP_OF_CTOR = {row.egglog: name for name, row in OPS.items()}

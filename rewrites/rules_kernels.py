@@ -439,20 +439,23 @@ def norm_rules() -> list[Rule]:
     rules = []
     for r in range(1, 5):
         ax = f"(vec-of {r - 1})"
-        n_ok = f"(< (abs (- (* ?invn (to-f64 (vec-get ?S {r - 1}))) 1.0)) 0.001)"
+        # the mean's scale is exactly dtype(1 / N), what the form's decoding multiplies by
+        # (``Tensor.mean``): 1 / (N - 1), within 0.1% of it from N = 1002, is another function
+        n_ok = (f"(= ?nv (/ 1.0 (to-f64 (vec-get ?S {r - 1}))))", "(= ?nsf (split-of ?dt))",
+                "(= ?ng (* ?nv ?nsf))", "(= ?invn (+ ?ng (- ?nv ?ng)))")
         rsq = f"(View (Recip (Sqrt (Add ?var {fill('?eps', '?R', '3')}))) (Expand ?S))"
         shape = tuple((2, 3, 4, 6)[:r - 1]) + (7,)
         ln_where = (
             f"(= ?mean {_mean('?x', ax, '0')})",
             f"(= ?d (Add ?x (Mul (View ?mean (Expand ?S)) {fill('-1.0', '?S', '1')})))",
             f"(= ?var {_mean('(Mul ?d ?d)', ax, '0')})",
-            "(= ?S (shape ?x))", f"(= (vec-length ?S) {r})", n_ok)
+            "(= ?S (shape ?x))", f"(= (vec-length ?S) {r})", *n_ok)
         rules.append(Rule(f"kernels/LayerNorm: (x - mean x) * rsqrt(var x + eps) -> layernorm(x) "
                           f"[r={r}]", "exact", f"(Mul ?d {rsq})", f"(LayerNorm ?x {r - 1} ?eps)",
                           ln_where, cases=(_norm_case(shape), _norm_case((0,) + shape[1:])
                                            if r > 1 else _norm_case(shape))))
         rms_where = (f"(= ?var {_mean('(Mul ?x ?x)', ax, '0')})", "(= ?S (shape ?x))",
-                     f"(= (vec-length ?S) {r})", n_ok)
+                     f"(= (vec-length ?S) {r})", *n_ok)
         rules.append(Rule(f"kernels/RMSNorm: x * rsqrt(mean(x*x) + eps) -> rmsnorm(x) [r={r}]",
                           "exact", f"(Mul ?x {rsq})", f"(RMSNorm ?x {r - 1} ?eps)", rms_where,
                           cases=(_norm_case(shape),)))

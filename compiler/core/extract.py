@@ -70,9 +70,10 @@ class EGraphView:
                 v.classes.setdefault(c, []).append(ENode(op, kids))
             elif op == "shape":
                 shape_rows.append((kids[0], c))
-            elif op in ("hbase", "hlast", "colpart"):
+            elif op in ("hbase", "hlast", "colpart", "split-of"):
                 # horizontal fusion's functions: keys, or (colpart) a function whose value, a
-                # vec-of, shares its e-class; not values themselves
+                # vec-of, shares its e-class; the rounding table (``language.ROUNDING_TABLE``):
+                # a constant per float type; not values themselves
                 continue
             elif typ in ("i64", "f64", "String", "bool"):
                 v.values[c] = _literal(op, typ)
