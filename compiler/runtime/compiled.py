@@ -147,6 +147,9 @@ class CompiledModel:
                 from lumc.compiler.runtime.index_ranges import index_uses
                 self._uses = index_uses(onnx.load_from_string(self.source_onnx),
                                         {k: n.shape for k, n in self.graph.inputs.items()})
+            elif not self.source_onnx:     # a torch module's graph: from lumc's own Gathers
+                from lumc.compiler.runtime.index_ranges import graph_index_uses
+                self._uses = graph_index_uses(self.graph)
         return self._uses
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:

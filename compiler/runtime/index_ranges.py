@@ -40,6 +40,7 @@ class IndexUse:
     op: str
     size: int
     per_last: tuple[int, ...] = ()
+    negative: bool = True     # False: valid indices are [0, n) (torch embedding, index_select)
 
 
 def _shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[str, tuple]:
@@ -143,8 +144,66 @@ def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, 
                      if u.per_last and x.ndim and x.shape[-1] == len(u.per_last) else [(x, u.size)])
             for comp, n in parts:
                 lo, hi = int(comp.min()), int(comp.max())
-                if lo < -n or hi >= n:
-                    bad = lo if lo < -n else hi
+                first = -n if u.negative else 0
+                if lo < first or hi >= n:
+                    bad = lo if lo < first else hi
                     raise IndexRangeInputError(
-                        f"index {bad} in input {name!r} is out of range [{-n}, {n}) of the "
+                        f"index {bad} in input {name!r} is out of range [{first}, {n}) of the "
                         f"table it indexes", node=u.node, op=u.op)
+
+
+def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
+    """``{graph input name: [IndexUse]}`` from lumc's own graph, for a model with no ONNX source (a
+    torch module): an integer input that reaches a ``Gather``'s index as given (through views that
+    read every element, and widening integer casts) must lie in ``[0, n)``, as PyTorch's
+    ``embedding``, ``index_select`` and ``gather`` require; through the negative-index wrap
+    ``where(i < 0, i + n, i)`` (``ir.library.indexing.normalize_indices``: advanced indexing) in
+    ``[-n, n)``. A GPU kernel masks an index outside its table (a row of zeros, or with 32-bit
+    indexing another row), so the run refuses it first (:func:`check_index_inputs`)."""
+    from lumc.ir.ops import apply_view
+    inputs = {id(n): k for k, n in graph.inputs.items() if n.dtype.is_int}
+    if not inputs:
+        return {}
+
+    def reads_all(v) -> bool:
+        src = v.srcs[0]
+        if v.arg.mask is not None or src.numel > 1 << 22:
+            return False
+        seen = apply_view(np.arange(src.numel).reshape(src.shape), v.arg)
+        return np.unique(seen).size == src.numel
+
+    def unwrapped(x, n: int):
+        if x.op != "Where" or x.srcs[0].op != "LessThan":
+            return None
+        i = x.srcs[2]
+        add = x.srcs[1]
+        if x.srcs[0].srcs[0] is not i or add.op != "Add" or i not in add.srcs:
+            return None
+        c = add.srcs[1] if add.srcs[0] is i else add.srcs[0]
+        while c.op in ("View", "Cast"):
+            c = c.srcs[0]
+        if c.op != "Constant" or np.asarray(c.arg.value).size != 1 or \
+                int(np.asarray(c.arg.value).reshape(-1)[0]) != n:
+            return None
+        return i
+
+    out: dict[str, list[IndexUse]] = {}
+    for g in graph.nodes():
+        if g.op != "Gather":
+            continue
+        n = int(g.srcs[0].shape[int(g.arg)])
+        x, negative = g.srcs[1], False
+        for _ in range(32):
+            if x.op == "View" and reads_all(x):
+                x = x.srcs[0]
+            elif x.op == "Cast" and x.srcs[0].dtype.is_int and \
+                    x.dtype.itemsize >= x.srcs[0].dtype.itemsize:
+                x = x.srcs[0]
+            elif unwrapped(x, n) is not None:
+                x, negative = unwrapped(x, n), True
+            else:
+                break
+        if id(x) in inputs:
+            out.setdefault(inputs[id(x)], []).append(
+                IndexUse(f"%{g.id}", "Gather", n, (), negative))
+    return out

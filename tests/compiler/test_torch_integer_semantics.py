@@ -88,7 +88,8 @@ def test_integer_fmod_and_remainder_refuse_a_zero_divisor_as_eager(dtype):
 
 
 def test_integer_fmod_by_zero_refused_after_the_search(tmp_path, monkeypatch):
-    """The same through ``lumc.compile`` (the searched plan's CPU execution)."""
+    """The same through ``lumc.compile``: refused before the run, as on a GPU (whose kernel would
+    mask the row), by the input's range check (``index_ranges.graph_index_uses``)."""
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
     m = IntModulo().eval()
     x = torch.tensor([7, -7, 7, -7, 0, 5], dtype=torch.int32)
@@ -142,14 +143,17 @@ class IndexOnly(nn.Module):
 
 
 def test_embedding_negative_index_refused_after_the_search(tmp_path, monkeypatch):
-    """The same through ``lumc.compile`` (the searched plan's CPU execution)."""
+    """The same through ``lumc.compile``: refused before the run, as on a GPU (whose kernel would
+    mask the row), by the input's range check (``index_ranges.graph_index_uses``)."""
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
     torch.manual_seed(12)
     m = nn.Embedding(10, 4).eval()
     good = torch.tensor([[1, 9, 0]])
     f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(good,))
     check_close(f(good), m(good))
-    with pytest.raises(IndexRangeError, match=r"op Gather: gather index -3 out of range \[0, 10\)"):
+    from lumc.compiler.runtime.index_ranges import IndexRangeInputError
+    with pytest.raises(IndexRangeInputError, match=r"op Gather: index -3 in input '\w+' is out of "
+                                                   r"range \[0, 10\)"):
         f(torch.tensor([[1, -3, 0]]))
 
 
@@ -188,7 +192,8 @@ def test_gather_refuses_a_negative_index_as_eager():
 
 
 def test_gather_negative_index_refused_after_the_search(tmp_path, monkeypatch):
-    """The same through ``lumc.compile`` (the searched plan's CPU execution)."""
+    """The same through ``lumc.compile``: refused before the run, as on a GPU (whose kernel would
+    mask the row), by the input's range check (``index_ranges.graph_index_uses``)."""
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
     torch.manual_seed(14)
     m = GatherAlong(1).eval()
@@ -197,5 +202,7 @@ def test_gather_negative_index_refused_after_the_search(tmp_path, monkeypatch):
     check_close(f(x, good), m(x, good))
     other = torch.tensor([[3, 3], [0, 2], [1, 1]])
     check_close(f(x, other), m(x, other))
-    with pytest.raises(IndexRangeError, match=r"op Gather: gather index -1 out of range \[0, 4\)"):
+    from lumc.compiler.runtime.index_ranges import IndexRangeInputError
+    with pytest.raises(IndexRangeInputError, match=r"op Gather: index -1 in input '\w+' is out of "
+                                                   r"range \[0, 4\)"):
         f(x, torch.tensor([[0, 3], [-1, 2], [3, 0]]))

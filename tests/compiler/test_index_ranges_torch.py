@@ -1,0 +1,58 @@
+"""A torch module's integer inputs that index a table are range-checked before a run, as an ONNX
+model's are: on a GPU the kernel masks an index outside its table (a row of zeros; with 32-bit
+indexing, 2**32 + 7 reads row 7), where PyTorch raises. The ranges come from lumc's own graph
+(``index_ranges.graph_index_uses``): [0, n) for embedding / index_select / gather, [-n, n) for
+advanced indexing, which wraps negatives."""
+import pytest
+import torch
+
+import lumc
+from lumc.compiler.runtime.index_ranges import IndexRangeInputError
+
+V, P, D = 50, 16, 8
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, D)
+        self.table = torch.nn.Parameter(torch.randn(P, D))
+
+    def forward(self, ids, rows, pick):
+        a = self.emb(ids)                                  # [0, V)
+        b = torch.index_select(self.table, 0, rows)        # [0, P)
+        c = self.table[pick]                               # [-P, P): wraps negatives
+        return a.sum(1) + b.sum(0) + c.sum(0)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    import os
+    os.environ["LUMC_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    torch.manual_seed(0)
+    m = Lookup().eval()
+    args = (torch.randint(0, V, (2, 5)), torch.randint(0, P, (3,)), torch.randint(-P, P, (4,)))
+    f = lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200")
+    f(*args)
+    return m, f.specializations[0].compiled, args
+
+
+@pytest.mark.parametrize("which,value,ok", [
+    (0, V - 1, True), (0, V, False), (0, -1, False), (0, 2 ** 32 + 7, False),
+    (1, P - 1, True), (1, P, False), (1, -1, False),
+    (2, -P, True), (2, -P - 1, False), (2, P, False)])
+def test_torch_index_inputs_checked_against_their_tables(compiled, which, value, ok):
+    m, cm, args = compiled
+    bad = [a.clone() for a in args]
+    bad[which].view(-1)[0] = value
+    eager_ok = True
+    try:
+        m(*bad)
+    except (IndexError, RuntimeError):
+        eager_ok = False
+    assert eager_ok == ok          # the test's own premise: PyTorch's verdict
+    if ok:
+        cm._bind(tuple(bad), {})
+    else:
+        with pytest.raises(IndexRangeInputError, match="out of range"):
+            cm._bind(tuple(bad), {})
