@@ -52,6 +52,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.triton.launch import torch_dtype
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
 from lumc.compiler.frontends.torch_frontend import decomposition_table
@@ -454,15 +455,15 @@ class DynamoGraph:
         return spec
 
     # ---- calls ------------------------------------------------------------------------------------
-    def _feed(self, program: CapturedProgram, kept) -> dict:
+    def _feed(self, program: CapturedProgram, kept, tensors: bool = False) -> dict:
+        """``{input name: array}`` of the call (``tensors``: the torch tensors themselves)."""
         feed = {}
         for slot, a in zip(program.inputs, kept):
             if slot.dims is not None:
-                arr = to_numpy(a)
-                if arr.dtype != slot.dtype.np:
+                if a.dtype != torch_dtype(slot.dtype):
                     raise InputError(f"input {slot.name!r} has dtype {a.dtype}, expected "
                                      f"{slot.dtype}", node=slot.name)
-                feed[slot.name] = arr
+                feed[slot.name] = a if tensors else to_numpy(a)
         return feed
 
     def __call__(self, *args):
@@ -485,7 +486,10 @@ class DynamoGraph:
             counters["outside_range"] += 1
         spec = self._specialize(list(args))
         program = spec.program
-        results = spec.executor(self._feed(program, self._kept(args)))
+        if spec.compiled is not None:     # the tensors as they are: on a GPU, no host round trip
+            results = spec.compiled.run_tensors(self._feed(program, self._kept(args), True))
+        else:
+            results = spec.executor(self._feed(program, self._kept(args)))
         out = []
         for name, v in zip(program.output_names, spec.flat_outputs):
             out.append(from_numpy(results[name], program.device) if name in results else v)

@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.backends.triton.launch import input_to_numpy
+from lumc.backends.triton.launch import input_to_numpy, torch_dtype
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.frontends.onnx_frontend import ImportedModel
 from lumc.compiler.core import torch_plan_cache as plan_cache
@@ -160,20 +160,27 @@ class CompiledTorchModule:
                 dynamic dims.
         """
         leaves = self._leaves(args, kwargs)
-        feed = {}
+        tensors = {}
         for slot, leaf in zip(self.program.inputs, leaves):
             if slot.dims is None:
                 continue
             if not isinstance(leaf, torch.Tensor):
                 raise InputError(f"input {slot.name!r} must be a tensor, got "
                                  f"{type(leaf).__name__}", node=slot.name)
-            arr = input_to_numpy(leaf, slot.name, to_numpy)
-            if arr.dtype != slot.dtype.np:
+            if leaf.layout != torch.strided or leaf.is_quantized or leaf.device.type == "meta":
+                input_to_numpy(leaf, slot.name, to_numpy)     # raises: no data to read
+            if leaf.dtype != torch_dtype(slot.dtype):
                 raise InputError(f"input {slot.name!r} has dtype {leaf.dtype}, expected "
                                  f"{slot.dtype}", node=slot.name)
-            feed[slot.name] = arr
-        spec = self.specialization(leaves, feed)
-        results = spec.executor(feed)
+            tensors[slot.name] = leaf
+        spec = self._cache.get(_shape_key(leaves))
+        feed = None
+        if spec is None or spec.compiled is None:
+            feed = {k: input_to_numpy(v, k, to_numpy) for k, v in tensors.items()}
+            spec = self.specialization(leaves, feed)
+        # a compiled plan takes the tensors as they are (on a GPU: no host round trip)
+        results = spec.compiled.run_tensors(tensors) if spec.compiled is not None else \
+            spec.executor(feed)
         device = self.program.device
         flat_out = []
         for name, i in zip(self.program.output_names, self.program.output_index):

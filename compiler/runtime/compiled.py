@@ -103,7 +103,10 @@ class CompiledModel:
         return [TensorInfo(k, n.shape, n.dtype) for k, n in self.graph.outputs.items()]
 
     # ---- running ---------------------------------------------------------------------------------
-    def _bind(self, args, kwargs) -> tuple[dict, bool]:
+    def _bind(self, args, kwargs, keep_torch: bool = False) -> tuple[dict, bool]:
+        """``({input name: array}, whether torch tensors came in)``, checked against the compiled
+        inputs (names, shapes, dtypes, index ranges). With ``keep_torch`` a dense torch tensor
+        stays one (no host copy of a GPU tensor)."""
         names = list(self.graph.inputs)
         given = name_args(names, args, kwargs)
         unknown = sorted(set(given) - set(names))
@@ -112,6 +115,9 @@ class CompiledModel:
         is_torch = any(type(v).__module__.startswith("torch") for v in given.values())
         arrays = {}
         for k, v in given.items():
+            if keep_torch and _dense_tensor(v):
+                arrays[k] = v
+                continue
             if type(v).__module__.startswith("torch"):
                 from lumc.backends.triton.launch import input_to_numpy
                 v = input_to_numpy(v, k)
@@ -131,7 +137,8 @@ class CompiledModel:
             if tuple(a.shape) != n.shape:
                 raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for "
                                  f"{self.shape_text.get(k, n.shape)}", node=k)
-            if a.dtype != n.dtype.np:
+            if (a.dtype != n.dtype.np) if isinstance(a, np.ndarray) else (
+                    a.dtype != _torch_dtype(n.dtype)):
                 raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
                                  node=k)
         from lumc.compiler.runtime.index_ranges import check_index_inputs
@@ -175,17 +182,40 @@ class CompiledModel:
         Returns one array for a single-output model, else a tuple in output order; torch tensors
         in give torch tensors out (on the input's device).
         """
-        arrays, is_torch = self._bind(args, kwargs)
-        out = self.run(arrays)
-        vals = [out[k] for k in self.graph.outputs]
+        arrays, is_torch = self._bind(args, kwargs, keep_torch=True)
         if is_torch:
-            import torch
-            dev = next(v.device for v in (list(args) + list(kwargs.values()))
-                       if isinstance(v, torch.Tensor)) if any(
-                isinstance(v, torch.Tensor) for v in list(args) + list(kwargs.values())) else "cpu"
-            from lumc.backends.triton.launch import to_torch
-            vals = [to_torch(v, str(dev)) for v in vals]
+            out = self.run_tensors(arrays, checked=True)
+        else:
+            out = self.run(arrays)
+        vals = [out[k] for k in self.graph.outputs]
         return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def run_tensors(self, tensors: dict, checked: bool = False) -> dict:
+        """Run on ``{input name: torch tensor (or array)}``; returns ``{output name: torch
+        tensor}`` on the device of the first tensor input. On a CUDA plan the tensors go to the
+        plan's input buffers device to device and the outputs stay on the GPU, with no host copy
+        or synchronization (:meth:`GpuPlan.run_tensors`); elsewhere through :meth:`run`.
+
+        Raises:
+            InputError: as :meth:`run`.
+        """
+        import torch
+        from lumc.backends.triton.launch import to_numpy, to_torch
+        if not checked:
+            tensors, _ = self._bind((tensors,), {}, keep_torch=True)
+        dev = next((str(v.device) for v in tensors.values() if isinstance(v, torch.Tensor)), "cpu")
+        if self.torch_device.startswith("cuda"):
+            from lumc.compiler.runtime.gpu_plan import GpuPlan
+            from lumc.compiler.runtime.targets import set_current_device
+            set_current_device(self.torch_device)
+            if self._gpu_plan is None:
+                self._gpu_plan = GpuPlan(self)
+            out = self._gpu_plan.run_tensors({k: to_torch(v, self.torch_device)
+                                              for k, v in tensors.items()})
+            return {k: v if str(v.device) == dev else v.to(dev) for k, v in out.items()}
+        arrays = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+        out = self.run(arrays)
+        return {k: to_torch(v, dev) for k, v in out.items()}
 
     # ---- report ----------------------------------------------------------------------------------
     def report_dict(self) -> dict:
@@ -341,3 +371,17 @@ def from_parts(path, parts: dict[str, bytes], device: str | None = None,
         torch_device = "cuda:0" if _cuda_available() else "cpu"
     return CompiledModel(graph, program, configs, plan["device"], plan["simulated"], report,
                          parts.get(prefix + "source.onnx", parts.get("source.onnx")), torch_device)
+
+
+def _dense_tensor(v) -> bool:
+    """A torch tensor whose data a kernel can read as it is (strided, not meta or quantized)."""
+    if not type(v).__module__.startswith("torch"):
+        return False
+    import torch
+    return isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_quantized \
+        and v.device.type != "meta"
+
+
+def _torch_dtype(d):
+    from lumc.backends.triton.launch import torch_dtype
+    return torch_dtype(d)

@@ -82,35 +82,54 @@ class GpuPlan:
                config=conf)
 
     def run_numpy(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
+        """:meth:`run_tensors` on numpy arrays (copied to the device and back, synchronized)."""
         from lumc.backends.triton.launch import to_numpy, to_torch
+        out = self.run_tensors({name: to_torch(arrays[name], self.device)
+                                for name in self.cm.graph.inputs})
+        return {k: np.asarray(to_numpy(v), order="C") for k, v in out.items()}
+
+    def run_tensors(self, tensors: dict) -> dict:
+        """Run on ``{input name: torch tensor}`` (the plan's dtypes and shapes, checked by the
+        caller; on any device: copied into the plan's input buffers, device to device on the
+        GPU); returns ``{output name: torch tensor}`` on the plan's device, fresh tensors (the
+        buffers are reused by the next call). Launches are queued on the current stream with no
+        host synchronization and no host copy, as a torch module's call is."""
+        import torch
+        from lumc.compiler.runtime import graph_torch as gt
+        from lumc.backends.triton.launch import to_torch
+        cuda = str(self.device).startswith("cuda")
         for name, n in self.cm.graph.inputs.items():
-            self.inputs[id(n)].copy_(to_torch(arrays[name], self.device))
+            self.inputs[id(n)].copy_(tensors[name])
         if self.graph is None:
             self._launch_all()                      # warm-up: compiles every kernel
-            torch.cuda.synchronize(self.device)
-            try:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    self._launch_all()
-                self.graph = g
-            except Exception:                       # capture unsupported: plain launches
-                self.graph = False
-        if self.graph:
+            self.graph = False
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                try:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        self._launch_all()
+                    self.graph = g
+                except Exception:                   # capture unsupported: plain launches
+                    self.graph = False
+        elif self.graph:
             self.graph.replay()
         else:
             self._launch_all()
-        torch.cuda.synchronize(self.device)
         out = {}
         for name, n in self.cm.program.outputs.items():
             base = self._base(n)
             if base.op == "Constant":
-                v = base.arg.value
+                v = self.weights.get(id(base))
+                v = v if v is not None else to_torch(base.arg.value, self.device)
             elif base.op == "Input":
-                v = arrays[base.arg.name]
+                v = tensors[base.arg.name].to(self.device)
             else:
-                v = to_numpy(self.buffers[id(base)])
-            out[name] = np.asarray(apply_view(v, n.arg) if base is not n else v, order="C")
+                v = self.buffers[id(base)]
+            if base is not n:
+                v = gt.view_op(v, tuple(n.arg.shape), tuple(n.arg.strides),
+                               int(n.arg.offset), n.arg.mask)
+            out[name] = v.clone(memory_format=torch.contiguous_format)
         return out
 
 

@@ -136,9 +136,11 @@ def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, 
     """
     for name, lst in uses.items():
         x = inputs.get(name)
-        if x is None or np.asarray(x).size == 0:
+        if x is not None and not hasattr(x, "device"):
+            x = np.asarray(x)
+        # a torch tensor is checked where it lives (a GPU tensor: two reductions, no copy)
+        if x is None or (x.numel() if hasattr(x, "numel") and callable(x.numel) else x.size) == 0:
             continue
-        x = np.asarray(x)
         for u in lst:
             parts = ([(x[..., j], n) for j, n in enumerate(u.per_last)]
                      if u.per_last and x.ndim and x.shape[-1] == len(u.per_last) else [(x, u.size)])

@@ -90,7 +90,10 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A new torch tensor holding a copy of ``a``, on ``device``."""
+    """A new torch tensor holding a copy of ``a``, on ``device`` (a tensor already: moved there,
+    not copied when it is, as a compiled plan's fresh outputs are)."""
+    if isinstance(a, torch.Tensor):
+        return a.to(device)
     a = np.array(a, copy=True, order="C")
     if a.dtype == ml_dtypes.bfloat16:
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
