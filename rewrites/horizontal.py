@@ -149,8 +149,11 @@ def _pair_rule(bias: bool) -> Rule:
         f"(set (shape (Part {wide} ?n1 ?n)) ?S2)",
     ]
     if bias:
-        where += ["(= ?sb1 (shape ?b1))", "(= (vec-length ?sb1) 1)",
-                  "(= ?sb2 (shape ?b2))", "(= (vec-length ?sb2) 1)"]
+        # a bias per column of its own projection (a one-element bias broadcast over the row
+        # would give the concatenation 1 + n2 values where the wide product has n)
+        where += ["(= ?sb1 (shape ?b1))", "(= (vec-length ?sb1) 1)", "(= (vec-get ?sb1 0) ?n1)",
+                  "(= ?sb2 (shape ?b2))", "(= (vec-length ?sb2) 1)",
+                  "(= (vec-get ?sb2 0) (vec-get ?sw2 1))"]
         sets.insert(0, "(set (shape (HCat ?b1 ?b2)) (vec-of ?n))")
     host = f"(Add {lhs} {_linear('?x', '?w2', b2, '?S')})"
     case = {"x": ("in", (5, 6), "f32"), "w1": ("in", (6, 4), "f32"), "w2": ("in", (6, 4), "f32"),

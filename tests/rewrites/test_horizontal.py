@@ -117,3 +117,33 @@ def test_column_part_accepts_only_whole_rows_in_order():
     assert column_part(src, View((2, 3, 4), (8, 16, 1), 0)) is None              # rows permuted
     assert column_part(src, View((2, 3, 4), (24, 8, 1), 6)) is None              # past the row
     assert column_part(src, View((2, 3, 4), (24, 8, 1), 0, ((0, 2), (0, 3), (0, 2)))) is None
+
+
+@pytest.mark.parametrize("b_shapes", [((1,), (5,)), ((7,), (1,)), ((1,), (1,))])
+def test_a_broadcast_bias_is_not_concatenated(b_shapes):
+    """A one-element bias broadcast over a projection's row is no per-column bias: concatenating it
+    gave the wide product's bias 1 + n2 values where it has n1 + n2 columns, and every horizontal
+    candidate failed to decode. The pair rule leaves such projections apart; with per-column
+    biases, the candidates decode and compute the projections."""
+    rng = np.random.default_rng(5)
+    x = input_node("x", (6, 10), dt.f32)
+    outs = {}
+    for i, (width, bshape) in enumerate(zip((7, 5), b_shapes)):
+        w = Tensor(const_node(rng.standard_normal((10, width)).astype(np.float32)))
+        b = Tensor(const_node(rng.standard_normal(bshape).astype(np.float32)))
+        outs[f"y{i}"] = Tensor(x).matmul(w).add(b).node
+    g = Graph({"x": x}, outs)
+    tables = Tables()
+    enc = Encoder(tables)
+    for o in g.outputs.values():
+        enc.encode(o)
+    _, stats = Saturator(Limits()).saturate(enc.lines, "horizontal")
+    assert stats.matches.get("kernels/MatMul: x @ w1, x @ w2 -> parts of x @ concat(w1, w2) "
+                             "[bias]", 0) == 0
+    res = egraph_candidates(g, "h200", k=8)
+    feed = {"x": rng.standard_normal((6, 10)).astype(np.float32)}
+    ref = ReferenceExecutor(g, "float64")(feed)
+    for p in res.candidates:
+        got = run_program_reference(p, g, feed)
+        for k in ref:
+            assert np.abs(got[k] - ref[k]).max() <= 1e-5 * np.abs(ref[k]).max()
