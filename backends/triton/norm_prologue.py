@@ -103,10 +103,14 @@ def _is_row_broadcast(v: View, row_shape: tuple, p_shape: tuple) -> bool:
     return all(size == 1 or a == b for a, b, size in zip(v.strides, want.strides, p_shape))
 
 
-def reads_operand_rows(c: Contraction) -> bool:
+def reads_operand_rows(c: Contraction, row: int | None = None) -> bool:
     """Whether contraction ``c`` reads its left operand as ``[M, K]`` rows of a computed value (a
     view that splits its dims into M then K): what :func:`plan_row_prologue` needs before a
-    normalization can be formed on load there (a convolution's sliding window cannot)."""
+    normalization can be formed on load there (a convolution's sliding window cannot); with
+    ``row``, the normalization's row length, only where K is that row (its statistics reduce
+    over exactly the K dims)."""
+    if row is not None and c.K != row:
+        return False
     p, views = _strip(c.a)
     if p.op in ("Input", "Constant", "Iota") or not views:
         return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
+from lumc.ir.views import prod
 
 from lumc.backends.triton.contraction import as_contraction, as_contraction_squeezed
 from lumc.backends.triton.norm_prologue import reads_operand_rows
@@ -107,9 +108,23 @@ class NormOnLoad:
         rs = self._sums_of(u) if u.op == "Mul" and id(u) not in self.group else None
         if not rs or _chain(u.srcs[0])[0] is not b:
             return None
-        ok = all(_row_plannable(x, False) and reads_operand_rows(as_contraction_squeezed(x))
-                 for x in rs)
+        row = self._norm_row(b)
+        ok = row is not None and all(
+            _row_plannable(x, False) and reads_operand_rows(as_contraction_squeezed(x), row)
+            for x in rs)
         return [id(x) for x in rs] if ok else None
+
+    def _norm_row(self, b: Node) -> int | None:
+        """The elements of one row of the normalization ``b`` ends (what its statistics reduce
+        over): a contraction forms it on load only where its K is exactly that row (a norm over
+        16 values read as rows of 64 is four rows per K row)."""
+        g = self.group.get(id(b))
+        rec = self.forms.get(g)
+        if rec is None:
+            return None
+        rows = {prod(n.srcs[0].shape[a] for a in n.arg) for n in
+                (self.byid[m] for m in self._members(g, rec)) if n.op in REDUCE}
+        return rows.pop() if len(rows) == 1 else None
 
     def _sums_of(self, u: Node) -> list[Node] | None:
         """The sums that read product ``u`` whole: directly, or through a reshape that drops its

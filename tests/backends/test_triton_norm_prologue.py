@@ -261,3 +261,27 @@ def test_reduced_precision_rounds_the_dot_operands_not_the_row_statistics(kind, 
     scale = np.abs(exact).max()
     assert np.abs(got - emu["out0"]).max() / scale < tol
     assert np.abs(emu["out0"] - exact).max() / scale > tol      # and the precision is reduced
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_norm_rows_shorter_than_k_are_not_formed_on_load(kind):
+    """A norm over the last 16 values read, through a reshape, as rows of K = 64 (four norm rows
+    per K row): the prologue's statistics must reduce over exactly K, so the fusion leaves the norm
+    its own kernel; every candidate renders (the norm-prologue ones failed to, and were dropped
+    at compile) and computes the model."""
+    rng = np.random.default_rng(4)
+    x = Tensor(input_node("x", (2, 8, 4, 16), dt.f32))
+    g = rng.uniform(0.5, 1.5, 16).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    w = rng.standard_normal((64, 8)).astype(np.float32)
+    h = (norm.layer_norm(x, Tensor.const(g), Tensor.const(b))[0] if kind == "layernorm"
+         else norm.rms_norm(x, Tensor.const(g)))
+    graph = Graph({"x": x.node}, {"y": (h.reshape((2, 8, 64)) @ Tensor.const(w)).node})
+    xv = _x((2, 8, 4, 16), rng)
+    hv = _ln64(xv, g, b) if kind == "layernorm" else _rms64(xv, g)
+    want = hv.reshape(2, 8, 64) @ w
+    res = egraph_candidates(graph, "h200", k=16)
+    for prog in res.candidates:
+        env = _run_program(prog, {"x": xv})
+        got = env[id(prog.calls[-1].outputs[0])].reshape(2, 8, 8)     # the product, last
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), prog.label
