@@ -470,7 +470,20 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     resident = max(1, min(MAX_WARPS_PER_SM // max(warps, 1), SMEM_PER_SM // smem if smem else 32))
     slots = dev.sm_count * resident
     hbm = in_bytes + out_bytes
-    if c is not None:
+    if c is not None and kernel.form == "attention":
+        bm, bn = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64)
+        tm, tn = math.ceil(c.m / bm), math.ceil(c.n / bn)
+        bd = attention_problem(kernel)["BLOCK_D"]
+        # the flash grid: one program per query block (``render_attention``), looping over the
+        # key blocks; it loads its q tile once and every k and v tile (again per query block:
+        # from L2 after the first)
+        programs = c.batch * tm
+        hbm += 2 * c.batch * c.n * c.k * dtype.itemsize * (tm - 1) * (1 - L2_HIT)
+        flops = max(flops, 4 * c.batch * tm * bm * tn * bn * bd)
+        tile_eff = tensor_core_efficiency(bm, bn, bd, stages)
+        peak = dot_peak(dev, cfg, dtype.name)
+        tile_bytes = (bm + 2 * bn * max(stages - 1, 1)) * bd * dtype.itemsize
+    elif c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 64), cfg.get("BLOCK_N", 64), cfg.get("BLOCK_K", 32)
         tm, tn = math.ceil(c.m / bm), math.ceil(c.n / bn)
         # a normalization formed on load: N_TILES column tiles per program (``norm_prologue``)
