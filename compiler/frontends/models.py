@@ -286,22 +286,29 @@ def fetch_model(name: str) -> pathlib.Path:
 
 
 def random_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype], seed: int = 0,
-                  info: ModelInfo | None = None, int_high: Mapping[str, int] | None = None
-                  ) -> dict[str, np.ndarray]:
+                  info: ModelInfo | None = None, int_high: Mapping[str, int] | None = None,
+                  only: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Random inputs by the model's recipe when it is known, else by :func:`generic_inputs`.
 
     Args:
-        shapes: ``{input name: concrete shape}``.
+        shapes: ``{input name: concrete shape}`` of every input of the model (a known model's
+            recipe draws them together: a token-id matrix and its attention mask).
         dtypes: ``{input name: numpy dtype}``.
         seed: seed of ``numpy.random.default_rng``.
         info: the known model (see :func:`identify_model`), or None for the generic rule.
         int_high: integer inputs that index a table: ``{name: n}``, drawn in ``[0, n)`` by the
             generic rule (see :func:`generic_inputs`).
+        only: the inputs wanted (the others are given by the caller); all of ``shapes`` if None.
+    Returns:
+        ``{name: array}`` of the wanted inputs.
     """
     rng = np.random.default_rng(seed)
+    want = list(shapes) if only is None else list(only)
     if info is not None:
-        return info.make_inputs(dict(shapes), dict(dtypes), rng)
-    return generic_inputs(dict(shapes), dict(dtypes), rng, int_high)
+        drawn = info.make_inputs(dict(shapes), dict(dtypes), rng)
+    else:
+        drawn = generic_inputs({n: shapes[n] for n in want}, dict(dtypes), rng, int_high)
+    return {n: drawn[n] for n in want}
 
 
 def dims_of(shapes: Sequence[tuple[int, ...]]) -> str:

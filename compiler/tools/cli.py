@@ -470,7 +470,8 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     from lumc.compiler.runtime.index_ranges import check_index_inputs, index_uses, random_int_highs
     uses = index_uses(onnx_model, shapes)
     if missing:
-        inputs.update(random_missing(missing, shapes, seed, info, random_int_highs(uses)))
+        inputs.update(random_missing(specs, missing, shapes, seed, info,
+                                     random_int_highs(uses)))
     check_index_inputs(uses, inputs)   # an index outside its table: one line, on every backend
 
     t0 = time.perf_counter()
@@ -505,19 +506,23 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
         finish_check(checks, rtol, atol)
 
 
-def random_missing(missing, shapes: dict, seed: int, info, int_high: dict | None = None
-                   ) -> dict[str, np.ndarray]:
+def random_missing(specs, missing, shapes: dict, seed: int, info,
+                   int_high: dict | None = None) -> dict[str, np.ndarray]:
     """``--random`` values of the ``missing`` specs at their concrete ``shapes`` (integer inputs
-    indexing a table of ``n`` entries, ``int_high[name] = n``, drawn in ``[0, n)``).
+    indexing a table of ``n`` entries, ``int_high[name] = n``, drawn in ``[0, n)``). ``specs``
+    are all the model's inputs: a known model's recipe sees every input's shape (its sizes come
+    from the given arrays), and only the missing ones are kept.
 
     Raises:
         InputError: an input too large for this machine's memory (named, before allocating).
     """
-    dtypes = {s.name: s.dtype.np for s in missing}
+    dtypes = {s.name: s.dtype.np for s in specs}
     want = {s.name: tuple(shapes[s.name]) for s in missing}
-    check_input_sizes(want, dtypes)
+    check_input_sizes(want if info is None else {s.name: tuple(shapes[s.name]) for s in specs},
+                      dtypes)
     try:
-        drawn = models.random_inputs(want, dtypes, seed, info, int_high)
+        drawn = models.random_inputs({s.name: tuple(shapes[s.name]) for s in specs}, dtypes,
+                                     seed, info, int_high, only=list(want))
     except MemoryError:
         big = max(want, key=lambda n: math.prod(want[n]) * np.dtype(dtypes[n]).itemsize)
         raise InputError(f"out of memory drawing --random inputs; the largest is {big!r} of shape "

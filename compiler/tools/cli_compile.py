@@ -376,8 +376,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         uses = index_uses(onnx.load_from_string(cm.source_onnx), {s.name: s.shape for s in specs})
     from lumc.compiler.runtime.index_ranges import check_index_inputs, random_int_highs
     if missing:
-        inputs.update(c.random_missing(missing, {s.name: s.shape for s in specs}, seed, info,
-                                       random_int_highs(uses)))
+        inputs.update(c.random_missing(specs, missing, {s.name: s.shape for s in specs}, seed,
+                                       info, random_int_highs(uses)))
     check_index_inputs(uses, inputs)   # an index outside its table: one line, on every backend
     if whole is not cm:
         cm = whole.select(inputs)      # the plan these inputs take (an If's branch)

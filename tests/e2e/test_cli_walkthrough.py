@@ -1,0 +1,62 @@
+"""A fresh-user walkthrough's defects, one test each: what the CLI and the Python API did with
+inputs a new user gives (a traceback, a silent choice, a wrong hint or a misleading number).
+
+Models are built here with onnx.helper and compiled for the simulated H200 with small budgets.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import lumc
+from lumc.compiler.frontends import models
+
+sys.path.insert(0, os.path.dirname(__file__))
+from hostile import lumc_cli, one_line_error  # noqa: E402
+
+
+pytestmark = pytest.mark.usefixtures("cache_dir")   # a private LUMC_CACHE_DIR per test
+
+
+def _save(tmp_path, name, nodes, inputs, outputs, inits=()):
+    p = tmp_path / f"{name}.onnx"
+    g = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    return p
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    """MiniLM's interface: ``y = input_ids * attention_mask`` (int64 [B, S] each)."""
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["B", "S"])
+            for n in ("input_ids", "attention_mask")]
+    return _save(tmp_path, "tok", [helper.make_node("Mul", ["input_ids", "attention_mask"], ["y"],
+                                                    name="mul")],
+                 ints, [helper.make_tensor_value_info("y", TensorProto.INT64, ["B", "S"])])
+
+
+def test_random_draws_only_the_inputs_not_given_by_a_known_models_recipe(tokens, tmp_path,
+                                                                         monkeypatch):
+    """``--input attention_mask=... --random`` on MiniLM: its recipe assumed every input missing
+    (KeyError traceback). The given mask is kept, input_ids drawn at the mask's size."""
+    minilm = models.MODEL_INFO["minilm-l3"]
+    monkeypatch.setattr(models, "identify_model", lambda path: minilm)
+    monkeypatch.setattr(models, "identify_bytes", lambda data: minilm)
+    mask = tmp_path / "m.npy"
+    np.save(mask, np.array([[1, 1, 1, 0, 0]], np.int64))
+    art = tmp_path / "tok.lumc"
+    res = lumc_cli("compile", tokens, "--budget", "5s", "--device", "sim:h200", "--shape", "B=1",
+                   "--shape", "S=5", "-o", art, "--quiet")
+    assert res.exit_code == 0, res.output
+    for model in (tokens, art):
+        out = tmp_path / "out.npz"
+        res = lumc_cli("run", model, "--input", f"attention_mask={mask}", "--random", "-o", out)
+        assert res.exit_code == 0, res.output
+        assert "attention_mask [1, 5] int64, input_ids [1, 5] int64 (random)" in res.output
+        y = np.load(out)["y"]
+        assert y.shape == (1, 5) and (y[0, 3:] == 0).all() and y[0, 0] == 101   # [CLS] kept
