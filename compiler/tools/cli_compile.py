@@ -104,7 +104,8 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @click.option("--logits", "logits", multiple=True, metavar="NAME",
               help="an output holding logits (KL and top-1 after softmax); repeatable")
 @click.option("--bind", "bind_items", multiple=True, metavar="NAME=VALUE",
-              help="fix an input at compile time (a sample rate: sr=16000); an If on it folds to "
+              help="fix a scalar input at compile time (a sample rate: sr=16000; an input of "
+                   "static shape takes all its values, comma-separated); an If on it folds to "
                    "its branch, and the artifact no longer takes it; repeatable")
 @click.option("--fast-math", "fast_math", is_flag=True,
               help="allow rewrites that change results for speed (a / b as a * (1/b)); off by "

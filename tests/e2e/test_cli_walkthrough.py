@@ -60,3 +60,26 @@ def test_random_draws_only_the_inputs_not_given_by_a_known_models_recipe(tokens,
         assert "attention_mask [1, 5] int64, input_ids [1, 5] int64 (random)" in res.output
         y = np.load(out)["y"]
         assert y.shape == (1, 5) and (y[0, 3:] == 0).all() and y[0, 0] == 101   # [CLS] kept
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    """``y = relu(x @ W)``, x: f32[N, 64] (N dynamic); nodes named 'a' and 'r'."""
+    w = np.ones((64, 64), np.float32)
+    return _save(tmp_path, "mlp", [helper.make_node("MatMul", ["x", "W"], ["a"], name="a"),
+                                   helper.make_node("Relu", ["a"], ["y"], name="r")],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])],
+                 [onnx.numpy_helper.from_array(w, "W")])
+
+
+def test_bind_of_a_tensor_input_is_refused_in_one_line(mlp, tmp_path):
+    """``--bind x=1`` on x: [N, 64] became a rank-0 constant and failed inside the MatMul
+    ('IndexError: tuple index out of range')."""
+    for value, got in (("1", "got 1 value"), ("1,2", "got 2 values")):
+        res = lumc_cli("compile", mlp, "--budget", "5s", "--device", "sim:h200", "--shape", "N=4",
+                       "--bind", f"x={value}", "-o", tmp_path / "x.lumc")
+        line = one_line_error(res, "--bind x", "tensor input [N, 64]", got, "scalar")
+        assert "MatMul" not in line and "IndexError" not in line
+    assert not (tmp_path / "x.lumc").exists()
+    assert "fix a scalar input" in " ".join(lumc_cli("compile", "--help").output.split())

@@ -208,10 +208,18 @@ def bind_inputs(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
         except (TypeError, ValueError, OverflowError):
             raise InputError(f"--bind {name}={v!r}: not a {spec.dtype.np} value", node=name) from None
         static = all(isinstance(d, int) for d in spec.shape)
+        whole = static and a.size == int(np.prod(spec.shape))
+        if has_shape(real[name]) and not whole:
+            # a value for every element of a static shape, else nothing fits: a scalar is not
+            # broadcast over a tensor input (its import would fail deep inside an op)
+            kind = (f"a tensor input [{', '.join(str(d) for d in spec.shape)}]" if spec.shape
+                    else "a scalar input")
+            got = "1 value" if a.size == 1 else f"{a.size} values"
+            raise InputError(f"--bind {name}: {name} is {kind}, got {got}; "
+                             "--bind fixes a scalar (rank-0) input (sr=16000), or a "
+                             "static-shaped one given all its elements comma-separated",
+                             node=name)
         if static and has_shape(real[name]):
-            if a.size != int(np.prod(spec.shape)):
-                raise InputError(f"--bind {name}: {a.size} values for shape "
-                                 f"{_fmt_dims(spec.shape)}", node=name)
             a = a.reshape(tuple(int(d) for d in spec.shape))
         arrays[name] = a
     keep = [vi for vi in out.graph.input if vi.name not in arrays]
