@@ -177,6 +177,23 @@ class VariantModel:
             self._instances.pop(next(iter(self._instances)))
         return hit
 
+    def range_inputs(self) -> list:
+        """A range artifact's input specs with each ranged dim by its name (``(1, seq)``), the
+        other dims as compiled; empty for other artifacts."""
+        import dataclasses
+        if not self._ranged:
+            return []
+        key, template = self._ranged[0]
+        out = []
+        for spec in template.inputs:
+            shape = list(spec.shape)
+            for k, uses in key.axes.items():
+                for name, ax in uses:
+                    if name == spec.name and ax < len(shape):
+                        shape[ax] = k
+            out.append(dataclasses.replace(spec, shape=tuple(shape)))
+        return out
+
     def _shape_text(self, template) -> dict[str, str]:
         """``{input: "(2, seq, 16) with seq in 2..64"}``: what a re-sized plan's inputs take, for
         its shape errors (the plan itself holds one size of each range)."""

@@ -324,14 +324,23 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
         if isinstance(v, list):
             raise InputError(f"--shape {k}: one size per run")
     inputs = set(cm.first.graph.inputs)
-    dims = {k: v[0] for k, v in shape_args.items() if k not in inputs and len(v) == 1}
-    shapes = {k: v for k, v in shape_args.items() if k in inputs}
-    shapes.update({k: tuple(a.shape) for k, a in arrays.items() if k in inputs})
     known = {d for key, _ in cm.variants for d in (*key.dims, *key.ranges)}
     for k in shape_args:
         if k not in inputs and k not in known:
             raise InputError(f"--shape {k}: no input or compiled dynamic dim of that name; "
                              f"variants: {cm.compiled_sizes()}")
+    specs = cm.range_inputs()
+    if specs:   # a size range: the sizes given (--shape, arrays) must agree, as on the model
+        from lumc.compiler.tools.cli import resolve_shapes
+        given = {d for s in specs if s.name in arrays or s.name in shape_args
+                 for d in s.shape if isinstance(d, str)}
+        unset = {d for s in specs for d in s.shape if isinstance(d, str)} - given - set(shape_args)
+        shape_args = {**shape_args, **{d: (max(k.ranges[d][1] for k, _ in cm.variants if k.ranges),)
+                                       for d in unset}}     # not given: the range's largest size
+        return cm.candidates(None, resolve_shapes(specs, shape_args, arrays))[0][1]
+    dims = {k: v[0] for k, v in shape_args.items() if k not in inputs and len(v) == 1}
+    shapes = {k: v for k, v in shape_args.items() if k in inputs}
+    shapes.update({k: tuple(a.shape) for k, a in arrays.items() if k in inputs})
     found = cm.candidates(dims, shapes)
     if not found:
         want = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in {**shape_args}.items())

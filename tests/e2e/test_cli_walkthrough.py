@@ -83,3 +83,33 @@ def test_bind_of_a_tensor_input_is_refused_in_one_line(mlp, tmp_path):
         assert "MatMul" not in line and "IndexError" not in line
     assert not (tmp_path / "x.lumc").exists()
     assert "fix a scalar input" in " ".join(lumc_cli("compile", "--help").output.split())
+
+
+@pytest.fixture(scope="module")
+def ranged(tmp_path_factory):
+    """``y = a + b`` (a, b: f32[1, S]) compiled for S in 1..16: ``(model path, artifact path)``."""
+    root = tmp_path_factory.mktemp("ranged")
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, "S"]) for n in ("a", "b")]
+    model = _save(root, "two", [helper.make_node("Add", ["a", "b"], ["y"], name="add")], ins,
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "S"])])
+    art = root / "two.lumc"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LUMC_CACHE_DIR", str(root / "cache"))
+        res = lumc_cli("compile", model, "--budget", "10s", "--device", "sim:h200", "--shape",
+                       "S=1..16", "-o", art, "--quiet")
+    assert res.exit_code == 0, res.output
+    return model, art
+
+
+def test_a_range_artifact_refuses_shapes_that_disagree_like_the_model(ranged, tmp_path):
+    """``--shape a=1x8 --shape b=1x9`` ran at [1, 9] both on the artifact, dropping a=1x8; the
+    .onnx refused. Both refuse now, in the same words (and an array against --shape likewise)."""
+    for target in ranged:
+        one_line_error(lumc_cli("run", target, "--shape", "a=1x8", "--shape", "b=1x9", "--random"),
+                       "node 'b'", "dynamic dim S is 8 elsewhere but 9 in --shape b")
+    np.save(tmp_path / "a.npy", np.ones((1, 8), np.float32))
+    one_line_error(lumc_cli("run", ranged[1], "--input", f"a={tmp_path / 'a.npy'}", "--shape",
+                            "S=9", "--random"), "dynamic dim S is 9 elsewhere but 8 in input 'a'")
+    res = lumc_cli("run", ranged[1], "--input", f"a={tmp_path / 'a.npy'}", "--random", "--check")
+    assert res.exit_code == 0, res.output
+    assert "a [1, 8] float32, b [1, 8] float32 (random)" in res.output
