@@ -177,6 +177,16 @@ class VariantModel:
             self._instances.pop(next(iter(self._instances)))
         return hit
 
+    def spans(self) -> dict[str, str]:
+        """``{ranged dim: "2..64"}`` (``"64..640 in steps of 32"``): the sizes a range artifact
+        serves, over all its buckets; empty for other artifacts."""
+        spans = {}
+        for k in (self._ranged[0][0].ranges if self._ranged else ()):
+            rs = sorted({tuple(kk.ranges[k]) for kk, _ in self._ranged})
+            spans[k] = f"{rs[0][0]}..{rs[-1][1]}" + (f" in steps of {rs[0][2]}" if rs[0][2] > 1
+                                                      else "")
+        return spans
+
     def range_inputs(self) -> list:
         """A range artifact's input specs with each ranged dim by its name (``(1, seq)``), the
         other dims as compiled; empty for other artifacts."""
@@ -197,11 +207,7 @@ class VariantModel:
     def _shape_text(self, template) -> dict[str, str]:
         """``{input: "(2, seq, 16) with seq in 2..64"}``: what a re-sized plan's inputs take, for
         its shape errors (the plan itself holds one size of each range)."""
-        spans = {}
-        for k in self._ranged[0][0].ranges:
-            rs = sorted({tuple(kk.ranges[k]) for kk, _ in self._ranged})
-            spans[k] = f"{rs[0][0]}..{rs[-1][1]}" + (f" in steps of {rs[0][2]}" if rs[0][2] > 1
-                                                      else "")
+        spans = self.spans()
         out = {}
         for name, n in template.graph.inputs.items():
             shape = [str(d) for d in n.shape]

@@ -294,8 +294,8 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.3g} PB"
 
 
-def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]],
-                   arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]], arrays: dict[str, np.ndarray],
+                   spans: dict[str, str] | None = None) -> dict[str, tuple[int, ...]]:
     """Concrete shape of every model input.
 
     A dynamic dim (a str in the spec) is bound, in this order, by ``--shape INPUT=DxD``, by
@@ -306,6 +306,7 @@ def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]],
         specs: the model's input ``TensorSpec`` list.
         shape_args: parsed ``--shape`` values (input names or dim symbols).
         arrays: arrays given with ``--input`` / ``--inputs``.
+        spans: ``{dim: "1..256"}``, the sizes a range artifact serves (said for an unset dim).
     Raises:
         InputError: unknown --shape name, rank or static-dim mismatch, two bindings of one symbol
             that disagree, or a dynamic dim left unset (naming the input and its dims).
@@ -343,9 +344,11 @@ def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]],
     for s in specs:
         unset = [d for d in s.shape if isinstance(d, str) and d not in bound]
         if unset:
+            served = ", ".join(f"{d} in {spans[d]}" for d in unset if d in (spans or {}))
             raise InputError(f"input {s.name!r} has shape {_fmt_shape(s.shape)} with dynamic "
-                             f"dims {', '.join(unset)} unset; give --shape {s.name}=... or "
-                             f"--shape {unset[0]}=N", node=s.name)
+                             f"dims {', '.join(unset)} unset"
+                             + (f" (compiled for {served})" if served else "")
+                             + f"; give --shape {s.name}=... or --shape {unset[0]}=N", node=s.name)
         out[s.name] = tuple(d if isinstance(d, int) else bound[d] for d in s.shape)
     return out
 

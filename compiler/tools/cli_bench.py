@@ -138,7 +138,8 @@ time ratios; on the CPU also Inductor's kernel count and bytes accessed beside l
 @click.option("--budget", default="60s", show_default=True, help="Compile budget when TARGET is a model.")
 @click.option("--device", default=None, help="cuda[:N], sim:h100 or sim:h200 (default: the artifact's).")
 @click.option("--shape", "shape_items", multiple=True, metavar="NAME=DxD...",
-              help="Input shape or dynamic dim when TARGET is a model (repeatable).")
+              help="Input shape or dynamic dim when TARGET is a model, or the size to time "
+                   "of an artifact compiled for several sizes or size ranges (repeatable).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="OUT.png",
               callback=nonempty_path,
               help="Also draw the roofline chart of these times.")

@@ -330,14 +330,9 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
             raise InputError(f"--shape {k}: no input or compiled dynamic dim of that name; "
                              f"variants: {cm.compiled_sizes()}")
     specs = cm.range_inputs()
-    if specs:   # a size range: the sizes given (--shape, arrays) must agree, as on the model
+    if specs:   # a size range: each ranged dim given once (--shape or an array), never guessed
         from lumc.compiler.tools.cli import resolve_shapes
-        given = {d for s in specs if s.name in arrays or s.name in shape_args
-                 for d in s.shape if isinstance(d, str)}
-        unset = {d for s in specs for d in s.shape if isinstance(d, str)} - given - set(shape_args)
-        shape_args = {**shape_args, **{d: (max(k.ranges[d][1] for k, _ in cm.variants if k.ranges),)
-                                       for d in unset}}     # not given: the range's largest size
-        return cm.candidates(None, resolve_shapes(specs, shape_args, arrays))[0][1]
+        return cm.candidates(None, resolve_shapes(specs, shape_args, arrays, cm.spans()))[0][1]
     dims = {k: v[0] for k, v in shape_args.items() if k not in inputs and len(v) == 1}
     shapes = {k: v for k, v in shape_args.items() if k in inputs}
     shapes.update({k: tuple(a.shape) for k, a in arrays.items() if k in inputs})
@@ -346,6 +341,15 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
         want = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in {**shape_args}.items())
         raise InputError(f"{want or 'these inputs'}: outside what {path} was compiled for "
                          f"(variants: {cm.compiled_sizes()})")
+    if len({tuple(sorted((n, tuple(v)) for n, v in k.shapes.items())) for k, _ in found}) > 1:
+        # plans at several sizes and none named: refused, not the first one
+        open_ = [d for d in dict.fromkeys(d for k, _ in found for d in k.dims)
+                 if len({k.dims.get(d) for k, _ in found}) > 1]
+        what = (f"dynamic dim {open_[0]} unset (compiled for {open_[0]}="
+                + ", ".join(dict.fromkeys(str(k.dims.get(open_[0])) for k, _ in found)) + ")"
+                if open_ else f"input sizes unset (variants: {cm.compiled_sizes()})")
+        raise InputError(f"{what}; give --shape {open_[0] if open_ else 'INPUT'}=N or inputs of "
+                         "one compiled size")
     return found[0][1]
 
 

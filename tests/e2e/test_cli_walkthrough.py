@@ -113,3 +113,22 @@ def test_a_range_artifact_refuses_shapes_that_disagree_like_the_model(ranged, tm
     res = lumc_cli("run", ranged[1], "--input", f"a={tmp_path / 'a.npy'}", "--random", "--check")
     assert res.exit_code == 0, res.output
     assert "a [1, 8] float32, b [1, 8] float32 (random)" in res.output
+
+
+def test_a_range_artifact_given_no_size_names_the_unset_dim_and_its_range(ranged, tmp_path):
+    """``run dyn.lumc --random`` ran silently at the range's largest size although run --help
+    says a dim left unset is an error; bench (the same choice) likewise."""
+    art = ranged[1]
+    for cmd in (("run", art, "--random"), ("bench", art, "--repeats", "1")):
+        one_line_error(lumc_cli(*cmd), "dynamic dims S unset", "compiled for S in 1..16",
+                       "--shape S=N")
+    res = lumc_cli("bench", art, "--shape", "S=3", "--repeats", "1")
+    assert res.exit_code == 0, res.output
+    many = tmp_path / "two48.lumc"          # explicit sizes: not the first plan either
+    res = lumc_cli("compile", ranged[0], "--budget", "10s", "--device", "sim:h200", "--shape",
+                   "S=4,8", "-o", many, "--quiet")
+    assert res.exit_code == 0, res.output
+    one_line_error(lumc_cli("run", many, "--random"), "dynamic dim S unset",
+                   "compiled for S=4, 8", "--shape S=N")
+    res = lumc_cli("run", many, "--random", "--shape", "S=8")
+    assert res.exit_code == 0 and "a [1, 8] float32 (random)" in res.output, res.output
