@@ -132,3 +132,21 @@ def test_a_range_artifact_given_no_size_names_the_unset_dim_and_its_range(ranged
                    "compiled for S=4, 8", "--shape S=N")
     res = lumc_cli("run", many, "--random", "--shape", "S=8")
     assert res.exit_code == 0 and "a [1, 8] float32 (random)" in res.output, res.output
+
+
+def test_the_summary_says_not_checked_when_no_candidate_compiled(mlp, tmp_path, monkeypatch):
+    """``--budget 1s``: '0 compiled ... 0 timed; max rel error 0.00e+00' read as verified-exact,
+    but no kernel's code ran (the 0 is the plan on the reference executor)."""
+    cm = lumc.compile(str(mlp), budget="10s", device="sim:h200", shapes={"N": 4})
+    monkeypatch.setattr("lumc.compiler.core.pipeline.compile_model", lambda *a, **k: cm)
+    assert cm._report["candidates_compiled"] > 0
+    res = lumc_cli("compile", mlp, "--budget", "10s", "--shape", "N=4", "-o", tmp_path / "a.lumc")
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
+    assert f"max rel error {cm._report['max_rel_error']:.2e}" in line, line
+    cm._report.update(candidates_compiled=0, candidates_timed=0, max_rel_error=0.0)
+    res = lumc_cli("compile", mlp, "--budget", "1s", "--shape", "N=4", "-o", tmp_path / "b.lumc")
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
+    assert "0 compiled" in line and "max rel error not checked" in line, line
+    assert "0.00e+00" not in line
