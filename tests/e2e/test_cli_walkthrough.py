@@ -150,3 +150,35 @@ def test_the_summary_says_not_checked_when_no_candidate_compiled(mlp, tmp_path, 
     line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
     assert "0 compiled" in line and "max rel error not checked" in line, line
     assert "0.00e+00" not in line
+
+
+def test_a_forward_writing_a_buffer_is_told_so_not_to_call_eval():
+    """``self.cnt.add_(1)`` in forward ended '(call module.eval() before compiling)', which does not
+    stop that write; eval() is said only for batch norm running statistics in training mode."""
+    torch = pytest.importorskip("torch")
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cnt", torch.zeros(1))
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.cnt.add_(1)
+            return self.lin(x)
+
+    for m in (Counter(), Counter().eval()):
+        with pytest.raises(lumc.UnsupportedOpError) as e:
+            lumc.compile(m, budget="10s", example_inputs=(torch.randn(2, 4),))
+        msg = str(e.value)
+        assert "writes to buffer 'cnt' in place" in msg and "eval()" not in msg, msg
+        assert "torch.compile(m, backend=\"lumc\")" in msg
+    # a training-mode batch norm's running statistics: eval() is the fix (the op check usually
+    # refuses it first, so its specs are built here)
+    from types import SimpleNamespace
+
+    from lumc.compiler.frontends.torch_frontend.capture import _mutation_error
+    net = torch.nn.Sequential(torch.nn.BatchNorm1d(4))
+    spec = [SimpleNamespace(kind=SimpleNamespace(name=k), target=t) for k, t in
+            (("BUFFER_MUTATION", "0.running_mean"), ("USER_OUTPUT", None))]
+    assert "call module.eval()" in str(_mutation_error(net, spec))
+    assert "call module.eval()" not in str(_mutation_error(net.eval(), spec))

@@ -356,6 +356,42 @@ def _strip_meta(graph: torch.fx.Graph) -> None:
             n.meta["val"] = val
 
 
+_BN_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _mutation_error(module, output_specs) -> UnsupportedOpError:
+    """What a forward that writes state in place is told: the buffers and inputs it writes, and
+    how to compile it; ``module.eval()`` only for batch norm running statistics in training mode
+    (the one write that eval() stops)."""
+    writes, stats = [], []
+    for s in output_specs:
+        kind, target = s.kind.name, str(s.target)
+        if kind == "USER_OUTPUT":
+            continue
+        owner_name, _, attr = target.rpartition(".")
+        try:
+            owner = module.get_submodule(owner_name)
+        except (AttributeError, TypeError):
+            owner = None
+        if kind == "BUFFER_MUTATION" and attr in _BN_STATS and owner is not None and \
+                owner.training and isinstance(owner, torch.nn.modules.batchnorm._BatchNorm):
+            stats.append(repr(target))
+        elif kind == "BUFFER_MUTATION":
+            writes.append(f"buffer {target!r}")
+        elif kind == "USER_INPUT_MUTATION":
+            writes.append(f"its input {target!r}")
+        else:
+            writes.append(f"{kind.lower().replace('_', ' ')} {target!r}")
+    bn = f"batch norm running statistics {', '.join(stats)} in training mode"
+    if not writes:
+        return UnsupportedOpError(f"the module updates {bn} (call module.eval() before compiling)")
+    return UnsupportedOpError(
+        f"the module's forward writes to {', '.join(writes)} in place; lumc.compile compiles a "
+        "pure function: pass the state in and return its new value, or use torch.compile(m, "
+        "backend=\"lumc\"), which writes it back"
+        + (f"; it also updates {bn} (module.eval() stops that)" if stats else ""))
+
+
 def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
                    dynamic_shapes=None) -> CapturedProgram:
     """Export ``module`` at ``(args, kwargs)`` and keep its core-ATen graph, weights and specs.
@@ -396,16 +432,8 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
             weights[name] = np.array(to_numpy(src), copy=True)
         else:
             raise UnsupportedOpError(f"graph input of kind {kind} ({spec.target!r})")
-    mutated = [f"{s.kind.name.lower()} {s.target!r}" for s in sig.output_specs
-               if s.kind.name not in ("USER_OUTPUT",)]
-    if mutated:
-        training = any(m.training for m in module.modules()) if hasattr(module, "modules") \
-            else False
-        raise UnsupportedOpError(
-            "the module mutates state: " + ", ".join(mutated)
-            + (" (call module.eval() before compiling)" if training else
-               " in forward; lumc.compile compiles a pure function: pass the state in and return "
-               "its new value, or use torch.compile(m, backend=\"lumc\"), which writes it back"))
+    if any(s.kind.name != "USER_OUTPUT" for s in sig.output_specs):
+        raise _mutation_error(module, sig.output_specs)
     output_index = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
     leaves = pytree.tree_flatten((tuple(args), kwargs))[0]
     names_by_tensor = _dim_names(module, tuple(args), kwargs, dynamic_shapes)
