@@ -74,10 +74,21 @@ def _names_external_data(src: bytes) -> bool:
 
 
 def resolve_dim_names(m, shapes: dict) -> dict:
-    """Turn ``{dim name: n}`` entries (``batch_size=2``) into whole-input shapes."""
+    """Turn ``{dim name: n}`` entries (``batch_size=2``) into whole-input shapes.
+
+    Raises:
+        InputError: a key that is neither an input nor a dynamic dim of the model (named, with
+            the ones there are), or a dim that some input needs left out.
+    """
     from lumc.compiler.frontends.onnx_frontend import model_input_specs
     specs = model_input_specs(m)
     names = {s.name for s in specs}
+    symbols = {d for s in specs for d in s.shape if isinstance(d, str)}
+    unknown = [k for k in shapes if k not in names and k not in symbols]
+    if unknown:
+        raise InputError(f"shapes={{{unknown[0]!r}: ...}}: no input or dynamic dim of that name; "
+                         f"inputs: {', '.join(sorted(names))}; dynamic dims: "
+                         f"{', '.join(sorted(symbols)) or 'none'}")
     dims = {k: v for k, v in shapes.items() if k not in names}
     out = {k: tuple(v) for k, v in shapes.items() if k in names}
     partial: dict[str, list[str]] = {}    # input -> the dims it still needs

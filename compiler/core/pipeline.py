@@ -269,6 +269,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
     if bind:
         model = bind_model(model, bind)
+        if shapes:      # a bound input is a constant now: a shape given for it has nothing to set
+            shapes = {k: v for k, v in shapes.items() if k not in bind}
     budget_s = parse_duration(budget)
     deadline = Deadline(budget_s, clock)
     db = db if db is not None else TuningDatabase()

@@ -182,3 +182,14 @@ def test_a_forward_writing_a_buffer_is_told_so_not_to_call_eval():
             (("BUFFER_MUTATION", "0.running_mean"), ("USER_OUTPUT", None))]
     assert "call module.eval()" in str(_mutation_error(net, spec))
     assert "call module.eval()" not in str(_mutation_error(net.eval(), spec))
+
+
+def test_api_names_an_unknown_dim_in_shapes(mlp):
+    """``shapes={"M": 4}`` on a model whose dim is N said "input 'x' has dynamic dims ['N']" (and
+    with N given too, M was ignored); the API names M as the CLI names --shape M."""
+    for shapes in ({"M": 4}, {"N": 4, "M": 4}, {"M": (1, 16)}):
+        with pytest.raises(lumc.InputError) as e:
+            lumc.compile(str(mlp), budget="10s", device="sim:h200", shapes=shapes)
+        msg = str(e.value)
+        assert "shapes={'M': ...}: no input or dynamic dim of that name" in msg, msg
+        assert "inputs: x; dynamic dims: N" in msg and "\n" not in msg
