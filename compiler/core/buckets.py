@@ -402,7 +402,8 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
     share = left * weights[bi] / sum(weights[bi:])
     if share < MIN_BUCKET_S:
         raise BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for "
-                          f"{len(boxes) - bi} more size buckets ({MIN_BUCKET_S:g} s each at "
+                          f"{len(boxes) - bi} more size bucket{'s' * (len(boxes) - bi != 1)} "
+                          f"({MIN_BUCKET_S:g} s each at "
                           "least); give a larger --budget")
     rep = {k: hi for k, (lo, hi) in box.items()}
     r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges}, table)

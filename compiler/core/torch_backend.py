@@ -511,8 +511,9 @@ class DynamoGraph:
         how = "kernel search per shape" if self.search else "reference executor, no kernel search"
         if self.ranged is not None:
             how = "kernel search once for the size range, per bucket"
-        lines = [f"lumc torch.compile graph: {len(self.names)} inputs; budget {self.budget_s:g} s "
-                 f"({how}); {self.compiles} lumc compiles"]
+        lines = [f"lumc torch.compile graph: {len(self.names)} input{'s' * (len(self.names) != 1)}; "
+                 f"budget {self.budget_s:g} s "
+                 f"({how}); {self.compiles} lumc compile{'s' * (self.compiles != 1)}"]
         for d in self.dims.values():
             rng = d.range.describe() if d.range is not None else "-"
             lines.append(f"  dynamic dim {d.name} ({self._where(d)}): Dynamo's range "

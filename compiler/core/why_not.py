@@ -261,6 +261,7 @@ def why_not_lines(doc: dict, first: int = 0, last: int | None = None) -> list[st
         cb = c.get("chosen_bound_s")
         how = "lost on bound" if cb is not None and c["bound_s"] > cb else "lost on time"
         vs = f" against the chosen {cb * 1e6:.1f} us" if cb is not None else ""
-        out.append(f"candidate {c['label']} ({c['kernels']} kernels) {how}: bound "
+        out.append(f"candidate {c['label']} ({c['kernels']} kernel{'s' * (c['kernels'] != 1)}) "
+                   f"{how}: bound "
                    f"{c['bound_s'] * 1e6:.1f} us{vs}")
     return out

@@ -57,7 +57,8 @@ def name_args(names: list[str], args, kwargs) -> dict:
     if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
         return dict(args[0])
     if len(args) > len(names):
-        raise InputError(f"takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        raise InputError(f"takes {len(names)} input{'s' * (len(names) != 1)} "
+                         f"({', '.join(names)}), got {len(args)}")
     given = dict(zip(names, args))
     for k, v in kwargs.items():
         if k in given:
@@ -237,7 +238,8 @@ class CompiledModel:
             lines.append(f"{i:>3} {k['form']:<10} {ts} {k['bound_s'] * 1e6:10.2f} {pct} "
                          f"{k['flops'] / 1e9:9.4f} {k['bytes'] / 1e6:9.3f}  {cfg}")
         bt = r.get("best_time_s")
-        lines.append(f"total: {len(r.get('per_kernel', []))} kernels, "
+        nk = len(r.get("per_kernel", []))
+        lines.append(f"total: {nk} kernel{'s' * (nk != 1)}, "
                      f"time {bt * 1e6:.2f} us" if bt is not None else "total: untimed")
         lines[-1] += f", bound {r.get('bound_time_s', 0) * 1e6:.2f} us"
         if r.get("unused_inputs"):

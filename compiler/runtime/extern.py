@@ -161,7 +161,8 @@ class ExternKernel:
         from lumc.backends.triton.launch import to_torch, torch_dtype
         phs = self.kernel.inputs
         if len(inputs) != len(phs):
-            raise InputError(f"extern {self.impl} kernel takes {len(phs)} inputs, got {len(inputs)}")
+            raise InputError(f"extern {self.impl} kernel takes {len(phs)} input"
+                             f"{'s' * (len(phs) != 1)}, got {len(inputs)}")
         device = next((str(x.device) for x in inputs if isinstance(x, torch.Tensor)), "cpu")
         args = []
         for ph, x in zip(phs, inputs):

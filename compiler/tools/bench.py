@@ -382,11 +382,13 @@ def bench_summary(doc: dict) -> str:
     ratio = f" ({e['bytes_moved'] / ideal:.2f}x ideal {ideal / 1e6:.3f} MB)" if ideal else ""
     out.append(f"end to end ({unit}, {e['how']}): {e['time_s'] * 1e6:.2f} us"
                + (f" (spread {100 * e['spread']:.1f}%, {e['samples']} samples)" if e["samples"] > 1 else "")
-               + f", bound {e['bound_s'] * 1e6:.2f} us, {e['kernel_count']} kernels, "
+               + f", bound {e['bound_s'] * 1e6:.2f} us, {e['kernel_count']} kernel"
+               f"{'s' * (e['kernel_count'] != 1)}, "
                f"{e['bytes_moved'] / 1e6:.3f} MB moved{ratio}")
     w = doc.get("wall")
     if w:
         out.append(f"wall ({w['where']}): median {w['time_s'] * 1e3:.3f} ms, min "
-                   f"{w['min_s'] * 1e3:.3f} ms, max {w['max_s'] * 1e3:.3f} ms over {w['samples']} calls"
+                   f"{w['min_s'] * 1e3:.3f} ms, max {w['max_s'] * 1e3:.3f} ms over {w['samples']} call"
+                   f"{'s' * (w['samples'] != 1)}"
                    + (" -- not compared: it times numpy on this host, not the GPU" if doc["simulated"] else ""))
     return "\n".join(out)

@@ -484,7 +484,8 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
         from lumc.backends.triton.runner import execution_mode, run_program
         from lumc.compiler.core.fusion import greedy_program
         program = greedy_program(imported.graph)
-        click.echo(f"backend: triton, {len(program)} kernels, {execution_mode()}")
+        click.echo(f"backend: triton, {len(program)} kernel{'s' * (len(program) != 1)}, "
+                   f"{execution_mode()}")
         outputs = run_program(program, inputs)
     else:
         outputs = ReferenceExecutor(imported.graph)(inputs)

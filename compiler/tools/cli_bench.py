@@ -269,7 +269,8 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
                f"artifact {artifact_hash(manifest)[:12]}")
     click.echo("inputs: " + ", ".join(repr(i) for i in cm.inputs) + "; outputs: "
                + ", ".join(repr(o) for o in cm.outputs))
-    click.echo(kernel_table(rows, f"{len(rows)} kernels on {cm.device} ({unit} times at compile)"))
+    click.echo(kernel_table(rows, f"{len(rows)} kernel{'s' * (len(rows) != 1)} on {cm.device} "
+                                   f"({unit} times at compile)"))
     bt, bd = r.get("best_time_s"), r.get("bound_time_s")
     ideal, moved = r.get("ideal_bytes"), r.get("bytes_moved")
     line = "total: " + (f"{bt * 1e6:.2f} us" if bt is not None else "untimed")

@@ -196,7 +196,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
     click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) in {_secs(r['compile_s'])} s "
                f"of {_secs(r['budget_s'])} s: {r['stopped_because']}")
-    click.echo(f"  {r['kernels']} kernels, best {best_s}, roofline bound {r['bound_time_s'] * 1e6:.1f} us"
+    click.echo(f"  {r['kernels']} kernel{'s' * (r['kernels'] != 1)}, best {best_s}, roofline bound {r['bound_time_s'] * 1e6:.1f} us"
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
     click.echo(f"  candidates: {r['candidates_total']} total, {r['candidates_pruned']} pruned by bound, "
                f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
@@ -254,7 +254,8 @@ def _echo_variants(cm, r, out_path, report_path) -> None:
     for v in r["variants"]:
         best = v.get("best_time_s")
         best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
-        click.echo(f"  {v['describe']}: {v['kernels']} kernels, best {best_s}, bound "
+        click.echo(f"  {v['describe']}: {v['kernels']} kernel{'s' * (v['kernels'] != 1)}, best "
+                   f"{best_s}, bound "
                    f"{(v.get('bound_time_s') or 0) * 1e6:.1f} us, {v['stopped_because']}")
     for v in r.get("not_compiled", []):
         click.echo(f"  not compiled: {v['describe']}: {v['reason']}")
@@ -290,7 +291,8 @@ def cache_info():
     for dev, n in sorted(info["by_device"].items()):
         click.echo(f"  {dev}: {n}")
     plans = db.stored_plans()
-    click.echo(f"stored plans: {db.plans_dir} ({len(plans)} plans, {_size(plans)})")
+    click.echo(f"stored plans: {db.plans_dir} ({len(plans)} plan{'s' * (len(plans) != 1)}, "
+               f"{_size(plans)})")
     aside = db.set_aside_files()
     if aside:
         click.echo(f"set-aside corrupt databases: {len(aside)} file{'s' * (len(aside) != 1)} "
@@ -299,7 +301,8 @@ def cache_info():
     kdir = _kernel_cache_dir()
     if kdir is not None and kdir.exists():
         files = [p for p in kdir.rglob("*") if p.is_file()]
-        click.echo(f"kernel sources: {kdir} ({len(files)} files, {_size(files)})")
+        click.echo(f"kernel sources: {kdir} ({len(files)} file{'s' * (len(files) != 1)}, "
+                   f"{_size(files)})")
 
 
 @cache_grp.command("clear")
@@ -315,8 +318,11 @@ def cache_clear():
     if kdir is not None and kdir.exists():
         removed = sum(1 for p in kdir.rglob("*") if p.is_file())
         shutil.rmtree(kdir, ignore_errors=True)
-    click.echo(f"cleared {n} timings, {plans} stored plans, {aside} set-aside database files and "
-               f"{removed} kernel source files")
+    def count(k: int, noun: str) -> str:
+        return f"{k} {noun}{'s' * (k != 1)}"
+    click.echo(f"cleared {count(n, 'timing')}, {count(plans, 'stored plan')}, "
+               f"{count(aside, 'set-aside database file')} and "
+               f"{count(removed, 'kernel source file')}")
 
 
 def _pick_variant(cm, path, shape_args: dict, arrays: dict):
@@ -422,7 +428,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     t1 = time.perf_counter()
     r = cm.report_dict()
     click.echo(f"{pathlib.Path(path).name}: compiled for {cm.device}"
-               f"{' (simulated times)' if cm.simulated else ''}, {len(cm.program)} kernels, "
+               f"{' (simulated times)' if cm.simulated else ''}, {len(cm.program)} kernel"
+               f"{'s' * (len(cm.program) != 1)}, "
                f"running on {where}")
     click.echo("inputs: " + ", ".join(
         f"{n} {c._fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"

@@ -84,7 +84,8 @@ class LumcBackendRep(BackendRep):
         else:
             inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
             if len(inputs) != len(self.input_names):
-                raise InputError(f"expected {len(self.input_names)} inputs "
+                raise InputError(f"expected {len(self.input_names)} input"
+                                 f"{'s' * (len(self.input_names) != 1)} "
                                  f"{self.input_names}, got {len(inputs)}")
             feeds = {n: np.asarray(v) for n, v in zip(self.input_names, inputs)}
         missing = [n for n in self.input_names if n not in feeds]

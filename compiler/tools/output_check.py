@@ -196,7 +196,8 @@ def finish_check(checks: dict[str, OutputCheck], rtol: float | None, atol: float
     judged = [n for n, c in checks.items() if c.note.startswith("vs float64")]
     tail = (f"; {', '.join(judged)} differ from onnxruntime, and lumc is within tolerance of "
             "float64" if judged else "")
-    click.echo(f"check: all {len(checks)} outputs match onnxruntime ({note}{tail})")
+    what = "the output matches" if len(checks) == 1 else f"all {len(checks)} outputs match"
+    click.echo(f"check: {what} onnxruntime ({note}{tail})")
 
 
 # ---------------------------------------------------------------------------------------------

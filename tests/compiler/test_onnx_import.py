@@ -493,7 +493,7 @@ def test_gather_with_negative_indices_still_wraps(tmp_path, monkeypatch):
 def test_an_output_listed_twice_is_returned_once_and_said():
     """A graph may list one value twice among its outputs; onnxruntime then returns it twice.
     lumc keys outputs by name and returns it once: the import says so in its warnings (which the
-    compile summary and report show), so `--check`'s "all 1 outputs match" is not read as the
+    compile summary and report show), so `--check`'s "the output matches" is not read as the
     whole story."""
     m = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2, 3])],
                    [vi("y", [2, 3]), vi("y", [2, 3])])

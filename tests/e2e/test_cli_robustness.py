@@ -448,11 +448,11 @@ def test_cache_info_and_clear_cover_plans_and_set_aside_databases(cache_dir, com
     db.close()
     res = lumc_cli("cache", "info")
     assert res.exit_code == 0, res.output
-    assert "stored plans: " in res.stdout and "(1 plans," in res.stdout
+    assert "stored plans: " in res.stdout and "(1 plan," in res.stdout
     assert "set-aside corrupt databases: 2 files" in res.stdout
     res = lumc_cli("cache", "clear")
     assert res.exit_code == 0, res.output
-    assert "1 stored plans, 2 set-aside database files" in res.stdout
+    assert "1 stored plan, 2 set-aside database files" in res.stdout
     assert not list((cache_dir / "plans").iterdir())
     assert not list(cache_dir.glob("tuning.sqlite.corrupt-*"))
 

@@ -193,3 +193,25 @@ def test_api_names_an_unknown_dim_in_shapes(mlp):
         msg = str(e.value)
         assert "shapes={'M': ...}: no input or dynamic dim of that name" in msg, msg
         assert "inputs: x; dynamic dims: N" in msg and "\n" not in msg
+
+
+def test_counts_of_one_are_singular(tmp_path):
+    """'1 kernels', 'all 1 outputs match', '1 more size buckets': one of a thing is singular in the
+    compile summary, run, --check, inspect and a budget refusal."""
+    relu = _save(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    art = tmp_path / "relu.lumc"
+    res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200", "-o", art)
+    assert res.exit_code == 0 and "  1 kernel, best" in res.output, res.output
+    res = lumc_cli("run", art, "--random", "--check")
+    assert res.exit_code == 0, res.output
+    assert ", 1 kernel, running on" in res.output, res.output
+    assert "check: the output matches onnxruntime" in res.output, res.output
+    res = lumc_cli("inspect", art)
+    assert res.exit_code == 0 and "1 kernel on sim:h200" in res.output, res.output
+    assert "1 kernels" not in res.output
+    # a range compile whose last bucket has no budget left (refused before it uses its model)
+    from lumc.compiler.core.buckets import _compile_bucket
+    with pytest.raises(lumc.BudgetError, match=r"for 1 more size bucket \("):
+        _compile_bucket(0, None, [None], [1.0], 10.0, 0.0, lambda: 10.0, *[None] * 11)
