@@ -275,7 +275,8 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
     ideal, moved = r.get("ideal_bytes"), r.get("bytes_moved")
     line = "total: " + (f"{bt * 1e6:.2f} us" if bt is not None else "untimed")
     if bd:
-        line += f", bound {bd * 1e6:.2f} us" + (f" ({100 * bd / bt:.1f}% of roofline)" if bt else "")
+        line += f", bound {bd * 1e6:.2f} us" + (f" ({100 * bd / bt:.1f}% of it; the bound is each kernel's roofline "
+                                                  "plus its launch)" if bt else "")
     if moved is not None and ideal:
         line += f", {moved / 1e6:.3f} MB moved ({moved / ideal:.2f}x ideal {ideal / 1e6:.3f} MB)"
     click.echo(line)
