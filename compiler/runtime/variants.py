@@ -20,6 +20,7 @@ parts under ``v0/``, ``v1/``..., condition sub-graphs under ``cond<k>/``, and th
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
@@ -369,8 +370,17 @@ class VariantModel:
         from lumc import __version__
         from lumc.compiler.runtime.artifact import save_artifact
         parts: dict[str, bytes] = {}
+        stored: dict[str, str] = {}     # weights' sha256 -> the part holding them
         for i, (key, cm) in enumerate(self.variants):
             for name, data in cm.parts().items():
+                if name == "consts.npz":
+                    # a size bucket's weights are the model's, byte for byte: stored once, the
+                    # other buckets name that part (a 4-bucket MiniLM was 4 copies, 345 MB)
+                    digest = hashlib.sha256(data).hexdigest()
+                    if digest in stored:
+                        parts[f"v{i}/{CONSTS_REF}"] = stored[digest].encode()
+                        continue
+                    stored[digest] = f"v{i}/{name}"
                 if name != "source.onnx":
                     parts[f"v{i}/{name}"] = data
         conds = {}
@@ -435,6 +445,7 @@ def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> V
             or not isinstance(doc.get("skipped", []), list):
         raise ArtifactError(f"{path}: part 'variants.json' lacks its variant list")
     keys = [_key(path, d) for d in doc["variants"]]
+    parts = resolve_consts_refs(path, parts)
     variants = [(key, from_parts(path, parts, device, f"v{i}/", sized_at=_largest(key)))
                 for i, key in enumerate(keys)]
     conditions = {}
@@ -454,3 +465,23 @@ def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> V
         if not any(name in k.conditions for k, _ in variants):
             raise ArtifactError(f"{path}: condition {name!r} selects no variant")
     return VariantModel(variants, conditions, skipped, report, parts.get("source.onnx"))
+
+
+CONSTS_REF = "consts.ref"     # a variant's weights stored in another variant's part (its name)
+
+
+def resolve_consts_refs(path, parts: dict[str, bytes]) -> dict[str, bytes]:
+    """``parts`` with each ``vI/consts.ref`` replaced by the ``consts.npz`` part it names.
+
+    Raises:
+        ArtifactError: a reference to no stored weights part.
+    """
+    out = dict(parts)
+    for name, data in parts.items():
+        if name.rsplit("/", 1)[-1] != CONSTS_REF:
+            continue
+        ref = data.decode("utf-8", "replace")
+        if not ref.endswith("/consts.npz") or ref not in parts:
+            raise ArtifactError(f"{path}: part {name!r} names no stored weights part ({ref[:80]!r})")
+        out[name[:-len(CONSTS_REF)] + "consts.npz"] = parts[ref]
+    return out

@@ -162,6 +162,12 @@ def test_range_compile_serves_every_size_exactly(db, tmp_path):
         f(np.zeros((1, 65, 16), np.float32))
     path = tmp_path / "enc.lumc"
     f.save(path)
+    # the buckets' weights are the model's: stored once, the other buckets refer to that part
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    assert sum(n.endswith("consts.npz") for n in names) == 1, names
+    assert sum(n.endswith("consts.ref") for n in names) == 3, names
     g = load(path)
     x = rng.standard_normal((1, 29, 16)).astype(np.float32)
     np.testing.assert_allclose(g(x)[1], _ort(m, {"x": x})[1], rtol=1e-4, atol=1e-5)
@@ -295,3 +301,14 @@ def test_a_range_that_imports_only_inside(db):
                      shapes={"L": (1, 4)})
     msg = str(e.value)
     assert "\n" not in msg and "explicit sizes" in msg and "too narrow" in msg
+
+
+def test_a_weights_reference_to_no_part_is_an_artifact_error():
+    """A bucket's ``consts.ref`` must name a stored ``consts.npz`` part: one ArtifactError line."""
+    from lumc.compiler.runtime.variants import resolve_consts_refs
+    from lumc.ir.errors import ArtifactError
+    ok = resolve_consts_refs("a.lumc", {"v0/consts.npz": b"W", "v1/consts.ref": b"v0/consts.npz"})
+    assert ok["v1/consts.npz"] == b"W"
+    for bad in (b"v9/consts.npz", b"v0/graph.json", b"\xff"):
+        with pytest.raises(ArtifactError, match="names no stored weights part"):
+            resolve_consts_refs("a.lumc", {"v0/consts.npz": b"W", "v1/consts.ref": bad})
