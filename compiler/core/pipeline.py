@@ -463,6 +463,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                               target, budget_s, deadline, egraph_stats, err, use_egraph, db, log)
         report["stage_seconds"] = stage_s
         report["workers"] = worker_report
+        report["fast_math"] = bool(fast_math)   # rewrites that change results were offered
         report["reference_s"] = round(getattr(values, "seconds", 0.0), 3)   # incl. in the stages
         report["why_not"] = why_not(chosen, programs, [program_time_bound(p, target.spec)
                                                        for p in programs])

@@ -119,6 +119,11 @@ class PrecisionPolicy:
         for name, v in (("--tolerance", self.tolerance), ("--max-kl", self.max_kl)):
             if v is not None and not (np.isfinite(v) and v >= 0):
                 raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not self.reduced and (self.max_kl is not None or self.logits):
+            # the KL and top-1 gate judges a reduced precision against fp32: it would not run
+            raise InputError(f"{'--max-kl' if self.max_kl is not None else '--logits'} gates a "
+                             "reduced precision (--precision other than fp32, or --weights); "
+                             "at fp32 with the model's weights there is nothing to judge")
 
     @property
     def reduced(self) -> bool:

@@ -435,6 +435,9 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     from lumc.compiler.frontends import onnx_frontend as fe
 
     shape_args = _parse_shapes(shape_items)
+    if (rtol is not None or atol is not None) and not check:
+        raise LumcError(f"{'--rtol' if rtol is not None else '--atol'} sets --check's tolerance; "
+                        "add --check (nothing is compared without it)")
     if not os.path.isfile(model):
         raise LumcError(f"{model}: no such file" if not os.path.lexists(model) else
                         f"{model}: not a regular file (a FIFO, device or folder is never read)")

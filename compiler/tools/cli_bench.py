@@ -269,6 +269,9 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
                f"artifact {artifact_hash(manifest)[:12]}")
     click.echo("inputs: " + ", ".join(repr(i) for i in cm.inputs) + "; outputs: "
                + ", ".join(repr(o) for o in cm.outputs))
+    if r.get("fast_math"):
+        click.echo("fast math: compiled with --fast-math (rewrites that change results, such as "
+                   "a / b as a * (1 / b), were allowed)")
     click.echo(kernel_table(rows, f"{len(rows)} kernel{'s' * (len(rows) != 1)} on {cm.device} "
                                    f"({unit} times at compile)"))
     bt, bd = r.get("best_time_s"), r.get("bound_time_s")

@@ -215,3 +215,32 @@ def test_counts_of_one_are_singular(tmp_path):
     from lumc.compiler.core.buckets import _compile_bucket
     with pytest.raises(lumc.BudgetError, match=r"for 1 more size bucket \("):
         _compile_bucket(0, None, [None], [1.0], 10.0, 0.0, lambda: 10.0, *[None] * 11)
+
+
+def test_options_that_would_do_nothing_are_refused_or_recorded(tmp_path):
+    """--max-kl and --logits gate a reduced precision: at fp32 with the model's weights they would
+    judge nothing; --rtol/--atol set --check's tolerance: without --check nothing is compared.
+    Each is one line, exit 2. --fast-math is recorded in the report and shown by inspect."""
+    relu = _save(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    for extra, word in ((["--max-kl", "1e-3"], "--max-kl"), (["--logits", "y"], "--logits")):
+        res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200", *extra)
+        one_line_error(res, word, "reduced precision")
+    res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200",
+                   "--precision", "bf16", "--max-kl", "1e-3", "-o", tmp_path / "b.lumc")
+    assert res.exit_code == 0, res.output
+    for opt in ("--rtol", "--atol"):
+        one_line_error(lumc_cli("run", relu, "--random", opt, "1e-3"), opt, "add --check")
+    art, rep = tmp_path / "f.lumc", tmp_path / "f.json"
+    res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200", "--fast-math",
+                   "-o", art, "--report", rep)
+    assert res.exit_code == 0, res.output
+    import json
+    assert json.loads(rep.read_text())["fast_math"] is True
+    res = lumc_cli("inspect", art)
+    assert res.exit_code == 0 and "compiled with --fast-math" in res.output, res.output
+    art2 = tmp_path / "g.lumc"
+    assert lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200",
+                    "-o", art2).exit_code == 0
+    assert "--fast-math" not in lumc_cli("inspect", art2).output
