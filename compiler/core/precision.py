@@ -119,11 +119,23 @@ class PrecisionPolicy:
         for name, v in (("--tolerance", self.tolerance), ("--max-kl", self.max_kl)):
             if v is not None and not (np.isfinite(v) and v >= 0):
                 raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
-        if not self.reduced and (self.max_kl is not None or self.logits):
-            # the KL and top-1 gate judges a reduced precision against fp32: it would not run
-            raise InputError(f"{'--max-kl' if self.max_kl is not None else '--logits'} gates a "
+
+
+    @classmethod
+    def from_user(cls, *args, **kwargs) -> "PrecisionPolicy":
+        """The policy a user asked for, refusing options that would do nothing: ``max_kl`` and
+        ``logits`` gate a reduced precision (the KL and top-1 gate never runs at fp32 with the
+        model's weights).
+
+        Raises:
+            InputError: as the constructor, or such an option at fp32.
+        """
+        p = cls(*args, **kwargs)
+        if not p.reduced and (p.max_kl is not None or p.logits):
+            raise InputError(f"{'--max-kl' if p.max_kl is not None else '--logits'} gates a "
                              "reduced precision (--precision other than fp32, or --weights); "
                              "at fp32 with the model's weights there is nothing to judge")
+        return p
 
     @property
     def reduced(self) -> bool:

@@ -320,7 +320,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             dim, its inputs and axes, and the range.
     """
     from lumc.compiler.core.precision import PrecisionPolicy
-    policy = PrecisionPolicy(precision, weights, tolerance, max_kl, tuple(logits))
+    policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, tuple(logits))
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     args = _as_args(example_inputs)
     t_start = time.monotonic()

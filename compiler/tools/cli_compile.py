@@ -177,7 +177,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
         check_writable(report_path)
     check_writable(out_path)
     from lumc.compiler.core.precision import PrecisionPolicy
-    PrecisionPolicy(**(policy or {}))          # bad options fail before any work
+    PrecisionPolicy.from_user(**(policy or {}))          # bad options fail before any work
     shapes = _model_shapes(model, shape_items)
     cm = compile_model(model, budget=budget, device=device, shapes=shapes,
                        use_egraph=not no_egraph, quiet=quiet, fast_math=fast_math, bind=bind,
