@@ -200,7 +200,8 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
     click.echo(f"  candidates: {r['candidates_total']} total, {r['candidates_pruned']} pruned by bound, "
                f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
-               f"{r['candidates_timed']} timed; max rel error " + _max_rel_text(r))
+               f"{r['candidates_timed']} timed; numerics checks (each chosen kernel, and the plan end "
+               f"to end, against the search's reference): max rel error " + _max_rel_text(r))
     q = r.get("quality")
     if q is not None:
         parts = [f"max rel error {q['max_rel']:.2e} (tolerance {q['tolerance']:g})",
