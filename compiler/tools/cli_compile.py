@@ -453,9 +453,11 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
                    f"the compile's tolerance {rtol:g} of each output's largest |reference|")
     checks = c.print_outputs(outputs, ort, rtol, atol, lambda: c.float64_outputs(cm.graph, inputs))
     best = r.get("best_time_s")
+    bucket = " (its size bucket's plan, timed at the bucket's largest size)" \
+        if getattr(cm, "sized", None) else ""
     click.echo(f"time: run {t1 - t0:.3f} s ({where}); compiled plan "
                + (f"{best * 1e6:.1f} us {'simulated' if cm.simulated else 'measured'} on {cm.device}"
-                  if best else "untimed"))
+                  f"{bucket}" if best else "untimed"))
     if out_path:
         c._write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
         click.echo(f"wrote {out_path}")
