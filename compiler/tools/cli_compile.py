@@ -198,7 +198,9 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                f"of {_secs(r['budget_s'])} s: {r['stopped_because']}")
     click.echo(f"  {r['kernels']} kernel{'s' * (r['kernels'] != 1)}, best {best_s}, bound {r['bound_time_s'] * 1e6:.1f} us (roofline + launches)"
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
-    click.echo(f"  candidates: {r['candidates_total']} total, {r['candidates_pruned']} pruned by bound, "
+    earlier = " (the earlier compile's, whose plan this reuses)" if r.get("reused_plan") else ""
+    click.echo(f"  candidates{earlier}: {r['candidates_total']} total, "
+               f"{r['candidates_pruned']} pruned by bound, "
                f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
                f"{r['candidates_timed']} timed; numerics checks (each chosen kernel, and the plan end "
                f"to end, against the search's reference): max rel error " + _max_rel_text(r))

@@ -244,3 +244,21 @@ def test_options_that_would_do_nothing_are_refused_or_recorded(tmp_path):
     assert lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200",
                     "-o", art2).exit_code == 0
     assert "--fast-math" not in lumc_cli("inspect", art2).output
+
+
+def test_a_reused_plan_says_whose_candidate_counts_it_shows(tmp_path, monkeypatch):
+    """A compile that reuses a stored plan re-timed nothing: the candidate counts it prints are the
+    earlier compile's, and the summary says so."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    relu = _save(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    outs = []
+    for k in range(2):
+        res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200",
+                       "-o", tmp_path / f"r{k}.lumc")
+        assert res.exit_code == 0, res.output
+        outs.append(res.output)
+    assert "whose plan this reuses" not in outs[0]
+    assert "reused the plan" in outs[1] and "candidates (the earlier compile's, whose plan this " \
+        "reuses):" in outs[1], outs[1]
