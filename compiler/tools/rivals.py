@@ -369,7 +369,7 @@ def rivals_table(rows: list[RivalResult], ideal_bytes: int | None) -> str:
     lines = [f"{'':<36} {'where':<7} {'time/lumc':>9} {'kernels':>8} {'MB moved':>9} "
              f"{'x ideal':>8} {'max rel err':>11}  note"]
     for r in rows:
-        ratio = f"{r.ratio:8.2f}x" if r.ratio is not None else f"{'-':>9}"
+        ratio = f"{r.ratio:8.3g}x" if r.ratio is not None else f"{'-':>9}"
         k = f"{r.kernels:>8}" if r.kernels is not None else f"{'-':>8}"
         mb = f"{r.bytes / 1e6:9.3f}" if r.bytes is not None else f"{'-':>9}"
         xi = f"{r.bytes / ideal_bytes:8.2f}" if (r.bytes is not None and ideal_bytes) else f"{'-':>8}"
@@ -377,5 +377,6 @@ def rivals_table(rows: list[RivalResult], ideal_bytes: int | None) -> str:
         lines.append(f"{r.name:<36} {r.where:<7} {ratio} {k} {mb} {xi} {err}  {r.note}")
     lines.append("time/lumc > 1: lumc is faster. kernels: lumc's launches; Inductor's generated "
                  "kernels (extern mm/conv calls not counted).\nMB moved: lumc's kernels' minimum bytes; "
-                 "Inductor's num_bytes_accessed. x ideal: over inputs + weights + outputs, each once.")
+                 "Inductor's num_bytes_accessed. x ideal: over inputs + weights + outputs, each once."
+                 "\nmax rel err: each rival's outputs against lumc's (lumc's row: 0 by definition).")
     return "\n".join(lines)
