@@ -369,7 +369,8 @@ def rivals_table(rows: list[RivalResult], ideal_bytes: int | None) -> str:
     lines = [f"{'':<36} {'where':<7} {'time/lumc':>9} {'kernels':>8} {'MB moved':>9} "
              f"{'x ideal':>8} {'max rel err':>11}  note"]
     for r in rows:
-        ratio = f"{r.ratio:8.3g}x" if r.ratio is not None else f"{'-':>9}"
+        ratio = f"{'-':>9}" if r.ratio is None else (
+            f"{r.ratio:8.2f}x" if r.ratio >= 0.1 else f"{r.ratio:8.1e}x")   # 0.00x hid 400x
         k = f"{r.kernels:>8}" if r.kernels is not None else f"{'-':>8}"
         mb = f"{r.bytes / 1e6:9.3f}" if r.bytes is not None else f"{'-':>9}"
         xi = f"{r.bytes / ideal_bytes:8.2f}" if (r.bytes is not None and ideal_bytes) else f"{'-':>8}"
