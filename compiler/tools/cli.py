@@ -394,9 +394,10 @@ DIM=LO..HI) takes any size in its ranges.
 
 --check runs onnxruntime (CPU) on the same inputs and prints, per output, the max abs error
 max|a-b| and the max rel error max|a-b| / max(max|b|, tiny) (a = lumc, b = onnxruntime, tiny =
-the smallest normal fp32). A float output passes when rel <= its tolerance: --rtol when given,
-else the tolerance of its dtype (f32 1e-4, f16 1e-2, bf16 4e-2, f64 1e-10); integer and bool
-outputs must match exactly.
+the smallest normal fp32). A float output passes when every element is within atol + rtol *
+|b| (numpy.isclose's rule; --rtol and --atol when given, else by dtype: f32 1e-4 and 1e-5, f16
+1e-2 and 1e-3, bf16 4e-2 and 1e-2, f64 1e-10 and 1e-12); integer and bool outputs must match
+exactly.
 
 -o writes the outputs atomically (missing folders are created; it never replaces the model, an
 input file, a device or a FIFO). Exit status: 0 ok, 1 --check failed, 2 bad model, inputs or

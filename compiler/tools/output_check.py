@@ -136,8 +136,11 @@ def tolerance_note(checks: dict[str, OutputCheck], rtol: float | None, atol: flo
         return f"{name} {'/'.join(f'{v:g}' for v in used)}" if used else name
     a = part("atol", atol, [c.atol for c in checks.values()])
     r = part("rtol", rtol, [c.rtol for c in checks.values()])
-    by = " by dtype" if rtol is None or atol is None else ""
-    return f"{a} + {r}{by}; ints exact"
+    if rtol is None and atol is None:
+        return f"{a} + {r} by dtype; ints exact"
+    if rtol is None or atol is None:     # say which one is the dtype's (the other was given)
+        a, r = (f"{a} (by dtype)", r) if atol is None else (a, f"{r} (by dtype)")
+    return f"{a} + {r}; ints exact"
 
 
 # ---- the --check report (lumc run): one line per output, then the verdict

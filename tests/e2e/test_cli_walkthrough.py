@@ -262,3 +262,14 @@ def test_a_reused_plan_says_whose_candidate_counts_it_shows(tmp_path, monkeypatc
     assert "whose plan this reuses" not in outs[0]
     assert "reused the plan" in outs[1] and "candidates (the earlier compile's, whose plan this " \
         "reuses):" in outs[1], outs[1]
+
+
+def test_check_verdict_says_which_tolerance_is_the_dtypes():
+    """--rtol given, atol by dtype: the verdict said 'atol 1e-05 + rtol 1e-06 by dtype', as if
+    both were the dtype's."""
+    from lumc.compiler.tools.output_check import OutputCheck, tolerance_note
+    c = {"y": OutputCheck(0.0, 0.0, True, "", 1e-4, 1e-5, 0.0)}
+    assert tolerance_note(c, None, None) == "atol 1e-05 + rtol 0.0001 by dtype; ints exact"
+    assert tolerance_note(c, 1e-6, None) == "atol 1e-05 (by dtype) + rtol 1e-06; ints exact"
+    assert tolerance_note(c, None, 0.5) == "atol 0.5 + rtol 0.0001 (by dtype); ints exact"
+    assert tolerance_note(c, 1e-6, 0.5) == "atol 0.5 + rtol 1e-06; ints exact"
