@@ -70,7 +70,9 @@ class TorchEvaluator:
             key = (id(n), str(self.device))
             if key not in self.constants:
                 from lumc.backends.triton.launch import to_torch
-                self.constants[key] = to_torch(np.ascontiguousarray(n.arg.value), str(self.device))
+                # ascontiguousarray makes a 0-d value 1-d: keep the node's shape
+                v = np.ascontiguousarray(n.arg.value).reshape(np.shape(n.arg.value))
+                self.constants[key] = to_torch(v, str(self.device))
             return self.constants[key]
         if op == "Iota":
             like = torch.empty(0, device=self.device)
@@ -116,7 +118,8 @@ class TorchEvaluator:
         if tuple(x.shape) != tuple(src.shape):
             if a.mask is None and x.numel() == 1:
                 return x.reshape([1] * len(a.shape))
-            x = x.expand(src.shape)      # read whole (view_op copies it): correct, not minimal
+            # read whole (view_op copies it): correct, not minimal
+            x = x.reshape(src.shape) if x.numel() == src.numel else x.expand(src.shape)
         out = gt.view_op(x, tuple(a.shape), tuple(a.strides), int(a.offset), a.mask)
         if a.mask is None:
             for k, st in enumerate(a.strides):

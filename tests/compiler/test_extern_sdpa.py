@@ -455,3 +455,26 @@ def test_sdpa_gets_the_mask_at_its_own_size(monkeypatch, name, f, mspec, most):
     (shape,) = seen
     assert shape is not None and len(shape) == 4
     assert int(np.prod(shape)) <= most * H, (name, tuple(shape))
+
+
+@pytest.mark.parametrize("value", [-1e4, 1.0, 0.0])
+@pytest.mark.parametrize("axis", [2, 3])
+def test_sdpa_mask_padded_with_a_constant(value, axis):
+    """A mask padded with a constant (``F.pad(mask, value=-1e4)``, on the key or the query axis):
+    the scalar read through the pad's masked view (a 0-d constant the broadcast mode took as 1-d
+    crashed SDPA's mask with a RuntimeError); values match the float64 meaning."""
+    short = list((B, 1, LQ, LK))
+    short[axis] -= 4
+    pads = [(0, 0)] * 4
+    pads[axis] = (0, 4)
+
+    def f(q, k, v, m):
+        return softmax(_scores(q, k) + m.pad(pads, value), -1) @ v
+    specs = QKV + [(tuple(short), dt.f32)]
+    k = _kernel("attention", f, specs)
+    ins = _inputs(specs)
+    ref = ReferenceExecutor(k.meaning, "float64")({f"in{i}": x for i, x in enumerate(ins)})["out0"]
+    got = run_extern_numpy(k, {"IMPL": "sdpa"}, ins)[0]
+    # a query row biased by -1e4 throughout keeps its softmax, but fp32 scores of ~1 added to
+    # -1e4 keep ~1e-3 of their value (ulp(1e4)): any fp32 kernel loses that much there
+    assert max_rel_error(got, ref) < (1e-5 if abs(value) < 10 else 2e-3)
