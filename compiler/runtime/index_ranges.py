@@ -174,27 +174,27 @@ def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
         seen = apply_view(np.arange(src.numel).reshape(src.shape), v.arg)
         return np.unique(seen).size == src.numel
 
-    def unwrapped(x, n: int):
-        if x.op != "Where" or x.srcs[0].op != "LessThan":
-            return None
-        i = x.srcs[2]
-        add = x.srcs[1]
-        if x.srcs[0].srcs[0] is not i or add.op != "Add" or i not in add.srcs:
-            return None
-        c = add.srcs[1] if add.srcs[0] is i else add.srcs[0]
+    def scalar(c):
         while c.op in ("View", "Cast"):
             c = c.srcs[0]
-        if c.op != "Constant" or np.asarray(c.arg.value).size != 1 or \
-                int(np.asarray(c.arg.value).reshape(-1)[0]) != n:
+        v = np.asarray(c.arg.value) if c.op == "Constant" else None
+        return int(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+
+    def unwrapped(x, n: int):
+        """``i`` where ``x = where(i < 0, i + n, i)``, else None."""
+        if x.op != "Where" or x.srcs[0].op != "LessThan":
             return None
-        return i
+        i, add, lt = x.srcs[2], x.srcs[1], x.srcs[0]
+        if lt.srcs[0] is not i or scalar(lt.srcs[1]) != 0 or add.op != "Add" or i not in add.srcs:
+            return None
+        return i if scalar(add.srcs[1] if add.srcs[0] is i else add.srcs[0]) == n else None
 
     out: dict[str, list[IndexUse]] = {}
     for g in graph.nodes():
         if g.op != "Gather":
             continue
         n = int(g.srcs[0].shape[int(g.arg)])
-        x, negative = g.srcs[1], False
+        x, wraps = g.srcs[1], 0
         for _ in range(32):
             if x.op == "View" and reads_all(x):
                 x = x.srcs[0]
@@ -202,10 +202,11 @@ def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
                     x.dtype.itemsize >= x.srcs[0].dtype.itemsize:
                 x = x.srcs[0]
             elif unwrapped(x, n) is not None:
-                x, negative = unwrapped(x, n), True
+                x, wraps = unwrapped(x, n), wraps + 1
             else:
                 break
-        if id(x) in inputs:
+        negative = wraps == 1
+        if id(x) in inputs and wraps <= 1:     # two wraps (one the user's): [-2n, n), unchecked
             out.setdefault(inputs[id(x)], []).append(
                 IndexUse(f"%{g.id}", "Gather", n, (), negative))
     return out

@@ -56,3 +56,33 @@ def test_torch_index_inputs_checked_against_their_tables(compiled, which, value,
     else:
         with pytest.raises(IndexRangeInputError, match="out of range"):
             cm._bind(tuple(bad), {})
+
+
+class Wrapped(torch.nn.Module):
+    """The user's own negative-index wrap before advanced indexing (which wraps again): PyTorch
+    takes [-2P, P); a wrap whose compare is not against 0 is no wrap."""
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(P, D))
+
+    def forward(self, e, f):
+        return self.table[torch.where(e < 0, e + P, e)].sum(0) + self.table[
+            torch.where(f < 1, f + P, f)].sum(0)
+
+
+def test_index_checks_follow_the_wraps_pytorch_applies(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(1)
+    m = Wrapped().eval()
+    args = (torch.tensor([1, 2]), torch.tensor([3, 4]))
+    f = lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200")
+    cm = f.specializations[0].compiled
+    for e in ([-9, 2], [-16, 0], [7, -1]):             # valid for PyTorch: taken
+        x = (torch.tensor(e), args[1])
+        m(*x)
+        cm._bind(x, {})
+        torch.testing.assert_close(f(*x), m(*x))
+    for fv in ([-17, 1], [-1, 2]):    # where(f < 1, f + P, f) is no wrap: -17 -> -1, valid
+        x = (args[0], torch.tensor(fv))
+        m(*x)
+        cm._bind(x, {})
