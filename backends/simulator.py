@@ -478,7 +478,9 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         # key blocks; it loads its q tile once and every k and v tile (again per query block:
         # from L2 after the first)
         programs = c.batch * tm
-        hbm += 2 * c.batch * c.n * c.k * dtype.itemsize * (tm - 1) * (1 - L2_HIT)
+        # what the programs stream, L2 hits included (each waits on its tiles either way): a
+        # grid of more query blocks is not faster for having fewer bytes per program in DRAM
+        hbm = max(hbm, programs * (bm + 2 * tn * bn) * bd * dtype.itemsize + out_bytes)
         flops = max(flops, 4 * c.batch * tm * bm * tn * bn * bd)
         tile_eff = tensor_core_efficiency(bm, bn, bd, stages)
         peak = dot_peak(dev, cfg, dtype.name)
@@ -536,8 +538,16 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     if c is not None and cfg.get("PRECISION") == "fp8":
         body += fp8_scaling_seconds(c, cfg, dev)
     if kernel.form == "attention":
+        # the score function on every padded score tile; and no program finishes before its own
+        # loop over the key blocks: per block a tile of both products at one SM's share of the
+        # peak, or its k and v tiles at one SM's share of the bandwidth
+        padded = tm * bm * tn * bn / max(c.m * c.n, 1)
         body += (attention_prologue_seconds(kernel, cfg, dev)
-                 + attention_score_seconds(kernel, dev)) / max(sm_fill, 1e-9)
+                 + attention_score_seconds(kernel, dev) * padded) / max(sm_fill, 1e-9)
+        per_block = max(4 * bm * bn * bd / (peak * tile_eff / dev.sm_count),
+                        2 * bn * bd * dtype.itemsize / (dev.hbm_bandwidth * BW_EFFICIENCY
+                                                        / dev.sm_count))
+        body = max(body, tn * per_block * math.ceil(programs / slots))
     if c is not None and kernel.form == "matmul":
         # a normalization formed on load: every program re-reads its rows of the operand once per
         # statistic (L2 after the first) and computes the prologue for its tile, on CUDA cores
