@@ -23,7 +23,7 @@ product, when :class:`~lumc.backends.triton.render_attention.AttentionPlan` acce
 would be (checked here, so no candidate holds a kernel that cannot render). The SDPA extern applies
 only where ``f`` is affine (``compiler/runtime/extern_sdpa.py`` checks it numerically), so a capped
 score function runs in the Triton kernel. The simulator prices ``f`` per score element
-(``simulator.attention_score_seconds``).
+(``simulator_attention.attention_score_seconds``).
 """
 from __future__ import annotations
 
