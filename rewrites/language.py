@@ -94,8 +94,15 @@ def declarations() -> str:
 # results, which is all a rule compares it with). A rule can so test that a constant is exactly
 # ``dtype(1 / N)`` in f64 arithmetic (``rules_kernels.norm_rules``).
 SPLIT_BITS = {"f64": 53, "f32": 24, "f16": 11, "bf16": 8}
+
+
+def split_factor(name: str) -> float:
+    """``(split-of name)``: Veltkamp's constant for the float type ``name``."""
+    return float(2 ** (53 - SPLIT_BITS[name]) + 1)
+
+
 ROUNDING_TABLE = ["(function split-of (String) f64 :merge old)"] + [
-    f'(set (split-of "{name}") {float(2 ** (53 - p) + 1)!r})' for name, p in SPLIT_BITS.items()]
+    f'(set (split-of "{name}") {split_factor(name)!r})' for name in SPLIT_BITS]
 
 
 OP_OF_CTOR = {row.egglog: name for name, row in OPS.items()}

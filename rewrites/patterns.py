@@ -131,14 +131,13 @@ _PRIMS = {
     "*": lambda a, b: a * b, "/": lambda a, b: a / b, "+": lambda a, b: a + b,
     "-": lambda a, b: a - b, "to-f64": float, "abs": abs,
     "shape": lambda n: tuple(n.shape),
-    "split-of": lambda name: _split_of(name),
+    "split-of": lambda name: _split_factor(name),
 }
 
 
-def _split_of(name: str) -> float:
-    """``language.ROUNDING_TABLE``'s value for a float type's name."""
-    from lumc.rewrites.language import SPLIT_BITS
-    return float(2 ** (53 - SPLIT_BITS[name]) + 1)
+def _split_factor(name: str) -> float:
+    from lumc.rewrites.language import split_factor    # late, as Tables above
+    return split_factor(name)
 _STEPS = {"Reshape", "Permute", "Expand", "Strided"}
 _CONSTVALS = {"Scalar", "Blob", "Flag"}
 

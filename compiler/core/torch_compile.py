@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton.launch import input_to_numpy, torch_dtype
+from lumc.compiler.runtime.compiled import dense_tensor
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.frontends.onnx_frontend import ImportedModel
 from lumc.compiler.core import torch_plan_cache as plan_cache
@@ -167,7 +168,7 @@ class CompiledTorchModule:
             if not isinstance(leaf, torch.Tensor):
                 raise InputError(f"input {slot.name!r} must be a tensor, got "
                                  f"{type(leaf).__name__}", node=slot.name)
-            if leaf.layout != torch.strided or leaf.is_quantized or leaf.device.type == "meta":
+            if not dense_tensor(leaf):
                 input_to_numpy(leaf, slot.name, to_numpy)     # raises: no data to read
             if leaf.dtype != torch_dtype(slot.dtype):
                 raise InputError(f"input {slot.name!r} has dtype {leaf.dtype}, expected "

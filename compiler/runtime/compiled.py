@@ -108,6 +108,7 @@ class CompiledModel:
         """``({input name: array}, whether torch tensors came in)``, checked against the compiled
         inputs (names, shapes, dtypes, index ranges). With ``keep_torch`` a dense torch tensor
         stays one (no host copy of a GPU tensor)."""
+        from lumc.backends.triton.launch import torch_dtype
         names = list(self.graph.inputs)
         given = name_args(names, args, kwargs)
         unknown = sorted(set(given) - set(names))
@@ -116,7 +117,7 @@ class CompiledModel:
         is_torch = any(type(v).__module__.startswith("torch") for v in given.values())
         arrays = {}
         for k, v in given.items():
-            if keep_torch and _dense_tensor(v):
+            if keep_torch and dense_tensor(v):
                 arrays[k] = v
                 continue
             if type(v).__module__.startswith("torch"):
@@ -139,7 +140,7 @@ class CompiledModel:
                 raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for "
                                  f"{self.shape_text.get(k, n.shape)}", node=k)
             if (a.dtype != n.dtype.np) if isinstance(a, np.ndarray) else (
-                    a.dtype != _torch_dtype(n.dtype)):
+                    a.dtype != torch_dtype(n.dtype)):
                 raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
                                  node=k)
         from lumc.compiler.runtime.index_ranges import check_index_inputs
@@ -168,12 +169,20 @@ class CompiledModel:
         """
         arrays, _ = self._bind((inputs,), {})
         if self.torch_device.startswith("cuda"):
-            from lumc.compiler.runtime.gpu_plan import GpuPlan
-            from lumc.compiler.runtime.targets import set_current_device
-            set_current_device(self.torch_device)     # cuda:N: its kernels launch there
-            if self._gpu_plan is None:
-                self._gpu_plan = GpuPlan(self)
-            return self._gpu_plan.run_numpy(arrays)
+            return self._plan().run_numpy(arrays)
+        return self._execute(arrays)
+
+    def _plan(self):
+        """The CUDA buffer plan (made on the first call), its device current."""
+        from lumc.compiler.runtime.gpu_plan import GpuPlan
+        from lumc.compiler.runtime.targets import set_current_device
+        set_current_device(self.torch_device)     # cuda:N: its kernels launch there
+        if self._gpu_plan is None:
+            self._gpu_plan = GpuPlan(self)
+        return self._gpu_plan
+
+    def _execute(self, arrays: dict) -> dict[str, np.ndarray]:
+        """The CPU executor on checked numpy inputs."""
         out = run_program_reference(self.program, self.graph, arrays, configs=self.configs)
         return own_outputs(out, arrays)
 
@@ -206,17 +215,12 @@ class CompiledModel:
             tensors, _ = self._bind((tensors,), {}, keep_torch=True)
         dev = next((str(v.device) for v in tensors.values() if isinstance(v, torch.Tensor)), "cpu")
         if self.torch_device.startswith("cuda"):
-            from lumc.compiler.runtime.gpu_plan import GpuPlan
-            from lumc.compiler.runtime.targets import set_current_device
-            set_current_device(self.torch_device)
-            if self._gpu_plan is None:
-                self._gpu_plan = GpuPlan(self)
-            out = self._gpu_plan.run_tensors({k: to_torch(v, self.torch_device)
-                                              for k, v in tensors.items()})
+            out = self._plan().run_tensors({k: to_torch(v, self.torch_device)
+                                            for k, v in tensors.items()})
             return {k: v if str(v.device) == dev else v.to(dev) for k, v in out.items()}
+        # checked already: the executor directly (run would check again)
         arrays = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
-        out = self.run(arrays)
-        return {k: to_torch(v, dev) for k, v in out.items()}
+        return {k: to_torch(v, dev) for k, v in self._execute(arrays).items()}
 
     # ---- report ----------------------------------------------------------------------------------
     def report_dict(self) -> dict:
@@ -375,7 +379,7 @@ def from_parts(path, parts: dict[str, bytes], device: str | None = None,
                          parts.get(prefix + "source.onnx", parts.get("source.onnx")), torch_device)
 
 
-def _dense_tensor(v) -> bool:
+def dense_tensor(v) -> bool:
     """A torch tensor whose data a kernel can read as it is (strided, not meta or quantized)."""
     if not type(v).__module__.startswith("torch"):
         return False
@@ -383,7 +387,3 @@ def _dense_tensor(v) -> bool:
     return isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_quantized \
         and v.device.type != "meta"
 
-
-def _torch_dtype(d):
-    from lumc.backends.triton.launch import torch_dtype
-    return torch_dtype(d)

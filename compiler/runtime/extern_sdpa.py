@@ -77,17 +77,14 @@ class TorchEvaluator:
         if op == "Iota":
             like = torch.empty(0, device=self.device)
             return gt.iota_op(n.arg.shape, n.arg.axis, gt._TORCH_NAMES[n.dtype.name], like)
-        unary = {"Exp2": torch.exp2, "Log2": torch.log2, "Sin": torch.sin, "Sqrt": torch.sqrt,
-                 "Recip": torch.reciprocal}
-        if op in unary:
-            return unary[op](v[0])
+        if op in _UNARY:
+            return getattr(torch, _UNARY[op])(v[0])
         if op == "Cast":
             sat = n.srcs[0].dtype.is_float and n.arg.is_int
             return gt.cast_op(v[0], gt._TORCH_NAMES[n.arg.name], sat)
-        binary = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": gt.mod_op,
-                  "LessThan": torch.lt}
-        if op in binary:
-            return binary[op](v[0], v[1])
+        if op in _BINARY:
+            f = gt.mod_op if op == "Mod" else getattr(torch, _BINARY[op])
+            return f(v[0], v[1])
         if op == "Where":
             return torch.where(*v)
         if op == "SumReduce":
@@ -118,8 +115,7 @@ class TorchEvaluator:
         if tuple(x.shape) != tuple(src.shape):
             if a.mask is None and x.numel() == 1:
                 return x.reshape([1] * len(a.shape))
-            # read whole (view_op copies it): correct, not minimal
-            x = x.reshape(src.shape) if x.numel() == src.numel else x.expand(src.shape)
+            x = x.expand(src.shape)      # read whole (view_op copies it): correct, not minimal
         out = gt.view_op(x, tuple(a.shape), tuple(a.strides), int(a.offset), a.mask)
         if a.mask is None:
             for k, st in enumerate(a.strides):
@@ -128,9 +124,11 @@ class TorchEvaluator:
         return out
 
 
-# primitive ops computed elementwise by torch's broadcasting (TorchEvaluator's broadcast mode)
-ELEMENTWISE_TORCH = frozenset({"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Cast", "Add", "Mul", "Div",
-                               "Mod", "LessThan", "Where"})
+# the elementwise primitives by torch function name (Mod: graph_torch.mod_op, C fmod); with Cast
+# and Where, what torch's broadcasting computes as it is (TorchEvaluator's broadcast mode)
+_UNARY = {"Exp2": "exp2", "Log2": "log2", "Sin": "sin", "Sqrt": "sqrt", "Recip": "reciprocal"}
+_BINARY = {"Add": "add", "Mul": "mul", "Div": "div", "Mod": None, "LessThan": "lt"}
+ELEMENTWISE_TORCH = frozenset(_UNARY) | frozenset(_BINARY) | {"Cast", "Where"}
 
 
 def _topo(root: Node, known: dict) -> list[Node]:

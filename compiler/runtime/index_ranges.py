@@ -14,6 +14,7 @@ shapes), so that
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -136,10 +137,11 @@ def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, 
     """
     for name, lst in uses.items():
         x = inputs.get(name)
-        if x is not None and not hasattr(x, "device"):
-            x = np.asarray(x)
+        if x is None:
+            continue
         # a torch tensor is checked where it lives (a GPU tensor: two reductions, no copy)
-        if x is None or (x.numel() if hasattr(x, "numel") and callable(x.numel) else x.size) == 0:
+        x = x if type(x).__module__.startswith("torch") else np.asarray(x)
+        if math.prod(x.shape) == 0:
             continue
         for u in lst:
             parts = ([(x[..., j], n) for j, n in enumerate(u.per_last)]
@@ -201,8 +203,8 @@ def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
             elif x.op == "Cast" and x.srcs[0].dtype.is_int and \
                     x.dtype.itemsize >= x.srcs[0].dtype.itemsize:
                 x = x.srcs[0]
-            elif unwrapped(x, n) is not None:
-                x, wraps = unwrapped(x, n), wraps + 1
+            elif (i := unwrapped(x, n)) is not None:
+                x, wraps = i, wraps + 1
             else:
                 break
         negative = wraps == 1

@@ -22,14 +22,22 @@ class Block(torch.nn.Module):
         return h.transpose(0, 1), h.sum(-1), x.reshape(-1), self.ln.weight[ids]
 
 
-@pytest.mark.skipif(not interpreter_mode(), reason="CPU Triton interpreter only")
-def test_gpu_plan_runs_on_tensors_without_host_round_trip(tmp_path, monkeypatch):
-    from lumc.compiler.runtime.gpu_plan import GpuPlan
-    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """``(module, its lumc.compile, example args)``, compiled once for this file."""
+    mp = pytest.MonkeyPatch()      # this file's cache, undone after it
+    mp.setenv("LUMC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     torch.manual_seed(0)
     m = Block().eval()
     args = (torch.randn(5, 16), torch.tensor([3, 0, 15]))
-    f = lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200")
+    yield m, lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200"), args
+    mp.undo()
+
+
+@pytest.mark.skipif(not interpreter_mode(), reason="CPU Triton interpreter only")
+def test_gpu_plan_runs_on_tensors_without_host_round_trip(compiled):
+    from lumc.compiler.runtime.gpu_plan import GpuPlan
+    _, f, args = compiled
     f(*args)
     cm = f.specializations[0].compiled
     plan = GpuPlan(cm)
@@ -52,13 +60,10 @@ def test_gpu_plan_runs_on_tensors_without_host_round_trip(tmp_path, monkeypatch)
         np.testing.assert_allclose(calls[0][k].numpy(), v, rtol=2e-5, atol=2e-6)
 
 
-def test_compiled_model_call_keeps_tensors_as_tensors(tmp_path, monkeypatch):
-    """``CompiledModel.__call__`` on torch tensors returns tensors equal to the numpy run's."""
-    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
-    torch.manual_seed(0)
-    m = Block().eval()
-    args = (torch.randn(5, 16), torch.tensor([3, 0, 15]))
-    f = lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200")
+def test_compiled_model_call_keeps_tensors_as_tensors(compiled):
+    """``CompiledModel.__call__`` on torch tensors returns tensors equal to eager's, as the
+    module's call does."""
+    m, f, args = compiled
     got = f(*args)
     cm = f.specializations[0].compiled
     direct = cm(*args)

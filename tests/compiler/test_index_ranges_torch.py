@@ -27,14 +27,15 @@ class Lookup(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    import os
-    os.environ["LUMC_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    mp = pytest.MonkeyPatch()      # this file's cache, undone after it
+    mp.setenv("LUMC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     torch.manual_seed(0)
     m = Lookup().eval()
     args = (torch.randint(0, V, (2, 5)), torch.randint(0, P, (3,)), torch.randint(-P, P, (4,)))
     f = lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200")
     f(*args)
-    return m, f.specializations[0].compiled, args
+    yield m, f.specializations[0].compiled, args
+    mp.undo()
 
 
 @pytest.mark.parametrize("which,value,ok", [
