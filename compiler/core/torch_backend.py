@@ -478,8 +478,10 @@ class DynamoGraph:
         if self.ranged is not None:
             if self._in_range(args):
                 program = self._range_program
-                feed = self._feed(program, self._kept(args))
-                results = self.ranged.select(feed).run(feed)
+                # the tensors as they are: the bucket is picked by their shapes, and its re-sized
+                # plan runs them on their device (on a GPU, no host round trip)
+                feed = self._feed(program, self._kept(args), True)
+                results = self.ranged.select(feed).run_tensors(feed)
                 return self._write_back(args, tuple(from_numpy(results[name], program.device)
                                                     for name in program.output_names))
             self.outside_calls += 1

@@ -323,7 +323,8 @@ class VariantModel:
     def _condition(self, name: str, inputs: dict) -> bool:
         from lumc.backends.reference import ReferenceExecutor
         g = self.conditions[name]
-        feed = {k: np.asarray(inputs[k]) for k in g.inputs}
+        # an If condition is a value: only its own inputs come to the host
+        feed = {k: self._array(inputs[k]) for k in g.inputs}
         v = np.asarray(next(iter(ReferenceExecutor(g)(feed).values())))
         if v.size != 1:
             raise InputError(f"the condition of If {name!r} has {v.size} elements, expected 1")
@@ -334,22 +335,26 @@ class VariantModel:
         from lumc.compiler.runtime.compiled import name_args
         return name_args([i.name for i in self.first.inputs], args, kwargs)
 
-    def _arrays(self, given: dict) -> dict:
-        out = {}
-        for k, v in given.items():
-            if type(v).__module__.startswith("torch"):
-                from lumc.backends.triton.launch import to_numpy
-                v = to_numpy(v)
-            out[k] = v
-        return out
+    @staticmethod
+    def _array(v) -> np.ndarray:
+        if type(v).__module__.startswith("torch"):
+            from lumc.backends.triton.launch import to_numpy
+            return to_numpy(v)
+        return np.asarray(v)
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
         """Run the plan that serves ``inputs`` (see :meth:`select`)."""
-        return self.select(self._arrays(inputs)).run(inputs)
+        return self.select(inputs).run(inputs)
+
+    def run_tensors(self, tensors: dict) -> dict:
+        """Run the plan that serves ``tensors`` (``{name: torch tensor}``) on their device
+        (:meth:`CompiledModel.run_tensors <lumc.compiler.runtime.compiled.CompiledModel.run_tensors>`:
+        on a GPU no host copy); only an ``If`` condition's inputs are read on the host."""
+        return self.select(tensors).run_tensors(tensors)
 
     def __call__(self, *args, **kwargs):
         given = self._named(args, kwargs)
-        return self.select(self._arrays(given))(given)
+        return self.select(given)(given)
 
     # ---- report and artifact -----------------------------------------------------------------------
     def report_dict(self) -> dict:

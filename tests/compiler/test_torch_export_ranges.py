@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 import lumc
+from lumc.backends.triton.launch import interpreter_mode
 from lumc.compiler.core.buckets import DimRange
 from lumc.compiler.core.torch_compile import dim_ranges
 from lumc.compiler.frontends.torch_frontend.capture import capture_module, example_shapes
@@ -79,6 +80,32 @@ def test_small_module_compiles_once_for_its_dim_range(tmp_path, monkeypatch):
         x, bias = pool_inputs(33)
         y = f(x.numpy(), bias=bias.numpy())          # numpy in, numpy out; by name too
         assert isinstance(y, np.ndarray) and rel_err(y, m(x, bias)) <= 1e-5
+
+    # torch tensors stay tensors: the bucket is picked by shape (nothing read on the host) and
+    # its re-sized plan runs them (run_tensors; on a GPU no host copy), never the numpy run
+    from lumc.compiler.runtime.compiled import CompiledModel
+    monkeypatch.setattr(VariantModel, "_array", staticmethod(no_compile))
+    monkeypatch.setattr(CompiledModel, "run", no_compile)
+    with torch.no_grad():
+        x, bias = pool_inputs(40)
+        assert rel_err(f(x, bias), m(x, bias)) <= 1e-5
+        got = f.run_tensors({"x": x, "bias": bias})
+        assert isinstance(next(iter(got.values())), torch.Tensor)
+        assert rel_err(next(iter(got.values())), m(x, bias)) <= 1e-5
+    monkeypatch.undo()
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+
+    if interpreter_mode():
+        # the re-sized plan's GPU buffer plan (size-generic kernels, one module per bucket) on
+        # the CPU in the Triton interpreter, against the executor, at two sizes of one bucket
+        from lumc.compiler.runtime.gpu_plan import GpuPlan
+        for n in (34, 47):
+            x, bias = pool_inputs(n)
+            cm = f.select({"x": x, "bias": bias})
+            out = GpuPlan(cm).run_tensors({"x": x, "bias": bias})
+            want = cm.run({"x": x.numpy(), "bias": bias.numpy()})
+            for k, v in want.items():
+                np.testing.assert_allclose(out[k].numpy(), v, rtol=2e-5, atol=2e-6)
 
     with pytest.raises(InputError) as e:
         f(*pool_inputs(65))
