@@ -12,8 +12,11 @@ install:  ## create .venv and install lumc editable with the dev extras (torch p
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	$(LUMC) --version
 
-test:  ## the default suite (no slow, no GPU tests); fetches the four models on first use
-	$(PYTEST) -q -m "not slow and not gpu"
+# pytest-xdist processes for make test (one per core of the CI machine)
+TEST_WORKERS ?= 2
+
+test:  ## the default suite (no slow, no GPU tests) on TEST_WORKERS processes; fetches the four models on first use
+	$(PYTEST) -q -n $(TEST_WORKERS) -m "not slow and not gpu"
 
 conformance:  ## the ONNX backend node tests
 	$(PYTEST) tests/conformance -q
