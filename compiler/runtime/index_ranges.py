@@ -42,6 +42,7 @@ class IndexUse:
     size: int
     per_last: tuple[int, ...] = ()
     negative: bool = True     # False: valid indices are [0, n) (torch embedding, index_select)
+    offset: int = 0           # the table is indexed at the input's value plus this (``emb(ids + 1)``)
 
 
 def _shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[str, tuple]:
@@ -148,12 +149,14 @@ def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, 
                      if u.per_last and x.ndim and x.shape[-1] == len(u.per_last) else [(x, u.size)])
             for comp, n in parts:
                 lo, hi = int(comp.min()), int(comp.max())
-                first = -n if u.negative else 0
-                if lo < first or hi >= n:
+                # the input's own valid range: the table's, less the offset added before indexing
+                first, end = (-n if u.negative else 0) - u.offset, n - u.offset
+                if lo < first or hi >= end:
                     bad = lo if lo < first else hi
+                    plus = f" (it indexes at its value {u.offset:+d})" if u.offset else ""
                     raise IndexRangeInputError(
-                        f"index {bad} in input {name!r} is out of range [{first}, {n}) of the "
-                        f"table it indexes", node=u.node, op=u.op)
+                        f"index {bad} in input {name!r} is out of range [{first}, {end}) of the "
+                        f"table it indexes{plus}", node=u.node, op=u.op)
 
 
 def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
@@ -176,9 +179,16 @@ def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
         seen = apply_view(np.arange(src.numel).reshape(src.shape), v.arg)
         return np.unique(seen).size == src.numel
 
-    def scalar(c):
+    def scalar(c, depth: int = 0):
+        """The integer ``c`` holds where it is one (a scalar constant, through views, casts and
+        integer arithmetic of such: ``sub(i, 1)`` lowers to ``i + 1 * -1``), else None."""
         while c.op in ("View", "Cast"):
             c = c.srcs[0]
+        if c.op in ("Add", "Mul") and depth < 8 and c.dtype.is_int:
+            a, b = (scalar(x, depth + 1) for x in c.srcs)
+            if a is None or b is None:
+                return None
+            return a + b if c.op == "Add" else a * b
         v = np.asarray(c.arg.value) if c.op == "Constant" else None
         return int(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
 
@@ -191,24 +201,37 @@ def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
             return None
         return i if scalar(add.srcs[1] if add.srcs[0] is i else add.srcs[0]) == n else None
 
+    def shifted(x):
+        """``(i, c)`` where ``x = i + c`` (``i - c`` is ``i + -c``), ``c`` an integer scalar."""
+        if x.op != "Add" or not x.dtype.is_int:
+            return None
+        a, b = x.srcs
+        if (c := scalar(b)) is not None:
+            return a, c
+        return (b, c) if (c := scalar(a)) is not None else None
+
     out: dict[str, list[IndexUse]] = {}
     for g in graph.nodes():
         if g.op != "Gather":
             continue
         n = int(g.srcs[0].shape[int(g.arg)])
-        x, wraps = g.srcs[1], 0
+        x, wraps, offset = g.srcs[1], 0, 0
         for _ in range(32):
             if x.op == "View" and reads_all(x):
                 x = x.srcs[0]
             elif x.op == "Cast" and x.srcs[0].dtype.is_int and \
                     x.dtype.itemsize >= x.srcs[0].dtype.itemsize:
                 x = x.srcs[0]
-            elif (i := unwrapped(x, n)) is not None:
+            elif not offset and (i := unwrapped(x, n)) is not None:
                 x, wraps = i, wraps + 1
+            elif (step := shifted(x)) is not None:     # i + c: the input's range moves by -c
+                x, offset = step[0], offset + step[1]
             else:
                 break
         negative = wraps == 1
-        if id(x) in inputs and wraps <= 1:     # two wraps (one the user's): [-2n, n), unchecked
+        # two wraps (one the user's) allow [-2n, n), and a wrap of a shifted value is not one
+        # range of the input: those stay unchecked
+        if id(x) in inputs and wraps <= 1 and x.dtype.is_int:
             out.setdefault(inputs[id(x)], []).append(
-                IndexUse(f"%{g.id}", "Gather", n, (), negative))
+                IndexUse(f"%{g.id}", "Gather", n, (), negative, offset))
     return out

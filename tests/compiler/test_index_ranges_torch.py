@@ -87,3 +87,56 @@ def test_index_checks_follow_the_wraps_pytorch_applies(tmp_path, monkeypatch):
         x = (args[0], torch.tensor(fv))
         m(*x)
         cm._bind(x, {})
+
+
+class Shifted(torch.nn.Module):
+    """Indices shifted by a constant before the lookup (``emb(ids + 2)``, OPT's position offset):
+    the input's own range moves by the shift; through advanced indexing's wrap too. A shift of an
+    already wrapped value is no single range of the input, and is left unchecked (never refused)."""
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, D)
+        self.table = torch.nn.Parameter(torch.randn(P, D))
+
+    def forward(self, ids, pick, rows):
+        wrapped = torch.where(rows < 0, rows + P, rows)
+        return (self.emb(ids + 2).sum(1) + self.table[pick - 1].sum(0)
+                + self.emb(wrapped + 1).sum(0))
+
+
+@pytest.mark.parametrize("which,value", [
+    (0, -2), (0, V - 3), (0, V - 2), (0, -3),          # ids + 2 in [0, V): ids in [-2, V - 2)
+    (1, 1 - P), (1, P), (1, -P), (1, P + 1),           # pick - 1 in [-P, P): pick in [1 - P, P]
+    (2, -P), (2, P - 1)])                                # wrap(rows) + 1: left unchecked
+def test_shifted_indices_are_checked_at_the_shifted_range(tmp_path, monkeypatch, which, value):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(2)
+    m = Shifted().eval()
+    args = (torch.tensor([[0, 5]]), torch.tensor([1, 3]), torch.tensor([0, 2]))
+    cm = _shifted_compiled(m, args)
+    bad = [a.clone() for a in args]
+    bad[which].view(-1)[0] = value
+    try:
+        m(*bad)
+        eager_ok = True
+    except (IndexError, RuntimeError):
+        eager_ok = False
+    if eager_ok:
+        cm._bind(tuple(bad), {})
+    elif which == 2:
+        cm._bind(tuple(bad), {})       # unchecked: a shifted wrap is no range of the input
+    else:
+        with pytest.raises(IndexRangeInputError, match=r"out of range .*its value [+-]\d"):
+            cm._bind(tuple(bad), {})
+    assert eager_ok == (which == 2 or value in (-2, V - 3, 1 - P, P))   # the premise
+
+
+_SHIFTED: dict = {}
+
+
+def _shifted_compiled(m, args):
+    """One compile for the parametrized cases (the module's weights do not matter to the check)."""
+    if "cm" not in _SHIFTED:
+        f = lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200")
+        _SHIFTED["cm"] = f.specializations[0].compiled
+    return _SHIFTED["cm"]
