@@ -168,3 +168,26 @@ def test_check_of_a_reduced_precision_artifact_names_its_tolerance(linear, tmp_p
     assert res.exit_code == 0, res.output
     verdict = next(ln for ln in res.output.splitlines() if ln.startswith("check:"))
     assert "the compile's tolerance" in verdict and "by dtype" not in verdict, verdict
+
+
+def test_check_of_quantized_weights_is_judged_by_the_model_as_given(linear, tmp_path):
+    """An int8-weights artifact stores its quantized weights in its graph; the float64 judge of
+    ``run --check`` is the source model (float weights), so the quantization error counts against
+    lumc: at a tolerance tighter than it, the check fails; at the compile's own, it passes."""
+    out = tmp_path / "linear-int8.lumc"
+    res = lumc_cli("compile", linear, "--budget", "30s", "--device", "sim:h200", "--weights",
+                   "int8", "-o", out, "--quiet")
+    assert res.exit_code == 0, res.output
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    ys = tmp_path / "y.npz"
+    res = lumc_cli("run", out, "--inputs", tmp_path / "in.npz", "--check", "--rtol", "1e-4",
+                   "--atol", "1e-5", "-o", ys)
+    assert ys.exists(), res.output
+    w = numpy_helper.to_array(onnx.load(linear).graph.initializer[0]).astype(np.float64)
+    err = np.abs(np.load(ys)["y"] - x.astype(np.float64) @ w).max()
+    assert err > 1e-3, err            # the premise: int8 weights cost more than the tolerance
+    assert res.exit_code == 1, res.output
+    assert "lumc is closer" not in res.output, res.output
+    res = lumc_cli("run", out, "--inputs", tmp_path / "in.npz", "--check")
+    assert res.exit_code == 0, res.output
