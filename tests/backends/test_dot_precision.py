@@ -204,3 +204,45 @@ def test_contraction_dims_see_through_a_weight_prologue():
         k = Kernel("matmul", Graph(ins, {"out0": (x @ w).node}))
         c = contraction_dims(k)
         assert (c.batch, c.m, c.n, c.k) == (1, 128, 1152, 384)
+
+
+def test_split_tf32_keeps_inf_where_its_small_parts_are_nan():
+    """fp32 contractions default to ``tf32x3`` (Triton's F32DotTC pass: ``a = big + small``, three
+    TF32 MMAs). For ``a = inf`` the small part ``inf - inf`` is NaN, which a plain sum of the three
+    products would carry into the output where IEEE (and eager PyTorch's fp32 GEMM) gives inf.
+    Triton >= 3.6 (the GPU image's) sums the two small products apart and replaces a NaN there by
+    0 before the big product (``arith.cmpf uno`` + ``select`` in the TTGIR), so an inf operand
+    still gives inf and a NaN operand NaN (through the big product). lumc relies on that: this
+    compiles lumc's fp32 matmul for cuda:90 and finds the mask in front of the big product."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from lumc.backends.triton.aot import _job
+    from lumc.compiler.runtime.extern import config_from_dict
+    tk = TritonKernel(matmul_kernel(64, 64, 64, dt.f32))
+    cfg = config_from_dict({**dict(tk.default_config().blocks), "BLOCK_M": 64, "BLOCK_N": 64,
+                            "BLOCK_K": 32, "num_warps": 4, "num_stages": 3, "PRECISION": "tf32x3"})
+    job = _job(tk.rendered, cfg)
+    # compiled in a child without the interpreter (this process's @triton.jit interprets)
+    code = (
+        "import importlib.util, json, sys, triton\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        "from triton.compiler import ASTSource\n"
+        "job = json.loads(sys.argv[1])\n"
+        "spec = importlib.util.spec_from_file_location('lumc_tf32x3_case', job['path'])\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        "src = ASTSource(getattr(mod, job['names'][0]), signature=job['signature'],\n"
+        "                constexprs=job['constexprs'])\n"
+        "ck = triton.compile(src, target=GPUTarget('cuda', 90, 32),\n"
+        "                    options={'num_warps': 4, 'num_stages': 3})\n"
+        "print(ck.asm['ttgir'])\n")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    ttgir = subprocess.run([sys.executable, "-c", code, json.dumps(job)], env=env, check=True,
+                           capture_output=True, text=True, timeout=300).stdout
+    lines = [ln for ln in ttgir.splitlines() if "warp_group_dot " in ln or "tt.dot " in ln
+             or "cmpf uno" in ln]
+    dots = [i for i, ln in enumerate(lines) if "cmpf" not in ln]
+    masks = [i for i, ln in enumerate(lines) if "cmpf uno" in ln]
+    assert len(dots) == 3 and len(masks) == 1, lines       # three TF32 products, one NaN mask
+    assert dots[1] < masks[0] < dots[2], lines             # between the small sums and the big
