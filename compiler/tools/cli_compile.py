@@ -372,13 +372,14 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
     return found[0][1]
 
 
-def _judge_graph(cm, report: dict, inputs: dict):
+def _judge_graph(cm, reduced: bool, inputs: dict):
     """The graph whose float64 values judge lumc against onnxruntime: the model as the user gave
-    it. An artifact whose weights are stored quantized (``--weights int8|fp8|nvfp4``) holds a graph
-    with those weights, where the quantization error would count for lumc; its source model is
-    imported again instead (at the inputs' shapes). Falls back to the artifact's graph where the
-    source needs an input the run does not have (one fixed by ``--bind``)."""
-    if report.get("weights", "same") == "same" or not cm.source_onnx:
+    it. A reduced-precision artifact (``--precision bf16|fp16|fp8|auto``, ``--weights
+    int8|fp8|nvfp4``) holds a graph with its weights rounded or quantized, where that error would
+    count for lumc; its source model is imported again instead (at the inputs' shapes). Falls back
+    to the artifact's graph where the source needs an input the run does not have (one fixed by
+    ``--bind``)."""
+    if not reduced or not cm.source_onnx:
         return cm.graph
     import numpy as np
     import onnx
@@ -470,7 +471,7 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         click.echo(f"precision {r['precision']} (weights {r.get('weights', 'same')}): judged at "
                    f"the compile's tolerance {rtol:g} of each output's largest |reference|")
     checks = c.print_outputs(outputs, ort, rtol, atol,
-                             lambda: c.float64_outputs(_judge_graph(cm, r, inputs), inputs))
+                             lambda: c.float64_outputs(_judge_graph(cm, reduced, inputs), inputs))
     best = r.get("best_time_s")
     bucket = " (its size bucket's plan, timed at the bucket's largest size)" \
         if getattr(cm, "sized", None) else ""

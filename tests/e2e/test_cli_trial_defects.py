@@ -170,13 +170,15 @@ def test_check_of_a_reduced_precision_artifact_names_its_tolerance(linear, tmp_p
     assert "the compile's tolerance" in verdict and "by dtype" not in verdict, verdict
 
 
-def test_check_of_quantized_weights_is_judged_by_the_model_as_given(linear, tmp_path):
-    """An int8-weights artifact stores its quantized weights in its graph; the float64 judge of
-    ``run --check`` is the source model (float weights), so the quantization error counts against
-    lumc: at a tolerance tighter than it, the check fails; at the compile's own, it passes."""
-    out = tmp_path / "linear-int8.lumc"
-    res = lumc_cli("compile", linear, "--budget", "30s", "--device", "sim:h200", "--weights",
-                   "int8", "-o", out, "--quiet")
+@pytest.mark.parametrize("option", [("--weights", "int8"), ("--precision", "bf16")])
+def test_check_of_reduced_precision_is_judged_by_the_model_as_given(linear, tmp_path, option):
+    """A reduced-precision artifact stores its weights rounded (bf16) or quantized (int8) in its
+    graph; the float64 judge of ``run --check`` is the source model (float weights), so that error
+    counts against lumc: at a tolerance tighter than it, the check fails; at the compile's own, it
+    passes."""
+    out = tmp_path / "linear-reduced.lumc"
+    res = lumc_cli("compile", linear, "--budget", "30s", "--device", "sim:h200", *option,
+                   "-o", out, "--quiet")
     assert res.exit_code == 0, res.output
     x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
@@ -186,7 +188,7 @@ def test_check_of_quantized_weights_is_judged_by_the_model_as_given(linear, tmp_
     assert ys.exists(), res.output
     w = numpy_helper.to_array(onnx.load(linear).graph.initializer[0]).astype(np.float64)
     err = np.abs(np.load(ys)["y"] - x.astype(np.float64) @ w).max()
-    assert err > 1e-3, err            # the premise: int8 weights cost more than the tolerance
+    assert err > 1e-3, err            # the premise: the precision costs more than the tolerance
     assert res.exit_code == 1, res.output
     assert "lumc is closer" not in res.output, res.output
     res = lumc_cli("run", out, "--inputs", tmp_path / "in.npz", "--check")
