@@ -422,6 +422,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         chosen = programs[result.candidate]
         ck = keys[result.candidate]
         configs = [measurer.config_of(k, result.configs.get(k, 0)) for k in ck]
+        checked_late = check_untimed(result, ck, measurer, fe.model_name)
         # the chosen program end to end on the CPU against the reference, even past the deadline
         # (the hard deadline's grace bounds it; a budget too small for it is a BudgetError)
         err = None
@@ -462,6 +463,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         report = build_report(fe, graph, programs, chosen, ck, configs, result, measurer, bounds,
                               target, budget_s, deadline, egraph_stats, err, use_egraph, db, log)
         report["stage_seconds"] = stage_s
+        report["checked_after_budget"] = checked_late
         report["workers"] = worker_report
         report["fast_math"] = bool(fast_math)   # rewrites that change results were offered
         report["reference_s"] = round(getattr(values, "seconds", 0.0), 3)   # incl. in the stages
@@ -479,6 +481,32 @@ def unused_inputs(graph: Graph) -> list[str]:
     removed, such as one read only by ``Shape``), in model order."""
     reached = {id(n) for n in graph.nodes()}
     return [k for k, n in graph.inputs.items() if id(n) not in reached]
+
+
+def check_untimed(result: SearchResult, keys: list, measurer: KernelMeasurer, model: str) -> int:
+    """The untimed fallback (nothing was measured within the budget: the best-bound candidate at
+    default configs) has its kernels' generated code checked now, past the deadline, within the
+    hard deadline's grace (a budget too small for that is a ``BudgetError``): no program is
+    returned with kernels nothing ran. Returns how many kernels were checked here (0 when the
+    search measured the program).
+
+    Raises:
+        LumcError: a kernel of the fallback failed its numerics check (the search had no time to
+            choose another program).
+    """
+    if result.time_s is not None:
+        return 0
+    from lumc.ir.errors import LumcError
+    measurer.deadline = None          # the hard deadline bounds it
+    keys = list(dict.fromkeys(keys))
+    for k in keys:
+        m = measurer(k, result.configs.get(k, 0))
+        if m.status != "ok":
+            e = measurer.entries[k]
+            raise LumcError(f"{model}: nothing was measured within the budget, and the fallback "
+                            f"program's {e.kernel.form} kernel failed its check past the "
+                            f"deadline ({m.note}); give a larger budget")
+    return len(keys)
 
 
 def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult, measurer, bounds,

@@ -37,6 +37,7 @@ _TOP: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "candidates_total": (OPT_INT, False), "candidates_pruned": (OPT_INT, False),
         "candidates_compiled": (OPT_INT, False), "candidates_timed": (OPT_INT, False),
         "candidates_rejected": (OPT_INT, False), "max_rel_error": (OPT_NUM, False),
+        "checked_after_budget": (OPT_INT, False),
         "egraph": ((dict,), False), "warnings": ((list,), False), "log": ((list,), False),
         "per_kernel": ((list,), False), "inputs": ((dict,), False), "outputs": ((dict,), False),
         "stage_seconds": ((dict,), False), "form_counts": ((dict,), False),

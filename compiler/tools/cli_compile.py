@@ -234,6 +234,10 @@ def _max_rel_text(r: dict) -> str:
     reference executor alone says 0 by construction)."""
     if r.get("max_rel_error") is None:
         return "not checked (budget)"
+    late = r.get("checked_after_budget")
+    if late:
+        return (f"{r['max_rel_error']:.2e} (nothing was measured within the budget: the "
+                f"fallback's {late} kernel{'s' * (late != 1)} checked after it)")
     if r.get("candidates_compiled") == 0:
         return "not checked (no candidate compiled within the budget)"
     return f"{r['max_rel_error']:.2e}"

@@ -5,6 +5,7 @@ Models are built here with onnx.helper and compiled for the simulated H200 with 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -150,6 +151,43 @@ def test_the_summary_says_not_checked_when_no_candidate_compiled(mlp, tmp_path, 
     line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
     assert "0 compiled" in line and "max rel error not checked" in line, line
     assert "0.00e+00" not in line
+
+
+def _nothing_measured(monkeypatch):
+    """The search sees its deadline already spent: it returns the untimed fallback."""
+    from lumc.compiler.core import pipeline
+    from lumc.compiler.core.budget import Deadline
+    real = pipeline.run_search
+    monkeypatch.setattr(pipeline, "run_search",
+                        lambda keys, b, n, m, deadline, **kw: real(keys, b, n, m, Deadline(0.0), **kw))
+
+
+def test_the_untimed_fallback_has_its_kernels_checked_after_the_budget(mlp, tmp_path, monkeypatch):
+    """``--budget 1s`` returned the best-bound program with no kernel's code run and 'max rel error
+    0.0' in the JSON (README: every returned program is checked). Its kernels are checked past the
+    deadline, within the grace, and the report says so; one that fails is an error, not an
+    artifact."""
+    _nothing_measured(monkeypatch)
+    res = lumc_cli("compile", mlp, "--budget", "10s", "--shape", "N=4", "-o", tmp_path / "a.lumc",
+                   "--report", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "a.json").read_text())
+    assert r["candidates_compiled"] == 0 and r["best_time_s"] is None
+    assert r["checked_after_budget"] == r["kernels"] >= 1
+    line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
+    assert "checked after it" in line and "not checked" not in line, line
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    want = np.maximum(x.astype(np.float64) @ np.ones((64, 64)), 0)
+    got = lumc.load(tmp_path / "a.lumc")(x)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+    from lumc.compiler.core.measure import KernelMeasurer
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "fresh"))
+    monkeypatch.setattr(KernelMeasurer, "_check_once",
+                        lambda self, e, p=None: (False, "rejected: max rel error 1 > 1e-05 on f32"))
+    res = lumc_cli("compile", mlp, "--budget", "10s", "--shape", "N=4", "-o", tmp_path / "b.lumc")
+    assert res.exit_code == 2 and not (tmp_path / "b.lumc").exists(), res.output
+    assert "failed its check past the deadline" in res.output, res.output
 
 
 def test_a_forward_writing_a_buffer_is_told_so_not_to_call_eval():
