@@ -419,12 +419,14 @@ class Tensor(TensorMath):
         pos = self.add(zero) if self.dtype.is_float else self
         return self.lt(zero).where(self.neg(), pos)
 
-    def sign(self) -> "Tensor":
+    def sign(self, nan_to_zero: bool = False) -> "Tensor":
+        """-1, 0 or 1 in ``x``'s dtype (zeros of either sign give +0.0). A NaN stays NaN, as ONNX
+        Sign (onnxruntime); ``nan_to_zero`` gives 0 for it, as PyTorch's ``torch.sign``."""
         zero = self.scalar_like(0)
         one = self.scalar_like(1)
         r = self.lt(zero).where(one.neg() if self.dtype.kind != "uint" else zero,
                                 zero.lt(self).where(one, zero))
-        return self.isnan().where(self, r) if self.dtype.is_float else r
+        return self.isnan().where(self, r) if self.dtype.is_float and not nan_to_zero else r
 
     def cast(self, to: dt.DType) -> "Tensor":
         if to == self.dtype:

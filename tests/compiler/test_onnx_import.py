@@ -348,6 +348,18 @@ def test_inverse_trig_and_hyperbolic_are_within_a_few_ulp(op, ref, lo, hi, dtype
     np.testing.assert_array_equal(y[~finite], r[~finite])     # inf, nan, zeros (with sign)
 
 
+def test_sign_keeps_nan_as_onnxruntime():
+    """ONNX Sign: NaN stays NaN (onnxruntime), zeros of either sign give +0.0, infinities +-1;
+    PyTorch's sign (NaN -> 0) is the torch frontend's, not this one's."""
+    x = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, -2.5, 3.0, 1e-40], np.float32)
+    model = make_model([helper.make_node("Sign", ["x"], ["y"])], [vi("x", [x.size])], [vi("y", [x.size])])
+    (y,), _ = run_lumc(model, {"x": x})
+    (r,) = run_ort(model, {"x": x})
+    assert np.isnan(r[0]) and not np.signbit(r[1])
+    np.testing.assert_array_equal(y, r)
+    np.testing.assert_array_equal(np.signbit(y), np.signbit(r))
+
+
 def test_topk_and_scatters_match_onnxruntime():
     inits = [numpy_helper.from_array(np.array([3], np.int64), "k"),
              numpy_helper.from_array(np.array([[1, 0], [2, 1], [1, 0]], np.int64), "nd_idx"),

@@ -66,6 +66,8 @@ CASES = {
     "copysign of zeros": (lambda x: torch.copysign(x * 0, -x), X, 0),
     "signbit": (lambda x: torch.signbit(torch.cat([x, torch.tensor([[-0.0, 0.0, INF, -INF, 1, -1]])])),
                 X, 0),
+    # eager's sign: NaN -> 0 (ONNX Sign keeps NaN), -0.0 -> +0.0, infinities -> +-1
+    "sign of NaN, zeros, infinities": (lambda x: torch.sign(torch.cat([x, R])), X, 0),
     "hypot": (lambda x: torch.hypot(x * 1e30, torch.tensor([INF, NAN, 0.0, 1e30, 3.0, -0.0])), X, 2e-7),
     "hypot tiny": (lambda x: torch.hypot(x * 1e-30, x.flip(1) * 1e-30), X, 2e-7),
     "searchsorted": (lambda x: torch.searchsorted(torch.tensor([-1.0, 0.0, 0.0, 1.0]),

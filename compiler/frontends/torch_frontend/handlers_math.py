@@ -225,10 +225,16 @@ _LIB_UNARY = {"erf": "activations.erf", "erfc": "activations.erfc", "expm1": "ac
 for _name, _q in _LIB_UNARY.items():
     aten(f"{_name}.default", requires=[_q])(lambda ctx, x, _q=_q: lib(_q)(float_of(x)))
 
-_SAME_UNARY = {"neg": Tensor.neg, "abs": Tensor.abs, "sign": Tensor.sign, "floor": Tensor.floor,
+_SAME_UNARY = {"neg": Tensor.neg, "abs": Tensor.abs, "floor": Tensor.floor,
                "ceil": Tensor.ceil, "round": Tensor.round, "trunc": _trunc}
 for _name, _m in _SAME_UNARY.items():
     aten(f"{_name}.default")(lambda ctx, x, _m=_m: _m(x))
+
+
+@aten("sign.default")
+def _sign(ctx, x):
+    """-1, 0 or 1 as eager: ``torch.sign(NaN)`` is 0 (ONNX Sign keeps the NaN), zeros give +0.0."""
+    return x.sign(nan_to_zero=True)
 
 
 @aten("round.decimals")
