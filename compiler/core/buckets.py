@@ -359,6 +359,11 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
                              f"that size (it is a dim derived from the inputs?); give explicit "
                              "sizes instead")
     from lumc.compiler.core.precision import store_weights
+    if policy.max_kl is not None and not policy.logits:   # nothing to judge: refused before the e-graph
+        from lumc.compiler.core.pipeline import example_inputs_for
+        from lumc.compiler.core.precision_gate import model_reference
+        model_reference(fe_p.graph, example_inputs_for(fe_p.graph, fe_p), policy)
+    policy.check_logits(list(fe_p.graph.outputs))
     stored, wstats = store_weights(fe_p.graph, policy)
     with probing(tuple(probe.values()) + tuple(check.values())):
         programs, egraph_stats = candidates(stored, Deadline(

@@ -29,7 +29,8 @@ from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.core.onnx_stage import Frontend, bind_model, stage_frontend, with_ranges
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, precision_report,
                                           store_weights)
-from lumc.compiler.core.precision_gate import precision_note, stage_quality, weights_gate
+from lumc.compiler.core.precision_gate import (model_reference, precision_note, stage_quality,
+                                               weights_gate)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
 from lumc.compiler.core.variants import compile_variants, size_lists
@@ -366,7 +367,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         graph, weight_stats = given.stored if given is not None else store_weights(fe.graph, policy)
         inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
-        wq = weights_gate(graph, fe.graph, inputs, policy) \
+        model_ref = model_reference(fe.graph, inputs, policy)   # max_kl with nothing to judge: refused
+        wq = weights_gate(graph, fe.graph, inputs, policy, model_ref) \
             if not deadline.expired() and given is None else None
         if wq is not None and not wq["passed"]:
             down = dataclasses.replace(policy, weights="same")
@@ -434,7 +436,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         quality = None
         if ref_out is not None:    # reduced precision is never returned unmeasured, even late
             configs, quality = stage_quality(chosen, graph, fe.graph, inputs, ck, configs, measurer,
-                                             policy, deadline)
+                                             policy, deadline, model_ref)
         if quality is not None and not quality["passed"]:
             # the next policy up: a lower precision first, then weights as the model stores them
             down = dataclasses.replace(policy, precision=FALLBACK[policy.precision]) \

@@ -156,6 +156,19 @@ class PrecisionPolicy:
             raise InputError(f"--logits {unknown[0]}: the model has no output of that name; "
                              f"outputs: {', '.join(outputs)}")
 
+    def check_max_kl(self, reference: dict, float_names: list[str]) -> None:
+        """Raises InputError when ``max_kl`` is set, ``logits`` names no output, and no output in
+        ``float_names`` of ``reference`` (the fp32 model's outputs on the sample inputs, ``{name:
+        array}``) is a probability distribution (:func:`is_probability`): the KL gate would judge
+        nothing and the option would be silently ignored."""
+        if self.max_kl is None or self.logits:
+            return
+        if not any(is_probability(reference[k]) for k in float_names):
+            raise InputError("--max-kl gates the KL divergence of a probability output, but no "
+                             "output of the model is a distribution (rows >= 0 summing to 1 on "
+                             "the sample inputs); name the outputs that are logits with --logits "
+                             "(logits= in the API)")
+
     def dot_precisions(self) -> dict:
         return dict(DOT_PRECISIONS[self.precision])
 

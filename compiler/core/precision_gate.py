@@ -58,26 +58,41 @@ def best_config_at(measurer, key: str, better_than: str | None) -> int | None:
     return best
 
 
-def weights_gate(stored, original, inputs: dict, policy: PrecisionPolicy) -> dict | None:
+def model_reference(graph, inputs: dict, policy: PrecisionPolicy) -> dict | None:
+    """The fp32 model's outputs on ``inputs`` (``{name: array}``), the reference of every gate of a
+    reduced-precision compile; None for an exact one. Run once, before the e-graph and the search:
+    ``max_kl`` with no distribution to judge is refused here (InputError, see
+    :meth:`~lumc.compiler.core.precision.PrecisionPolicy.check_max_kl`)."""
+    if not policy.reduced:
+        return None
+    ref = ReferenceExecutor(graph)(inputs)
+    policy.check_max_kl(ref, [k for k, n in graph.outputs.items() if n.dtype.is_float])
+    return ref
+
+
+def weights_gate(stored, original, inputs: dict, policy: PrecisionPolicy,
+                 ref: dict | None = None) -> dict | None:
     """Quality of the stored weights alone: the graph ``stored`` (weights as the policy stores them,
-    every op exact) against ``original`` (the fp32 model) on ``inputs``, by
-    :func:`~lumc.compiler.core.precision.measure_quality`. None when the policy keeps the model's
-    weights (``weights="same"``)."""
+    every op exact) against ``original`` (the fp32 model; ``ref`` its outputs when already run) on
+    ``inputs``, by :func:`~lumc.compiler.core.precision.measure_quality`. None when the policy
+    keeps the model's weights (``weights="same"``)."""
     if policy.weights == "same":
         return None
-    ref = ReferenceExecutor(original)(inputs)
+    ref = ref if ref is not None else ReferenceExecutor(original)(inputs)
     got = ReferenceExecutor(stored)(inputs)
     floats = [k for k, n in original.outputs.items() if n.dtype.is_float]
     return measure_quality(got, ref, policy, floats)
 
 
 def stage_quality(chosen, graph, graph_ref, inputs: dict, keys: list, configs: list, measurer,
-                  policy: PrecisionPolicy, deadline) -> tuple[list, dict | None]:
-    """Gate the chosen plan (see module docstring). Returns ``(configs, quality)``; quality is None
-    for an exact fp32 compile, else the ``quality`` report with ``passed``."""
+                  policy: PrecisionPolicy, deadline, ref: dict | None = None
+                  ) -> tuple[list, dict | None]:
+    """Gate the chosen plan (see module docstring) against ``graph_ref``'s outputs (``ref`` when
+    already run). Returns ``(configs, quality)``; quality is None for an exact fp32 compile, else
+    the ``quality`` report with ``passed``."""
     if not policy.reduced:
         return configs, None
-    ref = ReferenceExecutor(graph_ref)(inputs)
+    ref = ref if ref is not None else ReferenceExecutor(graph_ref)(inputs)
     floats = [k for k, n in graph.outputs.items() if n.dtype.is_float]
 
     def evaluate(cfgs) -> dict:

@@ -316,6 +316,8 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         ModelError: ``torch.export`` failed (a Dim the module specializes, an example outside its
             Dim's range).
         UnsupportedOpError: ATen ops lumc cannot lower, all listed in one line.
+        InputError: ``max_kl`` when no output is a distribution and no ``logits`` names one
+            (refused before the search), one line.
         InputError: a Dim range whose sizes do not re-size (the module's sizes are not products of
             the Dims), one line. A call outside the range later is an ``InputError`` naming the
             dim, its inputs and axes, and the range.

@@ -100,7 +100,8 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
 @click.option("--tolerance", default=None, type=float, metavar="RTOL",
               help="quality gate: max rel error of every output (default by --precision)")
 @click.option("--max-kl", "max_kl", default=None, type=float, metavar="X",
-              help="quality gate: mean KL divergence per row of probability/logit outputs")
+              help="quality gate: mean KL divergence per row of probability/logit outputs "
+                   "(an error when no output is a distribution and no --logits names one)")
 @click.option("--logits", "logits", multiple=True, metavar="NAME",
               help="an output holding logits (KL and top-1 after softmax); repeatable")
 @click.option("--bind", "bind_items", multiple=True, metavar="NAME=VALUE",

@@ -253,3 +253,39 @@ def test_vectors_stay_fp32_under_a_half_policy(policy):
     assert sorted((n.shape, n.dtype.name) for n in consts) == sorted(
         [((64,), "f32"), ((64,), "f32"), ((1, 32), "f32"),
          ((64, 32), "f16" if policy == "fp16" else "bf16")])
+
+
+def test_max_kl_with_no_distribution_to_judge_is_refused_before_the_search(tmp_path, monkeypatch):
+    """``max_kl`` (``--max-kl``) at bf16 on a model none of whose outputs is a distribution, with no
+    ``logits=`` naming one, was silently ignored (bf16, ``kl_mean`` None, no note). Now one line,
+    raised before the e-graph runs: static and size-range compiles. A softmax output is judged."""
+    torch = pytest.importorskip("torch")
+    from lumc.compiler.core import pipeline
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).eval()
+    seq = torch.export.Dim("seq", min=1, max=64)
+
+    def no_search(*a, **k):
+        raise AssertionError("the e-graph ran before the refusal")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(pipeline, "stage_candidates", no_search)
+        for args, dyn in (((torch.randn(8, 64),), None), ((torch.randn(2, 16, 64),), ({1: seq},))):
+            with pytest.raises(InputError, match="no output of the model is a distribution") as e:
+                lumc.compile(m, example_inputs=args, dynamic_shapes=dyn, budget="20s",
+                             device="sim:h200", precision="bf16", max_kl=1e-12)
+            assert "\n" not in str(e.value) and "--logits" in str(e.value)
+    # a distribution output: the KL gate measures it, against float64 eager
+    sm = torch.nn.Sequential(m, torch.nn.Softmax(-1)).eval()
+    x = torch.randn(8, 64)
+    f = lumc.compile(sm, example_inputs=(x,), budget="10s", device="sim:h200", precision="bf16",
+                     max_kl=1e-2)
+    q = f.specializations[0].compiled.report_dict()["quality"]
+    assert q["passed"] and q["kl_mean"] is not None and 0 < q["kl_mean"] <= 1e-2
+    with torch.no_grad():
+        want = sm.double()(x.double()).numpy()
+    sm.float()
+    got = f(x).numpy().astype(np.float64)
+    kl = (want * np.log(want / np.clip(got, 1e-30, None))).sum(-1).mean()
+    assert kl <= 1e-2 and np.abs(got - want).max() <= q["tolerance"]

@@ -257,7 +257,7 @@ def test_counts_of_one_are_singular(tmp_path):
 
 def test_options_that_would_do_nothing_are_refused_or_recorded(tmp_path):
     """--max-kl and --logits gate a reduced precision: at fp32 with the model's weights they would
-    judge nothing; --rtol/--atol set --check's tolerance: without --check nothing is compared.
+    judge nothing, and --max-kl with no distribution output and no --logits too; --rtol/--atol set --check's tolerance: without --check nothing is compared.
     Each is one line, exit 2. --fast-math is recorded in the report and shown by inspect."""
     relu = _save(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="relu")],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
@@ -265,8 +265,15 @@ def test_options_that_would_do_nothing_are_refused_or_recorded(tmp_path):
     for extra, word in ((["--max-kl", "1e-3"], "--max-kl"), (["--logits", "y"], "--logits")):
         res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200", *extra)
         one_line_error(res, word, "reduced precision")
+    # at bf16 --max-kl judges distributions: relu's output is none, and no --logits names one
+    # (it was silently ignored: the compile stayed at bf16 with no KL measured)
     res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200",
                    "--precision", "bf16", "--max-kl", "1e-3", "-o", tmp_path / "b.lumc")
+    one_line_error(res, "--max-kl", "no output of the model is a distribution", "--logits")
+    assert not (tmp_path / "b.lumc").exists()
+    res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200",
+                   "--precision", "bf16", "--max-kl", "1e-3", "--logits", "y",
+                   "-o", tmp_path / "b.lumc")
     assert res.exit_code == 0, res.output
     for opt in ("--rtol", "--atol"):
         one_line_error(lumc_cli("run", relu, "--random", opt, "1e-3"), opt, "add --check")
