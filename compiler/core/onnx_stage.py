@@ -21,6 +21,9 @@ class Frontend:
     model_name: str
     warnings: list[str] = field(default_factory=list)
     known_model: object = None
+    # {input name: array}: the user's example values of integer and bool inputs, at the example's
+    # sizes; inputs drawn at other sizes (a range's buckets) follow them (models.like_example)
+    examples: dict | None = None
 
 
 SOURCE_NAME_KEY = "lumc.source_name"   # a bound model's file name (ONNX metadata_props)

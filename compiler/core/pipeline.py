@@ -174,7 +174,8 @@ def stage_reference(graph: Graph, programs: list[Program], inputs: dict
 
 
 def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
-    """Inputs for the numerics checks: the known model's recipe, else N(0,1) floats and small ints."""
+    """Inputs for the numerics checks: the known model's recipe, else N(0,1) floats and small ints
+    (integer and bool inputs drawn like the user's example values, ``fe.examples``, where given)."""
     from lumc.compiler.frontends.models import random_inputs
     shapes = {k: n.shape for k, n in graph.inputs.items()}
     dtypes = {k: n.dtype.np for k, n in graph.inputs.items()}
@@ -183,7 +184,8 @@ def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
         import onnx
         from lumc.compiler.runtime.index_ranges import index_uses, random_int_highs
         highs = random_int_highs(index_uses(onnx.load_from_string(fe.source_onnx), shapes))
-    return random_inputs(shapes, dtypes, seed=seed, info=fe.known_model, int_high=highs)
+    return random_inputs(shapes, dtypes, seed=seed, info=fe.known_model, int_high=highs,
+                         examples=fe.examples)
 
 
 class Progress:
@@ -294,7 +296,10 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
             target.spec, dot_precisions=policy.dot_precisions()))
         return compile_ranges(
             model, budget=budget_s, shapes=shapes, policy=policy, clock=clock,
-            frontend=lambda m, shp: stage_frontend(m, shp, None),
+            frontend=lambda m, shp: dataclasses.replace(   # drawn inputs follow the user's ints
+                stage_frontend(m, shp, None), examples={
+                    k: np.asarray(v) for k, v in (example_inputs or {}).items()
+                    if np.asarray(v).dtype.kind in "biu"}),
             candidates=lambda g, dl: stage_candidates(g, tgt, dl, use_egraph, fast_math),
             compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
                 fe, dl, target, ver, db, example_inputs=None, use_egraph=use_egraph, quiet=quiet,

@@ -56,7 +56,8 @@ from lumc.backends.triton.launch import torch_dtype
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
 from lumc.compiler.frontends.torch_frontend import decomposition_table
-from lumc.compiler.frontends.torch_frontend.capture import CapturedProgram, InputSlot, from_numpy, to_numpy
+from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, InputSlot, from_numpy,
+                                                             int_examples, to_numpy)
 from lumc.compiler.core.torch_compile import Specialization
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
@@ -376,7 +377,9 @@ class DynamoGraph:
                              "differ per size")
         if self._range_program is None:
             self._range_program = program
-        return Frontend(imported.graph, None, "torch.compile graph", list(imported.warnings))
+        kept = [x for i, x in enumerate(self._examples or []) if i not in self._baked]
+        return Frontend(imported.graph, None, "torch.compile graph", list(imported.warnings),
+                        examples=int_examples(program.inputs, kept))   # the first call's ints
 
     def _compile_range(self, ranges: dict) -> None:
         t0 = time.perf_counter()

@@ -38,7 +38,8 @@ from lumc.compiler.core import torch_plan_cache as plan_cache
 from lumc.compiler.core.buckets import DimRange, ranges_in
 from lumc.compiler.core.workers import with_workers
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, _as_args, capture_module,
-                                                  example_shapes, from_numpy, to_numpy)
+                                                  example_shapes, from_numpy, int_examples,
+                                                  to_numpy)
 from lumc.ir.errors import InputError
 
 # The compile budget when the caller gives none: lumc.compiler.core.torch_compile.compile_module and
@@ -339,8 +340,10 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     if search and program.dims:
         ranges = dim_ranges(program, example_shapes(program, args, example_kwargs))
         if ranges_in(ranges):
+            leaves = pytree.tree_flatten((tuple(args), dict(example_kwargs or {})))[0]
             return compile_module_range(program, ranges, budget_s, device, policy,
-                                        type(module).__name__)
+                                        type(module).__name__,
+                                        int_examples(program.inputs, leaves))
     compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))
     feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
@@ -419,9 +422,10 @@ def dim_ranges(program: CapturedProgram, example: list | None = None) -> dict:
     return out
 
 
-def _range_frontend(program: CapturedProgram, name: str):
+def _range_frontend(program: CapturedProgram, name: str, examples: dict | None = None):
     """``compile_ranges``' frontend: the captured graph lowered at ``{dim name: size}`` (the
-    re-specialization a new shape gets, at the sizes compile_ranges asks for, under its probing)."""
+    re-specialization a new shape gets, at the sizes compile_ranges asks for, under its probing);
+    ``examples`` (``Frontend.examples``) are the user's integer example values."""
     from lumc.compiler.core.onnx_stage import Frontend
     from lumc.ir.tensor import Tensor
     by_name = {info.name: sym for sym, info in program.dims.items()}
@@ -435,14 +439,17 @@ def _range_frontend(program: CapturedProgram, name: str):
         if not all(isinstance(info["flat_outputs"][i], Tensor) for i in program.output_index):
             raise InputError("the module returns values that are not tensors (sizes), which "
                              "differ per size; one artifact for a range cannot return them")
-        return Frontend(imported.graph, None, name, list(imported.warnings))
+        return Frontend(imported.graph, None, name, list(imported.warnings), examples=examples)
     return frontend
 
 
 def compile_module_range(program: CapturedProgram, ranges: dict, budget_s: float,
-                         device: str | None, policy, name: str = "torch module"):
+                         device: str | None, policy, name: str = "torch module",
+                         examples: dict | None = None):
     """One compile of a captured module for its Dims' ranges
-    (``lumc.compiler.core.buckets.compile_ranges``); returns its ``VariantModel``.
+    (``lumc.compiler.core.buckets.compile_ranges``); returns its ``VariantModel``. ``examples``:
+    ``{input name: array}`` of the integer example inputs, which the inputs the buckets' checks
+    draw at other sizes follow (a 0/1 mask stays 0/1).
 
     Raises:
         InputError: the module's sizes are not products of the dims (``L + 1``, a table sliced at
@@ -453,7 +460,8 @@ def compile_module_range(program: CapturedProgram, ranges: dict, budget_s: float
     from lumc.compiler.core.buckets import compile_range
     open_ended = [info.name for info in program.dims.values() if info.max_value is None]
     try:
-        vm = compile_range(None, ranges, _range_frontend(program, name), budget_s, device, policy)
+        vm = compile_range(None, ranges, _range_frontend(program, name, examples), budget_s,
+                           device, policy)
     except InputError as e:
         msg = str(e)
         if open_ended and "not products of" not in msg:

@@ -34,8 +34,8 @@ GENERIC_INT_HIGH = 8
 
 
 def generic_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype],
-                   rng: np.random.Generator, int_high: Mapping[str, int] | None = None
-                   ) -> dict[str, np.ndarray]:
+                   rng: np.random.Generator, int_high: Mapping[str, int] | None = None,
+                   examples: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Random inputs for any model: floats from N(0, 1), integers in [0, 8), bools with p = 1/2.
 
     Args:
@@ -44,12 +44,18 @@ def generic_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype],
         rng: the random generator (seeded by the caller for reproducibility).
         int_high: ``{input name: n}`` for integer inputs that index a table of ``n`` entries
             (``lumc.compiler.runtime.index_ranges``): drawn in ``[0, n)`` instead.
+        examples: ``{input name: array}``, the user's values of integer and bool inputs (at the
+            example's sizes): those inputs are drawn like them (:func:`like_example`) instead.
     Returns:
         ``{input name: array}`` of exactly those shapes and dtypes.
     """
     out = {}
     for name, shape in shapes.items():
         d = np.dtype(dtypes[name])
+        ex = (examples or {}).get(name)
+        if ex is not None and np.size(ex) and d.kind in "biu":
+            out[name] = like_example(shape, d, ex, rng, (int_high or {}).get(name))
+            continue
         if d.kind == "f" or d.name == "bfloat16":
             a = rng.standard_normal(shape)
         elif d.kind == "b":
@@ -59,6 +65,38 @@ def generic_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype],
         # an array even for a rank-0 shape (numpy draws a scalar there)
         out[name] = np.asarray(a).astype(d)
     return out
+
+
+def like_example(shape: tuple[int, ...], dtype, example: np.ndarray, rng: np.random.Generator,
+                 high: int | None = None) -> np.ndarray:
+    """An integer or bool input at ``shape`` drawn like ``example``, the same input's values at
+    the example's sizes (a range compile's other sizes: ``lumc.compiler.core.buckets``).
+
+    At ``example``'s own shape, the example itself. Otherwise, with at most two distinct values (a
+    0/1 attention mask, a flag), each element is one of them, as often as in the example: an
+    all-ones mask stays all ones, a mostly-ones mask is mostly ones. With more (token or position
+    ids), uniform in ``[min, max]`` of the example, within ``[0, high)`` when the input indexes a
+    table of ``high`` entries (an example wholly outside it: ``[0, high)``).
+
+    Args:
+        shape: the wanted shape. dtype: its numpy dtype (integer or bool).
+        example: the example's values, non-empty. rng: the random generator.
+        high: the table size the input indexes (``lumc.compiler.runtime.index_ranges``), or None.
+    Returns:
+        the array, of ``shape`` and ``dtype``.
+    """
+    ex = np.asarray(example)
+    if tuple(ex.shape) == tuple(shape):
+        return ex.astype(dtype, copy=True)
+    vals, counts = np.unique(ex, return_counts=True)
+    if len(vals) <= 2:
+        a = rng.choice(vals, size=shape, p=counts / counts.sum())
+    else:
+        lo, hi = int(vals[0]), int(vals[-1])
+        if high is not None:
+            lo, hi = (max(lo, 0), min(hi, high - 1)) if lo < high and hi >= 0 else (0, high - 1)
+        a = rng.integers(lo, hi + 1, shape)
+    return np.asarray(a).astype(dtype)
 
 
 def _silero_inputs(shapes, dtypes, rng):
@@ -287,7 +325,8 @@ def fetch_model(name: str) -> pathlib.Path:
 
 def random_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype], seed: int = 0,
                   info: ModelInfo | None = None, int_high: Mapping[str, int] | None = None,
-                  only: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+                  only: Sequence[str] | None = None,
+                  examples: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Random inputs by the model's recipe when it is known, else by :func:`generic_inputs`.
 
     Args:
@@ -299,6 +338,8 @@ def random_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype], seed: int = 0,
         int_high: integer inputs that index a table: ``{name: n}``, drawn in ``[0, n)`` by the
             generic rule (see :func:`generic_inputs`).
         only: the inputs wanted (the others are given by the caller); all of ``shapes`` if None.
+        examples: the user's integer and bool example values, followed by the generic rule
+            (see :func:`generic_inputs`).
     Returns:
         ``{name: array}`` of the wanted inputs.
     """
@@ -307,7 +348,7 @@ def random_inputs(shapes: Shapes, dtypes: Mapping[str, np.dtype], seed: int = 0,
     if info is not None:
         drawn = info.make_inputs(dict(shapes), dict(dtypes), rng)
     else:
-        drawn = generic_inputs({n: shapes[n] for n in want}, dict(dtypes), rng, int_high)
+        drawn = generic_inputs({n: shapes[n] for n in want}, dict(dtypes), rng, int_high, examples)
     return {n: drawn[n] for n in want}
 
 

@@ -182,3 +182,75 @@ def test_bert_one_compile_serves_three_lengths():
             assert rel_err(pooled, ref.pooler_output) <= 1e-4, t
     with pytest.raises(InputError, match=r"dim 'seq' .* is 65; compiled for 1\.\.64"):
         f(*inputs(65))
+
+
+class MaskPositions(nn.Module):
+    """HF-style position ids from a 0/1 attention mask (RoBERTa, GPT-2's generate):
+    ``x [B, L, 32], mask [B, L] -> x + pos[(cumsum(mask) - 1).clamp(0)]``; the ids stay below
+    L <= 64 < 80 for any 0/1 mask, but not for a mask of other values."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Embedding(80, 32)
+
+    def forward(self, x, mask):
+        return x + self.pos((mask.cumsum(-1) - 1).clamp(min=0))
+
+
+def test_integer_inputs_drawn_at_other_sizes_follow_the_example():
+    """A range compile's checks at sizes other than the example's drew integer inputs in [0, 8):
+    a 0/1 mask became ids up to 8 L, the lookup went past the table (IndexRangeError) and the
+    valid module could not compile. They follow the example's values now."""
+    torch.manual_seed(0)
+    m = MaskPositions().eval()
+    seq = Dim("seq", min=1, max=64)
+    x, mask = torch.randn(2, 16, 32), torch.ones(2, 16, dtype=torch.long)
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(x, mask),
+                     dynamic_shapes=({1: seq}, {1: seq}))
+    assert isinstance(f, VariantModel)
+    m64 = MaskPositions().double().eval()
+    m64.load_state_dict(m.state_dict())
+    for n in (1, 7, 16, 33, 64):
+        x, mask = torch.randn(2, n, 32), torch.ones(2, n, dtype=torch.long)
+        mask[1, : n // 3] = 0                     # left padding in the second row
+        with torch.no_grad():
+            ref = m64(x.double(), mask)
+        assert rel_err(torch.as_tensor(f(x, mask)).double(), ref) < 1e-6, n
+    # torch.compile's dynamic graph: one range compile following the first call's mask (it fell
+    # back to a compile per shape)
+    from lumc.compiler.core import torch_backend as tb
+    torch._dynamo.reset()
+    before = dict(tb.counters)
+    h = torch.compile(m, backend="lumc", dynamic=True,
+                      options={"budget": "20s", "device": "sim:h200", "max_size": 64})
+    for n in (16, 5, 64):
+        x, mask = torch.randn(2, n, 32), torch.ones(2, n, dtype=torch.long)
+        mask[0, : n // 4] = 0
+        with torch.no_grad():
+            ref = m64(x.double(), mask)
+            assert rel_err(h(x, mask).double(), ref) < 1e-6, n
+    grew = {k: v - before.get(k, 0) for k, v in tb.counters.items()}
+    assert grew.get("range_compiles") == 1 and not grew.get("per_shape_fallbacks"), grew
+
+
+def test_like_example_draws_from_the_examples_values():
+    from lumc.compiler.frontends.models import generic_inputs, like_example
+    rng = np.random.default_rng(0)
+    ones = np.ones((2, 16), np.int64)
+    assert (like_example((3, 40), np.int64, ones, rng) == 1).all()      # all ones stays all ones
+    mask = np.ones((4, 16), np.int64)
+    mask[:, :4] = 0
+    got = like_example((8, 500), np.int64, mask, rng)
+    assert set(np.unique(got)) == {0, 1} and got.dtype == np.int64
+    assert abs(got.mean() - 0.75) < 0.02                                 # as often as the example
+    ids = np.array([[5, 9, 30, 12]])
+    got = like_example((4, 300), np.int32, ids, rng)
+    assert got.min() == 5 and got.max() == 30 and got.dtype == np.int32
+    got = like_example((4, 300), np.int64, ids, rng, high=20)          # within the table too
+    assert got.min() == 5 and got.max() == 19
+    assert (like_example((1, 4), np.int64, ids, rng) == ids).all()      # the example's own shape
+    # the generic rule for inputs without an example, and for floats
+    drawn = generic_inputs({"x": (2, 3), "m": (2, 9), "i": (2, 9)},
+                           {"x": np.float32, "m": np.int64, "i": np.int64}, rng,
+                           examples={"m": ones, "x": np.full((2, 2), 7.0)})
+    assert (drawn["m"] == 1).all() and drawn["i"].max() < 8 and np.abs(drawn["x"]).max() < 7

@@ -476,6 +476,16 @@ def _as_args(example_inputs) -> tuple:
     return tuple(example_inputs)
 
 
+def int_examples(slots: Sequence, values: Sequence) -> dict[str, np.ndarray]:
+    """``{slot name: array}`` of the real integer and bool tensors among ``values`` (the example
+    inputs, zipped with the program's input ``slots``): a range compile's ``Frontend.examples``,
+    which the inputs it draws at other sizes follow (``lumc.compiler.frontends.models``)."""
+    return {s.name: to_numpy(v) for s, v in zip(slots, values)
+            if s.dims is not None and isinstance(v, torch.Tensor) and v.numel()
+            and not (v.is_floating_point() or v.is_complex())
+            and not isinstance(v, torch._subclasses.FakeTensor) and v.device.type != "meta"}
+
+
 def example_shapes(program: CapturedProgram, args: tuple, kwargs: dict | None) -> list:
     """The flat input shapes (None for non-tensors) of example inputs, in the program's order."""
     leaves = pytree.tree_flatten((tuple(args), dict(kwargs or {})))[0]
