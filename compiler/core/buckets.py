@@ -465,7 +465,9 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
 
 
 def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph_stats, fixed):
-    """The range compile's model: every bucket's plan, and the report over all of them."""
+    """The range compile's model: every bucket's plan, and the report over all of them (each
+    bucket's precision, measured quality, weight storage and warnings in its ``variants`` entry)."""
+    from lumc.compiler.runtime.report_text import PLAN_PRECISION_FIELDS
     name = fe_p.model_name
     total = clock() - t0
     first = done[0][1].report_dict()
@@ -484,7 +486,7 @@ def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph
                       **{f: cm.report_dict().get(f) for f in (
                           "best_time_s", "kernels", "bound_time_s", "bytes_moved", "compile_s",
                           "stopped_because", "max_rel_error", "representative", "end_checks",
-                          "shared_checks")}}
+                          "shared_checks") + PLAN_PRECISION_FIELDS}}
                      for k, cm in done],
     }
     return VariantModel(done, {}, [], report, fe_p.source_onnx)

@@ -30,6 +30,7 @@ import onnx
 
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
+from lumc.compiler.runtime.report_text import PLAN_PRECISION_FIELDS
 from lumc.ir.errors import BudgetError, InputError, LumcError, RuntimeIfError
 
 MAX_VARIANTS = 8        # plans in one artifact (sizes x branches)
@@ -239,7 +240,7 @@ def _combined_report(done: list, skipped: list, budget_s: float, compile_s: floa
         "variants": [{"key": k.as_json(), "describe": k.describe(),
                       "best_time_s": t, **{f: cm.report_dict().get(f) for f in (
                           "kernels", "bound_time_s", "bytes_moved", "compile_s",
-                          "stopped_because", "max_rel_error")}}
+                          "stopped_because", "max_rel_error") + PLAN_PRECISION_FIELDS}}
                      for (k, cm), t in zip(done, times)],
         "not_compiled": [{"key": k.as_json(), "describe": k.describe(), "reason": r}
                          for k, r in skipped],

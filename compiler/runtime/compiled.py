@@ -228,7 +228,9 @@ class CompiledModel:
         return json.loads(json.dumps(self._report))
 
     def report(self) -> str:
-        """A per-kernel table: form, time, bound, % of bound, FLOPs, bytes, config."""
+        """A per-kernel table (form, time, bound, % of bound, FLOPs, bytes, config), then the
+        precision the plan runs at, its measured quality and the notes of the compile summary
+        (a fallback to a higher precision: ``lumc.compiler.runtime.report_text``)."""
         r = self._report
         unit = "simulated" if self.simulated else "measured"
         lines = [f"lumc compiled model on {self.device} ({unit} times)",
@@ -246,6 +248,8 @@ class CompiledModel:
         lines.append(f"total: {nk} kernel{'s' * (nk != 1)}, "
                      f"time {bt * 1e6:.2f} us" if bt is not None else "total: untimed")
         lines[-1] += f", bound {r.get('bound_time_s', 0) * 1e6:.2f} us"
+        from lumc.compiler.runtime.report_text import precision_lines
+        lines += precision_lines(r, exact=True)
         if r.get("unused_inputs"):
             lines.append("unused inputs (accepted, read by nothing): " + ", ".join(r["unused_inputs"]))
         return "\n".join(lines)

@@ -361,6 +361,8 @@ class VariantModel:
         return json.loads(json.dumps(self._report))
 
     def report(self) -> str:
+        """One section per plan (``CompiledModel.report``: its kernels, and the precision it runs
+        at with its measured quality and notes: each size bucket's own), then those not compiled."""
         lines = [f"lumc compiled model: {len(self.variants)} variants, chosen per call by "
                  "input shapes and If conditions"]
         for key, cm in self.variants:

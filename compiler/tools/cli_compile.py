@@ -17,6 +17,7 @@ import click
 from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, refuse_same_file,
                                     write_atomic)
 from lumc.compiler.core.budget import parse_duration
+from lumc.compiler.runtime.report_text import precision_lines, user_notes
 from lumc.compiler.tools.cli import _fmt_bytes, _parse_shapes, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
@@ -205,17 +206,8 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
                f"{r['candidates_timed']} timed; numerics checks (each chosen kernel, and the plan end "
                f"to end, against the search's reference): max rel error " + _max_rel_text(r))
-    q = r.get("quality")
-    if q is not None:
-        parts = [f"max rel error {q['max_rel']:.2e} (tolerance {q['tolerance']:g})",
-                 f"cosine >= {q['min_cosine']:.6f}"]
-        if q.get("kl_mean") is not None:
-            top1 = min(v["top1"] for v in q["outputs"].values() if "top1" in v)
-            parts.append(f"mean KL {q['kl_mean']:.3g}, top-1 {100 * top1:.1f}%")
-        click.echo(f"  precision {r['precision']} (weights {r['weights']}) vs fp32: "
-                   + ", ".join(parts) + ("" if q["passed"] else f"; GATE FAILED: {q['reason']}"))
-    for w in user_notes(r):
-        click.echo(f"  note: {w}")
+    for line in precision_lines(r):     # the wording CompiledModel.report() shares
+        click.echo(f"  {line}")
     w = r.get("workers")
     if w and w["kind"] != "in-process":
         click.echo(f"  workers: {w['count']} {w['kind']}, units per worker "
@@ -242,15 +234,6 @@ def _max_rel_text(r: dict) -> str:
     if r.get("candidates_compiled") == 0:
         return "not checked (no candidate compiled within the budget)"
     return f"{r['max_rel_error']:.2e}"
-
-
-def user_notes(r: dict) -> list[str]:
-    """The report's warnings a user must see in the summary and in ``lumc inspect``: what the
-    reduced-precision policy did (``precision ...``), a weight storage that was refused for its
-    quality and replaced by the model's own weights (``weights ...``), and a graph output listed
-    more than once, which lumc returns once (``graph output ...``)."""
-    return [w for w in r.get("warnings", [])
-            if w.startswith(("precision ", "weights ", "graph output "))]
 
 
 def _echo_variants(cm, r, out_path, report_path) -> None:

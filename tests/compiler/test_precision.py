@@ -289,3 +289,50 @@ def test_max_kl_with_no_distribution_to_judge_is_refused_before_the_search(tmp_p
     got = f(x).numpy().astype(np.float64)
     kl = (want * np.log(want / np.clip(got, 1e-30, None))).sum(-1).mean()
     assert kl <= 1e-2 and np.abs(got - want).max() <= q["tolerance"]
+
+
+def test_reports_say_the_precision_the_plans_run_at(tmp_path, monkeypatch):
+    """``f.report()`` of an fp16 compile that fell back to fp32 read like an fp32 compile (the
+    fallback only in ``report_dict()['warnings']``); a bf16 range compile's report dropped every
+    bucket's precision, quality, weight storage and warnings. Both say them now, in the compile
+    summary's words (``lumc.compiler.runtime.report_text``)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()
+    with torch.no_grad():
+        m[0].weight.mul_(1e6)                   # > 65504: fp16 weights would be inf
+    x = torch.randn(8, 64)
+    f = lumc.compile(m, example_inputs=(x,), budget="20s", device="sim:h200", precision="fp16")
+    txt = f.report()
+    assert "precision fp32 (weights same): no reduced precision" in txt, txt
+    assert "note: precision fp16 (weights same) misses the quality gate" in txt, txt
+    assert "compiled at fp32 (weights same) instead" in txt, txt
+    with torch.no_grad():
+        want = m.double()(x.double()).numpy()
+    m.float()
+    got = f(x).numpy()
+    assert np.isfinite(got).all() and np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+    m2 = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()
+    m2_64 = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 64)).double().eval()
+    m2_64.load_state_dict(m2.state_dict())
+    seq = torch.export.Dim("seq", min=1, max=64)
+    g = lumc.compile(m2, example_inputs=(torch.randn(2, 16, 64),), dynamic_shapes=({1: seq},),
+                     budget="20s", device="sim:h200", precision="bf16")
+    rd = g.report_dict()
+    assert len(rd["variants"]) > 1
+    for v in rd["variants"]:
+        q = v["quality"]
+        assert v["precision"] == "bf16" and v["weights"] == "same", v
+        assert q["passed"] and 1e-5 < q["max_rel"] <= v["tolerance"] == q["tolerance"], q
+        assert isinstance(v["weight_storage"], dict) and isinstance(v["warnings"], list)
+        n = v["representative"]["seq"]
+        xx = torch.randn(2, n, 64)
+        with torch.no_grad():
+            want = m2_64(xx.double()).numpy()
+        err = np.abs(np.asarray(g(xx), np.float64) - want).max() / np.abs(want).max()
+        assert 1e-5 < err <= v["tolerance"], (n, err)        # bf16 indeed, within the gate
+    txt = g.report()
+    assert txt.count("precision bf16 (weights same) vs fp32: max rel error") == len(rd["variants"])

@@ -1,0 +1,52 @@
+"""A compile report's precision, measured quality and notes as text lines: one wording for the
+CLI's compile summary (``lumc compile``, ``lumc bench``) and for ``CompiledModel.report()`` (and so
+a PyTorch module's ``f.report()`` and each size bucket's in a range's report).
+
+Every function takes the report dict (``CompiledModel.report_dict()``): ``precision``, ``weights``,
+``quality`` (None for an exact fp32 compile, else ``lumc.compiler.core.precision.measure_quality``'s
+figures) and ``warnings``.
+"""
+from __future__ import annotations
+
+
+# each plan's precision fields, carried per plan into a report of several (a range's size
+# buckets, a size list's plans: ``variants``): a plan may have fallen back on its own
+PLAN_PRECISION_FIELDS = ("precision", "weights", "tolerance", "quality", "weight_storage",
+                         "warnings")
+
+
+def quality_line(r: dict) -> str | None:
+    """``precision bf16 (weights same) vs fp32: max rel error 3.1e-03 (tolerance 0.02), cosine >=
+    0.999990[, mean KL 1e-05, top-1 100.0%][; GATE FAILED: reason]``, or None when no quality was
+    measured (an exact compile)."""
+    q = r.get("quality")
+    if q is None:
+        return None
+    parts = [f"max rel error {q['max_rel']:.2e} (tolerance {q['tolerance']:g})",
+             f"cosine >= {q['min_cosine']:.6f}"]
+    if q.get("kl_mean") is not None:
+        top1 = min(v["top1"] for v in q["outputs"].values() if "top1" in v)
+        parts.append(f"mean KL {q['kl_mean']:.3g}, top-1 {100 * top1:.1f}%")
+    return (f"precision {r['precision']} (weights {r['weights']}) vs fp32: " + ", ".join(parts)
+            + ("" if q["passed"] else f"; GATE FAILED: {q['reason']}"))
+
+
+def user_notes(r: dict) -> list[str]:
+    """The report's warnings a user must see in the summary and in ``lumc inspect``: what the
+    reduced-precision policy did (``precision ...``: a fallback to a higher precision, a mix of
+    kernel precisions), a weight storage that was refused for its quality and replaced by the
+    model's own weights (``weights ...``), and a graph output listed more than once, which lumc
+    returns once (``graph output ...``)."""
+    return [w for w in r.get("warnings", [])
+            if w.startswith(("precision ", "weights ", "graph output "))]
+
+
+def precision_lines(r: dict, exact: bool = False) -> list[str]:
+    """:func:`quality_line` (with ``exact``, where none was measured: the precision the plan runs
+    at, ``precision fp32 (weights same): no reduced precision, no quality gate``), then each of
+    :func:`user_notes` as ``note: ...``."""
+    line = quality_line(r)
+    if line is None and exact and r.get("precision") is not None:
+        line = (f"precision {r['precision']} (weights {r.get('weights', 'same')}): no reduced "
+                "precision, no quality gate")
+    return ([line] if line else []) + [f"note: {w}" for w in user_notes(r)]
