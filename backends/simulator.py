@@ -395,6 +395,12 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         tile_eff = tensor_core_efficiency(bm, bn, bk, stages)
         peak = dot_peak(dev, cfg, dtype.name)
         tile_bytes = (bm + c.operands_b * bn) * bk * dtype.itemsize * max(stages - 1, 1)
+        # no program finishes before its own K loops (N_TILES column tiles each): every step waits
+        # on the loads issued num_stages - 1 steps before (Triton's software pipeline), a DRAM
+        # round trip (L2 hits too: the programs that share a tile run at once and wait on the
+        # same miss). A grid of more programs is not faster for that.
+        steps = math.ceil(tn / groups) * math.ceil(math.ceil(c.k / sk) / bk)
+        loop_floor = steps * DRAM_LATENCY_S / max(stages - 1, 1) * math.ceil(programs / slots)
     else:
         out_elems = max(sum(prod(n.shape) for n in kernel.outputs), 1)
         if kernel.form in ("pointwise", "gather"):
@@ -448,6 +454,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         # (the statistics loops run before the main loop: their time adds, it does not overlap)
         rw = prologue
         reread = 0.0        # bytes the statistics loops read again
+        before = body
         if rw.prologue:
             rows = bm * math.ceil(c.k / bk) * bk
             body += (programs * rows * rw.prologue + c.batch * tm * tn * rows * rw.prologue_ops) / \
@@ -460,8 +467,11 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         if reread:
             l2_bw = L2_BANDWIDTH * min(1.0, L2_SM_HEADROOM * programs / dev.sm_count)
             body += reread * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff) + reread * L2_HIT / l2_bw
+        loop_floor += body - before     # the statistics loops run before the main loop
     if programs >= slots:
         body *= min(quant, 1.0 + 1.0 / waves)
+    if c is not None and kernel.form == "matmul":
+        body = max(body, loop_floor)
     if c is not None and int(cfg.get("SPLIT_K", 1)) > 1:   # the finish kernel: a launch, a wave
         body += dev.launch_overhead_s + DRAM_LATENCY_S
     return dev.launch_overhead_s + body + waves * DRAM_LATENCY_S

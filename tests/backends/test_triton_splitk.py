@@ -8,7 +8,7 @@ import pytest
 
 from lumc.backends.devices import H200
 from lumc.backends.reference import ReferenceExecutor
-from lumc.backends.simulator import config_bound, simulate_kernel_time
+from lumc.backends.simulator import DRAM_LATENCY_S, config_bound, simulate_kernel_time
 from lumc.backends.triton import configs
 from lumc.backends.triton.launch import TritonKernel, to_numpy
 from lumc.ir import dtypes as dt
@@ -87,9 +87,15 @@ def test_simulator_prices_the_split():
     split = simulate_kernel_time(gemv, _cfg(16).kwargs(), H200)
     assert split < one                     # 8 tiles on 132 SMs: splitting K fills the GPU
     big = make_kernel("matmul", lambda a, b: a @ b, [((128, 1536), dt.f32), ((1536, 384), dt.f32)])
-    t = [simulate_kernel_time(big, _cfg(s).kwargs(), H200) for s in (1, 2, 4)]
-    # 96 tiles on 132 SMs: the finish kernel's launch costs more than the fuller grid gains
+    deep = [configs.make(4, 4, BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=8, SPLIT_K=s,
+                         PRECISION="ieee").kwargs() for s in (1, 2, 4)]
+    t = [simulate_kernel_time(big, kw, H200) for kw in deep]
+    # 96 tiles on 132 SMs, a deep pipeline: the finish kernel's launch costs more than the
+    # fuller grid gains
     assert t[1] > t[0] and t[2] >= t[1] - 1e-9
+    # a two-stage pipeline waits a DRAM round trip per K step: 48 of them at one share, 24 at two
+    shallow = [simulate_kernel_time(big, _cfg(s).kwargs(), H200) for s in (1, 2)]
+    assert shallow[0] >= 48 * DRAM_LATENCY_S and shallow[1] < shallow[0]
     for s in (1, 2, 4, 8):
         kw = _cfg(s).kwargs()
         assert config_bound(big, kw, H200) <= simulate_kernel_time(big, kw, H200)
