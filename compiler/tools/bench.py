@@ -3,7 +3,8 @@
 :func:`bench_compiled` returns the ``lumc bench --json`` document (format :data:`BENCH_FORMAT`):
 
 * ``device``, ``simulated``, ``timing`` (how times were obtained), ``versions`` (lumc, Triton, torch,
-  driver), ``artifact_hash``, ``model`` (name, sha256 of the source model, input shapes);
+  driver), ``artifact_hash``, ``model`` (name, sha256 of the source model, input shapes),
+  ``precision`` and ``weights`` (the plan's ``--precision`` and ``--weights``, after any fallback);
 * ``kernels``: per kernel call in launch order: form, kernel hash, config, ``time_s`` (median),
   ``min_s``/``max_s``, ``spread`` (interquartile range over the median), ``samples``, and the
   roofline figures (``bound_s``, ``flops``, ``bytes``, ``pct_of_bound``, ``arithmetic_intensity``,
@@ -321,6 +322,7 @@ def bench_compiled(cm: CompiledModel, *, device: str | None = None, repeats: int
                    else f"measured: CUDA events, median of {n}"),
         "versions": versions(gpu=not tgt.simulated), "artifact_hash": artifact_hash,
         "model": model_identity(cm),
+        "precision": rep.get("precision"), "weights": rep.get("weights"),
         "compiled_on": cm.device, "repeats": n,
         "host": {"machine": platform.machine(), "processor": platform.processor() or "unknown",
                  "python": platform.python_version()},

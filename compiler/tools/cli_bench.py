@@ -111,7 +111,10 @@ count is worse than the baseline by more than --max-regression (5% by default), 
 suspected regressions, and prints kernel | baseline | now | ratio. Kernels match by hash, else by
 position and form; missing or new kernels are reported, not failed. A baseline from another device,
 model or input shapes is refused (exit 2), and so is a malformed one (a missing field, a time that
-is not a finite number >= 0, a kernel row given twice).
+is not a finite number >= 0, a kernel row given twice). A baseline at another --precision or
+--weights (or one that does not record them) times other arithmetic: the comparison says so
+(precision differs: baseline fp32 (weights same), this bf16 (weights same)) and exits 1 unless
+--allow-precision-change is given.
 
 --json and --plot are written atomically (missing folders are created); neither may be TARGET or
 the baseline.
@@ -131,6 +134,9 @@ time ratios; on the CPU also Inductor's kernel count and bytes accessed beside l
               help="Check against a baseline written by --json; exit 1 on a regression.")
 @click.option("--max-regression", default="5%", show_default=True, metavar="PCT",
               help="Allowed slowdown per figure, e.g. 5% or 0.05.")
+@click.option("--allow-precision-change", "allow_precision_change", is_flag=True,
+              help="With --compare: compare against a baseline at another precision or weights "
+                   "(or one that does not record them) instead of failing (exit 1).")
 @click.option("--repeats", type=click.IntRange(min=1), default=None, metavar="N",
               help="Samples per figure (default: 25 per kernel on a GPU; 5 CPU-executor calls).")
 @click.option("--vs", "vs", default=None, metavar="RIVALS",
@@ -147,7 +153,7 @@ time ratios; on the CPU also Inductor's kernel count and bytes accessed beside l
               help="CPU threads of the torch and onnxruntime rivals (default: theirs).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random inputs (>= 0).")
 @click.option("--quiet", is_flag=True, help="No compile progress display.")
-def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, device, shape_items,
+def bench_cmd(target, json_out, baseline, max_regression, allow_precision_change, repeats, vs, budget, device, shape_items,
               plot_path, threads, seed, quiet):
     from lumc.compiler.tools.bench import (Bencher, bench_compiled, bench_inputs, bench_summary,
                                      bench_target, model_identity)
@@ -155,6 +161,9 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
     from lumc.compiler.tools.rivals import parse_rivals, rivals_table, run_rivals
 
     threshold = parse_threshold(max_regression)
+    if allow_precision_change and not baseline:
+        raise InputError("--allow-precision-change applies to a comparison; add --compare "
+                         "BASELINE.json")
     rivals = parse_rivals(vs) if vs else []
     _check_outputs({"the target": target, "the baseline": baseline}, [json_out, plot_path])
     base = load_baseline(baseline) if baseline else None
@@ -194,11 +203,13 @@ def bench_cmd(target, json_out, baseline, max_regression, repeats, vs, budget, d
                 t = statistics.median(bencher.device_samples(times, n2)[0])
             return {"kernels": ks, "model": t}
 
-        cmp = compare_docs(base, doc, threshold, remeasure, name=f"baseline {baseline}")
+        cmp = compare_docs(base, doc, threshold, remeasure, name=f"baseline {baseline}",
+                           allow_precision_change=allow_precision_change)
         click.echo(f"\ncompare against {baseline} (max regression {100 * threshold:g}%):")
         click.echo(cmp.table())
         doc["comparison"] = {"baseline": str(baseline), "threshold": threshold, "ok": cmp.ok,
                              "regressions": [r.label for r in cmp.regressions],
+                             "precision_change": cmp.precision_change,
                              "rows": [{**r.__dict__, "ratio": r.ratio} for r in cmp.rows],
                              "notes": cmp.notes}
     if json_out:

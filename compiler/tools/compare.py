@@ -12,6 +12,9 @@ Rules:
 * A figure regresses when ``now / baseline > 1 + threshold``. Compared: each kernel's time, the
   end-to-end time, the bytes moved and the kernel count (on a simulated device all deterministic).
   A measured time must also be slower by more than :data:`NOISE_FLOOR_S`.
+* Precision: a baseline whose ``precision`` or ``weights`` differ from this run's (or that predates
+  those fields: ``unknown``) times other arithmetic, so the run fails as a regression does (the
+  summary says so) unless the caller accepts it (``lumc bench --allow-precision-change``).
 * Noise: a suspected time regression is re-measured (the ``remeasure`` callback, with more repeats)
   before it fails the run; the lower of the two medians counts. On a simulated device re-measuring
   gives the same figure, so a suspected regression there is a real one.
@@ -92,7 +95,7 @@ def _show(v) -> str:
 def bench_doc_problem(doc: dict) -> str | None:
     """What is wrong with a bench document's fields a comparison reads, or None.
 
-    Checked: ``device`` a string; ``model`` an object with string ``sha256`` and ``inputs``
+    Checked: ``device`` a string; ``precision`` and ``weights`` strings or absent; ``model`` an object with string ``sha256`` and ``inputs``
     ``{name: [shape, dtype]}``; ``kernels`` a list of objects, each with a unique integer
     ``index``, string ``kernel`` and ``form``, a finite ``time_s`` >= 0 and a ``config`` object or
     null; ``end_to_end`` an object whose ``time_s``, ``bytes_moved`` and ``kernel_count`` are finite
@@ -100,6 +103,9 @@ def bench_doc_problem(doc: dict) -> str | None:
     """
     if not isinstance(doc.get("device"), str) or not doc["device"]:
         return f"'device' is {_show(doc.get('device'))}, expected a device name"
+    for f in ("precision", "weights"):
+        if doc.get(f) is not None and not isinstance(doc[f], str):
+            return f"'{f}' is {_show(doc[f])}, expected a name such as fp32 or same (or null)"
     m = doc.get("model")
     if not isinstance(m, dict):
         return f"'model' is {_show(m)}, expected an object with name, sha256 and inputs"
@@ -194,6 +200,8 @@ class Comparison:
     threshold: float
     simulated: bool
     notes: list[str] = field(default_factory=list)
+    precision_change: str | None = None    # :func:`precision_change`'s line, when they differ
+    precision_allowed: bool = False        # ... and the caller accepted it
 
     @property
     def regressions(self) -> list[Row]:
@@ -201,7 +209,7 @@ class Comparison:
 
     @property
     def ok(self) -> bool:
-        return not self.regressions
+        return not self.regressions and (self.precision_change is None or self.precision_allowed)
 
     def table(self) -> str:
         """kernel | baseline | now | ratio | status, then one summary line."""
@@ -226,8 +234,13 @@ class Comparison:
             names = ", ".join(r.label for r in self.regressions[:6])
             more = f" and {len(self.regressions) - 6} more" if len(self.regressions) > 6 else ""
             lines.append(f"compare: {len(self.regressions)} regression(s) over {pct}: {names}{more}")
-        else:
+        elif self.ok:
             lines.append(f"compare: ok, nothing slower than the baseline by more than {pct}")
+        if self.precision_change is not None:
+            lines.append(self.precision_change + (
+                " (accepted: --allow-precision-change)" if self.precision_allowed else
+                "\ncompare: FAILED: not like for like; refresh the baseline (lumc bench --json) "
+                "or pass --allow-precision-change to compare anyway"))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -268,6 +281,24 @@ def match_kernels(base: list[dict], now: list[dict]) -> list[tuple[dict | None, 
     return out
 
 
+def precision_change(base: dict, now: dict) -> str | None:
+    """``precision differs: baseline fp32 (weights same), this bf16 (weights same): times are not
+    like for like`` when the two bench documents' ``precision`` or ``weights`` differ, or ``...
+    unknown`` when a document lacks them (written by a lumc that did not record them), else None."""
+    def side(d):
+        return (d.get("precision") or "unknown", d.get("weights") or "unknown")
+    b, n = side(base), side(now)
+    if b == n and "unknown" not in b:
+        return None
+    if "unknown" in b + n:
+        what, tail = "precision unknown", "times may not be like for like"
+    else:
+        what = {(True, False): "precision differs", (False, True): "weights differ"}.get(
+            (b[0] != n[0], b[1] != n[1]), "precision and weights differ")
+        tail = "times are not like for like"
+    return f"{what}: baseline {b[0]} (weights {b[1]}), this {n[0]} (weights {n[1]}): {tail}"
+
+
 def _judge(row: Row, threshold: float, floor: float) -> None:
     r = row.ratio
     if r is None:
@@ -282,7 +313,7 @@ def _judge(row: Row, threshold: float, floor: float) -> None:
 
 def compare_docs(base: dict, now: dict, threshold: float,
                  remeasure: Callable[[list[int], bool], dict] | None = None,
-                 name: str = "baseline") -> Comparison:
+                 name: str = "baseline", allow_precision_change: bool = False) -> Comparison:
     """Compare two bench documents (see the module docstring).
 
     Args:
@@ -290,6 +321,8 @@ def compare_docs(base: dict, now: dict, threshold: float,
         threshold: the allowed slowdown as a fraction (0.05 for 5%).
         remeasure: ``(kernel indices, whole model?) -> {"kernels": {index: seconds}, "model":
             seconds or None}`` re-times suspected regressions; None judges on the first measurement.
+        allow_precision_change: a baseline at another precision or weights (or an unknown one)
+            is compared without failing (:func:`precision_change`; the line is printed either way).
     Raises:
         BaselineMismatchError: another device, model or input shapes.
     """
@@ -325,7 +358,8 @@ def compare_docs(base: dict, now: dict, threshold: float,
     for r in model_rows:
         _judge(r, threshold, floor)
     rows += model_rows
-    cmp = Comparison(rows, threshold, simulated)
+    cmp = Comparison(rows, threshold, simulated, precision_change=precision_change(base, now),
+                     precision_allowed=allow_precision_change)
     suspects = [r for r in rows if r.status == "REGRESSION" and r.metric == "time"]
     if suspects and remeasure is not None:
         idx = [r.index for r in suspects if r.index is not None]
@@ -371,4 +405,4 @@ def scale_times(doc: dict, factor: float) -> dict:
 
 __all__ = ["BaselineMismatchError", "BenchError", "Comparison", "Row", "bench_doc_problem",
            "check_comparable", "compare_docs", "load_baseline", "match_kernels", "parse_threshold",
-           "scale_times"]
+           "precision_change", "scale_times"]

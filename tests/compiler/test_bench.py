@@ -70,6 +70,7 @@ def test_bench_json_records_device_versions_hashes_and_simulated_times(env):
     assert doc["artifact_hash"] == artifact_hash(manifest)
     assert doc["model"]["sha256"] == hashlib.sha256(parts["source.onnx"]).hexdigest()
     assert doc["model"]["inputs"] == {"x": [[8, 24], "f32"]}
+    assert (doc["precision"], doc["weights"]) == ("fp32", "same")
     spec = get_device("h200")
     assert len(doc["kernels"]) == len(cm.program.calls) >= 1
     report_hashes = [k["kernel"] for k in cm.report_dict()["per_kernel"]]
@@ -153,6 +154,7 @@ def test_missing_and_new_kernels_are_reported_not_crashed_on(env):
 def _measured(times, e2e):
     ks = [{"index": i, "form": "pointwise", "kernel": f"{i:032x}", "time_s": t} for i, t in enumerate(times)]
     return {"format": "lumc-bench/1", "device": "cuda:0 NVIDIA H200", "simulated": False,
+            "precision": "fp32", "weights": "same",
             "model": {"name": "m", "sha256": "ab", "inputs": {}}, "kernels": ks,
             "end_to_end": {"time_s": e2e, "bytes_moved": 100, "kernel_count": len(ks)}}
 
@@ -178,6 +180,41 @@ def test_suspected_regressions_are_remeasured_before_failing():
     # under the noise floor a measured kernel never fails: 0.3 us slower at 1 us is jitter
     tiny = compare_docs(_measured([1e-6], 1e-6), _measured([1.3e-6], 1e-6), 0.05)
     assert tiny.ok
+
+
+def test_a_baseline_at_another_precision_fails_unless_accepted(env):
+    """An fp32 artifact against a bf16 baseline (or one written before bench documents recorded
+    precision) is not a like-for-like comparison: exit 1 with the reason, whatever the ratios;
+    --allow-precision-change compares anyway, still printing the line."""
+    doc = json.loads(json.dumps(env["doc"]))
+    doc["precision"] = "bf16"
+    other = env["root"] / "bf16-base.json"
+    other.write_text(json.dumps(scale_times(doc, 2.0)))     # the baseline reads slower: "improved"
+    res = run("bench", str(env["art"]), "--compare", str(other), "--json", str(env["root"] / "o.json"))
+    assert res.exit_code == 1, res.output
+    assert ("precision differs: baseline bf16 (weights same), this fp32 (weights same): times are "
+            "not like for like") in res.output
+    assert "compare: FAILED" in res.output and "compare: ok" not in res.output
+    assert "--allow-precision-change" in res.output
+    written = json.loads((env["root"] / "o.json").read_text())
+    assert written["comparison"]["ok"] is False
+    assert written["comparison"]["precision_change"].startswith("precision differs")
+    res = run("bench", str(env["art"]), "--compare", str(other), "--allow-precision-change")
+    assert res.exit_code == 0, res.output
+    assert "precision differs" in res.output and "accepted" in res.output
+    assert "compare: FAILED" not in res.output
+    _one_line(run("bench", str(env["art"]), "--allow-precision-change"), "--compare")
+    # a baseline that predates the fields: unknown, and refused the same way
+    del doc["precision"], doc["weights"]
+    other.write_text(json.dumps(doc))
+    res = run("bench", str(env["art"]), "--compare", str(other))
+    assert res.exit_code == 1, res.output
+    assert "precision unknown: baseline unknown (weights unknown), this fp32 (weights same)" in res.output
+    # weights alone
+    c = compare_docs(dict(_measured([1e-6], 1e-6), weights="int8"), _measured([1e-6], 1e-6), 0.05)
+    assert not c.ok and not c.regressions
+    assert c.precision_change.startswith("weights differ: baseline fp32 (weights int8), this fp32 "
+                                         "(weights same)")
 
 
 def test_match_kernels_pairs_repeats_by_hash_then_position():
@@ -409,6 +446,7 @@ _DROP = object()
 
 @pytest.mark.parametrize("doctor,words", [
     (_set(["device"], None), ["'device' is null"]),
+    (_set(["precision"], 16), ["'precision' is 16"]),
     (_set(["end_to_end"], {}), ["'end_to_end' lacks 'time_s'"]),
     (_set(["kernels"], [1, 2]), ["kernel row 0 is 1"]),
     (_set(["model"], "x.onnx"), ["'model' is \"x.onnx\""]),
@@ -420,7 +458,7 @@ _DROP = object()
     (_set(["kernels", 0, "time_s"], True), ["time_s true"]),
     (_set(["end_to_end", "time_s"], float("inf")), ["end_to_end time_s is Infinity"]),
     (lambda d: d["kernels"].append(dict(d["kernels"][0])), ["kernel row #0 appears twice"]),
-], ids=["device-null", "e2e-empty", "kernels-ints", "model-str", "no-time", "no-kernel",
+], ids=["device-null", "precision-int", "e2e-empty", "kernels-ints", "model-str", "no-time", "no-kernel",
         "time-str", "time-nan", "time-negative", "time-bool", "e2e-inf", "duplicate-row"])
 def test_malformed_baselines_are_refused_in_one_line(env, doctor, words):
     doc = json.loads(json.dumps(env["doc"]))
