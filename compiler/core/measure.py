@@ -325,8 +325,9 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         if hit is not None:
             self.db_hits += 1
             if not hit.ok:
-                return Measurement(None, "rejected" if hit.note.startswith("rejected") else "error", hit.note)
-            return Measurement(hit.seconds)
+                return Measurement(None, "rejected" if hit.note.startswith("rejected") else "error",
+                                   hit.note, from_db=True)
+            return Measurement(hit.seconds, from_db=True)
         cfg_obj = e.configs[index]
         extern = cfg_obj is not None and is_extern(cfg_obj.kwargs())
         if e.render_error is not None and not extern:

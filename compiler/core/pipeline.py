@@ -217,7 +217,8 @@ class Progress:
             return
         unit = "sim" if self.target.simulated else "gpu"
         best_s = f"{best * 1e6:.1f}us" if best != float("inf") else "-"
-        info = (f"cand {stats.candidates_total} pruned {stats.candidates_pruned} compiled "
+        info = (f"programs {stats.programs} pruned {stats.programs_pruned} | (kernel, config) "
+                f"pairs {stats.kernel_configs} pruned {stats.configs_pruned} tried "
                 f"{stats.candidates_compiled} rejected {stats.candidates_rejected} timed "
                 f"{stats.candidates_timed} | best {best_s} ({unit}) bound {bound * 1e6:.1f}us")
         w = self.workers() if self.workers is not None else None
@@ -553,6 +554,13 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "egraph_used": bool(use_egraph and egraph_stats.get("used")),
         "kernels": len(chosen.calls), "programs": len(programs),
         "candidate_label": chosen.label,
+        # the search's counts (SearchStats): programs (above) and those pruned by bound; the
+        # (kernel, config) pairs of their distinct kernels, those pruned by bound, tried
+        # (candidates_compiled, configs_from_db of them read from the tuning database), rejected
+        # and timed; candidates_total / candidates_pruned mix programs and pairs (older reports)
+        "programs_pruned": st.programs_pruned, "distinct_kernels": st.kernels,
+        "kernel_configs": st.kernel_configs, "configs_pruned": st.configs_pruned,
+        "configs_from_db": st.from_db,
         "candidates_total": st.candidates_total, "candidates_pruned": st.candidates_pruned,
         "candidates_compiled": st.candidates_compiled, "candidates_timed": st.candidates_timed,
         "candidates_rejected": st.candidates_rejected, "measurements": st.measurements,

@@ -46,15 +46,34 @@ class Measurement:
     seconds: float | None
     status: str = "ok"
     note: str = ""
+    from_db: bool = False      # read from the tuning database: nothing compiled or run for it
 
 
 @dataclass
 class SearchStats:
+    """What the search counted. A *program* is one candidate (a list of kernels); a *pair* is one
+    (kernel, config) of the distinct kernels of all programs.
+
+    ``programs`` and ``programs_pruned`` (never measured: their bound was not below the best
+    time); ``kernels`` (distinct) and ``kernel_configs`` (their pairs); ``configs_pruned`` (pairs
+    never tried: a kernel within ``slack`` of its bound, or the config's own bound not below the
+    kernel's best time); ``candidates_compiled``: pairs tried, each once (compiled and checked, or
+    read from the tuning database: ``from_db`` of them), of which ``candidates_rejected`` failed
+    and ``candidates_timed`` have a time. ``candidates_total`` (the programs plus each kernel's
+    configs beyond its first) and ``candidates_pruned`` (programs and pairs pruned) are the older
+    mixed counts, kept in reports.
+    """
     candidates_total: int = 0
     candidates_pruned: int = 0
     candidates_compiled: int = 0
     candidates_rejected: int = 0
     candidates_timed: int = 0
+    programs: int = 0
+    programs_pruned: int = 0
+    kernels: int = 0
+    kernel_configs: int = 0
+    configs_pruned: int = 0
+    from_db: int = 0
     measurements: int = 0
     stopped_because: str = "exhausted"
     log: list[str] = field(default_factory=list)
@@ -117,6 +136,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
     order = sorted(range(n), key=lambda i: (cand_bound[i], i))
     kernels = {k for c in candidates for k in c}
     stats.candidates_total = n + sum(max(configs[k] - 1, 0) for k in kernels)
+    stats.programs, stats.kernels = n, len(kernels)
+    stats.kernel_configs = sum(configs[k] for k in kernels)
     best_t: dict = {}        # kernel -> best seconds
     best_cfg: dict = {}      # kernel -> config index
     tried: dict = {k: set() for k in kernels}
@@ -140,6 +161,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             return False
         stats.measurements += 1
         stats.candidates_compiled += 1
+        stats.from_db += bool(m.from_db)
         if m.status != "ok" or m.seconds is None:
             stats.candidates_rejected += 1
             stats.log.append(f"kernel {k} config {ci}: {m.status} {m.note}".rstrip())
@@ -202,6 +224,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             for k in list(pool):
                 if k in best_t and best_t[k] <= bounds[k] * (1 + slack) and len(tried[k]) < configs[k]:
                     stats.candidates_pruned += configs[k] - len(tried[k])
+                    stats.configs_pruned += configs[k] - len(tried[k])
                     stats.log.append(f"kernel {k}: within {slack:.0%} of its bound, "
                                      f"{configs[k] - len(tried[k])} configs pruned")
                     tried[k].update(range(configs[k]))
@@ -225,6 +248,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             if config_bounds is not None and config_bounds(k, ci) >= best_t[k]:
                 tried[k].add(ci)
                 stats.candidates_pruned += 1
+                stats.configs_pruned += 1
                 continue
             before = best_t[k]
             if not try_config(k, ci):
@@ -250,6 +274,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             if j not in pruned and j not in prog_time and cand_bound[j] >= best[0]:
                 pruned.add(j)
                 stats.candidates_pruned += 1
+                stats.programs_pruned += 1
                 stats.log.append(f"candidate {j} pruned: bound {cand_bound[j]:.3e}s >= best "
                                  f"{best[0]:.3e}s")
 

@@ -1,4 +1,5 @@
-"""A compile report's precision, measured quality and notes as text lines: one wording for the
+"""A compile report's search counts, precision, measured quality and notes as text lines: one
+wording for the
 CLI's compile summary (``lumc compile``, ``lumc bench``) and for ``CompiledModel.report()`` (and so
 a PyTorch module's ``f.report()`` and each size bucket's in a range's report).
 
@@ -50,3 +51,23 @@ def precision_lines(r: dict, exact: bool = False) -> list[str]:
         line = (f"precision {r['precision']} (weights {r.get('weights', 'same')}): no reduced "
                 "precision, no quality gate")
     return ([line] if line else []) + [f"note: {w}" for w in user_notes(r)]
+
+
+def search_text(r: dict) -> str:
+    """What the search counted, each number saying what it counts (``lumc compile``'s summary,
+    ``lumc inspect``): ``16 programs (14 pruned by bound); their 38 kernels' 40770 (kernel,
+    config) pairs: 4 pruned by bound, 235 tried (235 from the tuning database, none compiled), 0
+    rejected, 235 timed``. A report from before these counts gives its older mixed ones."""
+    if r.get("kernel_configs") is None:
+        return (f"{r.get('candidates_total')} candidates (programs and kernel configs), "
+                f"{r.get('candidates_pruned')} pruned by bound, {r.get('candidates_compiled')} "
+                f"compiled, {r.get('candidates_rejected')} rejected, {r.get('candidates_timed')} timed")
+    tried, db = r.get("candidates_compiled") or 0, r.get("configs_from_db") or 0
+    nprog, nk = r.get("programs"), r.get("distinct_kernels")
+    how = (f"{tried} compiled" if not db else
+           f"{tried} tried ({db} from the tuning database, "
+           f"{tried - db if tried > db else 'none'} compiled)")
+    return (f"{nprog} program{'s' * (nprog != 1)} ({r.get('programs_pruned')} pruned by bound); "
+            f"their {nk} kernel{'s' * (nk != 1)}' {r['kernel_configs']} (kernel, config) pairs: "
+            f"{r.get('configs_pruned')} pruned by bound, {how}, {r.get('candidates_rejected')} "
+            f"rejected, {r.get('candidates_timed')} timed")

@@ -300,9 +300,9 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
     for w in user_notes(r):
         click.echo(f"note: {w}")
     if r.get("candidates_total") is not None:
-        click.echo(f"search: {r.get('candidates_total')} candidates, {r.get('candidates_pruned')} pruned "
-                   f"by bound, {r.get('candidates_timed')} timed, {r.get('candidates_rejected')} "
-                   f"rejected; stopped: {r.get('stopped_because')}; compile {r.get('compile_s', 0):.1f} s")
+        from lumc.compiler.runtime.report_text import search_text
+        click.echo(f"search: {search_text(r)}; stopped: {r.get('stopped_because')}; compile "
+                   f"{r.get('compile_s', 0):.1f} s")
     if why_not:
         from lumc.compiler.core.why_not import why_not_lines
         doc = r.get("why_not")

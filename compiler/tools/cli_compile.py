@@ -17,7 +17,7 @@ import click
 from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, refuse_same_file,
                                     write_atomic)
 from lumc.compiler.core.budget import parse_duration
-from lumc.compiler.runtime.report_text import precision_lines, user_notes
+from lumc.compiler.runtime.report_text import precision_lines, search_text, user_notes
 from lumc.compiler.tools.cli import _fmt_bytes, _parse_shapes, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
@@ -201,10 +201,8 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     click.echo(f"  {r['kernels']} kernel{'s' * (r['kernels'] != 1)}, best {best_s}, bound {r['bound_time_s'] * 1e6:.1f} us (roofline + launches)"
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB)")
     earlier = " (the earlier compile's, whose plan this reuses)" if r.get("reused_plan") else ""
-    click.echo(f"  candidates{earlier}: {r['candidates_total']} total, "
-               f"{r['candidates_pruned']} pruned by bound, "
-               f"{r['candidates_compiled']} compiled, {r['candidates_rejected']} rejected, "
-               f"{r['candidates_timed']} timed; numerics checks (each chosen kernel, and the plan end "
+    click.echo(f"  search{earlier}: {search_text(r)}")
+    click.echo(f"  numerics checks (each chosen kernel, and the plan end "
                f"to end, against the search's reference): max rel error " + _max_rel_text(r))
     for line in precision_lines(r):     # the wording CompiledModel.report() shares
         click.echo(f"  {line}")

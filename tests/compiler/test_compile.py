@@ -235,3 +235,23 @@ def test_an_egraph_defect_falls_back_to_the_greedy_candidates(model, db, monkeyp
     r = cm.report_dict()
     assert "e-graph failed (TypeError: a defect)" in r["egraph"]["error"]
     assert r["max_rel_error"] <= 1e-4
+
+
+def test_summary_says_what_each_search_count_counts(model, db):
+    """The compile summary's search line names programs and (kernel, config) pairs apart (it said
+    "N candidates" for both), and a search served by the tuning database says so instead of
+    "N compiled"."""
+    from lumc.compiler.runtime.report_text import search_text
+    r = lumc.compile(model, budget="30s", device="sim:h200", db=db).report_dict()
+    assert r["configs_from_db"] == 0 and r["candidates_compiled"] > 0
+    text = search_text(r)
+    assert text.startswith(f"{r['programs']} program")
+    assert f"their {r['distinct_kernels']} kernel" in text
+    assert f"{r['kernel_configs']} (kernel, config) pairs: {r['configs_pruned']} pruned by bound, " \
+           f"{r['candidates_compiled']} compiled" in text
+    assert r["programs_pruned"] + r["configs_pruned"] == r["candidates_pruned"]
+    again = lumc.compile(model, budget="30s", device="sim:h200", db=db, reuse_plan=False)
+    r2 = again.report_dict()
+    assert r2["measured"] == 0 and r2["configs_from_db"] == r2["candidates_compiled"] > 0
+    n = r2["candidates_compiled"]
+    assert f"{n} tried ({n} from the tuning database, none compiled)" in search_text(r2)

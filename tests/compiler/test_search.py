@@ -146,3 +146,24 @@ def test_fruitless_tries_yield_to_another_kernel():
     assert ("att", 2) in calls, calls
     assert r.configs["att"] == 2 and r.time_s == pytest.approx(2 * 8.0 + 2 * 1.5)
     assert r.stats.stopped_because.startswith("converged")
+
+
+def test_stats_count_programs_and_kernel_config_pairs_apart():
+    """``candidates_total`` mixed programs with (kernel, config) pairs (1 + 2 + 3 - 1 - 1 here);
+    the stats count each apart, and the pairs read from the tuning database."""
+    clock = FakeClock()
+    cands = [["fused"], ["a", "b"]]
+    bounds = {"fused": 1.0, "a": 1.5, "b": 1.5}
+    times = {"fused": [2.0, 1.2, 1.9], "a": [1.6], "b": [1.6]}
+    measure, calls = make_measure(times, clock)
+
+    def cached(k, ci):
+        m = measure(k, ci)
+        return Measurement(m.seconds, m.status, m.note, from_db=ci == 0)
+    r = run_search(cands, bounds, {"fused": 3, "a": 1, "b": 1}, cached, Deadline(100, clock))
+    st = r.stats
+    assert (st.programs, st.kernels, st.kernel_configs) == (2, 3, 5)
+    assert st.programs_pruned == 1 and st.candidates_total == 4     # the older mixed count
+    assert st.candidates_compiled == len(set(calls)) == 3           # fused's 3 configs, each once
+    assert st.configs_pruned + st.programs_pruned == st.candidates_pruned
+    assert st.from_db == 1                                          # fused config 0

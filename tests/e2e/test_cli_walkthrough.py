@@ -143,13 +143,14 @@ def test_the_summary_says_not_checked_when_no_candidate_compiled(mlp, tmp_path, 
     assert cm._report["candidates_compiled"] > 0
     res = lumc_cli("compile", mlp, "--budget", "10s", "--shape", "N=4", "-o", tmp_path / "a.lumc")
     assert res.exit_code == 0, res.output
-    line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
+    line = next(ln for ln in res.output.splitlines() if "numerics checks" in ln)
     assert f"max rel error {cm._report['max_rel_error']:.2e}" in line, line
     cm._report.update(candidates_compiled=0, candidates_timed=0, max_rel_error=0.0)
     res = lumc_cli("compile", mlp, "--budget", "1s", "--shape", "N=4", "-o", tmp_path / "b.lumc")
     assert res.exit_code == 0, res.output
-    line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
-    assert "0 compiled" in line and "max rel error not checked" in line, line
+    search = next(ln for ln in res.output.splitlines() if "search:" in ln)
+    line = next(ln for ln in res.output.splitlines() if "numerics checks" in ln)
+    assert "0 compiled" in search and "max rel error not checked" in line, (search, line)
     assert "0.00e+00" not in line
 
 
@@ -174,7 +175,7 @@ def test_the_untimed_fallback_has_its_kernels_checked_after_the_budget(mlp, tmp_
     r = json.loads((tmp_path / "a.json").read_text())
     assert r["candidates_compiled"] == 0 and r["best_time_s"] is None
     assert r["checked_after_budget"] == r["kernels"] >= 1
-    line = next(ln for ln in res.output.splitlines() if "candidates:" in ln)
+    line = next(ln for ln in res.output.splitlines() if "numerics checks" in ln)
     assert "checked after it" in line and "not checked" not in line, line
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     want = np.maximum(x.astype(np.float64) @ np.ones((64, 64)), 0)
@@ -305,7 +306,7 @@ def test_a_reused_plan_says_whose_candidate_counts_it_shows(tmp_path, monkeypatc
         assert res.exit_code == 0, res.output
         outs.append(res.output)
     assert "whose plan this reuses" not in outs[0]
-    assert "reused the plan" in outs[1] and "candidates (the earlier compile's, whose plan this " \
+    assert "reused the plan" in outs[1] and "search (the earlier compile's, whose plan this " \
         "reuses):" in outs[1], outs[1]
 
 
