@@ -6,7 +6,8 @@ reports ratios (rival time / lumc time: above 1, lumc is faster), never bare abs
 * ``onnxruntime``: the source ONNX model, CUDA execution provider on a GPU, CPU EP otherwise;
 * ``eager``: torch eager. The module comes from ``onnx2torch`` when it is installed and converts
   the model; otherwise from lumc's imported primitive graph replayed with torch ops
-  (``lumc.compiler.runtime.graph_torch``), and the table says which;
+  (``lumc.compiler.runtime.graph_torch``): not the real rival (the model's own PyTorch ops), so
+  each such row and the legend say so, with the reason (onnx2torch missing or failing);
 * ``inductor``: ``torch.compile`` of that module, ``mode="max-autotune"`` on a GPU. On the CPU it also
   reports TorchInductor's generated kernel count and ``num_bytes_accessed`` (from its
   ``inductor_metrics`` log, ``torch._logging.set_logs(inductor_metrics=True)``), to set beside
@@ -33,6 +34,7 @@ from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.ir.errors import InputError
 
 RIVALS = ("eager", "inductor", "onnxruntime")
+LOWERED = "lumc's primitive graph"     # torch_module's source when it is not the model's own ops
 _ALIASES = {"ort": "onnxruntime", "torch": "eager", "torch.compile": "inductor", "compile": "inductor"}
 
 
@@ -70,6 +72,8 @@ class RivalResult:
         kernels: kernels it launches, where known; bytes: bytes it moves, where known.
         max_rel_error: its outputs against lumc's (max |a - b| / max |b| over every output).
         note: why it was skipped, or what to know about the figure.
+        program: what a torch rival ran: ``onnx2torch`` (the model's own ops) or
+            :data:`LOWERED` (lumc's primitive graph replayed with torch ops); None for the others.
     """
     name: str
     where: str
@@ -81,6 +85,7 @@ class RivalResult:
     compile_s: float | None = None
     max_rel_error: float | None = None
     note: str = ""
+    program: str | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -197,14 +202,14 @@ def torch_module(cm: CompiledModel):
     ``onnx2torch`` when installed and it converts every node (its module takes the ONNX graph's
     inputs in order); otherwise the primitive-graph replay of ``lumc.compiler.runtime.graph_torch``.
     """
-    note = ""
+    note = "the artifact holds no source ONNX model"
     if cm.source_onnx is not None:
         try:
             with _torchvision_placeholder():
                 import onnx2torch
         except ImportError:
             onnx2torch = None
-            note = "onnx2torch not installed"
+            note = "onnx2torch is not installed (pip install onnx2torch)"
         if onnx2torch is not None:
             import onnx
             try:
@@ -213,12 +218,12 @@ def torch_module(cm: CompiledModel):
                          if i.name not in {t.name for t in m.graph.initializer}]
                 if order == [i.name for i in cm.inputs]:
                     return onnx2torch.convert(m).eval(), "onnx2torch", ""
-                note = "onnx2torch: input order differs"
+                note = "onnx2torch's module takes the inputs in another order"
             except Exception as e:
-                note = f"onnx2torch: {_short_reason(e)}"
+                note = f"onnx2torch cannot convert it: {_short_reason(e)}"
     from lumc.compiler.runtime.graph_torch import graph_module
     mod = graph_module(cm.graph).eval()
-    return mod, "lumc's primitive graph", note
+    return mod, LOWERED, note
 
 
 def _short_reason(e: Exception) -> str:
@@ -286,7 +291,8 @@ def run_torch(cm: CompiledModel, names: list[str], inputs: dict, ref: list, devi
     except ImportError:
         return [RivalResult(n, "-", note="torch not installed") for n in names]
     mod, source, why = torch_module(cm)
-    src_note = f"from {source}" + (f" ({why})" if why else "")
+    src_note = ("from onnx2torch" if source != LOWERED else
+                f"ran lumc's lowered graph, not the model's own PyTorch ops: {why}")
     on_gpu = device.startswith("cuda")
     mod = mod.to(device)
     args = [torch.from_numpy(np.array(inputs[i.name], order="C")).to(device) for i in cm.inputs]
@@ -297,7 +303,7 @@ def run_torch(cm: CompiledModel, names: list[str], inputs: dict, ref: list, devi
             out = _to_list(mod(*args))
             t, n = _median_time(lambda: mod(*args), repeats, sync)
             rows.append(RivalResult("torch eager", device, t, n, max_rel_error=_rel_error(out, ref),
-                                    note=src_note))
+                                    note=src_note, program=source))
         if "inductor" in names:
             mode = "max-autotune" if on_gpu else None
             label = f"torch.compile ({mode or 'default'})"
@@ -314,12 +320,14 @@ def run_torch(cm: CompiledModel, names: list[str], inputs: dict, ref: list, devi
                 t, n = _median_time(lambda: compiled(*args), repeats, sync)
             except Exception as e:   # an Inductor failure is a rival's failure, not lumc's
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                rows.append(RivalResult(label, device, note=f"failed: {type(e).__name__}: {first[:120]}"))
+                rows.append(RivalResult(label, device, note=f"failed: {type(e).__name__}: {first[:120]}",
+                                        program=source))
             else:
                 rows.append(RivalResult(label, device, t, n, kernels=kernels,
                                         bytes=nbytes or None,
                                         compile_s=compile_s, max_rel_error=_rel_error(out, ref),
-                                        note=src_note + f"; compiled in {compile_s:.0f} s"))
+                                        note=src_note + f"; compiled in {compile_s:.0f} s",
+                                        program=source))
     return rows
 
 
@@ -377,7 +385,14 @@ def rivals_table(rows: list[RivalResult], ideal_bytes: int | None) -> str:
         err = f"{r.max_rel_error:11.2e}" if r.max_rel_error is not None else f"{'-':>11}"
         lines.append(f"{r.name:<36} {r.where:<7} {ratio} {k} {mb} {xi} {err}  {r.note}")
     lines.append("time/lumc > 1: lumc is faster. kernels: lumc's launches; Inductor's generated "
-                 "kernels (extern mm/conv calls not counted).\nMB moved: lumc's kernels' minimum bytes; "
+                 "kernels (extern mm/conv calls not counted).\nMB moved: lumc's bytes_moved, each "
+                 "kernel's inputs read once and outputs written once, summed over its kernels "
+                 "(values passed between kernels count; re-reads inside a kernel do not); "
                  "Inductor's num_bytes_accessed. x ideal: over inputs + weights + outputs, each once."
                  "\nmax rel err: each rival's outputs against lumc's (lumc's row: 0 by definition).")
+    lowered = [r.name for r in rows if r.program == LOWERED]
+    if lowered:
+        lines.append(f"{' and '.join(lowered)}: torch ran lumc's lowered primitive graph, not the "
+                     "model's own PyTorch ops (the note says why), so these ratios are not against "
+                     "the real rival.")
     return "\n".join(lines)

@@ -488,3 +488,26 @@ def test_plots_go_into_new_folders_atomically(env, tmp_path):
     assert res.exit_code == 0, res.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in out.parent.iterdir()] == ["b.png"]
+
+
+def test_vs_eager_without_onnx2torch_says_it_ran_lumcs_graph(env, tmp_path, monkeypatch):
+    """Without onnx2torch the torch rivals replay lumc's own lowered graph, which is not the real
+    rival: the row says so and why, the legend says its ratio is not against the real rival, and
+    the legend's MB moved describes the number shown (each kernel's inputs once, outputs once)."""
+    monkeypatch.setitem(__import__("sys").modules, "onnx2torch", None)   # import fails
+    out = tmp_path / "v.json"
+    res = run("bench", str(env["art"]), "--vs", "eager", "--repeats", "1", "--threads", "1",
+              "--json", str(out))
+    assert res.exit_code == 0, res.output
+    row = next(ln for ln in res.output.splitlines() if ln.startswith("torch eager"))
+    assert "ran lumc's lowered graph, not the model's own PyTorch ops: onnx2torch is not " \
+           "installed" in row, row
+    assert "torch eager: torch ran lumc's lowered primitive graph, not the model's own PyTorch " \
+           "ops" in res.output and "not against the real rival" in res.output
+    assert "minimum bytes" not in res.output
+    assert "each kernel's inputs read once and outputs written once" in res.output
+    doc = json.loads(out.read_text())
+    assert [r["program"] for r in doc["rivals"]] == [None, "lumc's primitive graph"]
+    lumc_row = next(ln for ln in res.output.splitlines() if ln.startswith("lumc (CPU executor)"))
+    assert float(lumc_row.split()[6]) == pytest.approx(
+        sum(k["bytes"] for k in doc["kernels"]) / 1e6, abs=1e-3)
