@@ -29,8 +29,8 @@ from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.core.onnx_stage import Frontend, bind_model, stage_frontend, with_ranges
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, precision_report,
                                           store_weights)
-from lumc.compiler.core.precision_gate import (model_reference, precision_note, stage_quality,
-                                               weights_gate)
+from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
+                                               stage_quality, weights_gate)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
 from lumc.compiler.core.variants import compile_variants, size_lists
@@ -454,9 +454,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                                  "size range cannot fall back to weights stored differently: "
                                  f"compile it with --precision {down.precision} --weights "
                                  f"{down.weights}")
-            fe.warnings.append(f"precision {policy.precision} (weights {policy.weights}) misses "
-                               f"the quality gate ({quality['reason']}); compiled at "
-                               f"{down.precision} (weights {down.weights}) instead")
+            fallback_note(policy, down, quality, fe.warnings)
             progress.close()
             return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
                                     use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,

@@ -123,18 +123,20 @@ class PrecisionPolicy:
 
     @classmethod
     def from_user(cls, *args, **kwargs) -> "PrecisionPolicy":
-        """The policy a user asked for, refusing options that would do nothing: ``max_kl`` and
-        ``logits`` gate a reduced precision (the KL and top-1 gate never runs at fp32 with the
-        model's weights).
+        """The policy a user asked for, refusing options that would do nothing: ``tolerance``,
+        ``max_kl`` and ``logits`` gate a reduced precision (the quality gate never runs at fp32
+        with the model's weights, where every kernel is checked at the dtype's own tolerance).
 
         Raises:
             InputError: as the constructor, or such an option at fp32.
         """
         p = cls(*args, **kwargs)
-        if not p.reduced and (p.max_kl is not None or p.logits):
-            raise InputError(f"{'--max-kl' if p.max_kl is not None else '--logits'} gates a "
-                             "reduced precision (--precision other than fp32, or --weights); "
-                             "at fp32 with the model's weights there is nothing to judge")
+        given = [name for name, v in (("--max-kl", p.max_kl is not None), ("--logits", p.logits),
+                                      ("--tolerance", p.tolerance is not None)) if v]
+        if not p.reduced and given:
+            raise InputError(f"{given[0]} gates a reduced precision (--precision other than "
+                             "fp32, or --weights); at fp32 with the model's weights there is "
+                             "nothing to judge")
         return p
 
     @property

@@ -99,7 +99,9 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
               help="weight-only quantization of contraction weights (int8, fp8 e4m3: per output "
               "channel; nvfp4: e2m1 with an e4m3 scale per 16 along K and a per-tensor scale)")
 @click.option("--tolerance", default=None, type=float, metavar="RTOL",
-              help="quality gate: max rel error of every output (default by --precision)")
+              help="quality gate: max rel error of every output (default by --precision); "
+                   "for a reduced --precision or --weights (refused at fp32 with the model's "
+                   "weights, where no gate runs)")
 @click.option("--max-kl", "max_kl", default=None, type=float, metavar="X",
               help="quality gate: mean KL divergence per row of probability/logit outputs "
                    "(an error when no output is a distribution and no --logits names one)")

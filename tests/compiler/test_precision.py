@@ -202,6 +202,55 @@ def test_the_notes_say_which_precision_the_contractions_really_run_at(db):
         assert bool(notes) == (set(kp) != {"fp8"}), (kp, r["warnings"])
     else:          # the gate could not be met at fp8 even raised: the fallback is said instead
         assert any("misses the quality gate" in w for w in r["warnings"])
+        import re       # each gate figure is said once (an fp8 plan all at bf16 is bf16's plan)
+        figures = re.findall(r"\((?:mean KL|max rel error) [^)]*\)", " ".join(r["warnings"]))
+        assert len(figures) == len(set(figures)), r["warnings"]
+
+
+def test_a_fallback_from_an_fp8_plan_with_no_fp8_contraction_says_so_once():
+    """--precision fp8 whose plan ran every contraction at bf16 missed the gate, then bf16's plan
+    missed it with the same figure: 'fp8 misses (mean KL 0.000122) ... compiled at bf16 instead',
+    'bf16 misses (mean KL 0.000122) ...'. The fp8 line now says its plan was bf16's, and bf16's
+    failure is folded into it."""
+    from lumc.compiler.core.precision_gate import fallback_note
+    fp8, bf16, fp32 = (PrecisionPolicy(p, max_kl=1e-6) for p in ("fp8", "bf16", "fp32"))
+    q = {"reason": "mean KL 0.000122 > --max-kl 1e-06", "kernel_precision": ["bf16", None, "bf16"]}
+    notes: list[str] = []
+    fallback_note(fp8, bf16, q, notes)
+    assert notes == ["precision fp8 (weights same): no contraction runs at fp8 (its plan is "
+                     "bf16's) and it misses the quality gate (mean KL 0.000122 > --max-kl 1e-06); "
+                     "compiled at bf16 (weights same) instead"]
+    fallback_note(bf16, fp32, q, notes)
+    assert notes == ["precision fp8 (weights same): no contraction runs at fp8 (its plan is "
+                     "bf16's); bf16 misses the quality gate (mean KL 0.000122 > --max-kl 1e-06); "
+                     "compiled at fp32 (weights same) instead"]
+    # an fp8 plan that did run fp8 contractions: one line per failing precision, as before
+    notes = []
+    fallback_note(fp8, bf16, dict(q, kernel_precision=["fp8", "bf16"]), notes)
+    fallback_note(bf16, fp32, dict(q, reason="mean KL 0.0002 > --max-kl 1e-06"), notes)
+    assert notes == ["precision fp8 (weights same) misses the quality gate (mean KL 0.000122 > "
+                     "--max-kl 1e-06); compiled at bf16 (weights same) instead",
+                     "precision bf16 (weights same) misses the quality gate (mean KL 0.0002 > "
+                     "--max-kl 1e-06); compiled at fp32 (weights same) instead"]
+
+
+def test_weights_only_note_and_tolerance_at_fp32():
+    """--weights int8 at fp32 said 'precision fp32: of 2 contractions, 2 at tf32x3; the others
+    were faster there, or no config of the lower precision applies' (there is no lower
+    precision: tf32x3 is fp32's own); --tolerance at fp32 with the model's weights was accepted
+    and did nothing, while --max-kl and --logits there are refused."""
+    from lumc.compiler.core.precision_gate import precision_note
+    note = precision_note(PrecisionPolicy("fp32", "int8"),
+                          {"kernel_precision": ["tf32x3", None, "tf32x3"]})
+    assert note == ("weights int8 at precision fp32: only the weights' storage is reduced "
+                    "(dequantized in each contraction's prologue); the 2 contractions compute at "
+                    "fp32 accuracy (2 at tf32x3)")
+    with pytest.raises(InputError, match=r"^--tolerance gates a reduced precision"):
+        PrecisionPolicy.from_user("fp32", tolerance=0.0)
+    assert PrecisionPolicy.from_user("fp32", "int8", tolerance=0.0).rtol == 0.0
+    assert PrecisionPolicy.from_user("bf16", tolerance=0.0).rtol == 0.0
+    with pytest.raises(InputError, match="--tolerance"):
+        lumc.compile(classifier(), budget="10s", device="sim:h200", tolerance=1e-3)
 
 
 def _wide_weight_model():

@@ -257,13 +257,14 @@ def test_counts_of_one_are_singular(tmp_path):
 
 
 def test_options_that_would_do_nothing_are_refused_or_recorded(tmp_path):
-    """--max-kl and --logits gate a reduced precision: at fp32 with the model's weights they would
+    """--tolerance, --max-kl and --logits gate a reduced precision: at fp32 with the model's weights they would
     judge nothing, and --max-kl with no distribution output and no --logits too; --rtol/--atol set --check's tolerance: without --check nothing is compared.
     Each is one line, exit 2. --fast-math is recorded in the report and shown by inspect."""
     relu = _save(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="relu")],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
-    for extra, word in ((["--max-kl", "1e-3"], "--max-kl"), (["--logits", "y"], "--logits")):
+    for extra, word in ((["--max-kl", "1e-3"], "--max-kl"), (["--logits", "y"], "--logits"),
+                        (["--tolerance", "0"], "--tolerance")):    # --tolerance was accepted
         res = lumc_cli("compile", relu, "--budget", "10s", "--device", "sim:h200", *extra)
         one_line_error(res, word, "reduced precision")
     # at bf16 --max-kl judges distributions: relu's output is none, and no --logits names one
