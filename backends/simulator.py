@@ -105,9 +105,9 @@ def warpgroup_mma(cfg: dict) -> bool:
     """True when Triton lowers the config's ``tl.dot`` to Hopper's warpgroup MMA (wgmma: HGMMA,
     QGMMA): ``num_warps`` a multiple of 4 and at least 64 rows per warpgroup (``BLOCK_M >= 16 *
     num_warps``). Smaller tiles take the per-warp ``mma.sync`` path, where e4m3 operands are
-    converted to fp16 first. Source: the SASS of every MODELS.md matmul compiled for sm_90 with
-    Triton 3.9 (``lumc inspect --aot cuda:90``): QGMMA only at warpgroup tiles, HMMA.16816.F32
-    (fp16) at the others."""
+    converted to fp16 first. Source: the SASS of every matmul of the README's models compiled for
+    sm_90 with Triton 3.9 (``lumc inspect --aot cuda:90``): QGMMA only at warpgroup tiles,
+    HMMA.16816.F32 (fp16) at the others."""
     w = int(cfg.get("num_warps", 4))
     return w % 4 == 0 and int(cfg.get("BLOCK_M", 64)) >= 16 * w
 

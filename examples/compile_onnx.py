@@ -1,6 +1,6 @@
 """Compile an ONNX model with lumc, run it, compare with onnxruntime, and save the artifact.
 
-    python examples/compile_onnx.py                       # MiniLM-L3 from MODELS.md, 30 s budget
+    python examples/compile_onnx.py                       # MiniLM-L3 (README, Models), 30 s
     python examples/compile_onnx.py model.onnx --budget 2m --shape x=1x3x224x224
 
 Without a GPU the kernel times are simulated (sim:h200) and the model runs on the CPU executor.

@@ -13,7 +13,7 @@
 #      first launch included; ~110 s);
 #   6. the main job (python -m lumc.compiler.tools.gpu_main, ~7 min), over the e-graph candidates
 #      `make gpu-candidates` wrote to build/gpu-candidates where egglog is (this image has none;
-#      without them the compiles search the greedy program): the four MODELS.md models (carried
+#      without them the compiles search the greedy program): the four README models (carried
 #      in build/gpu-models, `make gpu-models`), GPT-2 small and BERT-base at seq 128 in fp32 and
 #      bf16, then a 4-layer TinyLlama-size Llama in bf16 while time lasts: compile --device
 #      cuda, run the plan through CUDA graphs checked against the float64 reference, bench

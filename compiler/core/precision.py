@@ -19,7 +19,7 @@ the quality gate that measures what reduced precision cost.
 
 The tolerances are relative to the largest reference magnitude of each output (``max_rel_error``).
 They are defaults a user tightens with ``--tolerance`` (and ``--max-kl`` for distributions), set
-so that the MODELS.md models pass at each precision on sim:h200 with random inputs: measured bf16
+so that the README's models pass at each precision on sim:h200 with random inputs: measured bf16
 max rel errors were MiniLM 1.4e-2, Silero 7.0e-3, PP-OCR 6.5e-2 (its sigmoid map, where a 5e-2
 gate failed), Magika's class probabilities KL 8e-7 with top-1 100%; fp8 up to 6.5e-2 (PP-OCR);
 int8 weights up to 7.2e-2 (Silero). They are not a promise for other models: the compile measures

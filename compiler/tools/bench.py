@@ -70,8 +70,8 @@ def model_identity(cm: CompiledModel) -> dict:
 
 
 def known_model(cm: CompiledModel):
-    """The MODELS.md entry this model came from (by sha256 of the source, or its cached file
-    name), or None."""
+    """The known model (README, Models) this model came from (by sha256 of the source, or its
+    cached file name), or None."""
     from lumc.compiler.frontends.models import MODEL_INFO
     sha = model_sha256(cm)
     name = str(cm.report_dict().get("model", ""))

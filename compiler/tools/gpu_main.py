@@ -1,6 +1,6 @@
 """The main job on a real GPU, for ``make gpu-check``: compile, run through CUDA graphs, check, race.
 
-For each model (the four MODELS.md models at their test shapes; GPT-2 small and BERT-base at
+For each model (the four README models at their test shapes; GPT-2 small and BERT-base at
 sequence 128 in fp32 and bf16, and, budget permitting, a 4-layer Llama at TinyLlama's sizes in bf16,
 ``lumc.compiler.tools.transformer_models``):
 
@@ -48,9 +48,9 @@ PLAN = (
     ("gpu tests (pytest -m gpu: bf16 kernels, split-K, cuDNN convolutions, a precompiled first "
      "launch, timing under 10 us, plans through CUDA graphs)", 110),
     ("measure ceilings: 1 GiB copy, 8192^3 bf16 matmul (cached in the tuning DB)", 5),
-    ("4 MODELS.md models: compile --device cuda (25 s search each over the e-graph candidates "
-     "carried in build/gpu-candidates, else the greedy program: the GPU image has no egglog), "
-     "CUDA-graph run + float64 check, bench vs eager", 4 * 40),
+    ("the 4 models of README's Models table: compile --device cuda (25 s search each over the "
+     "e-graph candidates carried in build/gpu-candidates, else the greedy program: the GPU "
+     "image has no egglog), CUDA-graph run + float64 check, bench vs eager", 4 * 40),
     ("GPT-2 small and BERT-base, seq 128, fp32 and bf16: the same; then a 4-layer Llama at "
      "TinyLlama's sizes in bf16 (RoPE in attention, paired gate/up) only while the budget lasts",
      4 * 45),
@@ -65,7 +65,7 @@ def plan_text() -> str:
 
 
 def _model_path(name: str) -> str | None:
-    """A MODELS.md model from the carried ``build/gpu-models`` or the user cache (no download on
+    """A README model from the carried ``build/gpu-models`` or the user cache (no download on
     the GPU machine)."""
     from lumc.compiler.frontends.models import model_info, cache_dir
     info = model_info(name)
