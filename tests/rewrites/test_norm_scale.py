@@ -46,7 +46,10 @@ def test_norm_form_only_for_the_exact_mean_scale(tmp_path, monkeypatch, rms, div
     y = f.run({"x": x})["y"]
     assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5
     forms = [k.kernel.form for k in f.program.calls]
-    if divisor == N:      # the exact scale still becomes the norm (formed on the matmul's load)
-        assert forms == ["matmul"], forms
-    else:
-        assert len(forms) > 1, forms
+    norm = "rmsnorm" if rms else "layernorm"
+    if divisor == N:
+        # the exact scale still becomes the norm: its own kernel, or formed on the matmul's load
+        # (which of the two the search keeps is a matter of time at this size)
+        assert forms in (["matmul"], [norm, "matmul"]), forms
+    else:                 # no norm form: the statistics stay generic reductions
+        assert len(forms) > 1 and norm not in forms, forms
