@@ -83,6 +83,10 @@ def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | No
         cm = load(path)
     except ArtifactError:
         return None                       # unreadable: recompile (and overwrite it)
+    try:
+        os.utime(path)                    # recently used: the last the plan cache evicts
+    except OSError:
+        pass
     r = cm._report
     finished = not str(r.get("stopped_because", "")).startswith("budget")
     if not finished and r.get("budget_s", 0) < budget_s:
@@ -100,8 +104,12 @@ def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | No
 
 
 def _store_plan(path, cm: CompiledModel) -> None:
+    """Store ``cm`` at ``path``; the plan cache then sheds its least recently used plans past
+    its size limit (``tuning_db.evict_plans``: ``LUMC_PLAN_CACHE_MB``)."""
+    from lumc.compiler.runtime.tuning_db import evict_plans
     try:
         cm.save(path)
+        evict_plans(path.parent, path)
     except OSError:
         pass                              # a read-only cache must not fail the compile
 

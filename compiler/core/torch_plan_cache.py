@@ -319,6 +319,8 @@ def store(plans: Path, key: str, compiled, spec) -> bool:
         tmp = plans / f"{key}.torch.tmp"
         tmp.write_bytes(blob)
         tmp.replace(plans / f"{key}.torch")
+        from lumc.compiler.runtime.tuning_db import evict_plans
+        evict_plans(plans, plans / f"{key}.lumc")
         return True
     except Exception as e:   # a stored plan is an optimization: never fail the compile for it
         log.info("torch plan not stored: %r", e)

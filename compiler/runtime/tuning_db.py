@@ -266,6 +266,55 @@ class TuningDatabase:
         self._conn.close()
 
 
+PLAN_CACHE_MB = 4096   # default size of the stored-plan cache (LUMC_PLAN_CACHE_MB overrides)
+
+
+def plan_cache_limit() -> int:
+    """The stored-plan cache's size limit in bytes: ``LUMC_PLAN_CACHE_MB`` (MB, 0 keeps only the
+    latest plan), else :data:`PLAN_CACHE_MB`. A value that is not a number >= 0 is ignored."""
+    raw = os.environ.get("LUMC_PLAN_CACHE_MB")
+    try:
+        mb = float(raw) if raw is not None else PLAN_CACHE_MB
+    except ValueError:
+        mb = PLAN_CACHE_MB
+    return int((mb if math.isfinite(mb) and mb >= 0 else PLAN_CACHE_MB) * 1e6)
+
+
+def evict_plans(plans_dir: Path, keep: Path, limit_bytes: int | None = None) -> list[Path]:
+    """Keep the stored plans within ``limit_bytes`` (default :func:`plan_cache_limit`),
+    deleting the least recently used first (by modification time: a reuse touches its plan),
+    never ``keep`` (the plan just written). A plan's companion files (a torch module's
+    ``<key>.torch`` interface) go with it. Returns the plans deleted; a file another process
+    removed first is skipped."""
+    limit = plan_cache_limit() if limit_bytes is None else limit_bytes
+    groups: dict[str, list[Path]] = {}
+    for p in (sorted(q for q in plans_dir.iterdir() if q.is_file()) if plans_dir.is_dir() else []):
+        groups.setdefault(p.name.split(".", 1)[0], []).append(p)
+
+    def stat(paths):
+        try:
+            return (max(p.stat().st_mtime for p in paths), sum(p.stat().st_size for p in paths))
+        except FileNotFoundError:
+            return (0.0, 0)
+    sized = {k: stat(v) for k, v in groups.items()}
+    total = sum(b for _, b in sized.values())
+    gone = []
+    for stem in sorted(sized, key=lambda k: sized[k][0]):
+        if total <= limit:
+            break
+        if stem == keep.name.split(".", 1)[0]:
+            continue
+        for p in groups[stem]:
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+        total -= sized[stem][1]
+        gone.append(groups[stem][0])
+    return gone
+
+
+
 def config_key(config: dict) -> str:
     """Canonical JSON of a kernel config (sorted keys), the ``config`` column."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))

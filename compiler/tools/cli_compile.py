@@ -282,8 +282,11 @@ def cache_info():
     for dev, n in sorted(info["by_device"].items()):
         click.echo(f"  {dev}: {n}")
     plans = db.stored_plans()
-    click.echo(f"stored plans: {db.plans_dir} ({len(plans)} plan{'s' * (len(plans) != 1)}, "
-               f"{_size(plans)})")
+    from lumc.compiler.runtime.tuning_db import plan_cache_limit
+    n = sum(p.suffix == ".lumc" for p in plans)
+    click.echo(f"stored plans: {db.plans_dir} ({n} plan{'s' * (n != 1)}, "
+               f"{_size(plans)}; least recently used evicted past "
+               f"{_fmt_bytes(plan_cache_limit())}, LUMC_PLAN_CACHE_MB)")
     aside = db.set_aside_files()
     if aside:
         click.echo(f"set-aside corrupt databases: {len(aside)} file{'s' * (len(aside) != 1)} "

@@ -473,3 +473,29 @@ def test_an_output_listed_twice_is_said_in_the_summary_and_inspect(tmp_path):
     assert note in r.output
     r = lumc_cli("inspect", out)
     assert r.exit_code == 0 and note in r.output
+
+
+def test_plan_cache_sheds_its_least_recently_used_plans(cache_dir, monkeypatch):
+    """Every compile stored a full artifact under plans/ and nothing was ever evicted (three
+    MiniLM compiles: 378 MB). Past LUMC_PLAN_CACHE_MB the least recently used plans go (a
+    torch module's interface file with its plan); the plan just written, and one a compile
+    reused (touched), stay."""
+    import os
+    from lumc.compiler.runtime.tuning_db import evict_plans, plan_cache_limit
+    d = cache_dir / "plans"
+    d.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(("a", "b", "c", "d")):
+        (d / f"{name}.lumc").write_bytes(b"x" * 400_000)
+        os.utime(d / f"{name}.lumc", (1000 + i, 1000 + i))
+    (d / "a.torch").write_bytes(b"{}")
+    os.utime(d / "a.torch", (1000, 1000))
+    os.utime(d / "b.lumc", (5000, 5000))                 # reused lately
+    gone = evict_plans(d, d / "d.lumc", limit_bytes=1_000_000)
+    assert sorted(p.name.split(".")[0] for p in gone) == ["a", "c"]
+    assert sorted(p.name for p in d.iterdir()) == ["b.lumc", "d.lumc"]
+    monkeypatch.setenv("LUMC_PLAN_CACHE_MB", "0")
+    assert [p.name for p in evict_plans(d, d / "d.lumc")] == ["b.lumc"]
+    assert [p.name for p in d.iterdir()] == ["d.lumc"]
+    for bad in ("-1", "nan", "x"):
+        monkeypatch.setenv("LUMC_PLAN_CACHE_MB", bad)
+        assert plan_cache_limit() == 4096 * 10 ** 6
