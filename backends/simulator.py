@@ -18,7 +18,10 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
   partial wave costs a whole wave.
 * **Latency hiding** (Little's law): HBM bandwidth is reached only with about
   ``bandwidth x latency / SMs`` bytes in flight per SM; fewer resident programs, or smaller tiles,
-  reach a proportional share of it.
+  reach a proportional share of it. A contraction's program instead waits on its own K loop: each
+  step on the loads issued ``num_stages - 1`` steps before, one HBM round trip (``DRAM_LATENCY_S``)
+  each, L2 hits included (the programs sharing a tile run at once and wait on the same miss); no
+  program finishes sooner, however many share the grid.
 * **Launch overhead** per kernel (the device's ``launch_overhead_s``), plus one HBM round trip per
   wave.
 * **Row statistics** of a normalization formed on load (``norm_prologue``, ``norm_epilogue``): their
@@ -428,6 +431,11 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     per_sm = min(programs / dev.sm_count, resident) * tile_bytes
     occupancy = min(1.0, per_sm / BYTES_IN_FLIGHT_PER_SM)
     bw_eff = BW_EFFICIENCY * max(occupancy, 0.02)
+    if c is not None and kernel.form == "matmul":
+        # a contraction's latency-bound regime is its K-loop floor (below), which counts every
+        # byte a program streams, L2 hits included; the aggregate term here counted only the HBM
+        # share, so a second row block's re-reads of the same weights came nearly free
+        bw_eff = BW_EFFICIENCY
     waves = max(1, math.ceil(programs / slots))
     quant = waves * slots / max(programs, 1) if programs >= slots else 1.0
     # a grid of fewer programs than SMs leaves the other SMs' cores idle

@@ -14,9 +14,7 @@ from triton_cases import dt, matmul_kernel
 CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, stages=st)
            for bm, bn in ((16, 32), (32, 16), (16, 16), (64, 64))
            for bk, st in ((32, 2), (32, 5), (64, 3))
-           for sk in (1,)]
-# split-K configs still dip up to ~6% at a new row block (the partial tiles' L2 re-reads in the
-# aggregate memory term): not covered here
+           for sk in (1, 4)]
 
 
 @pytest.mark.parametrize("prec", ["tf32x3", "ieee"])
