@@ -169,7 +169,9 @@ def test_bert_one_compile_serves_three_lengths():
         return ids, mask
 
     ids, mask = inputs(7)
-    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(ids,),
+    # (a budget with room: on a loaded 2-core machine a bucket's search that measured nothing
+    # checks its fallback's kernels past the deadline, within the grace)
+    f = lumc.compile(m, budget="45s", device="sim:h200", example_inputs=(ids,),
                      example_kwargs={"attention_mask": mask},
                      dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
     assert isinstance(f, VariantModel) and f.report_dict()["ranges"] == {"seq": "1..64"}
