@@ -209,17 +209,24 @@ class Saturator:
         """Insert a region (encoder lines), run the schedule, return the serialized e-graph (JSON
         as a dict) and the run's statistics.
 
-        The region's global names (``$e3``) are bound as ``$r<run>_e3`` inside the engine and given
-        back as written in the serialization's ``let`` fields, so no name is bound twice in one
-        engine: with egglog 13.2, names bound again after a ``push``/``pop`` of earlier regions
-        could resolve to another term (an ArgMax region saturated after an integer ``min`` and
-        another ArgMax read ``(Where $e31 $e9 $e3)`` as ``(Where $e3 $e9 $e3)``: an i64
-        condition, and its candidates failed to decode)."""
+        The region's global names (``$e3``) are bound as ``$r<run>_e3_`` inside the engine and
+        given back as written in the serialization's ``let`` fields: no name is bound twice in one
+        engine, and none is a prefix of another. With egglog 13.2 a name inside a term can
+        resolve to another global that is a prefix of it: ``(Where $e31 $e9 $e3)`` read as
+        ``(Where $e3 $e9 $e3)`` (an ArgMax region: an i64 condition, candidates that failed to
+        decode), and ``(Where $e45 $e31 $e3)`` as ``(Where $e45 $e3 $e3)`` (a torch floor
+        division that compiled to a truncating one, silently)."""
         stats = RunStats(region=region)
         t0 = time.perf_counter()
         self._runs += 1
         tag = f"$r{self._runs}_"
-        lines = [GLOBAL_NAME.sub(lambda m: m.group(1) or tag + m.group(2), ln) for ln in lines]
+        # each name ends in "_": egglog 13.2 can resolve a global name inside a term to another
+        # global that is a prefix of it (``$r1_e31`` read as ``$r1_e3``, in a parent term
+        # inserted after both: ``(Where $e45 $e31 $e3)`` became ``(Where $e45 $e3 $e3)``, and a
+        # torch floor division compiled to a truncating one); no name is a prefix of another
+        # once every name is terminated
+        lines = [GLOBAL_NAME.sub(lambda m: m.group(1) or tag + m.group(2) + "_", ln)
+                 for ln in lines]
         self._run("(push)")
         try:
             for i in range(0, len(lines), CHUNK):
@@ -249,8 +256,9 @@ class Saturator:
             self._run("(pop)")
         for d in data["class_data"].values():
             if d.get("let"):
-                d["let"] = ",".join("$" + n.strip()[len(tag):] if n.strip().startswith(tag)
-                                    else n.strip() for n in d["let"].split(","))
+                d["let"] = ",".join("$" + n.strip()[len(tag):].removesuffix("_")
+                                    if n.strip().startswith(tag) else n.strip()
+                                    for n in d["let"].split(","))
         classes = {n["eclass"] for n in data["nodes"].values()
                    if data["class_data"].get(n["eclass"], {}).get("type") == "Expr"}
         stats.eclasses = len(classes)

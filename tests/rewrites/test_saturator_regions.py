@@ -58,3 +58,20 @@ def test_string_literals_keep_their_dollar_signs():
         _lines(x.exp2()), "names")
     assert '"in$e0"' in {n["op"] for n in data["nodes"].values()}
     assert _terms(data)["$e1"] == "(Exp2 (Input 'in$e0'))"
+
+
+def test_a_name_that_extends_another_resolves_to_itself():
+    """egglog 13.2 can resolve a global name inside a term to another global that is a prefix of
+    it, within one region: the encoder's lines of ``a // b`` next to ``a // -2.0`` (a torch
+    module's outputs) defined ``(let $e46 (Where $e45 $e31 $e3))``, and the engine held
+    ``(Where $e45 $e3 $e3)``: the floor division's sign fix was always false, and the compiled
+    program divided truncating, silently. The 36 lines are that region's, reduced to what the
+    term reads; every name's term must be its own."""
+    import pathlib
+    lines = (pathlib.Path(__file__).parent / "prefix_names_region.txt").read_text().splitlines()
+    data, _ = Saturator(Limits(iterations=0, expansive=False), rules=[]).saturate(lines, "r")
+    view = EGraphView.from_json(data, set(constructors()))
+    cls = view.lets
+    parent = view.classes[cls["$e46"]]
+    assert [n.args for n in parent] == [[cls["$e45"], cls["$e31"], cls["$e3"]]], parent
+    assert cls["$e31"] != cls["$e3"]
