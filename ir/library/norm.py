@@ -231,7 +231,8 @@ def lp_normalization(x: Tensor, axis: int = -1, p: int = 2) -> Tensor:
     if p == 2:
         norm = norm.sqrt()
     zero = norm.scalar_like(0.0)
-    is_zero = norm.lt(zero).logical_or(zero.lt(norm)).logical_not()
+    # exactly zero (a NaN norm is not: its row stays NaN, as onnxruntime's)
+    is_zero = norm.eq(zero)
     return is_zero.where(xc.scalar_like(0.0), xc.div(norm)).cast(x.dtype)
 
 

@@ -74,16 +74,18 @@ def acos(x: Tensor) -> Tensor:
     return atan(one.sub(x).div(one.add(x)).sqrt()).mul(2.0)
 
 
-def _exp(x: Tensor) -> Tensor:
-    """``exp(x)`` within ~2 ulp for large ``|x|`` too (Cody-Waite: ``x = n ln2 + r`` with ``n ln2``
-    exact in two parts, Cephes ``expf``/``exp`` constants; ``exp(r) = exp2(r log2 e)`` with
-    ``|r| <= ln2/2``, then scaled by ``2^n`` in two exact halves so no intermediate overflows)."""
+def _exp(x: Tensor, scale: int = 0) -> Tensor:
+    """``exp(x) * 2**scale`` within ~2 ulp for large ``|x|`` too (Cody-Waite: ``x = n ln2 + r``
+    with ``n ln2`` exact in two parts, Cephes ``expf``/``exp`` constants; ``exp(r) = exp2(r log2
+    e)`` with ``|r| <= ln2/2``, then scaled by ``2^(n + scale)`` in two exact halves so no
+    intermediate overflows: ``exp(x) / 2`` is finite where ``exp(x)`` alone is not)."""
     hi, lo = (0.693359375, -2.12194440e-4) if x.dtype == dt.f32 else \
         (6.93145751953125e-1, 1.42860682030941723212e-6)
     lim = 200.0 if x.dtype == dt.f32 else 1500.0    # past overflow/underflow either way
     x = x.clip(x.scalar_like(-lim), x.scalar_like(lim))
     n = x.mul(1.4426950408889634).round()
     r = x.sub(n.mul(hi)).sub(n.mul(lo))
+    n = n.add(float(scale)) if scale else n
     half = n.mul(0.5).floor()
     return r.exp().mul(half.exp2()).mul(n.sub(half).exp2())
 
@@ -91,20 +93,22 @@ def _exp(x: Tensor) -> Tensor:
 @_widened
 def sinh(x: Tensor) -> Tensor:
     """``sign(x) (e + e / (e + 1)) / 2`` with ``e = expm1(|x|)`` below 1 (no cancellation near 0),
-    ``(E - 1/E) / 2`` with the precise ``E = exp(|x|)`` above."""
+    ``H - 1/(4H)`` with the precise ``H = exp(|x|) / 2`` above (finite up to ``|x| = ln(2 max)``,
+    89.4 for fp32, where ``exp(|x|)`` itself overflows from 88.7)."""
     ax = x.abs()
     e = lib("activations.expm1")(ax)
     small = e.add(e.div(e.add(1.0))).mul(0.5)
-    big_e = _exp(ax)
-    big = big_e.sub(big_e.recip()).mul(0.5)
+    h = _exp(ax, -1)
+    big = h.sub(h.mul(4.0).recip())
     r = ax.lt(ax.scalar_like(1.0)).where(small, big)
     return x.lt(x.scalar_like(0.0)).where(r.neg(), r)
 
 
 @_widened
 def cosh(x: Tensor) -> Tensor:
-    e = _exp(x.abs())
-    return e.add(e.recip()).mul(0.5)
+    """``H + 1/(4H)`` with the precise ``H = exp(|x|) / 2`` (finite up to ``|x| = ln(2 max)``)."""
+    h = _exp(x.abs(), -1)
+    return h.add(h.mul(4.0).recip())
 
 
 @_widened

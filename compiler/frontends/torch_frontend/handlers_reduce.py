@@ -49,6 +49,8 @@ def _sum_all(ctx, x, *, dtype=None):
 def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         x = x.cast(lumc_dtype(dtype))
+    if x.ndim and x.dtype.is_float and 0 in [x.shape[a] for a in (_axes(x, dim) or range(x.ndim))]:
+        return x.mean(_axes(x, dim), keepdims=bool(keepdim))   # over nothing: NaN, as eager
     return _reduce(x, "mean", dim, keepdim)
 
 
