@@ -77,3 +77,17 @@ def test_torch_mean_over_an_empty_dim_is_nan():
     out = run_reference(g, {k: t.numpy() for k in g.inputs})
     for got, w in zip(out.values(), want):
         np.testing.assert_array_equal(np.asarray(got), w.numpy())
+
+
+def test_odd_functions_keep_the_sign_of_zero():
+    """atan, asin, sinh, asinh, atanh of -0.0 are -0.0 (IEEE 754; eager and onnxruntime): the
+    sign test ``x < 0`` alone returned +0.0."""
+    torch = pytest.importorskip("torch")
+    from lumc.compiler.frontends.onnx_frontend import handlers_trig as trig
+    names = ("atan", "asin", "sinh", "asinh", "atanh")
+    x = np.array([-0.0, 0.0, -0.25, 0.25, np.nan], np.float32)
+    out = _run({k: getattr(trig, k) for k in names}, x)
+    for k in names:
+        want = getattr(torch, k)(torch.tensor(x)).numpy()
+        np.testing.assert_allclose(out[k], want, rtol=2e-7, equal_nan=True)
+        assert np.signbit(out[k][:2]).tolist() == [True, False], k

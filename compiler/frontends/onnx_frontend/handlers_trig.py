@@ -45,6 +45,13 @@ def _widened(fn):
     return run
 
 
+def _odd(x: Tensor, r: Tensor) -> Tensor:
+    """An odd function's value from ``r = f(|x|)``: ``-r`` below 0, and ``x`` itself at ``±0``
+    (``f(-0.0) = -0.0``, IEEE 754 and eager PyTorch; ``-0.0 < 0`` is false, so the sign test
+    alone gave +0.0)."""
+    return x.eq(x.scalar_like(0.0)).where(x, x.lt(x.scalar_like(0.0)).where(r.neg(), r))
+
+
 @_widened
 def atan(x: Tensor) -> Tensor:
     ax = x.abs()
@@ -57,7 +64,7 @@ def atan(x: Tensor) -> Tensor:
     base = big.where(ax.scalar_like(_PI_2 + _MOREBITS), mid.where(ax.scalar_like(_PI_4 + 0.5 * _MOREBITS),
                                                                   ax.scalar_like(0.0)))
     r = base.add(r)
-    return x.lt(x.scalar_like(0.0)).where(r.neg(), r)
+    return _odd(x, r)
 
 
 @_widened
@@ -101,7 +108,7 @@ def sinh(x: Tensor) -> Tensor:
     h = _exp(ax, -1)
     big = h.sub(h.mul(4.0).recip())
     r = ax.lt(ax.scalar_like(1.0)).where(small, big)
-    return x.lt(x.scalar_like(0.0)).where(r.neg(), r)
+    return _odd(x, r)
 
 
 @_widened
@@ -120,7 +127,7 @@ def asinh(x: Tensor) -> Tensor:
     small = lib("activations.log1p")(ax.add(x2.div(x2.add(1.0).sqrt().add(1.0))))
     huge = ax.scalar_like(np.sqrt(np.finfo(ax.dtype.np).max) / 2).lt(ax)
     r = huge.where(ax.log().add(_LN2), small)
-    return x.lt(x.scalar_like(0.0)).where(r.neg(), r)
+    return _odd(x, r)
 
 
 @_widened
@@ -139,7 +146,7 @@ def atanh(x: Tensor) -> Tensor:
     log1p stays >= 0); ``±inf`` at ``±1``, NaN beyond."""
     ax = x.abs()
     r = lib("activations.log1p")(ax.mul(2.0).div(ax.scalar_like(1.0).sub(ax))).mul(0.5)
-    return x.lt(x.scalar_like(0.0)).where(r.neg(), r)
+    return _odd(x, r)
 
 
 _FNS = {"Atan": atan, "Asin": asin, "Acos": acos, "Sinh": sinh, "Cosh": cosh, "Asinh": asinh,
