@@ -91,3 +91,24 @@ def test_odd_functions_keep_the_sign_of_zero():
         want = getattr(torch, k)(torch.tensor(x)).numpy()
         np.testing.assert_allclose(out[k], want, rtol=2e-7, equal_nan=True)
         assert np.signbit(out[k][:2]).tolist() == [True, False], k
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_orders_nan_above_every_number(largest):
+    """ONNX TopK ranked with plain compares, where NaN is neither larger nor smaller: on
+    ``[1, nan, 5, nan]`` with k = 2 it returned ``[nan, 1]`` for the largest (5 dropped) and
+    ``[nan, 5]`` for the smallest. NaN now orders above every number, as onnxruntime orders it."""
+    x = np.array([[1, np.nan, 5, np.nan], [1, np.nan, 5, 3], [2, 2, np.nan, -1],
+                  [np.inf, np.nan, -np.inf, 0]], np.float32)
+    g = helper.make_graph([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1,
+                                            largest=largest)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+                          [helper.make_tensor_value_info("v", TensorProto.FLOAT, [4, 2]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [4, 2])],
+                          [onnx.numpy_helper.from_array(np.array([2], np.int64), "k")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    got = run_reference(import_onnx(m).graph, {"x": x})
+    want = ort.InferenceSession(m.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(got["v"], want[0])
+    np.testing.assert_array_equal(got["i"], want[1])

@@ -18,8 +18,9 @@ from lumc.ir.tensor import Tensor, normalize_axis
 @handler("TopK", requires=["indexing.gather_elements"])
 def _top_k(ctx: OpContext):
     """The k largest (or smallest) along ``axis``, sorted, ties broken by the lower index (as
-    ONNX specifies). NaN compares as neither larger nor smaller, so slices holding NaN are not
-    ordered as numpy's sort would order them."""
+    ONNX specifies). NaN orders above every number, as numpy's sort, onnxruntime and PyTorch
+    order it (the first NaNs for ``largest``, the last for smallest), so every slice is ranked by
+    a total order and the result is a selection of its elements."""
     x = ctx.input(0)
     k = int(ctx.const_scalar(1, "k")) if ctx.opset >= 10 else ctx.attr("k")
     axis = normalize_axis(ctx.attr("axis", -1), x.ndim)
@@ -32,9 +33,16 @@ def _top_k(ctx: OpContext):
     a = xt.unsqueeze([-1]).expand(lead + (n, n))      # x_i along axis -2
     b = xt.unsqueeze([-2]).expand(lead + (n, n))      # x_j along axis -1
     before = b.gt(a) if largest else b.lt(a)
+    same = b.eq(a)
+    if x.dtype.is_float:                                  # NaN above every number
+        an, bn = a.ne(a), b.ne(b)
+        nan_first = bn.logical_and(an.logical_not()) if largest else \
+            an.logical_and(bn.logical_not())
+        before = before.logical_or(nan_first)
+        same = same.logical_or(an.logical_and(bn))
     i = Tensor.iota(lead + (n, n), -2)
     j = Tensor.iota(lead + (n, n), -1)
-    tie_first = b.eq(a).logical_and(j.lt(i))
+    tie_first = same.logical_and(j.lt(i))
     rank = before.logical_or(tie_first).cast(dt.i64).sum(-1)            # lead + (n,)
     hit = rank.unsqueeze([-2]).expand(lead + (k, n)).eq(Tensor.iota(lead + (k, n), -2))
     idx = hit.where(Tensor.iota(lead + (k, n), -1), Tensor.full(lead + (k, n), -1, dt.i64)).max(-1)
