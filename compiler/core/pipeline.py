@@ -454,7 +454,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                                  "size range cannot fall back to weights stored differently: "
                                  f"compile it with --precision {down.precision} --weights "
                                  f"{down.weights}")
-            fallback_note(policy, down, quality, fe.warnings)
+            fe.warnings.append(fallback_note(policy, down, quality))
             progress.close()
             return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
                                     use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,

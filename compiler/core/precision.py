@@ -120,7 +120,6 @@ class PrecisionPolicy:
             if v is not None and not (np.isfinite(v) and v >= 0):
                 raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
 
-
     @classmethod
     def from_user(cls, *args, **kwargs) -> "PrecisionPolicy":
         """The policy a user asked for, refusing options that would do nothing: ``tolerance``,

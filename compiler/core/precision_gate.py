@@ -180,25 +180,16 @@ def precision_note(policy: PrecisionPolicy, quality: dict | None) -> str | None:
     return f"precision {policy.precision}: of {len(dots)} contractions, {mix}{why}"
 
 
-def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict,
-                  notes: list[str]) -> None:
-    """Add to ``notes`` the line of a plan at ``policy`` that missed the quality gate (``quality``)
-    and is compiled at ``down`` instead. A plan none of whose contractions runs at the policy's
-    own precision (``fp8`` whose contractions were all faster at bf16) measured the lower
-    precision's plan, not its own: the line says so, and when that lower precision misses the
-    gate too, its line replaces this one (the same figures would read twice)."""
+def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict) -> str:
+    """The line of a plan at ``policy`` that missed the quality gate (``quality``) and is compiled
+    at ``down`` instead. A plan none of whose contractions runs at the policy's own precision
+    (``fp8`` whose contractions were all faster at bf16) measured the lower precision's plan, not
+    its own, and the line says so: when that precision misses the gate too, its own line repeats
+    the figure for that reason."""
     own = f"precision {policy.precision} (weights {policy.weights})"
     dots = sorted({p for p in quality.get("kernel_precision", []) if p is not None},
                   key=_rank, reverse=True)
-    tail = f"; compiled at {down.precision} (weights {down.weights}) instead"
     if policy.precision == "fp8" and dots and "fp8" not in dots:
-        notes.append(f"{own}: no contraction runs at fp8 (its plan is {'/'.join(dots)}'s) and it "
-                     f"misses the quality gate ({quality['reason']}){tail}")
-        return
-    line = f"{policy.precision} misses the quality gate ({quality['reason']}){tail}"
-    lead = "precision fp8 (weights " + policy.weights + "): no contraction runs at fp8 "
-    if notes and notes[-1].startswith(lead) and notes[-1].endswith(
-            f"; compiled at {policy.precision} (weights {policy.weights}) instead"):
-        notes[-1] = notes[-1].split(" and it misses ")[0] + "; " + line
-    else:
-        notes.append(f"{own} misses the quality gate ({quality['reason']}){tail}")
+        own += f": no contraction runs at fp8 (its plan is {'/'.join(dots)}'s), and that plan"
+    return (f"{own} misses the quality gate ({quality['reason']}); compiled at {down.precision} "
+            f"(weights {down.weights}) instead")

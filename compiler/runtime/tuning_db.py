@@ -314,7 +314,6 @@ def evict_plans(plans_dir: Path, keep: Path, limit_bytes: int | None = None) -> 
     return gone
 
 
-
 def config_key(config: dict) -> str:
     """Canonical JSON of a kernel config (sorted keys), the ``config`` column."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))

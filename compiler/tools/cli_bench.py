@@ -153,8 +153,8 @@ time ratios; on the CPU also Inductor's kernel count and bytes accessed beside l
               help="CPU threads of the torch and onnxruntime rivals (default: theirs).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random inputs (>= 0).")
 @click.option("--quiet", is_flag=True, help="No compile progress display.")
-def bench_cmd(target, json_out, baseline, max_regression, allow_precision_change, repeats, vs, budget, device, shape_items,
-              plot_path, threads, seed, quiet):
+def bench_cmd(target, json_out, baseline, max_regression, allow_precision_change, repeats, vs,
+              budget, device, shape_items, plot_path, threads, seed, quiet):
     from lumc.compiler.tools.bench import (Bencher, bench_compiled, bench_inputs, bench_summary,
                                      bench_target, model_identity)
     from lumc.compiler.tools.compare import check_comparable, compare_docs, load_baseline, parse_threshold

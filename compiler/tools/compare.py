@@ -95,8 +95,8 @@ def _show(v) -> str:
 def bench_doc_problem(doc: dict) -> str | None:
     """What is wrong with a bench document's fields a comparison reads, or None.
 
-    Checked: ``device`` a string; ``precision`` and ``weights`` strings or absent; ``model`` an object with string ``sha256`` and ``inputs``
-    ``{name: [shape, dtype]}``; ``kernels`` a list of objects, each with a unique integer
+    Checked: ``device`` a string; ``precision`` and ``weights`` strings or absent; ``model`` an
+    object with string ``sha256`` and ``inputs`` ``{name: [shape, dtype]}``; ``kernels`` a list of objects, each with a unique integer
     ``index``, string ``kernel`` and ``form``, a finite ``time_s`` >= 0 and a ``config`` object or
     null; ``end_to_end`` an object whose ``time_s``, ``bytes_moved`` and ``kernel_count`` are finite
     numbers >= 0.
