@@ -3,6 +3,11 @@
 Used by artifacts, so a saved program runs without its source model. The format is versioned;
 reading a different version raises :class:`~lumc.ir.errors.ArtifactError`. Constants are stored as
 raw bytes with their lumc dtype name, so bf16 survives the round trip.
+
+A constant may instead name its bytes in another store (``s{k}``: a key, with the ``m{k}`` dtype and
+shape as always): an artifact stores a weight that is byte for byte one of its source model's
+initializers once, in ``source.onnx`` (``lumc.compiler.runtime.source_refs``). The writer's
+``external`` hook picks such constants, the reader's ``source`` hook returns their bytes.
 """
 from __future__ import annotations
 
@@ -63,8 +68,13 @@ def _arg_from_json(j, consts):
     raise ArtifactError(f"unknown node argument {j!r} in a serialized graph")
 
 
-def graph_to_bytes(graph: Graph) -> tuple[bytes, bytes, dict[int, int]]:
+def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int, int]]:
     """Serialize ``graph``.
+
+    Args:
+        graph: the graph.
+        external: ``external(array) -> key or None``: a constant it names is stored as that key
+            (``s{k}``) instead of its bytes; None stores every constant's bytes.
 
     Returns:
         ``(json bytes, npz bytes, index)``: ``index`` maps ``id(node)`` to its position in the node
@@ -84,17 +94,25 @@ def graph_to_bytes(graph: Graph) -> tuple[bytes, bytes, dict[int, int]]:
     buf = io.BytesIO()
     arrays = {}
     for k, c in enumerate(consts):
-        arrays[f"c{k}"] = np.frombuffer(c.tobytes(), dtype=np.uint8)
+        key = external(c) if external is not None else None
+        if key is not None:
+            arrays[f"s{k}"] = np.array([key])
+        else:
+            arrays[f"c{k}"] = np.frombuffer(c.tobytes(), dtype=np.uint8)
         arrays[f"m{k}"] = np.array([dt.from_numpy(c.dtype).name] + [str(d) for d in c.shape])
     np.savez(buf, **arrays)
     return json.dumps(doc).encode(), buf.getvalue(), index
 
 
-def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes) -> tuple[Graph, list[Node]]:
+def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes, source=None) -> tuple[Graph, list[Node]]:
     """Rebuild a graph; returns it and the node list in serialized order.
 
+    Args:
+        source: ``source(key) -> bytes`` for constants stored by key (``graph_to_bytes``'s
+            ``external``); it raises :class:`ArtifactError` for a key it does not hold.
     Raises:
-        ArtifactError: on a foreign format, a broken node list or unreadable constants.
+        ArtifactError: on a foreign format, a broken node list or unreadable constants (a key
+            with no ``source``, or bytes that do not fill the constant's shape).
     """
     try:
         doc = json.loads(doc_bytes)
@@ -103,11 +121,22 @@ def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes) -> tuple[Graph, list[No
         with np.load(io.BytesIO(npz_bytes), allow_pickle=False) as z:
             consts = []
             k = 0
-            while f"c{k}" in z:
+            while f"m{k}" in z:
                 meta = list(z[f"m{k}"])
                 dtype = dt.BY_NAME[str(meta[0])]
                 shape = tuple(int(d) for d in meta[1:])
-                consts.append(np.frombuffer(z[f"c{k}"].tobytes(), dtype=dtype.np).reshape(shape))
+                if f"c{k}" in z:
+                    data = z[f"c{k}"].tobytes()
+                elif source is None:
+                    raise ArtifactError(f"constant {k} is stored in the source model, which "
+                                        "this graph was read without")
+                else:
+                    data = source(str(z[f"s{k}"][0]))
+                need = dtype.np.itemsize * int(np.prod(shape, dtype=np.int64))
+                if len(data) != need:
+                    raise ArtifactError(f"constant {k} holds {len(data)} bytes, its shape "
+                                        f"{list(shape)} of {dtype.name} needs {need}")
+                consts.append(np.frombuffer(data, dtype=dtype.np).reshape(shape))
                 k += 1
         nodes: list[Node] = []
         for j in doc["nodes"]:

@@ -5,6 +5,8 @@ A ``.lumc`` file is a zip archive:
 * ``manifest.json`` — ``{"format": "lumc-artifact/1", "lumc_version", "created", "parts":
   {name: sha256}}``; every other member is listed with its hash and checked on load;
 * ``graph.json`` + ``consts.npz`` — the primitive graph with its weights (``lumc.ir.serialize``);
+  a weight that is one of ``source.onnx``'s initializers byte for byte is stored there only, by
+  name (``lumc.compiler.runtime.source_refs``);
 * ``plan.json`` — the chosen program: kernels (form, covered nodes by position, config), the device
   and whether its times were simulated;
 * ``report.json`` — the compile report;

@@ -19,6 +19,7 @@ from lumc.ir.errors import ArtifactError, InputError
 from lumc.ir.graph import Graph
 from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+from lumc.compiler.runtime.source_refs import SharedWeights, SourceWeights
 
 
 # bf16, float8, int4... arrays (ml_dtypes, numpy kind 'V') are numeric too
@@ -260,13 +261,19 @@ class CompiledModel:
         from lumc import __version__
         return save_artifact(path, self.parts(), __version__)
 
-    def parts(self) -> dict[str, bytes]:
-        """The artifact's parts (member name -> bytes): graph, weights, plan, report, source."""
+    def parts(self, shared: SharedWeights | None = None) -> dict[str, bytes]:
+        """The artifact's parts (member name -> bytes): graph, weights, plan, report, source.
+        ``shared``: the source model's :class:`SharedWeights` when the caller has it (one per
+        artifact); a weight that is a source initializer is stored there only."""
         # the program may be bound to a rewritten graph (e-graph candidates): index every node any
         # call touches, plus the model outputs
         touched = {f"__n{i}_{j}": n for i, c in enumerate(self.program.calls)
                    for j, n in enumerate((*c.inputs, *c.outputs))}
-        doc, npz, index = graph_to_bytes(Graph(self.graph.inputs, {**touched, **self.program.outputs}))
+        # a weight that is one of the source model's initializers is stored there only
+        if shared is None and self.source_onnx:
+            shared = SharedWeights(self.source_onnx)
+        doc, npz, index = graph_to_bytes(Graph(self.graph.inputs, {**touched, **self.program.outputs}),
+                                         shared)
         calls = []
         for c, cfg in zip(self.program.calls, self.configs):
             mdoc, mnpz, _ = graph_to_bytes(c.kernel.meaning)
@@ -336,11 +343,13 @@ def load(path, device: str | None = None) -> CompiledModel:
 
 
 def from_parts(path, parts: dict[str, bytes], device: str | None = None,
-               prefix: str = "", sized_at=None) -> CompiledModel:
+               prefix: str = "", sized_at=None,
+               weights: SourceWeights | None = None) -> CompiledModel:
     """The compiled model stored in ``parts`` (member name -> verified bytes) under ``prefix``
     (``""``, or a variant's ``v0/``...). ``sized_at``: for a range bucket's plan (stored at its
     probe sizes), the :class:`~lumc.ir.symbolic.Substitution` to the largest sizes it serves,
-    where its values' sizes are checked against memory.
+    where its values' sizes are checked against memory. ``weights``: the source model's
+    :class:`SourceWeights`, shared by the plans of one artifact (one parse of ``source.onnx``).
 
     Raises:
         ArtifactError: a missing or corrupt part (one line, naming it).
@@ -349,7 +358,9 @@ def from_parts(path, parts: dict[str, bytes], device: str | None = None,
         if prefix + need not in parts:
             raise ArtifactError(f"{path}: artifact lacks {prefix + need}")
     try:
-        full, nodes = graph_from_bytes(parts[prefix + "graph.json"], parts[prefix + "consts.npz"])
+        source = parts.get(prefix + "source.onnx", parts.get("source.onnx"))
+        full, nodes = graph_from_bytes(parts[prefix + "graph.json"], parts[prefix + "consts.npz"],
+                                       weights or SourceWeights(source))
     except ArtifactError as e:
         raise ArtifactError(f"{path}: part '{prefix}graph.json'/'{prefix}consts.npz': "
                             f"{e.reason}") from None

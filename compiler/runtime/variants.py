@@ -29,6 +29,7 @@ import numpy as np
 from lumc.ir.errors import ArtifactError, InputError
 from lumc.ir.graph import Graph
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+from lumc.compiler.runtime.source_refs import SharedWeights, SourceWeights
 
 
 @dataclass
@@ -378,8 +379,9 @@ class VariantModel:
         from lumc.compiler.runtime.artifact import save_artifact
         parts: dict[str, bytes] = {}
         stored: dict[str, str] = {}     # weights' sha256 -> the part holding them
+        shared = SharedWeights(self.source_onnx) if self.source_onnx else None
         for i, (key, cm) in enumerate(self.variants):
-            for name, data in cm.parts().items():
+            for name, data in cm.parts(shared).items():
                 if name == "consts.npz":
                     # a size bucket's weights are the model's, byte for byte: stored once, the
                     # other buckets name that part (a 4-bucket MiniLM was 4 copies, 345 MB)
@@ -453,7 +455,9 @@ def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> V
         raise ArtifactError(f"{path}: part 'variants.json' lacks its variant list")
     keys = [_key(path, d) for d in doc["variants"]]
     parts = resolve_consts_refs(path, parts)
-    variants = [(key, from_parts(path, parts, device, f"v{i}/", sized_at=_largest(key)))
+    weights = SourceWeights(parts.get("source.onnx"))    # one parse for every plan
+    variants = [(key, from_parts(path, parts, device, f"v{i}/", sized_at=_largest(key),
+                                 weights=weights))
                 for i, key in enumerate(keys)]
     conditions = {}
     for name, prefix in doc.get("conditions", {}).items():
