@@ -404,11 +404,25 @@ class Tensor(TensorMath):
         return r
 
     def clip(self, lo=None, hi=None) -> "Tensor":
+        """``x < lo ? lo : x``, then ``hi < x ? hi : x`` (ONNX ``Clip``, ``torch.clamp``); ``lo``
+        and ``hi`` broadcast to ``x`` (scalars or tensors of its dtype; None: no bound). An ``x``
+        equal to a bound is kept, so ``-0.0`` clipped at 0 stays ``-0.0`` as onnxruntime and eager
+        give (``maximum`` returns the bound on ties, +0.0). A NaN in ``x`` or in a bound gives NaN;
+        ``lo > hi`` gives ``hi``. Shape: the broadcast of all three; dtype: ``x``'s.
+
+        Raises:
+            ShapeError: when a bound's dtype differs from ``x``'s or the shapes do not broadcast.
+        """
         x = self
-        if lo is not None:
-            x = x.maximum(lo)
-        if hi is not None:
-            x = x.minimum(hi)
+        for bound, below in ((lo, True), (hi, False)):
+            if bound is None:
+                continue
+            x, b = x._bcast(bound)
+            r = (x.lt(b) if below else b.lt(x)).where(b, x)
+            vals = const_values(b)
+            if b.dtype.is_float and (vals is None or np.isnan(vals).any()):
+                r = b.isnan().where(b, r)   # a NaN bound gives NaN, as maximum/minimum did
+            x = r
         return x
 
     def abs(self) -> "Tensor":

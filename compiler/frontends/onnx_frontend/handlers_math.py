@@ -153,11 +153,8 @@ def _clip(ctx: OpContext):
         hi = None if hi is None else scalar(hi, x.dtype)
     else:
         lo, hi = ctx.opt(1), ctx.opt(2)
-    if lo is not None:
-        x = x.maximum(lo.reshape(()) if lo.numel == 1 else lo)
-    if hi is not None:
-        x = x.minimum(hi.reshape(()) if hi.numel == 1 else hi)
-    return x
+    lo, hi = (None if b is None else b.reshape(()) if b.numel == 1 else b for b in (lo, hi))
+    return x.clip(lo, hi)   # an x equal to a bound is kept: Clip(-0.0, 0) is -0.0 (onnxruntime)
 
 
 @handler("MatMul")

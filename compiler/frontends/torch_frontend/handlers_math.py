@@ -189,13 +189,11 @@ def _isfinite(ctx, x):
 
 @aten("clamp.default", "clamp.Tensor")
 def _clamp(ctx, x, min=None, max=None):
+    """Eager's clamp: a value equal to a bound is kept (``clamp(-0.0, min=0)`` is -0.0), a NaN
+    in ``x`` or a bound gives NaN (:meth:`Tensor.clip`)."""
     d = result_dtype(x, min, max)
-    x = x.cast(d)
-    if min is not None:
-        x = x.maximum(to_tensor(min, d))
-    if max is not None:
-        x = x.minimum(to_tensor(max, d))
-    return x
+    return x.cast(d).clip(None if min is None else to_tensor(min, d),
+                          None if max is None else to_tensor(max, d))
 
 
 @aten("clamp_min.default", "clamp_min.Tensor")
@@ -250,9 +248,13 @@ def _gelu(ctx, x, *, approximate="none"):
     return lib("activations.gelu")(x, approximate=approximate)
 
 
-@aten("leaky_relu.default", requires=["activations.leaky_relu"])
+@aten("leaky_relu.default")
 def _leaky_relu(ctx, x, negative_slope=0.01):
-    return lib("activations.leaky_relu")(x, alpha=float(negative_slope))
+    """Eager's ``x > 0 ? x : slope x``: with a negative slope -0.0 gives +0.0 and +0.0 gives
+    -0.0 (ONNX ``LeakyRelu`` tests ``x < 0`` and keeps both zeros, as onnxruntime); NaN stays
+    NaN. Same float dtype out as in."""
+    x = float_of(x)
+    return x.gt(x.scalar_like(0.0)).where(x, x.mul(float(negative_slope)))
 
 
 @aten("elu.default", requires=["activations.expm1"])
