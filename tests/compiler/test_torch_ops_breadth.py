@@ -1,7 +1,7 @@
 """More ATen ops against PyTorch eager: ``erfc``, ``diagonal``, ``unfold``, ``triu_indices`` /
 ``tril_indices``, ``empty_permuted``, ``copysign``, ``signbit``, ``hypot``, ``searchsorted``,
-``bucketize``, ``kthvalue``, ``median``, ``cummax`` / ``cummin``, ``cdist``; with NaN, infinities,
-signed zeros, ties and ragged shapes where the op defines them."""
+``bucketize``, ``kthvalue``, ``median``, ``cummax`` / ``cummin``, ``cdist``, ``sgn``; with NaN,
+infinities, signed zeros, ties and ragged shapes where the op defines them."""
 from __future__ import annotations
 
 import functools
@@ -208,3 +208,47 @@ def test_kthvalue_along_dim_0_through_the_egraph(tmp_path, monkeypatch):
     f = lumc.compile(m, budget="20s", example_inputs=(v,), device="sim:h200")
     assert f.specializations[0].compiled.report_dict()["egraph"]["error"] is None
     _close(torch.as_tensor(f(v)), m(v), 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_sgn_of_a_real_tensor_is_eager_sgn(dtype):
+    """``aten.sgn`` had no handler: export decomposes it to ``sign``, but a graph that keeps it
+    (``make_fx`` without the table, or ``supported_ops``) was refused as not implemented. Lowered
+    here from such a graph and run on the reference executor: NaN gives 0, +-0.0 give +0.0,
+    +-inf give +-1, as eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from lumc.backends.reference import run_reference
+    from lumc.compiler.frontends.torch_frontend import check_supported
+    from lumc.compiler.frontends.torch_frontend.lowering import FxLowering
+    from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.tensor import Tensor
+
+    x = torch.cat([R.flatten(), X.flatten(), torch.tensor([-0.0, 0.0, INF, -INF, NAN, -2.5])])
+    x = x.to(dtype) if dtype.is_floating_point else (x[x.isfinite()] * 3).to(dtype)
+    gm = make_fx(lambda t: (torch.sgn(t),), tracing_mode="fake")(x)
+    assert any(n.target is torch.ops.aten.sgn.default for n in gm.graph.nodes)
+    check_supported(gm.graph)
+    (ph,) = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    inp = input_node("x", tuple(x.shape), lumc_dtype(dtype))
+    (y,) = FxLowering(gm.graph, {ph: Tensor(inp)}).run()
+    got = torch.from_numpy(run_reference(Graph({"x": inp}, {"y": y.node}), {"x": x.numpy()})["y"])
+    ref = torch.sgn(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)) and not got.isnan().any()
+    _close(got, ref, 0)
+    assert torch.equal(torch.signbit(got), torch.signbit(ref))
+
+
+def test_sgn_of_a_complex_tensor_is_refused_in_one_line():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from lumc.compiler.frontends.torch_frontend import check_supported
+    from lumc.ir.errors import UnsupportedOpError
+
+    gm = make_fx(torch.sgn, tracing_mode="fake")(torch.tensor([1 + 1j, 0j, -2j]))
+    with pytest.raises(UnsupportedOpError) as e:
+        check_supported(gm.graph)
+    msg = str(e.value)
+    assert "\n" not in msg and "aten.sgn.default" in msg and "complex64" in msg, msg
+    assert "not implemented" not in msg, msg

@@ -235,6 +235,14 @@ def _sign(ctx, x):
     return x.sign(nan_to_zero=True)
 
 
+@aten("sgn.default")
+def _sgn(ctx, x):
+    """``torch.sgn`` of a real tensor is ``torch.sign`` (-1, 0 or 1; NaN gives 0, zeros +0.0, as
+    eager). A complex input (``x / |x|``) is refused by the dtype check (lumc has no complex
+    dtype): ``unsupported ATen op: on complex64``."""
+    return _sign(ctx, x)
+
+
 @aten("round.decimals")
 def _round_decimals(ctx, x, *, decimals=0):
     if decimals == 0:
