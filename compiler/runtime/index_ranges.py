@@ -3,12 +3,13 @@
 An integer graph input that reaches the index operand of a ``Gather``, ``GatherElements`` or
 ``GatherND`` node (directly, or through value-preserving ops: ``Cast``, ``Identity``, ``Reshape``,
 ``Unsqueeze``, ``Squeeze``, ``Flatten``, ``Expand``, ``Transpose``) must lie in ``[-n, n)``, ``n``
-the size of the axis it indexes (ONNX). :func:`index_uses` finds those inputs and sizes from the
-ONNX graph (table shapes from initializers, else ONNX shape inference at the concrete input
-shapes), so that
+the size of the axis it indexes (ONNX); one shifted on the way by a constant ``c``
+(``Add(ids, c)``, ``Add(c, ids)``, ``Sub(ids, -c)``) in ``[-n - c, n - c)``. :func:`index_uses`
+finds those inputs and sizes from the ONNX graph (table shapes from initializers, else ONNX shape
+inference at the concrete input shapes), so that
 
-* ``--random`` (and a compile's default example inputs) draws such an input in ``[0, n)`` instead
-  of the generic ``[0, 8)`` (token-type ids into a 2-row table);
+* ``--random`` (and a compile's default example inputs) draws such an input in ``[0, n - c)``
+  instead of the generic ``[0, 8)`` (token-type ids into a 2-row table);
 * a run checks the given values first and refuses an index outside its table in one line naming
   the node, the index and the range (:func:`check_index_inputs`), on every backend.
 """
@@ -86,9 +87,39 @@ def _axis_sizes(node: onnx.NodeProto, data_shape: tuple, index_shape: tuple | No
     return (data_shape[axis],)
 
 
+def _integer_scalars(model: onnx.ModelProto) -> dict[str, int]:
+    """``{value name: c}`` for the one-element integer constants of the top-level graph: an
+    initializer (a constant to lumc even when also listed as an input), or a ``Constant``."""
+    out = {}
+    tensors = [(t.name, t) for t in model.graph.initializer]
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.attribute:
+            a = node.attribute[0]
+            if a.name == "value":
+                tensors.append((node.output[0], a.t))
+            elif a.name in ("value_int", "value_ints"):
+                out[node.output[0]] = onnx.helper.get_attribute_value(a)
+    for name, t in tensors:
+        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            out[name] = onnx.numpy_helper.to_array(t)
+    return {k: int(np.reshape(v, -1)[0]) for k, v in out.items() if np.size(v) == 1}
+
+
+def _shift(node: onnx.NodeProto, k: int, scalars: Mapping[str, int]) -> int | None:
+    """The constant ``c`` that ``node`` adds to its operand ``k``: ``Add(x, c)``, ``Add(c, x)``
+    give ``c``, ``Sub(x, c)`` gives ``-c``; None for anything else (``Sub(c, x)`` negates)."""
+    if node.op_type not in ("Add", "Sub") or len(node.input) != 2:
+        return None
+    c = scalars.get(node.input[1 - k])
+    if c is None or (node.op_type == "Sub" and k != 0):
+        return None
+    return c if node.op_type == "Add" else -c
+
+
 def index_uses(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[str, list[IndexUse]]:
     """``{graph input name: [IndexUse]}`` for the integer inputs that index a table (top-level
-    graph only; see the module docstring). ``input_shapes`` gives the concrete input shapes."""
+    graph only; see the module docstring). ``input_shapes`` gives the concrete input shapes.
+    An input shifted by a constant before the lookup has the shift as the use's ``offset``."""
     inits = {t.name for t in model.graph.initializer}
     ints = [vi.name for vi in model.graph.input if vi.name not in inits
             and vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in (
@@ -100,17 +131,20 @@ def index_uses(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dic
         for k, name in enumerate(node.input):
             consumers.setdefault(name, []).append((k, node))
     shapes = None
+    scalars = _integer_scalars(model)
     out: dict[str, list[IndexUse]] = {}
     for name in ints:
-        seen, stack = set(), [name]
+        seen, stack = set(), [(name, 0)]    # (value, what it adds to the input)
         while stack:
-            v = stack.pop()
+            v, offset = stack.pop()
             if v in seen:
                 continue
             seen.add(v)
             for k, node in consumers.get(v, []):
                 if node.op_type in _PASS_THROUGH and k == 0:
-                    stack.extend(o for o in node.output if o)
+                    stack.extend((o, offset) for o in node.output if o)
+                elif (c := _shift(node, k, scalars)) is not None:
+                    stack.extend((o, offset + c) for o in node.output if o)
                 elif node.op_type in _GATHERS and k == 1:
                     if shapes is None:
                         shapes = _shapes(model, input_shapes)
@@ -121,13 +155,21 @@ def index_uses(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dic
                         per = tuple(int(d) for d in sizes) if node.op_type == "GatherND" else ()
                         out.setdefault(name, []).append(
                             IndexUse(node.name or f"{node.op_type} #{pos}", node.op_type,
-                                     int(min(sizes)), per))
+                                     int(min(sizes)), per, offset=offset))
     return out
 
 
 def random_int_highs(uses: Mapping[str, list[IndexUse]]) -> dict[str, int]:
-    """``{input name: n}``: draw the input in ``[0, n)``, ``n`` the smallest table it indexes."""
-    return {k: min(u.size for u in v) for k, v in uses.items() if v and min(u.size for u in v) > 0}
+    """``{input name: h}``: draw the input in ``[0, h)``, ``h`` the smallest end of its valid
+    ranges (``n - offset``: ``n`` for an unshifted index, ``n - 2`` for ``ids + 2``); inputs whose
+    ranges leave no such ``h > 0`` are left out."""
+    out = {}
+    for k, v in uses.items():
+        h = min((u.size - u.offset for u in v), default=0)
+        zero_ok = all((-u.size if u.negative else 0) - u.offset <= 0 for u in v)
+        if h > 0 and zero_ok:
+            out[k] = h
+    return out
 
 
 def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, np.ndarray]) -> None:

@@ -3,6 +3,8 @@ outside it is one line ``lumc: error:`` naming the node, the index and the range
 and Triton backends, for artifacts, and through the Python API."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -105,3 +107,66 @@ def test_out_of_range_index_through_the_api(tmp_path):
     f(**ok)
     with pytest.raises(InputError, match=r"type_embed.*index 2 .*\[-2, 2\)"):
         f(**(ok | {"token_type_ids": np.full((2, 7), 2, np.int64)}))
+
+
+def shifted() -> onnx.ModelProto:
+    """Ids shifted by a constant before their lookup: ``Gather(word, Add(ids, 2))`` (6 rows, the 2
+    an initializer), ``Gather(pos_table, Sub(pos, 1))`` (5 rows, the 1 a ``Constant``) and
+    ``Gather(word, Add(3, Cast(ids)))``."""
+    rng = np.random.default_rng(1)
+    word = nh.from_array(rng.standard_normal((6, 4)).astype(np.float32), "word")
+    pos_table = nh.from_array(rng.standard_normal((5, 4)).astype(np.float32), "pos_table")
+    two = nh.from_array(np.array(2, np.int64), "two")
+    three = nh.from_array(np.array([3], np.int32), "three")
+    nodes = [oh.make_node("Add", ["ids", "two"], ["ids2"]),
+             oh.make_node("Gather", ["word", "ids2"], ["w"], name="word_embed"),
+             oh.make_node("Constant", [], ["one"], value=nh.from_array(np.array(1, np.int64))),
+             oh.make_node("Sub", ["pos", "one"], ["pos1"]),
+             oh.make_node("Gather", ["pos_table", "pos1"], ["p"], name="pos_embed"),
+             oh.make_node("Cast", ["ids"], ["ids32"], to=TP.INT32),
+             oh.make_node("Add", ["three", "ids32"], ["ids3"]),
+             oh.make_node("Gather", ["word", "ids3"], ["v"], name="word_embed_3")]
+    ins = [oh.make_tensor_value_info("ids", TP.INT64, [2, 3]),
+           oh.make_tensor_value_info("pos", TP.INT64, [3])]
+    outs = [oh.make_tensor_value_info(k, TP.FLOAT, None) for k in ("w", "p", "v")]
+    g = oh.make_graph(nodes, "shifted", ins, outs, [word, pos_table, two, three])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def shifted_compiled(tmp_path_factory):
+    db = TuningDatabase(tmp_path_factory.mktemp("shifted") / "db.sqlite")
+    return lumc.compile(shifted(), budget="30s", device="sim:h200", db=db)
+
+
+@pytest.mark.parametrize("bad,value,node,rng", [
+    ("ids", 3, "word_embed_3", "[-9, 3)"), ("ids", -9, "word_embed", "[-8, 4)"),
+    ("pos", 6, "pos_embed", "[-4, 6)"), ("pos", -5, "pos_embed", "[-4, 6)")])
+def test_shifted_onnx_indices_are_checked_at_the_shifted_range(shifted_compiled, bad, value, node,
+                                                               rng):
+    """A Gather index that is a graph input plus or minus a constant was not range-checked on the
+    ONNX path (the torch path checks ``emb(ids + 2)``): its valid range is the table's moved by the
+    shift (ids + 2 into 6 rows: ids in [-8, 4); pos - 1 into 5 rows: pos in [-4, 6)). In range the
+    compiled model equals onnxruntime; out of range both refuse, lumc in one line."""
+    import onnxruntime as ort
+    m, f = shifted(), shifted_compiled
+    uses = index_uses(m, {"ids": (2, 3), "pos": (3,)})
+    assert sorted((u.node, u.size, u.offset) for u in uses["ids"]) == [("word_embed", 6, 2),
+                                                                        ("word_embed_3", 6, 3)]
+    assert [(u.node, u.size, u.offset) for u in uses["pos"]] == [("pos_embed", 5, -1)]
+    assert random_int_highs(uses) == {"ids": 3, "pos": 6}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    ok = {"ids": np.array([[-8, 0, 2], [-1, 1, -3]], np.int64),
+          "pos": np.array([-4, 0, 5], np.int64)}
+    got, want = f(**ok), sess.run(None, ok)          # outputs in the graph's order: w, p, v
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    feeds = {k: v.copy() for k, v in ok.items()}
+    feeds[bad].flat[1] = value
+    with pytest.raises(Exception):          # the premise: onnxruntime refuses it too
+        sess.run(None, feeds)
+    with pytest.raises(InputError, match=rf"'{node}'.*index {value} .*{re.escape(rng)}") as e:
+        f(**feeds)
+    msg = str(e.value)
+    assert "\n" not in msg and re.search(r"its value [+-]\d\)$", msg), msg
