@@ -178,27 +178,56 @@ def check_index_inputs(uses: Mapping[str, list[IndexUse]], inputs: Mapping[str, 
     Raises:
         IndexRangeInputError: one line naming the node, the input, the index and the range.
     """
+    checks, comps = [], {}      # (name, use, component key, n); key -> the values it spans
     for name, lst in uses.items():
         x = inputs.get(name)
         if x is None:
             continue
-        # a torch tensor is checked where it lives (a GPU tensor: two reductions, no copy)
+        # a torch tensor is checked where it lives (a GPU tensor: reductions there, no copy)
         x = x if type(x).__module__.startswith("torch") else np.asarray(x)
         if math.prod(x.shape) == 0:
             continue
         for u in lst:
-            parts = ([(x[..., j], n) for j, n in enumerate(u.per_last)]
-                     if u.per_last and x.ndim and x.shape[-1] == len(u.per_last) else [(x, u.size)])
-            for comp, n in parts:
-                lo, hi = int(comp.min()), int(comp.max())
-                # the input's own valid range: the table's, less the offset added before indexing
-                first, end = (-n if u.negative else 0) - u.offset, n - u.offset
-                if lo < first or hi >= end:
-                    bad = lo if lo < first else hi
-                    plus = f" (it indexes at its value {u.offset:+d})" if u.offset else ""
-                    raise IndexRangeInputError(
-                        f"index {bad} in input {name!r} is out of range [{first}, {end}) of the "
-                        f"table it indexes{plus}", node=u.node, op=u.op)
+            per = u.per_last and x.ndim and x.shape[-1] == len(u.per_last)
+            for j, n in (enumerate(u.per_last) if per else [(None, u.size)]):
+                key = (name, j)
+                if key not in comps:
+                    comps[key] = x if j is None else x[..., j]
+                checks.append((name, u, key, n))
+    if not checks:
+        return
+    extremes = _extremes(comps)
+    for name, u, key, n in checks:
+        lo, hi = extremes[key]
+        # the input's own valid range: the table's, less the offset added before indexing
+        first, end = (-n if u.negative else 0) - u.offset, n - u.offset
+        if lo < first or hi >= end:
+            bad = lo if lo < first else hi
+            plus = f" (it indexes at its value {u.offset:+d})" if u.offset else ""
+            raise IndexRangeInputError(
+                f"index {bad} in input {name!r} is out of range [{first}, {end}) of the "
+                f"table it indexes{plus}", node=u.node, op=u.op)
+
+
+def _extremes(comps: dict) -> dict:
+    """``{key: (min, max)}`` as Python ints. Torch tensors' extremes are reduced where they live and
+    read back in one transfer (on a GPU, one synchronization per call, not two per table)."""
+    out, torch_keys = {}, []
+    for key, c in comps.items():
+        if isinstance(c, np.ndarray):
+            out[key] = (int(c.min()), int(c.max()))
+        else:
+            torch_keys.append(key)
+    by_device: dict = {}
+    for k in torch_keys:
+        by_device.setdefault(comps[k].device, []).append(k)
+    for keys in by_device.values():
+        import torch
+        vals = torch.stack([v for k in keys for v in (comps[k].min().to(torch.int64),
+                                                      comps[k].max().to(torch.int64))]).tolist()
+        for i, k in enumerate(keys):
+            out[k] = (vals[2 * i], vals[2 * i + 1])
+    return out
 
 
 def graph_index_uses(graph) -> dict[str, list[IndexUse]]:

@@ -140,3 +140,35 @@ def _shifted_compiled(m, args):
         f = lumc.compile(m, example_inputs=args, budget="20s", device="sim:h200")
         _SHIFTED["cm"] = f.specializations[0].compiled
     return _SHIFTED["cm"]
+
+
+def test_torch_index_inputs_are_read_back_in_one_transfer(compiled, monkeypatch):
+    """Every table's range check of a call reads the extremes back at once: on a GPU each read is
+    a synchronization, and the check took two per table (``int(x.min())``, ``int(x.max())``)
+    before any kernel was launched."""
+    m, cm, args = compiled
+    calls = []
+    real_tolist = torch.Tensor.tolist
+
+    def counted(self):
+        calls.append(self.shape)
+        return real_tolist(self)
+
+    def refused(self):
+        raise AssertionError("a range check read one value back")
+
+    from lumc.compiler.runtime.index_ranges import check_index_inputs
+    uses = cm._index_uses()
+    names = list(cm.graph.inputs)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    monkeypatch.setattr(torch.Tensor, "__int__", refused)
+    monkeypatch.setattr(torch.Tensor, "item", refused)
+    # torch tensors as a GPU run passes them (the CPU executor reads numpy arrays)
+    check_index_inputs(uses, dict(zip(names, args)))
+    assert calls == [torch.Size([6])]            # three tables' (min, max), one transfer
+    bad = [a.clone() for a in args]
+    bad[1].view(-1)[0] = P
+    calls.clear()
+    with pytest.raises(IndexRangeInputError, match=rf"index {P} in input .* out of range \[0, {P}\)"):
+        check_index_inputs(uses, dict(zip(names, bad)))
+    assert len(calls) == 1
