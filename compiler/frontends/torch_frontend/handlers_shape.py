@@ -166,6 +166,48 @@ def _roll(ctx, x, shifts, dims=()):
     return x
 
 
+@aten(*_copies("as_strided.default"), requires=["indexing.take"])
+def _as_strided(ctx, x, size, stride, storage_offset=None):
+    """``as_strided`` reads its input's *storage*: PyTorch's decompositions emit it to give a
+    result its input's memory format (``adaptive_avg_pool2d`` to 1x1 of a channels_last tensor
+    is ``as_strided(mean, [N, C, 1, 1], [C, 1, C, C])``). The storage offset of each element of
+    the input comes from its strides as traced; the result is the input re-read at the offsets
+    ``size``/``stride`` name: a reshape where that is the input in order, else one gather with a
+    constant index table. Refused where it reads storage the input does not cover."""
+    from lumc.compiler.frontends.torch_frontend.lowering import concrete_int
+    val = ctx.node.args[0].meta.get("val") if isinstance(ctx.node.args[0], torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        raise ctx.unsupported("as_strided of a value without traced strides")
+    size, stride = [int(d) for d in size], [int(d) for d in stride]
+    if len(size) != len(stride):
+        raise ShapeError(f"as_strided: {len(size)} sizes and {len(stride)} strides")
+    in_strides = [concrete_int(d, ctx.sym_env) for d in val.stride()]
+    base = concrete_int(val.storage_offset(), ctx.sym_env)
+    start = base if storage_offset is None else int(storage_offset)
+    n_out = prod(size)
+    if x.numel == 0 or n_out == 0:
+        if n_out:
+            raise ctx.unsupported("as_strided reads storage its (empty) input does not cover")
+        return Tensor.full(size, 0, x.dtype)
+
+    def offsets(shape, strides, first):
+        off = np.full((), first, np.int64)
+        for d, st in zip(shape, strides):
+            off = np.add.outer(off, np.arange(d, dtype=np.int64) * st)
+        return off.reshape(-1)
+    held = offsets(x.shape, in_strides, base)          # storage offset of each input element
+    where = np.full(int(held.max()) + 1, -1, np.int64)
+    where[held] = np.arange(held.size)
+    want = offsets(size, stride, start)
+    if want.min() < 0 or want.max() >= where.size or (where[want] < 0).any():
+        raise ctx.unsupported("as_strided reads storage its input does not cover")
+    idx = where[want]
+    flat = x.reshape((x.numel,))
+    if idx.size == x.numel and np.array_equal(idx, np.arange(idx.size)):
+        return flat.reshape(size)
+    return lib("indexing.take")(flat, Tensor.const(idx), 0).reshape(size)
+
+
 @aten("constant_pad_nd.default")
 def _constant_pad_nd(ctx, x, pad, value=0):
     # pad lists (before, after) pairs starting from the last dim

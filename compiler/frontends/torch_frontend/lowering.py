@@ -200,7 +200,7 @@ class FxLowering:
         h = HANDLERS.get(name)
         if h is None:
             raise UnsupportedOpError("not implemented", node=n.name, op=name)
-        ctx = LoweringContext(n)
+        ctx = LoweringContext(n, self.sym_env)
         self.op_counts[name] += 1
         try:
             out = h.fn(ctx, *args, **kwargs)

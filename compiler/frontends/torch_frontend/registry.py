@@ -128,10 +128,12 @@ class LoweringContext:
         op: the op name (``aten.addmm.default``).
         out_dtype: the lumc dtype of the node's (first) tensor result as traced by PyTorch, or None
             when the trace carries no metadata.
+        sym_env: ``{sympy symbol: int}``, the sizes the traced metadata's symbols take here.
     """
 
-    def __init__(self, node: torch.fx.Node):
+    def __init__(self, node: torch.fx.Node, sym_env: dict | None = None):
         self.node = node
+        self.sym_env = sym_env or {}     # {sympy symbol: int}: the traced metadata's sizes
         self.name = node.name
         self.op = op_name(node.target)
         val = node.meta.get("val")

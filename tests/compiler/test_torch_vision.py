@@ -1,0 +1,61 @@
+"""Vision ops of the PyTorch frontend against eager: memory formats, pooling and upsampling edge
+cases (the lowered graph on the reference executor, as ``test_torch_frontend``)."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+
+from lumc.compiler.core.torch_compile import compile_module as _compile_module
+from lumc.ir.errors import UnsupportedOpError
+
+compile_module = functools.partial(_compile_module, search=False)
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+# ---- memory formats ---------------------------------------------------------------------------------
+class SqueezeExcite(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.pool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.fc(self.pool(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_global_pool_of_a_channels_last_input(dtype):
+    """adaptive_avg_pool2d to 1x1 of a channels_last tensor decomposes to a mean and an
+    ``as_strided`` giving the result channels_last strides; it was refused as an unsupported op,
+    so every classifier head and squeeze-excite block failed on a channels_last input."""
+    torch.manual_seed(0)
+    m = SqueezeExcite().eval().to(dtype)
+    x = torch.randn(2, 8, 5, 5, dtype=dtype).to(memory_format=torch.channels_last)
+    f = compile_module(m, (x,))
+    with torch.no_grad():
+        y, ref = f(x), m.double()(x.double())
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    assert y.dtype == dtype and (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+def test_as_strided_reads_the_input_storage_in_its_traced_order():
+    """A transposed read (strides (1, 3) over 12 elements) is a gather; an offset into a sliced
+    input counts from the slice's storage; a read past the storage is refused in one line."""
+    m = Lambda(lambda x: (x.as_strided((3, 4), (1, 3)) * 2, x[1:].as_strided((2, 2), (2, 1), 5)))
+    x = torch.randn(12)
+    f = compile_module(m, (x,))
+    for y, ref in zip(f(x), m(x)):
+        assert torch.equal(y, ref)
+    with pytest.raises(UnsupportedOpError, match="as_strided reads storage its input does not"):
+        compile_module(Lambda(lambda x: x.as_strided((3, 5), (1, 3))), (x,))
