@@ -59,3 +59,32 @@ def test_as_strided_reads_the_input_storage_in_its_traced_order():
         assert torch.equal(y, ref)
     with pytest.raises(UnsupportedOpError, match="as_strided reads storage its input does not"):
         compile_module(Lambda(lambda x: x.as_strided((3, 5), (1, 3))), (x,))
+
+
+# ---- pooling ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [2, 3])
+def test_adaptive_avg_pool_keeps_an_inf_in_its_own_windows(size):
+    """Unequal adaptive windows were one matmul with a constant [n_in, n_out] averaging matrix, so
+    an inf met the zero weights of every other window: AdaptiveAvgPool1d(2) of [1, inf, 2, 3]
+    gave [inf, nan] (eager [inf, 2.5]); a NaN likewise poisoned the whole axis."""
+    nan, inf = float("nan"), float("inf")
+    m = nn.AdaptiveAvgPool1d(size)
+    for row in ([1.0, inf, 2.0, 3.0, 4.0], [nan, 1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0, -inf]):
+        x = torch.tensor([[row]])
+        y = compile_module(m, (x,))(x)
+        assert torch.equal(y.isnan(), m(x).isnan()), (row, y, m(x))
+        assert torch.allclose(y, m(x), rtol=1e-6, atol=0, equal_nan=True), (row, y, m(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+@pytest.mark.parametrize("out", [(3, 5), (1, 2), (4, 4), (12, 9)])
+def test_adaptive_avg_pool_against_eager(dtype, out):
+    """Unequal, equal and enlarging windows; f16 is summed and divided in f32 and rounded once,
+    as eager, so it matches exactly."""
+    torch.manual_seed(1)
+    m = nn.AdaptiveAvgPool2d(out)
+    x = (torch.randn(2, 3, 8, 7) * 3).to(dtype)
+    y, ref = compile_module(m, (x,))(x), m(x)
+    assert y.dtype == dtype
+    tol = 1e-14 if dtype == torch.float64 else 0.0
+    assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()

@@ -125,41 +125,51 @@ aten("avg_pool2d.default", requires=["pool.avg_pool"], check=_avg_check)(_avg_po
 aten("avg_pool3d.default", requires=["pool.avg_pool"], check=_avg_check)(_avg_pool(3))
 
 
-def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """``[n_out, n_in]`` averaging weights of adaptive pooling: output ``i`` averages inputs
-    ``floor(i n_in / n_out) .. ceil((i + 1) n_in / n_out) - 1`` (PyTorch's windows)."""
-    m = np.zeros((n_out, n_in), np.float64)
-    for i in range(n_out):
-        lo, hi = (i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)
-        m[i, lo:hi] = 1.0 / (hi - lo)
-    return m
+def _adaptive_windows(n_in: int, n_out: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive pooling windows: output ``i`` reads inputs
+    ``floor(i n_in / n_out) .. ceil((i + 1) n_in / n_out) - 1``."""
+    return [((i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)) for i in range(n_out)]
 
 
 def _adaptive_avg(nsp: int):
     def fn(ctx, x, output_size):
+        """The window sums over every resized axis, divided once by the windows' sizes, as eager:
+        equal windows (``n_in % n_out == 0``) by a reshape, others by one gather of every window
+        padded to the longest with zeros selected in (never multiplied: an inf elsewhere on the
+        axis stays out of the other windows). f16/bf16 are summed and divided in f32."""
         xb, unb = _batched(x, nsp)
         outs = _per_dim(output_size, nsp)
-        y = xb
+        y = xb.cast(dt.f32) if xb.dtype in (dt.f16, dt.bf16) else xb
+        counts = np.ones((), np.float64)          # the windows' sizes over the spatial axes
         for i, o in enumerate(outs):
             ax = 2 + i
             n_in = y.shape[ax]
             if o == n_in:
+                counts = np.multiply.outer(counts, np.ones(o))
                 continue
-            if o == 1:
-                y = y.mean([ax], keepdims=True)
+            wins = _adaptive_windows(n_in, o)
+            counts = np.multiply.outer(counts, [float(hi - lo) for lo, hi in wins])
+            if n_in % o == 0:
+                y = y.reshape(y.shape[:ax] + (o, n_in // o) + y.shape[ax + 1:]).sum([ax + 1])
                 continue
-            # the spatial axis goes last, meets the constant [n_in, o] matrix, and returns
-            m = Tensor.const(_adaptive_matrix(n_in, o).T.astype(y.dtype.np))
-            perm = [k for k in range(y.ndim) if k != ax] + [ax]
-            back = list(np.argsort(perm))
-            y = y.permute(perm).matmul(m).permute(back)
+            span = max(hi - lo for lo, hi in wins)
+            table = np.array([[lo + min(t, hi - lo - 1) for t in range(span)] for lo, hi in wins],
+                             np.int64)
+            inside = np.array([[t < hi - lo for t in range(span)] for lo, hi in wins])
+            g = lib("indexing.take")(y, Tensor.const(table.reshape(-1)), ax)
+            g = g.reshape(y.shape[:ax] + (o, span) + y.shape[ax + 1:])
+            inside = inside.reshape((o, span) + (1,) * (y.ndim - ax - 1))
+            y = Tensor.const(inside).where(g, g.scalar_like(0.0)).sum([ax + 1])
+        if counts.size and (counts != 1).any():
+            y = y.div(Tensor.const(counts.astype(y.dtype.np)))
+        y = y.cast(xb.dtype)
         return y.squeeze([0]) if unb else y
     return fn
 
 
-aten("_adaptive_avg_pool2d.default")(_adaptive_avg(2))
-aten("_adaptive_avg_pool3d.default")(_adaptive_avg(3))
-aten("adaptive_avg_pool1d.default")(_adaptive_avg(1))
+aten("_adaptive_avg_pool2d.default", requires=["indexing.take"])(_adaptive_avg(2))
+aten("_adaptive_avg_pool3d.default", requires=["indexing.take"])(_adaptive_avg(3))
+aten("adaptive_avg_pool1d.default", requires=["indexing.take"])(_adaptive_avg(1))
 
 
 def _indices_unused(node) -> str | None:
@@ -181,7 +191,7 @@ def _adaptive_max(nsp: int):
                 continue
             # windows of PyTorch's adaptive pooling, padded to one length by repeating their
             # first element (a repeat never changes a max): one Gather, one max per axis
-            wins = [((j * n_in) // o, -(-((j + 1) * n_in) // o)) for j in range(o)]
+            wins = _adaptive_windows(n_in, o)
             span = max(hi - lo for lo, hi in wins)
             table = np.array([[lo + min(t, hi - lo - 1) for t in range(span)] for lo, hi in wins],
                              np.int64)
