@@ -186,6 +186,49 @@ def axis_taps(n_in: int, n_out: int, scale: float, *, mode: str = "nearest",
     return np.clip(raw, 0, n_in - 1), w, outside
 
 
+def torch_axis_taps(n_in: int, n_out: int, mode: str, *, align_corners: bool = False,
+                    scale: float | None = None, compute=np.float32):
+    """Constant tables of one axis of PyTorch's ``upsample_nearest*`` / ``upsample_*linear*``
+    (``aten/src/ATen/native/UpSample.h``), ``(index [n_out, taps] i64, weight [n_out, taps] f64 or
+    None)`` as :func:`axis_taps` gives them.
+
+    The source coordinate is computed in ``compute``, PyTorch's ``opmath`` type (float32, float64
+    for double tensors): the ratio is ``1 / scale`` where the caller gave a scale factor, else
+    ``n_in / n_out``; ``(n_in - 1) / (n_out - 1)`` with ``align_corners``. Nearest takes
+    ``floor(dst * ratio)`` in float32 (``dst >> 1`` when doubling); linear ``ratio (dst + 0.5) -
+    0.5`` clamped at 0 (or ``ratio dst``). An axis of unchanged size copies, whatever the scale.
+    """
+    if n_in == n_out:                                    # both modes copy
+        return np.arange(n_out).reshape(-1, 1), (None if mode == "nearest" else np.ones((n_out, 1)))
+    if mode == "nearest":
+        if n_out == 2 * n_in:
+            return (np.arange(n_out) >> 1).reshape(-1, 1), None
+        compute = np.float32                             # nearest_idx: float whatever the dtype
+    c = compute
+    dst = np.arange(n_out, dtype=c)
+    if mode == "linear" and align_corners:
+        ratio = c(n_in - 1) / c(n_out - 1) if n_out > 1 else c(0)
+    elif scale is not None and scale > 0:
+        ratio = c(1.0 / scale)
+    else:
+        ratio = c(n_in) / c(n_out)
+    if mode == "nearest":
+        idx = np.minimum(np.floor(dst * ratio).astype(np.int64), n_in - 1)
+        return idx.reshape(-1, 1), None
+    src = ratio * dst if align_corners else np.maximum(ratio * (dst + c(0.5)) - c(0.5), c(0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    lam1 = np.clip(src - i0.astype(c), c(0), c(1))
+    i1 = i0 + (i0 < n_in - 1)
+    w = np.stack([c(1) - lam1, lam1], axis=-1).astype(np.float64)
+    return np.stack([i0, i1], axis=-1), w
+
+
+def resize_axis(x: Tensor, axis: int, idx: np.ndarray, w: np.ndarray | None) -> Tensor:
+    """``x`` resized along ``axis`` by the tables of :func:`axis_taps` or :func:`torch_axis_taps`
+    (the taps read by one gather; weights rounded once to ``x``'s dtype)."""
+    return _resize_axis(x, normalize_axis(axis, x.ndim), idx, w)
+
+
 def _repeat_factor(idx: np.ndarray, n_in: int) -> int | None:
     """``r`` when ``idx[j] == j // r`` over exactly ``n_in * r`` outputs (nearest upsampling by an
     integer factor: a view), else None."""
@@ -281,4 +324,5 @@ def resize(x: Tensor, *, scales=None, sizes=None, mode: str = "nearest",
     return y
 
 
-__all__ = ["resize", "output_shape", "source_coordinates", "axis_taps"]
+__all__ = ["resize", "output_shape", "source_coordinates", "axis_taps", "torch_axis_taps",
+           "resize_axis"]

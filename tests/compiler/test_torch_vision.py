@@ -88,3 +88,31 @@ def test_adaptive_avg_pool_against_eager(dtype, out):
     assert y.dtype == dtype
     tol = 1e-14 if dtype == torch.float64 else 0.0
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+# ---- upsampling -------------------------------------------------------------------------------------
+def test_bilinear_scale_factor_output_size_is_computed_in_double():
+    """PyTorch sizes ``upsample_bilinear2d.vec`` as floor(in * scale) in double; lumc computed it in
+    float32 (ONNX Resize's rule), so 90 rows at scale 1.3 lowered to 116 rows, eager 117, and a
+    valid module was refused (45 at 1.4: 63 vs 62)."""
+    torch.manual_seed(2)
+    for rows, sf in ((90, 1.3), (45, 1.4)):
+        m = Lambda(lambda x, sf=sf: nn.functional.interpolate(x, scale_factor=(sf, 1.0),
+                                                              mode="bilinear"))
+        x = torch.randn(1, 1, rows, 2)
+        y, ref = compile_module(m, (x,))(x), m(x)
+        assert y.shape == ref.shape
+        assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("kw", [dict(size=(5, 13), align_corners=True),
+                                dict(scale_factor=2.5), dict(size=(4, 3)),
+                                dict(scale_factor=1.3, recompute_scale_factor=True)])
+def test_bilinear_in_float64_interpolates_in_float64(kw):
+    """Its coordinates were float32 whatever the dtype, so a float64 bilinear upsample was off by
+    5e-7 (align_corners, 9x8 -> 5x13): PyTorch computes them in its opmath type, double here."""
+    torch.manual_seed(3)
+    m = Lambda(lambda x: nn.functional.interpolate(x, mode="bilinear", **kw))
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    y, ref = compile_module(m, (x,))(x), m(x)
+    assert y.dtype == torch.float64 and (y - ref).abs().max().item() <= 1e-13

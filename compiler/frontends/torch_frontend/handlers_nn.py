@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from lumc.compiler.frontends.torch_frontend.registry import (aten, arg, float_of, lib, promote,
                                                           to_tensor)
@@ -210,35 +211,55 @@ aten("adaptive_max_pool3d.default", requires=["indexing.take"], check=_indices_u
 
 
 # ---- upsampling ------------------------------------------------------------------------------------
-def _upsample(x: Tensor, nsp: int, output_size, scale_factors, mode: str, align_corners=False):
-    axes = list(range(2, 2 + nsp))
-    if output_size:
-        kw = dict(sizes=_per_dim(output_size, nsp))
-    else:
-        kw = dict(scales=[float(s) for s in scale_factors])
-    if mode == "nearest":
-        ct, extra = "asymmetric", dict(nearest_mode="floor")
-    else:
-        ct, extra = ("align_corners" if align_corners else "pytorch_half_pixel"), {}
-    return lib("resize.resize")(x, mode=mode, coordinate_transformation_mode=ct, axes=axes,
-                                **kw, **extra)
+def _traced_sizes(ctx, nsp: int) -> list[int]:
+    """The spatial output sizes PyTorch traced for this node (it computes ``floor(in * scale)``
+    in double, which float32 does not reproduce: 90 * 1.3 is 117, not 116)."""
+    from lumc.compiler.frontends.torch_frontend.lowering import concrete_int
+    val = ctx.node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise ctx.unsupported("upsampling without a traced output shape")
+    return [concrete_int(d, ctx.sym_env) for d in val.shape[-nsp:]]
+
+
+def _upsample(ctx, x: Tensor, nsp: int, scales, mode: str, align_corners=False):
+    """PyTorch's nearest (floor of ``dst / scale``) and (bi/tri)linear upsampling, each axis by
+    :func:`lumc.ir.library.resize.torch_axis_taps` at the traced output size, the coordinates in
+    PyTorch's opmath type; f16/bf16 interpolate in f32 and round once."""
+    from lumc.ir.library.resize import resize_axis, torch_axis_taps
+    sizes = _traced_sizes(ctx, nsp)
+    scales = list(scales) if scales else [None] * nsp
+    wide = mode == "linear" and x.dtype in (dt.f16, dt.bf16)
+    y = x.cast(dt.f32) if wide else x
+    compute = np.float64 if x.dtype == dt.f64 else np.float32
+    for i, (n_out, sc) in enumerate(zip(sizes, scales)):
+        ax = x.ndim - nsp + i
+        n_in = y.shape[ax]
+        if n_in == n_out:           # PyTorch copies an axis of unchanged size, whatever the scale
+            continue
+        if n_in == 0 or n_out == 0:
+            y = y.slice([0], [0], [ax]) if n_out == 0 else y
+            continue
+        idx, w = torch_axis_taps(n_in, n_out, mode, align_corners=bool(align_corners),
+                                 scale=None if sc is None else float(sc), compute=compute)
+        y = resize_axis(y, ax, idx, w)
+    return y.cast(x.dtype) if wide else y
 
 
 for _nsp, _d in ((1, "1d"), (2, "2d"), (3, "3d")):
     aten(f"upsample_nearest{_d}.vec", requires=["resize.resize"])(
         lambda ctx, x, output_size, scale_factors, _n=_nsp:
-            _upsample(x, _n, output_size, scale_factors, "nearest"))
+            _upsample(ctx, x, _n, scale_factors, "nearest"))
     aten(f"upsample_nearest{_d}.default", requires=["resize.resize"])(
-        lambda ctx, x, output_size, *scales, _n=_nsp:
-            _upsample(x, _n, output_size, None, "nearest"))
+        lambda ctx, x, output_size, *scales, _n=_nsp: _upsample(ctx, x, _n, scales, "nearest"))
 
 aten("upsample_bilinear2d.vec", "upsample_linear1d.vec", "upsample_trilinear3d.vec",
      requires=["resize.resize"])(
     lambda ctx, x, output_size, align_corners, scale_factors:
-        _upsample(x, x.ndim - 2, output_size, scale_factors, "linear", align_corners))
-aten("upsample_bilinear2d.default", requires=["resize.resize"])(
+        _upsample(ctx, x, x.ndim - 2, scale_factors, "linear", align_corners))
+aten("upsample_bilinear2d.default", "upsample_linear1d.default", "upsample_trilinear3d.default",
+     requires=["resize.resize"])(
     lambda ctx, x, output_size, align_corners, *scales:
-        _upsample(x, 2, output_size, None, "linear", align_corners))
+        _upsample(ctx, x, x.ndim - 2, scales, "linear", align_corners))
 
 
 # ---- attention -------------------------------------------------------------------------------------
