@@ -222,7 +222,9 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, strides=Non
     Returns:
         ``[N, M, *out]``, ``out = s (in - 1) + output_padding + (k - 1) d + 1 - pads``.
     Raises:
-        ShapeError: on mismatched ranks or channels, or a negative output size.
+        ShapeError: on mismatched ranks or channels, a stride or dilation below 1, an
+            ``output_padding`` outside ``[0, max(stride, dilation))`` (onnxruntime's and PyTorch's
+            rule), or a negative output size.
     """
     if x.ndim < 3 or w.ndim != x.ndim:
         raise ShapeError(f"ConvTranspose needs x [N, C, *spatial] and w of the same rank, got "
@@ -239,6 +241,14 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, strides=Non
     strides = _ints(strides, nsp, 1, "strides")
     dilations = _ints(dilations, nsp, 1, "dilations")
     output_padding = _ints(output_padding, nsp, 0, "output_padding")
+    for i in range(nsp):
+        if strides[i] < 1 or dilations[i] < 1:
+            raise ShapeError(f"strides {strides} and dilations {dilations} must be at least 1",
+                             op="ConvTranspose")
+        if not 0 <= output_padding[i] < max(strides[i], dilations[i]):
+            raise ShapeError(f"output_padding {output_padding} must lie in [0, max(stride, "
+                             f"dilation)) on each axis (strides {strides}, dilations "
+                             f"{dilations})", op="ConvTranspose")
     pads, out = conv_transpose_pads(x.shape[2:], kernel, strides, dilations, pads, output_padding,
                                     output_shape, auto_pad)
     if any(o < 0 for o in out):

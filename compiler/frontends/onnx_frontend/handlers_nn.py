@@ -188,15 +188,26 @@ def _conv_kw(ctx: OpContext) -> dict:
                 auto_pad=ctx.attr("auto_pad", "NOTSET"))
 
 
+def _weight(ctx: OpContext) -> Tensor:
+    """Conv's and ConvTranspose's weight, checked against a ``kernel_shape`` attribute (onnxruntime
+    refuses a mismatch; the weight's shape alone was used, silently)."""
+    w = ctx.input(1)
+    ks = ctx.attr("kernel_shape")
+    if ks is not None and tuple(int(k) for k in ks) != tuple(w.shape[2:]):
+        raise ShapeError(f"kernel_shape {list(ks)} does not match the weight's kernel "
+                         f"{list(w.shape[2:])} (weight shape {list(w.shape)})")
+    return w
+
+
 @handler("Conv", requires=["conv.conv"])
 def _conv(ctx: OpContext):
-    return lib("conv.conv")(ctx.input(0), ctx.input(1), ctx.opt(2), group=ctx.attr("group", 1),
+    return lib("conv.conv")(ctx.input(0), _weight(ctx), ctx.opt(2), group=ctx.attr("group", 1),
                             **_conv_kw(ctx))
 
 
 @handler("ConvTranspose", requires=["conv.conv_transpose"])
 def _conv_transpose(ctx: OpContext):
-    return lib("conv.conv_transpose")(ctx.input(0), ctx.input(1), ctx.opt(2),
+    return lib("conv.conv_transpose")(ctx.input(0), _weight(ctx), ctx.opt(2),
                                       group=ctx.attr("group", 1),
                                       output_padding=ctx.attr("output_padding"),
                                       output_shape=ctx.attr("output_shape"), **_conv_kw(ctx))

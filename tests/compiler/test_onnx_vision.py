@@ -1,0 +1,66 @@
+"""Vision ops of the ONNX frontend: malformed Conv / ConvTranspose nodes are refused in one line
+naming the node, the op and the reason (exit 2 at the CLI), as onnxruntime refuses them."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from lumc.compiler.frontends.onnx_frontend import import_onnx
+from lumc.compiler.tools.cli import cli
+from lumc.ir.errors import ShapeError
+
+RNG = np.random.default_rng(7)
+
+
+def conv_model(op: str, x_shape, w_shape, **attrs) -> onnx.ModelProto:
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    node = helper.make_node(op, ["x", "w"], ["y"], name="layer1", **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      list(x_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+BAD = [
+    # a kernel_shape the weight does not have: the weight's shape was used, silently
+    ("Conv", (1, 3, 5, 5), (2, 3, 3, 3), dict(kernel_shape=[2, 2]),
+     "kernel_shape [2, 2] does not match the weight's kernel [3, 3]"),
+    ("ConvTranspose", (1, 3, 5, 5), (3, 2, 3, 3), dict(kernel_shape=[2, 2]),
+     "kernel_shape [2, 2] does not match the weight's kernel [3, 3]"),
+    # output_padding at or past the stride: an output of 13 rows was computed (onnxruntime refuses)
+    ("ConvTranspose", (1, 3, 5, 5), (3, 2, 3, 3), dict(strides=[2, 2], output_padding=[2, 0]),
+     "output_padding [2, 0] must lie in [0, max(stride, dilation))"),
+    # a zero stride: "ZeroDivisionError: integer division or modulo by zero"
+    ("ConvTranspose", (1, 3, 5, 5), (3, 2, 3, 3), dict(strides=[0, 1]),
+     "strides [0, 1] and dilations [1, 1] must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("op,xs,ws,attrs,reason", BAD)
+def test_malformed_conv_is_one_clear_error(op, xs, ws, attrs, reason):
+    with pytest.raises(ShapeError) as e:
+        import_onnx(conv_model(op, xs, ws, **attrs))
+    msg = str(e.value)
+    assert f"node 'layer1', op {op}" in msg and reason in msg and "\n" not in msg, msg
+
+
+def test_malformed_conv_exits_2_at_the_cli(tmp_path):
+    path = tmp_path / "bad.onnx"
+    onnx.save(conv_model("Conv", (1, 3, 5, 5), (2, 3, 3, 3), kernel_shape=[2, 2]), path)
+    res = CliRunner().invoke(cli, ["compile", str(path), "--budget", "10s"])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lumc: error: node 'layer1', op Conv"), lines
+    assert "kernel_shape [2, 2]" in lines[0] and "Traceback" not in res.output
+
+
+def test_consistent_conv_attributes_still_import():
+    import_onnx(conv_model("Conv", (1, 3, 5, 5), (2, 3, 3, 3), kernel_shape=[3, 3]))
+    import_onnx(conv_model("ConvTranspose", (1, 3, 5, 5), (3, 2, 3, 3), strides=[2, 1],
+                           dilations=[1, 3], output_padding=[1, 2], kernel_shape=[3, 3]))
