@@ -226,7 +226,7 @@ def _peak(dev: DeviceSpec, dtype_name: str, precision: str | None) -> tuple[floa
 def _fill(c, dev: DeviceSpec) -> float:
     tiles = c.batch * math.ceil(c.M / VENDOR_TILE) * math.ceil(c.N / VENDOR_TILE)
     tiles *= max(1, min(SPLIT_K_MAX, c.K // SPLIT_K_MIN))
-    return min(1.0, tiles / dev.sm_count)
+    return min(1.0, max(tiles, 1) / dev.sm_count)     # an empty product: no work, no 0 / 0
 
 
 def _eager_ops(kernel: Kernel, skip: set[int]) -> list:
@@ -525,8 +525,8 @@ def _cudnn_time(cs, cfg: dict, dev: DeviceSpec, isz: int, peak: float) -> tuple[
             continue
         xb, wb = prod(p.x_shape) * isz, prod(p.w_shape) * isz
         yb = p.x_shape[0] * p.w_shape[0] * prod(p.out_spatial) * isz
-        fill = min(1.0, math.ceil(p.x_shape[0] * prod(p.out_spatial) / VENDOR_TILE)
-                   * math.ceil(p.w_shape[0] / VENDOR_TILE) / dev.sm_count)
+        fill = min(1.0, max(math.ceil(p.x_shape[0] * prod(p.out_spatial) / VENDOR_TILE)
+                            * math.ceil(p.w_shape[0] / VENDOR_TILE), 1) / dev.sm_count)
         eff = CUDNN_EFFICIENCY if tensor else CUDNN_FP32_EFFICIENCY
         stream = bw * (DEPTHWISE_BW_EFFICIENCY / BW_EFFICIENCY if p.w_shape[1] == 1 else 1.0)
         total += max(p.flops / (peak * eff * fill), (xb + wb + yb) / stream) + dev.launch_overhead_s

@@ -427,6 +427,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
                 hbm += in_bytes * (1 - L2_HIT)
         tile_eff = 1.0
         peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
+    if programs == 0:       # an empty output (a zero-size batch): a grid of no programs
+        return dev.launch_overhead_s
     # Little's law: HBM is saturated only with enough bytes in flight per SM
     per_sm = min(programs / dev.sm_count, resident) * tile_bytes
     occupancy = min(1.0, per_sm / BYTES_IN_FLIGHT_PER_SM)

@@ -99,3 +99,17 @@ def test_attention_time_across_block_boundaries(cfg, dtype):
             assert t >= config_bound(k, cfg, dev)
             assert t >= 0.97 * prev, (n, prev, t)
             prev = t
+
+
+@pytest.mark.parametrize("m,k,n", [(0, 27, 4), (16, 27, 0)])
+def test_an_empty_product_costs_a_launch_not_a_zero_division(m, k, n):
+    """A zero-size batch (Conv on [0, 3, 6, 6]) gives a contraction of no rows: the Triton
+    estimate divided by a grid of no programs and the cuBLAS one by no vendor tiles
+    (ZeroDivisionError), so every config of the kernel was an error and went unchecked."""
+    from lumc.backends.extern import simulate_extern_time
+    dev = get_device("h200")
+    kern = matmul_kernel(m, k, n, dt.f32)
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
+    for t in (simulate_kernel_time(kern, cfg, dev),
+              simulate_extern_time(kern, {"IMPL": "cublas", "PRECISION": "ieee"}, dev)):
+        assert dev.launch_overhead_s <= t < 1e-3

@@ -64,3 +64,26 @@ def test_consistent_conv_attributes_still_import():
     import_onnx(conv_model("Conv", (1, 3, 5, 5), (2, 3, 3, 3), kernel_shape=[3, 3]))
     import_onnx(conv_model("ConvTranspose", (1, 3, 5, 5), (3, 2, 3, 3), strides=[2, 1],
                            dilations=[1, 3], output_padding=[1, 2], kernel_shape=[3, 3]))
+
+
+def test_zero_size_batch_compiles_with_every_kernel_checked(tmp_path, monkeypatch):
+    """A zero-size batch: the simulator divided by a grid of no programs (Triton configs) and by
+    no vendor tiles (cuBLAS configs), ZeroDivisionError, so every config of the conv and the
+    instance norm was an error and the compile warned that its kernels could not be checked."""
+    import lumc
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    scale, bias = np.ones(4, np.float32), np.zeros(4, np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("InstanceNormalization", ["c", "s", "b"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [0, 3, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(scale, "s"),
+                           numpy_helper.from_array(bias, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.zeros((0, 3, 6, 6), np.float32)
+    f = lumc.compile(m, budget="10s", example_inputs={"x": x}, reuse_plan=False)
+    d = f.report_dict()
+    assert d["warnings"] == [] and d["candidates_rejected"] == 0, (d["warnings"], d)
+    assert f(x).shape == (0, 4, 6, 6)

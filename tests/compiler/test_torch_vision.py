@@ -116,3 +116,11 @@ def test_bilinear_in_float64_interpolates_in_float64(kw):
     x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
     y, ref = compile_module(m, (x,))(x), m(x)
     assert y.dtype == torch.float64 and (y - ref).abs().max().item() <= 1e-13
+
+
+def test_group_norm_of_a_zero_size_batch():
+    """native_group_norm's statistics reshaped to (N, group, -1), which N = 0 cannot infer:
+    'cannot reshape (0, 4, 4, 4) to [0, 2, -1]'."""
+    m = nn.GroupNorm(2, 4)
+    x = torch.randn(0, 4, 4, 4)
+    assert compile_module(m, (x,))(x).shape == (0, 4, 4, 4)

@@ -263,7 +263,7 @@ def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
                                bias if bias is not None else _zeros(c, x), int(group),
                                epsilon=float(eps))
     # PyTorch also returns the per-(n, group) mean and 1/std
-    g = float_of(x).reshape((n, group, -1))
+    g = float_of(x).reshape((n, group, (int(c) // int(group)) * int(hw)))   # no -1: N may be 0
     mean = g.mean([2], keepdims=True)
     d = g.sub(mean)
     rstd = d.mul(d).mean([2]).add(float(eps)).rsqrt()
