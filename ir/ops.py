@@ -222,6 +222,15 @@ def _ref_gather(xs, axis):
     return np.take(table, index.astype(np.int64), axis=axis)
 
 
+def _check_extent(v: View, start: int, shape, size: int) -> None:
+    """A view reads inside its source: ``as_strided`` would read whatever memory lies past it (a
+    plan re-sized to a size its views do not fit read garbage, lumc.ir.symbolic)."""
+    lo = start + sum(min(0, (d - 1) * st) for d, st in zip(shape, v.strides))
+    hi = start + sum(max(0, (d - 1) * st) for d, st in zip(shape, v.strides))
+    if lo < 0 or hi >= size:
+        raise ShapeError(f"view {v} reads elements {lo}..{hi} of a source of {size}")
+
+
 def apply_view(x: np.ndarray, v: View) -> np.ndarray:
     """Evaluate a view on a numpy array; zero-copy (``as_strided``) unless it is masked."""
     if x.dtype in _STORAGE_NP:   # as_strided cannot read ml_dtypes' 1-byte types: move the bytes
@@ -231,16 +240,16 @@ def apply_view(x: np.ndarray, v: View) -> np.ndarray:
         return np.zeros(v.shape, dtype=x.dtype)
     isz = flat.itemsize
     if v.mask is None:
-        base = flat[v.offset:] if v.offset >= 0 else None
-        assert base is not None, "unmasked view with negative offset"
-        return np.lib.stride_tricks.as_strided(base, v.shape, tuple(s * isz for s in v.strides),
-                                               writeable=False)
+        _check_extent(v, v.offset, v.shape, flat.size)
+        return np.lib.stride_tricks.as_strided(flat[v.offset:], v.shape,
+                                               tuple(s * isz for s in v.strides), writeable=False)
     out = np.zeros(v.shape, dtype=x.dtype)
     box = tuple(slice(lo, hi) for lo, hi in v.mask)
     if any(lo >= hi for lo, hi in v.mask):
         return out
     start = v.offset + sum(lo * st for (lo, _), st in zip(v.mask, v.strides))
     sub_shape = tuple(hi - lo for lo, hi in v.mask)
+    _check_extent(v, start, sub_shape, flat.size)
     out[box] = np.lib.stride_tricks.as_strided(flat[start:], sub_shape,
                                                tuple(s * isz for s in v.strides), writeable=False)
     return out

@@ -35,6 +35,8 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
 from lumc.ir.errors import BudgetError, InputError, ShapeError
@@ -246,7 +248,12 @@ def _probe_sizes(model, frontend, fixed, ranges):
         if diff is None and above:
             diff = _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside)
         if diff is None:
-            return probe, check, fe_p, table
+            diff = _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table)
+            if diff is None:
+                return probe, check, fe_p, table
+            first = first or diff
+            if not above:       # the next assignments are checked at these imports too
+                inside = inside or [(probe, fe_p), (check, fe_c)]
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
     if first is None:       # too narrow inside, and no import above it
         raise InputError(f"size range {spec}: too narrow to probe inside (two odd primes per dim) "
@@ -314,6 +321,44 @@ def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
         diff = _resizes_to(fe_p, {probe[k]: at[k] for k in ranges}, table, fe)
         if diff is not None:
             return diff
+    return None
+
+
+def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> str | None:
+    """None when the probed graph re-sized to the range's top and to the size below it computes
+    what the model imported there computes (the same outputs on the same inputs), else the first
+    difference. A size the model floor-divides (a strided conv's or pool's output,
+    ``floor((H - k) / s) + 1``) agrees with products of the probe at the probes' residue mod ``s``
+    only, and two primes can share it (H = 3..20 probed at 17 and 19: 6 windows at both for
+    ``s = 3, k = 2``, and the plan then read 6 windows at every size); two consecutive sizes
+    cannot. Compared by value, not node for node: an import away from the probes folds what the
+    probed one holds (a position table)."""
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.compiler.core.measure import max_rel_error
+    from lumc.compiler.core.pipeline import example_inputs_for
+    top = {k: r.hi // r.step for k, r in ranges.items()}
+    below = {k: max(top[k] - 1, -(-r.lo // r.step)) for k, r in ranges.items()}
+    for at in ([top, below] if below != top else [top]):
+        where = ", ".join(f"{k}={ranges[k].step * at[k]}" for k in ranges)
+        try:
+            with probing(primes):
+                fe = frontend(model, _dims_shapes(fixed, ranges, at))
+            g = Resizer({probe[k]: at[k] for k in ranges}, table).graph(fe_p.graph)
+            if [n.shape for n in g.inputs.values()] != [n.shape for n in fe.graph.inputs.values()]:
+                return f"at {where} the inputs re-size to other shapes"
+            ins = example_inputs_for(fe.graph, fe)
+            want, got = ReferenceExecutor(fe.graph)(ins), ReferenceExecutor(g)(ins)
+        except (InputError, ShapeError, NotSymbolic, IndexError) as e:
+            return f"at {where}: {e}"
+        for k, ref in want.items():
+            y = got[k]
+            if y.shape != ref.shape:
+                return f"at {where} output {k!r} re-sizes to {list(y.shape)}, not {list(ref.shape)}"
+            if fe.graph.outputs[k].dtype.is_float:
+                if not max_rel_error(y, ref) <= 1e-4:
+                    return f"at {where} output {k!r} differs (max rel error {max_rel_error(y, ref):.3g})"
+            elif not np.array_equal(y, ref):
+                return f"at {where} output {k!r} differs"
     return None
 
 

@@ -314,3 +314,43 @@ def test_a_weights_reference_to_no_part_is_an_artifact_error():
     for bad in (b"v9/consts.npz", b"v0/graph.json", b"\xff"):
         with pytest.raises(ArtifactError, match="names no stored weights part"):
             resolve_consts_refs("a.lumc", {"v0/consts.npz": b"W", "v1/consts.ref": bad})
+
+
+def strided(op: str, k: int = 2, s: int = 3) -> onnx.ModelProto:
+    """x [1, 2, L, 5] -> a window of k every s rows: floor((L - k) / s) + 1 rows, not a product of
+    L, and equal at two primes less than s apart (6 at both 17 and 19 for k = 2, s = 3)."""
+    inits = []
+    if op == "Conv":
+        inits = [nh.from_array(RNG.standard_normal((3, 2, k, 1)).astype(np.float32), "w")]
+        node = oh.make_node("Conv", ["x", "w"], ["y"], strides=[s, 1])
+    else:
+        node = oh.make_node(op, ["x"], ["y"], kernel_shape=[k, 1], strides=[s, 1])
+    g = oh.make_graph([node], "strided", [oh.make_tensor_value_info("x", TP.FLOAT, [1, 2, "L", 5])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "Conv"])
+@pytest.mark.parametrize("lo,hi", [(3, 20), (20, 64)])
+def test_a_strided_window_count_is_refused_even_where_two_primes_agree(op, lo, hi, db):
+    """The probe and check primes inside the range (17 and 19 for 3..20) gave the same window
+    count, so the range was accepted on them alone: MaxPool k=2 s=3 then returned 6 rows at every
+    size of 3..20 (onnxruntime: 1 at L=3), its views reading past their source (garbage), and the
+    Conv's bucket check failed on torch's bounds ('setStorage: ... out of bounds'). The probed
+    graph is now also compared by value at the range's top and the size below it."""
+    with pytest.raises(InputError, match=r"not products of L.*re-sizes to \[1, \d, \d+, \d\], "
+                                         r"not \[1, \d, \d+, \d\]") as e:
+        lumc.compile(strided(op), budget="30s", device="sim:h200", db=db, shapes={"L": (lo, hi)})
+    assert "\n" not in str(e.value)
+
+
+def test_a_view_past_its_source_is_an_error_not_a_read_of_other_memory():
+    from lumc.ir.errors import ShapeError
+    from lumc.ir.ops import apply_view
+    from lumc.ir.views import View
+    x = np.arange(10, dtype=np.float32)
+    np.testing.assert_array_equal(apply_view(x, View((3, 2), (3, 1), 1)), [[1, 2], [4, 5], [7, 8]])
+    with pytest.raises(ShapeError, match="reads elements 1..17 of a source of 10"):
+        apply_view(x, View((6, 2), (3, 1), 1))
+    with pytest.raises(ShapeError, match="of a source of 10"):
+        apply_view(x, View((4, 2), (3, 1), 0, ((0, 4), (0, 2))))
