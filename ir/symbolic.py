@@ -17,10 +17,10 @@ entry and any other value by the table's factors (:class:`Substitution`).
 This is sound only where the model's size arithmetic is such products, and where no static size
 is a multiple of a probe (or equal to a learned affine value). It is *checked*, never assumed: :func:`same_graph` compares the probed
 graph re-sized to a second prime with the graph imported there (node for node: nodes are hash-consed, so equal graphs are the same objects), and
-the compiler compares the probed graph re-sized to the range's top and the size below it with
-the model imported there, by value (a strided window count, ``floor((H - k) / s) + 1``, can agree
-at two primes, never at two consecutive sizes), and checks each size bucket's numerics at its
-smallest and largest size. A constant array
+the compiler compares the probed graph re-sized to the range's two smallest and two largest sizes
+with the model imported there, by value (a strided window count, ``floor((H - k) / s) + 1``, can
+agree at two primes; it is monotone, so right at both ends means right throughout), and checks
+each size bucket's numerics at its smallest and largest size. A constant array
 with a probed dim (a folded position table, a gather index computed from the size), or an integer
 that is not such a product (``L - 1``, ``min(L, 512)``), makes the check fail, and the range is
 then refused in one line rather than served wrong (:class:`NotSymbolic`).

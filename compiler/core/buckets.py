@@ -325,20 +325,26 @@ def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
 
 
 def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> str | None:
-    """None when the probed graph re-sized to the range's top and to the size below it computes
-    what the model imported there computes (the same outputs on the same inputs), else the first
-    difference. A size the model floor-divides (a strided conv's or pool's output,
+    """None when the probed graph re-sized to the range's two smallest and two largest sizes
+    computes what the model imported there computes (the same outputs on the same inputs), else
+    the first difference. A size the model floor-divides (a strided conv's or pool's output,
     ``floor((H - k) / s) + 1``) agrees with products of the probe at the probes' residue mod ``s``
     only, and two primes can share it (H = 3..20 probed at 17 and 19: 6 windows at both for
-    ``s = 3, k = 2``, and the plan then read 6 windows at every size); two consecutive sizes
-    cannot. Compared by value, not node for node: an import away from the probes folds what the
-    probed one holds (a position table)."""
+    ``s = 3, k = 2``, and the plan then read 6 windows at every size): such a count is monotone in
+    the size, so it is right over the whole range only if it is at both ends, and a size that
+    cycles with the residue (SAME padding) differs at one of two consecutive sizes. Compared by
+    value, not node for node: an import away from the probes folds what the probed one holds (a
+    position table)."""
     from lumc.backends.reference import ReferenceExecutor
     from lumc.compiler.core.measure import max_rel_error
     from lumc.compiler.core.pipeline import example_inputs_for
+    lo = {k: -(-r.lo // r.step) for k, r in ranges.items()}
     top = {k: r.hi // r.step for k, r in ranges.items()}
-    below = {k: max(top[k] - 1, -(-r.lo // r.step)) for k, r in ranges.items()}
-    for at in ([top, below] if below != top else [top]):
+    pts = [lo, {k: min(lo[k] + 1, top[k]) for k in ranges},
+           {k: max(top[k] - 1, lo[k]) for k in ranges}, top]
+    for i, at in enumerate(pts):
+        if at in pts[:i]:
+            continue
         where = ", ".join(f"{k}={ranges[k].step * at[k]}" for k in ranges)
         try:
             with probing(primes):
@@ -347,7 +353,8 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
             if [n.shape for n in g.inputs.values()] != [n.shape for n in fe.graph.inputs.values()]:
                 return f"at {where} the inputs re-size to other shapes"
             ins = example_inputs_for(fe.graph, fe)
-            want, got = ReferenceExecutor(fe.graph)(ins), ReferenceExecutor(g)(ins)
+            want = ReferenceExecutor(fe.graph)(ins)
+            got = ReferenceExecutor(g)(ins)
         except (InputError, ShapeError, NotSymbolic, IndexError) as e:
             return f"at {where}: {e}"
         for k, ref in want.items():
