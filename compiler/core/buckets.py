@@ -362,8 +362,9 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
             if y.shape != ref.shape:
                 return f"at {where} output {k!r} re-sizes to {list(y.shape)}, not {list(ref.shape)}"
             if fe.graph.outputs[k].dtype.is_float:
-                if not max_rel_error(y, ref) <= 1e-4:
-                    return f"at {where} output {k!r} differs (max rel error {max_rel_error(y, ref):.3g})"
+                err = max_rel_error(y, ref)
+                if not err <= 1e-4:
+                    return f"at {where} output {k!r} differs (max rel error {err:.3g})"
             elif not np.array_equal(y, ref):
                 return f"at {where} output {k!r} differs"
     return None

@@ -24,7 +24,7 @@ class Lambda(nn.Module):
         return self.fn(*xs)
 
 
-# ---- memory formats ---------------------------------------------------------------------------------
+# ---- memory formats ------------------------------------------------------------------------------
 class SqueezeExcite(nn.Module):
     def __init__(self, c=8):
         super().__init__()
@@ -46,7 +46,8 @@ def test_global_pool_of_a_channels_last_input(dtype):
     with torch.no_grad():
         y, ref = f(x), m.double()(x.double())
     tol = 1e-6 if dtype == torch.float32 else 2e-3
-    assert y.dtype == dtype and (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+    assert y.dtype == dtype
+    assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
 def test_as_strided_reads_the_input_storage_in_its_traced_order():
@@ -61,7 +62,7 @@ def test_as_strided_reads_the_input_storage_in_its_traced_order():
         compile_module(Lambda(lambda x: x.as_strided((3, 5), (1, 3))), (x,))
 
 
-# ---- pooling ----------------------------------------------------------------------------------------
+# ---- pooling -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [2, 3])
 def test_adaptive_avg_pool_keeps_an_inf_in_its_own_windows(size):
     """Unequal adaptive windows were one matmul with a constant [n_in, n_out] averaging matrix, so
@@ -90,7 +91,7 @@ def test_adaptive_avg_pool_against_eager(dtype, out):
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
-# ---- upsampling -------------------------------------------------------------------------------------
+# ---- upsampling ----------------------------------------------------------------------------------
 def test_bilinear_scale_factor_output_size_is_computed_in_double():
     """PyTorch sizes ``upsample_bilinear2d.vec`` as floor(in * scale) in double; lumc computed it in
     float32 (ONNX Resize's rule), so 90 rows at scale 1.3 lowered to 116 rows, eager 117, and a

@@ -275,7 +275,7 @@ def test_conv_transpose_inf_input_where_the_stride_does_not_divide_the_kernel():
     x = np.array([[[np.inf, 1.0]]], np.float32)
     w = np.array([[[1.0, 2.0, 3.0]]], np.float32)
     got = run(lambda x, w: conv_transpose(x, w, strides=[2]), x, w)
-    want = F.conv_transpose1d(torch.tensor(x), torch.tensor(w), stride=2).numpy()   # inf inf inf 2 3
+    want = F.conv_transpose1d(torch.tensor(x), torch.tensor(w), stride=2).numpy()  # inf inf inf 2 3
     np.testing.assert_array_equal(got, want)
 
 
