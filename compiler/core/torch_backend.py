@@ -58,7 +58,7 @@ from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
 from lumc.compiler.frontends.torch_frontend import decomposition_table
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, InputSlot, from_numpy,
                                                              int_examples, to_numpy)
-from lumc.compiler.core.torch_compile import Specialization
+from lumc.compiler.core.torch_compile import Specialization, same_constant
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir.errors import BudgetError, InputError, LumcError, UnsupportedOpError
@@ -406,7 +406,7 @@ class DynamoGraph:
 
     def _in_range(self, args) -> bool:
         for i, (v, _, _) in self._baked.items():
-            if not isinstance(args[i], torch.Tensor) or args[i].item() != v:
+            if not isinstance(args[i], torch.Tensor) or not same_constant(args[i].item(), v):
                 return False
         for d in self.dims.values():
             for i, ax in d.uses:
@@ -417,7 +417,7 @@ class DynamoGraph:
 
     # ---- one compile per shape --------------------------------------------------------------------
     def _key(self, args) -> tuple:
-        return tuple(("baked", a.item()) if i in self._baked and isinstance(a, torch.Tensor)
+        return tuple(("baked", repr(a.item())) if i in self._baked and isinstance(a, torch.Tensor)
                      else (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor)
                      else ("value", a) for i, a in enumerate(args))
 
@@ -428,7 +428,7 @@ class DynamoGraph:
             return hit
         t0 = time.perf_counter()
         baked = self._baked
-        if any(isinstance(args[i], torch.Tensor) and args[i].item() != v
+        if any(isinstance(args[i], torch.Tensor) and not same_constant(args[i].item(), v)
                for i, (v, _, _) in baked.items()):
             # another value of a float Dynamo passes as a tensor: traced at this call's value
             self._baked = {i: (args[i].item(), dt, dev) for i, (_, dt, dev) in baked.items()}

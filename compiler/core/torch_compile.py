@@ -62,6 +62,13 @@ class Specialization:
     compiled: object = None          # the CompiledModel when the search ran
 
 
+def same_constant(a, b) -> bool:
+    """Whether a call's non-tensor argument is the value the graph was traced with: of the same
+    type and the same value, so ``2.0`` is not ``2`` (an int tensor times 2.0 is a float tensor),
+    ``True`` is not ``1``, ``-0.0`` is not ``0.0`` and NaN is NaN."""
+    return type(a) is type(b) and repr(a) == repr(b)
+
+
 def _shape_key(leaves) -> tuple:
     return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else ("value", repr(t))
                  for t in leaves)
@@ -136,7 +143,7 @@ class CompiledTorchModule:
         if hit is not None:
             return hit
         for slot, leaf in zip(self.program.inputs, leaves):
-            if slot.dims is None and leaf != slot.value:
+            if slot.dims is None and not same_constant(leaf, slot.value):
                 raise InputError(f"input {slot.name!r} was traced as the constant {slot.value!r}; "
                                  f"got {leaf!r}", node=slot.name)
         shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in leaves]

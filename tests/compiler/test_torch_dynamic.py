@@ -203,3 +203,17 @@ def test_graph_that_does_not_resize_falls_back_per_shape():
     assert g.ranged is None and "not products of" in g.per_shape_reason
     assert g.compiles == 2 and len(g.specializations) == 2 and frames() == 1
     assert tb.counters["per_shape_fallbacks"] == 1 and "compiled per shape" in g.report()
+
+
+def test_a_float_argument_of_another_sign_is_not_the_baked_one():
+    """Dynamo passes a Python float as a 0-d tensor that lumc bakes into the trace; a call with
+    -0.0 after 0.0 compared equal to it (``-0.0 == 0.0``) and reused the 0.0 plan:
+    ``1 / (x * s)`` gave +inf where eager gives -inf."""
+    def fn(x, s: float):
+        return 1 / (x * s)
+    f = torch.compile(fn, backend="lumc", dynamic=True, options={"budget": "10s",
+                                                                 "device": "sim:h200"})
+    x = torch.tensor([1.0, 2.0])
+    with torch.no_grad():
+        for s in (0.5, 0.0, -0.0, 0.0, 1.5):
+            assert torch.equal(f(x, s), fn(x, s)), s

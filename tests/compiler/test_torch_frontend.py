@@ -302,6 +302,26 @@ def test_input_errors():
         f(torch.randn(2, 5, 16), torch.randn(1))
 
 
+def test_a_constant_argument_of_another_type_or_sign_is_refused():
+    """A non-tensor argument is traced as a constant; a call with an equal value of another type
+    ran the traced graph: traced with n=2, ``f(ids, 2.0)`` returned int64 ``ids * 2`` where eager
+    gives float32, and -0.0 ran as the traced 0.0. Now each is refused in one line."""
+    class Scale(nn.Module):
+        def forward(self, x, n):
+            return x * n
+    ids = torch.tensor([1, 2, 3])
+    f = compile_module(Scale(), (ids, 2))
+    assert torch.equal(f(ids, 2), ids * 2)
+    for other in (2.0, True):
+        with pytest.raises(InputError, match=f"traced as the constant 2; got {other!r}"):
+            f(ids, other)
+    g = compile_module(Scale(), (torch.ones(2), 0.0))
+    with pytest.raises(InputError, match="traced as the constant 0.0; got -0.0"):
+        g(torch.ones(2), -0.0)
+    h = compile_module(Scale(), (torch.ones(2), float("nan")))
+    assert torch.isnan(h(torch.ones(2), float("nan"))).all()     # NaN is the NaN it was traced with
+
+
 def test_unsupported_ops_are_listed_at_once():
     class Odd(nn.Module):
         def forward(self, x):
