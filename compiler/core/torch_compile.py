@@ -389,6 +389,14 @@ def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None):
     program = CapturedProgram(graph_module=None, weights={}, device=torch.device(shell["device"]),
                               **fields)
     compiled = CompiledTorchModule(program, budget_s, 0.0, True, device, policy)
+    try:
+        leaves = compiled._leaves(args, kwargs)
+        why = plan_cache.matches(shell, cm.graph, leaves, _shape_key(leaves))
+    except InputError as e:
+        why = str(e)
+    if why is not None:     # a damaged or foreign stored pair: compile afresh (and overwrite it)
+        plan_cache.log.info("torch plan %s not reused: %s", key, why)
+        return plans, key
     spec = Specialization(shell["key"], SimpleNamespace(graph=cm.graph), cm.run,
                           shell["op_counts"], shell["seconds"], shell["flat_outputs"], compiled=cm)
     compiled._cache[spec.key] = spec

@@ -313,8 +313,9 @@ def store(plans: Path, key: str, compiled, spec) -> bool:
                      op_counts=spec.op_counts, seconds=spec.seconds,
                      flat_outputs=[_storable(x) for x in spec.flat_outputs],
                      capture_s=compiled.capture_s)
-        blob = json.dumps(_encode_shell(shell)).encode()
-        _decode_shell(json.loads(blob))   # what cannot come back is not stored
+        body = _encode_shell(shell)
+        blob = json.dumps({"sha256": _digest(body), "shell": body}).encode()
+        _decode_shell(body)               # what cannot come back is not stored
         spec.compiled.save(plans / f"{key}.lumc")
         tmp = plans / f"{key}.torch.tmp"
         tmp.write_bytes(blob)
@@ -333,10 +334,51 @@ def load_shell(plans: Path, key: str) -> dict | None:
     if not p.exists() or not (plans / f"{key}.lumc").exists():
         return None
     try:
-        return _decode_shell(json.loads(p.read_bytes()))
+        doc = json.loads(p.read_bytes())
+        # a file edited or damaged into other valid JSON (a renamed output, another dtype) would
+        # be believed: its digest says whether it is the one stored
+        if not isinstance(doc, dict) or doc.get("sha256") != _digest(doc.get("shell")):
+            raise ValueError("the stored interface does not match its digest")
+        return _decode_shell(doc["shell"])
     except Exception as e:   # unreadable or from another torch: recompile (and overwrite it)
         log.info("torch plan not reused: %r", e)
         return None
+
+
+def matches(shell: dict, graph, leaves: list, call_key: tuple) -> str | None:
+    """Why a stored interface cannot serve this compile's plan and inputs, or None: the call's
+    flat arguments (``leaves``, in the stored ``in_spec``'s order; ``call_key`` their shapes), and
+    the stored plan's ``graph`` (its inputs by name, shape and dtype; every output it computes
+    named by the interface, each name once)."""
+    from lumc.compiler.core.torch_compile import same_constant
+    slots = shell["inputs"]
+    if shell["key"] != call_key or len(slots) != len(leaves):
+        return "the stored interface was captured for other arguments"
+    tensor_slots = {}
+    for slot, leaf in zip(slots, leaves):
+        if slot.dims is None:
+            if isinstance(leaf, torch.Tensor) or not same_constant(leaf, slot.value):
+                return f"input {slot.name!r} was stored as another constant"
+        else:
+            tensor_slots[slot.name] = slot
+    if set(tensor_slots) != set(graph.inputs):
+        return "the stored interface names other inputs than the plan"
+    for name, slot in tensor_slots.items():
+        node = graph.inputs[name]
+        if tuple(node.shape) != tuple(slot.dims) or node.dtype != slot.dtype:
+            return f"input {name!r} has another shape or dtype in the plan"
+    names, index, flat = shell["output_names"], shell["output_index"], shell["flat_outputs"]
+    if len(names) != len(index) or len(set(names)) != len(names) or \
+            not set(graph.outputs) <= set(names) or any(not 0 <= i < len(flat) for i in index):
+        return "the stored outputs do not match the plan's"
+    spec = shell["out_spec"]
+    if (spec.num_leaves if spec is not None else len(names)) != len(names):
+        return "the stored output structure does not match the plan's"
+    return None
+
+
+def _digest(body) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 # ---- the JSON form of a capture interface ----------------------------------------------------------

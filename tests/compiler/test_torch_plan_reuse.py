@@ -89,6 +89,51 @@ def test_a_pickle_in_the_plan_cache_is_never_unpickled(tmp_path):
     assert not marker.exists()
 
 
+class _TwoOut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {"y": y, "t": torch.tanh(y)}
+
+
+@pytest.mark.parametrize("resign", [False, True])
+def test_a_stored_interface_edited_into_other_valid_json_is_not_believed(cache, resign):
+    """The stored interface (``.torch``) is JSON beside the plan; a copy damaged or edited into
+    other valid JSON was believed: with an output renamed, the reused module returned None for it,
+    with an input's dtype changed it refused the right tensor, with another shape key it raised
+    an AttributeError. Now the file carries its digest, and a pair whose interface does not match
+    the plan's inputs and outputs (even under a valid digest) is recompiled and overwritten."""
+    import hashlib
+    import json
+    torch.manual_seed(0)
+    m = _TwoOut().eval()
+    x = torch.randn(2, 4)
+    compile_module(m, (x,), budget="10s", device="sim:h200")
+    (path,) = cache.glob("plans/*.torch")
+    good = path.read_bytes()
+    with torch.no_grad():
+        want = m(x)
+    for edit in (lambda s: s.update(output_names=["zz", "t"]),
+                 lambda s: s["inputs"][0].update(dtype="f16"),
+                 lambda s: s.update(key=[[[9, 4], "float32"]])):
+        doc = json.loads(good)
+        edit(doc.get("shell", doc))
+        if resign and "shell" in doc:
+            doc["sha256"] = hashlib.sha256(json.dumps(doc["shell"], sort_keys=True)
+                                           .encode()).hexdigest()
+        path.write_text(json.dumps(doc))
+        g = compile_module(m, (x,), budget="10s", device="sim:h200")
+        assert g.reused is None
+        got = g(x)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k])
+        assert json.loads(path.read_bytes())["shell"]["output_names"] == ["y", "t"]   # rewritten
+    assert compile_module(m, (x,), budget="10s", device="sim:h200").reused
+
+
 class _Gated(torch.nn.Module):
     """What forward computes depends on plain attributes: a flag, a stored function, a config."""
 
