@@ -21,8 +21,9 @@ captured graph to lower again. The pipeline's reuse rule applies (``plan_reuse._
 search stopped at its budget is reused only for a budget no larger. The interface is stored as
 JSON (pytree specs through ``torch.utils._pytree.treespec_dumps``, constant outputs as ``.npy``
 bytes read with ``allow_pickle=False``): nothing lumc reads is ever unpickled, so a damaged or
-hostile cache file is data, not code. One that does not load (another torch, a damaged file) is
-ignored and overwritten.
+hostile cache file is data, not code. The file carries the sha256 of its content, and a reuse
+checks it against the plan it stands beside and the call (:func:`matches`). One that does not load
+or match (another torch, a damaged or edited file) is ignored and overwritten.
 """
 from __future__ import annotations
 
