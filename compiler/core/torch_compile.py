@@ -40,6 +40,7 @@ from lumc.compiler.core.workers import with_workers
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, _as_args, capture_module,
                                                   example_shapes, from_numpy, int_examples,
                                                   to_numpy)
+from lumc.compiler.core.torch_state import ModuleWatch
 from lumc.ir.errors import InputError
 
 # The compile budget when the caller gives none: lumc.compiler.core.torch_compile.compile_module and
@@ -110,6 +111,8 @@ class CompiledTorchModule:
         self.device = device
         self.reused: str | None = None   # the stored plan a recompile reused (plan_cache)
         self._cache: dict[tuple, Specialization] = {}
+        # the module it was compiled from, unchanged since? (torch_state.ModuleWatch)
+        self.watch = None
 
     @property
     def input_specs(self):
@@ -168,6 +171,8 @@ class CompiledTorchModule:
             InputError: arguments of another structure, dtype, or a shape outside the captured
                 dynamic dims.
         """
+        if self.watch is not None:
+            self.watch.check()
         leaves = self._leaves(args, kwargs)
         tensors = {}
         for slot, leaf in zip(self.program.inputs, leaves):
@@ -284,7 +289,10 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     """Capture a PyTorch module and return a callable that runs it with lumc.
 
     Args:
-        module: the module (``.eval()`` it first); it is not referenced after this returns.
+        module: the module (``.eval()`` it first); its weights are copied into the plan and it is
+            not referenced after this returns, but for a weak reference: a call after its
+            parameters, buffers or training flags changed is refused in one line
+            (``torch_state.ModuleWatch``), never run on the weights compiled.
         example_inputs: a tensor or tuple of positional example inputs (their shapes are lowered
             at once, so unsupported ops and shape errors surface here).
         budget: a duration (``"2m"``, ``90``) or None for :data:`DEFAULT_BUDGET`; a range compile
@@ -336,10 +344,12 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     args = _as_args(example_inputs)
     t_start = time.monotonic()
     stored = None
+    digests: dict = {}    # of the module's tensors, taken once for the plan key and the watch
     if search and reuse_plan and dynamic_shapes is None:
         stored = _stored_plan(module, args, dict(example_kwargs or {}), budget_s, device, t_start,
-                              policy)
+                              policy, digests)
         if isinstance(stored, CompiledTorchModule):
+            stored.watch = ModuleWatch(module, digests)
             return stored
     t0 = time.perf_counter()
     program = capture_module(module, args, example_kwargs, dynamic_shapes)
@@ -348,9 +358,10 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         ranges = dim_ranges(program, example_shapes(program, args, example_kwargs))
         if ranges_in(ranges):
             leaves = pytree.tree_flatten((tuple(args), dict(example_kwargs or {})))[0]
-            return compile_module_range(program, ranges, budget_s, device, policy,
-                                        type(module).__name__,
-                                        int_examples(program.inputs, leaves))
+            vm = compile_module_range(program, ranges, budget_s, device, policy,
+                                      type(module).__name__, int_examples(program.inputs, leaves))
+            vm.watch = ModuleWatch(module)
+            return vm
     compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))
     feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
@@ -361,14 +372,16 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         kw = dict(example_kwargs or {})
         spec.compiled._report["eager_check"] = check_against_eager(
             module, args, kw, compiled(*args, **kw), policy.rtol, type(module).__name__)
+    compiled.watch = ModuleWatch(module, digests)
     if stored is not None and spec.compiled is not None and \
             spec.compiled.report_dict().get("best_time_s") is not None:
         plan_cache.store(stored[0], stored[1], compiled, spec)
     return compiled
 
 
-def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None):
-    """The reused :class:`CompiledTorchModule`, or ``(plans dir, key)`` to store the result under."""
+def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None, digests=None):
+    """The reused :class:`CompiledTorchModule`, or ``(plans dir, key)`` to store the result under;
+    ``digests`` receives the module's tensor digests the key took."""
     from lumc.compiler.core.budget import Deadline
     from lumc.compiler.core.plan_reuse import _reuse_plan
     from lumc.compiler.runtime.targets import resolve_target, versions
@@ -378,7 +391,7 @@ def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None):
     # the precision policy is part of what the plan was compiled for
     where = target.name if policy is None else f"{target.name} {sorted(policy.as_dict().items())}"
     key = plan_cache.module_key(module, args, kwargs, None, where,
-                                versions(gpu=not target.simulated))
+                                versions(gpu=not target.simulated), digests)
     shell = plan_cache.load_shell(plans, key)
     if shell is None:
         return plans, key

@@ -49,12 +49,13 @@ SHELL_FIELDS = ("inputs", "dims", "in_spec", "out_spec", "output_index", "output
 
 
 def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes, device: str,
-               ver: dict) -> str:
+               ver: dict, digests: dict | None = None) -> str:
     """A hex key of everything a compile of ``module`` on these inputs depends on (see the module
-    docstring); about 1 s per GB of weights (sha256)."""
+    docstring); about 1 s per GB of weights (sha256). ``digests``, where given, receives
+    ``{id(tensor): tensor_digest(tensor)}`` of the tensors it hashed."""
     h = hashlib.sha256()
     h.update(repr(module).encode())
-    h.update(module_fingerprint(module).encode())
+    h.update(module_fingerprint(module, digests).encode())
     leaves, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
     h.update(repr(spec).encode())
     for x in leaves:
@@ -280,7 +281,12 @@ class _Fingerprint:
         return text
 
 
-def module_fingerprint(module: torch.nn.Module) -> str:
+def tensor_digest(x: torch.Tensor) -> str:
+    """A tensor's dtype, shape and the sha256 of its bytes, as the plan key takes them."""
+    return _Fingerprint()._tensor(x)
+
+
+def module_fingerprint(module: torch.nn.Module, digests: dict | None = None) -> str:
     """What the module tree computes, as text (see :class:`_Fingerprint`), with the global
     forward hooks. A tree too large or deep to follow gets a text no other call gives, so it is
     never reused. Not covered: state read through a module-level object of an installed package
@@ -290,6 +296,8 @@ def module_fingerprint(module: torch.nn.Module) -> str:
     parts = [fp.value(list(getattr(hooks, g, {}).values()))
              for g in ("_global_forward_hooks", "_global_forward_pre_hooks")]
     parts.append(fp.module(module))
+    if digests is not None:
+        digests.update({k: text for k, (x, text) in fp.memo.items() if isinstance(x, torch.Tensor)})
     if fp.exhausted:
         import uuid
         log.info("torch plan key: the module's state is too large to fingerprint; not reused")

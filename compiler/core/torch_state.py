@@ -1,5 +1,6 @@
 """A Dynamo graph's state, for ``torch_backend.DynamoGraph``: writes to its inputs made pure, and
-outputs that refuse a backward.
+outputs that refuse a backward; and for ``lumc.compile``'s callable, a watch on the module it
+copied (:class:`ModuleWatch`).
 
 lumc compiles pure functions for inference. A graph that writes its inputs in place (a buffer's
 running mean, a KV cache row set by index) is functionalized by ``torch.func.functionalize``,
@@ -49,3 +50,83 @@ class InferenceOnly(torch.autograd.Function):
         raise RuntimeError("lumc: this graph was compiled for inference and has no backward; "
                            "train with another torch.compile backend (or none), and compile "
                            "for lumc under torch.no_grad() or torch.inference_mode()")
+
+
+def _stamp(t: torch.Tensor) -> tuple:
+    """What changes when a tensor's values may have: its in-place version (inference tensors keep
+    none), storage, dtype and shape."""
+    try:
+        version = t._version
+    except RuntimeError:
+        version = None
+    return id(t), version, t.data_ptr(), t.dtype, tuple(t.shape)
+
+
+class ModuleWatch:
+    """What ``lumc.compile`` copied from a module, to tell a call that the module changed since.
+
+    ``lumc.compile`` compiles the module's weights into its plan and keeps no reference to the
+    module (only a weak one here): a weight written in place (``load_state_dict``, an optimizer
+    step, ``w.mul_(2)``), replaced, converted (``.half()``) or a submodule put in training mode
+    after the compile would leave the compiled callable computing the old module without a word.
+    :meth:`check` raises instead, naming what changed. Each call compares every parameter's and
+    buffer's identity, version counter, storage, dtype and shape (microseconds); where one
+    differs, its bytes are compared with those compiled (by digest: a round trip through
+    ``.double()`` and back changes nothing). A module that is gone is not checked.
+
+    Args:
+        module: the module compiled.
+        digests: ``{id(tensor): digest}`` already taken of its tensors
+            (``torch_plan_cache.tensor_digest``, as the plan cache key takes them), not taken again.
+    """
+
+    def __init__(self, module: torch.nn.Module, digests: dict | None = None):
+        import weakref
+        from lumc.compiler.core.torch_plan_cache import tensor_digest
+        self._module = weakref.ref(module)
+        digests = digests or {}
+        self._tensors = {name: (_stamp(t), digests.get(id(t)) or tensor_digest(t))
+                         for name, t in self._named(module)}
+        self._flags = self._training(module)
+
+    @staticmethod
+    def _named(module: torch.nn.Module) -> list:
+        return ([(f"parameter {n!r}", t) for n, t in module.named_parameters()]
+                + [(f"buffer {n!r}", t) for n, t in module.named_buffers()])
+
+    @staticmethod
+    def _training(module: torch.nn.Module) -> list:
+        return [(f"the training flag of submodule {n!r}" if n else "its training flag", sub.training)
+                for n, sub in module.named_modules()]
+
+    def check(self) -> None:
+        """Raises:
+            InputError: the module's parameters, buffers or training flags are not those compiled
+                (one line naming the first that differs)."""
+        module = self._module()
+        if module is None:
+            return
+        named = self._named(module)
+        if len(named) != len(self._tensors):
+            self._refuse("its set of parameters and buffers")
+        for what, t in named:
+            was = self._tensors.get(what)
+            if was is None:
+                self._refuse("its set of parameters and buffers")
+            stamp = _stamp(t)
+            if stamp != was[0]:
+                from lumc.compiler.core.torch_plan_cache import tensor_digest
+                if tensor_digest(t) != was[1]:
+                    self._refuse(what)
+                self._tensors[what] = (stamp, was[1])    # touched, not changed
+        flags = self._training(module)
+        if flags != self._flags:
+            self._refuse(next((a[0] for a, b in zip(flags, self._flags) if a != b),
+                              "its set of submodules"))
+
+    @staticmethod
+    def _refuse(what: str):
+        from lumc.ir.errors import InputError
+        raise InputError(f"the module changed after lumc.compile copied it ({what}); the compiled "
+                         "plan computes the module as it was: compile it again (unchanged "
+                         "weights reuse the stored plan)")

@@ -121,6 +121,9 @@ class VariantModel:
         self._by_shape: dict[tuple, list] = {}
         self._ranged = [(k, cm) for k, cm in self.variants if k.ranges]
         self._instances: dict[tuple, object] = {}     # (variant, sizes) -> re-sized plan
+        # a torch module's lumc.compile: checks before each call that the module is unchanged
+        # (lumc.compiler.core.torch_state.ModuleWatch)
+        self.watch = None
         for key, cm in self.variants:
             if not key.ranges:
                 self._by_shape.setdefault(self._shape_key(key.shapes), []).append((key, cm))
@@ -345,15 +348,21 @@ class VariantModel:
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
         """Run the plan that serves ``inputs`` (see :meth:`select`)."""
+        if self.watch is not None:
+            self.watch.check()
         return self.select(inputs).run(inputs)
 
     def run_tensors(self, tensors: dict) -> dict:
         """Run the plan that serves ``tensors`` (``{name: torch tensor}``) on their device
         (:meth:`CompiledModel.run_tensors <lumc.compiler.runtime.compiled.CompiledModel.run_tensors>`:
         on a GPU no host copy); only an ``If`` condition's inputs are read on the host."""
+        if self.watch is not None:
+            self.watch.check()
         return self.select(tensors).run_tensors(tensors)
 
     def __call__(self, *args, **kwargs):
+        if self.watch is not None:
+            self.watch.check()
         given = self._named(args, kwargs)
         return self.select(given)(given)
 
