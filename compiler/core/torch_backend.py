@@ -62,7 +62,8 @@ from lumc.compiler.core.torch_compile import Specialization, same_constant
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir.errors import BudgetError, InputError, LumcError, UnsupportedOpError
-from lumc.compiler.core.torch_state import InferenceOnly, lift_input_writes
+from lumc.compiler.core.torch_state import (InferenceOnly, lift_input_writes, output_aliases,
+                                             refuse_overlapping_writes, restore_aliases)
 from lumc.compiler.core.buckets import compile_range
 
 DEFAULT_MAX_SIZE = 1024   # the top of a dynamic dim's range where Dynamo leaves it unbounded
@@ -147,6 +148,7 @@ class DynamoGraph:
         self._writes: list[tuple[int, str]] = []
         self._table = decomposition_table()
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._aliases = output_aliases(gm)    # outputs that are inputs or views of them
         self._examples = list(example_inputs)
         self._baked = self._baked_floats()
         counters["graphs"] += 1
@@ -474,10 +476,13 @@ class DynamoGraph:
                                            for a in args):
             # lumc compiles for inference: outputs that need a gradient get one that refuses
             # (else a loss through them would silently leave this graph's parameters without one)
-            return InferenceOnly.apply(self._run, *args)
-        return self._run(*args)
+            out = InferenceOnly.apply(self._run, *args)
+        else:
+            out = self._run(*args)
+        return restore_aliases(self._aliases, self.gm, args, out) if self._aliases else out
 
     def _run(self, *args):
+        refuse_overlapping_writes(self._writes, args, self.names)
         if self.ranged is not None:
             if self._in_range(args):
                 program = self._range_program

@@ -7,7 +7,10 @@ running mean, a KV cache row set by index) is functionalized by ``torch.func.fun
 which ends it with ``copy_(input, new value)``; :func:`lift_input_writes` turns those into extra
 outputs that the caller copies back after each call, as eager mode leaves the inputs. A graph
 whose inputs require gradients runs through :class:`InferenceOnly`, so ``loss.backward()`` through
-its outputs fails in one line instead of silently giving its parameters no gradient.
+its outputs fails in one line instead of silently giving its parameters no gradient. Outputs
+that are inputs or views of them (``x.relu_()``, ``x.t()``) are returned as such, as eager does
+(:func:`output_aliases`), and a write to an input that shares memory with another input is
+refused (:func:`refuse_overlapping_writes`).
 """
 from __future__ import annotations
 
@@ -34,6 +37,109 @@ def lift_input_writes(gm: torch.fx.GraphModule, arg_index: list[int]) -> list[tu
                          + tuple(values),)
         gm.recompile()
     return writes
+
+
+def refuse_overlapping_writes(writes: list[tuple[int, str]], args, names: list[str]) -> None:
+    """Refuse a call where an input the graph writes in place shares memory with another input
+    (``f(base[:3], base[1:])`` writing the first): eager reads the other through the write, the
+    compiled graph reads both as they were before the call.
+
+    Raises:
+        InputError: one line naming both inputs.
+    """
+    from lumc.ir.errors import InputError
+    for i, _ in writes:
+        a = args[i]
+        if not isinstance(a, torch.Tensor) or a.numel() == 0:
+            continue
+        lo, hi = _extent(a)
+        for j, b in enumerate(args):
+            if j == i or not isinstance(b, torch.Tensor) or b.numel() == 0 or \
+                    b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr():
+                continue
+            blo, bhi = _extent(b)
+            if blo < hi and lo < bhi:
+                raise InputError(f"inputs {names[i]!r} and {names[j]!r} share memory and the graph "
+                                 f"writes {names[i]!r} in place: lumc compiles them as separate "
+                                 "tensors, so the other would not see the write as in eager; "
+                                 "pass a copy (.clone())", node=names[i])
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``[lo, hi)`` of its storage a tensor can reach."""
+    first = t.storage_offset()
+    last = first + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)
+    low = first + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st < 0)
+    return low * t.element_size(), (last + 1) * t.element_size()
+
+
+def output_aliases(gm: torch.fx.GraphModule) -> list[tuple]:
+    """The outputs of a Dynamo graph that are an input or a view of one (``x.relu_()``, ``x.t()``,
+    ``x[1:]``, ``y.view(-1)``), as eager returns them: ``[(output position, argument index, sizes,
+    strides, storage offset from the input's)]`` from the graph's fake values (sizes as SymInts
+    where Dynamo made them symbolic). lumc's compiled graph returns fresh tensors; the caller makes
+    these outputs views of the inputs again (:func:`restore_aliases`), so a write through one
+    reaches the input as in eager."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    owner = {}
+    for i, p in enumerate(places):
+        ev = p.meta.get("example_value")
+        if isinstance(ev, torch.Tensor):
+            owner.setdefault(StorageWeakRef(ev.untyped_storage()), i)
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
+    found = []
+    for k, o in enumerate(outs):
+        ev = o.meta.get("example_value") if isinstance(o, torch.fx.Node) else None
+        if not isinstance(ev, torch.Tensor):
+            continue
+        i = owner.get(StorageWeakRef(ev.untyped_storage()))
+        if i is not None:
+            base = places[i].meta["example_value"]
+            found.append((k, i, tuple(ev.shape), tuple(ev.stride()),
+                          ev.storage_offset() - base.storage_offset()))
+    return found
+
+
+def restore_aliases(aliases: list[tuple], gm: torch.fx.GraphModule, args, out: tuple) -> tuple:
+    """``out`` with each output of :func:`output_aliases` the input itself or a view of it (after
+    the graph's writes are copied back, so it shows them); one whose sizes cannot be evaluated
+    stays the compiled value."""
+    env = _sizes(gm, args)
+    out = list(out)
+    for k, i, size, stride, offset in aliases:
+        try:
+            size, stride = [_int(d, env) for d in size], [_int(d, env) for d in stride]
+            offset = _int(offset, env)
+        except (TypeError, ValueError):
+            continue
+        a = args[i]
+        if size == list(a.shape) and stride == list(a.stride()) and offset == 0:
+            out[k] = a
+        else:
+            out[k] = a.as_strided(size, stride, a.storage_offset() + offset)
+    return tuple(out)
+
+
+def _sizes(gm: torch.fx.GraphModule, args) -> dict:
+    """``{symbol: int}`` of a call: Dynamo's size symbols bound to the arguments' sizes."""
+    env = {}
+    for p, a in zip([n for n in gm.graph.nodes if n.op == "placeholder"], args):
+        ev = p.meta.get("example_value")
+        if isinstance(ev, torch.SymInt) and ev.node.expr.is_symbol:
+            env[ev.node.expr] = int(a)
+        elif isinstance(ev, torch.Tensor) and isinstance(a, torch.Tensor):
+            for d, n in zip(ev.shape, a.shape):
+                if isinstance(d, torch.SymInt) and d.node.expr.is_symbol:
+                    env[d.node.expr] = int(n)
+    return env
+
+
+def _int(d, env: dict) -> int:
+    if isinstance(d, torch.SymInt):
+        return int(d.node.expr.xreplace(env))      # TypeError while a symbol is left
+    return int(d)
 
 
 class InferenceOnly(torch.autograd.Function):
