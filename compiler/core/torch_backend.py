@@ -57,7 +57,8 @@ from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
 from lumc.compiler.frontends.torch_frontend import decomposition_table
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, InputSlot, from_numpy,
-                                                             int_examples, to_numpy)
+                                                             int_examples, refuse_meta_tensors,
+                                                             to_numpy)
 from lumc.compiler.core.torch_compile import Specialization, same_constant
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
@@ -148,6 +149,7 @@ class DynamoGraph:
         self._writes: list[tuple[int, str]] = []
         self._table = decomposition_table()
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        refuse_meta_tensors([f"input {n!r}" for n in self.names], example_inputs)
         self._aliases = output_aliases(gm)    # outputs that are inputs or views of them
         self._examples = list(example_inputs)
         self._baked = self._baked_floats()

@@ -39,7 +39,7 @@ from lumc.compiler.core.buckets import DimRange, ranges_in
 from lumc.compiler.core.workers import with_workers
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, _as_args, capture_module,
                                                   example_shapes, from_numpy, int_examples,
-                                                  to_numpy)
+                                                  refuse_meta_module, to_numpy)
 from lumc.compiler.core.torch_state import ModuleWatch
 from lumc.ir.errors import InputError
 
@@ -342,6 +342,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, tuple(logits))
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     args = _as_args(example_inputs)
+    refuse_meta_module(module, args, example_kwargs)     # before the plan key reads the weights
     t_start = time.monotonic()
     stored = None
     digests: dict = {}    # of the module's tensors, taken once for the plan key and the watch

@@ -341,6 +341,30 @@ def test_train_mode_is_refused_with_a_reason():
         compile_module(m, (torch.randn(2, 4),))
 
 
+def test_meta_tensors_and_random_ops_are_one_clear_line():
+    """A module on the meta device raised NotImplementedError ('Cannot copy out of meta tensor')
+    from lumc.compile (and inside torch.compile's backend failure); dropout in training mode under
+    torch.compile (``aten.bernoulli``) and ``rand_like`` were 'not implemented'. Each names the
+    tensor or says what to change now."""
+    m = nn.Linear(4, 3).to("meta")
+    with pytest.raises(InputError, match="parameter 'weight' is a tensor on the meta device"):
+        lumc.compile(m, budget="10s", example_inputs=(torch.randn(2, 4, device="meta"),))
+    with pytest.raises(InputError, match="example input 0 is a tensor on the meta device"):
+        compile_module(nn.Linear(4, 3), (torch.randn(2, 4, device="meta"),))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="InputError: input '.*weight.*' is a tensor on the meta"):
+        torch.compile(m, backend="lumc", options={"search": False})(torch.randn(2, 4, device="meta"))
+
+    def drop(x):
+        return F.dropout(x, 0.5, training=True) + torch.rand_like(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"aten.bernoulli.p \(random sampling: lumc compiles "
+                                        r"deterministic inference graphs \(dropout in training "
+                                        r"mode: call module.eval\(\) before compiling\)\)"):
+        torch.compile(drop, backend="lumc", options={"search": False})(torch.randn(2, 4))
+    torch._dynamo.reset()
+
+
 def test_export_failure_is_a_model_error():
     class DataDependent(nn.Module):
         def forward(self, x):

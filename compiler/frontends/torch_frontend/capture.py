@@ -392,6 +392,30 @@ def _mutation_error(module, output_specs) -> UnsupportedOpError:
         + (f"; it also updates {bn} (module.eval() stops that)" if stats else ""))
 
 
+def refuse_meta_tensors(names: list[str], tensors) -> None:
+    """Refuse tensors on the meta device (a module built with ``device="meta"`` and never loaded):
+    they have sizes but no values to compile with or compare against.
+
+    Raises:
+        InputError: one line naming the first.
+    """
+    for name, t in zip(names, tensors):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta" and \
+                not isinstance(t, torch._subclasses.FakeTensor):
+            raise InputError(f"{name} is a tensor on the meta device, which has no values: lumc "
+                             "compiles real weights and inputs (materialize the module first, e.g. "
+                             "module.to_empty(device='cpu') and load_state_dict)")
+
+
+def refuse_meta_module(module: torch.nn.Module, args: tuple, kwargs: dict | None) -> None:
+    """:func:`refuse_meta_tensors` for a module's parameters and buffers and its example inputs."""
+    named = ([(f"parameter {n!r}", t) for n, t in module.named_parameters()]
+             + [(f"buffer {n!r}", t) for n, t in module.named_buffers()])
+    refuse_meta_tensors([n for n, _ in named], [t for _, t in named])
+    leaves = pytree.tree_flatten((tuple(args), dict(kwargs or {})))[0]
+    refuse_meta_tensors([f"example input {k}" for k in range(len(leaves))], leaves)
+
+
 def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
                    dynamic_shapes=None) -> CapturedProgram:
     """Export ``module`` at ``(args, kwargs)`` and keep its core-ATen graph, weights and specs.
@@ -407,6 +431,7 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
         UnsupportedOpError: the module mutates its buffers or takes script objects.
     """
     kwargs = dict(kwargs or {})
+    refuse_meta_module(module, args, kwargs)
     try:
         with quiet_tracing():
             ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)

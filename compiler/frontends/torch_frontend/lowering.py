@@ -73,6 +73,10 @@ def _dtype_problems(node: torch.fx.Node) -> set[str]:
     return bad
 
 
+RANDOM_OP = ("random sampling: lumc compiles deterministic inference graphs (dropout in training "
+             "mode: call module.eval() before compiling)")
+
+
 def node_problems(node: torch.fx.Node) -> list[str]:
     """Reasons ``node`` cannot be lowered (empty when it can)."""
     if node.op in ("placeholder", "output", "get_attr"):
@@ -86,6 +90,9 @@ def node_problems(node: torch.fx.Node) -> list[str]:
         return []
     h = HANDLERS.get(name)
     if h is None:
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            # torch.compile hands over dropout in training mode as bernoulli, rand_like as is
+            return [RANDOM_OP]
         return ["not implemented"]
     out = handler_problems(h, node)
     bad = _dtype_problems(node)
