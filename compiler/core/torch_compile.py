@@ -89,6 +89,46 @@ def _call_shape(spec) -> str:
         return " ".join(str(spec).split())
 
 
+def _nested_difference(want, got) -> str:
+    """Where two ``(args, kwargs)`` pytree specs of the same counts and names first differ:
+    ``argument 0['w']: expected a tuple of 2, got a leaf (a tensor or value)``."""
+    def describe(spec) -> str:
+        if spec.is_leaf():
+            return "a leaf (a tensor or value)"
+        name = getattr(spec.type, "__name__", str(spec.type))
+        if isinstance(spec.context, (list, tuple)) and spec.type is not None and \
+                issubclass(spec.type, dict):
+            return f"a {name} with keys {', '.join(map(repr, spec.context)) or 'none'}"
+        return f"a {name} of {spec.num_children}"
+
+    def walk(a, b, where: str) -> str | None:
+        if a.is_leaf() and b.is_leaf():
+            return None
+        if a.is_leaf() or b.is_leaf() or a.type != b.type or a.context != b.context or \
+                a.num_children != b.num_children:
+            return f"{where}: expected {describe(a)}, got {describe(b)}"
+        keys = a.context if isinstance(a.context, (list, tuple)) and \
+            len(a.context) == a.num_children else range(a.num_children)
+        for k, ca, cb in zip(keys, a.children_specs, b.children_specs):
+            found = walk(ca, cb, f"{where}[{k!r}]")
+            if found:
+                return found
+        return None
+    try:
+        for k, (a, b) in enumerate(zip(want.child(0).children_specs, got.child(0).children_specs)):
+            found = walk(a, b, f"argument {k}")
+            if found:
+                return found
+        kw = want.child(1).context or []
+        for k, a, b in zip(kw, want.child(1).children_specs, got.child(1).children_specs):
+            found = walk(a, b, f"keyword argument {k!r}")
+            if found:
+                return found
+    except (AttributeError, IndexError, TypeError):
+        pass
+    return f"expected {' '.join(str(want).split())}, got {' '.join(str(got).split())}"
+
+
 class CompiledTorchModule:
     """A captured PyTorch module, callable on torch tensors.
 
@@ -133,7 +173,8 @@ class CompiledTorchModule:
         if in_spec is not None and spec != in_spec:
             want, got = _call_shape(in_spec), _call_shape(spec)
             if want == got:     # the same counts and names: a nested structure differs
-                want, got = " ".join(str(in_spec).split()), " ".join(str(spec).split())
+                raise InputError(f"the call's arguments do not match the captured ones: "
+                                 f"{_nested_difference(in_spec, spec)}")
             raise InputError(f"the call's arguments do not match the captured ones: expected "
                              f"{want}, got {got}")
         return leaves

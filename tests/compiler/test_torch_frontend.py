@@ -486,6 +486,28 @@ def test_a_call_with_other_arguments_names_them(monkeypatch, tmp_path):
         assert str(e.value) == head + got
 
 
+def test_a_call_with_another_nested_structure_names_where():
+    """A nested argument of another structure (a dict missing a key, a list for a tuple) was
+    refused with two TreeSpec dumps; the message names the argument, the key and both shapes."""
+    class Batch(nn.Module):
+        def forward(self, batch, *, mask):
+            return batch["x"] * batch["w"][0] + batch["w"][1] * mask
+    x, w, mask = torch.randn(2, 3), (torch.randn(3), torch.randn(3)), torch.ones(3)
+    f = compile_module(Batch(), ({"x": x, "w": w},), example_kwargs={"mask": mask})
+    check_close(f({"x": x, "w": w}, mask=mask), Batch()({"x": x, "w": w}, mask=mask))
+    head = "the call's arguments do not match the captured ones: "
+    for call, got in [
+            (lambda: f({"x": x}, mask=mask),
+             "argument 0: expected a dict with keys 'x', 'w', got a dict with keys 'x'"),
+            (lambda: f({"x": x, "w": list(w)}, mask=mask),
+             "argument 0['w']: expected a tuple of 2, got a list of 2"),
+            (lambda: f({"x": x, "w": w}, mask=[mask]),
+             "keyword argument 'mask': expected a leaf (a tensor or value), got a list of 1")]:
+        with pytest.raises(InputError) as e:
+            call()
+        assert str(e.value) == head + got
+
+
 def test_a_compiled_module_saves_its_one_shape(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(7)
