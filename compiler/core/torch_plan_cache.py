@@ -11,6 +11,8 @@ before capture, from what determines the result:
   code, the globals it names; a module held in a plain list in full), and every parameter and
   buffer, the non-persistent ones too (name, dtype, shape, bytes); the module's ``repr``;
 * the example inputs' structure, shapes, dtypes and non-tensor values, and ``dynamic_shapes``;
+* torch's default dtype (``torch.ones(3)`` in ``forward`` is float64 under
+  ``torch.set_default_dtype(torch.float64)``);
 * the device name and the versions lumc keys timings by (lumc's source hash, Triton, torch,
   driver: ``lumc.compiler.runtime.targets.versions``).
 
@@ -61,7 +63,9 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
     for x in leaves:
         h.update(repr((tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor)
                       else ("value", repr(x))).encode())
-    h.update(repr((repr(dynamic_shapes), device, sorted(ver.items()), sys.version)).encode())
+    # torch's default dtype decides what torch.ones(3) / torch.arange(3) / 3 in forward make
+    h.update(repr((repr(dynamic_shapes), device, sorted(ver.items()), sys.version,
+                   str(torch.get_default_dtype()))).encode())
     return h.hexdigest()[:32]
 
 

@@ -134,6 +134,26 @@ def test_a_stored_interface_edited_into_other_valid_json_is_not_believed(cache, 
     assert compile_module(m, (x,), budget="10s", device="sim:h200").reused
 
 
+def test_the_default_dtype_is_part_of_the_key(cache):
+    """``torch.ones(3)`` in forward follows torch's default dtype; a recompile after
+    ``torch.set_default_dtype(torch.float64)`` reused the float32 plan (float32 outputs where
+    eager gives float64)."""
+    class Consts(torch.nn.Module):
+        def forward(self, x):
+            return torch.ones(3) * x.sum() + torch.arange(3) / 3
+    x = torch.randn(4)
+    f = compile_module(Consts(), (x,), budget="10s", device="sim:h200")
+    assert f(x).dtype == torch.float32
+    try:
+        torch.set_default_dtype(torch.float64)
+        g = compile_module(Consts(), (x,), budget="10s", device="sim:h200")
+        want = Consts()(x)
+        assert g.reused is None and want.dtype == torch.float64
+        torch.testing.assert_close(g(x), want)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 class _Gated(torch.nn.Module):
     """What forward computes depends on plain attributes: a flag, a stored function, a config."""
 
