@@ -10,7 +10,8 @@ before capture, from what determines the result:
   through its ``to_dict``, a stored function through its code, closure and, for the user's own
   code, the globals it names; a module held in a plain list in full), and every parameter and
   buffer, the non-persistent ones too (name, dtype, shape, bytes); the module's ``repr``;
-* the example inputs' structure, shapes, dtypes and non-tensor values, and ``dynamic_shapes``;
+* the example inputs' structure, shapes, dtypes, devices and non-tensor values, the devices of
+  the module's tensors, and ``dynamic_shapes``;
 * torch's default dtype (``torch.ones(3)`` in ``forward`` is float64 under
   ``torch.set_default_dtype(torch.float64)``);
 * the device name and the versions lumc keys timings by (lumc's source hash, Triton, torch,
@@ -60,9 +61,11 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
     h.update(module_fingerprint(module, digests).encode())
     leaves, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
     h.update(repr(spec).encode())
-    for x in leaves:
-        h.update(repr((tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor)
+    for x in leaves:   # the device too: the outputs go where the inputs (or weights) are
+        h.update(repr((tuple(x.shape), str(x.dtype), str(x.device)) if isinstance(x, torch.Tensor)
                       else ("value", repr(x))).encode())
+    h.update(repr(sorted({str(t.device) for t in list(module.parameters())
+                          + list(module.buffers())})).encode())
     # torch's default dtype decides what torch.ones(3) / torch.arange(3) / 3 in forward make
     h.update(repr((repr(dynamic_shapes), device, sorted(ver.items()), sys.version,
                    str(torch.get_default_dtype()))).encode())

@@ -154,6 +154,20 @@ def test_the_default_dtype_is_part_of_the_key(cache):
         torch.set_default_dtype(torch.float32)
 
 
+def test_the_devices_are_part_of_the_key():
+    """A reused plan returns its outputs on the device stored with it; the key did not see the
+    inputs' or the weights' device, so a module compiled on the CPU and again on a GPU would have
+    reused the CPU plan and returned CPU tensors. (The meta device stands in for a GPU: the key
+    reads no input data; the weights' device is keyed the same way, untested without a GPU.)"""
+    from lumc.compiler.core import torch_plan_cache as plan_cache
+    m = torch.nn.Linear(4, 3)
+
+    def key(x):
+        return plan_cache.module_key(m, (x,), {}, None, "sim:h200", {})
+    assert key(torch.randn(2, 4)) == key(torch.randn(2, 4))
+    assert key(torch.randn(2, 4)) != key(torch.empty(2, 4, device="meta"))
+
+
 class _Gated(torch.nn.Module):
     """What forward computes depends on plain attributes: a flag, a stored function, a config."""
 
