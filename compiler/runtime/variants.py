@@ -339,6 +339,35 @@ class VariantModel:
         from lumc.compiler.runtime.compiled import name_args
         return name_args([i.name for i in self.first.inputs], args, kwargs)
 
+    def _check_given(self, given: dict) -> None:
+        """Names, kinds and ranks of a call's inputs, before a plan is chosen by their sizes (a
+        rank-2 ``x`` read as ``dim 'B' is 5 in one input and 3 in input 'bias'``, None as shape
+        ``()``, a misspelt keyword as a missing input).
+
+        Raises:
+            InputError: an unknown or missing input, one that is no array, or of another rank.
+        """
+        infos = self.first.inputs
+        names = [i.name for i in infos]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}")
+        for info in infos:
+            k = info.name
+            if k not in given:
+                raise InputError(f"missing input {k!r}", node=k)
+            v = given[k]
+            if type(v).__module__.startswith("torch") and hasattr(v, "shape"):
+                shape = tuple(v.shape)
+            elif isinstance(v, (np.ndarray, np.generic, list, tuple, int, float, bool)):
+                shape = tuple(np.shape(v))
+            else:
+                raise InputError(f"input {k!r} is a {type(v).__name__}, not a numeric array",
+                                 node=k)
+            if len(shape) != len(info.shape):
+                raise InputError(f"input {k!r} has rank {len(shape)} (shape {shape}), compiled "
+                                 f"for rank {len(info.shape)}", node=k)
+
     @staticmethod
     def _array(v) -> np.ndarray:
         if type(v).__module__.startswith("torch"):
@@ -350,6 +379,7 @@ class VariantModel:
         """Run the plan that serves ``inputs`` (see :meth:`select`)."""
         if self.watch is not None:
             self.watch.check()
+        self._check_given(inputs)
         return self.select(inputs).run(inputs)
 
     def run_tensors(self, tensors: dict) -> dict:
@@ -364,6 +394,7 @@ class VariantModel:
         if self.watch is not None:
             self.watch.check()
         given = self._named(args, kwargs)
+        self._check_given(given)
         return self.select(given)(given)
 
     # ---- report and artifact -----------------------------------------------------------------------

@@ -112,6 +112,16 @@ def test_small_module_compiles_once_for_its_dim_range(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and msg == ("dim 'seq' (input 'x' axis 1, input 'bias' axis 1) is 65; "
                                        "compiled for 1..64")
+    # names, kinds and ranks are checked before sizes pick a bucket: a rank-2 x was 'dim 'seq'
+    # is 16 in one input and 5 in input 'bias'', None 'has shape ()', a misspelt keyword missing
+    x, bias = pool_inputs(5)
+    for call, want in [(lambda: f(x[0], bias), "input 'x' has rank 2 (shape (5, 16)), compiled "
+                                               "for rank 3"),
+                       (lambda: f(None, bias), "input 'x' is a NoneType, not a numeric array"),
+                       (lambda: f(x, bais=bias), "unknown input 'bais'; inputs are ['x', 'bias']")]:
+        with pytest.raises(InputError) as e:
+            call()
+        assert str(e.value).endswith(want), str(e.value)
 
     path = tmp_path / "pool.lumc"
     f.save(path)
