@@ -365,6 +365,23 @@ def test_meta_tensors_and_random_ops_are_one_clear_line():
     torch._dynamo.reset()
 
 
+def test_example_inputs_of_another_kind_are_one_clear_line():
+    """``example_inputs={"x": t}`` compiled the module on the string 'x' (the dict's keys), a
+    numpy array on its rows (a torch.export arity error), an int raised TypeError."""
+    class Twice(nn.Module):
+        def forward(self, x):
+            return x * 2
+    x = torch.randn(3)
+    for bad, want in [({"x": x}, "example_inputs is a dict; give the positional inputs as a "
+                                 "tuple and keyword inputs as example_kwargs"),
+                      (x.numpy(), "example_inputs is of type ndarray"),
+                      (3, "example_inputs is of type int")]:
+        with pytest.raises(InputError, match=want):
+            compile_module(Twice(), bad)
+    for good in (x, (x,), [x], (t for t in [x])):
+        check_close(compile_module(Twice(), good)(x), x * 2)
+
+
 def test_export_failure_is_a_model_error():
     class DataDependent(nn.Module):
         def forward(self, x):

@@ -496,8 +496,21 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
 
 
 def _as_args(example_inputs) -> tuple:
+    """The positional example inputs: a tensor alone, or a tuple or list of them.
+
+    Raises:
+        InputError: a dict (its keys were taken as the inputs: a module given the string 'x'),
+            a numpy array (its rows were), a string or a single non-tensor value (one line).
+    """
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,)
+    if isinstance(example_inputs, dict):
+        raise InputError("example_inputs is a dict; give the positional inputs as a tuple and "
+                         "keyword inputs as example_kwargs={...}")
+    if isinstance(example_inputs, (np.ndarray, str, bytes)) or \
+            not hasattr(example_inputs, "__iter__"):
+        raise InputError(f"example_inputs is of type {type(example_inputs).__name__}; give a "
+                         "tensor or a tuple of the module's positional inputs (torch tensors)")
     return tuple(example_inputs)
 
 
