@@ -129,6 +129,42 @@ def _nested_difference(want, got) -> str:
     return f"expected {' '.join(str(want).split())}, got {' '.join(str(got).split())}"
 
 
+def _output_inputs(spec) -> dict[str, set[str]]:
+    """``{output name: names of the graph inputs it reads}`` of a specialization (once)."""
+    hit = getattr(spec, "_reads", None)
+    if hit is None:
+        hit = {}
+        for k, out in spec.imported.graph.outputs.items():
+            stack, seen, found = [out], set(), set()
+            while stack:        # iterative: a deep graph would overflow a recursion
+                m = stack.pop()
+                if id(m) not in seen:
+                    seen.add(id(m))
+                    if m.op == "Input":
+                        found.add(m.arg.name)
+                    stack.extend(m.srcs)
+            hit[k] = found
+        spec._reads = hit
+    return hit
+
+
+def _inference_only(flat_out: list, computed: set, names: list, needs: list) -> list:
+    """The computed float outputs of a call whose inputs require gradients, through
+    ``torch_state.InferenceOnly``: they require gradients as eager's do, and a backward through
+    them raises (lumc compiles for inference) instead of the outputs coming back detached, which
+    silently left the inputs without the gradient a loss through them needs."""
+    from lumc.compiler.core.torch_state import InferenceOnly
+    pos = [k for k, (name, t) in enumerate(zip(names, flat_out))
+           if name in computed and isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not pos:
+        return flat_out
+    outs = InferenceOnly.apply(lambda *_: tuple(flat_out[k] for k in pos), *needs)
+    flat_out = list(flat_out)
+    for k, t in zip(pos, outs):
+        flat_out[k] = t
+    return flat_out
+
+
 class CompiledTorchModule:
     """A captured PyTorch module, callable on torch tensors.
 
@@ -243,6 +279,11 @@ class CompiledTorchModule:
                 flat_out.append(from_numpy(results[name], device))
             else:
                 flat_out.append(spec.flat_outputs[i])
+        needs = {k for k, t in tensors.items() if t.requires_grad}
+        if needs and torch.is_grad_enabled():
+            reads = _output_inputs(spec)
+            flat_out = _inference_only(flat_out, {k for k in results if reads.get(k, set()) & needs},
+                                       self.program.output_names, [tensors[k] for k in needs])
         if self.program.out_spec is None:
             return tuple(flat_out)
         return pytree.tree_unflatten(flat_out, self.program.out_spec)

@@ -218,3 +218,36 @@ def test_an_input_written_in_place_that_overlaps_another_is_refused(tmp_path, mo
                                             "graph writes 'L_x_' in place"):
             f(base[:3], base[1:4])
     torch._dynamo.reset()
+
+
+def test_lumc_compile_outputs_need_the_gradient_their_inputs_need(tmp_path, monkeypatch):
+    """``lumc.compile``'s callable returned detached outputs for inputs that require gradients:
+    a loss through them (``f(x)[0].sum() + other(x)``) ran its backward and silently left x
+    without their share. The outputs that read such an input now require gradients as eager's
+    do, and their backward raises; the others, and calls under no_grad, stay plain."""
+    from lumc.compiler.core.torch_compile import compile_module
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            return self.lin(x), x > 0, y * 2
+    m = Two().eval()
+    x, y = torch.randn(2, 4), torch.randn(3)
+    for f in (compile_module(m, (x, y), search=False),
+              lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x, y)),
+              lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x, y))):
+        xr = x.clone().requires_grad_()
+        got, want = f(xr, y), m(xr, y)
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == \
+            [True, False, False]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.detach(), w.detach())
+        with pytest.raises(RuntimeError, match="compiled for inference and has no backward"):
+            (got[0].sum() + xr.sum()).backward()
+        with torch.no_grad():
+            assert not any(t.requires_grad for t in f(xr, y))
+    assert f.reused
