@@ -63,7 +63,8 @@ from lumc.compiler.core.torch_compile import Specialization, same_constant
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir.errors import BudgetError, InputError, LumcError, UnsupportedOpError
-from lumc.compiler.core.torch_state import (InferenceOnly, lift_input_writes, output_aliases,
+from lumc.compiler.core.torch_state import (InferenceOnly, eager_requires_grad,
+                                             lift_input_writes, output_aliases,
                                              refuse_overlapping_writes, restore_aliases)
 from lumc.compiler.core.buckets import compile_range
 
@@ -478,7 +479,9 @@ class DynamoGraph:
                                            for a in args):
             # lumc compiles for inference: outputs that need a gradient get one that refuses
             # (else a loss through them would silently leave this graph's parameters without one)
-            out = InferenceOnly.apply(self._run, *args)
+            grads = eager_requires_grad(self.gm)   # y * 2 of a y that needs none: detached
+            out = tuple(t.detach() if k < len(grads) and not grads[k] else t
+                        for k, t in enumerate(InferenceOnly.apply(self._run, *args)))
         else:
             out = self._run(*args)
         return restore_aliases(self._aliases, self.gm, args, out) if self._aliases else out

@@ -142,6 +142,15 @@ def _int(d, env: dict) -> int:
     return int(d)
 
 
+def eager_requires_grad(gm: torch.fx.GraphModule) -> list[bool]:
+    """Per output of a Dynamo graph, whether eager's requires gradients (Dynamo's fake values
+    carry it; a graph is guarded on its inputs' ``requires_grad`` and the grad mode)."""
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
+    return [bool(getattr(o.meta.get("example_value"), "requires_grad", True))
+            if isinstance(o, torch.fx.Node) else False for o in outs]
+
+
 class InferenceOnly(torch.autograd.Function):
     """The outputs of a lumc-compiled graph whose inputs require gradients: computed by lumc, with
     a backward that raises, so ``loss.backward()`` through them fails in one line instead of

@@ -112,6 +112,25 @@ def _change_weight(m):
         m[0].weight.mul_(2)
 
 
+def test_torch_compile_outputs_need_a_gradient_where_eager_s_do(tmp_path, monkeypatch):
+    """Through torch.compile, every output of a graph with an input needing gradients required
+    them: ``y * 2`` of a y that needs none too (eager: not), so its ``.numpy()`` failed. Each
+    output requires them where eager's does now (Dynamo's fake values say so)."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+
+    def fn(x, y):
+        return x * 2, x > 0, y * 2, x.argmax()
+    f = torch.compile(fn, backend="lumc", options={"budget": "10s", "search": False})
+    x, y = torch.randn(3, requires_grad=True), torch.randn(3)
+    got, want = f(x, y), fn(x, y)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
+    torch.testing.assert_close(got[2].numpy(), want[2].numpy())
+    with pytest.raises(RuntimeError, match="compiled for inference"):
+        got[0].sum().backward()
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("change, what", [
     (_change_weight, "parameter '0.weight'"),
     (lambda m: m.load_state_dict({k: v + 1 for k, v in m.state_dict().items()}),
