@@ -65,7 +65,8 @@ from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir.errors import BudgetError, InputError, LumcError, UnsupportedOpError
 from lumc.compiler.core.torch_state import (InferenceOnly, eager_requires_grad,
                                              lift_input_writes, output_aliases,
-                                             refuse_overlapping_writes, restore_aliases)
+                                             refuse_overlapping_writes, restore_aliases,
+                                             write_back)
 from lumc.compiler.core.buckets import compile_range
 
 DEFAULT_MAX_SIZE = 1024   # the top of a dynamic dim's range where Dynamo leaves it unbounded
@@ -495,8 +496,8 @@ class DynamoGraph:
                 # plan runs them on their device (on a GPU, no host round trip)
                 feed = self._feed(program, self._kept(args), True)
                 results = self.ranged.select(feed).run_tensors(feed)
-                return self._write_back(args, tuple(from_numpy(results[name], program.device)
-                                                    for name in program.output_names))
+                return write_back(self._writes, args, tuple(
+                    from_numpy(results[name], program.device) for name in program.output_names))
             self.outside_calls += 1
             counters["outside_range"] += 1
         spec = self._specialize(list(args))
@@ -508,19 +509,7 @@ class DynamoGraph:
         out = []
         for name, v in zip(program.output_names, spec.flat_outputs):
             out.append(from_numpy(results[name], program.device) if name in results else v)
-        return self._write_back(args, tuple(out))
-
-    def _write_back(self, args, out: tuple) -> tuple:
-        """The graph's own outputs; its last ones are the new values of inputs it wrote in place
-        (``torch_state.lift_input_writes``: a buffer's EMA, a KV cache row), copied into those
-        inputs here, as eager mode leaves them."""
-        writes = self._writes
-        if not writes:
-            return out
-        with torch.no_grad():
-            for (i, _), v in zip(writes, out[len(out) - len(writes):]):
-                args[i].copy_(v)
-        return out[:len(out) - len(writes)]
+        return write_back(self._writes, args, tuple(out))
 
     def report(self) -> str:
         how = "kernel search per shape" if self.search else "reference executor, no kernel search"

@@ -39,6 +39,18 @@ def lift_input_writes(gm: torch.fx.GraphModule, arg_index: list[int]) -> list[tu
     return writes
 
 
+def write_back(writes: list[tuple[int, str]], args, out: tuple) -> tuple:
+    """A graph's own outputs; its last ones are the new values of the inputs it wrote in place
+    (``writes``, from :func:`lift_input_writes`: a buffer's EMA, a KV cache row), copied into
+    those arguments here, as eager mode leaves them."""
+    if not writes:
+        return out
+    with torch.no_grad():
+        for (i, _), v in zip(writes, out[len(out) - len(writes):]):
+            args[i].copy_(v)
+    return out[:len(out) - len(writes)]
+
+
 def refuse_overlapping_writes(writes: list[tuple[int, str]], args, names: list[str]) -> None:
     """Refuse a call where an input the graph writes in place shares memory with another input
     (``f(base[:3], base[1:])`` writing the first): eager reads the other through the write, the
