@@ -12,7 +12,7 @@ before capture, from what determines the result:
   buffer, the non-persistent ones too (name, dtype, shape, bytes); the module's ``repr``;
 * the example inputs' structure, shapes, dtypes, devices and non-tensor values, the devices of
   the module's tensors, and ``dynamic_shapes``;
-* torch's default dtype (``torch.ones(3)`` in ``forward`` is float64 under
+* torch's default dtype and device (``torch.ones(3)`` in ``forward`` is float64 under
   ``torch.set_default_dtype(torch.float64)``);
 * the device name and the versions lumc keys timings by (lumc's source hash, Triton, torch,
   driver: ``lumc.compiler.runtime.targets.versions``).
@@ -66,9 +66,10 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
                       else ("value", repr(x))).encode())
     h.update(repr(sorted({str(t.device) for t in list(module.parameters())
                           + list(module.buffers())})).encode())
-    # torch's default dtype decides what torch.ones(3) / torch.arange(3) / 3 in forward make
+    # torch's default dtype and device decide what torch.ones(3) / torch.arange(3) / 3 in
+    # forward make
     h.update(repr((repr(dynamic_shapes), device, sorted(ver.items()), sys.version,
-                   str(torch.get_default_dtype()))).encode())
+                   str(torch.get_default_dtype()), str(torch.get_default_device()))).encode())
     return h.hexdigest()[:32]
 
 

@@ -156,7 +156,7 @@ def test_the_default_dtype_is_part_of_the_key(cache):
 
 def test_the_devices_are_part_of_the_key():
     """A reused plan returns its outputs on the device stored with it; the key did not see the
-    inputs' or the weights' device, so a module compiled on the CPU and again on a GPU would have
+    inputs', the weights' or torch's default device, so a module compiled on the CPU and again on a GPU would have
     reused the CPU plan and returned CPU tensors. (The meta device stands in for a GPU: the key
     reads no input data; the weights' device is keyed the same way, untested without a GPU.)"""
     from lumc.compiler.core import torch_plan_cache as plan_cache
@@ -166,6 +166,10 @@ def test_the_devices_are_part_of_the_key():
         return plan_cache.module_key(m, (x,), {}, None, "sim:h200", {})
     assert key(torch.randn(2, 4)) == key(torch.randn(2, 4))
     assert key(torch.randn(2, 4)) != key(torch.empty(2, 4, device="meta"))
+    x = torch.randn(2, 4)
+    before = key(x)
+    with torch.device("meta"):        # torch.ones(3) in forward would be made there
+        assert key(x) != before
 
 
 class _Gated(torch.nn.Module):
