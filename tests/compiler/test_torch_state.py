@@ -112,6 +112,15 @@ def _change_weight(m):
         m[0].weight.mul_(2)
 
 
+_KEPT = []
+
+
+def _replace_keeping_the_old(m):
+    """A new weight whose old one stays alive elsewhere (its storage and version unchanged)."""
+    _KEPT.append(m[0].weight)
+    m[0].weight = nn.Parameter(m[0].weight.detach() * 2)
+
+
 def test_torch_compile_outputs_need_a_gradient_where_eager_s_do(tmp_path, monkeypatch):
     """Through torch.compile, every output of a graph with an input needing gradients required
     them: ``y * 2`` of a y that needs none too (eager: not), so its ``.numpy()`` failed. Each
@@ -137,6 +146,7 @@ def test_torch_compile_outputs_need_a_gradient_where_eager_s_do(tmp_path, monkey
      "parameter '0.weight'"),
     (lambda m: setattr(m[0], "bias", nn.Parameter(torch.zeros(4))), "parameter '0.bias'"),
     (lambda m: m.half(), "parameter '0.weight'"),
+    (_replace_keeping_the_old, "parameter '0.weight'"),
     (lambda m: m.train(), "its training flag"),
 ])
 @pytest.mark.parametrize("how", ["reference", "range"])
@@ -159,7 +169,9 @@ def test_lumc_compile_refuses_a_call_after_the_module_changed(change, what, how,
         torch.testing.assert_close(f(x), m(x))
     m.double().float()                             # touched, not changed: still runs
     m.load_state_dict(m.state_dict())
+    nn.Linear(2, 2)                                # a module made elsewhere: still runs
     with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x))
         torch.testing.assert_close(f(x), m(x))
     change(m)
     with pytest.raises(lumc.InputError, match=f"module changed after lumc.compile copied it "
