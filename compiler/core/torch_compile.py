@@ -282,8 +282,9 @@ class CompiledTorchModule:
         needs = {k for k, t in tensors.items() if t.requires_grad}
         if needs and torch.is_grad_enabled():
             reads = _output_inputs(spec)
-            flat_out = _inference_only(flat_out, {k for k in results if reads.get(k, set()) & needs},
-                                       self.program.output_names, [tensors[k] for k in needs])
+            grad_outs = {k for k in results if reads.get(k, set()) & needs}
+            flat_out = _inference_only(flat_out, grad_outs, self.program.output_names,
+                                       [tensors[k] for k in needs])
         if self.program.out_spec is None:
             return tuple(flat_out)
         return pytree.tree_unflatten(flat_out, self.program.out_spec)

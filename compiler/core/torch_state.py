@@ -218,8 +218,8 @@ class ModuleWatch:
     after the compile would leave the compiled callable computing the old module without a word.
     :meth:`check` raises instead, naming what changed. A call compares each parameter's and
     buffer's version counter and storage and each submodule's training flag (some 70 us for 200
-    tensors on a CPU core); after a parameter, buffer or submodule was assigned anywhere (torch's global
-    registration hooks count them) or where a stamp differs, the whole tree is compared by name,
+    tensors on a CPU core); after a parameter, buffer or submodule was assigned anywhere (torch's
+    global registration hooks count them) or where a stamp differs, the whole tree is compared by name,
     identity, dtype and shape, and a tensor whose stamp differs by its bytes (digest: a round trip
     through ``.double()`` and back changes nothing). A module that is gone is not checked.
 
@@ -275,8 +275,8 @@ class ModuleWatch:
 
     @staticmethod
     def _training(module: torch.nn.Module) -> list:
-        return [(f"the training flag of submodule {n!r}" if n else "its training flag", sub.training)
-                for n, sub in module.named_modules()]
+        return [(f"the training flag of submodule {n!r}" if n else "its training flag",
+                 sub.training) for n, sub in module.named_modules()]
 
     def check(self) -> None:
         """Raises:

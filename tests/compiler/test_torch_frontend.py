@@ -353,7 +353,8 @@ def test_meta_tensors_and_random_ops_are_one_clear_line():
         compile_module(nn.Linear(4, 3), (torch.randn(2, 4, device="meta"),))
     torch._dynamo.reset()
     with pytest.raises(Exception, match="InputError: input '.*weight.*' is a tensor on the meta"):
-        torch.compile(m, backend="lumc", options={"search": False})(torch.randn(2, 4, device="meta"))
+        torch.compile(m, backend="lumc", options={"search": False})(
+            torch.randn(2, 4, device="meta"))
 
     def drop(x):
         return F.dropout(x, 0.5, training=True) + torch.rand_like(x)

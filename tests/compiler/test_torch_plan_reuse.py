@@ -156,9 +156,10 @@ def test_the_default_dtype_is_part_of_the_key(cache):
 
 def test_the_devices_are_part_of_the_key():
     """A reused plan returns its outputs on the device stored with it; the key did not see the
-    inputs', the weights' or torch's default device, so a module compiled on the CPU and again on a GPU would have
-    reused the CPU plan and returned CPU tensors. (The meta device stands in for a GPU: the key
-    reads no input data; the weights' device is keyed the same way, untested without a GPU.)"""
+    inputs', the weights' or torch's default device, so a module compiled on the CPU and again
+    on a GPU would have reused the CPU plan and returned CPU tensors. (The meta device stands in
+    for a GPU: the key reads no input data; the weights' device is keyed the same way, untested
+    without a GPU.)"""
     from lumc.compiler.core import torch_plan_cache as plan_cache
     m = torch.nn.Linear(4, 3)
 
