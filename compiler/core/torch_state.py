@@ -219,9 +219,10 @@ class ModuleWatch:
     :meth:`check` raises instead, naming what changed. A call compares each parameter's and
     buffer's version counter and storage and each submodule's training flag (some 70 us for 200
     tensors on a CPU core); after a parameter, buffer or submodule was assigned anywhere (torch's
-    global registration hooks count them) or where a stamp differs, the whole tree is compared by name,
-    identity, dtype and shape, and a tensor whose stamp differs by its bytes (digest: a round trip
-    through ``.double()`` and back changes nothing). A module that is gone is not checked.
+    global registration hooks count them) or where a stamp differs, the whole tree is compared by
+    name, identity, dtype and shape, and a tensor whose stamp differs by its bytes (digest: a
+    round trip through ``.double()`` and back changes nothing). A module that is gone is not
+    checked.
 
     Args:
         module: the module compiled.
