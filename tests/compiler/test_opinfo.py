@@ -27,9 +27,6 @@ COUNTS: dict[str, int] = {"pass": 0, "refuse": 0, "fail": 0}
 NONDETERMINISTIC = {"new_empty", "empty_like", "empty", "new_empty_strided"}
 # (op, dtype) -> why lumc does not match eager within fp32/fp16 tolerances (strict xfail)
 EXCEPTIONS = {
-    ("tan", "float32"): "tan = sin / cos: near pi/2 the fp32 argument shift of cos is amplified by "
-                        "tan's condition number (4e-6 relative at x = -1.56)",
-    ("tan", "float16"): "tan = sin / cos, as for float32, over fp16's coarser inputs",
     ("linalg.vector_norm", "float16"): "the fp16 norm's |x|^p terms are rounded to fp16 before "
                                        "the f32 sum (eager accumulates in f32 from the inputs)",
 }
