@@ -4,13 +4,15 @@ Used by artifacts, so a saved program runs without its source model. The format 
 reading a different version raises :class:`~lumc.ir.errors.ArtifactError`. Constants are stored as
 raw bytes with their lumc dtype name, so bf16 survives the round trip.
 
-A constant may instead name its bytes in another store (``s{k}``: a key, with the ``m{k}`` dtype and
-shape as always): an artifact stores a weight that is byte for byte one of its source model's
+A constant may instead name its bytes in another store (``s{k}``: a key and the SHA-256 of the
+bytes it was written with, with the ``m{k}`` dtype and shape as always): an artifact stores a weight that is byte for byte one of its source model's
 initializers once, in ``source.onnx`` (``lumc.compiler.runtime.source_refs``). The writer's
-``external`` hook picks such constants, the reader's ``source`` hook returns their bytes.
+``external`` hook picks such constants, the reader's ``source`` hook returns their bytes, which
+must hash as they did when written (a store whose content changed is an error, not other weights).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 
@@ -74,7 +76,8 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
     Args:
         graph: the graph.
         external: ``external(array) -> key or None``: a constant it names is stored as that key
-            (``s{k}``) instead of its bytes; None stores every constant's bytes.
+            (``s{k}``, with the bytes' SHA-256) instead of its bytes; None stores every
+            constant's bytes.
 
     Returns:
         ``(json bytes, npz bytes, index)``: ``index`` maps ``id(node)`` to its position in the node
@@ -96,7 +99,8 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
     for k, c in enumerate(consts):
         key = external(c) if external is not None else None
         if key is not None:
-            arrays[f"s{k}"] = np.array([key])
+            digest = hashlib.sha256(np.ascontiguousarray(c).tobytes()).hexdigest()
+            arrays[f"s{k}"] = np.array([key, digest])
         else:
             arrays[f"c{k}"] = np.frombuffer(c.tobytes(), dtype=np.uint8)
         arrays[f"m{k}"] = np.array([dt.from_numpy(c.dtype).name] + [str(d) for d in c.shape])
@@ -109,7 +113,8 @@ def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes, source=None) -> tuple[G
 
     Args:
         source: ``source(key) -> bytes`` for constants stored by key (``graph_to_bytes``'s
-            ``external``); it raises :class:`ArtifactError` for a key it does not hold.
+            ``external``); it raises :class:`ArtifactError` for a key it does not hold. Bytes
+            whose SHA-256 is not the one written are an :class:`ArtifactError` too.
     Raises:
         ArtifactError: on a foreign format, a broken node list or unreadable constants (a key
             with no ``source``, or bytes that do not fill the constant's shape).
@@ -131,7 +136,11 @@ def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes, source=None) -> tuple[G
                     raise ArtifactError(f"constant {k} is stored in the source model, which "
                                         "this graph was read without")
                 else:
-                    data = source(str(z[f"s{k}"][0]))
+                    ref = [str(v) for v in z[f"s{k}"]]
+                    data = source(ref[0])
+                    if len(ref) > 1 and hashlib.sha256(data).hexdigest() != ref[1]:
+                        raise ArtifactError(f"the source model's weight {ref[0]!r} is not the one "
+                                            "compiled (its bytes' sha256 differs)")
                 need = dtype.np.itemsize * int(np.prod(shape, dtype=np.int64))
                 if len(data) != need:
                     raise ArtifactError(f"constant {k} holds {len(data)} bytes, its shape "

@@ -103,3 +103,19 @@ def test_an_initializer_name_used_twice_is_not_shared():
         [numpy_helper.from_array(w, "w")])).SerializeToString()
     assert SharedWeights(once)(w) == "w"
     assert SharedWeights(once)(w + 0) == "w" and SharedWeights(once)(w * 2) is None
+
+
+def test_a_source_weight_with_other_values_is_a_clear_error(saved, tmp_path):
+    """source.onnx edited (manifest hash fixed, so only its content is wrong): w1 keeps its name,
+    dtype and shape but not its values. Loading ran on the edited weight, and ``lumc run --check``
+    agreed with onnxruntime on the same edited source, so wrong outputs went unnoticed."""
+    model, _, path, (w1, _) = saved
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    other.graph.initializer[0].CopyFrom(numpy_helper.from_array(w1 * 2, "w1"))
+    bad = tmp_path / "bad.lumc"
+    _doctor(path, bad, "source.onnx", other.SerializeToString())
+    with pytest.raises(ArtifactError) as e:
+        lumc.load(bad)
+    msg = str(e.value)
+    assert "\n" not in msg and "bad.lumc" in msg and "'w1'" in msg and "not the one compiled" in msg
