@@ -60,7 +60,8 @@ class DimRange:
                              "step >= 1)")
         if self.lo % self.step or self.hi % self.step:
             raise InputError(f"size range {self.lo}..{self.hi}: both ends must be multiples of "
-                             f"its step {self.step}")
+                             f"its step {self.step} (sizes off the step, such as odd ones, are "
+                             "a list: NAME=A,B,C)")
         if self.at is not None and not (self.lo <= self.at <= self.hi and self.at % self.step == 0):
             raise InputError(f"size range {self.lo}..{self.hi}@{self.at}: the traffic point must "
                              "be a size of the range")

@@ -193,7 +193,10 @@ def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...] | list]:
             from lumc.compiler.core.buckets import parse_range
             if name in shapes:
                 raise InputError(f"--shape {name} is given twice; give it once")
-            shapes[name] = parse_range(dims)
+            try:
+                shapes[name] = parse_range(dims)
+            except InputError as e:     # the range's own message, naming the dim it was given for
+                raise InputError(f"--shape {name}={dims}: {e.reason}") from None
             continue
         values = [d.strip() for d in dims.split(",")] if "," in dims else [dims]
         if not eq or not name or not all(v == "" and len(values) == 1 or _DIMS.match(v)

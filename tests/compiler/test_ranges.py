@@ -366,3 +366,13 @@ def test_a_view_past_its_source_is_an_error_not_a_read_of_other_memory():
         apply_view(x, View((6, 2), (3, 1), 1))
     with pytest.raises(ShapeError, match="of a source of 10"):
         apply_view(x, View((4, 2), (3, 1), 0, ((0, 4), (0, 2))))
+
+
+def test_a_bad_range_in_shape_names_its_dim():
+    """``--shape H=9..33:2`` said only 'size range 9..33: ...', not which --shape it was."""
+    from lumc.compiler.tools.cli import _parse_shapes
+    with pytest.raises(InputError) as e:
+        _parse_shapes(("x=1x3x9x9", "H=9..33:2"))
+    assert str(e.value).startswith("--shape H=9..33:2: size range 9..33: both ends must be "
+                                   "multiples of its step 2") and "NAME=A,B,C" in str(e.value)
+    assert _parse_shapes(("H=8..32:2",))["H"] == DimRange(8, 32, 2)
