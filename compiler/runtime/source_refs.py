@@ -4,8 +4,9 @@ An artifact compiled from ONNX holds the source model (``source.onnx``, for ``lu
 the index ranges and the bench's weights hash) and the primitive graph's constants
 (``consts.npz``). Most of the graph's constants are the model's initializers unchanged: the
 MiniLM-L3 artifact of ``make demo`` was 137.7 MB for a 69.1 MB model, two copies of every weight
-(74.9 MB now). A constant whose bytes are an initializer's is stored as the initializer's name (``lumc.ir.serialize``'s ``s{k}``), and read
-back from ``source.onnx``, which is kept byte for byte as the user gave it. Constants the compile
+(74.9 MB now). A constant whose bytes are an initializer's is stored as the initializer's name
+(``lumc.ir.serialize``'s ``s{k}``), and read back from ``source.onnx``, which is kept byte for
+byte as the user gave it. Constants the compile
 made (a concatenated QKV weight, a transposed, folded or bf16-rounded one) keep their own bytes.
 
 Only initializers of at least :data:`MIN_SHARED_BYTES` are matched (a smaller one costs more in the
