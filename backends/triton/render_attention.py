@@ -117,6 +117,15 @@ class AttentionPlan:
             raise RenderError("attention needs exactly one softmax (max and sum of exp2) between "
                               "its two contractions")
         self.softmax: OnlineSoftmax = merges[0]
+        # row values of the softmax's max the kernel also writes (``fusion_attention``): outputs
+        # that do not read the values' product, each of the statistics' own (reduced) shape
+        self.row_outputs = [o for o in kernel.meaning.outputs.values() if o not in after
+                            and o is not c2.node]
+        for o in self.row_outputs:
+            if tuple(o.shape) != tuple(self.plan.reduced_shape) or c1.node in toposort([o]) and \
+                    self.softmax.m not in toposort([o]):
+                raise RenderError(f"output {o!r} is neither the values' product nor a row value of "
+                                  "the softmax's max")
         check_epilogue(nodes, after, c2.node)
         self.e = self.softmax.s.srcs[0]             # exp2((x - max) * c): the sum's operand
         self._match_dims()
@@ -321,8 +330,9 @@ def render_attention(kernel: Kernel) -> KernelParts:
             raise RenderError(f"node {n!r}: the softmax's sum is read inside the key loop")
         if n in overrides:
             return w.bind(f"{overrides[n]}[:, None]", "b", level)
-        if n in row_vals:
-            return row_vals[n]
+        if n in row_vals:   # a statistic per query: a column of the [BLOCK_M, BLOCK_DV] tile
+            return row_vals[n] if state["row_eval"] else w.bind(f"{row_vals[n]}[:, None]", "b",
+                                                                 level)
         if n.op == "View" and plan.kind.get(n) == "full" and plan.kind.get(n.srcs[0]) == "row":
             src = n.srcs[0]
             rv = ev.value(src, reshape_index(row_idx, plan.reduced_shape, src.shape), "rmask", 0)
@@ -489,9 +499,22 @@ def render_attention(kernel: Kernel) -> KernelParts:
     addr = flat_index(o_idx, fr2)
     if not (c2.m_dims and c2.n_dims):
         addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_DV], {'tl.int64' if big else 'tl.int32'})"
+    rows_out = {name: o for name, o in kernel.meaning.outputs.items() if o in ap.row_outputs}
     for name, o in kernel.meaning.outputs.items():
+        if name in rows_out:
+            continue
         val = ev.value(o, reshape_index(o_idx, fr2, o.shape), "o_mask", 0)
         w.line(f"tl.store({name}_ptr + ({addr}), {val}, mask=o_mask)")
+    if rows_out:
+        # row values of the softmax's statistics (``max == -inf``: a row with every key masked),
+        # one per query of this program, at the statistics' own shape
+        state["row_eval"] = True
+        ridx = reshape_index(row_idx, plan.reduced_shape, plan.reduced_shape)
+        raddr = flat_index(ridx, plan.reduced_shape)
+        for name, o in rows_out.items():
+            val = ev.value(o, reshape_index(row_idx, plan.reduced_shape, o.shape), "rmask", 0)
+            w.line(f"tl.store({name}_ptr + ({raddr}), {val}, mask=rmask)")
+        state["row_eval"] = False
     problem = {"M": LQ, "N": LK, "D": D, "DV": DV, "batch": B, "BLOCK_D": BD, "BLOCK_DV": BDV,
                "itemsize": c1.a.dtype.itemsize, "dot_dtype": dot_dtype(c1.a.dtype),
                "SCORE_BYTES": score_bytes(nodes, (c1.a, c1.b, c2.b))}

@@ -87,6 +87,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
         # several kernels has its statistics computed by the first, the others read them
         self.row_outputs: dict[int, list[Node]] = {}
         self.row_owned: set[int] = set()
+        self.row_claims: dict[int, set[int]] = {}   # attention form -> row values it computes
         self.prologue_exits: set[int] = set()     # norm kernels fused into their contractions
         self.norm_consumers: set[int] = set()     # contractions (SumReduce ids) that fuse one
         self.head_pending: dict[int, Node] = {}   # QK-norms formed in attention (decided last)
@@ -227,6 +228,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
             members = self._members(rid, rec)
             root = self.byid[rid]
             inside = members | {rid}
+            rows = self._attention_row_values(root, members) if rec.form == "attention" else set()
+            inside |= rows
             leak = [m for m in members if id(m) in self.outputs or any(
                 id(u) not in inside for u, _ in self.uses.get(m, []))]
             if leak or any(m in self.group for m in inside):
@@ -234,6 +237,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
                 continue
             for m in inside:
                 self.group[m] = rid
+            if rows:
+                self.row_claims[rid] = rows
             kept[rid] = rec
         return kept
 
@@ -446,6 +451,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
                 self._realize(n, uses[0][0], f"{len(consumers)} consumers and recompute reads "
                                              f"{len(big)} large buffers / {ops} ops")
         self._fuse_head_norms(exits)
+        self._write_attention_row_values(exits)
 
     # ---- kernels ---------------------------------------------------------------------------
     def program(self, label: str = "greedy") -> Program:
@@ -467,8 +473,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
                 rows = self.row_outputs.get(id(n), [])
                 if id(n) in done:
                     continue
-                if rec is not None:
-                    calls.append(build_call([n], boundary, rec.form, rec.attrs))
+                if rec is not None:     # an attention kernel may write row values too
+                    calls.append(build_call([n] + rows, boundary, rec.form, rec.attrs))
                 elif self.group.get(id(n)) in self.norm_consumers:
                     # the normalization stays as written: its renderer reads the rows of its input
                     # (and writes the row values other kernels read)

@@ -184,3 +184,39 @@ class AttentionAssembly:
                     return None
                 found.append(sums[0])
         return found[0] if len(found) == 1 else None
+
+    def _attention_row_values(self, root: Node, members: set[int]) -> set[int]:
+        """Row-sized elementwise ops outside an attention form that read only its inside (its
+        softmax's row max) and constants: ``max(scores) == -inf``, PyTorch's ``_safe_softmax``
+        test for a row whose every key is masked. The kernel holds the max after its loop, so it
+        computes them too (instead of the form being dropped for a max read elsewhere); one read
+        by another kernel is written as a row output (:meth:`_write_attention_row_values`)."""
+        found: set[int] = set()
+        frontier = [u for m in members for u, _ in self.uses.get(m, [])]
+        seen: set[int] = set()
+        while frontier and len(seen) < MAX_SCORE_OPS:
+            frontier.sort(key=lambda n: self.pos[id(n)])
+            x = frontier.pop(0)
+            if id(x) in seen or id(x) in members or x is root:
+                continue
+            seen.add(id(x))
+            srcs = [_chain(s) for s in x.srcs]
+            inside = [s for s in srcs if id(s) in members or id(s) in found]
+            if x.op not in ELEMENTWISE or id(x) in self.outputs or not inside or any(
+                    s.numel != x.numel for s in inside) or not all(
+                    id(s) in members or id(s) in found or s.op in ("Constant", "Iota")
+                    for s in srcs) or any(s.op == "SumReduce" for s in inside):
+                continue
+            found.add(id(x))
+            frontier.extend(u for u, _ in self.uses.get(id(x), []))
+        return found
+
+    def _write_attention_row_values(self, exits: dict) -> None:
+        """A row value an attention kernel computes (:meth:`_attention_row_values`) that another
+        kernel reads is written by it, as a second output of ``B x H x Lq`` values."""
+        for rid, rows in self.row_claims.items():
+            exit_ = exits.get(rid)
+            for k in sorted(rows, key=lambda k: self.pos[k]):
+                if k in self.realized and exit_ is not None and k != id(exit_):
+                    self.row_outputs.setdefault(id(exit_), []).append(self.byid[k])
+                    self.row_owned.add(k)

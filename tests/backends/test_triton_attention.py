@@ -264,3 +264,37 @@ def test_a_mask_that_depends_on_the_scores_skips_no_key_block():
 def test_causal_mask_still_skips_key_blocks():
     k = make_kernel("attention", attention(0.25, causal=True), [((2, 64, 16), dt.f32)] * 3)
     assert "n_end" in check(k, config=SMALL_BLOCKS).source
+
+
+@pytest.mark.parametrize("lk,block_n", [(40, 16), (7, 16), (33, 32)])
+def test_a_row_value_of_the_max_is_a_second_output(lk, block_n):
+    """PyTorch's ``_safe_softmax`` zeroing, as the SDPA lowering writes it: ``dead = max(scores)
+    == -inf`` (every key masked, or every kept score -inf), ``where(dead, 0, attention)``. The
+    kernel computes ``dead`` from its own running max and writes it as a second output of one
+    value per query (the out-projection reads it); it was a reduction kernel over the mask."""
+    def f(q, k, v, keep):
+        s = keep.where((q @ k.transpose(-1, -2)) * 0.5, float("-inf"))
+        dead = s.max(-1, keepdims=True).eq(float("-inf"))
+        out = softmax(s, -1) @ v
+        return dead.where(out.scalar_like(0.0), out), dead
+    k = make_kernel("attention", f, [((2, 5, 16), dt.f32), ((2, lk, 16), dt.f32),
+                                     ((2, lk, 16), dt.f32), ((2, 5, lk), dt.bool_)])
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    q[1, 3, 0] = -np.inf            # every kept key of this row scores -inf (k[..., 0] > 0)
+    kk = rng.standard_normal((2, lk, 16)).astype(np.float32)
+    kk[..., 0] = np.abs(kk[..., 0]) + 0.5
+    q[0, 4, 1] = np.nan             # a NaN score is no mask: NaN stays, as in PyTorch
+    mask = rng.random((2, 5, lk)) < 0.6
+    mask[0, 2, :] = False           # every key masked
+    mask[:, :, 0] = mask[:, :, 0] | (np.arange(5) != 2)[None, :]
+    feed = {"in0": q, "in1": kk, "in2": rng.standard_normal((2, lk, 16)).astype(np.float32),
+            "in3": mask}
+    tk = check(k, feed, config=configs.make(4, 1, BLOCK_M=16, BLOCK_N=block_n))
+    out, dead = (np.asarray(o) for o in tk(*feed.values(),
+                                             config=configs.make(4, 1, BLOCK_M=16,
+                                                                 BLOCK_N=block_n)))
+    assert dead.shape == (2, 5, 1) and dead[0, 2, 0] and dead[1, 3, 0] and not dead[0, 4, 0]
+    assert (out[0, 2] == 0).all() and (out[1, 3] == 0).all() and np.isnan(out[0, 4]).all()
+    assert dead.sum() == 2 and np.isfinite(np.delete(out.reshape(10, 16), [2, 4, 8], 0)).all()
+    assert tk.source.count("tl.store(") == 2

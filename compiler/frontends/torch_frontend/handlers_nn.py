@@ -300,12 +300,13 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
     p = lib("norm.softmax")(scores, axis=-1)
     out = p.matmul(v)
     if mask is not None and S > 0 and (mask.dtype.is_bool or _may_be_neg_inf(mask.node)):
-        # PyTorch's SDPA gives 0, not softmax's NaN, for a query whose every key is masked
+        # PyTorch's SDPA gives 0, not softmax's NaN, for a query whose every score is -inf
         # (``_safe_softmax`` in its math path; its flash and efficient kernels the same): a causal
-        # mask with left padding does this to every pad row. Which rows: from the masks alone (a
-        # float mask masks with -inf; a NaN in it is not a mask and still poisons the row), so the
-        # scores keep their attention form and the zeroing is its epilogue. Differs from PyTorch
-        # only where every kept key's score is itself -inf (infinite q or k).
+        # mask with left padding does this to every pad row. Whether a row can be: from the masks
+        # alone (a float mask masks with -inf; a NaN in it is not a mask and still poisons the
+        # row); which rows are: PyTorch's own test on the softmax's row max, which the attention
+        # kernel holds (``fusion_attention``: it writes the flag for the zeroing's reader), so no
+        # kernel reduces the mask.
         kept = keep
         if kept is None:   # x = where(causal, s, -inf) + m is -inf where m is -inf, or off the
             # causal band where m is below +inf (NaN and +inf make NaN there)
@@ -314,7 +315,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
                 dead = causal.where(dead, mask.lt(float("inf")))
             kept = dead.logical_not()
         if _some_row_dead(kept) is not False:
-            dead = kept.cast(dt.f32).max(-1, keepdims=True).lt(0.5)
+            # the softmax's own row max (the same node after hash-consing in the e-graph): -inf
+            # exactly where every score is, PyTorch's own test; the attention kernel holds it
+            xc = scores if scores.dtype in (dt.f32, dt.f64) else scores.cast(dt.f32)
+            dead = xc.max(-1, keepdims=True).eq(float("-inf"))
             out = dead.where(out.scalar_like(0.0), out)
     return out, scores
 
