@@ -318,7 +318,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: 
             # the softmax's own row max (the same node after hash-consing in the e-graph): -inf
             # exactly where every score is, PyTorch's own test; the attention kernel holds it
             xc = scores if scores.dtype in (dt.f32, dt.f64) else scores.cast(dt.f32)
-            dead = xc.max(-1, keepdims=True).eq(float("-inf"))
+            # one compare: below the lowest finite value is -inf only (NaN compares false)
+            dead = xc.max(-1, keepdims=True).lt(float(np.finfo(xc.dtype.np).min))
             out = dead.where(out.scalar_like(0.0), out)
     return out, scores
 
