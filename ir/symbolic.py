@@ -405,12 +405,22 @@ def same_graph(a: Graph, b: Graph) -> str | None:
     return None
 
 
+def _arg_text(a) -> str:
+    """A node argument in a user's words: a view as its shape, strides and offset (its repr is
+    ``View(shape=..., strides=..., offset=..., mask=...)``)."""
+    if isinstance(a, View):
+        return (f"shape {list(a.shape)}, strides {list(a.strides)}"
+                + (f", offset {a.offset}" if a.offset else "")
+                + (", masked" if a.mask is not None else ""))
+    return repr(a)
+
+
 def _first_diff(x: Node, y: Node) -> str:
     while True:
         if x.op != y.op or len(x.srcs) != len(y.srcs):
             return f"{x.op}{list(x.shape)} vs {y.op}{list(y.shape)}"
         if x.arg != y.arg and not (isinstance(x.arg, ConstArg) and x.arg == y.arg):
-            return f"{x.op} {x.arg!r} vs {y.arg!r}"
+            return f"{x.op}: {_arg_text(x.arg)} vs {_arg_text(y.arg)}"
         nxt = [(s, t) for s, t in zip(x.srcs, y.srcs) if s is not t]
         if not nxt:
             return f"{x.op}{list(x.shape)}"

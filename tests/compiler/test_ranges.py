@@ -376,3 +376,19 @@ def test_a_bad_range_in_shape_names_its_dim():
     assert str(e.value).startswith("--shape H=9..33:2: size range 9..33: both ends must be "
                                    "multiples of its step 2") and "NAME=A,B,C" in str(e.value)
     assert _parse_shapes(("H=8..32:2",))["H"] == DimRange(8, 32, 2)
+
+
+def test_a_graph_difference_in_a_view_is_said_in_words():
+    """A range refused for a view that re-sizes otherwise printed the view's repr twice
+    ('View View(shape=(1, 4, 16, 8), strides=(0, 128, 8, 1), offset=0, mask=None) vs View(...)'),
+    in the one line a user reads (the walkthrough helper's find)."""
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.symbolic import same_graph
+    from lumc.ir.tensor import Tensor
+    from lumc.ir import dtypes as dt
+    x = Tensor(input_node("x", (4, 6), dt.f32))
+    a = Graph({"x": x.node}, {"y": x.slice([1], [6], [1]).exp().node})
+    b = Graph({"x": x.node}, {"y": x.slice([2], [6], [1]).exp().node})
+    msg = same_graph(a, b)
+    assert "View(" not in msg and "View: shape [4, 5], strides [6, 1], offset 1 vs shape [4, 4]" \
+        in msg, msg
