@@ -5,10 +5,11 @@ reading a different version raises :class:`~lumc.ir.errors.ArtifactError`. Const
 raw bytes with their lumc dtype name, so bf16 survives the round trip.
 
 A constant may instead name its bytes in another store (``s{k}``: a key and the SHA-256 of the
-bytes it was written with, with the ``m{k}`` dtype and shape as always): an artifact stores a weight that is byte for byte one of its source model's
-initializers once, in ``source.onnx`` (``lumc.compiler.runtime.source_refs``). The writer's
-``external`` hook picks such constants, the reader's ``source`` hook returns their bytes, which
-must hash as they did when written (a store whose content changed is an error, not other weights).
+bytes it was written with, with the ``m{k}`` dtype and shape as always): an artifact stores a
+weight that is byte for byte one of its source model's initializers once, in ``source.onnx``
+(``lumc.compiler.runtime.source_refs``). The writer's ``external`` hook picks such constants, the
+reader's ``source`` hook returns their bytes, which must hash as they did when written (a store
+whose content changed is an error, not other weights).
 """
 from __future__ import annotations
 
@@ -75,9 +76,9 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
 
     Args:
         graph: the graph.
-        external: ``external(array) -> key or None``: a constant it names is stored as that key
-            (``s{k}``, with the bytes' SHA-256) instead of its bytes; None stores every
-            constant's bytes.
+        external: ``external(array) -> (key, sha256 hex of its bytes) or None``: a constant it
+            names is stored as that key and digest (``s{k}``) instead of its bytes; None stores
+            every constant's bytes.
 
     Returns:
         ``(json bytes, npz bytes, index)``: ``index`` maps ``id(node)`` to its position in the node
@@ -97,10 +98,9 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
     buf = io.BytesIO()
     arrays = {}
     for k, c in enumerate(consts):
-        key = external(c) if external is not None else None
-        if key is not None:
-            digest = hashlib.sha256(np.ascontiguousarray(c).tobytes()).hexdigest()
-            arrays[f"s{k}"] = np.array([key, digest])
+        ref = external(c) if external is not None else None
+        if ref is not None:
+            arrays[f"s{k}"] = np.array(list(ref))
         else:
             arrays[f"c{k}"] = np.frombuffer(c.tobytes(), dtype=np.uint8)
         arrays[f"m{k}"] = np.array([dt.from_numpy(c.dtype).name] + [str(d) for d in c.shape])
@@ -136,10 +136,10 @@ def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes, source=None) -> tuple[G
                     raise ArtifactError(f"constant {k} is stored in the source model, which "
                                         "this graph was read without")
                 else:
-                    ref = [str(v) for v in z[f"s{k}"]]
-                    data = source(ref[0])
-                    if len(ref) > 1 and hashlib.sha256(data).hexdigest() != ref[1]:
-                        raise ArtifactError(f"the source model's weight {ref[0]!r} is not the one "
+                    key, digest = (str(v) for v in z[f"s{k}"])
+                    data = source(key)
+                    if hashlib.sha256(data).hexdigest() != digest:
+                        raise ArtifactError(f"the source model's weight {key!r} is not the one "
                                             "compiled (its bytes' sha256 differs)")
                 need = dtype.np.itemsize * int(np.prod(shape, dtype=np.int64))
                 if len(data) != need:

@@ -121,11 +121,11 @@ class AttentionPlan:
         # that do not read the values' product, each of the statistics' own (reduced) shape
         self.row_outputs = [o for o in kernel.meaning.outputs.values() if o not in after
                             and o is not c2.node]
+        stats = {self.softmax.m, self.softmax.s}
         for o in self.row_outputs:
-            if tuple(o.shape) != tuple(self.plan.reduced_shape) or c1.node in toposort([o]) and \
-                    self.softmax.m not in toposort([o]):
+            if tuple(o.shape) != tuple(self.plan.reduced_shape) or not stats & set(toposort([o])):
                 raise RenderError(f"output {o!r} is neither the values' product nor a row value of "
-                                  "the softmax's max")
+                                  "the softmax's statistics")
         check_epilogue(nodes, after, c2.node)
         self.e = self.softmax.s.srcs[0]             # exp2((x - max) * c): the sum's operand
         self._match_dims()
@@ -506,11 +506,10 @@ def render_attention(kernel: Kernel) -> KernelParts:
         val = ev.value(o, reshape_index(o_idx, fr2, o.shape), "o_mask", 0)
         w.line(f"tl.store({name}_ptr + ({addr}), {val}, mask=o_mask)")
     if rows_out:
-        # row values of the softmax's statistics (``max == -inf``: a row with every key masked),
+        # row values of the softmax's statistics (``max < lowest``: a row with every key masked),
         # one per query of this program, at the statistics' own shape
         state["row_eval"] = True
-        ridx = reshape_index(row_idx, plan.reduced_shape, plan.reduced_shape)
-        raddr = flat_index(ridx, plan.reduced_shape)
+        raddr = flat_index(row_idx, plan.reduced_shape)
         for name, o in rows_out.items():
             val = ev.value(o, reshape_index(row_idx, plan.reduced_shape, o.shape), "rmask", 0)
             w.line(f"tl.store({name}_ptr + ({raddr}), {val}, mask=rmask)")

@@ -187,8 +187,8 @@ class AttentionAssembly:
 
     def _attention_row_values(self, root: Node, members: set[int]) -> set[int]:
         """Row-sized elementwise ops outside an attention form that read only its inside (its
-        softmax's row max) and constants: ``max(scores) == -inf``, PyTorch's ``_safe_softmax``
-        test for a row whose every key is masked. The kernel holds the max after its loop, so it
+        softmax's row max) and constants: ``max(scores) < lowest finite``, PyTorch's
+        ``_safe_softmax`` test for a row whose every score is -inf. The kernel holds the max after its loop, so it
         computes them too (instead of the form being dropped for a max read elsewhere); one read
         by another kernel is written as a row output (:meth:`_write_attention_row_values`)."""
         found: set[int] = set()

@@ -42,6 +42,7 @@ from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, _as
                                                   refuse_meta_module, to_numpy)
 from lumc.compiler.core.torch_state import ModuleWatch
 from lumc.ir.errors import InputError
+from lumc.ir.graph import toposort
 
 # The compile budget when the caller gives none: lumc.compiler.core.torch_compile.compile_module and
 # torch.compile(model, backend="lumc") (per captured graph) both read it from here.
@@ -133,18 +134,8 @@ def _output_inputs(spec) -> dict[str, set[str]]:
     """``{output name: names of the graph inputs it reads}`` of a specialization (once)."""
     hit = getattr(spec, "_reads", None)
     if hit is None:
-        hit = {}
-        for k, out in spec.imported.graph.outputs.items():
-            stack, seen, found = [out], set(), set()
-            while stack:        # iterative: a deep graph would overflow a recursion
-                m = stack.pop()
-                if id(m) not in seen:
-                    seen.add(id(m))
-                    if m.op == "Input":
-                        found.add(m.arg.name)
-                    stack.extend(m.srcs)
-            hit[k] = found
-        spec._reads = hit
+        hit = spec._reads = {k: {m.arg.name for m in toposort([out]) if m.op == "Input"}
+                             for k, out in spec.imported.graph.outputs.items()}
     return hit
 
 

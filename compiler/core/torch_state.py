@@ -99,10 +99,8 @@ def output_aliases(gm: torch.fx.GraphModule) -> list[tuple]:
         ev = p.meta.get("example_value")
         if isinstance(ev, torch.Tensor):
             owner.setdefault(StorageWeakRef(ev.untyped_storage()), i)
-    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    outs = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
     found = []
-    for k, o in enumerate(outs):
+    for k, o in enumerate(_graph_outputs(gm)):
         ev = o.meta.get("example_value") if isinstance(o, torch.fx.Node) else None
         if not isinstance(ev, torch.Tensor):
             continue
@@ -157,10 +155,15 @@ def _int(d, env: dict) -> int:
 def eager_requires_grad(gm: torch.fx.GraphModule) -> list[bool]:
     """Per output of a Dynamo graph, whether eager's requires gradients (Dynamo's fake values
     carry it; a graph is guarded on its inputs' ``requires_grad`` and the grad mode)."""
-    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    outs = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
     return [bool(getattr(o.meta.get("example_value"), "requires_grad", True))
-            if isinstance(o, torch.fx.Node) else False for o in outs]
+            if isinstance(o, torch.fx.Node) else False for o in _graph_outputs(gm)]
+
+
+def _graph_outputs(gm: torch.fx.GraphModule) -> tuple:
+    """The values an FX graph returns, in order (an output node's tuple, or its one value)."""
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = out_node.args[0]
+    return tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
 
 
 class InferenceOnly(torch.autograd.Function):

@@ -6,13 +6,13 @@ the index ranges and the bench's weights hash) and the primitive graph's constan
 MiniLM-L3 artifact of ``make demo`` was 137.7 MB for a 69.1 MB model, two copies of every weight
 (74.9 MB now). A constant whose bytes are an initializer's is stored as the initializer's name
 (``lumc.ir.serialize``'s ``s{k}``), and read back from ``source.onnx``, which is kept byte for
-byte as the user gave it. Constants the compile
-made (a concatenated QKV weight, a transposed, folded or bf16-rounded one) keep their own bytes.
+byte as the user gave it. Constants the compile made (a concatenated QKV weight, a transposed,
+folded or bf16-rounded one) keep their own bytes.
 
 Only initializers of at least :data:`MIN_SHARED_BYTES` are matched (a smaller one costs more in the
-lookup than it saves). Matching is by length, then SHA-256 of the bytes; a match is exact
-equality of the bytes, whatever dtype and shape each side gives them, and the constant keeps its
-own dtype and shape (``m{k}``).
+lookup than it saves). Matching is by length, then SHA-256 of the bytes (equal digests: equal
+bytes, whatever dtype and shape each side gives them); the constant keeps its own dtype and shape
+(``m{k}``), and the digest is stored with the name and checked on load.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def _array_bytes(init) -> bytes | None:
 
 class SharedWeights:
     """The ``external`` hook of :func:`lumc.ir.serialize.graph_to_bytes` for one source model:
-    ``self(array)`` is the name of an initializer with exactly ``array``'s bytes, or None.
+    ``self(array)`` is ``(name, sha256)`` of an initializer with exactly ``array``'s bytes, or
+    None.
 
     Args:
         source: the source model's ONNX bytes.
@@ -79,15 +80,14 @@ class SharedWeights:
             self._digests[name] = hashlib.sha256(data).hexdigest()
         return self._digests[name]
 
-    def __call__(self, array: np.ndarray) -> str | None:
+    def __call__(self, array: np.ndarray) -> tuple[str, str] | None:
         cands = self._by_size.get(array.nbytes)
         if not cands:
             return None
-        mine = np.ascontiguousarray(array).tobytes()
-        want = hashlib.sha256(mine).hexdigest()
+        want = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
         for name, data in cands:
-            if self._digest(name, data) == want and data == mine:
-                return name
+            if self._digest(name, data) == want:
+                return name, want
         return None
 
 

@@ -132,6 +132,16 @@ def _adaptive_windows(n_in: int, n_out: int) -> list[tuple[int, int]]:
     return [((i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)) for i in range(n_out)]
 
 
+def _window_gather(y: Tensor, ax: int, wins: list[tuple[int, int]]) -> Tensor:
+    """Axis ``ax`` of ``y`` as ``[len(wins), span]`` windows by one gather, each window padded to
+    the longest (``span``) by repeating its last element (the caller selects or ignores them)."""
+    span = max(hi - lo for lo, hi in wins)
+    table = np.array([[lo + min(t, hi - lo - 1) for t in range(span)] for lo, hi in wins],
+                     np.int64)
+    g = lib("indexing.take")(y, Tensor.const(table.reshape(-1)), ax)
+    return g.reshape(y.shape[:ax] + (len(wins), span) + y.shape[ax + 1:])
+
+
 def _adaptive_avg(nsp: int):
     def fn(ctx, x, output_size):
         """The window sums over every resized axis, divided once by the windows' sizes, as eager:
@@ -153,12 +163,9 @@ def _adaptive_avg(nsp: int):
             if n_in % o == 0:
                 y = y.reshape(y.shape[:ax] + (o, n_in // o) + y.shape[ax + 1:]).sum([ax + 1])
                 continue
-            span = max(hi - lo for lo, hi in wins)
-            table = np.array([[lo + min(t, hi - lo - 1) for t in range(span)] for lo, hi in wins],
-                             np.int64)
+            g = _window_gather(y, ax, wins)
+            span = g.shape[ax + 1]
             inside = np.array([[t < hi - lo for t in range(span)] for lo, hi in wins])
-            g = lib("indexing.take")(y, Tensor.const(table.reshape(-1)), ax)
-            g = g.reshape(y.shape[:ax] + (o, span) + y.shape[ax + 1:])
             inside = inside.reshape((o, span) + (1,) * (y.ndim - ax - 1))
             y = Tensor.const(inside).where(g, g.scalar_like(0.0)).sum([ax + 1])
         if counts.size and (counts != 1).any():
@@ -190,15 +197,9 @@ def _adaptive_max(nsp: int):
             n_in = y.shape[ax]
             if o == n_in:
                 continue
-            # windows of PyTorch's adaptive pooling, padded to one length by repeating their
-            # first element (a repeat never changes a max): one Gather, one max per axis
-            wins = _adaptive_windows(n_in, o)
-            span = max(hi - lo for lo, hi in wins)
-            table = np.array([[lo + min(t, hi - lo - 1) for t in range(span)] for lo, hi in wins],
-                             np.int64)
-            g = lib("indexing.take")(y, Tensor.const(table.reshape(-1)), ax)
-            g = g.reshape(y.shape[:ax] + (o, span) + y.shape[ax + 1:])
-            y = g.max([ax + 1])
+            # windows of PyTorch's adaptive pooling, padded to one length by repeating an
+            # element (a repeat never changes a max): one Gather, one max per axis
+            y = _window_gather(y, ax, _adaptive_windows(n_in, o)).max([ax + 1])
         y = y.squeeze([0]) if unb else y
         return y, Tensor.full(y.shape, 0, dt.i64)
     return fn
