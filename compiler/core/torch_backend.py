@@ -63,8 +63,8 @@ from lumc.compiler.core.torch_compile import Specialization, same_constant
 from lumc.compiler.frontends.torch_frontend.lowering import check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir.errors import BudgetError, InputError, LumcError, UnsupportedOpError
-from lumc.compiler.core.torch_state import (InferenceOnly, eager_requires_grad,
-                                             lift_input_writes, output_aliases,
+from lumc.compiler.runtime.no_backward import InferenceOnly
+from lumc.compiler.core.torch_state import (eager_requires_grad, lift_input_writes, output_aliases,
                                              refuse_overlapping_writes, restore_aliases,
                                              write_back)
 from lumc.compiler.core.buckets import compile_range

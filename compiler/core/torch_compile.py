@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton.launch import input_to_numpy, torch_dtype
 from lumc.compiler.runtime.compiled import dense_tensor
+from lumc.compiler.runtime.no_backward import output_reads, refuse_backward
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.frontends.onnx_frontend import ImportedModel
 from lumc.compiler.core import torch_plan_cache as plan_cache
@@ -42,7 +43,6 @@ from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, _as
                                                   refuse_meta_module, to_numpy)
 from lumc.compiler.core.torch_state import ModuleWatch
 from lumc.ir.errors import InputError
-from lumc.ir.graph import toposort
 
 # The compile budget when the caller gives none: lumc.compiler.core.torch_compile.compile_module and
 # torch.compile(model, backend="lumc") (per captured graph) both read it from here.
@@ -134,26 +134,8 @@ def _output_inputs(spec) -> dict[str, set[str]]:
     """``{output name: names of the graph inputs it reads}`` of a specialization (once)."""
     hit = getattr(spec, "_reads", None)
     if hit is None:
-        hit = spec._reads = {k: {m.arg.name for m in toposort([out]) if m.op == "Input"}
-                             for k, out in spec.imported.graph.outputs.items()}
+        hit = spec._reads = output_reads(spec.imported.graph)
     return hit
-
-
-def _inference_only(flat_out: list, computed: set, names: list, needs: list) -> list:
-    """The computed float outputs of a call whose inputs require gradients, through
-    ``torch_state.InferenceOnly``: they require gradients as eager's do, and a backward through
-    them raises (lumc compiles for inference) instead of the outputs coming back detached, which
-    silently left the inputs without the gradient a loss through them needs."""
-    from lumc.compiler.core.torch_state import InferenceOnly
-    pos = [k for k, (name, t) in enumerate(zip(names, flat_out))
-           if name in computed and isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not pos:
-        return flat_out
-    outs = InferenceOnly.apply(lambda *_: tuple(flat_out[k] for k in pos), *needs)
-    flat_out = list(flat_out)
-    for k, t in zip(pos, outs):
-        flat_out[k] = t
-    return flat_out
 
 
 class CompiledTorchModule:
@@ -270,12 +252,11 @@ class CompiledTorchModule:
                 flat_out.append(from_numpy(results[name], device))
             else:
                 flat_out.append(spec.flat_outputs[i])
-        needs = {k for k, t in tensors.items() if t.requires_grad}
-        if needs and torch.is_grad_enabled():
-            reads = _output_inputs(spec)
-            grad_outs = {k for k in results if reads.get(k, set()) & needs}
-            flat_out = _inference_only(flat_out, grad_outs, self.program.output_names,
-                                       [tensors[k] for k in needs])
+        # outputs reading an input that requires gradients refuse a backward (no_backward)
+        guarded = refuse_backward(lambda: _output_inputs(spec), tensors, dict(
+            (n, t) for n, t in zip(self.program.output_names, flat_out) if n in results))
+        flat_out = [guarded.get(n, t) if n in results else t
+                    for n, t in zip(self.program.output_names, flat_out)]
         if self.program.out_spec is None:
             return tuple(flat_out)
         return pytree.tree_unflatten(flat_out, self.program.out_spec)

@@ -6,7 +6,7 @@ lumc compiles pure functions for inference. A graph that writes its inputs in pl
 running mean, a KV cache row set by index) is functionalized by ``torch.func.functionalize``,
 which ends it with ``copy_(input, new value)``; :func:`lift_input_writes` turns those into extra
 outputs that the caller copies back after each call, as eager mode leaves the inputs. A graph
-whose inputs require gradients runs through :class:`InferenceOnly`, so ``loss.backward()`` through
+whose inputs require gradients runs through ``runtime.no_backward.InferenceOnly``, so ``loss.backward()`` through
 its outputs fails in one line instead of silently giving its parameters no gradient. Outputs
 that are inputs or views of them (``x.relu_()``, ``x.t()``) are returned as such, as eager does
 (:func:`output_aliases`), and a write to an input that shares memory with another input is
@@ -164,22 +164,6 @@ def _graph_outputs(gm: torch.fx.GraphModule) -> tuple:
     out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     outs = out_node.args[0]
     return tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
-
-
-class InferenceOnly(torch.autograd.Function):
-    """The outputs of a lumc-compiled graph whose inputs require gradients: computed by lumc, with
-    a backward that raises, so ``loss.backward()`` through them fails in one line instead of
-    leaving the graph's parameters without gradients."""
-
-    @staticmethod
-    def forward(ctx, run, *args):
-        return tuple(run(*args))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError("lumc: this graph was compiled for inference and has no backward; "
-                           "train with another torch.compile backend (or none), and compile "
-                           "for lumc under torch.no_grad() or torch.inference_mode()")
 
 
 def _stamp(t: torch.Tensor) -> tuple:

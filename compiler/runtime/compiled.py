@@ -191,15 +191,27 @@ class CompiledModel:
         """Run on numpy arrays (or torch tensors), positionally in input order or by name.
 
         Returns one array for a single-output model, else a tuple in output order; torch tensors
-        in give torch tensors out (on the input's device).
+        in give torch tensors out (on the input's device). With grad mode on, a float output that
+        reads an input requiring gradients requires them too, and its backward raises
+        (``no_backward``: lumc plans are for inference).
         """
         arrays, is_torch = self._bind(args, kwargs, keep_torch=True)
         if is_torch:
             out = self.run_tensors(arrays, checked=True)
+            # an output reading an input that requires gradients refuses a backward, as no
+            # lumc plan has one (detached, a loss through it silently left the input without)
+            from lumc.compiler.runtime.no_backward import refuse_backward
+            out = refuse_backward(self._output_reads, arrays, out)
         else:
             out = self.run(arrays)
         vals = [out[k] for k in self.graph.outputs]
         return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def _output_reads(self) -> dict[str, set[str]]:
+        if getattr(self, "_reads", None) is None:
+            from lumc.compiler.runtime.no_backward import output_reads
+            self._reads = output_reads(self.graph)
+        return self._reads
 
     def run_tensors(self, tensors: dict, checked: bool = False) -> dict:
         """Run on ``{input name: torch tensor (or array)}``; returns ``{output name: torch

@@ -282,3 +282,50 @@ def test_lumc_compile_outputs_need_the_gradient_their_inputs_need(tmp_path, monk
         with torch.no_grad():
             assert not any(t.requires_grad for t in f(xr, y))
     assert f.reused
+
+
+def test_every_plan_callable_refuses_a_backward_instead_of_detaching(tmp_path, monkeypatch):
+    """The ONNX path (``lumc.compile(path)``), a loaded artifact and a torch module's size range
+    returned outputs with ``requires_grad=False`` for an input that requires gradients, so a loss
+    through them silently gave that input no gradient from them. Each now follows eager: a float
+    output that reads the input requires gradients and its backward raises; an integer output,
+    an output that reads no such input, and a call under no_grad stay plain."""
+    import onnx
+    from onnx import TensorProto, helper
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("ArgMax", ["x"], ["c"]),
+         helper.make_node("Neg", ["z"], ["n"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("c", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("n", TensorProto.FLOAT, [3])],
+        initializer=[helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    f = lumc.compile(str(path), budget="10s", device="sim:h200")
+    f.save(tmp_path / "m.lumc")
+    x, z = torch.tensor([1.0, -3.0, 2.0], requires_grad=True), torch.tensor([1.0, 2.0, 3.0])
+    for h in (f, lumc.load(tmp_path / "m.lumc")):
+        y, c, n = h(x, z)
+        assert (y.requires_grad, c.requires_grad, n.requires_grad) == (True, False, False)
+        torch.testing.assert_close(y.detach(), torch.tensor([2.0, -6.0, 4.0]))
+        assert c.tolist() == [2] and n.tolist() == [-1.0, -2.0, -3.0]
+        with pytest.raises(RuntimeError, match="compiled for inference and has no backward"):
+            y.sum().backward()
+        with torch.no_grad():
+            assert not any(t.requires_grad for t in h(x, z))
+
+    class Row(nn.Module):
+        def forward(self, a):
+            return a * 2, a.sum(-1), (a > 0).sum(-1)
+    r = lumc.compile(Row(), budget="10s", device="sim:h200", example_inputs=(torch.randn(2, 8),),
+                     dynamic_shapes=({1: torch.export.Dim("n", min=2, max=64)},))
+    a = torch.randn(2, 21, requires_grad=True)
+    got, want = r(a), Row()(a)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [True, True, False]
+    for g_, w in zip(got, want):
+        torch.testing.assert_close(g_.detach(), w.detach())
+    with pytest.raises(RuntimeError, match="compiled for inference and has no backward"):
+        got[1].sum().backward()
