@@ -16,7 +16,10 @@ launch overhead included) and a config space. The loop:
    A kernel whose best time is within ``slack`` of its bound is done: no config can beat it by more
    than that (counted as pruned), and a config whose own bound (``config_bounds``) is not below the
    kernel's best time is pruned. Tuning stops when the best time has not improved by ``min_gain``
-   over ``window`` measurements; then breadth goes on against the tuned best.
+   over ``window`` measurements and every open kernel of the best programs has had ``PATIENCE``
+   tries in a row that found nothing better (once the first holds, only kernels short of that are
+   tried: a kernel run once in a 60-kernel program, under ``min_gain`` of its time, is not left at
+   its first config); then breadth goes on against the tuned best.
 3. **Re-time.** The top 3 programs are re-measured with their chosen configs (``remeasure``: timed
    again on a GPU, not read from the tuning database; each shared kernel once) and the fastest is
    chosen, ties broken by candidate order, so the same inputs give the same choice.
@@ -36,6 +39,7 @@ from lumc.compiler.core.budget import Deadline
 LOOKAHEAD_KERNELS = 4    # the depth phase's lookahead: the kernels of largest gap...
 LOOKAHEAD_CONFIGS = 3    # ... their next untried configs each...
 LOOKAHEAD_UNITS = 8      # ... at most this many pairs per call
+PATIENCE = 3             # tries in a row without a better time before a kernel counts as tuned
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         """Depth: tune the kernels of the best programs, largest gap to bound first, until the best
         time stops improving. Returns "budget" when the deadline passed, else None."""
         start = len(history)
+        closing, converged = False, ""
         while True:
             if deadline.expired():
                 return "budget"
@@ -232,6 +237,13 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             if not open_k:
                 stats.stopped_because = "exhausted"
                 return None
+            if closing:
+                # the program-wide test said converged: only kernels without PATIENCE tries in a
+                # row that found nothing better are tried, then the search stops
+                open_k = [k for k in open_k if fruitless.get(k, 0) < PATIENCE]
+                if not open_k:
+                    stats.stopped_because = converged
+                    return None
             # the time a kernel could still save the best programs: its gap to its bound times
             # the times one of them runs it (a repeated layer's kernel counts once per layer),
             # discounted by its tries in a row that found nothing better (its configs come best
@@ -256,11 +268,11 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             fruitless[k] = 0 if best_t[k] < before else fruitless.get(k, 0) + 1
             refresh()
             win = max(window, 2 * len(pool))
-            if len(history) - start > win and history[-win - 1] < math.inf and \
+            if not closing and len(history) - start > win and history[-win - 1] < math.inf and \
                     history[-1] > history[-win - 1] * (1 - min_gain):
-                stats.stopped_because = (f"converged (best improved < {min_gain:.0%} over {win} "
-                                         "measurements)")
-                return None
+                converged = (f"converged (best improved < {min_gain:.0%} over {win} "
+                             "measurements)")
+                closing = True
 
     # Candidates in bound order. Each is measured at default configs unless its bound already
     # proves it cannot beat the best time; after each new best the best programs are tuned, so the

@@ -167,3 +167,23 @@ def test_stats_count_programs_and_kernel_config_pairs_apart():
     assert st.candidates_compiled == len(set(calls)) == 3           # fused's 3 configs, each once
     assert st.configs_pruned + st.programs_pruned == st.candidates_pruned
     assert st.from_db == 1                                          # fused config 0
+
+
+def test_a_kernel_run_once_is_tuned_before_the_search_converges():
+    """Convergence was program-wide only (best improved < min_gain over the window): a kernel run
+    once beside a layer kernel run 60 times saves under 1% of the program whatever its config,
+    so the search stopped with it at its first config (BERT-12's layer-0 attention: 12.6 us where
+    another config gives 6.6). Each open kernel now gets PATIENCE tries in a row that find
+    nothing better before the search stops."""
+    from lumc.compiler.core.search import PATIENCE
+    clock = FakeClock()
+    times = {"layer": [10.0, 9.0] + [9.0] * 50, "once": [6.0, 6.0, 3.0] + [6.0] * 10}
+    measure, calls = make_measure(times, clock, cost=0.01)
+    r = run_search([["layer"] * 60 + ["once"]], {"layer": 1.0, "once": 1.0},
+                   {"layer": 52, "once": 13}, measure, Deadline(1000, clock), window=5)
+    assert r.configs == {"layer": 1, "once": 2}
+    assert r.time_s == pytest.approx(60 * 9.0 + 3.0)
+    assert r.stats.stopped_because.startswith("converged")
+    once = [ci for k, ci in calls if k == "once"]
+    assert once == list(range(3 + PATIENCE))   # its default, 2 to its best, PATIENCE without gain
+    assert len(calls) < 40                      # it stopped: "layer" was not tried to exhaustion
