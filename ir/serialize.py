@@ -4,8 +4,9 @@ Used by artifacts, so a saved program runs without its source model. The format 
 reading a different version raises :class:`~lumc.ir.errors.ArtifactError`. Constants are stored as
 raw bytes with their lumc dtype name, so bf16 survives the round trip.
 
-A constant may instead name its bytes in another store (``s{k}``: a key and the SHA-256 of the
-bytes it was written with, with the ``m{k}`` dtype and shape as always): an artifact stores a
+A constant may instead name its bytes in another store (``s{k}``: one or more keys and the SHA-256
+of the bytes it was written with, with the ``m{k}`` dtype and shape as always; several keys'
+bytes are concatenated row by row along the last axis): an artifact stores a
 weight that is byte for byte one of its source model's initializers once, in ``source.onnx``
 (``lumc.compiler.runtime.source_refs``). The writer's ``external`` hook picks such constants, the
 reader's ``source`` hook returns their bytes, which must hash as they did when written (a store
@@ -76,9 +77,10 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
 
     Args:
         graph: the graph.
-        external: ``external(array) -> (key, sha256 hex of its bytes) or None``: a constant it
-            names is stored as that key and digest (``s{k}``) instead of its bytes; None stores
-            every constant's bytes.
+        external: ``external(array) -> (key, ..., sha256 hex of its bytes) or None``: a
+            constant it names is stored as those keys (their bytes concatenated along its last
+            axis) and the digest (``s{k}``) instead of its bytes; None stores every constant's
+            bytes.
 
     Returns:
         ``(json bytes, npz bytes, index)``: ``index`` maps ``id(node)`` to its position in the node
@@ -108,11 +110,22 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
     return json.dumps(doc).encode(), buf.getvalue(), index
 
 
+def _joined(parts: list[bytes], shape: tuple, dtype, k: int) -> bytes:
+    """Stored parts concatenated row by row along the constant's last axis (one part: itself)."""
+    if len(parts) == 1:
+        return parts[0]
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    if rows == 0 or any(len(p) % rows for p in parts):
+        raise ArtifactError(f"constant {k}'s stored parts do not split into its {rows} rows")
+    return np.concatenate([np.frombuffer(p, np.uint8).reshape(rows, -1) for p in parts],
+                          axis=1).tobytes()
+
+
 def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes, source=None) -> tuple[Graph, list[Node]]:
     """Rebuild a graph; returns it and the node list in serialized order.
 
     Args:
-        source: ``source(key) -> bytes`` for constants stored by key (``graph_to_bytes``'s
+        source: ``source(key) -> bytes`` for constants stored by keys (``graph_to_bytes``'s
             ``external``); it raises :class:`ArtifactError` for a key it does not hold. Bytes
             whose SHA-256 is not the one written are an :class:`ArtifactError` too.
     Raises:
@@ -136,11 +149,11 @@ def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes, source=None) -> tuple[G
                     raise ArtifactError(f"constant {k} is stored in the source model, which "
                                         "this graph was read without")
                 else:
-                    key, digest = (str(v) for v in z[f"s{k}"])
-                    data = source(key)
+                    *keys, digest = (str(v) for v in z[f"s{k}"])
+                    data = _joined([source(key) for key in keys], shape, dtype, k)
                     if hashlib.sha256(data).hexdigest() != digest:
-                        raise ArtifactError(f"the source model's weight {key!r} is not the one "
-                                            "compiled (its bytes' sha256 differs)")
+                        raise ArtifactError(f"the source model's weight {'+'.join(keys)!r} is "
+                                            "not the one compiled (its bytes' sha256 differs)")
                 need = dtype.np.itemsize * int(np.prod(shape, dtype=np.int64))
                 if len(data) != need:
                     raise ArtifactError(f"constant {k} holds {len(data)} bytes, its shape "

@@ -6,8 +6,9 @@ the index ranges and the bench's weights hash) and the primitive graph's constan
 MiniLM-L3 artifact of ``make demo`` was 137.7 MB for a 69.1 MB model, two copies of every weight
 (74.9 MB now). A constant whose bytes are an initializer's is stored as the initializer's name
 (``lumc.ir.serialize``'s ``s{k}``), and read back from ``source.onnx``, which is kept byte for
-byte as the user gave it. Constants the compile made (a concatenated QKV weight, a transposed,
-folded or bf16-rounded one) keep their own bytes.
+byte as the user gave it. A constant that is initializers concatenated along its last axis (the
+horizontal fusion's Q/K/V and gate/up weights) is stored as their names, in order. Constants the
+compile made otherwise (a transposed, folded or bf16-rounded one) keep their own bytes.
 
 Only initializers of at least :data:`MIN_SHARED_BYTES` are matched (a smaller one costs more in the
 lookup than it saves). Matching is by length, then SHA-256 of the bytes (equal digests: equal
@@ -60,8 +61,9 @@ def _array_bytes(init) -> bytes | None:
 
 class SharedWeights:
     """The ``external`` hook of :func:`lumc.ir.serialize.graph_to_bytes` for one source model:
-    ``self(array)`` is ``(name, sha256)`` of an initializer with exactly ``array``'s bytes, or
-    None.
+    ``self(array)`` is ``(name, sha256)`` of an initializer with exactly ``array``'s bytes,
+    ``(name1, name2, ..., sha256)`` of initializers whose concatenation along ``array``'s last axis
+    it is, or None (``sha256``: of ``array``'s bytes).
 
     Args:
         source: the source model's ONNX bytes.
@@ -80,15 +82,41 @@ class SharedWeights:
             self._digests[name] = hashlib.sha256(data).hexdigest()
         return self._digests[name]
 
-    def __call__(self, array: np.ndarray) -> tuple[str, str] | None:
+    def __call__(self, array: np.ndarray) -> tuple[str, ...] | None:
+        array = np.ascontiguousarray(array)
         cands = self._by_size.get(array.nbytes)
-        if not cands:
+        if cands:
+            want = hashlib.sha256(array.tobytes()).hexdigest()
+            for name, data in cands:
+                if self._digest(name, data) == want:
+                    return name, want
+        if array.ndim == 0 or array.nbytes < MIN_SHARED_BYTES:
             return None
-        want = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-        for name, data in cands:
-            if self._digest(name, data) == want:
-                return name, want
-        return None
+        parts = self._concatenation(array)
+        return (*parts, hashlib.sha256(array.tobytes()).hexdigest()) if parts else None
+
+    def _concatenation(self, array: np.ndarray) -> list[str] | None:
+        """The initializers whose bytes, row by row, are ``array``'s concatenated along its last
+        axis (a Q/K/V or gate/up weight the horizontal fusion concatenated at compile time), in
+        order, or None. Greedy from the row's start; a candidate is rejected on its first row."""
+        rows = int(np.prod(array.shape[:-1], dtype=np.int64))
+        width = array.nbytes // max(rows, 1)
+        if rows == 0 or width == 0:
+            return None
+        mat = array.reshape(-1).view(np.uint8).reshape(rows, width)
+        cands = [(name, np.frombuffer(data, np.uint8).reshape(rows, -1))
+                 for size, group in self._by_size.items()
+                 if size % rows == 0 and size // rows < width for name, data in group]
+        out, at = [], 0
+        while at < width:
+            hit = next((name for name, c in cands if at + c.shape[1] <= width
+                        and np.array_equal(mat[0, at:at + c.shape[1]], c[0])
+                        and np.array_equal(mat[:, at:at + c.shape[1]], c)), None)
+            if hit is None:
+                return None
+            out.append(hit)
+            at += dict(cands)[hit].shape[1]
+        return out if len(out) > 1 else None
 
 
 class SourceWeights:

@@ -116,3 +116,51 @@ def test_a_source_weight_with_other_values_is_a_clear_error(saved, tmp_path):
     msg = _load_with_source(saved, tmp_path, lambda m: m.graph.initializer[0].CopyFrom(
         numpy_helper.from_array(w1 * 2, "w1")))
     assert "'w1'" in msg and "not the one compiled" in msg
+
+
+def test_weights_concatenated_at_compile_time_are_stored_as_their_parts(tmp_path):
+    """Q/K/V projections of one input become one contraction over a weight the compile
+    concatenated (``rewrites/horizontal.py``); that weight was stored by value, a third copy of
+    every projection (5.8 of MiniLM's 74.9 MB). It is now stored as the initializers' names, in
+    order, and rebuilt row by row on load; a part whose values changed is refused."""
+    rng = np.random.default_rng(3)
+    ws = [rng.standard_normal((128, 160)).astype(np.float32) for _ in range(3)]   # 80 KB each
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"p{i}"]) for i in range(3)]
+    nodes.append(helper.make_node("Concat", ["p0", "p1", "p2"], ["y"], axis=0))
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [24, 160])],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    cm = lumc.compile(model, budget="20s", device="sim:h200")
+    path = tmp_path / "m.lumc"
+    cm.save(path)
+    with zipfile.ZipFile(path) as z:
+        consts = np.load(io.BytesIO(z.read("consts.npz")))
+        refs = [[str(v) for v in consts[k]] for k in consts.files if k.startswith("s")]
+        stored = sum(consts[k].nbytes for k in consts.files if k.startswith("c"))
+    assert any(len(r) > 2 for r in refs), refs            # a concatenation stored as its parts
+    assert {n for r in refs for n in r[:-1]} <= {"w0", "w1", "w2"}
+    assert stored < 0.1 * sum(w.nbytes for w in ws)
+    x = rng.standard_normal((8, 128)).astype(np.float32)
+    want = np.concatenate([x.astype(np.float64) @ w for w in ws], axis=0)
+    back = lumc.load(path)
+    np.testing.assert_allclose(back(x), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(back(x), cm(x))
+    msg = _load_with_source((model, cm, path, None), tmp_path, lambda m: m.graph.initializer[1]
+                            .CopyFrom(numpy_helper.from_array(ws[1] * 2, "w1")))
+    assert "w1" in msg and "not the one compiled" in msg
+
+
+def test_a_concatenation_is_matched_only_when_every_part_is_an_initializer():
+    from lumc.compiler.runtime.source_refs import SharedWeights
+    a, b = (np.arange(64 * 300, dtype=np.float32).reshape(64, 300) + k for k in (0, 1e6))
+    src = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["y"])], "g", [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b")])).SerializeToString()
+    sw = SharedWeights(src)
+    assert sw(np.concatenate([b, a, b], axis=1))[:-1] == ("b", "a", "b")
+    assert sw(np.concatenate([a, a[:, :7]], axis=1)) is None           # a part no initializer is
+    assert sw(np.concatenate([a, b], axis=0)) is None                  # rows, not the last axis
+    assert sw(np.concatenate([a, b], axis=1).T.copy()) is None
