@@ -14,6 +14,8 @@ refused (:func:`refuse_overlapping_writes`).
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 
@@ -196,6 +198,11 @@ def _count_registrations() -> None:
         _HOOKED.append(getattr(nn_module, name)(bump))
 
 
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = operator.methodcaller("data_ptr")
+_TRAINING = operator.attrgetter("training")
+
+
 class ModuleWatch:
     """What ``lumc.compile`` copied from a module, to tell a call that the module changed since.
 
@@ -204,8 +211,8 @@ class ModuleWatch:
     step, ``w.mul_(2)``), replaced, converted (``.half()``) or a submodule put in training mode
     after the compile would leave the compiled callable computing the old module without a word.
     :meth:`check` raises instead, naming what changed. A call compares each parameter's and
-    buffer's version counter and storage and each submodule's training flag (some 70 us for 200
-    tensors on a CPU core); after a parameter, buffer or submodule was assigned anywhere (torch's
+    buffer's version counter and storage and each submodule's training flag (some 50 us for BERT-base's
+    199 tensors and 225 submodules on a CPU core); after a parameter, buffer or submodule was assigned anywhere (torch's
     global registration hooks count them) or where a stamp differs, the whole tree is compared by
     name, identity, dtype and shape, and a tensor whose stamp differs by its bytes (digest: a
     round trip through ``.double()`` and back changes nothing). A module that is gone is not
@@ -229,32 +236,31 @@ class ModuleWatch:
         self._snapshot(module)
 
     def _snapshot(self, module: torch.nn.Module) -> None:
-        """The fast check's state: weak references and stamps, and the registration count
-        (inference tensors keep no version counter: their storage alone)."""
+        """The fast check's state: the module's tensors and submodules (held until the module is
+        collected, never longer: ``weakref.finalize``), their version counters, data pointers and
+        training flags, and the registration count (inference tensors keep no version counter:
+        their data pointer alone). Read back with ``map`` over ``operator`` getters: some 50 us
+        for BERT-base's 199 tensors and 225 submodules on a CPU core, where a Python loop over
+        weak references took 100."""
         import weakref
         self._generation = _REGISTRATIONS[0]
         tensors = [t for _, t in self._named(module)]
-        self._plain = [(weakref.ref(t), t._version, t.data_ptr()) for t in tensors
-                       if not t.is_inference()]
-        self._inference = [(weakref.ref(t), t.data_ptr()) for t in tensors if t.is_inference()]
-        self._subs = [(weakref.ref(m), m.training) for m in module.modules()]
+        plain = [t for t in tensors if not t.is_inference()]
+        subs = list(module.modules())[1:]      # not the module itself: it is weakly held
+        if getattr(self, "_held", None) is None:
+            self._held: list = []
+            weakref.finalize(module, self._held.clear)
+        self._held[:] = [plain, tensors, subs]
+        self._seen = (list(map(_VERSION, plain)), list(map(_DATA_PTR, tensors)),
+                      list(map(_TRAINING, subs)), module.training)
 
-    def _unchanged(self) -> bool:
-        if _REGISTRATIONS[0] != self._generation:
+    def _unchanged(self, module: torch.nn.Module) -> bool:
+        if _REGISTRATIONS[0] != self._generation or not self._held:
             return False
-        for r, version, ptr in self._plain:
-            t = r()
-            if t is None or t._version != version or t.data_ptr() != ptr:
-                return False
-        for r, ptr in self._inference:
-            t = r()
-            if t is None or t.data_ptr() != ptr:
-                return False
-        for r, flag in self._subs:
-            m = r()
-            if m is None or m.training != flag:
-                return False
-        return True
+        plain, tensors, subs = self._held
+        versions, ptrs, flags, training = self._seen
+        return (module.training == training and list(map(_VERSION, plain)) == versions
+                and list(map(_DATA_PTR, tensors)) == ptrs and list(map(_TRAINING, subs)) == flags)
 
     @staticmethod
     def _named(module: torch.nn.Module) -> list:
@@ -271,7 +277,7 @@ class ModuleWatch:
             InputError: the module's parameters, buffers or training flags are not those compiled
                 (one line naming the first that differs)."""
         module = self._module()
-        if module is None or self._unchanged():
+        if module is None or self._unchanged(module):
             return
         named = self._named(module)
         if len(named) != len(self._tensors):

@@ -329,3 +329,25 @@ def test_every_plan_callable_refuses_a_backward_instead_of_detaching(tmp_path, m
         torch.testing.assert_close(g_.detach(), w.detach())
     with pytest.raises(RuntimeError, match="compiled for inference and has no backward"):
         got[1].sum().backward()
+
+
+def test_the_watch_keeps_neither_the_module_nor_its_weights_alive():
+    """The fast check holds the module's tensors and submodules (read back with ``map``: half
+    the per-call time of a loop over weak references), only while the module lives: a compiled
+    callable kept after its module is deleted must not keep the module's weights in memory."""
+    import gc
+    import weakref
+    from lumc.compiler.core.torch_state import ModuleWatch
+    m = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2))).eval()
+    w = ModuleWatch(m)
+    w.check()
+    m[1][1].train()                      # a nested submodule's flag: seen by the fast check
+    with pytest.raises(Exception, match=r"training flag of submodule '1\.1'"):
+        w.check()
+    m[1][1].eval()
+    w.check()
+    gone = weakref.ref(m), weakref.ref(m[1][1].weight)
+    del m
+    gc.collect()
+    assert gone[0]() is None and gone[1]() is None
+    w.check()                            # nothing left to compare: no error
