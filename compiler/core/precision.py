@@ -55,7 +55,8 @@ reduced-precision contraction emulated (``lumc.backends.precision``), with the f
 original model on sample inputs: max abs and rel error and cosine similarity per output, and for
 outputs that are probabilities (rows along the last axis non-negative and summing to 1) or named
 logits, the mean and max KL divergence per row against the reference distribution and top-1
-agreement. KL and cosine are computed in float64.
+agreement. KL and cosine are computed in float64. Integer and bool outputs (an ``ArgMax``, a
+comparison) must equal the reference exactly; the report counts the values that differ.
 """
 from __future__ import annotations
 
@@ -344,17 +345,33 @@ def output_quality(got: np.ndarray, ref: np.ndarray, logits: bool = False) -> di
 
 
 def measure_quality(outputs: dict, reference: dict, policy: PrecisionPolicy,
-                    float_names: list[str]) -> dict:
+                    float_names: list[str], exact_names: list[str] = ()) -> dict:
     """The ``quality`` report of a compile: per output figures, the worst of each, and the gate's
-    verdict (``passed``, with ``reason`` when it failed)."""
+    verdict (``passed``, with ``reason`` when it failed).
+
+    Outputs in ``exact_names`` (integer and bool: an ``ArgMax`` of logits, a comparison) have no
+    relative error: each must equal the fp32 model's exactly (as ``lumc run --check`` judges them),
+    and ``exact_outputs`` gives ``{name: {differ, count}}``, the elements that differ."""
     per = {k: output_quality(outputs[k], reference[k], k in policy.logits) for k in float_names}
+    exact = {}
+    for k in exact_names:
+        g, r = np.asarray(outputs[k]), np.asarray(reference[k])
+        differ = int(r.size) if g.shape != r.shape else int(np.count_nonzero(g != r))
+        exact[k] = {"differ": differ, "count": int(r.size)}
     worst_rel = max((q["max_rel"] for q in per.values()), default=0.0)
     kls = [q["kl_mean"] for q in per.values() if "kl_mean" in q]
     q = {"outputs": per, "max_rel": worst_rel, "tolerance": policy.rtol,
          "min_cosine": min((v["cosine"] for v in per.values()), default=1.0),
          "kl_mean": max(kls) if kls else None, "max_kl": policy.max_kl}
+    if exact:
+        q["exact_outputs"] = exact
     reason = None
-    if not worst_rel <= policy.rtol:
+    wrong = [k for k, v in exact.items() if v["differ"]]
+    if wrong:
+        v = exact[wrong[0]]
+        reason = (f"output {wrong[0]}: {v['differ']} of {v['count']} integer values differ from "
+                  "the fp32 model's")
+    elif not worst_rel <= policy.rtol:
         reason = f"max rel error {worst_rel:.3g} > tolerance {policy.rtol:g}"
     elif policy.max_kl is not None and kls and not max(kls) <= policy.max_kl:
         reason = f"mean KL {max(kls):.3g} > --max-kl {policy.max_kl:g}"

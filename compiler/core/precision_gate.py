@@ -81,7 +81,8 @@ def weights_gate(stored, original, inputs: dict, policy: PrecisionPolicy,
     ref = ref if ref is not None else ReferenceExecutor(original)(inputs)
     got = ReferenceExecutor(stored)(inputs)
     floats = [k for k, n in original.outputs.items() if n.dtype.is_float]
-    return measure_quality(got, ref, policy, floats)
+    exact = [k for k in original.outputs if k not in floats]
+    return measure_quality(got, ref, policy, floats, exact)
 
 
 def stage_quality(chosen, graph, graph_ref, inputs: dict, keys: list, configs: list, measurer,
@@ -94,10 +95,11 @@ def stage_quality(chosen, graph, graph_ref, inputs: dict, keys: list, configs: l
         return configs, None
     ref = ref if ref is not None else ReferenceExecutor(graph_ref)(inputs)
     floats = [k for k, n in graph.outputs.items() if n.dtype.is_float]
+    exact = [k for k in graph.outputs if k not in floats]
 
     def evaluate(cfgs) -> dict:
         out = run_program_reference(chosen, graph, inputs, configs=cfgs)
-        return measure_quality(out, ref, policy, floats)
+        return measure_quality(out, ref, policy, floats, exact)
 
     def raised(cfgs, which) -> list:
         out = list(cfgs)

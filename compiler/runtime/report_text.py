@@ -18,7 +18,7 @@ PLAN_PRECISION_FIELDS = ("precision", "weights", "tolerance", "quality", "weight
 
 def quality_line(r: dict) -> str | None:
     """``precision bf16 (weights same) vs fp32: max rel error 3.1e-03 (tolerance 0.02), cosine >=
-    0.999990[, mean KL 1e-05, top-1 100.0%][; GATE FAILED: reason]``, or None when no quality was
+    0.999990[, mean KL 1e-05, top-1 100.0%][, integer outputs equal][; GATE FAILED: reason]``, or None when no quality was
     measured (an exact compile)."""
     q = r.get("quality")
     if q is None:
@@ -28,6 +28,12 @@ def quality_line(r: dict) -> str | None:
     if q.get("kl_mean") is not None:
         top1 = min(v["top1"] for v in q["outputs"].values() if "top1" in v)
         parts.append(f"mean KL {q['kl_mean']:.3g}, top-1 {100 * top1:.1f}%")
+    exact = q.get("exact_outputs") or {}
+    if exact:
+        differ = sum(v["differ"] for v in exact.values())
+        count = sum(v["count"] for v in exact.values())
+        parts.append("integer outputs equal" if not differ else
+                     f"integer outputs: {differ} of {count} values differ")
     return (f"precision {r['precision']} (weights {r['weights']}) vs fp32: " + ", ".join(parts)
             + ("" if q["passed"] else f"; GATE FAILED: {q['reason']}"))
 

@@ -1,0 +1,67 @@
+"""The quality gate on outputs that are not plain floats (sim:h200): integer outputs, logits
+named by ``--logits``, and what the reports say about them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lumc
+from lumc.compiler.runtime.tuning_db import TuningDatabase
+
+
+@pytest.fixture()
+def db(tmp_path):
+    return TuningDatabase(tmp_path / "tuning.sqlite")
+
+
+def argmax_model(w: np.ndarray, m: int):
+    """x[m, k] -> z = x @ w (f32) and a = argmax(z, -1) (int64)."""
+    k, n = w.shape
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]),
+             helper.make_node("ArgMax", ["z"], ["a"], axis=-1, keepdims=0)]
+    g = helper.make_graph(nodes, "argmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("a", TensorProto.INT64, [m]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [m, n])],
+                          [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_integer_output_that_differs_at_reduced_precision_fails_the_gate(db):
+    """An ArgMax output was left out of the quality gate: a bf16 plan whose argmax differed from
+    the fp32 model's on every sample row passed on its float output's error alone. Integer
+    outputs are judged exactly now (as ``lumc run --check`` judges them): the plan falls back to
+    fp32, saying which output differed."""
+    rng = np.random.default_rng(0)
+    m, k, n = 8, 64, 16
+    w = (rng.standard_normal((k, n)) * 0.01).astype(np.float32)
+    # columns 0 and 1 differ by less than a bf16 ulp: bf16 weights tie them, argmax says 0
+    w[:, 0] = 1.0
+    w[:, 1] = np.float32(1.0 + 2.0 ** -12)
+    x = np.abs(rng.standard_normal((m, k))).astype(np.float32) + 0.1
+    model = argmax_model(w, m)
+    cm = lumc.compile(model, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                      precision="bf16", example_inputs={"x": x}, reuse_plan=False)
+    r = cm.report_dict()
+    want = (x.astype(np.float64) @ w.astype(np.float64)).argmax(-1)
+    assert (want == 1).all()
+    assert r["precision"] == "fp32", r["quality"]
+    assert any("output a: 8 of 8 integer values differ" in s for s in r["warnings"]), r["warnings"]
+    a, z = cm(x)
+    np.testing.assert_array_equal(a, want)
+
+
+def test_equal_integer_outputs_are_reported(db):
+    rng = np.random.default_rng(1)
+    m, k, n = 8, 64, 16
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    w[:, 3] += 4.0                          # a clear winner: no near-tie for bf16 to flip
+    x = np.abs(rng.standard_normal((m, k))).astype(np.float32)
+    cm = lumc.compile(argmax_model(w, m), budget="30s", device="sim:h200", db=db,
+                      use_egraph=False, precision="bf16", example_inputs={"x": x},
+                      reuse_plan=False)
+    r = cm.report_dict()
+    assert r["precision"] == "bf16" and r["quality"]["passed"]
+    assert r["quality"]["exact_outputs"] == {"a": {"differ": 0, "count": 8}}
+    assert "integer outputs equal" in cm.report()
+    np.testing.assert_array_equal(cm(x)[0], np.full(m, 3))
