@@ -417,7 +417,7 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
         from lumc.compiler.core.pipeline import example_inputs_for
         from lumc.compiler.core.precision_gate import model_reference
         model_reference(fe_p.graph, example_inputs_for(fe_p.graph, fe_p), policy)
-    policy.check_logits(list(fe_p.graph.outputs))
+    policy.check_logits(fe_p.graph.outputs)
     stored, wstats = store_weights(fe_p.graph, policy)
     with probing(tuple(probe.values()) + tuple(check.values())):
         programs, egraph_stats = candidates(stored, Deadline(

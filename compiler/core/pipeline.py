@@ -365,7 +365,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
     ``given`` supplies the stored graph and the candidates instead (a size bucket of a range,
     ``lumc.compiler.core.buckets``: the e-graph ran once for every bucket)."""
     policy = policy or PrecisionPolicy()
-    policy.check_logits(list(fe.graph.outputs))
+    policy.check_logits(fe.graph.outputs)
     budget_s = deadline.budget_s
     progress = Progress(budget_s, target, quiet)
     try:

@@ -150,13 +150,21 @@ class PrecisionPolicy:
             return self.tolerance
         return max(DEFAULT_TOLERANCE[self.precision], WEIGHTS_TOLERANCE[self.weights])
 
-    def check_logits(self, outputs: list[str]) -> None:
-        """Raises InputError when ``logits`` names no output of the model (the KL and top-1 gate
-        would silently measure nothing)."""
-        unknown = [n for n in self.logits if n not in outputs]
-        if unknown:
-            raise InputError(f"--logits {unknown[0]}: the model has no output of that name; "
-                             f"outputs: {', '.join(outputs)}")
+    def check_logits(self, outputs: dict) -> None:
+        """Raises InputError when ``logits`` names no output of the model (``outputs``: ``{name:
+        node}``), or one that holds no row of scores: an integer or bool output, a scalar, a last
+        axis of one element (the KL and top-1 gate would silently measure nothing)."""
+        for name in self.logits:
+            n = outputs.get(name)
+            if n is None:
+                raise InputError(f"--logits {name}: the model has no output of that name; "
+                                 f"outputs: {', '.join(outputs)}")
+            if not n.dtype.is_float or not n.shape or n.shape[-1] < 2:
+                what = (f"is {n.dtype.name}" if not n.dtype.is_float else
+                        "is a scalar" if not n.shape else f"has shape {list(n.shape)}")
+                raise InputError(f"--logits {name}: that output {what}; logits are rows of at "
+                                 "least two float scores along the last axis (KL and top-1 "
+                                 "would measure nothing)")
 
     def check_max_kl(self, reference: dict, float_names: list[str]) -> None:
         """Raises InputError when ``max_kl`` is set, ``logits`` names no output, and no output in

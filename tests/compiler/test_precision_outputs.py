@@ -65,3 +65,23 @@ def test_equal_integer_outputs_are_reported(db):
     assert r["quality"]["exact_outputs"] == {"a": {"differ": 0, "count": 8}}
     assert "integer outputs equal" in cm.report()
     np.testing.assert_array_equal(cm(x)[0], np.full(m, 3))
+
+
+@pytest.mark.parametrize("out,n,why", [("a", 16, "that output is i64"),
+                                       ("z", 1, r"that output has shape \[8, 1\]")])
+def test_logits_naming_an_output_without_score_rows_is_one_line(out, n, why, db, monkeypatch):
+    """``--logits`` naming an integer output, or one with one score per row, was accepted and the
+    KL gate (``--max-kl``) then measured nothing: the compile passed 'KL' unmeasured. Refused in
+    one line before any search."""
+    from lumc.compiler.core import pipeline
+    from lumc.ir.errors import InputError
+
+    def no_search(*a, **k):
+        raise AssertionError("the search ran before the refusal")
+    monkeypatch.setattr(pipeline, "stage_candidates", no_search)
+    w = np.random.default_rng(2).standard_normal((64, n)).astype(np.float32)
+    with pytest.raises(InputError, match=why) as e:
+        lumc.compile(argmax_model(w, 8), budget="20s", device="sim:h200", db=db,
+                     use_egraph=False, precision="bf16", max_kl=1e-3, logits=(out,),
+                     reuse_plan=False)
+    assert "\n" not in str(e.value) and f"--logits {out}" in str(e.value)
