@@ -296,7 +296,9 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
     click.echo(line)
     if r.get("precision") is not None:
         click.echo(f"precision {r.get('precision')}, weights {r.get('weights')}")
-    from lumc.compiler.runtime.report_text import user_notes
+    from lumc.compiler.runtime.report_text import quality_line, user_notes
+    if quality_line(r):     # the quality the compile measured, as its summary said it
+        click.echo(quality_line(r))
     for w in user_notes(r):
         click.echo(f"note: {w}")
     if r.get("candidates_total") is not None:

@@ -242,12 +242,15 @@ def _echo_variants(cm, r, out_path, report_path) -> None:
     unit = "SIMULATED" if r["simulated"] else "measured"
     click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) into {len(r['variants'])} "
                f"plans in {_secs(r['compile_s'])} s of {_secs(r['budget_s'])} s, chosen per call")
+    reduced = any(v.get("quality") is not None for v in r["variants"])
     for v in r["variants"]:
         best = v.get("best_time_s")
         best_s = f"{best * 1e6:.1f} us" if best is not None else "untimed"
         click.echo(f"  {v['describe']}: {v['kernels']} kernel{'s' * (v['kernels'] != 1)}, best "
                    f"{best_s}, bound "
                    f"{(v.get('bound_time_s') or 0) * 1e6:.1f} us, {v['stopped_because']}")
+        if reduced:     # each plan's own measured quality (a plan may have fallen back alone)
+            click.echo(f"    {precision_lines(dict(v, warnings=[]), exact=True)[0]}")
     for v in r.get("not_compiled", []):
         click.echo(f"  not compiled: {v['describe']}: {v['reason']}")
     for w in user_notes(r):
