@@ -30,7 +30,7 @@ from lumc.compiler.core.onnx_stage import Frontend, bind_model, stage_frontend, 
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, precision_report,
                                           store_weights)
 from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
-                                               stage_quality, weights_gate)
+                                               stage_quality, weights_gate, weights_note)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
 from lumc.compiler.core.variants import compile_variants, size_lists
@@ -383,6 +383,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                                f"weights (precision {policy.precision}) instead")
             policy = down
             graph, weight_stats = store_weights(fe.graph, policy)
+        if weights_note(policy, weight_stats):
+            fe.warnings.append(weights_note(policy, weight_stats))
         target = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)

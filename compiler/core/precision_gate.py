@@ -26,9 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.core.precision import PrecisionPolicy, measure_quality
+from lumc.compiler.core.precision import WEIGHT_DTYPE, PrecisionPolicy, measure_quality
 from lumc.compiler.runtime.program import run_program_reference
 
+WEIGHT_DTYPE_NAME = {k: (v.name if v is not None else None) for k, v in WEIGHT_DTYPE.items()}
 # most to least precise; raising a kernel moves it left
 PRECISION_ORDER = ("ieee", "tf32x3", "tf32", "fp16", "bf16", "fp8")
 
@@ -195,3 +196,25 @@ def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict)
         own += f": no contraction runs at fp8 (its plan is {'/'.join(dots)}'s), and that plan"
     return (f"{own} misses the quality gate ({quality['reason']}); compiled at {down.precision} "
             f"(weights {down.weights}) instead")
+
+
+def weights_note(policy: PrecisionPolicy, stats: dict) -> str | None:
+    """One line for the report's notes when ``--weights`` stored fewer weights than the user may
+    think (``stats``: :func:`~lumc.compiler.core.precision.store_weights`'s): none at all (no weight
+    is read only by contractions, as in a model without a MatMul; or the format could store none:
+    NVFP4 with a K not a multiple of 16), or some skipped. None when every contraction weight is
+    stored in the format, or for ``weights="same"``."""
+    fmt = policy.weights
+    if fmt == "same":
+        return None
+    done, skipped = stats.get(fmt, 0), stats.get("skipped", 0)
+    if done and not skipped:
+        return None
+    keep = ("as the model stores it" if WEIGHT_DTYPE_NAME[policy.precision] is None else f"in {WEIGHT_DTYPE_NAME[policy.precision]} (precision {policy.precision})")
+    if not done:
+        why = (f"the format cannot store the {skipped} contraction weight"
+               f"{'s' * (skipped != 1)}" if skipped else
+               "no weight of the model is read only by matrix products")
+        return f"weights {fmt}: no weight is stored as {fmt} ({why}); every weight stays {keep}"
+    return (f"weights {fmt}: {done} of {done + skipped} contraction weights stored as {fmt}; "
+            f"{skipped} the format cannot store stay{'s' * (skipped == 1)} {keep}")

@@ -271,3 +271,44 @@ def test_a_dequant_feeding_no_contraction_is_not_a_weight_prologue():
     y = Tensor(input_node("z", (32, 16), dt.f32)) + Tensor(deq).exp()
     other = GreedyFusion(Graph({"z": y.node.srcs[0]}, {"y": y.node}))
     assert any("a view over a gather result" in line for line in other.refusals)
+
+
+def test_weights_the_format_did_not_store_are_said(tmp_path):
+    """``--weights nvfp4`` on a model whose first weight has K = 24 (not a multiple of 16), or
+    ``--weights int8`` on a model without a matrix product, reported 'weights nvfp4' / 'weights
+    int8' with no word that some or all weights stayed as they were. A note says so now."""
+    from onnx import TensorProto, helper, numpy_helper
+    db = TuningDatabase(tmp_path / "tuning.sqlite")
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((24, 64)).astype(np.float32)
+    w2 = (rng.standard_normal((64, 32)) / 8).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])],
+        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    cm = lumc.compile(model, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                      weights="nvfp4", reuse_plan=False)
+    r = cm.report_dict()
+    assert r["weights"] == "nvfp4" and r["weight_storage"]["nvfp4"] == 1
+    assert r["weight_storage"]["skipped"] == 1
+    note = ("weights nvfp4: 1 of 2 contraction weights stored as nvfp4; 1 the format cannot "
+            "store stays as the model stores it")
+    assert note in r["warnings"] and f"note: {note}" in cm.report()
+    # the first product is exact fp32 (w1 kept), the second reads NVFP4's w2
+    x = rng.standard_normal((8, 24)).astype(np.float32)
+    h = x.astype(np.float64) @ w1.astype(np.float64)
+    w2q = numpy_nvfp4(w2, 0)[3].astype(np.float64)
+    np.testing.assert_allclose(cm(x), h @ w2q, rtol=1e-4, atol=1e-4 * np.abs(h @ w2q).max())
+
+    g = helper.make_graph([helper.make_node("Exp", ["x"], ["y"])], "exp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    cm = lumc.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                      budget="20s", device="sim:h200", db=db, use_egraph=False, weights="int8",
+                      precision="bf16", reuse_plan=False)
+    assert ("weights int8: no weight is stored as int8 (no weight of the model is read only by "
+            "matrix products); every weight stays in bf16 (precision bf16)") in cm.report_dict()["warnings"]
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), np.exp(x.astype(np.float64)), rtol=1e-6)
