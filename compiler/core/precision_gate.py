@@ -59,6 +59,23 @@ def best_config_at(measurer, key: str, better_than: str | None) -> int | None:
     return best
 
 
+def retimed(result, keys: list, configs: list, measurer):
+    """The search's ``result`` with the times of ``configs``, the gate's choice per kernel call of
+    the chosen program (``keys``): a kernel the gate raised or lowered runs at another config
+    than the one the search timed, so its time and the plan's (the sum) are that config's. Each
+    such config was measured by :func:`best_config_at` or by the search (a tuning database hit)."""
+    import dataclasses
+    times = dict(result.kernel_times)
+    total = 0.0
+    for k, cfg in zip(keys, configs):
+        if cfg != measurer.config_of(k, result.configs.get(k, 0)):
+            j = next(j for j in range(measurer.n_configs(k)) if measurer.config_of(k, j) == cfg)
+            times[k] = measurer(k, j).seconds
+        total = None if total is None or times.get(k) is None else total + times[k]
+    return dataclasses.replace(result, kernel_times=times,
+                               time_s=total if result.time_s is not None else None)
+
+
 def model_reference(graph, inputs: dict, policy: PrecisionPolicy) -> dict | None:
     """The fp32 model's outputs on ``inputs`` (``{name: array}``), the reference of every gate of a
     reduced-precision compile; None for an exact one. Run once, before the e-graph and the search:

@@ -85,3 +85,42 @@ def test_logits_naming_an_output_without_score_rows_is_one_line(out, n, why, db,
                      use_egraph=False, precision="bf16", max_kl=1e-3, logits=(out,),
                      reuse_plan=False)
     assert "\n" not in str(e.value) and f"--logits {out}" in str(e.value)
+
+
+def test_a_plan_the_gate_raised_reports_its_own_error_and_times(db):
+    """fp8 with a tolerance fp8 misses and bf16 meets: the gate raises the contraction to bf16.
+    The report's end-to-end max rel error (the summary's 'numerics checks' line) was the fp8
+    plan's, measured before the gate changed it (3.8e-2 against a tolerance of 1e-2, for a plan
+    whose own error is 2e-3), and its times were the search's fp8 configs'."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 64)) / 16).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 64])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    cm = lumc.compile(model, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                      precision="fp8", tolerance=1e-2, reuse_plan=False)
+    r = cm.report_dict()
+    assert r["quality"]["raised_kernels"] == 1 and r["quality"]["kernel_precision"] == ["bf16"]
+    assert r["max_rel_error"] <= 1e-2, r["max_rel_error"]
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    assert 1e-4 < np.abs(cm(x) - ref).max() / np.abs(ref).max() <= 1e-2
+    from lumc.compiler.core.precision_gate import retimed
+    from lumc.compiler.core.search import SearchResult, SearchStats
+
+    class Measurer:                          # two configs of one kernel: fp8 timed by the search
+        cfgs = [{"PRECISION": "fp8"}, {"PRECISION": "bf16"}]
+
+        def config_of(self, k, j):
+            return self.cfgs[j]
+
+        def n_configs(self, k):
+            return 2
+
+        def __call__(self, k, j):
+            return type("M", (), {"seconds": [1e-6, 3e-6][j]})()
+    res = SearchResult(0, {"a": 0, "b": 0}, 2e-6, 1e-6, {"a": 1e-6, "b": 1e-6}, SearchStats(), {})
+    got = retimed(res, ["a", "b"], [{"PRECISION": "fp8"}, {"PRECISION": "bf16"}], Measurer())
+    assert got.kernel_times == {"a": 1e-6, "b": 3e-6} and got.time_s == pytest.approx(4e-6)
