@@ -23,8 +23,9 @@ def quality_line(r: dict) -> str | None:
     q = r.get("quality")
     if q is None:
         return None
+    # a model whose outputs are all integers has no float error to state (its 0 and 1 are defaults)
     parts = [f"max rel error {q['max_rel']:.2e} (tolerance {q['tolerance']:g})",
-             f"cosine >= {q['min_cosine']:.6f}"]
+             f"cosine >= {q['min_cosine']:.6f}"] if q.get("outputs", True) else []
     if q.get("kl_mean") is not None:
         top1 = min(v["top1"] for v in q["outputs"].values() if "top1" in v)
         parts.append(f"mean KL {q['kl_mean']:.3g}, top-1 {100 * top1:.1f}%")

@@ -124,3 +124,25 @@ def test_a_plan_the_gate_raised_reports_its_own_error_and_times(db):
     res = SearchResult(0, {"a": 0, "b": 0}, 2e-6, 1e-6, {"a": 1e-6, "b": 1e-6}, SearchStats(), {})
     got = retimed(res, ["a", "b"], [{"PRECISION": "fp8"}, {"PRECISION": "bf16"}], Measurer())
     assert got.kernel_times == {"a": 1e-6, "b": 3e-6} and got.time_s == pytest.approx(4e-6)
+
+
+def test_a_model_with_only_integer_outputs_states_no_float_error(db):
+    """A bf16 model whose one output is a comparison (bool) said 'max rel error 0.00e+00
+    (tolerance 0.1), cosine >= 1.000000': figures of no output, the defaults of an empty max."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 16)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["z"]),
+                           helper.make_node("Greater", ["z", "t"], ["y"])], "cmp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.BOOL, [4, 16])],
+                          [numpy_helper.from_array(w, "w"),
+                           numpy_helper.from_array(np.float32(0.0), "t")])
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    want = x.astype(np.float64) @ w.astype(np.float64) > 0
+    assert np.abs(x.astype(np.float64) @ w.astype(np.float64)).min() > 1e-2   # no near-zero
+    cm = lumc.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                      budget="20s", device="sim:h200", db=db, use_egraph=False,
+                      precision="bf16", example_inputs={"x": x}, reuse_plan=False)
+    line = cm.report().splitlines()[-1]
+    assert line == "precision bf16 (weights same) vs fp32: integer outputs equal", line
+    np.testing.assert_array_equal(cm(x), want)
