@@ -271,7 +271,7 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     Raises:
         BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
     """
-    policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, tuple(logits))
+    policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, logits)
     if bind:
         model = bind_model(model, bind)
         if shapes:      # a bound input is a constant now: a shape given for it has nothing to set

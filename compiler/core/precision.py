@@ -118,19 +118,31 @@ class PrecisionPolicy:
             raise InputError(f"unknown --weights {self.weights!r}; choose one of "
                              f"{', '.join(WEIGHTS)}")
         for name, v in (("--tolerance", self.tolerance), ("--max-kl", self.max_kl)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float,
+                                                                             np.number))):
+                raise InputError(f"{name} must be a number, got {v!r}")
             if v is not None and not (np.isfinite(v) and v >= 0):
                 raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
 
     @classmethod
-    def from_user(cls, *args, **kwargs) -> "PrecisionPolicy":
+    def from_user(cls, precision: str = "fp32", weights: str = "same", tolerance=None,
+                  max_kl=None, logits=()) -> "PrecisionPolicy":
         """The policy a user asked for, refusing options that would do nothing: ``tolerance``,
         ``max_kl`` and ``logits`` gate a reduced precision (the quality gate never runs at fp32
         with the model's weights, where every kernel is checked at the dtype's own tolerance).
+        ``logits`` is output names, or one name as a string.
 
         Raises:
             InputError: as the constructor, or such an option at fp32.
         """
-        p = cls(*args, **kwargs)
+        names = (logits,) if isinstance(logits, str) else logits
+        try:
+            names = tuple(names if names is not None else ())
+        except TypeError:
+            names = None
+        if names is None or not all(isinstance(n, str) for n in names):
+            raise InputError(f"logits must be output names (strings), got {logits!r}")
+        p = cls(precision, weights, tolerance, max_kl, names)
         given = [name for name, v in (("--max-kl", p.max_kl is not None), ("--logits", p.logits),
                                       ("--tolerance", p.tolerance is not None)) if v]
         if not p.reduced and given:

@@ -591,7 +591,7 @@ def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search:
     """
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     from lumc.compiler.core.precision import PrecisionPolicy
-    policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, tuple(logits))
+    policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, logits)
     from lumc.compiler.core.workers import parse_workers
     return DynamoGraph(gm, example_inputs, budget_s, search, device, policy, max_size, shapes,
                        parse_workers(workers))

@@ -394,7 +394,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             dim, its inputs and axes, and the range.
     """
     from lumc.compiler.core.precision import PrecisionPolicy
-    policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, tuple(logits))
+    policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, logits)
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     args = _as_args(example_inputs)
     refuse_meta_module(module, args, example_kwargs)     # before the plan key reads the weights

@@ -146,3 +146,36 @@ def test_a_model_with_only_integer_outputs_states_no_float_error(db):
     line = cm.report().splitlines()[-1]
     assert line == "precision bf16 (weights same) vs fp32: integer outputs equal", line
     np.testing.assert_array_equal(cm(x), want)
+
+
+def test_policy_options_of_the_wrong_type_in_the_api(db):
+    """``logits="logits"`` (one name as a string) was read as the names 'l', 'o', 'g', ...: 'the
+    model has no output l'; ``tolerance="0.1"`` raised numpy's TypeError. A string is one name,
+    and a non-number is one line."""
+    from lumc.ir.errors import InputError
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((64, 10)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"])], "lin",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [4, 10])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    cm = lumc.compile(model, budget="20s", device="sim:h200", db=db, use_egraph=False,
+                      precision="bf16", logits="logits", max_kl=1e-2, example_inputs={"x": x},
+                      reuse_plan=False)
+    q = cm.report_dict()["quality"]["outputs"]["logits"]
+
+    def softmax(z):
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    p = softmax(x.astype(np.float64) @ w.astype(np.float64))
+    got = softmax(cm(x).astype(np.float64))
+    kl = (p * (np.log(p) - np.log(got))).sum(-1)
+    assert q["kl_mean"] == pytest.approx(kl.mean(), rel=0.05, abs=1e-9) and 0 < q["kl_mean"] < 1e-2
+    for kw, word in ((dict(tolerance="0.1"), "--tolerance must be a number"),
+                     (dict(max_kl="1e-3", logits=["logits"]), "--max-kl must be a number"),
+                     (dict(tolerance=True), "--tolerance must be a number"),
+                     (dict(logits=[3]), "logits must be output names")):
+        with pytest.raises(InputError, match=word):
+            lumc.compile(model, budget="20s", device="sim:h200", db=db, precision="bf16", **kw)
