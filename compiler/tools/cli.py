@@ -321,6 +321,11 @@ def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]], arrays: dict[s
             raise InputError(f"--shape {key}: no input or dynamic dim of that name; inputs: "
                              f"{', '.join(sorted(names))}; dynamic dims: "
                              f"{', '.join(sorted(symbols)) or 'none'}")
+        if not isinstance(val, tuple):   # a range or a list of sizes: compile's, not one run's
+            given = val.describe() if hasattr(val, "describe") else ",".join(
+                "x".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in val)
+            raise InputError(f"--shape {key}={given}: a run takes one size; several sizes are "
+                             "for lumc compile (one artifact serving them all)")
         if key not in names and len(val) != 1:
             raise InputError(f"--shape {key}: a dynamic dim takes one number, got "
                              f"{'x'.join(map(str, val))}")
