@@ -121,9 +121,15 @@ def with_ranges(model, shapes: dict | None) -> dict | None:
         return shapes
     from lumc.compiler.frontends.onnx_frontend import load_model, model_input_specs
     names = {s.name for s in model_input_specs(load_model(model))}
-    return {k: DimRange(int(v[0]), int(v[1])) if (isinstance(v, tuple) and len(v) == 2
-                                                   and k not in names) else v
-            for k, v in shapes.items()}
+    out = {}
+    for k, v in shapes.items():
+        if isinstance(v, tuple) and len(v) == 2 and k not in names:
+            if any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) for e in v):
+                raise InputError(f"shapes={{{k!r}: {v!r}}}: a range of sizes is (lo, hi), two "
+                                 "integers")
+            v = DimRange(int(v[0]), int(v[1]))
+        out[k] = v
+    return out
 
 
 def _scalar_dim(v, name: str = "") -> int:
@@ -142,6 +148,9 @@ def _scalar_dim(v, name: str = "") -> int:
         if len(v) != 1:
             raise InputError(f"--shape {name}: a dynamic dim takes one size, got {v!r}")
         v = v[0]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise InputError(f"shapes={{{name!r}: {v!r}}}: a dynamic dim's size is an integer (or "
+                         "(lo, hi) for a range of sizes, [a, b, ...] for a list)")
     return int(v)
 
 

@@ -392,3 +392,15 @@ def test_a_graph_difference_in_a_view_is_said_in_words():
     msg = same_graph(a, b)
     assert "View(" not in msg and "View: shape [4, 5], strides [6, 1], offset 1 vs shape [4, 4]" \
         in msg, msg
+
+
+@pytest.mark.parametrize("size,words", [
+    ("8..64:8", "shapes={'L': '8..64:8'}: a dynamic dim's size is an integer"),
+    (None, "shapes={'L': None}"), (8.5, "shapes={'L': 8.5}"), (True, "shapes={'L': True}"),
+    ((1.5, 8), "shapes={'L': (1.5, 8)}: a range of sizes is (lo, hi), two integers")])
+def test_a_size_in_the_api_that_is_not_an_integer_is_refused_in_one_line(size, words, db):
+    """shapes={'L': '8..64:8'} (the CLI's range spelling) or None raised Python's ValueError or
+    TypeError from int(); 8.5, True and (1.5, 8) compiled silently at 8, 1 and 1..8."""
+    with pytest.raises(InputError) as e:
+        lumc.compile(encoder(), budget="10s", device="sim:h200", shapes={"L": size}, db=db)
+    assert words in str(e.value), str(e.value)
