@@ -255,3 +255,28 @@ def test_summary_says_what_each_search_count_counts(model, db):
     assert r2["measured"] == 0 and r2["configs_from_db"] == r2["candidates_compiled"] > 0
     n = r2["candidates_compiled"]
     assert f"{n} tried ({n} from the tuning database, none compiled)" in search_text(r2)
+
+
+def test_a_sum_that_cancels_to_zero_is_not_rejected(db):
+    """The sum of a LayerNorm's output is ~0 by cancellation; its kernel's check judged the error
+    against |sum| (~1e-6) and rejected every correct reduction (max rel error 31 > 1e-4), so
+    ``lumc.compile`` of such a model failed, and the rejection, stored in the tuning database,
+    failed later compiles of the same kernel on inputs that do not cancel. It is judged against
+    the size of the terms now; a kernel off by one term still fails (below)."""
+    from lumc.compiler.core.measure import max_rel_error
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 17, 8])
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["h"], axis=-1),
+             helper.make_node("ReduceSum", ["h"], ["y"], keepdims=0)]
+    g = helper.make_graph(nodes, "lnsum", [x], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [])], [numpy_helper.from_array(np.ones(8, np.float32), "g"),
+                                       numpy_helper.from_array(np.zeros(8, np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    cm = lumc.compile(m, budget="20s", device="sim:h200", db=db)
+    xv = np.random.default_rng(3).standard_normal((2, 17, 8)).astype(np.float32)
+    ref = ort.InferenceSession(m.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    got = np.asarray(cm(xv))
+    assert abs(float(got) - float(ref)) < 1e-4, (got, ref)
+    terms = np.abs(xv - xv.mean(-1, keepdims=True)).sum()
+    assert max_rel_error(np.float64(1.0), np.float64(0.0), terms) > 1e-4 > \
+        max_rel_error(np.float64(1e-5), np.float64(0.0), terms)
