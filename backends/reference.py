@@ -278,3 +278,20 @@ def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DTy
 def run_reference(graph: Graph, inputs: dict[str, np.ndarray], precision: str = "native"):
     """One-shot convenience: ``ReferenceExecutor(graph, precision)(inputs)``."""
     return ReferenceExecutor(graph, precision)(inputs)
+
+
+def summand_magnitudes(graph: Graph) -> Graph:
+    """``graph`` with every ``SumReduce`` summing the absolute values of its terms: evaluated in
+    float64, an output's value is the scale of the rounding error any summation order leaves in
+    it (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 4.4: the error of
+    a recursive sum is bounded by ``(n - 1) u sum|x_i|``), where the output itself may cancel to
+    about 0 (the sum of a normalized row). Elementwise ops and other reductions are kept."""
+    from lumc.ir.graph import node, toposort
+    from lumc.ir.tensor import Tensor
+    new: dict[int, Node] = {}
+    for n in toposort(list(graph.outputs.values())):
+        srcs = [new[id(s)] for s in n.srcs]
+        if n.op == "SumReduce" and srcs[0].dtype.is_float:
+            srcs = [Tensor(srcs[0]).abs().node]
+        new[id(n)] = n if not n.srcs else node(n.op, srcs, n.arg)
+    return Graph(dict(graph.inputs), {k: new[id(v)] for k, v in graph.outputs.items()})

@@ -179,6 +179,7 @@ class KernelEntry:
     triton: object = None
     max_error: float = 0.0
     externs: dict = field(default_factory=dict)    # impl -> ExternKernel (GPU timing)
+    magnitudes: object = None     # the meaning with |terms| summed (_term_scale), when needed
 
 
 class KernelMeasurer(WorkerUnits, PrecompileUnits):
@@ -555,13 +556,16 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         return [out[k] for k in e.kernel.meaning.outputs]
 
     def _term_scale(self, e: KernelEntry, ins: list, i: int) -> float:
-        """The largest finite value of output ``i`` of the kernel's meaning in float64 on the
-        absolute values of its float inputs: for a sum, the sum of its terms' sizes, the scale its
-        rounding error has whatever the order (a result near 0 by cancellation has none of its
-        own)."""
-        mag = self._f64_reference(e, [np.abs(x) if np.asarray(x).dtype.kind == "f" else x
-                                      for x in ins])[i]
-        mag = np.abs(np.asarray(mag, np.float64))
+        """The largest finite value of output ``i`` of the kernel's meaning in float64 with every
+        sum taken over its terms' absolute values (``reference.summand_magnitudes``): the scale
+        of a sum's rounding error, whatever the order, where the result cancels to about 0 (a
+        normalized row's sum). An output computed without a sum keeps its own scale."""
+        from lumc.backends.reference import ReferenceExecutor, summand_magnitudes
+        if e.magnitudes is None:
+            e.magnitudes = summand_magnitudes(e.kernel.meaning)
+        feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
+        out = ReferenceExecutor(e.magnitudes, "float64").run_keeping(feed, set())[0]
+        mag = np.abs(np.asarray(out[list(e.kernel.meaning.outputs)[i]], np.float64))
         return float(mag[np.isfinite(mag)].max()) if np.isfinite(mag).any() else 0.0
 
     def _time(self, e: KernelEntry, cfg) -> float:

@@ -71,10 +71,11 @@ def search_text(r: dict) -> str:
                 f"compiled, {r.get('candidates_rejected')} rejected, {r.get('candidates_timed')} timed")
     tried, db = r.get("candidates_compiled") or 0, r.get("configs_from_db") or 0
     nprog, nk = r.get("programs"), r.get("distinct_kernels")
+    whose = "kernel's" if nk == 1 else "kernels'"
     how = (f"{tried} compiled" if not db else
            f"{tried} tried ({db} from the tuning database, "
            f"{tried - db if tried > db else 'none'} compiled)")
     return (f"{nprog} program{'s' * (nprog != 1)} ({r.get('programs_pruned')} pruned by bound); "
-            f"their {nk} kernel{'s' * (nk != 1)}' {r['kernel_configs']} (kernel, config) pairs: "
+            f"their {nk} {whose} {r['kernel_configs']} (kernel, config) pairs: "
             f"{r.get('configs_pruned')} pruned by bound, {how}, {r.get('candidates_rejected')} "
             f"rejected, {r.get('candidates_timed')} timed")

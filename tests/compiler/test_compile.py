@@ -246,7 +246,8 @@ def test_summary_says_what_each_search_count_counts(model, db):
     assert r["configs_from_db"] == 0 and r["candidates_compiled"] > 0
     text = search_text(r)
     assert text.startswith(f"{r['programs']} program")
-    assert f"their {r['distinct_kernels']} kernel" in text
+    nk = r["distinct_kernels"]
+    assert f"their {nk} kernel{'s' * (nk != 1)}'{'s' * (nk == 1)} " in text   # kernel's, kernels'
     assert f"{r['kernel_configs']} (kernel, config) pairs: {r['configs_pruned']} pruned by bound, " \
            f"{r['candidates_compiled']} compiled" in text
     assert r["programs_pruned"] + r["configs_pruned"] == r["candidates_pruned"]
@@ -280,3 +281,26 @@ def test_a_sum_that_cancels_to_zero_is_not_rejected(db):
     terms = np.abs(xv - xv.mean(-1, keepdims=True)).sum()
     assert max_rel_error(np.float64(1.0), np.float64(0.0), terms) > 1e-4 > \
         max_rel_error(np.float64(1e-5), np.float64(0.0), terms)
+
+
+def test_the_cancellation_scale_loosens_sums_only():
+    """The scale a cancelling output is judged against is the kernel's meaning with each sum over
+    its terms' absolute values: a normalized row's sum gets the size of its terms, but an
+    elementwise kernel keeps its own scale (evaluating the meaning on |inputs| instead gave
+    exp(|x|) for exp(x): a kernel wrong on negative x would have been judged against e^|x|)."""
+    from lumc.backends.reference import ReferenceExecutor, summand_magnitudes
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.tensor import Tensor
+    from lumc.ir import dtypes as dt
+    x = input_node("x", (4, 8), dt.f32)
+    t = Tensor(x)
+    centered = t.sub(t.sum([1], keepdims=True).div(t.scalar_like(8.0)))
+    g = Graph({"x": x}, {"s": centered.sum([1]).node, "e": t.exp().node})
+    xv = (np.random.default_rng(0).standard_normal((4, 8)) - 3.0).astype(np.float32)
+    plain = ReferenceExecutor(g, "float64")({"x": xv})
+    mags = ReferenceExecutor(summand_magnitudes(g), "float64")({"x": xv})
+    assert np.abs(plain["s"]).max() < 1e-5                          # cancels
+    x64 = xv.astype(np.float64)
+    want = np.abs(x64 - np.abs(x64).sum(1, keepdims=True) / 8).sum(1)
+    np.testing.assert_allclose(mags["s"], want, rtol=1e-6)           # sizes of the terms
+    np.testing.assert_array_equal(mags["e"], plain["e"])             # no sum: unchanged
