@@ -535,7 +535,8 @@ def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph
         "affine_values": len(done[0][0].table),
         # the compile's workers, counted over every plan (the last plan's report has them all)
         "workers": done[-1][1].report_dict().get("workers"),
-        "warnings": [w for _, cm in done for w in cm.report_dict().get("warnings", [])],
+        "warnings": list(dict.fromkeys(        # each plan's notes, once (buckets repeat them)
+            w for _, cm in done for w in cm.report_dict().get("warnings", []))),
         "variants": [{"key": k.as_json(), "describe": k.describe(),
                       **{f: cm.report_dict().get(f) for f in (
                           "best_time_s", "kernels", "bound_time_s", "bytes_moved", "compile_s",

@@ -236,7 +236,8 @@ def _combined_report(done: list, skipped: list, budget_s: float, compile_s: floa
         "bound_time_s": first.get("bound_time_s"), "per_kernel": first.get("per_kernel", []),
         # the compile's workers, counted over every plan (the last plan's report has them all)
         "workers": done[-1][1].report_dict().get("workers"),
-        "warnings": [w for _, cm in done for w in cm.report_dict().get("warnings", [])],
+        "warnings": list(dict.fromkeys(        # each plan's notes, once (buckets repeat them)
+            w for _, cm in done for w in cm.report_dict().get("warnings", []))),
         "variants": [{"key": k.as_json(), "describe": k.describe(),
                       "best_time_s": t, **{f: cm.report_dict().get(f) for f in (
                           "kernels", "bound_time_s", "bytes_moved", "compile_s",

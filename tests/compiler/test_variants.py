@@ -159,3 +159,21 @@ def test_corrupt_variant_table_is_one_line(db, tmp_path):
     with pytest.raises(ArtifactError, match="variant key") as e:
         load(bad)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("sizes", [[2, 4], (2, 16)], ids=["list", "range"])
+def test_a_note_every_plan_makes_is_said_once(sizes, tmp_path, monkeypatch):
+    """Each size's (or bucket's) plan made the same note (here: --weights int8 stores no weight
+    of a model without a matrix product), and the compile's warnings listed it once per plan."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    g = oh.make_graph([oh.make_node("Mul", ["x", "w"], ["y"])], "g",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, ["b", 64])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, ["b", 64])],
+                      [nh.from_array(np.full(64, 3.0, np.float32), "w")])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    cm = lumc.compile(m, budget="30s", device="sim:h200", shapes={"b": sizes}, weights="int8")
+    notes = cm.report_dict()["warnings"]
+    assert sum("weights int8" in w for w in notes) == 1, notes
+    assert len(cm.variants) >= 2
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), x * 3.0, rtol=1e-6)
