@@ -79,6 +79,7 @@ class TuningDatabase:
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path is not None else default_db_path()
+        plan_cache_limit()                # a bad LUMC_PLAN_CACHE_MB: one line, before any work
         self.recovered_from: Path | None = None
         self.hits = 0
         self.misses = 0
@@ -271,13 +272,25 @@ PLAN_CACHE_MB = 4096   # default size of the stored-plan cache (LUMC_PLAN_CACHE_
 
 def plan_cache_limit() -> int:
     """The stored-plan cache's size limit in bytes: ``LUMC_PLAN_CACHE_MB`` (MB, 0 keeps only the
-    latest plan), else :data:`PLAN_CACHE_MB`. A value that is not a number >= 0 is ignored."""
+    latest plan), else :data:`PLAN_CACHE_MB`.
+
+    Raises:
+        InputError: a value that is not a finite number >= 0 (it was ignored: ``abc`` or ``-5``
+            kept the 4 GB default without a word); checked when the cache is opened, before a
+            compile's work.
+    """
     raw = os.environ.get("LUMC_PLAN_CACHE_MB")
+    if raw is None:
+        return int(PLAN_CACHE_MB * 1e6)
     try:
-        mb = float(raw) if raw is not None else PLAN_CACHE_MB
+        mb = float(raw)
     except ValueError:
-        mb = PLAN_CACHE_MB
-    return int((mb if math.isfinite(mb) and mb >= 0 else PLAN_CACHE_MB) * 1e6)
+        mb = -1.0
+    if not (math.isfinite(mb) and mb >= 0):
+        from lumc.ir.errors import InputError
+        raise InputError(f"LUMC_PLAN_CACHE_MB={raw!r}: the stored-plan cache's size is a number of "
+                         f"MB >= 0 (unset: {PLAN_CACHE_MB})")
+    return int(mb * 1e6)
 
 
 def evict_plans(plans_dir: Path, keep: Path, limit_bytes: int | None = None) -> list[Path]:

@@ -496,6 +496,12 @@ def test_plan_cache_sheds_its_least_recently_used_plans(cache_dir, monkeypatch):
     monkeypatch.setenv("LUMC_PLAN_CACHE_MB", "0")
     assert [p.name for p in evict_plans(d, d / "d.lumc")] == ["b.lumc"]
     assert [p.name for p in d.iterdir()] == ["d.lumc"]
-    for bad in ("-1", "nan", "x"):
+    monkeypatch.delenv("LUMC_PLAN_CACHE_MB")
+    assert plan_cache_limit() == 4096 * 10 ** 6
+    # a bad value was ignored without a word (the 4 GB default kept): one line, before any work
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    from lumc.ir.errors import InputError
+    for bad in ("-1", "nan", "x", ""):
         monkeypatch.setenv("LUMC_PLAN_CACHE_MB", bad)
-        assert plan_cache_limit() == 4096 * 10 ** 6
+        with pytest.raises(InputError, match=f"LUMC_PLAN_CACHE_MB={bad!r}: .* MB >= 0"):
+            TuningDatabase()
