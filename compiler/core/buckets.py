@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
+from lumc.compiler.core.budget import BUDGET_KNOBS, Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
 from lumc.ir.errors import BudgetError, InputError, ShapeError
 from lumc.ir.symbolic import NotSymbolic, Resizer, probing, same_graph
@@ -463,7 +463,7 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
         raise BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for "
                           f"{len(boxes) - bi} more size bucket{'s' * (len(boxes) - bi != 1)} "
                           f"({MIN_BUCKET_S:g} s each at "
-                          "least); give a larger --budget")
+                          f"least); give a larger budget ({BUDGET_KNOBS})")
     rep = {k: hi for k, (lo, hi) in box.items()}
     r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges}, table)
     progs = []

@@ -18,6 +18,10 @@ from lumc.ir.errors import BudgetError
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
+# where a user gives the budget, named in every "too small a budget" error (a torch.compile user has
+# no --budget)
+BUDGET_KNOBS = "lumc compile --budget, lumc.compile(budget=...), torch.compile options={'budget': ...}"
+
 
 def parse_duration(text: str | float | int) -> float:
     """Seconds in a DURATION such as ``30m``, ``90s``, ``1h``, ``1.5m`` or a bare number of seconds.
@@ -118,7 +122,7 @@ def hard_deadline(deadline: Deadline, what: str = "the compile") -> Iterator[Non
     except _DeadlinePassed:
         raise BudgetError(f"the budget of {deadline.budget_s:g} s (+{grace_seconds(deadline.budget_s):g}"
                           f" s grace) ran out after {deadline.elapsed():.1f} s before {what} could "
-                          "return a program; this graph needs a larger --budget") from None
+                          f"return a program; this graph needs a larger budget ({BUDGET_KNOBS})") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -28,7 +28,7 @@ import time
 import numpy as np
 import onnx
 
-from lumc.compiler.core.budget import parse_duration
+from lumc.compiler.core.budget import BUDGET_KNOBS, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
 from lumc.compiler.runtime.report_text import PLAN_PRECISION_FIELDS
 from lumc.ir.errors import BudgetError, InputError, LumcError, RuntimeIfError
@@ -196,7 +196,7 @@ def compile_variants(model, *, budget, shapes: dict | None, compile_one, clock=t
         if share < MIN_VARIANT_S:
             raise BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for "
                               f"{len(leaves) - i} more plans ({MIN_VARIANT_S:g} s each at least); "
-                              "give a larger --budget")
+                              f"give a larger budget ({BUDGET_KNOBS})")
         cm = compile_one(proto.SerializeToString() if forced else src, share, shp)
         cm.source_onnx = src
         done.append((_key(combo, whole, forced), cm))

@@ -187,3 +187,16 @@ def test_a_kernel_run_once_is_tuned_before_the_search_converges():
     once = [ci for k, ci in calls if k == "once"]
     assert once == list(range(3 + PATIENCE))   # its default, 2 to its best, PATIENCE without gain
     assert len(calls) < 40                      # it stopped: "layer" was not tried to exhaustion
+
+
+def test_a_budget_error_names_where_each_kind_of_user_gives_the_budget(monkeypatch):
+    """It said "give a larger --budget", a flag a torch.compile user has no way to give."""
+    import time
+    from lumc.compiler.core import budget
+    monkeypatch.setattr(budget, "grace_seconds", lambda b: 0.05)
+    d = Deadline(0.01, time.monotonic)
+    with pytest.raises(BudgetError) as e:
+        with budget.hard_deadline(d, "the test"):
+            time.sleep(5)
+    msg = str(e.value)
+    assert "--budget" in msg and "budget=" in msg and "options={'budget'" in msg, msg
