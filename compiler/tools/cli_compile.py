@@ -338,8 +338,16 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
             raise InputError(f"--shape {k}: one size per run")
     inputs = set(cm.first.graph.inputs)
     known = {d for key, _ in cm.variants for d in (*key.dims, *key.ranges)}
-    for k in shape_args:
-        if k not in inputs and k not in known:
+    fixed = _fixed_dims(cm, known)
+    shape_args = dict(shape_args)
+    for k in list(shape_args):
+        if k in fixed and k not in inputs:
+            # a dynamic dim the compile fixed (--shape B=1 beside a range): its one size only
+            if list(shape_args[k]) != [fixed[k]]:
+                raise InputError(f"--shape {k}={'x'.join(map(str, shape_args[k]))}: {path} was "
+                                 f"compiled with {k}={fixed[k]}")
+            del shape_args[k]
+        elif k not in inputs and k not in known:
             raise InputError(f"--shape {k}: no input or compiled dynamic dim of that name; "
                              f"variants: {cm.compiled_sizes()}")
     specs = cm.range_inputs()
@@ -364,6 +372,24 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
         raise InputError(f"{what}; give --shape {open_[0] if open_ else 'INPUT'}=N or inputs of "
                          "one compiled size")
     return found[0][1]
+
+
+def _fixed_dims(cm, known: set) -> dict[str, int]:
+    """``{dim name: size}`` of the source model's dynamic input dims that a variant artifact's
+    compile fixed (not among its plans' ``known`` dims or ranges): the size every plan's input has
+    on that axis. Empty without a source model."""
+    if not getattr(cm, "source_onnx", None):
+        return {}
+    import onnx
+    fixed: dict[str, set] = {}
+    for vi in onnx.load_from_string(cm.source_onnx).graph.input:
+        for ax, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.dim_param and d.dim_param not in known:
+                for _, plan in cm.variants:
+                    n = plan.graph.inputs.get(vi.name)
+                    if n is not None and ax < len(n.shape):
+                        fixed.setdefault(d.dim_param, set()).add(int(n.shape[ax]))
+    return {k: v.pop() for k, v in fixed.items() if len(v) == 1}
 
 
 def _judge_graph(cm, reduced: bool, inputs: dict):

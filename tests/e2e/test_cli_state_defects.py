@@ -19,3 +19,29 @@ def test_run_of_a_model_with_several_sizes_is_one_line(tiny_path, shape, given):
     # a range reached len() of a DimRange (TypeError traceback, exit 1); a list said "got 2x4"
     res = lumc_cli("run", tiny_path, "--random", "--shape", shape)
     one_line_error(res, f"--shape {given}", "one size", "lumc compile")
+
+
+def test_run_takes_the_size_a_compile_fixed_beside_a_range(tmp_path):
+    """``lumc compile --shape B=1 --shape S=1..64`` then ``lumc run --shape B=1 --shape S=7``
+    was refused ("--shape B: no input or compiled dynamic dim of that name"): B, dynamic in the
+    model, was fixed by the compile. Its one size is accepted (and checked against onnxruntime);
+    another is one line naming the size compiled."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", 8])],
+                          [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "a.onnx")
+    art, out = tmp_path / "r.lumc", tmp_path / "o.npz"
+    res = lumc_cli("compile", tmp_path / "a.onnx", "--budget", "30s", "--shape", "B=1",
+                   "--shape", "S=1..64", "-o", art, "--quiet")
+    assert res.exit_code == 0, res.output
+    res = lumc_cli("run", art, "--shape", "B=1", "--shape", "S=7", "--random", "--check",
+                   "-o", out)
+    assert res.exit_code == 0, res.output
+    assert np.load(out)["y"].shape == (1, 7, 8)
+    one_line_error(lumc_cli("run", art, "--shape", "B=2", "--shape", "S=7", "--random"),
+                   "--shape B=2", "compiled with B=1")
