@@ -505,6 +505,16 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
             err = max((max_rel_error(got[k], ref[k]) for k in ref
                        if g_end.outputs[k].dtype.is_float), default=0.0)
             checks[end] = {"sizes": at, "max_rel_error": err}
+            # integer and bool outputs (an argmax, a comparison) must be equal, as everywhere
+            wrong = next((k for k in ref if not g_end.outputs[k].dtype.is_float and not
+                          np.array_equal(got[k], ref[k])), None)
+            if wrong is not None:
+                spans = ", ".join(f"{k}={lo}..{hi}" for k, (lo, hi) in box.items())
+                differ = int(np.count_nonzero(np.asarray(got[wrong]) != ref[wrong])) \
+                    if np.shape(got[wrong]) == np.shape(ref[wrong]) else ref[wrong].size
+                raise InputError(f"bucket {spans}: the plan at {at} gives output {wrong!r} with "
+                                 f"{differ} of {ref[wrong].size} integer values other than the "
+                                 "reference's")
         if not err <= tol:
             spans = ", ".join(f"{k}={lo}..{hi}" for k, (lo, hi) in box.items())
             raise InputError(f"bucket {spans}: the plan at {at} has max rel error {err:.3g} > "

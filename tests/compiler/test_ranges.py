@@ -404,3 +404,35 @@ def test_a_size_in_the_api_that_is_not_an_integer_is_refused_in_one_line(size, w
     with pytest.raises(InputError) as e:
         lumc.compile(encoder(), budget="10s", device="sim:h200", shapes={"L": size}, db=db)
     assert words in str(e.value), str(e.value)
+
+
+def test_integer_outputs_are_checked_at_each_buckets_ends(tmp_path, monkeypatch):
+    """The checks at a bucket's smallest and largest sizes compared float outputs only: an
+    ArgMax (or any integer output) the plan got wrong at a size it serves went unseen. Integer
+    outputs must equal the reference's there (one value changed here: the compile refuses)."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    g = oh.make_graph([oh.make_node("MatMul", ["x", "w"], ["y"]),
+                       oh.make_node("ArgMax", ["y"], ["c"], axis=-1, keepdims=0)], "g",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, ["S", 16])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, ["S", 8]),
+                       oh.make_tensor_value_info("c", TP.INT64, ["S"])],
+                      [nh.from_array(w, "w")])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    ok = lumc.compile(m, budget="30s", device="sim:h200", shapes={"S": (1, 40)})
+    x = np.random.default_rng(1).standard_normal((23, 16)).astype(np.float32)
+    y, c = ok(x)
+    np.testing.assert_array_equal(c, np.argmax(x.astype(np.float64) @ w, -1))
+    from lumc.compiler.runtime import program
+    real = program.run_program_reference
+
+    def off_by_one(*a, **k):
+        out = real(*a, **k)
+        if out["c"].size > 1:
+            out["c"] = out["c"].copy()
+            out["c"][0] += 1
+        return out
+    monkeypatch.setattr(program, "run_program_reference", off_by_one)   # as buckets reads it
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "fresh"))
+    with pytest.raises(lumc.InputError, match=r"output 'c' with 1 of \d+ integer values other"):
+        lumc.compile(m, budget="30s", device="sim:h200", shapes={"S": (1, 40)})
