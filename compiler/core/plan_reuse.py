@@ -105,12 +105,15 @@ def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | No
 
 def _store_plan(path, cm: CompiledModel) -> None:
     """Store ``cm`` at ``path``; the plan cache then sheds its least recently used plans past
-    its size limit (``tuning_db.evict_plans``: ``LUMC_PLAN_CACHE_MB``)."""
+    its size limit (``tuning_db.evict_plans``: ``LUMC_PLAN_CACHE_MB``). A plan that cannot be
+    stored (a read-only cache, a file where the plans folder should be) never fails the compile,
+    but the compile's notes say so: a recompile would not find it."""
     from lumc.compiler.runtime.tuning_db import evict_plans
+    from lumc.ir.errors import ArtifactError
     try:
         cm.save(path)
         evict_plans(path.parent, path)
-    except OSError:
-        pass                              # a read-only cache must not fail the compile
-
-
+    except (OSError, ArtifactError) as e:
+        cm._report.setdefault("warnings", []).append(
+            f"plan cache: the plan was not stored for reuse in {path.parent} ({type(e).__name__}: "
+            f"{' '.join(str(e).split())}); a recompile searches again")

@@ -342,6 +342,9 @@ def store(plans: Path, key: str, compiled, spec) -> bool:
         return True
     except Exception as e:   # a stored plan is an optimization: never fail the compile for it
         log.info("torch plan not stored: %r", e)
+        spec.compiled._report.setdefault("warnings", []).append(
+            f"plan cache: the plan was not stored for reuse in {plans} ({type(e).__name__}: "
+            f"{' '.join(str(e).split())}); a recompile searches again")
         return False
 
 

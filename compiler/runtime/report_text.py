@@ -43,10 +43,11 @@ def user_notes(r: dict) -> list[str]:
     """The report's warnings a user must see in the summary and in ``lumc inspect``: what the
     reduced-precision policy did (``precision ...``: a fallback to a higher precision, a mix of
     kernel precisions), a weight storage that was refused for its quality and replaced by the
-    model's own weights (``weights ...``), and a graph output listed more than once, which lumc
-    returns once (``graph output ...``)."""
+    model's own weights (``weights ...``), a graph output listed more than once, which lumc
+    returns once (``graph output ...``), and a plan the plan cache could not store (``plan
+    cache: ...``)."""
     return [w for w in r.get("warnings", [])
-            if w.startswith(("precision ", "weights ", "graph output "))]
+            if w.startswith(("precision ", "weights ", "graph output ", "plan cache: "))]
 
 
 def precision_lines(r: dict, exact: bool = False) -> list[str]:

@@ -287,9 +287,13 @@ def cache_info():
     plans = db.stored_plans()
     from lumc.compiler.runtime.tuning_db import plan_cache_limit
     n = sum(p.suffix == ".lumc" for p in plans)
-    click.echo(f"stored plans: {db.plans_dir} ({n} plan{'s' * (n != 1)}, "
-               f"{_size(plans)}; least recently used evicted past "
-               f"{_fmt_bytes(plan_cache_limit())}, LUMC_PLAN_CACHE_MB)")
+    if db.plans_dir.exists() and not db.plans_dir.is_dir():
+        click.echo(f"stored plans: {db.plans_dir} is not a folder: no plan can be stored or "
+                   "reused (remove it)")
+    else:
+        click.echo(f"stored plans: {db.plans_dir} ({n} plan{'s' * (n != 1)}, "
+                   f"{_size(plans)}; least recently used evicted past "
+                   f"{_fmt_bytes(plan_cache_limit())}, LUMC_PLAN_CACHE_MB)")
     aside = db.set_aside_files()
     if aside:
         click.echo(f"set-aside corrupt databases: {len(aside)} file{'s' * (len(aside) != 1)} "

@@ -45,3 +45,27 @@ def test_run_takes_the_size_a_compile_fixed_beside_a_range(tmp_path):
     assert np.load(out)["y"].shape == (1, 7, 8)
     one_line_error(lumc_cli("run", art, "--shape", "B=2", "--shape", "S=7", "--random"),
                    "--shape B=2", "compiled with B=1")
+
+
+def test_a_plan_the_cache_cannot_store_is_said(tiny_path, cache_dir, tmp_path):
+    """A file where the plans folder should be: every compile skipped storing its plan without a
+    word (a recompile then searched again), and ``lumc cache info`` said "0 plans". The compile
+    summary now notes it (ONNX and torch module paths), and cache info names the file."""
+    import numpy as np
+    import torch
+    import lumc
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    (cache_dir / "plans").write_text("")
+    res = lumc_cli("compile", tiny_path, "--budget", "20s", "--shape", "n=2", "-o",
+                   tmp_path / "t.lumc")
+    assert res.exit_code == 0, res.output
+    assert "note: plan cache: the plan was not stored for reuse" in res.output, res.output
+    assert "plan cache:" in lumc.load(tmp_path / "t.lumc").report_dict()["warnings"][-1]
+    info = lumc_cli("cache", "info")
+    assert "plans is not a folder: no plan can be stored or reused" in info.output, info.output
+    m = torch.nn.Linear(4, 3).eval()
+    x = torch.randn(2, 4)
+    f = lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x,))
+    torch.testing.assert_close(f(x), m(x))
+    assert any(w.startswith("plan cache: the plan was not stored")
+               for w in f.specializations[0].compiled.report_dict()["warnings"])
