@@ -136,15 +136,14 @@ def _scalar_dim(v, name: str = "") -> int:
     """One size for dynamic dim ``name``: an int, or a 1-tuple (the CLI's ``batch_size=2``).
 
     Raises:
-        InputError: a 2-tuple (a range ``(lo, hi)``: see ``lumc.compiler.core.variants``) or
-            anything else that is not one size.
+        InputError: a 2-tuple (a range ``(lo, hi)``, which ``lumc.compiler.core.buckets``
+            compiles before this is reached) or anything else that is not one size.
     """
     if isinstance(v, (tuple, list)):
         if len(v) == 2 and isinstance(v, tuple):
-            raise InputError(f"--shape {name}={v[0]}..{v[1]}: a range of sizes needs kernels that "
-                             "take their sizes at run time, which lumc does not generate yet; give "
-                             f"the sizes to compile as a list ({name}={v[0]},{v[1]} or "
-                             f"shapes={{{name!r}: [{v[0]}, {v[1]}]}})")
+            raise InputError(f"--shape {name}={v[0]}..{v[1]}: a range of sizes where this step "
+                             "takes one size (a range is compiled by lumc compile and lumc.compile "
+                             "into size buckets)")
         if len(v) != 1:
             raise InputError(f"--shape {name}: a dynamic dim takes one size, got {v!r}")
         v = v[0]

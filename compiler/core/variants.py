@@ -16,8 +16,8 @@ call then does):
 3. **Budget.** What is left of the budget after the imports is split evenly over the plans still
    to compile, each a full compile (e-graph, search, checks) at its own shapes.
 
-A size *range* (``1..512``) is refused in one line: serving every size of a range needs kernels
-that take their sizes at run time, which lumc does not generate yet.
+A size *range* (``1..512``) is not compiled here: ``lumc.compiler.core.buckets`` splits it into
+size buckets, one re-sizable plan each.
 """
 from __future__ import annotations
 
