@@ -23,6 +23,7 @@ from lumc.compiler.frontends.onnx_frontend.loader import (TensorSpec, default_op
                                                 value_spec)
 from lumc.compiler.frontends.onnx_frontend.registry import HANDLERS, OpContext, constant
 from lumc.compiler.frontends.onnx_frontend.support import check_supported
+from lumc.compiler.frontends.onnx_frontend.type_constraints import check_input_types
 from lumc.ir.errors import InputError, LumcError, ModelError
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.tensor import Tensor
@@ -80,6 +81,7 @@ class GraphImporter:
                 raise ModelError(f"input {name!r} is not produced by any earlier node",
                                  node=node.name or None, op=node.op_type, opset=self.opset)
             ins.append(self.env[name])
+        check_input_types(node, ins, self.opset)
         ctx = OpContext(node, self.opset, ins, self)
         h = HANDLERS.get(node.op_type)
         if h is None:
