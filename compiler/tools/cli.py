@@ -369,9 +369,22 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return _onnxruntime_outputs(path, inputs, optimized=True)
+
+
+def _run_onnxruntime_unoptimized(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime with its graph optimizations off: each node run as the model writes it (the
+    --check's last judge, lumc.compiler.tools.output_check.judge_by_unoptimized)."""
+    return _onnxruntime_outputs(path, inputs, optimized=False)
+
+
+def _onnxruntime_outputs(path: str, inputs: dict[str, np.ndarray], *,
+                         optimized: bool) -> dict[str, np.ndarray]:
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if not optimized:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
@@ -512,7 +525,8 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
         f"{n} {_fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
         for n, x in inputs.items()))
     checks = print_outputs(outputs, _run_onnxruntime(model, inputs) if check else None, rtol,
-                           atol, lambda: float64_outputs(imported.graph, inputs))
+                           atol, lambda: float64_outputs(imported.graph, inputs),
+                           lambda: _run_onnxruntime_unoptimized(model, inputs))
     click.echo(f"time: import {t1 - t0:.3f} s, run {t2 - t1:.3f} s "
                f"({'triton' if backend == 'triton' else 'reference executor'})")
     if out_path:

@@ -495,7 +495,9 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         click.echo(f"precision {r['precision']} (weights {r.get('weights', 'same')}): judged at "
                    f"the compile's tolerance {rtol:g} of each output's largest |reference|")
     checks = c.print_outputs(outputs, ort, rtol, atol,
-                             lambda: c.float64_outputs(_judge_graph(cm, reduced, inputs), inputs))
+                             lambda: c.float64_outputs(_judge_graph(cm, reduced, inputs), inputs),
+                             None if reduced else
+                             lambda: c._run_onnxruntime_unoptimized(cm.source_onnx, inputs))
     best = r.get("best_time_s")
     bucket = " (its size bucket's plan, timed at the bucket's largest size)" \
         if getattr(cm, "sized", None) else ""

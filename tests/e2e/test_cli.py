@@ -72,6 +72,8 @@ def test_check_failure_exits_1(tiny_path, monkeypatch):
         ref["y"] = ref["y"] + np.float32(1e-3) * np.abs(ref["y"]).max()
         return ref
     monkeypatch.setattr(cli_mod, "_run_onnxruntime", off_by_a_little)
+    # onnxruntime's unoptimized run (the last judge) off the same way
+    monkeypatch.setattr(cli_mod, "_run_onnxruntime_unoptimized", off_by_a_little)
     # onnxruntime off, lumc on the float64 result: lumc passes, and the line says who is closer
     res = lumc("run", tiny_path, "--random", "--shape", "n=3", "--check")
     assert res.exit_code == 0, res.output

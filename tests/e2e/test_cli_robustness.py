@@ -377,6 +377,7 @@ def test_check_tolerance_is_per_dtype_unless_rtol_is_given(tmp_path, monkeypatch
         ref["y"] = (ref["y"].astype(np.float32) * (1 + 1e-3)).astype(np.float16)
         return ref
     monkeypatch.setattr(cli_mod, "_run_onnxruntime", off_by_1e3)
+    monkeypatch.setattr(cli_mod, "_run_onnxruntime_unoptimized", off_by_1e3)
     res = lumc_cli("run", p, "--random", "--check")
     assert res.exit_code == 0, res.output
     assert "rtol 0.01 by dtype" in res.stdout
