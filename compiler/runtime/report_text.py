@@ -44,10 +44,12 @@ def user_notes(r: dict) -> list[str]:
     reduced-precision policy did (``precision ...``: a fallback to a higher precision, a mix of
     kernel precisions), a weight storage that was refused for its quality and replaced by the
     model's own weights (``weights ...``), a graph output listed more than once, which lumc
-    returns once (``graph output ...``), and a plan the plan cache could not store (``plan
-    cache: ...``)."""
+    returns once (``graph output ...``), an output whose declared shape is not the one it
+    computes, which lumc returns as computed (``output 'y' is declared ...``), and a plan the plan
+    cache could not store (``plan cache: ...``)."""
     return [w for w in r.get("warnings", [])
-            if w.startswith(("precision ", "weights ", "graph output ", "plan cache: "))]
+            if w.startswith(("precision ", "weights ", "graph output ", "plan cache: "))
+            or (w.startswith("output ") and " is declared " in w)]
 
 
 def precision_lines(r: dict, exact: bool = False) -> list[str]:

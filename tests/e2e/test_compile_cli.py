@@ -83,3 +83,22 @@ def test_existing_artifact_survives_a_failed_compile(model_file, env, tmp_path):
     r = lumc("compile", str(model_file), "--budget", "10s", "--device", "sim:h200", "-o", str(out),
              env=env)     # dynamic dim unset: fails before writing
     assert r.returncode == 2 and out.read_bytes() == b"previous artifact"
+
+
+def test_compile_says_when_an_output_is_declared_with_another_shape(env, tmp_path):
+    """lumc run said 'output 'y' is declared 2x99 but computes 2x6; using 2x6', lumc compile said
+    nothing, and the artifact returned [2, 6] where the model declares [2, 99]."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "m",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 99])])
+    p, out = tmp_path / "d.onnx", tmp_path / "d.lumc"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    res = lumc("compile", str(p), "--budget", "10s", "-o", str(out), env=env)
+    assert res.returncode == 0, res.stderr
+    assert "note: output 'y' is declared 2x99 but computes 2x6; using 2x6" in res.stdout
+    x = np.array([[-1.0, 2.0, -0.0, 3.5, -7.0, 0.25]] * 2, np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = lumc("run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "--check", "-o",
+               str(tmp_path / "y.npz"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], np.maximum(x, 0))
