@@ -91,9 +91,14 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
     """
     if isinstance(src, onnx.ModelProto):
         model = src
+        if not _is_sorted(model.graph):      # the user's proto is theirs: sort a copy
+            model = onnx.ModelProto()
+            model.CopyFrom(src)
+            sort_nodes(model.graph)
         check_model_valid(model, "the model")
     elif isinstance(src, (bytes, bytearray, memoryview)):
         model = _parse(bytes(src), "model bytes")
+        sort_nodes(model.graph)
         check_model_valid(model, "model bytes")
     elif isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
@@ -109,6 +114,7 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
         model = _parse(data, f"model file {path!r}")
         base = os.path.dirname(os.path.abspath(path))
         _check_external_files(model, base, path)
+        sort_nodes(model.graph)
         # before external data: a small proto
         check_model_valid(model, f"model file {path!r}", external_checked=True)
         try:
@@ -126,6 +132,72 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
         except Exception as e:  # onnx raises its C++ errors as plain exceptions
             raise ModelError(f"cannot inline the model's local functions: {e}") from None
     return model
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph``'s nodes (and their subgraphs') read that it does not define: values of an
+    enclosing graph."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {o for n in graph.node for o in n.output}
+    used = set()
+    for n in graph.node:
+        used.update(i for i in n.input if i)
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                used |= _free_names(g)
+    return used - defined
+
+
+def _node_reads(n: onnx.NodeProto) -> set[str]:
+    """What a node reads: its inputs, and the enclosing values its subgraphs read."""
+    reads = {i for i in n.input if i}
+    for a in n.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            reads |= _free_names(g)
+    return reads
+
+
+def _is_sorted(graph: onnx.GraphProto) -> bool:
+    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    return all(producer.get(i, -1) < k for k, n in enumerate(graph.node) for i in _node_reads(n))
+
+
+def sort_nodes(graph: onnx.GraphProto) -> None:
+    """Order ``graph``'s nodes (and its subgraphs') so each comes after what it reads, keeping the
+    given order where it already is one (a stable topological sort). The ONNX spec requires sorted
+    nodes and ``onnx.checker`` refuses others, but onnxruntime sorts them itself, and tools write
+    such graphs (onnxruntime's ``convert_float_to_float16(keep_io_types=True)`` appends its input
+    casts last). A cycle is left as it is, for the checker to name."""
+    import heapq
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                sort_nodes(g)
+    if _is_sorted(graph):
+        return
+    nodes = list(graph.node)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    needs = [{producer[i] for i in _node_reads(n) if i in producer and producer[i] != k}
+             for k, n in enumerate(nodes)]
+    users: dict[int, list[int]] = {}
+    for k, deps in enumerate(needs):
+        for d in deps:
+            users.setdefault(d, []).append(k)
+    left = [len(d) for d in needs]
+    ready = [k for k, c in enumerate(left) if c == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for u in users.get(k, ()):
+            left[u] -= 1
+            if left[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        return
+    del graph.node[:]
+    graph.node.extend(nodes[k] for k in order)
 
 
 def check_model_valid(model: onnx.ModelProto, what: str = "the model",
