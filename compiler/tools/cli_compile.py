@@ -497,7 +497,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     checks = c.print_outputs(outputs, ort, rtol, atol,
                              lambda: c.float64_outputs(_judge_graph(cm, reduced, inputs), inputs),
                              None if reduced else
-                             lambda: c._run_onnxruntime_unoptimized(cm.source_onnx, inputs))
+                             lambda: c._run_onnxruntime_unoptimized(cm.source_onnx, inputs),
+                             None if reduced else c.computed_through(cm.graph))
     best = r.get("best_time_s")
     bucket = " (its size bucket's plan, timed at the bucket's largest size)" \
         if getattr(cm, "sized", None) else ""

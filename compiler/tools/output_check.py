@@ -12,6 +12,7 @@ when lumc is within the tolerance of float64 (onnxruntime was the one off).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import sys
@@ -172,13 +173,32 @@ def judge_by_unoptimized(got: np.ndarray, c: OutputCheck, plain: np.ndarray, rto
     return OutputCheck(c.max_abs, c.max_rel, True, note, c.rtol, c.atol, c.excess)
 
 
+def computed_through(graph) -> dict[str, np.dtype]:
+    """``{output: numpy dtype}`` for the float outputs wider than a half type whose computation
+    passes through one (an op of the output's cone that yields f16 or bf16: an fp16 model whose
+    inputs and outputs stay f32, as onnxruntime's ``convert_float_to_float16(keep_io_types=True)``
+    writes it): such an output carries that type's rounding, so ``--check`` judges it at that
+    type's tolerance, not its own. bf16 before f16 where both occur (the coarser)."""
+    from lumc.ir.graph import toposort
+    out = {}
+    for name, n in graph.outputs.items():
+        if not n.dtype.is_float or n.dtype.name not in ("f32", "f64"):
+            continue
+        halves = {m.dtype.name for m in toposort([n]) if m.srcs and m.dtype.name in ("f16", "bf16")}
+        if halves:
+            out[name] = (dt.bf16 if "bf16" in halves else dt.f16).np
+    return out
+
+
 def print_outputs(outputs: dict, ref: dict | None, rtol: float | None, atol: float | None = None,
-                  float64=None, unoptimized=None) -> dict[str, OutputCheck]:
+                  float64=None, unoptimized=None, through: dict | None = None
+                  ) -> dict[str, OutputCheck]:
     """Print one line per output (name, shape, dtype, and with ``ref`` its errors against
     onnxruntime, judged by :func:`compare_output`); where one disagrees, ``float64()`` (the graph
     in float64) judges both (:func:`judge_by_float64`), and where lumc is outside tolerance of
     that too, ``unoptimized()`` (onnxruntime with its graph optimizations off) has the last word
-    (:func:`judge_by_unoptimized`). Returns the checks."""
+    (:func:`judge_by_unoptimized`). ``through``: :func:`computed_through`, whose outputs take
+    their half type's default tolerances where none is given. Returns the checks."""
     checks: dict[str, OutputCheck] = {}
     judge = plain = None
     if ref is not None:
@@ -188,15 +208,23 @@ def print_outputs(outputs: dict, ref: dict | None, rtol: float | None, atol: flo
                 continue
             got = np.asarray(y)
             a = atol.get(name) if isinstance(atol, dict) else atol   # per output (precision)
-            c = compare_output(got, ref[name], rtol, a)
+            r = rtol
+            half = (through or {}).get(name)
+            if half is not None:       # computed through f16/bf16: that type's defaults
+                r = output_rtol(half, r)
+                a = output_atol(half, a)
+            c = compare_output(got, ref[name], r, a)
             if not c.ok and float64 is not None and not c.note and got.dtype.kind == "f":
                 judge = judge if judge is not None else float64()
                 if name in judge:
-                    c = judge_by_float64(got, ref[name], judge[name], rtol, a)
+                    c = judge_by_float64(got, ref[name], judge[name], r, a)
                 if not c.ok and unoptimized is not None:
                     plain = plain if plain is not None else unoptimized()
                     if name in plain:
-                        c = judge_by_unoptimized(got, c, plain[name], rtol, a)
+                        c = judge_by_unoptimized(got, c, plain[name], r, a)
+            if half is not None and not c.note:
+                c = dataclasses.replace(c, note=f"(computed through {np.dtype(half).name}: "
+                                                "judged at its tolerance)")
             checks[name] = c
     width = max([len(n) for n in outputs] + [6])
     for name, y in outputs.items():

@@ -69,3 +69,40 @@ def test_a_plan_the_cache_cannot_store_is_said(tiny_path, cache_dir, tmp_path):
     torch.testing.assert_close(f(x), m(x))
     assert any(w.startswith("plan cache: the plan was not stored")
                for w in f.specializations[0].compiled.report_dict()["warnings"])
+
+
+def test_check_judges_an_output_computed_through_f16_at_f16s_tolerance(tmp_path):
+    """An fp16 model whose input and output stay f32 (onnxruntime's convert_float_to_float16
+    with keep_io_types=True): lumc rounds every f16 op as the spec says, onnxruntime's CPU
+    computes several in f32, and --check judged the f32 output at f32's tolerance: FAILED (exit
+    1) for a correct run. It takes the half type's tolerance now and says so; a wrong value is
+    still caught."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+    from lumc.compiler.frontends.onnx_frontend import import_onnx
+    from lumc.compiler.tools.output_check import computed_through
+    w = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float16)
+    nodes = [helper.make_node("Cast", ["x"], ["xh"], to=TP.FLOAT16),
+             helper.make_node("MatMul", ["xh", "w"], ["h"]),
+             helper.make_node("Softmax", ["h"], ["s"], axis=-1),
+             helper.make_node("Mul", ["s", "h"], ["p"]),
+             helper.make_node("Cast", ["p"], ["y"], to=TP.FLOAT),
+             helper.make_node("Relu", ["x"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [8, 32])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [8, 32]),
+                           helper.make_tensor_value_info("z", TP.FLOAT, [8, 32])],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "m.onnx")
+    assert computed_through(import_onnx(m).graph) == {"y": np.float16}     # z: f32 throughout
+    res = lumc_cli("run", tmp_path / "m.onnx", "--random", "--check")
+    assert res.exit_code == 0, res.output
+    assert "computed through float16: judged at its tolerance" in res.output
+    assert "max_rel" in res.output and "FAIL" not in res.output
+    from lumc.compiler.tools.output_check import print_outputs
+    ref = {"y": np.linspace(1, 2, 8, dtype=np.float32)}
+    for off, ok in ((1.001, True), (1.05, False)):
+        c = print_outputs({"y": ref["y"] * off}, ref, None, None, through={"y": np.float16})
+        assert c["y"].ok is ok and c["y"].rtol == 1e-2
