@@ -379,9 +379,9 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         For Dim ranges, the range compile's
         :class:`~lumc.compiler.runtime.variants.VariantModel`: ``f(*tensors)`` or by input name
         (``f(ids, attention_mask=mask)``), torch tensors or numpy arrays at any size in the ranges,
-        returns one tensor (array) for a one-output module, else a tuple in output order (not the
-        module's output class); non-tensor arguments were traced as constants and are not passed.
-        ``f.save(path)``; ``lumc.load(path)`` gives the same callable.
+        returns the module's output structure (a ``(y,)`` stays a 1-tuple); non-tensor arguments
+        were traced as constants and are not passed. ``f.save(path)``; ``lumc.load(path)`` gives
+        the same plans, returning one array for one output, else a tuple in output order.
     Raises:
         BudgetError: a malformed, zero or negative budget; too small a budget for a range's buckets.
         ModelError: ``torch.export`` failed (a Dim the module specializes, an example outside its
@@ -417,6 +417,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             vm = compile_module_range(program, ranges, budget_s, device, policy,
                                       type(module).__name__, int_examples(program.inputs, leaves))
             vm.watch = ModuleWatch(module)
+            vm.out_spec = program.out_spec      # the module's output structure, as a fixed compile
             return vm
     compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))

@@ -124,6 +124,9 @@ class VariantModel:
         # a torch module's lumc.compile: checks before each call that the module is unchanged
         # (lumc.compiler.core.torch_state.ModuleWatch)
         self.watch = None
+        # a torch module's lumc.compile: the pytree spec of its outputs, which a call returns
+        # (None: one array for one output, else a tuple in output order)
+        self.out_spec = None
         for key, cm in self.variants:
             if not key.ranges:
                 self._by_shape.setdefault(self._shape_key(key.shapes), []).append((key, cm))
@@ -395,7 +398,12 @@ class VariantModel:
             self.watch.check()
         given = self._named(args, kwargs)
         self._check_given(given)
-        return self.select(given)(given)
+        out = self.select(given)(given)
+        if self.out_spec is None:
+            return out
+        import torch.utils._pytree as pytree
+        flat = list(out) if len(self.first.graph.outputs) > 1 else [out]
+        return pytree.tree_unflatten(flat, self.out_spec)
 
     # ---- report and artifact -----------------------------------------------------------------------
     def report_dict(self) -> dict:
