@@ -275,6 +275,16 @@ def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DTy
     return np.asarray(r, order="C").astype(target, copy=False)
 
 
+def largest_value(graph: Graph) -> Node | None:
+    """The largest value a reference run of ``graph`` allocates whole, a lower bound of the run's
+    peak memory: leaves, views (numpy views), casts (of a broadcast: compact) and the products a
+    ``SumReduce`` reads whole (one einsum) are not counted."""
+    ex = ReferenceExecutor(graph)
+    sized = [n for n in ex.order if n.op not in ("Input", "Constant", "Iota", "View", "Cast")
+             and id(n) not in ex._fused_mul]
+    return max(sized, key=lambda n: n.nbytes, default=None)
+
+
 def run_reference(graph: Graph, inputs: dict[str, np.ndarray], precision: str = "native"):
     """One-shot convenience: ``ReferenceExecutor(graph, precision)(inputs)``."""
     return ReferenceExecutor(graph, precision)(inputs)

@@ -205,6 +205,31 @@ def test_graph_that_does_not_resize_falls_back_per_shape():
     assert tb.counters["per_shape_fallbacks"] == 1 and "compiled per shape" in g.report()
 
 
+class OuterScores(nn.Module):
+    """``x [S] -> softmax(x x^T) x``: an [S, S] value."""
+
+    def forward(self, x):
+        return torch.softmax(x[:, None] * x[None, :], dim=-1) @ x
+
+
+def test_range_too_large_for_memory_falls_back_per_shape():
+    # a range whose top sizes' check holds a [B, S, S] value past the machine's memory (T5's
+    # position-biased scores at B = S = 1023 were 16 GiB) raised MemoryError out of torch.compile,
+    # or met the OOM killer
+    torch.manual_seed(5)
+    m = OuterScores().eval()
+    seen = []
+    f = torch.compile(m, backend=keep_graphs(seen, budget="10s", device="sim:h200",
+                                             max_size=1 << 20), dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9):
+            x = torch.randn(n)
+            assert err(f(x), m(x)) <= 1e-5, n
+    g = seen[0]
+    assert g.ranged is None and "GiB memory" in g.per_shape_reason, g.per_shape_reason
+    assert g.compiles == 2 and frames() == 1
+
+
 def test_a_float_argument_of_another_sign_is_not_the_baked_one():
     """Dynamo passes a Python float as a 0-d tensor that lumc bakes into the trace; a call with
     -0.0 after 0.0 compared equal to it (``-0.0 == 0.0``) and reused the 0.0 plan:

@@ -227,6 +227,24 @@ def test_range_compile_returns_the_modules_output_structure(wrap):
             assert rel_err(y[k], ref[k]) <= 1e-5, t
 
 
+class SelfScores(nn.Module):
+    """``x [B, S, 8] -> softmax(x x^T) x``: a [B, S, S] value."""
+
+    def forward(self, x):
+        return torch.softmax(x @ x.transpose(1, 2), dim=-1) @ x
+
+
+def test_range_too_large_for_memory_is_refused_in_one_line():
+    # the check at the range's top sizes evaluated a [1, 2^20, 2^20] score (4 TiB): a
+    # MemoryError traceback, or the OOM killer where the allocation was overcommitted
+    with pytest.raises(InputError) as e:
+        lumc.compile(SelfScores(), budget="12s", device="sim:h200",
+                     example_inputs=(torch.randn(1, 5, 8),),
+                     dynamic_shapes=({1: Dim("seq", min=2, max=1 << 20)},))
+    msg = str(e.value)
+    assert "GiB memory" in msg and "narrow the range" in msg and "\n" not in msg, msg
+
+
 class MaskPositions(nn.Module):
     """HF-style position ids from a 0/1 attention mask (RoBERTa, GPT-2's generate):
     ``x [B, L, 32], mask [B, L] -> x + pos[(cumsum(mask) - 1).clamp(0)]``; the ids stay below
