@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from lumc.compiler.core.torch_compile import compile_module as _compile_module
 
@@ -252,3 +253,22 @@ def test_sgn_of_a_complex_tensor_is_refused_in_one_line():
     msg = str(e.value)
     assert "\n" not in msg and "aten.sgn.default" in msg and "complex64" in msg, msg
     assert "not implemented" not in msg, msg
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_grouped_query_sdpa_through_torch_compile(dynamic, tmp_path, monkeypatch):
+    # torch.compile decomposes F.scaled_dot_product_attention(..., enable_gqa=True) (transformers'
+    # Llama/Qwen2 with a KV cache) to _scaled_dot_product_flash_attention_for_cpu, which has no
+    # flag: its 2 key/value heads against 4 query heads were a ShapeError "do not broadcast"
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+
+    def attn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True) * 2
+
+    f = torch.compile(attn, backend="lumc", dynamic=dynamic,
+                      options={"budget": "10s", "device": "sim:h200", "max_size": 32})
+    for lk in ((6, 9) if dynamic else (6,)):
+        q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, lk, 8), torch.randn(2, 2, lk, 8)
+        torch.testing.assert_close(f(q, k, v), attn(q, k, v), rtol=1e-5, atol=1e-6)

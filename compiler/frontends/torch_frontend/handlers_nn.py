@@ -379,7 +379,9 @@ def _flash_check(node) -> str | None:
 @aten("_scaled_dot_product_flash_attention_for_cpu.default",
       requires=["norm.softmax", "reduce.reduce"], check=_flash_check)
 def _flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    out, scores = _attention(q, k, v, attn_mask, bool(is_causal), scale, False)
+    # grouped heads without a flag: fewer key/value heads than query heads each serve a group
+    # (what ``F.scaled_dot_product_attention(..., enable_gqa=True)`` decomposes to)
+    out, scores = _attention(q, k, v, attn_mask, bool(is_causal), scale, True)
     # the second result: log-sum-exp of each query's scores, f32 [B, H, L]
     lse = lib("reduce.reduce")(scores.cast(dt.f32), "log_sum_exp", [-1], keepdims=False)
     return out, lse
