@@ -305,3 +305,21 @@ def summand_magnitudes(graph: Graph) -> Graph:
             srcs = [Tensor(srcs[0]).abs().node]
         new[id(n)] = n if not n.srcs else node(n.op, srcs, n.arg)
     return Graph(dict(graph.inputs), {k: new[id(v)] for k, v in graph.outputs.items()})
+
+
+class TooLargeError(InputError):
+    """A size range whose reference runs would not fit this machine's memory
+    (:func:`refuse_too_large`)."""
+
+
+def refuse_too_large(graph, where: str) -> None:
+    """Refused when one value of ``graph`` (``largest_value``) takes over half this machine's
+    memory (a [B, H, S, S] score at B = S = 1023: 16 GiB; a MemoryError or the OOM killer)."""
+    import os
+    n = largest_value(graph)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if n is not None and 2 * n.nbytes > ram:
+        raise TooLargeError(f"at {where} the reference run holds a {n.nbytes / 2**30:.3g} GiB "
+                            f"value ({n.op} {list(n.shape)}), over half of this machine's "
+                            f"{ram / 2**30:.3g} GiB memory; narrow the range (--shape, a Dim's "
+                            "max, torch.compile options={'max_size': N})")

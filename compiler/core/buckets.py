@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lumc.backends.reference import TooLargeError, refuse_too_large
 from lumc.compiler.core.budget import BUDGET_KNOBS, Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
 from lumc.ir.errors import BudgetError, InputError, ShapeError
@@ -353,7 +354,7 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
             g = Resizer({probe[k]: at[k] for k in ranges}, table).graph(fe_p.graph)
             if [n.shape for n in g.inputs.values()] != [n.shape for n in fe.graph.inputs.values()]:
                 return f"at {where} the inputs re-size to other shapes"
-            _refuse_too_large(fe.graph, where)
+            refuse_too_large(fe.graph, where)
             ins = example_inputs_for(fe.graph, fe)
             want = ReferenceExecutor(fe.graph)(ins)
             got = ReferenceExecutor(g)(ins)
@@ -372,24 +373,6 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
             elif not np.array_equal(y, ref):
                 return f"at {where} output {k!r} differs"
     return None
-
-
-class TooLargeError(InputError):
-    """A range whose reference runs would not fit this machine's memory."""
-
-
-def _refuse_too_large(graph, where: str) -> None:
-    """Refused when one value of ``graph`` (``largest_value``) takes over half this machine's
-    memory (a [B, H, S, S] score at B = S = 1023: 16 GiB; a MemoryError or the OOM killer)."""
-    import os
-    from lumc.backends.reference import largest_value
-    n = largest_value(graph)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if n is not None and 2 * n.nbytes > ram:
-        raise TooLargeError(f"at {where} the reference run holds a {n.nbytes / 2**30:.3g} GiB "
-                            f"value ({n.op} {list(n.shape)}), over half of this machine's "
-                            f"{ram / 2**30:.3g} GiB memory; narrow the range (--shape, a Dim's "
-                            "max, torch.compile options={'max_size': N})")
 
 
 def _resizes_to(fe_p, sub: dict, table: dict, fe) -> str | None:
