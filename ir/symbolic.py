@@ -407,11 +407,12 @@ def same_graph(a: Graph, b: Graph) -> str | None:
 
 def _arg_text(a) -> str:
     """A node argument in a user's words: a view as its shape, strides and offset (its repr is
-    ``View(shape=..., strides=..., offset=..., mask=...)``)."""
+    ``View(shape=..., strides=..., offset=..., mask=...)``); the mask as its per-dim valid ranges,
+    which may be all that tells two views apart."""
     if isinstance(a, View):
         return (f"shape {list(a.shape)}, strides {list(a.strides)}"
                 + (f", offset {a.offset}" if a.offset else "")
-                + (", masked" if a.mask is not None else ""))
+                + (f", mask {[list(r) for r in a.mask]}" if a.mask is not None else ""))
     return repr(a)
 
 
