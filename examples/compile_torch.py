@@ -6,19 +6,12 @@ The module is captured once with ``torch.export`` (its parameters become weights
 keeps no reference to the module). ``seq`` is a named dynamic dim: each new length is lowered once
 and cached. The callable takes and returns torch tensors on the module's device.
 """
-import warnings
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.export import Dim
 
 import lumc
-
-# torch.export's own pytree code trips torch's deprecation of `isinstance(treespec, LeafSpec)`;
-# nothing in this script can act on it
-warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                        category=FutureWarning)
 
 
 class Block(nn.Module):

@@ -16,6 +16,7 @@ import contextlib
 import io
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -64,9 +65,13 @@ DATA_DEPENDENT_HINT = (" (the module uses a tensor's value as an index, size or 
 def quiet_tracing():
     """Hold back what torch prints while it traces (a failing trace prints its partial FX graph
     to stdout): shown after a successful trace (the module's own prints), dropped after a failure,
-    which the caller reports in one line."""
+    which the caller reports in one line. torch's deprecation of ``isinstance(treespec, LeafSpec)``,
+    which torch.export's own deep copies of pytree specs trip, is not shown (nothing a user can act
+    on; under ``-W error`` it failed the export)."""
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                category=FutureWarning)
         yield
     sys.stdout.write(buf.getvalue())
 
