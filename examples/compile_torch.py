@@ -3,8 +3,9 @@
     python examples/compile_torch.py
 
 The module is captured once with ``torch.export`` (its parameters become weights; the callable
-keeps no reference to the module). ``seq`` is a named dynamic dim: each new length is lowered once
-and cached. The callable takes and returns torch tensors on the module's device.
+keeps no reference to the module). ``seq`` is a named dynamic dim: its range 2..512 is compiled
+once, one plan per size bucket, and a call of any length re-sizes its bucket's plan (README, One
+artifact for many sizes). The callable takes and returns torch tensors on the module's device.
 """
 import torch
 import torch.nn as nn
