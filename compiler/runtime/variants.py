@@ -55,7 +55,7 @@ class VariantKey:
         return {self.probes[k]: hi // st for k, (lo, hi, st) in self.ranges.items()}
 
     def describe(self) -> str:
-        parts = [f"{k}={lo}..{hi}" + (f":{st}" if st > 1 else "")
+        parts = [f"{k}={lo}" if lo == hi else f"{k}={lo}..{hi}" + (f":{st}" if st > 1 else "")
                  for k, (lo, hi, st) in self.ranges.items()]
         parts += [f"{k}={v}" for k, v in self.dims.items() if not self.ranges] or \
             [f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in self.shapes.items()]

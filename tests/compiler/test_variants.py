@@ -177,3 +177,13 @@ def test_a_note_every_plan_makes_is_said_once(sizes, tmp_path, monkeypatch):
     assert len(cm.variants) >= 2
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     np.testing.assert_allclose(cm(x), x * 3.0, rtol=1e-6)
+
+
+def test_a_one_size_bucket_is_named_by_its_size():
+    """``--shape H=32..128:32`` has four sizes, so four one-size buckets: the compile summary, the
+    report and the variant list named them 'H=32..32:32'; a bucket of one size reads 'H=32'."""
+    from lumc.compiler.runtime.variants import VariantKey
+    one = VariantKey(dims={"H": 32}, ranges={"H": (32, 32, 32)}, probes={"H": 1009})
+    assert one.describe() == "H=32"
+    wide = VariantKey(dims={"H": 64}, ranges={"H": (32, 64, 32)}, probes={"H": 1009})
+    assert wide.describe() == "H=32..64:32"
