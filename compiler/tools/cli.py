@@ -351,13 +351,14 @@ def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]], arrays: dict[s
                                      f"{where}", node=s.name)
     out = {}
     for s in specs:
-        unset = [d for d in s.shape if isinstance(d, str) and d not in bound]
+        unset = list(dict.fromkeys(d for d in s.shape if isinstance(d, str) and d not in bound))
         if unset:
             served = ", ".join(f"{d} in {spans[d]}" for d in unset if d in (spans or {}))
             raise InputError(f"input {s.name!r} has shape {_fmt_shape(s.shape)} with dynamic "
                              f"dims {', '.join(unset)} unset"
                              + (f" (compiled for {served})" if served else "")
-                             + f"; give --shape {s.name}=... or --shape {unset[0]}=N", node=s.name)
+                             + f"; give --shape {s.name}=... or "
+                             + " ".join(f"--shape {d}=N" for d in unset), node=s.name)
         out[s.name] = tuple(d if isinstance(d, int) else bound[d] for d in s.shape)
     return out
 

@@ -320,3 +320,12 @@ def test_check_verdict_says_which_tolerance_is_the_dtypes():
     assert tolerance_note(c, 1e-6, None) == "atol 1e-05 (by dtype) + rtol 1e-06; ints exact"
     assert tolerance_note(c, None, 0.5) == "atol 0.5 + rtol 0.0001 (by dtype); ints exact"
     assert tolerance_note(c, 1e-6, 0.5) == "atol 0.5 + rtol 1e-06; ints exact"
+
+
+def test_an_input_with_two_unset_dims_names_both_in_its_hint(tokens):
+    """MiniLM without --shape: the hint said '--shape input_ids=... or --shape B=N'; a user who
+    gave B=1 as told was then refused a second time for S. The hint names every unset dim."""
+    for cmd in (("run", tokens, "--random"),
+                ("compile", tokens, "--budget", "5s", "--device", "sim:h200", "--quiet")):
+        one_line_error(lumc_cli(*cmd), "dynamic dims B, S unset",
+                       "give --shape input_ids=... or --shape B=N --shape S=N")
