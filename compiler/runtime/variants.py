@@ -177,6 +177,7 @@ class VariantModel:
             # the bucket's own kernels, size-generic (lumc.backends.triton.size_generic)
             names = {key.probes[k]: f"L{i}" for i, k in enumerate(sorted(key.ranges))}
             hit.shape_text = self._shape_text(template)
+            hit.size_text = ", ".join(f"{k}={sizes[k]}" for k in sorted(key.ranges))
             hit.sized = (template.program, names,
                          {names[key.probes[k]]: sizes[k] // key.ranges[k][2] for k in key.ranges},
                          key.table, key.largest_units())

@@ -463,7 +463,7 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         program, probes, sizes, table, largest = cm.sized
         outputs = run_program_sized(program, inputs, probes, sizes, table=table, largest=largest)
         where = (f"Triton kernels, one size-generic module per kernel of the bucket at "
-                 f"{sizes}, {execution_mode()}")
+                 f"{cm.size_text}, {execution_mode()}")
     elif backend == "triton":
         from lumc.backends.triton.runner import execution_mode, run_program
         outputs = run_program(cm.program, inputs)   # checks shapes and dtypes of what it reads

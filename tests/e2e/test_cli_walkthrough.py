@@ -329,3 +329,19 @@ def test_an_input_with_two_unset_dims_names_both_in_its_hint(tokens):
                 ("compile", tokens, "--budget", "5s", "--device", "sim:h200", "--quiet")):
         one_line_error(lumc_cli(*cmd), "dynamic dims B, S unset",
                        "give --shape input_ids=... or --shape B=N --shape S=N")
+
+
+def test_a_range_bucket_run_on_triton_says_its_size_in_the_users_dim(tmp_path):
+    """``lumc run ART --shape S=8 --backend triton`` on an artifact for S=4..16:4 said 'one
+    size-generic module per kernel of the bucket at {'L0': 2}': the kernels' internal name and the
+    size in steps. It names the model's dim and its size: 'at S=8'."""
+    ins = [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, "S"])]
+    model = _save(tmp_path, "neg", [helper.make_node("Neg", ["a"], ["y"], name="neg")], ins,
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "S"])])
+    art = tmp_path / "neg.lumc"
+    res = lumc_cli("compile", model, "--budget", "10s", "--device", "sim:h200", "--shape",
+                   "S=4..16:4", "-o", art, "--quiet")
+    assert res.exit_code == 0, res.output
+    res = lumc_cli("run", art, "--shape", "S=8", "--random", "--check", "--backend", "triton")
+    assert res.exit_code == 0, res.output
+    assert "of the bucket at S=8," in res.output and "L0" not in res.output, res.output
