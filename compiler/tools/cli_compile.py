@@ -229,8 +229,11 @@ def _max_rel_text(r: dict) -> str:
         return "not checked (budget)"
     late = r.get("checked_after_budget")
     if late:
+        n = r.get("kernels")     # the plan's launches; a repeated layer's kernels are checked once
+        which = (f"{late} distinct kernel{'s' * (late != 1)} (of the plan's {n})" if n and n != late
+                 else f"{late} kernel{'s' * (late != 1)}")
         return (f"{r['max_rel_error']:.2e} (nothing was measured within the budget: the "
-                f"fallback's {late} kernel{'s' * (late != 1)} checked after it)")
+                f"fallback's {which} checked after it)")
     if r.get("candidates_compiled") == 0:
         return "not checked (no candidate compiled within the budget)"
     return f"{r['max_rel_error']:.2e}"

@@ -345,3 +345,13 @@ def test_a_range_bucket_run_on_triton_says_its_size_in_the_users_dim(tmp_path):
     res = lumc_cli("run", art, "--shape", "S=8", "--random", "--check", "--backend", "triton")
     assert res.exit_code == 0, res.output
     assert "of the bucket at S=8," in res.output and "L0" not in res.output, res.output
+
+
+def test_the_fallbacks_checked_kernels_are_counted_as_distinct_ones():
+    """MiniLM at --budget 1s: '57 kernels, best untimed' and then 'the fallback's 15 kernels
+    checked after it' (its 15 distinct kernels, each layer's repeated). The line says so."""
+    from lumc.compiler.tools.cli_compile import _max_rel_text
+    text = _max_rel_text({"max_rel_error": 6.8e-7, "checked_after_budget": 15, "kernels": 57})
+    assert "15 distinct kernels (of the plan's 57) checked after it" in text, text
+    text = _max_rel_text({"max_rel_error": 6.8e-7, "checked_after_budget": 3, "kernels": 3})
+    assert "fallback's 3 kernels checked after it" in text, text
