@@ -430,6 +430,11 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     from lumc.compiler.runtime.compiled import load
 
     whole = load(path)
+    every = [s.name for s in whole.inputs]       # a misnamed array before any size is asked for
+    if set(arrays) - set(every):
+        bad = sorted(set(arrays) - set(every))[0]
+        raise InputError(f"unknown input {bad!r}; the model's inputs are {', '.join(every)}",
+                         node=bad)
     cm = _pick_variant(whole, path, shape_args or {}, arrays)
     if check and not cm.source_onnx:
         raise InputError("--check needs the source ONNX model, and this artifact has none")

@@ -355,3 +355,12 @@ def test_the_fallbacks_checked_kernels_are_counted_as_distinct_ones():
     assert "15 distinct kernels (of the plan's 57) checked after it" in text, text
     text = _max_rel_text({"max_rel_error": 6.8e-7, "checked_after_budget": 3, "kernels": 3})
     assert "fallback's 3 kernels checked after it" in text, text
+
+
+def test_a_misnamed_input_of_a_range_artifact_is_named_before_its_sizes(ranged, tmp_path):
+    """``run ART --inputs F.npz`` whose key is not an input: the .onnx said 'unknown input'; the
+    range artifact asked for --shape S=N instead, and only once that was given named the key."""
+    np.savez(tmp_path / "in.npz", c=np.ones((1, 8), np.float32))
+    for target in ranged:
+        one_line_error(lumc_cli("run", target, "--inputs", tmp_path / "in.npz", "--random"),
+                       "unknown input 'c'")
