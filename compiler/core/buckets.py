@@ -64,8 +64,10 @@ class DimRange:
                              f"its step {self.step} (sizes off the step, such as odd ones, are "
                              "a list: NAME=A,B,C)")
         if self.at is not None and not (self.lo <= self.at <= self.hi and self.at % self.step == 0):
-            raise InputError(f"size range {self.lo}..{self.hi}@{self.at}: the traffic point must "
-                             "be a size of the range")
+            raise InputError(f"size range {self.describe()}: the traffic point must be a size of "
+                             "the range" + (f" (a multiple of its step {self.step})"
+                                            if self.step > 1 and self.lo <= self.at <= self.hi
+                                            else ""))
 
     def describe(self) -> str:
         return (f"{self.lo}..{self.hi}" + (f":{self.step}" if self.step > 1 else "")

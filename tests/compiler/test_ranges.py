@@ -123,6 +123,10 @@ def test_parse_range_and_probes():
     assert parse_range("128") is None
     with pytest.raises(InputError, match="multiples of its step"):
         parse_range("60..640:32")
+    # the traffic point off the step: the message shows the step and says what a size is
+    with pytest.raises(InputError, match=r"32\.\.512:32@48: the traffic point must be a size of "
+                                         r"the range \(a multiple of its step 32\)"):
+        parse_range("32..512:32@48")
     probe, check, third = choose_probes({"L": DimRange(1, 256), "H": DimRange(64, 640, 32)})
     assert probe["L"] == 251 and check["L"] == 241
     assert len({*probe.values(), *check.values()}) == 4
