@@ -57,7 +57,7 @@ class DimRange:
 
     def __post_init__(self):
         if not (0 < self.lo <= self.hi) or self.step < 1:
-            raise InputError(f"bad size range {self.lo}..{self.hi}:{self.step} (need 0 < lo <= hi, "
+            raise InputError(f"bad size range {self.describe()} (need 0 < lo <= hi, "
                              "step >= 1)")
         if self.lo % self.step or self.hi % self.step:
             raise InputError(f"size range {self.lo}..{self.hi}: both ends must be multiples of "

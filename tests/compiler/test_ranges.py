@@ -123,6 +123,9 @@ def test_parse_range_and_probes():
     assert parse_range("128") is None
     with pytest.raises(InputError, match="multiples of its step"):
         parse_range("60..640:32")
+    # an empty range is quoted as written (no ':1' step the user did not give)
+    with pytest.raises(InputError, match=r"bad size range 256\.\.1 \(need"):
+        parse_range("256..1")
     # the traffic point off the step: the message shows the step and says what a size is
     with pytest.raises(InputError, match=r"32\.\.512:32@48: the traffic point must be a size of "
                                          r"the range \(a multiple of its step 32\)"):
