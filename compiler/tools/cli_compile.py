@@ -416,6 +416,23 @@ def _judge_graph(cm, reduced: bool, inputs: dict):
     return graph if set(graph.inputs) <= set(inputs) else cm.graph
 
 
+def _bound_note(source: bytes | None, name: str) -> str:
+    """``; --bind NAME=V fixed it at compile time ...`` where ``name`` was an input the
+    compile bound (the artifact's source model holds it as a constant), else ``''``."""
+    if not source:
+        return ""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    g = onnx.load_from_string(source).graph
+    init = next((t for t in g.initializer if t.name == name), None)
+    if init is None or name in {i.name for i in g.input}:
+        return ""
+    v = numpy_helper.to_array(init)
+    text = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in np.ravel(v).tolist())
+    return f"; --bind {name}={text} fixed it at compile time (compile without it to give it per run)"
+
+
 def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend="reference",
                  atol=None, shape_args=None):
     """``lumc run ART.lumc``: run a compiled artifact; ``--check`` runs onnxruntime on the source
@@ -433,8 +450,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     every = [s.name for s in whole.inputs]       # a misnamed array before any size is asked for
     if set(arrays) - set(every):
         bad = sorted(set(arrays) - set(every))[0]
-        raise InputError(f"unknown input {bad!r}; the model's inputs are {', '.join(every)}",
-                         node=bad)
+        raise InputError(f"unknown input {bad!r}; the model's inputs are {', '.join(every)}"
+                         + _bound_note(whole.source_onnx, bad), node=bad)
     cm = _pick_variant(whole, path, shape_args or {}, arrays)
     if check and not cm.source_onnx:
         raise InputError("--check needs the source ONNX model, and this artifact has none")

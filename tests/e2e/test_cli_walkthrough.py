@@ -364,3 +364,19 @@ def test_a_misnamed_input_of_a_range_artifact_is_named_before_its_sizes(ranged, 
     for target in ranged:
         one_line_error(lumc_cli("run", target, "--inputs", tmp_path / "in.npz", "--random"),
                        "unknown input 'c'")
+
+
+def test_an_input_fixed_by_bind_is_said_so_when_given_at_run(tmp_path):
+    """``compile --bind sr=16000`` then ``run ART --input sr=8k.npy``: 'unknown input 'sr'; the
+    model's inputs are x', as if the model never had it. The refusal says --bind fixed it."""
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+           helper.make_tensor_value_info("sr", TensorProto.FLOAT, [])]
+    model = _save(tmp_path, "sr", [helper.make_node("Mul", ["x", "sr"], ["y"], name="mul")], ins,
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    art = tmp_path / "sr.lumc"
+    res = lumc_cli("compile", model, "--budget", "5s", "--device", "sim:h200", "--bind", "sr=2",
+                   "-o", art, "--quiet")
+    assert res.exit_code == 0, res.output
+    np.save(tmp_path / "sr.npy", np.array(3, np.float32))
+    one_line_error(lumc_cli("run", art, "--input", f"sr={tmp_path / 'sr.npy'}", "--random"),
+                   "unknown input 'sr'", "--bind sr=2 fixed it at compile time")
