@@ -286,7 +286,15 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                              precision=precision, weights=weights, tolerance=tolerance,
                              max_kl=max_kl, logits=logits, fast_math=fast_math,
                              example_inputs=None if size_lists(shapes) else example_inputs)
-    if size_lists(shapes):           # several sizes: one plan each, chosen per call
+    lists = size_lists(shapes)
+    ranges = ranges_in(with_ranges(model, shapes)) if lists else {}
+    if ranges:   # each listed size's compile takes one size per dim: a range there is no size
+        listed = ", ".join(f"{k}=" + ",".join("x".join(map(str, x)) if isinstance(x, tuple)
+                                              else str(x) for x in v) for k, v in lists.items())
+        raise InputError(f"a list of sizes and a size range in one compile ({listed} with "
+                         + ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
+                         + "): give the listed dim one size per compile, or a range too")
+    if lists:                        # several sizes: one plan each, chosen per call
         return compile_variants(model, budget=budget_s, shapes=shapes, compile_one=one,
                                 clock=clock)
     target = resolve_target(device)

@@ -187,3 +187,25 @@ def test_a_one_size_bucket_is_named_by_its_size():
     assert one.describe() == "H=32"
     wide = VariantKey(dims={"H": 64}, ranges={"H": (32, 64, 32)}, probes={"H": 1009})
     assert wide.describe() == "H=32..64:32"
+
+
+def test_a_list_and_a_range_in_one_compile_are_refused_in_the_users_words(db, tmp_path):
+    """``--shape N=1,2 --shape H=32..64:32`` failed with "shapes={'H': DimRange(lo=32, hi=64,
+    step=32, at=None)}: a dynamic dim's size is an integer ...": the range reached a per-size
+    compile as if it were one size. Both kinds in one compile are refused up front, named as given
+    (the API's (lo, hi) too)."""
+    x = oh.make_tensor_value_info("x", TP.FLOAT, ["N", "H"])
+    y = oh.make_tensor_value_info("y", TP.FLOAT, ["N", "H"])
+    p = tmp_path / "neg.onnx"
+    onnx.save(oh.make_model(oh.make_graph([oh.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
+                            opset_imports=[oh.make_opsetid("", 17)]), p)
+    res = CliRunner().invoke(cli, ["compile", str(p), "--budget", "10s", "--device", "sim:h200",
+                                   "--shape", "N=1,2", "--shape", "H=32..64:32", "-o",
+                                   str(tmp_path / "a.lumc"), "--quiet"])
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip()
+    assert "\n" not in line and "DimRange" not in line, line
+    assert "N=1,2" in line and "H=32..64:32" in line, line
+    with pytest.raises(InputError, match=r"N=1,2 .*H=1\.\.8"):
+        lumc.compile(str(p), budget="10s", device="sim:h200", shapes={"N": [1, 2], "H": (1, 8)},
+                     db=db)
