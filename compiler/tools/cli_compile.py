@@ -278,17 +278,36 @@ def _size(files) -> str:
     return _fmt_bytes(sum(p.stat().st_size for p in files if p.exists()))
 
 
+def _could_make(folder: pathlib.Path) -> bool:
+    """Whether ``folder`` (absent) can be created: it is, with its missing parents, and removed
+    again, so the check leaves nothing behind."""
+    made = [a for a in (folder, *folder.parents) if not a.exists()]
+    try:
+        folder.mkdir(parents=True)
+    except OSError:
+        return False
+    for a in made:              # innermost first
+        a.rmdir()
+    return True
+
+
 @cache_grp.command("info")
 def cache_info():
     """Where the caches are, and how much they hold."""
-    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    from lumc.compiler.runtime.tuning_db import TuningDatabase, default_db_path, plan_cache_limit
+    root = default_db_path().parent
+    if not root.exists() and _could_make(root):
+        # a report leaves nothing behind: the first compile makes the cache (one that cannot be
+        # made is the database's one-line error below)
+        plan_cache_limit()      # a bad LUMC_PLAN_CACHE_MB is still one line
+        click.echo(f"no cache yet at {root} (the first compile creates it)")
+        return
     db = TuningDatabase()
     info = db.info()
     click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {_fmt_bytes(info['bytes'])})")
     for dev, n in sorted(info["by_device"].items()):
         click.echo(f"  {dev}: {n}")
     plans = db.stored_plans()
-    from lumc.compiler.runtime.tuning_db import plan_cache_limit
     n = sum(p.suffix == ".lumc" for p in plans)
     if db.plans_dir.exists() and not db.plans_dir.is_dir():
         click.echo(f"stored plans: {db.plans_dir} is not a folder: no plan can be stored or "

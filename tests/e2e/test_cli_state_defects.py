@@ -106,3 +106,13 @@ def test_check_judges_an_output_computed_through_f16_at_f16s_tolerance(tmp_path)
     for off, ok in ((1.001, True), (1.05, False)):
         c = print_outputs({"y": ref["y"] * off}, ref, None, None, through={"y": np.float16})
         assert c["y"].ok is ok and c["y"].rtol == 1e-2
+
+
+def test_cache_info_creates_no_cache(tmp_path, monkeypatch):
+    """``lumc cache info`` with a new LUMC_CACHE_DIR created the folder, the database and the
+    kernels folder: a command that reports had side effects (the walkthrough's find)."""
+    root = tmp_path / "new" / "cache"
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(root))
+    res = lumc_cli("cache", "info")
+    assert res.exit_code == 0 and "no cache yet at" in res.output, res.output
+    assert not root.exists() and not (tmp_path / "new").exists()
