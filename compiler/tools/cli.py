@@ -166,6 +166,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 # the --check judge lives in lumc.compiler.tools.output_check; these names stay importable from here
 from lumc.compiler.tools.output_check import (OutputCheck, _fmt_shape, compare_output,  # noqa: E402,F401
                                               computed_through,
+                                              run_onnxruntime as _run_onnxruntime,
+                                              run_onnxruntime_unoptimized as
+                                              _run_onnxruntime_unoptimized,
                                               finish_check, float64_outputs, judge_by_float64,
                                               output_atol, output_rtol, print_outputs,
                                               tolerance_note)
@@ -370,33 +373,6 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
     write_atomic(path, buf.getvalue())
 
 
-def _run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return _onnxruntime_outputs(path, inputs, optimized=True)
-
-
-def _run_onnxruntime_unoptimized(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """onnxruntime with its graph optimizations off: each node run as the model writes it (the
-    --check's last judge, lumc.compiler.tools.output_check.judge_by_unoptimized)."""
-    return _onnxruntime_outputs(path, inputs, optimized=False)
-
-
-def _onnxruntime_outputs(path: str, inputs: dict[str, np.ndarray], *,
-                         optimized: bool) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if not optimized:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-        names = [o.name for o in sess.get_outputs()]
-        feeds = {i.name: inputs[i.name] for i in sess.get_inputs() if i.name in inputs}
-        return dict(zip(names, sess.run(names, feeds)))
-    except Exception as err:  # onnxruntime raises its own untyped errors
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise LumcError(f"onnxruntime could not run the model for --check: {first}") from None
-
-
 def _is_artifact(path: str) -> bool:
     """A ``.lumc`` artifact (a zip archive, whole or damaged) rather than an ONNX protobuf."""
     return looks_like_artifact(path)
@@ -593,10 +569,7 @@ def models_fetch(name):
 # the other command groups register themselves on `cli`
 from lumc.compiler.tools import cli_compile  # noqa: E402,F401
 
-try:
-    from lumc.compiler.tools import cli_bench  # noqa: E402,F401
-except ImportError:  # bench lands separately
-    pass
+from lumc.compiler.tools import cli_bench  # noqa: E402,F401
 
 if __name__ == "__main__":   # `python -m lumc.compiler.tools.cli`: use the module the commands registered on
     from lumc.compiler.tools.cli import main as _main

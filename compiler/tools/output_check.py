@@ -21,6 +21,7 @@ import click
 import numpy as np
 
 from lumc.ir import dtypes as dt
+from lumc.ir.errors import LumcError
 
 # atol by dtype: about 100 ulp of 1.0 for f32, a few ulp for f16/bf16, as torch.testing's defaults
 # are in spirit (torch: f32 1e-5, f16 1e-5, bf16 1e-5; ours are looser for the half types, whose
@@ -261,3 +262,31 @@ def finish_check(checks: dict[str, OutputCheck], rtol: float | None, atol: float
 
 # ---------------------------------------------------------------------------------------------
 # lumc models
+
+
+def run_onnxruntime(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs for ``--check`` (its default, optimized session)."""
+    return onnxruntime_outputs(path, inputs, optimized=True)
+
+
+def run_onnxruntime_unoptimized(path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime with its graph optimizations off: each node run as the model writes it (the
+    --check's last judge, lumc.compiler.tools.output_check.judge_by_unoptimized)."""
+    return onnxruntime_outputs(path, inputs, optimized=False)
+
+
+def onnxruntime_outputs(path: str, inputs: dict[str, np.ndarray], *,
+                         optimized: bool) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if not optimized:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        feeds = {i.name: inputs[i.name] for i in sess.get_inputs() if i.name in inputs}
+        return dict(zip(names, sess.run(names, feeds)))
+    except Exception as err:  # onnxruntime raises its own untyped errors
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise LumcError(f"onnxruntime could not run the model for --check: {first}") from None
