@@ -252,11 +252,12 @@ class CompiledTorchModule:
                 flat_out.append(from_numpy(results[name], device))
             else:
                 flat_out.append(spec.flat_outputs[i])
-        # outputs reading an input that requires gradients refuse a backward (no_backward)
-        guarded = refuse_backward(lambda: _output_inputs(spec), tensors, dict(
-            (n, t) for n, t in zip(self.program.output_names, flat_out) if n in results))
-        flat_out = [guarded.get(n, t) if n in results else t
-                    for n, t in zip(self.program.output_names, flat_out)]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
+            # outputs reading an input that requires gradients refuse a backward (no_backward)
+            guarded = refuse_backward(lambda: _output_inputs(spec), tensors, dict(
+                (n, t) for n, t in zip(self.program.output_names, flat_out) if n in results))
+            flat_out = [guarded.get(n, t) if n in results else t
+                        for n, t in zip(self.program.output_names, flat_out)]
         if self.program.out_spec is None:
             return tuple(flat_out)
         return pytree.tree_unflatten(flat_out, self.program.out_spec)

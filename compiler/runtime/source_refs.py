@@ -109,13 +109,13 @@ class SharedWeights:
                  if size % rows == 0 and size // rows < width for name, data in group]
         out, at = [], 0
         while at < width:
-            hit = next((name for name, c in cands if at + c.shape[1] <= width
+            hit = next(((name, c.shape[1]) for name, c in cands if at + c.shape[1] <= width
                         and np.array_equal(mat[0, at:at + c.shape[1]], c[0])
                         and np.array_equal(mat[:, at:at + c.shape[1]], c)), None)
             if hit is None:
                 return None
-            out.append(hit)
-            at += dict(cands)[hit].shape[1]
+            out.append(hit[0])
+            at += hit[1]
         return out if len(out) > 1 else None
 
 

@@ -91,7 +91,7 @@ def load_model(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelPr
     """
     if isinstance(src, onnx.ModelProto):
         model = src
-        if not _is_sorted(model.graph):      # the user's proto is theirs: sort a copy
+        if not _sorted_everywhere(model.graph):    # the user's proto is theirs: sort a copy
             model = onnx.ModelProto()
             model.CopyFrom(src)
             sort_nodes(model.graph)
@@ -139,12 +139,7 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
     enclosing graph."""
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     defined |= {o for n in graph.node for o in n.output}
-    used = set()
-    for n in graph.node:
-        used.update(i for i in n.input if i)
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                used |= _free_names(g)
+    used = {i for n in graph.node for i in _node_reads(n)}
     return used - defined
 
 
@@ -162,6 +157,16 @@ def _is_sorted(graph: onnx.GraphProto) -> bool:
     return all(producer.get(i, -1) < k for k, n in enumerate(graph.node) for i in _node_reads(n))
 
 
+def _subgraphs(graph: onnx.GraphProto):
+    for n in graph.node:
+        for a in n.attribute:
+            yield from ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))
+
+
+def _sorted_everywhere(graph: onnx.GraphProto) -> bool:
+    return _is_sorted(graph) and all(_sorted_everywhere(g) for g in _subgraphs(graph))
+
+
 def sort_nodes(graph: onnx.GraphProto) -> None:
     """Order ``graph``'s nodes (and its subgraphs') so each comes after what it reads, keeping the
     given order where it already is one (a stable topological sort). The ONNX spec requires sorted
@@ -169,10 +174,8 @@ def sort_nodes(graph: onnx.GraphProto) -> None:
     such graphs (onnxruntime's ``convert_float_to_float16(keep_io_types=True)`` appends its input
     casts last). A cycle is left as it is, for the checker to name."""
     import heapq
-    for n in graph.node:
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                sort_nodes(g)
+    for g in _subgraphs(graph):
+        sort_nodes(g)
     if _is_sorted(graph):
         return
     nodes = list(graph.node)
