@@ -19,6 +19,7 @@ import numpy as np
 
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError
+from lumc.ir.provenance import rebuilt, where
 from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import OPS, cast_array
 
@@ -117,9 +118,9 @@ class ReferenceExecutor:
                 if id(n) in self.rounded:
                     vals[id(n)] = self.dot_operands(vals[id(n)], ())
             except IndexError as e:   # a Gather index outside its axis (from an input or a constant)
-                raise IndexRangeError(str(e), op=n.op) from None
+                raise IndexRangeError(str(e), **where(n)) from None
             except ZeroDivisionError as e:   # an integer Mod by zero
-                raise DivisionByZeroError(str(e), op=n.op) from None
+                raise DivisionByZeroError(str(e), **where(n)) from None
             if id(n) in keep:
                 kept[id(n)] = vals[id(n)]
             for s in n.srcs:
@@ -303,7 +304,7 @@ def summand_magnitudes(graph: Graph) -> Graph:
         srcs = [new[id(s)] for s in n.srcs]
         if n.op == "SumReduce" and srcs[0].dtype.is_float:
             srcs = [Tensor(srcs[0]).abs().node]
-        new[id(n)] = n if not n.srcs else node(n.op, srcs, n.arg)
+        new[id(n)] = n if not n.srcs else rebuilt(n, srcs)
     return Graph(dict(graph.inputs), {k: new[id(v)] for k, v in graph.outputs.items()})
 
 

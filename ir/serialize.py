@@ -23,6 +23,7 @@ import numpy as np
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ArtifactError
 from lumc.ir.graph import ConstArg, Graph, InputArg, IotaArg, Node, node
+from lumc.ir.provenance import RUNTIME_CHECKED, origin, set_origin
 from lumc.ir.views import View
 
 FORMAT = "lumc-graph/1"
@@ -97,6 +98,12 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
     doc = {"format": FORMAT, "nodes": nodes,
            "inputs": {k: index[id(n)] for k, n in graph.inputs.items()},
            "outputs": {k: index[id(n)] for k, n in graph.outputs.items()}}
+    # the model node of each primitive a run can refuse at (an index outside its table, an
+    # integer Mod by 0), so a loaded artifact's error names it too (lumc.ir.provenance)
+    origins = {str(k): list(o) for k, n in enumerate(order)
+               if n.op in RUNTIME_CHECKED and (o := origin(n)) is not None}
+    if origins:
+        doc["origins"] = origins
     buf = io.BytesIO()
     arrays = {}
     for k, c in enumerate(consts):
@@ -163,6 +170,8 @@ def graph_from_bytes(doc_bytes: bytes, npz_bytes: bytes, source=None) -> tuple[G
         nodes: list[Node] = []
         for j in doc["nodes"]:
             nodes.append(node(j["op"], [nodes[s] for s in j["srcs"]], _arg_from_json(j["arg"], consts)))
+        for k, (name, op) in doc.get("origins", {}).items():
+            set_origin(nodes[int(k)], str(name), str(op))
         g = Graph({k: nodes[v] for k, v in doc["inputs"].items()},
                   {k: nodes[v] for k, v in doc["outputs"].items()})
         return g, nodes

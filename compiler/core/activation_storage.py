@@ -34,6 +34,7 @@ from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, Node, input_node, node
 from lumc.ir.kernels import Kernel
 from lumc.compiler.runtime.program import KernelCall, Program
+from lumc.ir.provenance import rebuilt
 
 # the storage dtype of activations under each policy (None: activations stay as the model has them)
 ACTIVATION_DTYPE = {"fp32": None, "tf32": None, "bf16": dt.bf16, "fp16": dt.f16, "fp8": dt.bf16,
@@ -52,7 +53,7 @@ def _substitute(g: Graph, inputs: dict[str, Node], outputs_cast: set[str], to: d
             continue
         if n.srcs:
             srcs = tuple(memo[id(s)] for s in n.srcs)
-            memo[id(n)] = n if all(a is b for a, b in zip(srcs, n.srcs)) else node(n.op, srcs, n.arg)
+            memo[id(n)] = rebuilt(n, srcs)
         else:
             memo[id(n)] = n
     new_inputs = {k: inputs.get(k, ph) for k, ph in g.inputs.items()}

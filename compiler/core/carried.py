@@ -38,13 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
-from lumc.ir.graph import Graph, Node, input_node, node
+from lumc.ir.graph import Graph, Node, input_node
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
 
 from lumc.compiler.core.constfold import fold_constants
 from lumc.compiler.core.extract import FormRecord
 from lumc.compiler.core.fusion import greedy_program
 from lumc.compiler.runtime.program import Program
+from lumc.ir.provenance import rebuilt
 
 FORMAT = "lumc-carried-candidates/1"
 WRITE_ENV = "LUMC_CARRY_CANDIDATES_TO"
@@ -104,7 +105,7 @@ def _rebuild(n: Node, memo: dict[int, Node], leaf) -> Node:
             stack.extend(todo)
             continue
         srcs = tuple(memo[id(s)] for s in x.srcs)
-        memo[id(x)] = x if all(a is b for a, b in zip(srcs, x.srcs)) else node(x.op, srcs, x.arg)
+        memo[id(x)] = rebuilt(x, srcs)
         stack.pop()
     return memo[id(n)]
 

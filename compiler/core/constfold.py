@@ -29,9 +29,10 @@ from __future__ import annotations
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.ir.graph import Graph, Node, const_node, node
+from lumc.ir.graph import Graph, Node, const_node
 from lumc.ir.symbolic import held
 from lumc.ir.tensor import Tensor
+from lumc.ir.provenance import rebuilt
 
 MAX_FOLD_ELEMS = 1 << 16
 MAX_OPERAND_ELEMS = 1 << 24      # a constant operand folded (64 MB of fp32), as import would have
@@ -96,7 +97,7 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
         is_const = all(constant[id(s)] for s in n.srcs)
         kinds = [iota_only[id(s)] for s in n.srcs]
         iota_only[id(n)] = 0 if not kinds or 0 in kinds else max(kinds)
-        x = n if srcs == n.srcs else node(n.op, srcs, n.arg)
+        x = rebuilt(n, srcs)
         if is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
                 t.dtype.is_float for t in (n, *n.srcs)) and not held(n.shape):
             x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])

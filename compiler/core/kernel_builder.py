@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from lumc.ir.graph import Graph, Node, input_node, node, view_node
+from lumc.ir.graph import Graph, Node, input_node, view_node
 from lumc.ir.kernels import Kernel
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View
@@ -35,6 +35,7 @@ from lumc.ir.movement import compose_view
 
 from lumc.backends.triton.contraction import paired_contractions
 from lumc.compiler.runtime.program import KernelCall
+from lumc.ir.provenance import rebuilt
 
 
 def is_buffer_leaf(n: Node) -> bool:
@@ -127,7 +128,7 @@ class _Cutter:
         srcs = [(s, views) for s in n.srcs]
         if not need(*srcs):
             return None
-        return node(n.op, [self.memo[(id(s), v)] for s, v in srcs], n.arg)
+        return rebuilt(n, [self.memo[(id(s), v)] for s, v in srcs])
 
 
 def _base(x: Node) -> Node:
@@ -211,7 +212,7 @@ def build_call(roots: list[Node], boundary: Callable[[Node], bool], form: str | 
         if e is r and r.op == "View":
             outs.append(cut.build(r.srcs[0], (r.arg,)))
         elif e is r:
-            outs.append(node(r.op, [cut.build(s) for s in r.srcs], r.arg) if r.op not in (
+            outs.append(rebuilt(r, [cut.build(s) for s in r.srcs]) if r.op not in (
                 "Input", "Constant", "Iota") else r)
             if id(r) not in cut._covered:
                 cut._covered.add(id(r))

@@ -33,7 +33,8 @@ from lumc.compiler.core.precision_gate import (fallback_note, model_reference, p
                                                retimed, stage_quality, weights_gate,
                                                weights_note)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
-from lumc.compiler.core.reference_values import MAX_KEPT_BYTES, ReferenceValues  # noqa: F401
+from lumc.compiler.core.reference_values import (MAX_KEPT_BYTES, ReferenceValues,  # noqa: F401
+                                                 drawn_inputs_error)
 from lumc.compiler.core.variants import compile_variants, size_lists
 from lumc.compiler.core.plan_reuse import _plan_cache_key, _reuse_plan, _store_plan  # noqa: F401
 from lumc.compiler.core.why_not import why_not
@@ -41,7 +42,7 @@ from lumc.compiler.core.search import SearchResult, run_search
 from lumc.compiler.core.workers import search_workers, warm_workers, with_workers
 from lumc.compiler.runtime.targets import Target, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.runtime.tuning_db import TuningDatabase
-from lumc.ir.errors import InputError, RuntimeIfError
+from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError, RuntimeIfError
 from lumc.ir.graph import Graph
 from lumc.rewrites.cost import kernel_time_bound
 from lumc.compiler.core import carried
@@ -493,6 +494,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         report.update(precision_report(policy, quality, weight_stats, report["per_kernel"]))
         return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                              fe.source_onnx, target.torch_device)
+    except (IndexRangeError, DivisionByZeroError) as e:   # refused at inputs lumc made up
+        raise e if example_inputs else drawn_inputs_error(e) from None
     finally:
         progress.close()
 

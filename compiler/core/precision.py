@@ -68,6 +68,7 @@ from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph, Node, const_node, node
 from lumc.compiler.core import weight_quant
+from lumc.ir.provenance import rebuilt
 
 POLICIES = ("fp32", "tf32", "bf16", "fp16", "fp8", "auto")
 WEIGHTS = ("same", "int8", "fp8", "nvfp4")
@@ -229,7 +230,7 @@ def store_weights(graph: Graph, policy: PrecisionPolicy) -> tuple[Graph, dict]:
             memo[id(n)] = _store_constant(n, users, to, policy.weights, stats)
         elif n.srcs:
             srcs = tuple(memo[id(s)] for s in n.srcs)
-            memo[id(n)] = n if all(a is b for a, b in zip(srcs, n.srcs)) else node(n.op, srcs, n.arg)
+            memo[id(n)] = rebuilt(n, srcs)
         else:
             memo[id(n)] = n
     if stats["nvfp4"]:

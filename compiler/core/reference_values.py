@@ -26,7 +26,9 @@ import time
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.ir.graph import Graph, Node, input_node, node
+from lumc.ir.errors import LumcError
+from lumc.ir.graph import Graph, Node, input_node
+from lumc.ir.provenance import rebuilt
 
 MAX_KEPT_BYTES = 256 << 20   # a kernel boundary value larger than this is not kept for checks
 
@@ -122,7 +124,7 @@ class ReferenceValues:
                     stack.extend((s, False) for s in x.srcs if id(s) not in memo)
                     continue
                 srcs = tuple(memo[id(s)] for s in x.srcs)
-                memo[id(x)] = x if srcs == x.srcs else node(x.op, srcs, x.arg)
+                memo[id(x)] = rebuilt(x, srcs)
         sub = Graph(leaves, {f"w{k}": memo[id(w)] for k, w in enumerate(want)})
         _, kept = ReferenceExecutor(sub).run_keeping(feed, {id(memo[id(w)]) for w in want})
         return {id(w): kept[id(memo[id(w)])] for w in want if id(memo[id(w)]) in kept}
@@ -139,3 +141,13 @@ class ReferenceValues:
                     break
         v = self._value(key)
         return default if v is None else v
+
+
+def drawn_inputs_error(e: LumcError) -> LumcError:
+    """``e`` (an index outside its table, an integer ``Mod`` by 0, met running the model on the
+    example inputs lumc drew because none were given) with what to do about it: those values are
+    lumc's, not the user's, so the compile needs inputs the model takes."""
+    return type(e)(f"{e.reason}, at example inputs lumc drew (none were given: N(0, 1) floats, "
+                   "integers in [0, 8) where no table bounds them); give inputs the model takes "
+                   "(lumc compile --input NAME=FILE.npy or --inputs FILE.npz; "
+                   "lumc.compile(..., example_inputs={name: array}))", node=e.node, op=e.op)

@@ -28,6 +28,7 @@ import numpy as np
 
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, Node
+from lumc.ir.provenance import where
 
 _TORCH_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
                 "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u64": "uint64",
@@ -103,12 +104,13 @@ def cast_op(x, to_name: str, saturate: bool):
     return x.to(to)
 
 
-def mod_op(a, b):
+def mod_op(a, b, where: dict | None = None):
     """C ``fmod`` (``Mod``), as ``torch.fmod`` (an integer one checks its divisor first: on a GPU,
     one synchronization).
 
     Raises:
-        DivisionByZeroError: an integer divisor is 0 (one line naming the op and the dtype), as
+        DivisionByZeroError: an integer divisor is 0 (one line naming the model node where
+            ``where`` has it (:func:`lumc.ir.provenance.where`), the op and the dtype), as
             the reference executor raises it. Raised here, in a helper, so that ``torch.fx``
             prints no code listing of the generated ``forward`` on stderr.
     """
@@ -116,7 +118,8 @@ def mod_op(a, b):
     if not a.dtype.is_floating_point and bool((b == 0).any()):
         from lumc.ir.errors import DivisionByZeroError
         from lumc.ir.ops import int_mod_by_zero
-        raise DivisionByZeroError(int_mod_by_zero(str(b.dtype).removeprefix("torch.")), op="Mod")
+        raise DivisionByZeroError(int_mod_by_zero(str(b.dtype).removeprefix("torch.")),
+                                  **(where or {"op": "Mod"}))
     return torch.fmod(a, b)
 
 
@@ -260,9 +263,10 @@ def graph_module(graph: Graph, replace: dict | None = None):
         elif op == "Cast":
             sat = n.srcs[0].dtype.is_float and n.arg.is_int
             r = cf(cast_op, (ins[0], _TORCH_NAMES[n.arg.name], sat))
-        elif op in ("Add", "Mul", "Div", "Mod", "LessThan"):
-            fn = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "Mod": mod_op,
-                  "LessThan": torch.lt}[op]
+        elif op == "Mod":
+            r = cf(mod_op, (ins[0], ins[1], where(n)))     # a 0 divisor names its model node
+        elif op in ("Add", "Mul", "Div", "LessThan"):
+            fn = {"Add": torch.add, "Mul": torch.mul, "Div": torch.div, "LessThan": torch.lt}[op]
             r = cf(fn, (ins[0], ins[1]))
         elif op == "Where":
             r = cf(torch.where, tuple(ins))

@@ -35,6 +35,12 @@ model, given once, and bindings must agree. -o and --report are written atomical
 folders are created, a symlink is followed); they never replace the model, each other, a device,
 a FIFO or a directory. Ctrl-C or SIGTERM stops the compile with nothing half-written.
 
+--input NAME=FILE.npy and --inputs FILE.npz give example inputs (their shapes fix the model's
+dynamic dims, as `lumc run`'s do): every kernel and the plan are checked against the reference on
+them, and a reduced --precision's quality gate measures on them. Inputs not given are drawn (N(0, 1)
+floats; integers in the range of the table they index, else [0, 8)); a model that computes
+indices or divisors from its inputs may need real ones.
+
 --workers spreads the work units (numerics checks on sim:*; compile, check and time on a GPU) over
 N local processes (local:N), the Ray cluster RAY_ADDRESS names or a local one started for this
 compile (ray), or a Ray cluster through Ray Client (ray://HOST:PORT; pip install
@@ -48,9 +54,37 @@ def _secs(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _model_shapes(model: str, shape_items: tuple) -> dict:
-    """Whole-input shapes for ``compile_model`` from ``--shape``, checked like ``lumc run``'s
-    (unknown names, repeats, conflicts, unset dynamic dims, inputs too large for memory)."""
+def _example_arrays(model: str, inputs_npz, input_pairs: tuple, *outputs) -> dict:
+    """``--inputs`` / ``--input`` arrays, checked like ``lumc run``'s: readable, named after an
+    input of the model, of its dtype, and never a file the compile writes.
+
+    Raises:
+        InputError: one line naming the input or file.
+    """
+    from lumc.compiler.frontends import onnx_frontend as fe
+    from lumc.compiler.tools.cli import _input_files, _load_arrays
+    for f in _input_files(inputs_npz, input_pairs):
+        for o in outputs:
+            if o:
+                refuse_same_file(o, f, "an input file")
+    arrays = _load_arrays(inputs_npz, input_pairs)
+    if not arrays:
+        return {}
+    specs = {s.name: s for s in fe.model_input_specs(fe.load_model(model))}
+    for name, a in arrays.items():
+        if name not in specs:
+            raise InputError(f"unknown input {name!r}; the model's inputs are "
+                             f"{', '.join(specs) or 'none'}", node=name)
+        if a.dtype != specs[name].dtype.np:
+            raise InputError(f"input {name!r} has dtype {a.dtype}, expected "
+                             f"{specs[name].dtype.np}", node=name)
+    return arrays
+
+
+def _model_shapes(model: str, shape_items: tuple, arrays: dict | None = None) -> dict:
+    """Whole-input shapes for ``compile_model`` from ``--shape`` and the example ``arrays``,
+    checked like ``lumc run``'s (unknown names, repeats, conflicts, unset dynamic dims, inputs too
+    large for memory)."""
     from lumc.compiler.frontends import onnx_frontend as fe
     from lumc.compiler.tools.cli import check_input_sizes, resolve_shapes
     import itertools
@@ -68,7 +102,7 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
         return shape_args
     lists = {k: v for k, v in shape_args.items() if isinstance(v, list)}
     if not lists:
-        shapes = resolve_shapes(specs, shape_args, {})
+        shapes = resolve_shapes(specs, shape_args, arrays or {})
         check_input_sizes(shapes, {s.name: s.dtype.np for s in specs})
         return shapes
     # several sizes: each combination is checked here; compile_model makes one plan per size
@@ -90,6 +124,10 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
               help="an input's shape (x=1x3x224x224) or a dynamic dim (batch_size=2); repeatable")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), callback=nonempty_path,
               help="write the report JSON")
+@click.option("--input", "input_pairs", multiple=True, metavar="NAME=FILE.npy",
+              help="an example input array (repeatable): the numerics checks run on it")
+@click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), metavar="FILE.npz",
+              callback=nonempty_path, help="example input arrays from an .npz keyed by input name")
 @click.option("--no-egraph", is_flag=True, help="greedy fusion only (the ablation baseline)")
 @click.option("--precision", default="fp32", show_default=True,
               type=click.Choice(["fp32", "tf32", "bf16", "fp16", "fp8", "auto"]),
@@ -118,15 +156,17 @@ def _model_shapes(model: str, shape_items: tuple) -> dict:
               help="where work units run: local:N, ray (RAY_ADDRESS or a local cluster) or "
                    "ray://HOST:PORT (default: a local pool on sim when cores > 1)")
 @click.option("--quiet", is_flag=True, help="no progress display")
-def compile_cmd(model, budget, out, device, shape_items, report_path, no_egraph, precision, weights,
-                tolerance, max_kl, logits, bind_items, fast_math, workers, quiet):
+def compile_cmd(model, budget, out, device, shape_items, report_path, input_pairs, inputs_npz,
+                no_egraph, precision, weights, tolerance, max_kl, logits, bind_items, fast_math,
+                workers, quiet):
     from lumc.compiler.tools.cli import _interrupt_text, caused_by_interrupt
     written: list[str] = []
     policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
               "max_kl": max_kl, "logits": tuple(logits)}
     try:
         _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
-                 policy, fast_math=fast_math, bind=parse_binds(bind_items), workers=workers)
+                 policy, fast_math=fast_math, bind=parse_binds(bind_items), workers=workers,
+                 examples=(inputs_npz, input_pairs))
     except (KeyboardInterrupt, Exception) as err:
         if not caused_by_interrupt(err):
             raise
@@ -162,7 +202,7 @@ def parse_binds(items) -> dict:
 
 def _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
              policy: dict | None = None, fast_math: bool = False, bind: dict | None = None,
-             workers: str | None = None):
+             workers: str | None = None, examples: tuple = (None, ())):
     from lumc.compiler.core.pipeline import compile_model
     from lumc.compiler.core.workers import parse_workers
     parse_duration(budget)                     # a bad budget fails before any work
@@ -182,8 +222,10 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     check_writable(out_path)
     from lumc.compiler.core.precision import PrecisionPolicy
     PrecisionPolicy.from_user(**(policy or {}))          # bad options fail before any work
-    shapes = _model_shapes(model, shape_items)
+    arrays = _example_arrays(model, *examples, out_path, report_path)
+    shapes = _model_shapes(model, shape_items, arrays)
     cm = compile_model(model, budget=budget, device=device, shapes=shapes,
+                       example_inputs=arrays or None,
                        use_egraph=not no_egraph, quiet=quiet, fast_math=fast_math, bind=bind,
                        workers=workers, **(policy or {}))
     cm.save(out_path)

@@ -26,6 +26,7 @@ from lumc.compiler.frontends.onnx_frontend.support import check_supported
 from lumc.compiler.frontends.onnx_frontend.type_constraints import check_input_types
 from lumc.ir.errors import InputError, LumcError, ModelError
 from lumc.ir.graph import Graph, input_node
+from lumc.ir.provenance import record
 from lumc.ir.tensor import Tensor
 
 
@@ -110,6 +111,9 @@ class GraphImporter:
             # raises IndexError for an out-of-range constant gather index
             raise ModelError(f"{type(e).__name__}: {e}", node=ctx.name, op=node.op_type,
                              opset=self.opset) from e
+        # run-time errors at these primitives (an index outside its table) name this node
+        record((t.node for t in produced.values() if isinstance(t, Tensor)),
+               (t.node for t in ins if isinstance(t, Tensor)), ctx.name, node.op_type)
         self.env.update(produced)
 
     def run_subgraph(self, graph: onnx.GraphProto,

@@ -24,6 +24,7 @@ from lumc.compiler.frontends.torch_frontend.registry import (HANDLERS, TORCH_TO_
                                                    op_name)
 from lumc.compiler.frontends.onnx_frontend.registry import handler_problems
 from lumc.ir.errors import LumcError, ShapeError, UnsupportedOpError
+from lumc.ir.provenance import record
 from lumc.ir.tensor import Tensor
 
 # Python-level functions on sizes that FX graphs call between ATen ops (SymInt arithmetic)
@@ -47,6 +48,17 @@ NO_OPS = frozenset({
     "aten._functional_sym_constrain_range_for_size.default",
 })
 _MAX_NAMES = 4
+
+
+def _nodes(x) -> list:
+    """The IR nodes of the tensors in ``x`` (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(x, Tensor):
+        return [x.node]
+    if isinstance(x, (tuple, list)):
+        return [n for v in x for n in _nodes(v)]
+    if isinstance(x, dict):
+        return [n for v in x.values() for n in _nodes(v)]
+    return []
 
 
 def live_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -195,7 +207,10 @@ class FxLowering:
             elif n.op == "output":
                 return list(resolve(n.args[0]))
             else:
-                env[n] = self._call(n, resolve(n.args), resolve(n.kwargs))
+                args, kwargs = resolve(n.args), resolve(n.kwargs)
+                env[n] = self._call(n, args, kwargs)
+                # run-time errors at these primitives (an index outside its table) name this node
+                record(_nodes(env[n]), _nodes((args, kwargs)), n.name, op_name(n.target))
         raise LumcError("the FX graph has no output node")
 
     def _call(self, n: torch.fx.Node, args, kwargs):

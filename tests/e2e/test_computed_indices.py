@@ -1,0 +1,155 @@
+"""Indices and divisors a model computes from its inputs: a value out of range is refused in one
+line naming the model node that made it (ONNX node name or FX node), not only the primitive op, at
+compile (the drawn example inputs: with what to give instead), at run, and from a saved artifact;
+``lumc compile --input`` takes example inputs the model accepts."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+import lumc
+from lumc.compiler.runtime.tuning_db import TuningDatabase
+from lumc.compiler.tools.cli import cli
+from lumc.ir import provenance
+from lumc.ir.errors import DivisionByZeroError, IndexRangeError
+from lumc.ir.tensor import Tensor
+from lumc.ir.graph import input_node
+from lumc.ir import dtypes as dt
+
+ROWS = 10
+
+
+def doubled_lookup(rows: int = ROWS, scale: int = 2) -> onnx.ModelProto:
+    """``relu(table[ids * scale])``: the index is computed, so no input range covers it."""
+    table = np.random.default_rng(0).standard_normal((rows, 4)).astype(np.float32)
+    g = oh.make_graph(
+        [oh.make_node("Mul", ["ids", "scale"], ["ids2"], name="scale_ids"),
+         oh.make_node("Gather", ["table", "ids2"], ["emb"], name="embed_lookup", axis=0),
+         oh.make_node("Relu", ["emb"], ["y"], name="act")],
+        "g", [oh.make_tensor_value_info("ids", TP.INT64, [3])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, [3, 4])],
+        [nh.from_array(table, "table"), nh.from_array(np.array(scale, np.int64), "scale")])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _one_line(res, *words):
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lumc: error: "), res.stderr
+    assert "Traceback" not in res.output
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.fixture()
+def db(tmp_path):
+    return TuningDatabase(tmp_path / "tuning.sqlite")
+
+
+def test_record_labels_new_nodes_only_and_rebuilt_keeps_the_label():
+    a = input_node("prov_a", (3,), dt.i64)
+    b = input_node("prov_b", (3,), dt.i64)
+    old = (Tensor(a) + Tensor(b)).node
+    provenance.record([old], [a, b], "first", "Add")
+    new = (Tensor(old) * 3).node          # a Mul over the first node's output, and a constant
+    provenance.record([new], [old], "second", "Mul")
+    assert provenance.origin(old) == ("first", "Add")
+    assert provenance.origin(new) == ("second", "Mul")
+    const = new.srcs[1].srcs[0]           # the 3, broadcast by a view (labelled: it is new)
+    assert const.op == "Constant" and provenance.origin(new.srcs[1]) == ("second", "Mul")
+    assert provenance.origin(a) is None and provenance.origin(const) is None   # leaves
+    c = input_node("prov_c", (3,), dt.i64)
+    moved = provenance.rebuilt(new, [c, new.srcs[1]])
+    assert moved is not new and provenance.origin(moved) == ("second", "Mul")
+    assert provenance.rebuilt(new, new.srcs) is new
+    assert provenance.where(moved) == {"node": "second", "op": "Mul"}
+    assert provenance.where(c) == {"op": "Input"}
+
+
+def test_compile_with_drawn_inputs_names_the_node_and_says_what_to_give(db):
+    # lumc draws integers in [0, 8): doubled, up to 14, past the 10 rows
+    with pytest.raises(IndexRangeError) as e:
+        lumc.compile(doubled_lookup().SerializeToString(), budget="30s", device="sim:h200", db=db)
+    msg = str(e.value)
+    assert "node 'embed_lookup'" in msg and "op Gather" in msg and "out of range [0, 10)" in msg
+    assert "example inputs lumc drew" in msg and "--input NAME=FILE.npy" in msg
+    assert "\n" not in msg
+
+
+def test_run_names_the_node_in_process_and_from_a_loaded_artifact(db, tmp_path):
+    ok = np.array([1, 4, 0], np.int64)
+    cm = lumc.compile(doubled_lookup().SerializeToString(), budget="30s", device="sim:h200",
+                      db=db, example_inputs={"ids": ok})
+    table = nh.to_array(doubled_lookup().graph.initializer[0])
+    np.testing.assert_array_equal(cm(ids=ok), np.maximum(table[ok * 2], 0))
+    bad = {"ids": np.array([1, 7, 2], np.int64)}        # 14: past the table
+    with pytest.raises(IndexRangeError, match=r"node 'embed_lookup', op Gather: gather index 14 "
+                                              r"out of range \[0, 10\)$"):
+        cm(**bad)
+    cm.save(tmp_path / "m.lumc")
+    loaded = lumc.load(tmp_path / "m.lumc")
+    with pytest.raises(IndexRangeError, match="node 'embed_lookup', op Gather"):
+        loaded(**bad)
+    # a given example input that is out of range is the user's: no hint about drawn inputs
+    with pytest.raises(IndexRangeError) as e:
+        lumc.compile(doubled_lookup(scale=3).SerializeToString(), budget="30s",
+                     device="sim:h200", db=db, example_inputs=bad)
+    assert "node 'embed_lookup'" in str(e.value) and "drew" not in str(e.value)
+
+
+def test_torch_module_errors_name_the_fx_node(db):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 4)
+
+        def forward(self, ids, d):
+            return torch.relu(self.emb(ids * 2)), torch.remainder(ids, d - 1)
+
+    m = M().eval()
+    ids, d = torch.tensor([1, 3, 5]), torch.tensor([3, 4, 5])
+    f = lumc.compile(m, budget="30s", device="sim:h200", example_inputs=(ids, d))
+    y, r = f(ids, d)
+    ey, er = m(ids, d)
+    torch.testing.assert_close(y, ey)
+    torch.testing.assert_close(r, er)
+    with pytest.raises(IndexRangeError, match=r"node 'embedding', op aten\.embedding\.default "
+                                              r"\(primitive Gather\): gather index 24"):
+        f(torch.tensor([1, 12, 3]), d)
+    with pytest.raises(DivisionByZeroError, match=r"node 'remainder'"):
+        f(ids, torch.tensor([3, 1, 5]))
+
+
+def test_cli_compile_takes_example_inputs(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    onnx.save(doubled_lookup(), tmp_path / "g.onnx")
+    np.save(tmp_path / "ok.npy", np.array([1, 4, 2], np.int64))
+    np.save(tmp_path / "bad.npy", np.array([1, 9, 2], np.int64))
+    np.save(tmp_path / "f.npy", np.array([1.0, 4.0, 2.0]))
+    res = _run("compile", tmp_path / "g.onnx", "--budget", "30s", "-o", tmp_path / "d.lumc")
+    _one_line(res, "node 'embed_lookup'", "example inputs lumc drew", "--input NAME=FILE.npy")
+    assert not (tmp_path / "d.lumc").exists()
+    _one_line(_run("compile", tmp_path / "g.onnx", "--budget", "30s", "--input",
+                   f"idz={tmp_path / 'ok.npy'}"), "unknown input 'idz'", "ids")
+    _one_line(_run("compile", tmp_path / "g.onnx", "--budget", "30s", "--input",
+                   f"ids={tmp_path / 'f.npy'}"), "float64", "int64")
+    _one_line(_run("compile", tmp_path / "g.onnx", "--budget", "30s", "-o", tmp_path / "ok.npy",
+                   "--input", f"ids={tmp_path / 'ok.npy'}"), "ok.npy")
+    assert np.load(tmp_path / "ok.npy").tolist() == [1, 4, 2]      # the input file is intact
+    res = _run("compile", tmp_path / "g.onnx", "--budget", "30s", "-o", tmp_path / "g.lumc",
+               "--input", f"ids={tmp_path / 'ok.npy'}", "--quiet")
+    assert res.exit_code == 0, res.output
+    res = _run("run", tmp_path / "g.lumc", "--input", f"ids={tmp_path / 'ok.npy'}", "--check")
+    assert res.exit_code == 0 and "matches onnxruntime" in res.output, res.output
+    res = _run("run", tmp_path / "g.lumc", "--input", f"ids={tmp_path / 'bad.npy'}")
+    _one_line(res, "node 'embed_lookup', op Gather", "gather index 18 out of range [0, 10)")
