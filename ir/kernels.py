@@ -68,7 +68,7 @@ class Kernel:
         for kernels that compute the same thing (a model's repeated layers), 32 hex digits."""
         import hashlib
         from lumc.ir.serialize import graph_to_bytes
-        doc, npz, _ = graph_to_bytes(self.meaning)
+        doc, npz, _ = graph_to_bytes(self.meaning, origins=False)   # model node names aside
         h = hashlib.sha256()
         h.update(self.form.encode())
         h.update(repr(self.attrs).encode())

@@ -73,7 +73,8 @@ def _arg_from_json(j, consts):
     raise ArtifactError(f"unknown node argument {j!r} in a serialized graph")
 
 
-def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int, int]]:
+def graph_to_bytes(graph: Graph, external=None, origins: bool = True
+                   ) -> tuple[bytes, bytes, dict[int, int]]:
     """Serialize ``graph``.
 
     Args:
@@ -82,6 +83,8 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
             constant it names is stored as those keys (their bytes concatenated along its last
             axis) and the digest (``s{k}``) instead of its bytes; None stores every constant's
             bytes.
+        origins: also store the model node each ``Gather`` and ``Mod`` came from
+            (:mod:`lumc.ir.provenance`); False for content hashes, which names must not change.
 
     Returns:
         ``(json bytes, npz bytes, index)``: ``index`` maps ``id(node)`` to its position in the node
@@ -100,10 +103,10 @@ def graph_to_bytes(graph: Graph, external=None) -> tuple[bytes, bytes, dict[int,
            "outputs": {k: index[id(n)] for k, n in graph.outputs.items()}}
     # the model node of each primitive a run can refuse at (an index outside its table, an
     # integer Mod by 0), so a loaded artifact's error names it too (lumc.ir.provenance)
-    origins = {str(k): list(o) for k, n in enumerate(order)
-               if n.op in RUNTIME_CHECKED and (o := origin(n)) is not None}
-    if origins:
-        doc["origins"] = origins
+    named = {str(k): list(o) for k, n in enumerate(order)
+             if origins and n.op in RUNTIME_CHECKED and (o := origin(n)) is not None}
+    if named:
+        doc["origins"] = named
     buf = io.BytesIO()
     arrays = {}
     for k, c in enumerate(consts):

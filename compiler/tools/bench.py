@@ -59,7 +59,7 @@ def model_sha256(cm: CompiledModel) -> str:
     if cm.source_onnx is not None:
         return hashlib.sha256(cm.source_onnx).hexdigest()
     from lumc.ir.serialize import graph_to_bytes
-    doc, npz, _ = graph_to_bytes(cm.graph)
+    doc, npz, _ = graph_to_bytes(cm.graph, origins=False)
     return hashlib.sha256(doc + npz).hexdigest()
 
 

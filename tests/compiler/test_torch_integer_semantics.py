@@ -64,7 +64,7 @@ class IntModulo(nn.Module):
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8])
 def test_integer_fmod_and_remainder_refuse_a_zero_divisor_as_eager(dtype):
     """``torch.fmod`` and ``torch.remainder`` of integers by 0: eager raises (ZeroDivisionError);
-    lumc refuses with one line naming the op and the reason (it used to return 0). Nonzero
+    lumc refuses with one line naming the model node, its op and the reason (it used to return 0). Nonzero
     divisors of either sign equal eager; float ``fmod`` by 0 stays NaN, as in eager."""
     x = torch.tensor([7, -7, 7, -7, 0, 5, -100], dtype=dtype)
     y = torch.tensor([3, 3, -3, -3, 2, 1, -1], dtype=dtype)
@@ -78,7 +78,8 @@ def test_integer_fmod_and_remainder_refuse_a_zero_divisor_as_eager(dtype):
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):
             m(x, z)
         with pytest.raises(DivisionByZeroError,
-                           match=rf"^op Mod: integer modulo by zero \({name} divisor 0\)$"):
+                           match=rf"^node '(fmod|remainder)', op aten\.(fmod|remainder)\.Tensor "
+                                 rf"\(primitive Mod\): integer modulo by zero \({name} divisor 0\)$"):
             f(x, z)
     a, b = torch.tensor([7.0, -7.0, 0.0]), torch.tensor([0.0, 2.0, 0.0])
     fl = compile_module(m, (a, b))
@@ -97,7 +98,8 @@ def test_integer_fmod_by_zero_refused_after_the_search(tmp_path, monkeypatch):
     f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(x, y))
     check_close(f(x, y), m(x, y))
     with pytest.raises(DivisionByZeroError,
-                       match=r"op Mod: integer modulo by zero \(int32 divisor 0\)"):
+                       match=r"^node 'fmod', op aten\.fmod\.Tensor \(primitive Mod\): integer "
+                             r"modulo by zero \(int32 divisor 0\)$"):
         f(x, torch.tensor([3, 3, -3, 0, 2, 1], dtype=torch.int32))
 
 
@@ -126,7 +128,8 @@ def test_embedding_and_index_select_refuse_a_negative_index_as_eager():
         m.emb.weight.index_select(0, neg.reshape(-1))
     check_close(m.emb.weight[neg], m.emb.weight[torch.tensor([[1, 7, 0]])])   # x[i] wraps
     for ids, bad in (([[1, -3, 0]], -3), ([[1, 10, 0]], 10), ([[-10, 2, 0]], -10)):
-        with pytest.raises(IndexRangeError, match=rf"op Gather: gather index {bad} out of range "
+        with pytest.raises(IndexRangeError, match=rf"^node '(embedding|index_select)', op aten\.\1\.default "
+                                                  rf"\(primitive Gather\): gather index {bad} out of range "
                                                   r"\[0, 10\)"):
             f(torch.tensor(ids))
     only_x = compile_module(IndexOnly(m.emb.weight.detach()).eval(), (good,))
@@ -186,7 +189,8 @@ def test_gather_refuses_a_negative_index_as_eager():
             bad = i[(i < 0) | (i >= n)][0].item()
             with pytest.raises(RuntimeError, match=rf"index {bad} is out of bounds"):
                 m(x, i)
-            with pytest.raises(IndexRangeError, match=rf"op Gather: gather index {bad} out of "
+            with pytest.raises(IndexRangeError, match=rf"^node 'gather', op aten\.gather\.default \(primitive "
+                                                      rf"Gather\): gather index {bad} out of "
                                                       rf"range \[0, {n}\)"):
                 f(x, i)
 
