@@ -153,3 +153,24 @@ def test_cli_compile_takes_example_inputs(tmp_path, monkeypatch):
     assert res.exit_code == 0 and "matches onnxruntime" in res.output, res.output
     res = _run("run", tmp_path / "g.lumc", "--input", f"ids={tmp_path / 'bad.npy'}")
     _one_line(res, "node 'embed_lookup', op Gather", "gather index 18 out of range [0, 10)")
+
+
+def test_content_hash_ignores_model_node_names():
+    """A kernel's content hash keys the tuning database and render cache: a model node name
+    (stored with an artifact's Gather) must not change it."""
+    from lumc.ir.graph import Graph, const_node, node
+    from lumc.ir.kernels import Kernel
+    from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+    ids = input_node("in0", (3,), dt.i64)
+    table = const_node(np.arange(40, dtype=np.float32).reshape(10, 4) + 0.5)
+    g = node("Gather", (table, ids), 0)
+    k = Kernel("gather", Graph({"in0": ids}, {"out0": g}), ())
+    before = k.content_hash()
+    provenance.set_origin(g, "hash_probe_lookup", "Gather")
+    assert k.content_hash() == before
+    doc, npz, _ = graph_to_bytes(k.meaning)
+    assert b"hash_probe_lookup" in doc and b"hash_probe_lookup" not in \
+        graph_to_bytes(k.meaning, origins=False)[0]
+    _, nodes = graph_from_bytes(doc, npz)
+    assert [provenance.origin(n) for n in nodes if n.op == "Gather"] == \
+        [("hash_probe_lookup", "Gather")]
