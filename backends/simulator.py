@@ -521,3 +521,17 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         finish = 0.0
     return max(flops / peak, (in_bytes + out_bytes) / dev.hbm_bandwidth) + \
         dev.launch_overhead_s + finish
+
+
+def workspace_bytes(kernel: Kernel, cfg: dict) -> int:
+    """Bytes config ``cfg`` of ``kernel`` moves through GPU memory besides its inputs and outputs
+    (which :meth:`~lumc.ir.kernels.Kernel.min_bytes` counts): a split-K contraction's fp32 partial
+    tiles, ``SPLIT_K`` per output element, each written by its share's program and read back by
+    the finish kernel (``render_matmul``: ``2 * SPLIT_K * batch * M * N * 4``). 0 for every other
+    kernel and config (a split reduction's partials, ``2 * rows * SPLIT`` accumulators, are a few
+    KiB and left out). The report's ``workspace_bytes``: what ``bytes_moved`` leaves out."""
+    sk = max(int(cfg.get("SPLIT_K", 1) or 1), 1)
+    if sk == 1 or kernel.form not in TENSOR_FORMS:
+        return 0
+    c = _static(kernel)[4]
+    return 0 if c is None else 2 * sk * c.batch * c.m * c.n * 4

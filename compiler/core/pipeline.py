@@ -25,6 +25,7 @@ from lumc.compiler.core.buckets import compile_ranges, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
 from lumc.backends.extern import impl_of
+from lumc.backends.simulator import workspace_bytes
 from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.core.onnx_stage import Frontend, bind_model, stage_frontend, with_ranges
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, precision_report,
@@ -549,6 +550,7 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         per_kernel.append({
             "form": c.kernel.form, "impl": impl_of(cfg), "kernel": k, "covers": list(c.kernel.covers)[:16],
             "time_s": t, "bound_s": bounds[k], "flops": c.kernel.flops(), "bytes": c.kernel.min_bytes(),
+            "workspace_bytes": workspace_bytes(c.kernel, cfg or {}),
             "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
             "arithmetic_intensity": c.kernel.arithmetic_intensity()})
     # weights each read once, as much of them as the program addresses (an embedding table: the
@@ -584,6 +586,8 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "shared_checks": measurer.shared_checks,
         "best_time_s": result.time_s, "bound_time_s": result.bound_s,
         "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
+        # what bytes_moved leaves out: split-K partial tiles through memory (simulator.py)
+        "workspace_bytes": sum(r["workspace_bytes"] for r in per_kernel),
         "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
                                                      "used", "iterations", "stop_reasons", "error",
                                                      "extraction_s", "partition_s", "carried")},

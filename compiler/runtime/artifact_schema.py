@@ -25,7 +25,7 @@ _TOP: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "manifest.json": {"format": ((str,), True), "lumc_version": ((str,), True),
                       "created": (NUM, False), "parts": ((dict,), True)},
     "graph.json": {"format": ((str,), True), "nodes": ((list,), True), "inputs": ((dict,), True),
-                   "outputs": ((dict,), True)},
+                   "outputs": ((dict,), True), "origins": ((dict,), False)},
     "plan.json": {"device": ((str,), True), "simulated": ((bool,), True), "calls": ((list,), True),
                   "outputs": ((dict,), True), "label": ((str,), False)},
     "report.json": {
@@ -34,6 +34,7 @@ _TOP: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "stopped_because": (OPT_STR, False), "kernels": (OPT_INT, False),
         "best_time_s": (OPT_NUM, False), "bound_time_s": (OPT_NUM, False),
         "bytes_moved": (OPT_NUM, False), "ideal_bytes": (OPT_NUM, False),
+        "workspace_bytes": (OPT_NUM, False),
         "candidates_total": (OPT_INT, False), "candidates_pruned": (OPT_INT, False),
         "candidates_compiled": (OPT_INT, False), "candidates_timed": (OPT_INT, False),
         "candidates_rejected": (OPT_INT, False), "programs": (OPT_INT, False),
@@ -53,7 +54,8 @@ _GRAPH_NODE = {"op": ((str,), True), "srcs": ((list,), True), "arg": ((dict, typ
 _PER_KERNEL = {"form": ((str,), True), "impl": ((str,), False), "time_s": (OPT_NUM, False), "bound_s": (NUM, True),
                "flops": (NUM, True), "bytes": (NUM, True), "pct_of_bound": (OPT_NUM, False),
                "config": ((dict, type(None)), False), "kernel": ((str,), False),
-               "covers": ((list,), False), "arithmetic_intensity": (OPT_NUM, False)}
+               "covers": ((list,), False), "arithmetic_intensity": (OPT_NUM, False),
+               "workspace_bytes": (OPT_NUM, False)}
 
 
 def _type_names(types: tuple[type, ...]) -> str:

@@ -111,3 +111,16 @@ def test_split_kernel_compiles_for_sm90_without_spills():
         assert r.error is None, r.error
         assert not r.spills
         assert r.tensor_core
+
+
+def test_workspace_bytes_count_the_partial_tiles_bytes_moved_leaves_out():
+    """``workspace_bytes``: each of SPLIT_K shares writes its fp32 partial of every output element
+    and the finish kernel reads it back; nothing without a split, nothing for a row kernel."""
+    from lumc.backends.simulator import workspace_bytes
+    k = _bias_relu(37, 600, 45)
+    assert workspace_bytes(k, _cfg(1).kwargs()) == 0
+    assert workspace_bytes(k, _cfg(4).kwargs()) == 2 * 4 * 37 * 45 * 4
+    bmm = make_kernel("matmul", lambda a, b: a @ b, [((3, 20, 300), dt.f32), ((3, 300, 24), dt.f32)])
+    assert workspace_bytes(bmm, _cfg(8).kwargs()) == 2 * 8 * 3 * 20 * 24 * 4
+    relu = make_kernel("pointwise", lambda a: a.maximum(0.0), [((8, 8), dt.f32)])
+    assert workspace_bytes(relu, {"SPLIT_K": 4}) == 0

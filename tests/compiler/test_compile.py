@@ -51,6 +51,9 @@ def test_compile_runs_and_matches_onnxruntime(model, db, tmp_path):
         assert key in r, key
     assert r["candidates_timed"] > 0 and r["best_time_s"] >= r["bound_time_s"] > 0
     assert r["max_rel_error"] <= 1e-4
+    from lumc.backends.simulator import workspace_bytes
+    assert r["workspace_bytes"] == sum(k["workspace_bytes"] for k in r["per_kernel"]) == sum(
+        workspace_bytes(c.kernel, cfg or {}) for c, cfg in zip(cm.program.calls, cm.configs))
     assert [i.name for i in cm.inputs] == ["x"] and cm.outputs[0].shape == (8, 40)
     assert "simulated" in cm.report()
 
