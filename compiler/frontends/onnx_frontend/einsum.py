@@ -59,7 +59,8 @@ def einsum(equation: str, xs: list[Tensor]) -> Tensor:
     """Evaluate an ONNX/numpy einsum ``equation`` over ``xs``.
 
     Raises:
-        ShapeError: malformed equation, label sizes that disagree, or mixed dtypes.
+        ShapeError: malformed equation, a repeated output label, label sizes that disagree, or
+            mixed dtypes.
     """
     eq = equation.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
@@ -68,23 +69,25 @@ def einsum(equation: str, xs: list[Tensor]) -> Tensor:
         raise ShapeError(f"equation {equation!r} has {len(terms)} operands, got {len(xs)}")
     n_ell = max((x.ndim - len(t.replace("...", "")) for t, x in zip(terms, xs) if "..." in t),
                 default=0)
-    ops, labs = [], []
+    ops, labs, counts = [], [], {}
     for t, x in zip(terms, xs):
-        x, lab = _diagonal(x, _labels(t, x.ndim, n_ell))
+        written = _labels(t, x.ndim, n_ell)
+        for c in written:          # before the diagonal: a label repeated in one term is summed
+            counts[c] = counts.get(c, 0) + 1
+        x, lab = _diagonal(x, written)
         ops.append(x)
         labs.append(lab)
     ell = [f".{i}" for i in range(n_ell)]
     if arrow:
         out = _labels(rhs, len(rhs.replace("...", "")) + (n_ell if "..." in rhs else 0), n_ell)
     else:
-        counts: dict[str, int] = {}
-        for lab in labs:
-            for c in lab:
-                counts[c] = counts.get(c, 0) + 1
         out = ell + sorted(c for c, k in counts.items() if k == 1 and not c.startswith("."))
     every = []
     for lab in labs:
         every += [c for c in lab if c not in every]
+    repeated = sorted({c for c in out if out.count(c) > 1})
+    if repeated:
+        raise ShapeError(f"output labels {repeated} are repeated (an output label appears once)")
     missing = [c for c in out if c not in every]
     if missing:
         raise ShapeError(f"output labels {missing} appear in no operand")

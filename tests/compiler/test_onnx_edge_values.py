@@ -1,0 +1,93 @@
+"""ONNX ops at their edges (implicit einsum outputs, the sign of zero of scans and activations,
+...), each against onnxruntime or numpy in float64, on the reference executor and the Triton
+kernels (interpreted on CPU)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.compiler.frontends.onnx_frontend import import_onnx
+from lumc.ir.errors import ShapeError
+
+from tests.compiler.three_paths import run_triton
+
+RNG = np.random.default_rng(7)
+NP_TO_ONNX = {np.float32: TensorProto.FLOAT, np.int64: TensorProto.INT64,
+              np.int32: TensorProto.INT32, np.float16: TensorProto.FLOAT16}
+
+
+def single_node(op: str, feeds: dict, inits: dict | None = None, opset: int = 18,
+                n_out: int = 1, **attrs):
+    """A one-node model over ``feeds`` (graph inputs) and ``inits`` (initializers)."""
+    inits = inits or {}
+    names = list(feeds) + list(inits)
+    outs = [f"y{i}" for i in range(n_out)]
+    node = helper.make_node(op, [n if n is not None else "" for n in names], outs, **attrs)
+    vi = [helper.make_tensor_value_info(k, NP_TO_ONNX[v.dtype.type], list(v.shape))
+          for k, v in feeds.items()]
+    out = [helper.make_empty_tensor_value_info(o) for o in outs]
+    g = helper.make_graph([node], "g", vi, out,
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(m).graph.output}
+    for o in m.graph.output:         # the output types as onnx infers them
+        o.CopyFrom(inferred[o.name])
+    return m
+
+
+def run_both(m, feeds: dict) -> list[tuple[str, list[np.ndarray]]]:
+    """The outputs of the reference executor and of the interpreted Triton kernels."""
+    imported = import_onnx(m, {k: v.shape for k, v in feeds.items()})
+    names = [o.name for o in m.graph.output]
+    ref = ReferenceExecutor(imported.graph)(feeds)
+    tri = run_triton(m, feeds)
+    return [("reference", [ref[n] for n in names]), ("triton", [tri[n] for n in names])]
+
+
+def onnxruntime_outputs(m, feeds: dict) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def assert_same_bits(got, want, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """Same shape and dtype, values within tolerance, NaN where ``want`` has NaN, and the sign bit
+    of every zero as in ``want``."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+    zero = want == 0
+    assert np.signbit(got[zero]).tolist() == np.signbit(want[zero]).tolist(), (what, got, want)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("ii", [(4, 4)]),                 # a trace: numpy and onnxruntime give a scalar
+    ("iij", [(3, 3, 2)]),             # i repeated, j once: the output is j
+    ("ij,jj", [(2, 3), (3, 3)]),      # j appears three times: summed, the output is i
+    ("iji->j", [(2, 3, 2)]),
+    ("ba", [(2, 3)]),                 # implicit output in alphabetical order: a transpose
+])
+def test_einsum_sums_a_label_repeated_inside_one_term(equation, shapes):
+    """An implicit einsum output holds the labels that appear exactly once in the whole equation;
+    lumc counted them after taking each term's diagonal, so ``ii`` gave the diagonal (shape [4])
+    instead of the trace."""
+    feeds = {f"x{k}": RNG.standard_normal(s).astype(np.float32) for k, s in enumerate(shapes)}
+    m = single_node("Einsum", feeds, equation=equation)
+    want = np.einsum(equation, *[v.astype(np.float64) for v in feeds.values()]).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_outputs(m, feeds)[0], want, rtol=1e-5, atol=1e-6)
+    for path, (got,) in run_both(m, feeds):
+        assert got.shape == want.shape, (path, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+def test_einsum_refuses_a_repeated_output_label_in_one_line():
+    """``i->ii`` is invalid (numpy and onnxruntime refuse it); lumc said 'cannot reshape'."""
+    m = single_node("Einsum", {"x": np.ones(3, np.float32)}, equation="i->ii")
+    with pytest.raises(ShapeError, match="output labels \\['i'\\] are repeated"):
+        import_onnx(m)
