@@ -28,6 +28,23 @@ class RenderError(Exception):
     """The kernel's meaning does not fit the form being rendered (names the node and the reason)."""
 
 
+_LITERAL = re.compile(r"[0-9\s+\-*/%()<>=&]+|False|True")
+
+
+def fold_literal(expr: str | None) -> str | None:
+    """An index or bounds expression without names, evaluated here: ``'3'``, ``'True'``,
+    ``'False'``; any other expression unchanged. Compiled Triton folds such constexpr arithmetic
+    with Python's semantics too, but the interpreter makes ``(2 + 1)`` a 0-d tensor, and a 0-d bool
+    and-ed into a load mask gives the mask dtype int32, which its ``tl.load`` refuses."""
+    if expr is None or not _LITERAL.fullmatch(expr) or expr.strip().lstrip("-").isdigit():
+        return expr
+    try:
+        v = eval(expr, {"__builtins__": {}})    # noqa: S307 -- digits and operators only
+    except (SyntaxError, ZeroDivisionError, TypeError):
+        return expr
+    return str(v) if isinstance(v, (bool, int)) else expr
+
+
 def and_masks(*ms: str | None) -> str | None:
     parts = [m for m in ms if m]
     if not parts:
@@ -224,7 +241,7 @@ class Evaluator:
             for off, terms in pa:
                 parts = ([str(off)] if off else []) + [
                     idx[j] if m == 1 else f"({idx[j]}) * {m}" for j, m in terms if idx[j] != "0"]
-                e = " + ".join(parts) if parts else "0"
+                e = fold_literal(" + ".join(parts) if parts else "0")
                 out.append(e if e.isidentifier() or e.lstrip("-").isdigit()
                            else self.w.bind(f"({e})", "i", level))
             return out
@@ -234,6 +251,11 @@ class Evaluator:
     def _view(self, n: Node, idx: tuple, mask: str | None, level: int) -> str:
         v, src = n.arg, n.srcs[0]
         flat, valid = v.index_expr(list(idx))
+        flat, valid = fold_literal(flat), fold_literal(valid)
+        if valid == "True":
+            valid = None
+        elif valid == "False":      # outside the view's valid region at every lane: zero
+            return self.w.const(exprs.render_constant(0, n.dtype))
         if valid is not None:
             valid = self.w.bind(valid, "v", level)
         if self.is_scalar_constant(src):

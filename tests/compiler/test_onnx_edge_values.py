@@ -91,3 +91,19 @@ def test_einsum_refuses_a_repeated_output_label_in_one_line():
     m = single_node("Einsum", {"x": np.ones(3, np.float32)}, equation="i->ii")
     with pytest.raises(ShapeError, match="output labels \\['i'\\] are repeated"):
         import_onnx(m)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n", [3, 5])
+def test_integer_reduce_prod_over_an_odd_axis_runs_in_triton(dtype, n):
+    """An integer ReduceProd over an odd number of elements pads the axis with a 1; the kernel's
+    index ``(2 + 1)`` and its bound ``(i0 < 3)`` were written as expressions, which the Triton
+    interpreter turns into 0-d tensors, and the load's mask became int32 ('mask has unsupported
+    dtype'). They are folded to literals when the kernel is written."""
+    x = RNG.integers(-9, 9, (4, n)).astype(dtype)
+    m = single_node("ReduceProd", {"x": x}, {"axes": np.array([-1], np.int64)}, keepdims=0)
+    want = np.prod(x, axis=-1, dtype=dtype)
+    np.testing.assert_array_equal(onnxruntime_outputs(m, {"x": x})[0], want)
+    for path, (got,) in run_both(m, {"x": x}):
+        assert got.dtype == want.dtype, path
+        np.testing.assert_array_equal(got, want, err_msg=path)
