@@ -223,8 +223,9 @@ def cumsum(x: Tensor, axis: int, exclusive: bool = False, reverse: bool = False)
     part is contracted with non-finite values zeroed, and two more contractions count the ``+inf``
     (or NaN) and ``-inf`` (or NaN) seen so far; the result is NaN once both were seen, else ±inf once
     one was, else the finite sum (as a sequential scan). The summation order differs from a
-    sequential scan (rounding may differ by reassociation, and a zero result may lose the sign of
-    ``-0.0``). f16/bf16 are summed in f32. Integers: exact, wrapping as the sequential sum.
+    sequential scan (rounding may differ by reassociation); the sign of a zero is the sequential
+    scan's: -0.0 where every term so far is -0.0 (found by one ``O(n)`` reduction), never -0.0
+    when ``exclusive`` (the scan starts from +0.0, as onnxruntime's). f16/bf16 are summed in f32. Integers: exact, wrapping as the sequential sum.
     Shape and dtype of ``x``.
 
     Raises:
@@ -258,4 +259,16 @@ def cumsum(x: Tensor, axis: int, exclusive: bool = False, reverse: bool = False)
     neg = contract(above_ninf.where(zero, one)).gt(finite.scalar_like(0.5))
     r = neg.where(finite.scalar_like(-np.inf), finite)
     r = pos.where(neg.where(finite.scalar_like(np.nan), finite.scalar_like(np.inf)), r)
-    return r.cast(x.dtype)
+    if exclusive:
+        return r.add(0.0).cast(x.dtype)     # a sequential scan from +0.0 never gives -0.0
+    # a sequential scan's zero is -0.0 exactly when every term so far is -0.0, where the masked
+    # products 0 * x may have added a +0.0: one O(n) reduction finds the first (last) other term
+    at = Tensor.iota(x.shape, axis)
+    negzero = xc.eq(zero).logical_and(xc.signbit())
+    if reverse:
+        last = negzero.where(at.scalar_like(-1), at).max(axis, keepdims=True).expand(x.shape)
+        all_negzero = last.lt(at)
+    else:
+        first = negzero.where(at.scalar_like(n), at).min(axis, keepdims=True).expand(x.shape)
+        all_negzero = at.lt(first)
+    return all_negzero.where(r.abs().neg(), r).cast(x.dtype)

@@ -107,3 +107,25 @@ def test_integer_reduce_prod_over_an_odd_axis_runs_in_triton(dtype, n):
     for path, (got,) in run_both(m, {"x": x}):
         assert got.dtype == want.dtype, path
         np.testing.assert_array_equal(got, want, err_msg=path)
+
+
+NEG_ZERO_ROWS = np.array([[-0.0, -0.0, 1.0, -1.0, -0.0], [-0.0, 2.0, -2.0, -0.0, -0.0],
+                          [0.0, -0.0, -0.0, 5.0, -5.0], [-0.0, -0.0, -0.0, -0.0, -0.0],
+                          [-0.0, -1.0, -0.0, np.inf, -0.0], [-0.0, -0.0, np.nan, 3.0, -0.0]],
+                         np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_cumsum_keeps_the_sign_of_a_zero_as_a_sequential_scan(exclusive, reverse, axis, dtype):
+    """CumSum is a contraction with a 0/1 mask, whose masked products ``0 * x`` added +0.0: the
+    first element of [-0.0, -0.0, 1.0] scanned to +0.0 (onnxruntime and numpy: -0.0); an
+    exclusive scan of [-0.0, -1.0] gave -0.0 at index 1 (onnxruntime: 0 + -0.0 = +0.0)."""
+    x = NEG_ZERO_ROWS.astype(dtype)
+    m = single_node("CumSum", {"x": x}, {"axis": np.array(axis, np.int64)},
+                    exclusive=exclusive, reverse=reverse)
+    want = onnxruntime_outputs(m, {"x": x})[0]
+    for path, (got,) in run_both(m, {"x": x}):
+        assert_same_bits(got, want, path)
+
