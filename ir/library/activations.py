@@ -187,17 +187,19 @@ def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
 
 def selu(x: Tensor, alpha: float = SELU_ALPHA, gamma: float = SELU_GAMMA) -> Tensor:
     """ONNX ``Selu``: ``gamma x`` for ``x > 0``, ``gamma alpha (exp(x) - 1)`` otherwise (via
-    :func:`expm1`); a few ulp. Float only."""
+    :func:`expm1`); a few ulp. ``selu(-0.0) = +0.0`` as the spec's ``exp(x) - 1`` (onnxruntime;
+    ``expm1(-0.0)`` is -0.0, torch's). Float only."""
     xc = _widen(x, "Selu")
-    neg = expm1(xc).mul(alpha)
+    neg = expm1(xc).mul(alpha).add(0.0)      # + 0: -0.0 -> +0.0, as alpha exp(x) - alpha
     return xc.scalar_like(0.0).lt(xc).where(xc, neg).mul(gamma).cast(x.dtype)
 
 
 def celu(x: Tensor, alpha: float = 1.0) -> Tensor:
     """ONNX ``Celu``: ``max(0, x) + min(0, alpha (exp(x / alpha) - 1))``, i.e. ``x`` for ``x > 0`` and
-    ``alpha expm1(x / alpha)`` otherwise; a few ulp. Float only."""
+    ``alpha expm1(x / alpha)`` otherwise; a few ulp. ``celu(-0.0) = +0.0`` as the spec's formula
+    (onnxruntime; torch's ``celu`` gives -0.0). Float only."""
     xc = _widen(x, "Celu")
-    neg = expm1(xc.mul(1.0 / alpha)).mul(alpha)
+    neg = expm1(xc.mul(1.0 / alpha)).mul(alpha).add(0.0)     # + 0: -0.0 -> +0.0, as exp(x) - 1
     return xc.scalar_like(0.0).lt(xc).where(xc, neg).cast(x.dtype)
 
 

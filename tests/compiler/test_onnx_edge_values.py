@@ -129,3 +129,14 @@ def test_cumsum_keeps_the_sign_of_a_zero_as_a_sequential_scan(exclusive, reverse
     for path, (got,) in run_both(m, {"x": x}):
         assert_same_bits(got, want, path)
 
+
+@pytest.mark.parametrize("op,attrs", [("Selu", {}), ("Selu", {"alpha": 2.0, "gamma": -1.5}),
+                                      ("Celu", {}), ("Celu", {"alpha": 0.5}), ("Elu", {})])
+def test_exponential_units_give_the_sign_of_zero_of_the_spec(op, attrs):
+    """``Selu``/``Celu`` of -0.0 is ``alpha (exp(-0.0) - 1) = +0.0`` by the spec's formula
+    (onnxruntime); lumc's ``expm1(-0.0)`` kept -0.0. ``Elu`` returns ``x`` there (-0.0)."""
+    x = np.array([-0.0, 0.0, -1.0, 2.0, -np.inf, np.inf, np.nan], np.float32)
+    m = single_node(op, {"x": x}, **attrs)
+    want = onnxruntime_outputs(m, {"x": x})[0]
+    for path, (got,) in run_both(m, {"x": x}):
+        assert_same_bits(got, want, path, rtol=1e-6)
