@@ -66,3 +66,39 @@ def test_homogeneous_variadic_inputs_are_checked():
     model.ir_version = 8
     with pytest.raises(ModelError, match="'cat'.*Concat"):
         import_onnx(model)
+
+
+@pytest.mark.parametrize("op,dtype,opset,ok", [
+    ("ReduceSum", TensorProto.INT8, 18, False),      # ReduceSum's T: no 8- or 16-bit integers
+    ("ReduceMean", TensorProto.UINT8, 18, False),
+    ("ReduceMax", TensorProto.INT8, 18, True),       # ReduceMax allows int8 from opset 12
+    ("ReduceMax", TensorProto.BOOL, 18, False),      # ... and bool from opset 20
+    ("ReduceMax", TensorProto.BOOL, 20, True),
+    ("ReduceSum", TensorProto.INT32, 18, True),
+])
+def test_an_input_type_its_schema_does_not_allow_is_refused(op, dtype, opset, ok):
+    """A ReduceSum over int8 is an invalid model (onnxruntime refuses to load it); lumc imported it
+    and summed with int8 wrapping. An allowed type still imports and matches onnxruntime."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    x = np.array([[1, 0, 1], [0, 1, 1]]).astype(np_dtype)
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    node = helper.make_node(op, ["x", "axes"], ["y"], name="red", keepdims=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", dtype, [2, 3])],
+                              [helper.make_tensor_value_info("y", dtype, [2])], [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:
+        sess = None
+    if not ok:
+        assert sess is None
+        with pytest.raises(ModelError, match=f"'red'.*{op}.*does not allow") as e:
+            import_onnx(model)
+        assert "\n" not in str(e.value)
+        return
+    ours = ReferenceExecutor(import_onnx(model).graph)({"x": x})["y"]
+    if sess is not None:          # onnxruntime may lack a kernel for an allowed type
+        np.testing.assert_array_equal(ours, sess.run(None, {"x": x})[0])
+    ref = {"ReduceSum": np.sum, "ReduceMax": np.max}[op](x, axis=1)
+    np.testing.assert_array_equal(ours, ref.astype(np_dtype))
