@@ -1,7 +1,7 @@
 """Graph inputs that index a table: their valid ranges, for ``--random`` and for run-time checks.
 
-An integer graph input that reaches the index operand of a ``Gather``, ``GatherElements`` or
-``GatherND`` node (directly, or through value-preserving ops: ``Cast``, ``Identity``, ``Reshape``,
+An integer graph input that reaches the index operand of a ``Gather``, ``GatherElements``,
+``GatherND``, ``ScatterElements`` (``Scatter``) or ``ScatterND`` node (directly, or through value-preserving ops: ``Cast``, ``Identity``, ``Reshape``,
 ``Unsqueeze``, ``Squeeze``, ``Flatten``, ``Expand``, ``Transpose``) must lie in ``[-n, n)``, ``n``
 the size of the axis it indexes (ONNX); one shifted on the way by a constant ``c``
 (``Add(ids, c)``, ``Add(c, ids)``, ``Sub(ids, -c)``) in ``[-n - c, n - c)``. :func:`index_uses`
@@ -26,7 +26,8 @@ from lumc.ir.errors import InputError
 
 _PASS_THROUGH = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand",
                  "Transpose"}
-_GATHERS = {"Gather", "GatherElements", "GatherND"}
+_GATHERS = {"Gather", "GatherElements", "GatherND", "Scatter", "ScatterElements", "ScatterND"}
+_ND = {"GatherND", "ScatterND"}     # the index's last axis addresses the leading dims of the data
 
 
 class IndexRangeInputError(InputError):
@@ -71,11 +72,12 @@ def _shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dict[s
 
 def _axis_sizes(node: onnx.NodeProto, data_shape: tuple, index_shape: tuple | None
                 ) -> tuple[int, ...] | None:
-    """The sizes an index addresses: one axis (Gather, GatherElements), or GatherND's ``k``
-    dims after the batch dims, one per component of the index's last axis."""
+    """The sizes an index addresses: one axis (Gather, GatherElements, the scatters), or
+    GatherND's (ScatterND's) ``k`` dims after the batch dims, one per component of the index's last
+    axis."""
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     r = len(data_shape)
-    if node.op_type == "GatherND":
+    if node.op_type in _ND:
         b = int(attrs.get("batch_dims", 0))
         if index_shape is None or not index_shape:
             return None
@@ -152,7 +154,7 @@ def index_uses(model: onnx.ModelProto, input_shapes: Mapping[str, tuple]) -> dic
                     sizes = _axis_sizes(node, data, shapes.get(v)) if data is not None else None
                     if sizes:
                         pos = list(model.graph.node).index(node)
-                        per = tuple(int(d) for d in sizes) if node.op_type == "GatherND" else ()
+                        per = tuple(int(d) for d in sizes) if node.op_type in _ND else ()
                         out.setdefault(name, []).append(
                             IndexUse(node.name or f"{node.op_type} #{pos}", node.op_type,
                                      int(min(sizes)), per, offset=offset))

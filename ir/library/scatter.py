@@ -7,13 +7,17 @@ There is no scatter primitive: every output position is compared with every upda
 over the updates axis, and a plain (``"none"``) scatter reads the last update that hits it with
 one ``Gather`` (exact: NaN and -0.0 preserved). Duplicate targets of a plain scatter take the last
 update in index order (ONNX leaves the order undefined, PyTorch too unless ``accumulate``).
-Negative indices count from the end (``i < 0 -> i + n``); an index still out of range hits no
-position (ONNX and PyTorch call it an error; nothing is written for it here).
+Negative indices count from the end (``i < 0 -> i + n``). An index outside ``[-n, n)`` is an
+error (ONNX, PyTorch): a constant one is refused here, when the scatter is built; one that comes
+from an input is refused by the run's index check (``compiler/runtime/index_ranges.py``), and if it
+reaches the graph anyway it hits no position.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from lumc.ir import dtypes as dt
-from lumc.ir.errors import ShapeError
+from lumc.ir.errors import IndexRangeError, ShapeError
 from lumc.ir.library.indexing import gather, gather_elements
 from lumc.ir.library.reduce import reduce
 from lumc.ir.tensor import Tensor, normalize_axis
@@ -73,6 +77,21 @@ def _last_hit(hits: Tensor) -> Tensor:
     return hits.where(iota, Tensor.full(hits.shape, -1, dt.i64)).max(-1)
 
 
+def check_constant_indices(idx: Tensor, sizes, op: str) -> None:
+    """Raise IndexRangeError when ``idx`` is a model constant with a value outside ``[-n, n)``;
+    ``sizes``: one ``n`` for every index, or one per component of the last axis (ScatterND)."""
+    if idx.node.op != "Constant" or not idx.numel:
+        return
+    v = np.asarray(idx.node.arg.value).astype(np.int64)
+    v = np.broadcast_to(v, idx.shape)
+    n = np.broadcast_to(np.asarray(sizes, np.int64), v.shape)
+    bad = (v < -n) | (v >= n)
+    if bad.any():
+        k = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise IndexRangeError(f"scatter index {int(v[k])} at {list(k)} out of range "
+                              f"[{-int(n[k])}, {int(n[k])})", op=op)
+
+
 def _normalized(idx: Tensor, n: int) -> Tensor:
     idx = idx.cast(dt.i64)
     return idx.lt(idx.scalar_like(0)).where(idx.add(idx.scalar_like(n)), idx)
@@ -87,6 +106,7 @@ def scatter_elements(data: Tensor, indices: Tensor, updates: Tensor, axis: int =
 
     Raises:
         ShapeError: mismatched shapes or an unknown reduction.
+        IndexRangeError: a constant index outside ``[-n, n)``.
     """
     r = data.ndim
     axis = normalize_axis(axis, r)
@@ -98,6 +118,7 @@ def scatter_elements(data: Tensor, indices: Tensor, updates: Tensor, axis: int =
     if reduction not in REDUCTIONS:
         raise ShapeError(f"unknown reduction {reduction!r} (one of {', '.join(REDUCTIONS)})")
     n = data.shape[axis]
+    check_constant_indices(indices, n, "ScatterElements")
     idx = _normalized(indices, n)
     # region: data restricted to the updates' extent off the axis, the full axis on it
     region_shape = tuple(n if k == axis else updates.shape[k] for k in range(r))
@@ -133,6 +154,7 @@ def scatter_nd(data: Tensor, indices: Tensor, updates: Tensor, reduction: str = 
 
     Raises:
         ShapeError: mismatched shapes or an unknown reduction.
+        IndexRangeError: a constant index outside its dim of ``data``.
     """
     k = indices.shape[-1]
     if k > data.ndim or updates.shape != indices.shape[:-1] + data.shape[k:]:
@@ -140,6 +162,7 @@ def scatter_nd(data: Tensor, indices: Tensor, updates: Tensor, reduction: str = 
                          f"{data.shape}")
     if reduction not in REDUCTIONS:
         raise ShapeError(f"unknown reduction {reduction!r} (one of {', '.join(REDUCTIONS)})")
+    check_constant_indices(indices, data.shape[:k], "ScatterND")
     p_n, t_n = prod(data.shape[:k]), prod(data.shape[k:])
     m = prod(indices.shape[:-1])
     idx = indices.cast(dt.i64).reshape((m, k))

@@ -170,3 +170,68 @@ def test_shifted_onnx_indices_are_checked_at_the_shifted_range(shifted_compiled,
         f(**feeds)
     msg = str(e.value)
     assert "\n" not in msg and re.search(r"its value [+-]\d\)$", msg), msg
+
+
+def scatters() -> onnx.ModelProto:
+    """``ScatterElements`` along axis 1 (4 wide) and ``ScatterND`` into a [3, 2] table, both with
+    their indices from graph inputs."""
+    nodes = [oh.make_node("ScatterElements", ["x", "idx", "upd"], ["y"], axis=1, name="scatter_cols"),
+             oh.make_node("ScatterND", ["t", "nd", "vals"], ["z"], name="scatter_nd")]
+    ins = [oh.make_tensor_value_info("x", TP.FLOAT, [2, 4]),
+           oh.make_tensor_value_info("idx", TP.INT64, [2, 2]),
+           oh.make_tensor_value_info("upd", TP.FLOAT, [2, 2]),
+           oh.make_tensor_value_info("t", TP.FLOAT, [3, 2]),
+           oh.make_tensor_value_info("nd", TP.INT64, [2, 2]),
+           oh.make_tensor_value_info("vals", TP.FLOAT, [2])]
+    outs = [oh.make_tensor_value_info(k, TP.FLOAT, None) for k in ("y", "z")]
+    g = oh.make_graph(nodes, "scatters", ins, outs)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("bad,value,node,rng", [
+    ("idx", 4, "scatter_cols", "[-4, 4)"), ("idx", -5, "scatter_cols", "[-4, 4)"),
+    ("nd", 3, "scatter_nd", "[-3, 3)"), ("nd", 2, "scatter_nd", "[-2, 2)")])
+def test_out_of_range_scatter_index_is_refused_in_one_line(tmp_path, bad, value, node, rng):
+    """An out-of-range scatter index is an error (onnxruntime refuses it); lumc wrote nothing for it
+    and returned the data unchanged there. A graph input is now checked like a gather's (ScatterND
+    per component of the index's last axis: rows in [-3, 3), columns in [-2, 2)); in range the
+    compiled model equals onnxruntime."""
+    import onnxruntime as ort
+    m = scatters()
+    f = lumc.compile(m, budget="30s", device="sim:h200", db=TuningDatabase(tmp_path / "db.sqlite"))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng_ = np.random.default_rng(3)
+    ok = {"x": rng_.standard_normal((2, 4)).astype(np.float32),
+          "idx": np.array([[-4, 3], [0, -1]], np.int64),
+          "upd": rng_.standard_normal((2, 2)).astype(np.float32),
+          "t": rng_.standard_normal((3, 2)).astype(np.float32),
+          "nd": np.array([[-3, 1], [2, -2]], np.int64),
+          "vals": np.array([5.0, -7.0], np.float32)}
+    for g, w in zip(f(**ok), sess.run(None, ok)):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    feeds = {k: v.copy() for k, v in ok.items()}
+    feeds[bad][1, 1 if bad == "nd" and value == 2 else 0] = value
+    with pytest.raises(Exception):          # the premise: onnxruntime refuses it too
+        sess.run(None, feeds)
+    with pytest.raises(InputError, match=rf"'{node}'.*index {value} .*{re.escape(rng)}") as e:
+        f(**feeds)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_out_of_range_constant_scatter_index_is_refused_at_import(op):
+    """The same index as a model constant is refused when the model is imported."""
+    from lumc.compiler.frontends.onnx_frontend import import_onnx
+    from lumc.ir.errors import IndexRangeError
+    idx = np.array([[0, 4]], np.int64) if op == "ScatterElements" else np.array([[3]], np.int64)
+    upd = np.ones((1, 2), np.float32)
+    node = oh.make_node(op, ["x", "idx", "upd"], ["y"], name="sc",
+                        **({"axis": 1} if op == "ScatterElements" else {}))
+    g = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", TP.FLOAT, [3, 4 if op ==
+                                                                              "ScatterElements" else 2])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+                      [nh.from_array(idx, "idx"), nh.from_array(upd, "upd")])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    with pytest.raises(IndexRangeError, match=r"'sc'.*scatter index (4|3) .*out of range") as e:
+        import_onnx(m)
+    assert "\n" not in str(e.value)
