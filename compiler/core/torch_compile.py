@@ -33,6 +33,7 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton.launch import input_to_numpy, torch_dtype
 from lumc.compiler.runtime.compiled import dense_tensor
 from lumc.compiler.runtime.no_backward import output_reads, refuse_backward
+from lumc.compiler.runtime.out_structure import OutputStructure
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.frontends.onnx_frontend import ImportedModel
 from lumc.compiler.core import torch_plan_cache as plan_cache
@@ -265,8 +266,10 @@ class CompiledTorchModule:
     def save(self, path) -> str:
         """Write the compiled specialization as a self-contained ``.lumc`` artifact (atomically;
         returns its hash). ``lumc.load(path)`` gives a :class:`CompiledModel`: it takes the flat
-        inputs by name (or position) as numpy arrays or tensors and returns one array (a tuple for
-        several outputs; tensors for tensors), not the module's output structure.
+        inputs by name (or position) as numpy arrays or tensors and returns the module's output
+        structure (``lumc.compiler.runtime.out_structure``; tensors for tensors, arrays for
+        arrays). A structure that cannot be stored (a namedtuple) is said in a warning; that
+        artifact returns one array for one output, else a tuple in output order.
 
         Raises:
             InputError: nothing compiled yet (call it once), compiled without the kernel search,
@@ -283,7 +286,10 @@ class CompiledTorchModule:
                              "example_inputs=)" if not done else
                              f"{len(done)} shapes compiled ({shapes}); save one with "
                              "f.specializations[i].compiled.save(path)")
-        return done[0].compiled.save(path)
+        p = self.program
+        return done[0].compiled.save(path, OutputStructure.of_capture(
+            p.out_spec, p.output_names, p.output_index, done[0].flat_outputs,
+            done[0].compiled.graph.outputs))
 
     def report(self) -> str:
         """A short text: inputs and outputs, the ATen ops lowered, node counts per specialization."""
@@ -382,7 +388,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         (``f(ids, attention_mask=mask)``), torch tensors or numpy arrays at any size in the ranges,
         returns the module's output structure (a ``(y,)`` stays a 1-tuple); non-tensor arguments
         were traced as constants and are not passed. ``f.save(path)``; ``lumc.load(path)`` gives
-        the same plans, returning one array for one output, else a tuple in output order.
+        the same plans and the same output structure.
     Raises:
         BudgetError: a malformed, zero or negative budget; too small a budget for a range's buckets.
         ModelError: ``torch.export`` failed (a Dim the module specializes, an example outside its
@@ -418,7 +424,10 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             vm = compile_module_range(program, ranges, budget_s, device, policy,
                                       type(module).__name__, int_examples(program.inputs, leaves))
             vm.watch = ModuleWatch(module)
-            vm.out_spec = program.out_spec      # the module's output structure, as a fixed compile
+            # the module's output structure, as a fixed compile (its artifact stores it too)
+            vm.structure = OutputStructure.of_capture(
+                program.out_spec, program.output_names, program.output_index, (),
+                vm.first.graph.outputs)
             return vm
     compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
     leaves = compiled._leaves(args, dict(example_kwargs or {}))

@@ -11,7 +11,9 @@ A ``.lumc`` file is a zip archive:
   and whether its times were simulated;
 * ``report.json`` — the compile report;
 * ``source.onnx`` — the source model, so ``lumc run ART --check`` runs onnxruntime without the
-  original file.
+  original file;
+* ``structure.json`` — a torch module's output structure (``lumc.compiler.runtime.out_structure``),
+  so ``lumc.load`` returns what the module returns.
 
 Writes are atomic (a temporary file in the same folder, then ``os.replace``): an interrupted save
 leaves the previous file untouched and no partial file behind.
@@ -217,7 +219,7 @@ def looks_like_artifact(path: str | os.PathLike) -> bool:
 # lumc deflates only its JSON parts; graph and plan of a GPT-2-sized model are a few MB, so these
 # caps leave two orders of magnitude of room and still bound a zip bomb's memory.
 MAX_JSON_BYTES = {MANIFEST: 1 << 20, "report.json": 16 << 20, "graph.json": 128 << 20,
-                  "plan.json": 128 << 20}
+                  "plan.json": 128 << 20, "structure.json": 16 << 20}
 MAX_INFLATION = 32   # a compressed non-JSON member may inflate at most 32x (floats barely compress)
 _CHUNK = 1 << 20
 

@@ -94,6 +94,9 @@ class CompiledModel:
         # {input: "(2, seq, 16) with seq in 2..64"}: a size-range plan's inputs, for its shape
         # errors (set by ``lumc.compiler.runtime.variants``; a fixed-size plan's shapes are its own)
         self.shape_text: dict[str, str] = {}
+        # a torch module's output structure, which a call returns (None: one value for one
+        # output, else a tuple in output order; ``lumc.compiler.runtime.out_structure``)
+        self.structure = None
 
     # ---- specs -----------------------------------------------------------------------------------
     @property
@@ -190,7 +193,8 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         """Run on numpy arrays (or torch tensors), positionally in input order or by name.
 
-        Returns one array for a single-output model, else a tuple in output order; torch tensors
+        Returns one array for a single-output model, else a tuple in output order (a torch
+        module's artifact: the module's output structure); torch tensors
         in give torch tensors out (on the input's device). With grad mode on, a float output that
         reads an input requiring gradients requires them too, and its backward raises
         (``no_backward``: lumc plans are for inference).
@@ -204,6 +208,8 @@ class CompiledModel:
             out = refuse_backward(self._output_reads, arrays, out)
         else:
             out = self.run(arrays)
+        if self.structure is not None:
+            return self.structure.build(out)
         vals = [out[k] for k in self.graph.outputs]
         return vals[0] if len(vals) == 1 else tuple(vals)
 
@@ -268,10 +274,16 @@ class CompiledModel:
         return "\n".join(lines)
 
     # ---- artifacts -------------------------------------------------------------------------------
-    def save(self, path) -> str:
-        """Write a self-contained ``.lumc`` artifact atomically; returns its hash."""
+    def save(self, path, structure=None) -> str:
+        """Write a self-contained ``.lumc`` artifact atomically; returns its hash. ``structure``:
+        the outputs' :class:`~lumc.compiler.runtime.out_structure.OutputStructure` to store (default:
+        this model's own)."""
         from lumc import __version__
-        return save_artifact(path, self.parts(), __version__)
+        parts = self.parts()
+        data = structure_bytes(structure or self.structure)
+        if data is not None:
+            parts[STRUCTURE_PART] = data
+        return save_artifact(path, parts, __version__)
 
     def parts(self, shared: SharedWeights | None = None) -> dict[str, bytes]:
         """The artifact's parts (member name -> bytes): graph, weights, plan, report, source.
@@ -402,8 +414,22 @@ def from_parts(path, parts: dict[str, bytes], device: str | None = None,
     elif not plan["simulated"]:
         from lumc.compiler.runtime.targets import _cuda_available
         torch_device = "cuda:0" if _cuda_available() else "cpu"
-    return CompiledModel(graph, program, configs, plan["device"], plan["simulated"], report,
-                         parts.get(prefix + "source.onnx", parts.get("source.onnx")), torch_device)
+    cm = CompiledModel(graph, program, configs, plan["device"], plan["simulated"], report,
+                       parts.get(prefix + "source.onnx", parts.get("source.onnx")), torch_device)
+    if prefix + STRUCTURE_PART in parts:
+        from lumc.compiler.runtime.out_structure import OutputStructure
+        cm.structure = OutputStructure.from_bytes(path, parts[prefix + STRUCTURE_PART],
+                                                  list(graph.outputs))
+    return cm
+
+
+STRUCTURE_PART = "structure.json"
+
+
+def structure_bytes(structure) -> bytes | None:
+    """The ``structure.json`` part of an output structure (None: none, or one that cannot be
+    stored, which it warns about)."""
+    return None if structure is None else structure.to_bytes()
 
 
 def dense_tensor(v) -> bool:

@@ -124,9 +124,9 @@ class VariantModel:
         # a torch module's lumc.compile: checks before each call that the module is unchanged
         # (lumc.compiler.core.torch_state.ModuleWatch)
         self.watch = None
-        # a torch module's lumc.compile: the pytree spec of its outputs, which a call returns
-        # (None: one array for one output, else a tuple in output order)
-        self.out_spec = None
+        # a torch module's lumc.compile: its output structure, which a call returns (None: one
+        # array for one output, else a tuple in output order; lumc.compiler.runtime.out_structure)
+        self.structure = None
         for key, cm in self.variants:
             if not key.ranges:
                 self._by_shape.setdefault(self._shape_key(key.shapes), []).append((key, cm))
@@ -138,7 +138,8 @@ class VariantModel:
 
     def __getattr__(self, name):
         # device, simulated, torch_device, graph, program, configs...: the first plan's
-        if name.startswith("_") or name in ("variants", "conditions", "skipped", "source_onnx"):
+        if name.startswith("_") or name in ("variants", "conditions", "skipped", "source_onnx",
+                                            "structure"):
             raise AttributeError(name)
         return getattr(self.variants[0][1], name)
 
@@ -400,11 +401,10 @@ class VariantModel:
         given = self._named(args, kwargs)
         self._check_given(given)
         out = self.select(given)(given)
-        if self.out_spec is None:
+        if self.structure is None:
             return out
-        import torch.utils._pytree as pytree
-        flat = list(out) if len(self.first.graph.outputs) > 1 else [out]
-        return pytree.tree_unflatten(flat, self.out_spec)
+        names = list(self.first.graph.outputs)
+        return self.structure.build(dict(zip(names, list(out) if len(names) > 1 else [out])))
 
     # ---- report and artifact -----------------------------------------------------------------------
     def report_dict(self) -> dict:
@@ -425,6 +425,7 @@ class VariantModel:
     def save(self, path) -> str:
         """Write one ``.lumc`` artifact holding every plan (see the module docstring)."""
         from lumc import __version__
+        from lumc.compiler.runtime.compiled import STRUCTURE_PART, structure_bytes
         from lumc.compiler.runtime.artifact import save_artifact
         parts: dict[str, bytes] = {}
         stored: dict[str, str] = {}     # weights' sha256 -> the part holding them
@@ -454,6 +455,9 @@ class VariantModel:
             "skipped": [[k.as_json(), r] for k, r in self.skipped],
             "conditions": conds}).encode()
         parts["report.json"] = json.dumps(self._report, indent=1).encode()
+        structure = structure_bytes(self.structure)
+        if structure is not None:
+            parts[STRUCTURE_PART] = structure
         return save_artifact(path, parts, __version__)
 
 
@@ -497,7 +501,7 @@ def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> V
         ArtifactError: a malformed ``variants.json`` or a missing or corrupt variant part.
     """
     from lumc.compiler.runtime.artifact_schema import check_json_part
-    from lumc.compiler.runtime.compiled import from_parts
+    from lumc.compiler.runtime.compiled import STRUCTURE_PART, from_parts
     doc = check_json_part(str(path), "variants.json", parts["variants.json"])
     if not isinstance(doc.get("variants"), list) or not isinstance(doc.get("conditions", {}), dict) \
             or not isinstance(doc.get("skipped", []), list):
@@ -524,7 +528,12 @@ def load_variants(path, parts: dict[str, bytes], device: str | None = None) -> V
     for name, _ in conditions.items():
         if not any(name in k.conditions for k, _ in variants):
             raise ArtifactError(f"{path}: condition {name!r} selects no variant")
-    return VariantModel(variants, conditions, skipped, report, parts.get("source.onnx"))
+    vm = VariantModel(variants, conditions, skipped, report, parts.get("source.onnx"))
+    if STRUCTURE_PART in parts:
+        from lumc.compiler.runtime.out_structure import OutputStructure
+        vm.structure = OutputStructure.from_bytes(path, parts[STRUCTURE_PART],
+                                                  list(vm.first.graph.outputs))
+    return vm
 
 
 CONSTS_REF = "consts.ref"     # a variant's weights stored in another variant's part (its name)
