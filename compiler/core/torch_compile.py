@@ -91,6 +91,11 @@ def _call_shape(spec) -> str:
         return " ".join(str(spec).split())
 
 
+def _children(spec) -> list:
+    """A pytree spec's children (``children_specs`` is deprecated in newer PyTorch)."""
+    return [spec.child(i) for i in range(spec.num_children)]
+
+
 def _nested_difference(want, got) -> str:
     """Where two ``(args, kwargs)`` pytree specs of the same counts and names first differ:
     ``argument 0['w']: expected a tuple of 2, got a leaf (a tensor or value)``."""
@@ -111,18 +116,18 @@ def _nested_difference(want, got) -> str:
             return f"{where}: expected {describe(a)}, got {describe(b)}"
         keys = a.context if isinstance(a.context, (list, tuple)) and \
             len(a.context) == a.num_children else range(a.num_children)
-        for k, ca, cb in zip(keys, a.children_specs, b.children_specs):
+        for k, ca, cb in zip(keys, _children(a), _children(b)):
             found = walk(ca, cb, f"{where}[{k!r}]")
             if found:
                 return found
         return None
     try:
-        for k, (a, b) in enumerate(zip(want.child(0).children_specs, got.child(0).children_specs)):
+        for k, (a, b) in enumerate(zip(_children(want.child(0)), _children(got.child(0)))):
             found = walk(a, b, f"argument {k}")
             if found:
                 return found
         kw = want.child(1).context or []
-        for k, a, b in zip(kw, want.child(1).children_specs, got.child(1).children_specs):
+        for k, a, b in zip(kw, _children(want.child(1)), _children(got.child(1))):
             found = walk(a, b, f"keyword argument {k!r}")
             if found:
                 return found
@@ -174,6 +179,7 @@ class CompiledTorchModule:
 
     def _leaves(self, args, kwargs) -> list:
         in_spec = self.program.in_spec
+        args, kwargs = self._by_position(args, kwargs)
         if in_spec is not None and in_spec.num_children == 2:
             # keyword arguments in the captured order, whatever order the caller used
             kw_spec = in_spec.child(1)
@@ -188,6 +194,26 @@ class CompiledTorchModule:
             raise InputError(f"the call's arguments do not match the captured ones: expected "
                              f"{want}, got {got}")
         return leaves
+
+    def _by_position(self, args, kwargs) -> tuple[tuple, dict]:
+        """``f(x=t)`` for a module captured with ``x`` positional (``example_inputs=(t,)``), as
+        the module itself takes it: a keyword naming a missing positional tensor argument (its
+        input's name is the parameter's, as ``torch.export`` names it) moves into place."""
+        spec = self.program.in_spec
+        if spec is None or spec.num_children != 2 or not kwargs:
+            return tuple(args), dict(kwargs)
+        pos, kw = spec.child(0), spec.child(1)
+        captured_kw = set(kw.context or []) if kw.num_children else set()
+        args, kwargs = list(args), dict(kwargs)
+        flat = sum(pos.child(i).num_leaves for i in range(min(len(args), pos.num_children)))
+        for i in range(len(args), pos.num_children):
+            child = pos.child(i)
+            name = self.program.inputs[flat].name if flat < len(self.program.inputs) else None
+            if not child.is_leaf() or name is None or name not in kwargs or name in captured_kw:
+                break
+            args.append(kwargs.pop(name))
+            flat += 1
+        return tuple(args), kwargs
 
     def specialization(self, leaves, feed: dict | None = None) -> Specialization:
         """The (cached) lowering for the shapes of these flat inputs; ``feed`` (the call's inputs as
@@ -236,7 +262,7 @@ class CompiledTorchModule:
                 input_to_numpy(leaf, slot.name, to_numpy)     # raises: no data to read
             if leaf.dtype != torch_dtype(slot.dtype):
                 raise InputError(f"input {slot.name!r} has dtype {leaf.dtype}, expected "
-                                 f"{slot.dtype}", node=slot.name)
+                                 f"{torch_dtype(slot.dtype)}", node=slot.name)
             tensors[slot.name] = leaf
         spec = self._cache.get(_shape_key(leaves))
         feed = None
