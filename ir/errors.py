@@ -26,7 +26,9 @@ class LumcError(Exception):
 
     def _format(self) -> str:
         where = []
-        if self.node is not None:
+        # a reason that names the node already ("input 'x' has shape ...") is not prefixed with
+        # it again ("node 'x': input 'x' has shape ...")
+        if self.node is not None and repr(str(self.node)) not in self.reason:
             where.append(f"node {self.node!r}")
         if self.op is not None:
             where.append(f"op {self.op}" + (f" (opset {self.opset})" if self.opset is not None else ""))

@@ -109,8 +109,8 @@ def resolve_dim_names(m, shapes: dict) -> dict:
         given = ", ".join(f"{k}={v}" for k, v in dims.items())
         raise InputError("; ".join(f"input {k!r} also needs {ds}" for k, ds in partial.items())
                          + f" (given {given}): give " + ", ".join(miss) + " too (shapes={"
-                         + ", ".join(f"{d!r}: N" for d in miss) + "} in Python, "
-                         + " ".join(f"--shape {d}=N" for d in miss) + " at the CLI)")
+                         + ", ".join(f"{d!r}: <size>" for d in miss) + "} in Python, "
+                         + " ".join(f"--shape {d}=<size>" for d in miss) + " at the CLI)")
     return out
 
 

@@ -360,8 +360,10 @@ def resolve_shapes(specs, shape_args: dict[str, tuple[int, ...]], arrays: dict[s
             raise InputError(f"input {s.name!r} has shape {_fmt_shape(s.shape)} with dynamic "
                              f"dims {', '.join(unset)} unset"
                              + (f" (compiled for {served})" if served else "")
-                             + f"; give --shape {s.name}=... or "
-                             + " ".join(f"--shape {d}=N" for d in unset), node=s.name)
+                             + "; give " + " ".join(f"--shape {d}=<size>" for d in unset)
+                             + f" (or the whole input: --shape {s.name}="
+                             + "x".join(str(d) if isinstance(d, int) else f"<{d}>"
+                                        for d in s.shape) + ")", node=s.name)
         out[s.name] = tuple(d if isinstance(d, int) else bound[d] for d in s.shape)
     return out
 
@@ -396,7 +398,9 @@ max|a-b| and the max rel error max|a-b| / max(max|b|, tiny) (a = lumc, b = onnxr
 the smallest normal fp32). A float output passes when every element is within atol + rtol *
 |b| (numpy.isclose's rule; --rtol and --atol when given, else by dtype: f32 1e-4 and 1e-5, f16
 1e-2 and 1e-3, bf16 4e-2 and 1e-2, f64 1e-10 and 1e-12); integer and bool outputs must match
-exactly.
+exactly. An artifact compiled from a PyTorch module has no ONNX model: b is then lumc's float64
+evaluation of the graph it stores (the module as lowered, checked against PyTorch eager at
+compile).
 
 -o writes the outputs atomically (missing folders are created; it never replaces the model, an
 input file, a device or a FIFO). Exit status: 0 ok, 1 --check failed, 2 bad model, inputs or
@@ -415,7 +419,8 @@ output path.
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed for --random (>= 0).")
 @click.option("--shape", "shape_items", multiple=True, metavar="NAME=DxD...",
               help="Shape of an input (x=1x3x64x64) or value of a dynamic dim (batch_size=2).")
-@click.option("--check", is_flag=True, help="Compare every output with onnxruntime.")
+@click.option("--check", is_flag=True, help="Compare every output with onnxruntime (a torch "
+              "module's artifact: with its graph in float64).")
 @click.option("--rtol", default=None, type=float, callback=_check_rtol, metavar="FLOAT",
               help="--check passes an element within atol + rtol*|ref|; rtol >= 0 (default: by "
                    "dtype, f32 1e-4, f16 1e-2, bf16 4e-2, f64 1e-10).")

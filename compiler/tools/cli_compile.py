@@ -439,8 +439,9 @@ def _pick_variant(cm, path, shape_args: dict, arrays: dict):
         what = (f"dynamic dim {open_[0]} unset (compiled for {open_[0]}="
                 + ", ".join(dict.fromkeys(str(k.dims.get(open_[0])) for k, _ in found)) + ")"
                 if open_ else f"input sizes unset (variants: {cm.compiled_sizes()})")
-        raise InputError(f"{what}; give --shape {open_[0] if open_ else 'INPUT'}=N or inputs of "
-                         "one compiled size")
+        hint = (f"--shape {open_[0]}={found[0][0].dims.get(open_[0])} (or another size it was "
+                f"compiled for)" if open_ else "--shape INPUT=<shape>")
+        raise InputError(f"{what}; give {hint} or inputs of one compiled size")
     return found[0][1]
 
 
@@ -477,6 +478,16 @@ def _judge_graph(cm, reduced: bool, inputs: dict):
     graph = import_onnx(onnx.load_from_string(cm.source_onnx),
                         {k: np.shape(v) for k, v in inputs.items()}).graph
     return graph if set(graph.inputs) <= set(inputs) else cm.graph
+
+
+def _eager_note(report: dict) -> str:
+    """``; its compile matched PyTorch eager on the example inputs (max rel error 3e-07)`` from
+    a torch artifact's report, where the compile recorded that check."""
+    ec = report.get("eager_check") or {}
+    if "passed" not in ec:
+        return ""
+    return (f"; at compile the lowering {'matched' if ec['passed'] else 'did NOT match'} PyTorch "
+            f"eager on the example inputs (max rel error {ec.get('max_rel_error', 0):.3g})")
 
 
 def _bound_note(source: bytes | None, name: str) -> str:
@@ -516,8 +527,10 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         raise InputError(f"unknown input {bad!r}; the model's inputs are {', '.join(every)}"
                          + _bound_note(whole.source_onnx, bad), node=bad)
     cm = _pick_variant(whole, path, shape_args or {}, arrays)
-    if check and not cm.source_onnx:
-        raise InputError("--check needs the source ONNX model, and this artifact has none")
+    # a torch module's artifact has no ONNX model for onnxruntime: --check compares with the
+    # float64 evaluation of the graph it stores (the module as lowered, which its compile checked
+    # against PyTorch eager)
+    by_graph = check and not cm.source_onnx
     specs = cm.inputs
     names = [s.name for s in specs]
     unknown = sorted(set(arrays) - set(names))
@@ -568,7 +581,13 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     click.echo("inputs: " + ", ".join(
         f"{n} {c._fmt_shape(x.shape)} {x.dtype}{' (random)' if n not in arrays else ''}"
         for n, x in inputs.items()))
-    ort = c._run_onnxruntime(cm.source_onnx, inputs) if check else None
+    ort = None
+    if by_graph:
+        ort = c.float64_outputs(cm.graph, inputs)
+        click.echo("check: against lumc's float64 evaluation of the artifact's graph (compiled "
+                   "from a PyTorch module: no ONNX model for onnxruntime)" + _eager_note(r))
+    elif check:
+        ort = c._run_onnxruntime(cm.source_onnx, inputs)
     tol = r.get("tolerance")
     note_atol, how = atol, None
     reduced = r.get("precision", "fp32") != "fp32" or r.get("weights", "same") != "same"
@@ -583,8 +602,9 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         click.echo(f"precision {r['precision']} (weights {r.get('weights', 'same')}): judged at "
                    f"the compile's tolerance {rtol:g} of each output's largest |reference|")
     checks = c.print_outputs(outputs, ort, rtol, atol,
+                             None if by_graph else
                              lambda: c.float64_outputs(_judge_graph(cm, reduced, inputs), inputs),
-                             None if reduced else
+                             None if reduced or by_graph else
                              lambda: c._run_onnxruntime_unoptimized(cm.source_onnx, inputs),
                              None if reduced else c.computed_through(cm.graph))
     best = r.get("best_time_s")
@@ -597,4 +617,6 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         c._write_npz(out_path, {n: np.asarray(y) for n, y in outputs.items()})
         click.echo(f"wrote {out_path}")
     if check:
-        c.finish_check(checks, rtol, note_atol, how)
+        c.finish_check(checks, rtol, note_atol, how,
+                       "lumc's float64 evaluation of the artifact's graph" if by_graph else
+                       "onnxruntime")

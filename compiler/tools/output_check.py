@@ -240,9 +240,10 @@ def print_outputs(outputs: dict, ref: dict | None, rtol: float | None, atol: flo
 
 
 def finish_check(checks: dict[str, OutputCheck], rtol: float | None, atol: float | None = None,
-                 how: str | None = None) -> None:
+                 how: str | None = None, against: str = "onnxruntime") -> None:
     """The ``--check`` verdict: exit 1 when any output failed; ``how`` names the tolerance when it
-    is not the dtype table's or the flags' (a reduced-precision artifact's own)."""
+    is not the dtype table's or the flags' (a reduced-precision artifact's own); ``against``
+    names the reference (a torch module's artifact: its graph in float64)."""
     bad = [n for n, c in checks.items() if not c.ok]
     note = how or tolerance_note(checks, rtol, atol)
     if bad:
@@ -257,7 +258,7 @@ def finish_check(checks: dict[str, OutputCheck], rtol: float | None, atol: float
         tail += (f"; {', '.join(plain)} differ from onnxruntime, and lumc is within tolerance of "
                  f"{UNOPTIMIZED_NOTE}")
     what = "the output matches" if len(checks) == 1 else f"all {len(checks)} outputs match"
-    click.echo(f"check: {what} onnxruntime ({note}{tail})")
+    click.echo(f"check: {what} {against} ({note}{tail})")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_api_shape_errors_name_the_python_argument(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])])
     p = tmp_path / "dyn.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
-    with pytest.raises(lumc.InputError, match=r"shapes=\{'batch': N\}"):
+    with pytest.raises(lumc.InputError, match=r"shapes=\{'batch': <size>\}"):
         lumc.compile(str(p), budget="10s", device="sim:h200")
 
 

@@ -122,7 +122,7 @@ def test_a_range_artifact_given_no_size_names_the_unset_dim_and_its_range(ranged
     art = ranged[1]
     for cmd in (("run", art, "--random"), ("bench", art, "--repeats", "1")):
         one_line_error(lumc_cli(*cmd), "dynamic dims S unset", "compiled for S in 1..16",
-                       "--shape S=N")
+                       "--shape S=<size> (or the whole input: --shape a=1x<S>)")
     res = lumc_cli("bench", art, "--shape", "S=3", "--repeats", "1")
     assert res.exit_code == 0, res.output
     many = tmp_path / "two48.lumc"          # explicit sizes: not the first plan either
@@ -130,7 +130,7 @@ def test_a_range_artifact_given_no_size_names_the_unset_dim_and_its_range(ranged
                    "S=4,8", "-o", many, "--quiet")
     assert res.exit_code == 0, res.output
     one_line_error(lumc_cli("run", many, "--random"), "dynamic dim S unset",
-                   "compiled for S=4, 8", "--shape S=N")
+                   "compiled for S=4, 8", "give --shape S=4 (or another size it was compiled for)")
     res = lumc_cli("run", many, "--random", "--shape", "S=8")
     assert res.exit_code == 0 and "a [1, 8] float32 (random)" in res.output, res.output
 
@@ -328,7 +328,8 @@ def test_an_input_with_two_unset_dims_names_both_in_its_hint(tokens):
     for cmd in (("run", tokens, "--random"),
                 ("compile", tokens, "--budget", "5s", "--device", "sim:h200", "--quiet")):
         one_line_error(lumc_cli(*cmd), "dynamic dims B, S unset",
-                       "give --shape input_ids=... or --shape B=N --shape S=N")
+                       "give --shape B=<size> --shape S=<size> (or the whole input: "
+                       "--shape input_ids=<B>x<S>)")
 
 
 def test_a_range_bucket_run_on_triton_says_its_size_in_the_users_dim(tmp_path):

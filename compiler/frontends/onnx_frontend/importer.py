@@ -177,7 +177,7 @@ def resolve_input_specs(model: onnx.ModelProto,
         dyn = [d for d in spec.shape if isinstance(d, str)]
         if dyn:
             hint = "x".join(str(d) if isinstance(d, int) else f"<{d}>" for d in spec.shape)
-            py = ", ".join(f"{d!r}: N" for d in dict.fromkeys(dyn))
+            py = ", ".join(f"{d!r}: <size>" for d in dict.fromkeys(dyn))
             problems.append(f"input {vi.name!r} has dynamic dims {dyn}; give them with "
                             f"--shape {vi.name}={hint} (shapes={{{py}}} in Python)")
             continue
