@@ -168,6 +168,8 @@ class CompiledTorchModule:
         self._cache: dict[tuple, Specialization] = {}
         # the module it was compiled from, unchanged since? (torch_state.ModuleWatch)
         self.watch = None
+        # the module's class name, the compile report's model (an artifact's inspect and bench)
+        self.model_name: str | None = None
 
     @property
     def input_specs(self):
@@ -231,7 +233,8 @@ class CompiledTorchModule:
         if self.search:
             from lumc.compiler.core.pipeline import compile_graph
             compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
-                                     example_inputs=feed, name=self.program.source,
+                                     example_inputs=feed,
+                                     name=self.model_name or self.program.source,
                                      policy=self.policy)
             executor = compiled.run
         else:
@@ -456,6 +459,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
                 vm.first.graph.outputs)
             return vm
     compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
+    compiled.model_name = type(module).__name__
     leaves = compiled._leaves(args, dict(example_kwargs or {}))
     feed = {slot.name: to_numpy(leaf) for slot, leaf in zip(program.inputs, leaves)
             if slot.dims is not None and isinstance(leaf, torch.Tensor)}

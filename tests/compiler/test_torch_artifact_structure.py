@@ -81,6 +81,8 @@ def test_fixed_artifact_keeps_the_structure_and_its_constants(tmp_path):
     f = lumc.compile(m, budget="10s", example_inputs=(x,), device="sim:h200")
     f.save(tmp_path / "c.lumc")
     g = lumc.load(tmp_path / "c.lumc")
+    # inspect and bench name the module (they said 'torch.export', how it was captured)
+    assert g.report_dict()["model"] == "WithConstants"
     want = m(x)
     for h in (f, g):
         got = h(x)
