@@ -143,10 +143,11 @@ class CompiledModel:
             if tuple(a.shape) != n.shape:
                 raise InputError(f"input {k!r} has shape {tuple(a.shape)}, compiled for "
                                  f"{self.shape_text.get(k, n.shape)}", node=k)
-            if (a.dtype != n.dtype.np) if isinstance(a, np.ndarray) else (
-                    a.dtype != torch_dtype(n.dtype)):
-                raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for {n.dtype.np}",
-                                 node=k)
+            numpy_in = isinstance(a, np.ndarray)
+            if (a.dtype != n.dtype.np) if numpy_in else (a.dtype != torch_dtype(n.dtype)):
+                # in the caller's own words: torch.int64 for a tensor, int64 for an array
+                raise InputError(f"input {k!r} has dtype {a.dtype}, compiled for "
+                                 f"{n.dtype.np if numpy_in else torch_dtype(n.dtype)}", node=k)
         from lumc.compiler.runtime.index_ranges import check_index_inputs
         check_index_inputs(self._index_uses(), arrays)   # a GPU kernel would read out of bounds
         return arrays, is_torch

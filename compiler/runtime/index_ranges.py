@@ -36,10 +36,11 @@ class IndexRangeInputError(InputError):
 
 @dataclass(frozen=True)
 class IndexUse:
-    """One table an input indexes: the node (name or ``op #k``), its op, and the axis size ``n``
+    """One table an input indexes: the node (name or ``op #k``; None in lumc's own graph of a
+    torch module, whose node ids mean nothing to its user), its op, and the axis size ``n``
     (valid indices ``[-n, n)``); for ``GatherND``, ``per_last`` gives each component's size
     along the index's last axis (``size`` is their minimum)."""
-    node: str
+    node: str | None
     op: str
     size: int
     per_last: tuple[int, ...] = ()
@@ -306,5 +307,5 @@ def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
         # range of the input: those stay unchecked
         if id(x) in inputs and wraps <= 1 and x.dtype.is_int:
             out.setdefault(inputs[id(x)], []).append(
-                IndexUse(f"%{g.id}", "Gather", n, (), negative, offset))
+                IndexUse(None, "Gather", n, (), negative, offset))   # no name a user knows
     return out

@@ -172,3 +172,23 @@ def test_torch_index_inputs_are_read_back_in_one_transfer(compiled, monkeypatch)
     with pytest.raises(IndexRangeInputError, match=rf"index {P} in input .* out of range \[0, {P}\)"):
         check_index_inputs(uses, dict(zip(names, bad)))
     assert len(calls) == 1
+
+
+def test_an_index_outside_its_table_names_no_internal_node(compiled):
+    """The refusal said "node '%626', op Gather: index 50 in input 'ids' ...": lumc's node id,
+    which a torch user cannot find anywhere. It names the input and the range; a wrong dtype
+    is said in torch's words ('compiled for torch.int64', where it said 'int64')."""
+    from lumc.ir.errors import InputError
+    m, cm, args = compiled
+    bad = [a.clone() for a in args]
+    bad[0].view(-1)[0] = V
+    with pytest.raises(IndexRangeInputError) as e:
+        cm(*bad)
+    assert str(e.value) == f"op Gather: index {V} in input 'ids' is out of range [0, {V}) of " \
+                           "the table it indexes", str(e.value)
+    with pytest.raises(InputError) as e:
+        cm(args[0].int(), *args[1:])
+    assert str(e.value) == "input 'ids' has dtype torch.int32, compiled for torch.int64"
+    with pytest.raises(InputError) as e:
+        cm(args[0].numpy().astype("int32"), *args[1:])
+    assert str(e.value) == "input 'ids' has dtype int32, compiled for int64"
