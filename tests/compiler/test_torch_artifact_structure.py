@@ -58,6 +58,8 @@ def test_range_artifact_returns_the_module_structure(tmp_path):
                      dynamic_shapes=({1: Dim("seq", max=16)},))
     f.save(tmp_path / "r.lumc")
     g = lumc.load(tmp_path / "r.lumc")
+    # the flat names lumc run prints and -o writes: each path key joined by '_' (was extra___2___0)
+    assert [o.name for o in g.outputs] == ["logits", "extra_0", "extra_1", "extra_2_0"]
     with torch.no_grad():
         for n in (3, 11):
             xn = torch.randn(2, n, 8)

@@ -325,12 +325,19 @@ def _dim_names(module, args, kwargs, dynamic_shapes) -> dict[int, dict[int, str]
     return out
 
 
+def _key_text(k) -> str:
+    """One pytree path key as identifier text: a dict key, an attribute name, an index."""
+    v = getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(v)).strip("_")
+
+
 def _output_names(out_spec, n: int) -> list[str]:
     """``logits``, ``last_hidden_state``, ``output_0``... from the output pytree paths."""
     try:
         leaves = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(n)), out_spec))[0]
-        raw = ["".join(ch if ch.isalnum() or ch == "_" else "_" for ch in pytree.keystr(p))
-               .strip("_") for p, _ in leaves]
+        # each path key on its own, joined by '_': {'b': (y, z)} gives b_0, b_1 (the whole
+        # keystr "['b'][0]" sanitized gave b___0)
+        raw = ["_".join(_key_text(k) for k in p) for p, _ in leaves]
     except Exception:
         raw = [""] * n
     names, seen = [], set()
