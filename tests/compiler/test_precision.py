@@ -153,6 +153,9 @@ def test_quality_figures_against_float64():
     logits = output_quality(np.array([[2.0, 0.0]]), np.array([[0.0, 2.0]]), logits=True)
     assert logits["top1"] == 0.0 and logits["kl_mean"] > 1.0
     assert "kl_mean" not in output_quality(np.ones((2, 3)), np.ones((2, 3)))   # not probabilities
+    # a rounded softmax summing to a hair over 1: its KL from the reference is 0, not negative
+    near = output_quality(p * (1 + 1e-6), p)
+    assert near["kl_mean"] == 0.0 and near["kl_max"] == 0.0, near
 
 
 def test_torch_module_and_backend_take_the_policy(tmp_path, monkeypatch):
