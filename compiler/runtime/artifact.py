@@ -201,6 +201,37 @@ def artifact_hash(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(manifest["parts"], sort_keys=True).encode()).hexdigest()
 
 
+PYTORCH_HINT = ("load the module in Python and compile it with lumc.compile(module, "
+                "example_inputs=...), or export it to ONNX (torch.onnx.export)")
+
+
+def pytorch_archive(src) -> str | None:
+    """``"torch.save"``, ``"torch.export.save"`` or ``"torch.jit.save"`` where ``src`` (a path, the
+    file's bytes or its member names) is a zip archive PyTorch wrote (told by its member names: the zip directory
+    alone is read), else None. Such a file is neither an ONNX model nor a ``.lumc`` artifact,
+    which are also zips, and was called one."""
+    if isinstance(src, list):       # the member names, read already
+        names = src
+    else:
+        try:
+            with zipfile.ZipFile(io.BytesIO(src) if isinstance(src, (bytes, bytearray))
+                                 else src) as z:
+                names = z.namelist()
+        except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, NotImplementedError,
+                EOFError, OverflowError):
+            return None
+    if MANIFEST in names:
+        return None
+    base = {n.rsplit("/", 1)[-1] for n in names}
+    if "archive_format" in base or any(n.endswith("/models/model.json") for n in names):
+        return "torch.export.save"
+    if "constants.pkl" in base:
+        return "torch.jit.save"
+    if "data.pkl" in base:
+        return "torch.save"
+    return None
+
+
 def looks_like_artifact(path: str | os.PathLike) -> bool:
     """A ``.lumc`` artifact, whole or damaged, rather than an ONNX model: a zip archive by its magic
     bytes, or a file named ``*.lumc`` that does not start like an ONNX protobuf (whose first field,
@@ -386,6 +417,10 @@ def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dic
         with f, zipfile.ZipFile(f) as z:
             infos = {i.filename: i for i in z.infolist()}
             if MANIFEST not in infos:
+                kind = pytorch_archive(list(infos))
+                if kind:
+                    raise ArtifactError(f"{path}: a PyTorch file ({kind}), not a .lumc artifact "
+                                        f"or an ONNX model; {PYTORCH_HINT}")
                 raise ArtifactError(f"{path}: damaged .lumc artifact or another zip archive (no "
                                     f"{MANIFEST}; truncated?)")
             _check_sizes(path, list(infos.values()), file_size)

@@ -14,8 +14,8 @@ import shutil
 
 import click
 
-from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, refuse_same_file,
-                                    write_atomic)
+from lumc.compiler.runtime.artifact import (PYTORCH_HINT, check_writable, looks_like_artifact,
+                                            pytorch_archive, refuse_same_file, write_atomic)
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.runtime.report_text import precision_lines, search_text, user_notes
 from lumc.compiler.tools.cli import _fmt_bytes, _parse_shapes, cli, nonempty_path
@@ -212,6 +212,10 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
         raise LumcError(f"{model}: no such file" if not pathlib.Path(model).exists()
                         else f"{model}: not a file")
     if looks_like_artifact(model):
+        kind = pytorch_archive(model)
+        if kind:       # torch.save writes a zip too: it is no artifact
+            raise LumcError(f"{model} is a PyTorch file ({kind}), not an ONNX model; "
+                            f"{PYTORCH_HINT}")
         raise LumcError(f"{model} is a compiled .lumc artifact, not an ONNX model; compile the "
                         "source model (lumc run/bench/inspect take the artifact)")
     refuse_same_file(out_path, model, "the model")

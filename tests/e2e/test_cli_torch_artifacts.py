@@ -79,3 +79,28 @@ def test_an_error_names_its_node_once():
         "op Conv: input 'x' is rank 2"
     # another node's name in the reason keeps the prefix
     assert str(InputError("reads 'y'", node="x")) == "node 'x': reads 'y'"
+
+
+@pytest.mark.parametrize("how", ["torch.save", "torch.export.save", "torch.jit.save"])
+def test_a_pytorch_file_is_named_as_one(tmp_path, how):
+    """``lumc compile model.pt`` said 'model.pt is a compiled .lumc artifact, not an ONNX model'
+    (a torch.save file is a zip archive too), and run/inspect 'damaged .lumc artifact'. Each says
+    what the file is and how lumc takes a module."""
+    m = nn.Linear(4, 2).eval()
+    path = tmp_path / "model.pt"
+    if how == "torch.save":
+        torch.save(m, path)
+    elif how == "torch.export.save":
+        torch.export.save(torch.export.export(m, (torch.randn(1, 4),)), path)
+    else:
+        torch.jit.save(torch.jit.script(m), path)
+    hint = "lumc.compile(module, example_inputs=...)"
+    one_line_error(lumc_cli("compile", path, "--budget", "5s"),
+                   f"model.pt is a PyTorch file ({how}), not an ONNX model", hint)
+    for cmd in ("run", "inspect"):
+        one_line_error(lumc_cli(cmd, path, *(["--random"] if cmd == "run" else [])),
+                       f"model.pt: a PyTorch file ({how}), not a .lumc artifact or an ONNX model",
+                       hint)
+    with pytest.raises(lumc.ModelError, match=rf"is a PyTorch file \({how}\), not an ONNX model"):
+        lumc.compile(str(path), budget="5s")
+    assert not (tmp_path / "model.lumc").exists()

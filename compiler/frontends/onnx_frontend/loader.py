@@ -292,6 +292,11 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     if not data:
         raise ModelError(f"{what} is empty")
     if data[:2] == b"PK":   # an ONNX protobuf never starts so (field 10 is not in ModelProto)
+        from lumc.compiler.runtime.artifact import PYTORCH_HINT, pytorch_archive
+        kind = pytorch_archive(data)
+        if kind:
+            raise ModelError(f"{what} is a PyTorch file ({kind}), not an ONNX model; "
+                             f"{PYTORCH_HINT}")
         raise ModelError(f"{what} is a zip archive (a compiled .lumc artifact?), not an ONNX model")
     model = onnx.ModelProto()
     try:
