@@ -572,7 +572,7 @@ def models_fetch(name):
 
 
 # the other command groups register themselves on `cli`
-from lumc.compiler.tools import cli_compile  # noqa: E402,F401
+from lumc.compiler.tools import cli_cache, cli_compile  # noqa: E402,F401
 
 from lumc.compiler.tools import cli_bench  # noqa: E402,F401
 

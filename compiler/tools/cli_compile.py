@@ -1,16 +1,15 @@
-"""``lumc compile`` and ``lumc cache``: the main job and its tuning database, on the command line.
+"""``lumc compile``: the main job on the command line, and running a compiled artifact
+(``lumc run ART``; the caches are ``lumc cache``, :mod:`lumc.compiler.tools.cli_cache`).
 
     lumc compile MODEL --budget 30m [-o OUT.lumc] [--device cuda[:N] | sim:h100 | sim:h200]
-                 [--shape NAME=DIMS ...] [--report REPORT.json] [--no-egraph] [--quiet]
+                 [--shape NAME=DIMS ...] [--input NAME=FILE.npy ...] [--inputs FILE.npz]
+                 [--report REPORT.json] [--no-egraph] [--quiet]
                  [--workers local:N | ray | ray://HOST:PORT]
-    lumc cache info
-    lumc cache clear
 """
 from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 
 import click
 
@@ -18,7 +17,7 @@ from lumc.compiler.runtime.artifact import (PYTORCH_HINT, check_writable, looks_
                                             pytorch_archive, refuse_same_file, write_atomic)
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.runtime.report_text import precision_lines, search_text, user_notes
-from lumc.compiler.tools.cli import _fmt_bytes, _parse_shapes, cli, nonempty_path
+from lumc.compiler.tools.cli import _parse_shapes, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
 _COMPILE_HELP = """Compile MODEL (an .onnx file) into the fastest correct program lumc finds within
@@ -307,93 +306,6 @@ def _echo_variants(cm, r, out_path, report_path) -> None:
     for w in user_notes(r):
         click.echo(f"  note: {w}")
     click.echo(f"wrote {out_path}" + (f" and {report_path}" if report_path else ""))
-
-
-@cli.group("cache")
-def cache_grp():
-    """The tuning database and the generated-kernel cache (under the user cache dir)."""
-
-
-def _kernel_cache_dir() -> pathlib.Path | None:
-    try:
-        from lumc.backends.triton.cache import cache_dir
-        return pathlib.Path(cache_dir())
-    except Exception:
-        return None
-
-
-def _size(files) -> str:
-    return _fmt_bytes(sum(p.stat().st_size for p in files if p.exists()))
-
-
-def _could_make(folder: pathlib.Path) -> bool:
-    """Whether ``folder`` (absent) can be created: it is, with its missing parents, and removed
-    again, so the check leaves nothing behind."""
-    made = [a for a in (folder, *folder.parents) if not a.exists()]
-    try:
-        folder.mkdir(parents=True)
-    except OSError:
-        return False
-    for a in made:              # innermost first
-        a.rmdir()
-    return True
-
-
-@cache_grp.command("info")
-def cache_info():
-    """Where the caches are, and how much they hold."""
-    from lumc.compiler.runtime.tuning_db import TuningDatabase, default_db_path, plan_cache_limit
-    root = default_db_path().parent
-    if not root.exists() and _could_make(root):
-        # a report leaves nothing behind: the first compile makes the cache (one that cannot be
-        # made is the database's one-line error below)
-        plan_cache_limit()      # a bad LUMC_PLAN_CACHE_MB is still one line
-        click.echo(f"no cache yet at {root} (the first compile creates it)")
-        return
-    db = TuningDatabase()
-    info = db.info()
-    click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {_fmt_bytes(info['bytes'])})")
-    for dev, n in sorted(info["by_device"].items()):
-        click.echo(f"  {dev}: {n}")
-    plans = db.stored_plans()
-    n = sum(p.suffix == ".lumc" for p in plans)
-    if db.plans_dir.exists() and not db.plans_dir.is_dir():
-        click.echo(f"stored plans: {db.plans_dir} is not a folder: no plan can be stored or "
-                   "reused (remove it)")
-    else:
-        click.echo(f"stored plans: {db.plans_dir} ({n} plan{'s' * (n != 1)}, "
-                   f"{_size(plans)}; least recently used evicted past "
-                   f"{_fmt_bytes(plan_cache_limit())}, LUMC_PLAN_CACHE_MB)")
-    aside = db.set_aside_files()
-    if aside:
-        click.echo(f"set-aside corrupt databases: {len(aside)} file{'s' * (len(aside) != 1)} "
-                   f"({_size(aside)}): "
-                   + ", ".join(p.name for p in aside))
-    kdir = _kernel_cache_dir()
-    if kdir is not None and kdir.exists():
-        files = [p for p in kdir.rglob("*") if p.is_file()]
-        click.echo(f"kernel sources: {kdir} ({len(files)} file{'s' * (len(files) != 1)}, "
-                   f"{_size(files)})")
-
-
-@cache_grp.command("clear")
-def cache_clear():
-    """Delete every stored timing, stored plan, set-aside corrupt database and generated kernel
-    source."""
-    from lumc.compiler.runtime.tuning_db import TuningDatabase
-    db = TuningDatabase()
-    n = db.clear()
-    plans, aside = db.clear_plans_and_set_aside()
-    kdir = _kernel_cache_dir()
-    removed = 0
-    if kdir is not None and kdir.exists():
-        removed = sum(1 for p in kdir.rglob("*") if p.is_file())
-        shutil.rmtree(kdir, ignore_errors=True)
-    def count(k: int, noun: str) -> str:
-        return f"{k} {noun}{'s' * (k != 1)}"
-    click.echo(f"cleared {count(n, 'timing')}, {count(plans, 'stored plan')}, "
-               f"{count(aside, 'set-aside database file')} and "
-               f"{count(removed, 'kernel source file')}")
 
 
 def _pick_variant(cm, path, shape_args: dict, arrays: dict):
