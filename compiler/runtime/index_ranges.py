@@ -36,8 +36,9 @@ class IndexRangeInputError(InputError):
 
 @dataclass(frozen=True)
 class IndexUse:
-    """One table an input indexes: the node (name or ``op #k``; None in lumc's own graph of a
-    torch module, whose node ids mean nothing to its user), its op, and the axis size ``n``
+    """One table an input indexes: the node (name or ``op #k``; in lumc's own graph of a torch
+    module, the FX node that made the gather, or None where that is not known: lumc's node ids
+    mean nothing to its user), its op, and the axis size ``n``
     (valid indices ``[-n, n)``); for ``GatherND``, ``per_last`` gives each component's size
     along the index's last axis (``size`` is their minimum)."""
     node: str | None
@@ -233,6 +234,15 @@ def _extremes(comps: dict) -> dict:
     return out
 
 
+def _fx_node(g) -> tuple[str | None, str]:
+    """``(node name, op)`` of the model node that made the primitive gather ``g``
+    (:mod:`lumc.ir.provenance`: ``('embedding', 'aten.embedding.default')``), else
+    ``(None, 'Gather')``."""
+    from lumc.ir.provenance import origin
+    o = origin(g)
+    return (o[0], o[1]) if o is not None else (None, "Gather")
+
+
 def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
     """``{graph input name: [IndexUse]}`` from lumc's own graph, for a model with no ONNX source (a
     torch module): an integer input that reaches a ``Gather``'s index as given (through views that
@@ -307,5 +317,5 @@ def graph_index_uses(graph) -> dict[str, list[IndexUse]]:
         # range of the input: those stay unchecked
         if id(x) in inputs and wraps <= 1 and x.dtype.is_int:
             out.setdefault(inputs[id(x)], []).append(
-                IndexUse(None, "Gather", n, (), negative, offset))   # no name a user knows
+                IndexUse(*_fx_node(g), n, (), negative, offset))
     return out

@@ -174,18 +174,19 @@ def test_torch_index_inputs_are_read_back_in_one_transfer(compiled, monkeypatch)
     assert len(calls) == 1
 
 
-def test_an_index_outside_its_table_names_no_internal_node(compiled):
+def test_an_index_outside_its_table_names_the_fx_node_not_an_internal_one(compiled):
     """The refusal said "node '%626', op Gather: index 50 in input 'ids' ...": lumc's node id,
-    which a torch user cannot find anywhere. It names the input and the range; a wrong dtype
-    is said in torch's words ('compiled for torch.int64', where it said 'int64')."""
+    which a torch user cannot find anywhere. It names the FX node of ``print(exported.graph)``
+    that made the gather, its ATen op, the input and the range; a wrong dtype is said in torch's
+    words ('compiled for torch.int64', where it said 'int64')."""
     from lumc.ir.errors import InputError
     m, cm, args = compiled
     bad = [a.clone() for a in args]
     bad[0].view(-1)[0] = V
     with pytest.raises(IndexRangeInputError) as e:
         cm(*bad)
-    assert str(e.value) == f"op Gather: index {V} in input 'ids' is out of range [0, {V}) of " \
-                           "the table it indexes", str(e.value)
+    assert str(e.value) == f"node 'embedding', op aten.embedding.default: index {V} in input " \
+                           f"'ids' is out of range [0, {V}) of the table it indexes", str(e.value)
     with pytest.raises(InputError) as e:
         cm(args[0].int(), *args[1:])
     assert str(e.value) == "input 'ids' has dtype torch.int32, compiled for torch.int64"

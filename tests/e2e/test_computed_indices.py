@@ -107,7 +107,7 @@ def test_run_names_the_node_in_process_and_from_a_loaded_artifact(db, tmp_path):
     assert "node 'embed_lookup'" in str(e.value) and "drew" not in str(e.value)
 
 
-def test_torch_module_errors_name_the_fx_node(db):
+def test_torch_module_errors_name_the_fx_node(db, tmp_path):
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -128,6 +128,10 @@ def test_torch_module_errors_name_the_fx_node(db):
         f(torch.tensor([1, 12, 3]), d)
     with pytest.raises(DivisionByZeroError, match=r"node 'remainder'"):
         f(ids, torch.tensor([3, 1, 5]))
+    f.save(tmp_path / "t.lumc")                       # the names travel with the artifact
+    loaded = lumc.load(tmp_path / "t.lumc")
+    with pytest.raises(IndexRangeError, match=r"node 'embedding', op aten\.embedding\.default"):
+        loaded(torch.tensor([1, 12, 3]), d)
 
 
 def test_cli_compile_takes_example_inputs(tmp_path, monkeypatch):
