@@ -251,8 +251,9 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
             (it returns within the budget plus 5%, or plus 10 s under 3 minutes).
         device: ``cuda[:N]``, ``sim:h100`` or ``sim:h200``; None picks the first CUDA GPU, else
             ``sim:h200`` (times then are simulated, and the report says so).
-        example_inputs: ``{name: array}`` used for shapes and the numerics checks; default random
-            inputs by the model's recipe.
+        example_inputs: ``{name: array}`` used for shapes and the numerics checks; inputs not
+            given are drawn (the known model's recipe, else random: N(0, 1) floats, integers in
+            the range of the table they index, else [0, 8)).
         shapes: ``{input name or dynamic dim name: dims}`` for dynamic dims.
         use_egraph: False gives the greedy-fusion pipeline (``--no-egraph``).
         quiet: no progress display.
@@ -378,12 +379,15 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
     policy = policy or PrecisionPolicy()
     policy.check_logits(fe.graph.outputs)
     budget_s = deadline.budget_s
+    drawn = True
     progress = Progress(budget_s, target, quiet)
     try:
         stage_s: dict[str, float] = {"frontend": frontend_s}
         graph, weight_stats = given.stored if given is not None else store_weights(fe.graph, policy)
-        inputs = example_inputs if example_inputs else example_inputs_for(graph, fe)
-        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        inputs = {k: np.asarray(v) for k, v in (example_inputs or {}).items()}
+        drawn = not set(graph.inputs) <= set(inputs)     # inputs not given are drawn
+        if drawn:
+            inputs = {**example_inputs_for(graph, fe), **inputs}
         model_ref = model_reference(fe.graph, inputs, policy)   # max_kl with nothing to judge: refused
         wq = weights_gate(graph, fe.graph, inputs, policy, model_ref) \
             if not deadline.expired() and given is None else None
@@ -496,7 +500,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                              fe.source_onnx, target.torch_device)
     except (IndexRangeError, DivisionByZeroError) as e:   # refused at inputs lumc made up
-        raise e if example_inputs else drawn_inputs_error(e) from None
+        raise drawn_inputs_error(e) if drawn else e from None
     finally:
         progress.close()
 

@@ -144,10 +144,11 @@ class ReferenceValues:
 
 
 def drawn_inputs_error(e: LumcError) -> LumcError:
-    """``e`` (an index outside its table, an integer ``Mod`` by 0, met running the model on the
-    example inputs lumc drew because none were given) with what to do about it: those values are
-    lumc's, not the user's, so the compile needs inputs the model takes."""
-    return type(e)(f"{e.reason}, at example inputs lumc drew (none were given: N(0, 1) floats, "
-                   "integers in [0, 8) where no table bounds them); give inputs the model takes "
+    """``e`` (an index outside its table, an integer ``Mod`` by 0, met running the model on
+    example inputs lumc drew, for some or all of its inputs, because they were not given) with what
+    to do about it: those values are lumc's, not the user's, so the compile needs inputs the model
+    takes."""
+    return type(e)(f"{e.reason}, at example inputs lumc drew (for the inputs not given: N(0, 1) "
+                   "floats, integers in [0, 8) where no table bounds them); give inputs the model takes "
                    "(lumc compile --input NAME=FILE.npy or --inputs FILE.npz; "
                    "lumc.compile(..., example_inputs={name: array}))", node=e.node, op=e.op)

@@ -178,3 +178,20 @@ def test_content_hash_ignores_model_node_names():
     _, nodes = graph_from_bytes(doc, npz)
     assert [provenance.origin(n) for n in nodes if n.op == "Gather"] == \
         [("hash_probe_lookup", "Gather")]
+
+
+def test_inputs_not_given_are_drawn_beside_those_given(db):
+    """``example_inputs`` naming some inputs: the others are drawn (it said "missing input 'x'");
+    a refusal at a drawn one still says what to give."""
+    m = doubled_lookup()
+    m.graph.input.append(oh.make_tensor_value_info("x", TP.FLOAT, [3, 4]))
+    m.graph.node[2].CopyFrom(oh.make_node("Add", ["emb", "x"], ["y"], name="add"))
+    ok, x = np.array([1, 4, 0], np.int64), np.full((3, 4), 0.5, np.float32)
+    cm = lumc.compile(m.SerializeToString(), budget="30s", device="sim:h200", db=db,
+                      example_inputs={"ids": ok})
+    table = nh.to_array(m.graph.initializer[0])
+    np.testing.assert_allclose(cm(ids=ok, x=x), table[ok * 2] + x, rtol=1e-6)
+    with pytest.raises(IndexRangeError) as e:        # ids drawn in [0, 8): doubled, past 10 rows
+        lumc.compile(m.SerializeToString(), budget="30s", device="sim:h200", db=db,
+                     example_inputs={"x": x})
+    assert "node 'embed_lookup'" in str(e.value) and "for the inputs not given" in str(e.value)
