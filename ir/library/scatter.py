@@ -9,8 +9,10 @@ one ``Gather`` (exact: NaN and -0.0 preserved). Duplicate targets of a plain sca
 update in index order (ONNX leaves the order undefined, PyTorch too unless ``accumulate``).
 Negative indices count from the end (``i < 0 -> i + n``). An index outside ``[-n, n)`` is an
 error (ONNX, PyTorch): a constant one is refused here, when the scatter is built; one that comes
-from an input is refused by the run's index check (``compiler/runtime/index_ranges.py``), and if it
-reaches the graph anyway it hits no position.
+from an input is refused by the run's index check (``compiler/runtime/index_ranges.py``); one the
+model computes is read back through a ``Gather`` of ``[0, n)`` (:func:`_normalized`), which the
+reference executor refuses naming the scatter's model node (a GPU kernel masks it, and it hits no
+position).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import IndexRangeError, ShapeError
+from lumc.ir.graph import node
 from lumc.ir.library.indexing import gather, gather_elements
 from lumc.ir.library.reduce import reduce
 from lumc.ir.tensor import Tensor, normalize_axis
@@ -93,8 +96,13 @@ def check_constant_indices(idx: Tensor, sizes, op: str) -> None:
 
 
 def _normalized(idx: Tensor, n: int) -> Tensor:
+    """``idx`` with negatives counted from the end, read back through a ``Gather`` of
+    ``[0, n)``: the same values, but an index still outside ``[0, n)`` (one the model computes,
+    which no input check sees) is refused by the reference executor, naming the scatter's model
+    node, instead of hitting no position. A GPU kernel masks it (see ``codegen._gather``)."""
     idx = idx.cast(dt.i64)
-    return idx.lt(idx.scalar_like(0)).where(idx.add(idx.scalar_like(n)), idx)
+    idx = idx.lt(idx.scalar_like(0)).where(idx.add(idx.scalar_like(n)), idx)
+    return Tensor(node("Gather", (Tensor.iota((n,), 0).node, idx.node), 0))
 
 
 def scatter_elements(data: Tensor, indices: Tensor, updates: Tensor, axis: int = 0,

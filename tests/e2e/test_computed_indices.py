@@ -195,3 +195,37 @@ def test_inputs_not_given_are_drawn_beside_those_given(db):
         lumc.compile(m.SerializeToString(), budget="30s", device="sim:h200", db=db,
                      example_inputs={"x": x})
     assert "node 'embed_lookup'" in str(e.value) and "for the inputs not given" in str(e.value)
+
+
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_a_computed_scatter_index_outside_its_axis_is_refused(db, op):
+    """A scatter index the model computes (no input check sees it) outside its axis hit no
+    position, silently (onnxruntime refuses it): it is refused naming the scatter's node."""
+    import onnxruntime as ort
+    idx_shape = [1, 2] if op == "ScatterElements" else [1, 1]
+    attrs = {"axis": 0} if op == "ScatterElements" else {}
+    g = oh.make_graph(
+        [oh.make_node("Mul", ["idx", "two"], ["idx2"], name="double"),
+         oh.make_node(op, ["data", "idx2", "upd"], ["y"], name="scatter_rows", **attrs)],
+        "g", [oh.make_tensor_value_info("data", TP.FLOAT, [4, 2]),
+              oh.make_tensor_value_info("idx", TP.INT64, idx_shape),
+              oh.make_tensor_value_info("upd", TP.FLOAT, [1, 2])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, [4, 2])],
+        [nh.from_array(np.array(2, np.int64), "two")])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    feed = {"data": np.arange(8, dtype=np.float32).reshape(4, 2), "upd": np.full((1, 2), -1.0,
+                                                                                   np.float32)}
+    first = np.zeros(idx_shape, np.int64)
+    cm = lumc.compile(m.SerializeToString(), budget="30s", device="sim:h200", db=db,
+                      example_inputs={**feed, "idx": first})
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    good = np.ones(idx_shape, np.int64)                       # row 2
+    np.testing.assert_array_equal(cm(**feed, idx=good), sess.run(None, {**feed, "idx": good})[0])
+    neg = np.full(idx_shape, -1, np.int64)                    # -2: row 2 from the end
+    np.testing.assert_array_equal(cm(**feed, idx=neg), sess.run(None, {**feed, "idx": neg})[0])
+    bad = np.full(idx_shape, 3, np.int64)                     # 6: past the 4 rows
+    with pytest.raises(Exception):
+        sess.run(None, {**feed, "idx": bad})
+    with pytest.raises(IndexRangeError, match=rf"^node 'scatter_rows', op {op} \(primitive "
+                                              r"Gather\): gather index 6 out of range \[0, 4\)$"):
+        cm(**feed, idx=bad)
