@@ -80,37 +80,43 @@ def _last_hit(hits: Tensor) -> Tensor:
     return hits.where(iota, Tensor.full(hits.shape, -1, dt.i64)).max(-1)
 
 
-def check_constant_indices(idx: Tensor, sizes, op: str) -> None:
-    """Raise IndexRangeError when ``idx`` is a model constant with a value outside ``[-n, n)``;
-    ``sizes``: one ``n`` for every index, or one per component of the last axis (ScatterND)."""
+def check_constant_indices(idx: Tensor, sizes, op: str, negative: bool = True) -> None:
+    """Raise IndexRangeError when ``idx`` is a model constant with a value outside ``[-n, n)``
+    (``[0, n)`` without ``negative``); ``sizes``: one ``n`` for every index, or one per component
+    of the last axis (ScatterND)."""
     if idx.node.op != "Constant" or not idx.numel:
         return
     v = np.asarray(idx.node.arg.value).astype(np.int64)
     v = np.broadcast_to(v, idx.shape)
     n = np.broadcast_to(np.asarray(sizes, np.int64), v.shape)
-    bad = (v < -n) | (v >= n)
+    lo = -n if negative else 0 * n
+    bad = (v < lo) | (v >= n)
     if bad.any():
         k = tuple(int(i) for i in np.argwhere(bad)[0])
         raise IndexRangeError(f"scatter index {int(v[k])} at {list(k)} out of range "
-                              f"[{-int(n[k])}, {int(n[k])})", op=op)
+                              f"[{int(lo[k])}, {int(n[k])})", op=op)
 
 
-def _normalized(idx: Tensor, n: int) -> Tensor:
+def _normalized(idx: Tensor, n: int, negative: bool = True) -> Tensor:
     """``idx`` with negatives counted from the end, read back through a ``Gather`` of
-    ``[0, n)``: the same values, but an index still outside ``[0, n)`` (one the model computes,
+    ``[0, n)`` (``negative=False``: negatives are not counted from the end, PyTorch's scatters
+    refuse them): the same values, but an index still outside ``[0, n)`` (one the model computes,
     which no input check sees) is refused by the reference executor, naming the scatter's model
     node, instead of hitting no position. A GPU kernel masks it (see ``codegen._gather``)."""
     idx = idx.cast(dt.i64)
-    idx = idx.lt(idx.scalar_like(0)).where(idx.add(idx.scalar_like(n)), idx)
+    if negative:
+        idx = idx.lt(idx.scalar_like(0)).where(idx.add(idx.scalar_like(n)), idx)
     return Tensor(node("Gather", (Tensor.iota((n,), 0).node, idx.node), 0))
 
 
 def scatter_elements(data: Tensor, indices: Tensor, updates: Tensor, axis: int = 0,
-                     reduction: str = "none", include_self: bool = True) -> Tensor:
+                     reduction: str = "none", include_self: bool = True,
+                     negative_indices: bool = True) -> Tensor:
     """ONNX ``ScatterElements``: ``out[..., indices[p], ...] (op)= updates[p]`` along ``axis`` for
     every position ``p`` of ``indices`` (shape of ``updates``, rank of ``data``, at most ``data``'s
-    extent off the axis). ``reduction``: one of :data:`REDUCTIONS` (``none`` replaces). Shape and
-    dtype of ``data``.
+    extent off the axis). ``reduction``: one of :data:`REDUCTIONS` (``none`` replaces).
+    ``negative_indices``: False refuses a negative index (PyTorch's ``scatter``) where ONNX counts
+    it from the end. Shape and dtype of ``data``.
 
     Raises:
         ShapeError: mismatched shapes or an unknown reduction.
@@ -126,8 +132,8 @@ def scatter_elements(data: Tensor, indices: Tensor, updates: Tensor, axis: int =
     if reduction not in REDUCTIONS:
         raise ShapeError(f"unknown reduction {reduction!r} (one of {', '.join(REDUCTIONS)})")
     n = data.shape[axis]
-    check_constant_indices(indices, n, "ScatterElements")
-    idx = _normalized(indices, n)
+    check_constant_indices(indices, n, "ScatterElements", negative_indices)
+    idx = _normalized(indices, n, negative_indices)
     # region: data restricted to the updates' extent off the axis, the full axis on it
     region_shape = tuple(n if k == axis else updates.shape[k] for k in range(r))
     region = data.slice([0] * r, list(region_shape))

@@ -17,6 +17,7 @@ import lumc
 from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.compiler.tools.cli import cli
 from lumc.ir import provenance
+from lumc.compiler.runtime.index_ranges import IndexRangeInputError
 from lumc.ir.errors import DivisionByZeroError, IndexRangeError
 from lumc.ir.tensor import Tensor
 from lumc.ir.graph import input_node
@@ -229,3 +230,25 @@ def test_a_computed_scatter_index_outside_its_axis_is_refused(db, op):
     with pytest.raises(IndexRangeError, match=rf"^node 'scatter_rows', op {op} \(primitive "
                                               r"Gather\): gather index 6 out of range \[0, 4\)$"):
         cm(**feed, idx=bad)
+
+
+def test_torch_scatter_refuses_what_eager_refuses(db):
+    """PyTorch's scatter refuses a negative index (ONNX counts it from the end: lumc took it) and
+    one past the axis, given or computed; in range it equals eager."""
+    class M(torch.nn.Module):
+        def forward(self, x, i):
+            return x.scatter(0, i, torch.ones(2)), x.scatter_add(0, i * 2, torch.ones(2))
+
+    m = M()
+    x, i = torch.zeros(4), torch.tensor([0, 1])
+    f = lumc.compile(m, budget="30s", device="sim:h200", example_inputs=(x, i))
+    for ok in (torch.tensor([1, 0]), torch.tensor([1, 1])):
+        for g, w in zip(f(x, ok), m(x, ok)):
+            torch.testing.assert_close(g, w)
+    for bad, pattern in ((torch.tensor([-1, 1]), r"node 'scatter', op aten\.scatter\.src: index -1"),
+                         (torch.tensor([1, 3]), r"node 'scatter_add', op aten\.scatter_add\.default "
+                                                r"\(primitive Gather\): gather index 6")):
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            m(x, bad)
+        with pytest.raises((IndexRangeError, IndexRangeInputError), match=pattern):
+            f(x, bad)

@@ -203,8 +203,10 @@ def _scatter(x: Tensor, dim: int, index: Tensor, src, reduce: str = "none",
     else:
         upd = Tensor.full(index.shape, src, x.dtype)
     red = _TORCH_REDUCE.get(reduce, reduce)
+    # PyTorch's scatters refuse a negative index (eager: "index -1 is out of bounds"), where
+    # ONNX's count it from the end
     return lib("scatter.scatter_elements")(x, index, upd, axis=dim, reduction=red,
-                                           include_self=include_self)
+                                           include_self=include_self, negative_indices=False)
 
 
 @aten("scatter.src", "scatter.value", requires=["scatter.scatter_elements"])
