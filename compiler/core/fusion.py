@@ -154,7 +154,9 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
                 continue
             if x.op != "View":
                 ops += 1
-                gather |= x.op == "Gather"
+                # a gather of an iota is its index (a scatter's range check, ir.library.scatter):
+                # elementwise, read through views like any
+                gather |= x.op == "Gather" and x.srcs[0].op != "Iota"
             stack.extend(x.srcs)
         return reads, ops, gather
 

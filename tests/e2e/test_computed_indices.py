@@ -252,3 +252,25 @@ def test_torch_scatter_refuses_what_eager_refuses(db):
             m(x, bad)
         with pytest.raises((IndexRangeError, IndexRangeInputError), match=pattern):
             f(x, bad)
+
+
+def test_the_scatter_range_check_adds_no_kernel(tmp_path, monkeypatch):
+    """The check's Gather of an iota is its index: it is inlined into the scatter's kernels, read
+    through the comparisons' broadcast views, not written by a kernel of its own (a decoding
+    step's two cache writes at an input position: 7 kernels with it realized, 6 without)."""
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "compiler"))
+    from test_torch_scatter import _CacheStep
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    q, kn, vn = (torch.randn(1, 2, 1, 8, generator=g) for _ in range(3))
+    kc, vc = (torch.randn(1, 2, 12, 8, generator=g) for _ in range(2))
+    args = (q, kn, vn, kc, vc, torch.tensor([3]))
+    f = lumc.compile(_CacheStep().eval(), budget="30s", example_inputs=args, device="sim:h200")
+    cm = f.specializations[0].compiled
+    # realized, the checked position was a kernel of its own: gather [Add (1,)] from the input
+    assert len(cm.program.calls) == 6, [c.kernel.form for c in cm.program.calls]
+    for got, ref in zip(f(*args[:5], torch.tensor([11])), _CacheStep()(*args[:5], torch.tensor([11]))):
+        torch.testing.assert_close(got, ref)
+    with pytest.raises((IndexRangeError, IndexRangeInputError), match="out of range"):
+        f(*args[:5], torch.tensor([12]))
