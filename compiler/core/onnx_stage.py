@@ -115,10 +115,13 @@ def resolve_dim_names(m, shapes: dict) -> dict:
 
 
 def with_ranges(model, shapes: dict | None) -> dict | None:
-    """``shapes`` with the API's ``(lo, hi)`` 2-tuples under a dim name (not an input's) as
-    :class:`~lumc.compiler.core.buckets.DimRange`."""
-    if not shapes or not any(isinstance(v, tuple) and len(v) == 2 for v in shapes.values()):
+    """``shapes`` with the API's ``(lo, hi)`` 2-tuples and ``"A..B[:STEP][@AT]"`` strings (the
+    CLI's range syntax: a range in steps, or tuned around a traffic point) under a dim name (not
+    an input's) as :class:`~lumc.compiler.core.buckets.DimRange`."""
+    if not shapes or not any((isinstance(v, tuple) and len(v) == 2) or isinstance(v, str)
+                             for v in shapes.values()):
         return shapes
+    from lumc.compiler.core.buckets import parse_range
     from lumc.compiler.frontends.onnx_frontend import load_model, model_input_specs
     names = {s.name for s in model_input_specs(load_model(model))}
     out = {}
@@ -128,6 +131,15 @@ def with_ranges(model, shapes: dict | None) -> dict | None:
                 raise InputError(f"shapes={{{k!r}: {v!r}}}: a range of sizes is (lo, hi), two "
                                  "integers")
             v = DimRange(int(v[0]), int(v[1]))
+        elif isinstance(v, str) and k not in names:
+            try:
+                r = parse_range(v)
+            except InputError as e:
+                raise InputError(f"shapes={{{k!r}: {v!r}}}: {e}") from None
+            if r is None:
+                raise InputError(f"shapes={{{k!r}: {v!r}}}: a range of sizes as text is "
+                                 "'A..B', 'A..B:STEP' or 'A..B@AT'")
+            v = r
         out[k] = v
     return out
 
