@@ -230,11 +230,13 @@ def _probe_sizes(model, frontend, fixed, ranges):
             tuple(p for p in third.values() if p is not None) if above else ())
         try:
             with probing(primes):
+                at = probe
                 fe_p = frontend(model, _dims_shapes(fixed, ranges, probe))
+                at = check
                 fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
         except (InputError, ShapeError) as e:
-            if not above:
-                raise
+            if not above:       # a size of the range: the model does not take it
+                raise not_taken(ranges, at, e) from None
             err = e.reason if hasattr(e, "reason") else str(e)
             break          # the frontend imports no size outside the range (a position table)
         diff = _resizes_to(fe_p, {probe[k]: check[k] for k in ranges}, {}, fe_c)
@@ -267,6 +269,19 @@ def _probe_sizes(model, frontend, fixed, ranges):
     raise InputError(f"size range {spec}: the model's sizes are not products of "
                      f"{' and '.join(ranges)} or of such sizes padded ({why}), which one plan per "
                      "range needs; give explicit sizes (a list) instead")
+
+
+def not_taken(ranges: dict, units: dict, e: Exception) -> InputError:
+    """The one-line refusal of a range holding a size the model does not import at (a Split in
+    two halves at an odd size, a position table shorter than the range): it names that size, in
+    the user's units, and the model's own reason."""
+    spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
+    where = ", ".join(f"{k}={ranges[k].step * units[k]}" for k in ranges)
+    why = str(e)
+    why = why if len(why) <= 300 else why[:297] + "..."
+    return InputError(f"size range {spec}: the model does not take {where}, a size of the range "
+                      f"({why}); declare only sizes it takes (a narrower range, or one in steps: "
+                      "A..B:STEP) or give explicit sizes (a list)")
 
 
 def _dims_shapes(fixed: dict, ranges: dict, units: dict) -> dict:
@@ -308,7 +323,8 @@ def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
     """None when the graph probed above the range re-sizes to the model imported inside it (at
     the first assignment's probe and check imports, ``inside``, or at sizes near the range's top
     for a range too narrow to hold two primes), else the first difference: a frontend may lower
-    a size outside the declared range differently (``torch.export``'s range guards)."""
+    a size outside the declared range differently (``torch.export``'s range guards). A size
+    inside that does not import is refused (:func:`not_taken`)."""
     if inside is None:
         top = {k: r.hi // r.step for k, r in ranges.items()}
         mid = {k: (r.lo + r.hi) // (2 * r.step) for k, r in ranges.items()}
@@ -320,7 +336,7 @@ def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
                 with probing(primes):
                     inside.append((pt, frontend(model, _dims_shapes(fixed, ranges, pt))))
             except (InputError, ShapeError) as e:
-                return str(e)
+                raise not_taken(ranges, pt, e) from None
     for at, fe in inside:
         diff = _resizes_to(fe_p, {probe[k]: at[k] for k in ranges}, table, fe)
         if diff is not None:
@@ -353,6 +369,11 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
         try:
             with probing(primes):
                 fe = frontend(model, _dims_shapes(fixed, ranges, at))
+        except TooLargeError:
+            raise
+        except (InputError, ShapeError) as e:
+            raise not_taken(ranges, at, e) from None
+        try:
             g = Resizer({probe[k]: at[k] for k in ranges}, table).graph(fe_p.graph)
             if [n.shape for n in g.inputs.values()] != [n.shape for n in fe.graph.inputs.values()]:
                 return f"at {where} the inputs re-size to other shapes"

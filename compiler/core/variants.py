@@ -176,7 +176,19 @@ def compile_variants(model, *, budget, shapes: dict | None, compile_one, clock=t
                         skipped.append((_key(combo, whole, f2), err.reason))
                 return
             leaves.append((combo, shp, whole, forced, proto))
-        split(m, {})
+        try:
+            split(m, {})
+        except RuntimeIfError:
+            raise
+        except LumcError as e:
+            if not combo:
+                raise
+            # a listed size the model does not take (a Split in halves at an odd size): said
+            # with the size, which the model's own reason does not name
+            at = ", ".join(f"{k}=" + ("x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+                           for k, v in combo.items())
+            raise InputError(f"--shape {at}: the model does not take this listed size ({e}); "
+                             "drop it from the list") from None
     if len(leaves) > MAX_VARIANTS:
         raise InputError(f"the model needs {len(leaves)} plans (sizes x runtime If branches); at "
                          f"most {MAX_VARIANTS} fit one artifact")
