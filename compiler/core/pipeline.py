@@ -33,7 +33,8 @@ from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolic
 from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
                                                retimed, stage_quality, weights_gate,
                                                weights_note)
-from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
+from lumc.compiler.runtime.program import (Program, ideal_bytes, program_time_bound,
+                                           run_program_reference)
 from lumc.compiler.core.reference_values import (MAX_KEPT_BYTES, ReferenceValues,  # noqa: F401
                                                  drawn_inputs_error)
 from lumc.compiler.core.variants import compile_variants, size_lists
@@ -557,16 +558,7 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
             "workspace_bytes": workspace_bytes(c.kernel, cfg or {}),
             "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
             "arithmetic_intensity": c.kernel.arithmetic_intensity()})
-    # weights each read once, as much of them as the program addresses (an embedding table: the
-    # gathered rows; a table also read whole, as GPT-2's tied LM head reads its embedding: all of
-    # it), plus graph inputs and outputs once
-    weight_bytes: dict[int, int] = {}
-    for c in chosen.calls:
-        for n, b in zip(c.inputs, c.kernel.read_bytes()):
-            if n.op == "Constant":
-                weight_bytes[id(n)] = max(weight_bytes.get(id(n), 0), b)
-    ideal = (sum(n.nbytes for n in graph.inputs.values()) + sum(weight_bytes.values())
-             + sum(n.nbytes for n in graph.outputs.values()))
+    ideal = ideal_bytes(graph, chosen)
     st = result.stats
     return {
         "model": fe.model_name, "device": target.name, "simulated": target.simulated,

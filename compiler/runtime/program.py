@@ -136,6 +136,20 @@ def program_time_bound(program: Program, device) -> float:
     return float(sum(kernel_times(program, device)))
 
 
+def ideal_bytes(graph: Graph, program: Program) -> int:
+    """The bytes a perfect plan of ``graph`` moves: its inputs and outputs once, and each weight
+    once, as much of it as the program addresses (an embedding table: the gathered rows; a table
+    also read whole, as GPT-2's tied LM head reads its embedding: all of it). A re-sized plan's
+    (a size range's call) is its size's, not the bucket's representative's."""
+    weight_bytes: dict[int, int] = {}
+    for c in program.calls:
+        for n, b in zip(c.inputs, c.kernel.read_bytes()):
+            if n.op == "Constant":
+                weight_bytes[id(n)] = max(weight_bytes.get(id(n), 0), b)
+    return int(sum(n.nbytes for n in graph.inputs.values()) + sum(weight_bytes.values())
+               + sum(n.nbytes for n in graph.outputs.values()))
+
+
 def _value_of(n: Node, env: dict[int, np.ndarray]) -> np.ndarray:
     if id(n) in env:
         return env[id(n)]
