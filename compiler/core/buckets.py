@@ -236,7 +236,7 @@ def _probe_sizes(model, frontend, fixed, ranges):
                 fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
         except (InputError, ShapeError) as e:
             if not above:       # a size of the range: the model does not take it
-                raise not_taken(ranges, at, e) from None
+                raise (not_taken(ranges, at, e) if e.node is not None else e) from None
             err = e.reason if hasattr(e, "reason") else str(e)
             break          # the frontend imports no size outside the range (a position table)
         diff = _resizes_to(fe_p, {probe[k]: check[k] for k in ranges}, {}, fe_c)
@@ -274,7 +274,8 @@ def _probe_sizes(model, frontend, fixed, ranges):
 def not_taken(ranges: dict, units: dict, e: Exception) -> InputError:
     """The one-line refusal of a range holding a size the model does not import at (a Split in
     two halves at an odd size, a position table shorter than the range): it names that size, in
-    the user's units, and the model's own reason."""
+    the user's units, and the model's own reason. Only for an error a model node raised
+    (``e.node``): a bad ``shapes=`` name is the user's, said as it is."""
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
     where = ", ".join(f"{k}={ranges[k].step * units[k]}" for k in ranges)
     why = str(e)
@@ -336,7 +337,9 @@ def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
                 with probing(primes):
                     inside.append((pt, frontend(model, _dims_shapes(fixed, ranges, pt))))
             except (InputError, ShapeError) as e:
-                raise not_taken(ranges, pt, e) from None
+                if e.node is not None:
+                    raise not_taken(ranges, pt, e) from None
+                return str(e)
     for at, fe in inside:
         diff = _resizes_to(fe_p, {probe[k]: at[k] for k in ranges}, table, fe)
         if diff is not None:
@@ -372,7 +375,9 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
         except TooLargeError:
             raise
         except (InputError, ShapeError) as e:
-            raise not_taken(ranges, at, e) from None
+            if e.node is not None:
+                raise not_taken(ranges, at, e) from None
+            return f"at {where}: {e}"
         try:
             g = Resizer({probe[k]: at[k] for k in ranges}, table).graph(fe_p.graph)
             if [n.shape for n in g.inputs.values()] != [n.shape for n in fe.graph.inputs.values()]:

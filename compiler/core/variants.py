@@ -181,7 +181,7 @@ def compile_variants(model, *, budget, shapes: dict | None, compile_one, clock=t
         except RuntimeIfError:
             raise
         except LumcError as e:
-            if not combo:
+            if not combo or e.node is None:     # not a model node's: a bad name is said as is
                 raise
             # a listed size the model does not take (a Split in halves at an odd size): said
             # with the size, which the model's own reason does not name

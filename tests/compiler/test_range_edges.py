@@ -143,3 +143,13 @@ def test_bench_of_a_range_artifact_counts_the_ideal_bytes_at_the_size_timed(db, 
         e = json.loads(out.read_text())["end_to_end"]
         assert e["ideal_bytes"] == 4 * (3 * n * 4 + 4), (n, e)     # x, y, s once; m
         assert e["bytes_moved"] >= e["ideal_bytes"], (n, e)
+
+
+@pytest.mark.parametrize("size", [(1, 48), [2, 4]], ids=["range", "list"])
+def test_a_bad_dim_name_beside_a_range_or_list_is_said_as_it_is(size, db):
+    """A ``shapes=`` name the model lacks is the user's error, not a size the model does not
+    take: 'the model does not take L=47 (... no input or dynamic dim of that name)' misled."""
+    with pytest.raises(InputError) as e:
+        lumc.compile(halves(), budget="20s", device="sim:h200", db=db,
+                     shapes={"B": 1, "L": size})
+    assert str(e.value).startswith("shapes={'B': ...}: no input or dynamic dim of that name")
