@@ -77,6 +77,7 @@ class VariantKey:
             InputError: an input of the wrong rank, or two axes of one dim that disagree.
         """
         out: dict[str, int] = {}
+        first: dict[str, str] = {}      # where each dim was read first, to name both sides
         for dim, uses in self.axes.items():
             for name, ax in uses:
                 if name not in inputs:
@@ -86,9 +87,10 @@ class VariantKey:
                     raise InputError(f"input {name!r} has shape {tuple(shp)}; its axis {ax} is "
                                      f"dim {dim!r}", node=name)
                 v = int(shp[ax])
+                first.setdefault(dim, f"input {name!r} axis {ax}")
                 if out.setdefault(dim, v) != v:
-                    raise InputError(f"dim {dim!r} is {out[dim]} in one input and {v} in input "
-                                     f"{name!r}", node=name)
+                    raise InputError(f"dim {dim!r} is {out[dim]} in {first[dim]} and {v} in "
+                                     f"input {name!r} axis {ax}; they must be equal", node=name)
         return out
 
     def holds(self, sizes: dict) -> bool:

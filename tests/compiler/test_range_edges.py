@@ -153,3 +153,18 @@ def test_a_bad_dim_name_beside_a_range_or_list_is_said_as_it_is(size, db):
         lumc.compile(halves(), budget="20s", device="sim:h200", db=db,
                      shapes={"B": 1, "L": size})
     assert str(e.value).startswith("shapes={'B': ...}: no input or dynamic dim of that name")
+
+
+def test_a_dim_two_inputs_share_is_refused_naming_both_when_they_differ(db):
+    """x [1, L, 4] + y [1, L, 4] over 1..32: equal L is served exactly; L=7 against L=8 said 'dim
+    'L' is 7 in one input and 8 in input 'y'', naming one side only."""
+    m = _model([oh.make_node("Add", ["x", "y"], ["s"])],
+               [oh.make_tensor_value_info(k, TP.FLOAT, [1, "L", 4]) for k in "xy"],
+               [oh.make_tensor_value_info("s", TP.FLOAT, None)])
+    f = lumc.compile(m, budget="20s", device="sim:h200", db=db, shapes={"L": (1, 32)})
+    x, y = (RNG.standard_normal((1, 7, 4)).astype(np.float32) for _ in "xy")
+    np.testing.assert_array_equal(f(x, y), x + y)
+    with pytest.raises(InputError) as e:
+        f(x, np.zeros((1, 8, 4), np.float32))
+    assert str(e.value) == ("dim 'L' is 7 in input 'x' axis 1 and 8 in input 'y' axis 1; they "
+                            "must be equal")
