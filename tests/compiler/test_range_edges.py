@@ -168,3 +168,42 @@ def test_a_dim_two_inputs_share_is_refused_naming_both_when_they_differ(db):
         f(x, np.zeros((1, 8, 4), np.float32))
     assert str(e.value) == ("dim 'L' is 7 in input 'x' axis 1 and 8 in input 'y' axis 1; they "
                             "must be equal")
+
+
+def pairs(d: int = 4) -> onnx.ModelProto:
+    """x [B, L, d] read as pairs of rows: Reshape to [B, L / 2, 2 d] with L / 2 an integer Div of
+    the Shape: an odd L does not import."""
+    return _model([oh.make_node("Shape", ["x"], ["sh"]),
+                   oh.make_node("Gather", ["sh", "zero"], ["B"], axis=0),
+                   oh.make_node("Gather", ["sh", "one"], ["L"], axis=0),
+                   oh.make_node("Div", ["L", "two"], ["Lh"]),
+                   oh.make_node("Unsqueeze", ["B", "ax0"], ["B1"]),
+                   oh.make_node("Unsqueeze", ["Lh", "ax0"], ["Lh1"]),
+                   oh.make_node("Concat", ["B1", "Lh1", "d2"], ["tgt"], axis=0),
+                   oh.make_node("Reshape", ["x", "tgt"], ["y"])],
+                  [oh.make_tensor_value_info("x", TP.FLOAT, ["B", "L", d])],
+                  [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+                  [nh.from_array(np.int64(0), "zero"), nh.from_array(np.int64(1), "one"),
+                   nh.from_array(np.int64(2), "two"), nh.from_array(np.array([0], np.int64), "ax0"),
+                   nh.from_array(np.array([2 * d], np.int64), "d2")])
+
+
+def test_a_narrow_range_beside_one_with_sizes_the_model_does_not_take(db):
+    """B=1..4 is too narrow to probe inside (one odd prime), so both dims are probed above their
+    ranges, where the odd L probe does not import: it said 'too narrow to probe inside ... and
+    the model imports at no size above it', blaming B. The range's own edge sizes are tried then:
+    L=1 is refused by name. With L in steps of 2 one plan serves every (B, L) exactly."""
+    with pytest.raises(InputError) as e:
+        lumc.compile(pairs(), budget="20s", device="sim:h200", db=db,
+                     shapes={"B": (1, 4), "L": (1, 64)})
+    msg = str(e.value)
+    assert msg.startswith("size range B=1..4, L=1..64: the model does not take B=1, L=1, a size "
+                          "of the range (node 'y', op Reshape") and "too narrow" not in msg
+    m = pairs()
+    f = lumc.compile(m, budget="30s", device="sim:h200", db=db,
+                     shapes={"B": (1, 4), "L": "2..64:2"})
+    for b, n in ((1, 2), (4, 64), (3, 22), (2, 62)):
+        x = RNG.standard_normal((b, n, 4)).astype(np.float32)
+        y = f(x)
+        assert y.shape == (b, n // 2, 8)
+        np.testing.assert_array_equal(y, _ort(m, {"x": x}))
