@@ -173,13 +173,26 @@ def _probe_sizes(model, frontend, fixed, ranges):
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
     if first is None:       # too narrow inside, and no import above it
         _edges_taken(model, frontend, fixed, ranges)     # a size inside it the model refuses?
-        raise InputError(f"size range {spec}: too narrow to probe inside (two odd primes per dim) "
-                         f"and the model imports at no size above it ({err}); give explicit "
-                         "sizes (a list) instead")
+        raise NarrowRangeError(f"size range {spec}: too narrow to probe inside (two odd primes "
+                               f"per dim) and the model imports at no size above it ({err}); give "
+                               "explicit sizes (a list) instead")
     why = first if len(first) <= 200 else first[:197] + "..."
     raise InputError(f"size range {spec}: the model's sizes are not products of "
                      f"{' and '.join(ranges)} or of such sizes padded ({why}), which one plan per "
                      "range needs; give explicit sizes (a list) instead")
+
+
+class NarrowRangeError(InputError):
+    """A range too narrow to probe inside (fewer than two odd primes per dim) whose probes above
+    it do not import, though the model takes its edge sizes: ``compile_model`` compiles its few
+    sizes as a list instead (:func:`range_sizes`)."""
+
+
+def range_sizes(ranges: dict, most: int) -> dict[str, list[int]] | None:
+    """``{dim: [its sizes]}`` of ``ranges``, or None when their combinations are more than
+    ``most`` plans."""
+    sizes = {k: list(range(r.lo, r.hi + 1, r.step)) for k, r in ranges.items()}
+    return sizes if math.prod(len(v) for v in sizes.values()) <= most else None
 
 
 def not_taken(ranges: dict, units: dict, e: Exception) -> InputError:

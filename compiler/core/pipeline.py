@@ -21,7 +21,7 @@ import numpy as np
 
 from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
-from lumc.compiler.core.buckets import compile_ranges, ranges_in
+from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_sizes, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
 from lumc.backends.extern import impl_of
@@ -37,7 +37,7 @@ from lumc.compiler.runtime.program import (Program, ideal_bytes, program_time_bo
                                            run_program_reference)
 from lumc.compiler.core.reference_values import (MAX_KEPT_BYTES, ReferenceValues,  # noqa: F401
                                                  drawn_inputs_error)
-from lumc.compiler.core.variants import compile_variants, size_lists
+from lumc.compiler.core.variants import MAX_VARIANTS, compile_variants, size_lists
 from lumc.compiler.core.plan_reuse import _plan_cache_key, _reuse_plan, _store_plan  # noqa: F401
 from lumc.compiler.core.why_not import why_not
 from lumc.compiler.core.search import SearchResult, run_search
@@ -289,7 +289,8 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                              quiet=quiet, db=db, clock=clock, reuse_plan=reuse_plan,
                              precision=precision, weights=weights, tolerance=tolerance,
                              max_kl=max_kl, logits=logits, fast_math=fast_math,
-                             example_inputs=None if size_lists(shapes) else example_inputs)
+                             example_inputs=None if size_lists(shapes) or ranges_in(shapes)
+                             else example_inputs)
     lists = size_lists(shapes)
     ranges = ranges_in(with_ranges(model, shapes)) if lists else {}
     if ranges:   # each listed size's compile takes one size per dim: a range there is no size
@@ -308,16 +309,24 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     if ranges_in(shapes):            # size ranges: one e-graph, one plan per size bucket
         tgt = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
-        return compile_ranges(
-            model, budget=budget_s, shapes=shapes, policy=policy, clock=clock,
-            frontend=lambda m, shp: dataclasses.replace(   # drawn inputs follow the user's ints
-                stage_frontend(m, shp, None), examples={
-                    k: np.asarray(v) for k, v in (example_inputs or {}).items()
-                    if np.asarray(v).dtype.kind in "biu"}),
-            candidates=lambda g, dl: stage_candidates(g, tgt, dl, use_egraph, fast_math),
-            compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
-                fe, dl, target, ver, db, example_inputs=None, use_egraph=use_egraph, quiet=quiet,
-                policy=policy, fast_math=fast_math, given=Given(stored, progs, stats)))
+        try:
+            return compile_ranges(
+                model, budget=budget_s, shapes=shapes, policy=policy, clock=clock,
+                frontend=lambda m, shp: dataclasses.replace(   # drawn inputs follow the user's ints
+                    stage_frontend(m, shp, None), examples={
+                        k: np.asarray(v) for k, v in (example_inputs or {}).items()
+                        if np.asarray(v).dtype.kind in "biu"}),
+                candidates=lambda g, dl: stage_candidates(g, tgt, dl, use_egraph, fast_math),
+                compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
+                    fe, dl, target, ver, db, example_inputs=None, use_egraph=use_egraph,
+                    quiet=quiet, policy=policy, fast_math=fast_math,
+                    given=Given(stored, progs, stats)))
+        except NarrowRangeError:     # a few sizes no probe serves (L=6..6 halved): one plan each
+            sizes = range_sizes(ranges_in(shapes), MAX_VARIANTS)
+            if sizes is None:
+                raise
+            return compile_variants(model, budget=max(deadline.remaining(), 0.0),
+                                    shapes={**shapes, **sizes}, compile_one=one, clock=clock)
     plans = db.plans_dir
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
                             (use_egraph, sorted(policy.as_dict().items()))

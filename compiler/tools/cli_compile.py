@@ -291,7 +291,7 @@ def _echo_variants(cm, r, out_path, report_path) -> None:
     compiled (``lumc.compiler.core.variants``)."""
     unit = "SIMULATED" if r["simulated"] else "measured"
     click.echo(f"compiled {r['model']} for {r['device']} ({unit} times) into {len(r['variants'])} "
-               f"plans in {_secs(r['compile_s'])} s of {_secs(r['budget_s'])} s, chosen per call")
+               f"plan{'s' * (len(r['variants']) != 1)} in {_secs(r['compile_s'])} s of {_secs(r['budget_s'])} s, chosen per call")
     reduced = any(v.get("quality") is not None for v in r["variants"])
     for v in r["variants"]:
         best = v.get("best_time_s")

@@ -207,3 +207,19 @@ def test_a_narrow_range_beside_one_with_sizes_the_model_does_not_take(db):
         y = f(x)
         assert y.shape == (b, n // 2, 8)
         np.testing.assert_array_equal(y, _ort(m, {"x": x}))
+
+
+def test_a_range_of_one_size_compiles_that_size(tmp_path):
+    """``--shape L=6..6`` (a range of one size, too narrow to probe) compiles L=6 as one plan
+    ('into 1 plans' it said) and serves it exactly; L=5 is refused in one line."""
+    p = tmp_path / "h.onnx"
+    onnx.save(halves(), p)
+    art = tmp_path / "h.lumc"
+    res = CliRunner().invoke(cli, ["compile", str(p), "--budget", "20s", "--shape", "L=6..6",
+                                   "-o", str(art)])
+    assert res.exit_code == 0, res.output
+    assert "into 1 plan in" in res.output, res.output
+    x = RNG.standard_normal((1, 6, 4)).astype(np.float32)
+    np.testing.assert_array_equal(lumc.load(art)(x), _ort(halves(), {"x": x}))
+    res = CliRunner().invoke(cli, ["run", str(art), "--shape", "L=5", "--random"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output

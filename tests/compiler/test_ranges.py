@@ -299,17 +299,27 @@ def _table_sliced(rows: int = 8, d: int = 4) -> onnx.ModelProto:
 def test_a_range_that_imports_only_inside(db):
     """A table of 8 rows sliced to L. Over 1..8 the slice is a view of the table whose size is
     L: one plan serves every L exactly. Over 1..4 there are no two odd primes inside, and above
-    the range the model does not import: refused in one line, no traceback."""
+    the range the model does not import: its four sizes compile as a list, one plan each (it was
+    refused, though the model takes them all). Over 1..12, too many sizes for a list, the model
+    does not take L=12: refused in one line naming it."""
     f = lumc.compile(_table_sliced(), budget="30s", device="sim:h200", db=db,
                      shapes={"L": (1, 8)})
     for n in range(1, 9):
         x = RNG.standard_normal((1, n, 4)).astype(np.float32)
         np.testing.assert_array_equal(f(x), _ort(_table_sliced(), {"x": x})[0])
+    f = lumc.compile(_table_sliced(), budget="30s", device="sim:h200", db=db,
+                     shapes={"L": (1, 4)}, use_egraph=False)
+    assert len(f.variants) == 4
+    for n in range(1, 5):
+        x = RNG.standard_normal((1, n, 4)).astype(np.float32)
+        np.testing.assert_array_equal(f(x), _ort(_table_sliced(), {"x": x})[0])
+    with pytest.raises(InputError, match=r"compiled for \(1, 1, 4\) or"):
+        f(np.zeros((1, 5, 4), np.float32))
     with pytest.raises(InputError) as e:
         lumc.compile(_table_sliced(), budget="30s", device="sim:h200", db=db,
-                     shapes={"L": (1, 4)})
+                     shapes={"L": (1, 12)})
     msg = str(e.value)
-    assert "\n" not in msg and "explicit sizes" in msg and "too narrow" in msg
+    assert "\n" not in msg and msg.startswith("size range L=1..12: the model does not take L=")
 
 
 def test_a_weights_reference_to_no_part_is_an_artifact_error():
