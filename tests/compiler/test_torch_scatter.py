@@ -159,3 +159,60 @@ def test_kv_cache_write_at_an_input_position_through_the_search(tmp_path, monkey
         refs = _CacheStep()(*call)
     for got, ref in zip(f(*call), refs):
         assert torch.allclose(torch.as_tensor(got), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,f,good,bads", [
+    # the scatter family takes no negative index (eager: "index -1 is out of bounds")
+    ("scatter", lambda x, i: x.scatter(1, i, 2.5), [[6, 0], [1, 1]], ([[-1, 0], [1, 1]],
+                                                                      [[7, 0], [1, 1]])),
+    ("scatter_add", lambda x, i: x.scatter_add(1, i, torch.ones(i.shape)), [[6, 0], [1, 1]],
+     ([[0, -7], [1, 1]], [[0, 1], [9, 1]])),
+    ("scatter_reduce amax", lambda x, i: x.scatter_reduce(0, i, torch.ones(i.shape), "amax"),
+     [[4, 0], [1, 1]], ([[-1, 0], [1, 1]], [[5, 0], [1, 1]])),
+    # index_put counts a negative index from the end: [-n, n)
+    ("index_put", lambda x, i: x.index_put((i,), torch.ones(7), accumulate=True), [4, -5, 0],
+     ([5, 0, 0], [-6, 0, 0])),
+    ("index_copy past the end", lambda x, i: x.index_copy(0, i, torch.ones(3, 7)), [4, 1, 0],
+     ([5, 0, 1],)),
+])
+def test_scatter_index_outside_its_dim_is_refused_as_eager(name, f, good, bads):
+    """An index outside its dim is an error in eager; it used to hit no position (an index past
+    the end) or count from the end (a negative one in ``scatter``), silently."""
+    from lumc.ir.errors import IndexRangeError
+    m = Fn(f).eval()
+    g = torch.tensor(good)
+    c = compile_module(m, (X, g))
+    assert torch.equal(c(X, g), m(X, g))
+    for bad in bads:
+        b = torch.tensor(bad)
+        with pytest.raises((RuntimeError, IndexError), match="out of bounds"):
+            m(X, b)
+        with pytest.raises(IndexRangeError, match=r"out of range \[0, \d\)") as e:
+            c(X, b)
+        assert "\n" not in str(e.value)
+
+
+def test_scatter_index_check_stays_in_the_plan_and_refuses_an_input_after_the_search(
+        tmp_path, monkeypatch):
+    """Through ``lumc.compile``: the index's ``Gather`` of ``[0, n)`` stays in the graph past
+    constant folding (a computed index is refused by the compiled plan too; fusion inlines it, so
+    it costs no kernel: ``tests/e2e/test_computed_indices.py``), and the run refuses an index
+    input outside its dim before any kernel runs (``index_ranges.graph_index_uses``)."""
+    import lumc
+    from lumc.compiler.core.constfold import fold_constants
+    from lumc.compiler.frontends.torch_frontend import import_torch
+    from lumc.compiler.runtime.index_ranges import IndexRangeInputError
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    m = Fn(lambda x, i: x.scatter_add(1, i, torch.ones(i.shape)) * 2).eval()
+    i = torch.tensor([[6, 0], [1, 1], [2, 2], [0, 3], [5, 5]])
+    graph = import_torch(m, (X, i)).graph
+    for g in (graph, fold_constants(graph)):
+        assert any(n.op == "Gather" and n.srcs[0].op == "Iota" for n in g.nodes())
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(X, i))
+    other = i.flip(0)
+    assert torch.allclose(f(X, other), m(X, other), rtol=1e-6, atol=1e-6)
+    bad = other.clone()
+    bad[2, 1] = -1
+    with pytest.raises(IndexRangeInputError, match=r"index -1 in input '\w+' is out of range "
+                                                   r"\[0, 7\)"):
+        f(X, bad)
