@@ -1,7 +1,8 @@
 """More ATen ops against PyTorch eager: ``erfc``, ``diagonal``, ``unfold``, ``triu_indices`` /
 ``tril_indices``, ``empty_permuted``, ``copysign``, ``signbit``, ``hypot``, ``searchsorted``,
-``bucketize``, ``kthvalue``, ``median``, ``cummax`` / ``cummin``, ``cdist``, ``sgn``; with NaN,
-infinities, signed zeros, ties and ragged shapes where the op defines them."""
+``bucketize``, ``kthvalue``, ``median``, ``cummax`` / ``cummin``, ``cdist``, ``sgn``, ops with a
+``dim`` on 0-d tensors; with NaN, infinities, signed zeros, ties and ragged shapes where the op
+defines them."""
 from __future__ import annotations
 
 import functools
@@ -272,3 +273,29 @@ def test_grouped_query_sdpa_through_torch_compile(dynamic, tmp_path, monkeypatch
     for lk in ((6, 9) if dynamic else (6,)):
         q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, lk, 8), torch.randn(2, 2, lk, 8)
         torch.testing.assert_close(f(q, k, v), attn(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("softmax", lambda x, i: F.softmax(x, 0)),
+    ("log_softmax", lambda x, i: F.log_softmax(x, -1)),
+    ("softmax to f32", lambda x, i: F.softmax(x.half(), 0, dtype=torch.float32)),
+    ("flip", lambda x, i: x.flip(0) - x),
+    ("gather", lambda x, i: x.gather(-1, i) * 2),
+    ("index_select", lambda x, i: x.index_select(0, i)),
+    ("var", lambda x, i: torch.stack([x.var(0, correction=0), x.std(0)])),
+    ("var_mean keepdim", lambda x, i: torch.var_mean(x, 0, correction=0, keepdim=True)[1]),
+    ("normalize", lambda x, i: F.normalize(x, dim=0)),
+    ("vector_norm keepdim", lambda x, i: torch.linalg.vector_norm(x, 3.0, 0, keepdim=True)),
+])
+@pytest.mark.filterwarnings("ignore:std.*degrees of freedom:UserWarning")
+def test_dim_ops_read_a_0d_tensor_as_one_element(name, f):
+    """PyTorch reads a 0-d tensor as one element along dim 0 / -1 (softmax 1, log_softmax 0, std
+    NaN); these were refused ('reduce axis 0 out of range for rank 0', 'cannot lower: IndexError')
+    or lowered to shape (1,) for ()."""
+    class M(nn.Module):
+        def forward(self, x, i):
+            return f(x, i)
+    x, i = torch.tensor(-2.5), torch.tensor(0)
+    m = M().eval()
+    ref = m(x, i)
+    _close(compile_module(m, (x, i))(x, i), ref, 1e-6)

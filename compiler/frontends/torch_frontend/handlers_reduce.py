@@ -8,7 +8,8 @@ reads them (unused IR is never part of the graph).
 """
 from __future__ import annotations
 
-from lumc.compiler.frontends.torch_frontend.registry import aten, arg, float_of, lib, lumc_dtype
+from lumc.compiler.frontends.torch_frontend.registry import (aten, arg, float_of, lib, lumc_dtype,
+                                                             rank0_as_1d)
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.tensor import Tensor, normalize_axis
@@ -143,11 +144,13 @@ def _var_mean(x: Tensor, dim, correction, keepdim) -> tuple[Tensor, Tensor]:
 
 
 @aten("var.correction")
+@rank0_as_1d
 def _var(ctx, x, dim=None, *, correction=None, keepdim=False):
     return _var_mean(x, dim, correction, keepdim)[0]
 
 
 @aten("var_mean.correction")
+@rank0_as_1d
 def _var_mean_h(ctx, x, dim=None, *, correction=None, keepdim=False):
     return _var_mean(x, dim, correction, keepdim)
 
@@ -191,17 +194,20 @@ def _logcumsumexp(ctx, x, dim):
 
 # ---- softmax ---------------------------------------------------------------------------------------
 @aten("_softmax.default", requires=["norm.softmax"])
+@rank0_as_1d
 def _softmax(ctx, x, dim, half_to_float=False):
     y = lib("norm.softmax")(x.cast(dt.f32) if half_to_float else x, axis=dim)
     return y
 
 
 @aten("_log_softmax.default", requires=["norm.log_softmax"])
+@rank0_as_1d
 def _log_softmax(ctx, x, dim, half_to_float=False):
     return lib("norm.log_softmax")(x.cast(dt.f32) if half_to_float else x, axis=dim)
 
 
 @aten("_safe_softmax.default", requires=["norm.softmax"])
+@rank0_as_1d
 def _safe_softmax(ctx, x, dim, dtype=None):
     # a row that is all -inf gives 0 instead of NaN (fully masked attention rows)
     if dtype is not None:
@@ -271,12 +277,11 @@ def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
 
 
 @aten("linalg_vector_norm.default", requires=["reduce.reduce"])
+@rank0_as_1d
 def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     """``||x||_ord`` over ``dim``: 2 and 1 as ``l2``/``l1`` reductions, ``±inf`` as max/min of
     ``|x|``, 0 as the count of nonzeros, other orders as ``(sum |x|^p)^(1/p)``."""
     x = float_of(x.cast(lumc_dtype(dtype)) if dtype is not None else x)
-    if x.ndim == 0:
-        x = x.reshape((1,))
     ord = float(ord)
     if ord == 2:
         return _reduce(x, "l2", dim, keepdim)

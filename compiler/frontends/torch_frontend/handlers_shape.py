@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lumc.compiler.frontends.torch_frontend.registry import aten, lib, lumc_dtype, promote
+from lumc.compiler.frontends.torch_frontend.registry import aten, lib, lumc_dtype, promote, rank0_as_1d
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.graph import view_node
@@ -143,6 +143,7 @@ def _unbind(ctx, x, dim=0):
 
 
 @aten("flip.default")
+@rank0_as_1d
 def _flip(ctx, x, dims):
     for d in dims:
         x = x.flip(d)
@@ -229,11 +230,13 @@ def _repeat(ctx, x, repeats):
 # embedding, index_select and gather refuse a negative index (an error in eager), unlike x[i]: it
 # stays out of range of the Gather primitive, refused like one past the end
 @aten("index_select.default", requires=["indexing.gather"])
+@rank0_as_1d
 def _index_select(ctx, x, dim, index):
     return lib("indexing.gather")(x, index, axis=dim, negative_indices=False)
 
 
 @aten("gather.default", requires=["indexing.gather_elements"])
+@rank0_as_1d
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
     return lib("indexing.gather_elements")(x, index, axis=dim, negative_indices=False)
 

@@ -69,6 +69,34 @@ def aten(*overloads: str, requires: Sequence[str] = (), check: CheckFn | None = 
     return deco
 
 
+def rank0_as_1d(fn):
+    """Wrap the handler of an op that takes a ``dim``: PyTorch reads a 0-d tensor as one element
+    along dim 0 (``-1``) there (``softmax(x, 0)``, ``flip(x, [0])``, ``gather(x, 0, i)``,
+    ``var(x, 0)``), so 0-d tensor arguments become shape ``(1,)`` and each tensor result takes the
+    shape PyTorch traced for it (``()``: the one element)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(ctx, *args, **kwargs):
+        if not any(isinstance(a, Tensor) and a.ndim == 0 for a in args):
+            return fn(ctx, *args, **kwargs)
+        out = fn(ctx, *(a.reshape((1,)) if isinstance(a, Tensor) and a.ndim == 0 else a
+                        for a in args), **kwargs)
+        vals = ctx.node.meta.get("val")
+        if isinstance(out, Tensor):
+            return _traced_shape(out, vals, ctx.sym_env)
+        return type(out)(_traced_shape(o, v, ctx.sym_env) for o, v in zip(out, vals))
+    return wrapped
+
+
+def _traced_shape(t, val, env: dict):
+    if not isinstance(t, Tensor) or not isinstance(val, torch.Tensor):
+        return t
+    shape = tuple(int(d.node.expr.xreplace(env)) if isinstance(d, torch.SymInt) and env else
+                  int(d) for d in val.shape)
+    return t.reshape(shape) if shape != t.shape and int(np.prod(shape)) == t.numel else t
+
+
 def op_name(target) -> str:
     """``aten.add.Tensor`` for an ATen overload, ``operator.add`` for a Python function."""
     if isinstance(target, torch._ops.OpOverload):
