@@ -1,6 +1,7 @@
 """Integer and index semantics of the PyTorch frontend against eager: exact integer division,
-fmod/remainder refusing a zero divisor, and embedding / index_select / gather refusing an index
-outside its dim (negative ones too), before and after the search."""
+fmod/remainder refusing a zero divisor, embedding / index_select / gather refusing an index
+outside its dim (negative ones too), before and after the search, and Python int scalars outside
+an integer tensor's dtype (wrapped in arithmetic, refused where eager refuses them)."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import lumc
-from lumc.ir.errors import DivisionByZeroError, IndexRangeError
+from lumc.ir.errors import DivisionByZeroError, IndexRangeError, ModelError
 
 from tests.compiler.test_torch_frontend import check_close, compile_module
 
@@ -210,3 +211,52 @@ def test_gather_negative_index_refused_after_the_search(tmp_path, monkeypatch):
     with pytest.raises(IndexRangeInputError, match=r"op Gather: index -1 in input '\w+' is out of "
                                                    r"range \[0, 4\)"):
         f(x, torch.tensor([[0, 3], [-1, 2], [3, 0]]))
+
+
+class _Fn(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
+I8 = torch.tensor([1, 100, -100, 127, -128], dtype=torch.int8)
+U8 = torch.tensor([0, 3, 255, 128, 7], dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("name,f,x", [
+    ("int8 + 1000", lambda x: x + 1000, I8), ("int8 * 300", lambda x: x * 300, I8),
+    ("int8 == 356", lambda x: x == 356, I8), ("int8 < 300", lambda x: x < 300, I8),
+    ("uint8 >= -1", lambda x: x >= -1, U8), ("uint8 - 300", lambda x: x - 300, U8),
+    ("int8 % 1000", lambda x: x % 1000, I8), ("1000 - int8", lambda x: 1000 - x, I8),
+    ("int32 + 2**32 + 5", lambda x: x.int() + (2 ** 32 + 5), I8),
+    ("full(-1, uint8)", lambda x: torch.full((5,), -1, dtype=torch.uint8) + x, U8),
+    ("uint8 clamp(-3, 5)", lambda x: x.clamp(-3, 5), U8),
+    ("uint8 masked_fill(-3)", lambda x: x.masked_fill(x > 1, -3), U8),
+])
+def test_an_integer_scalar_outside_the_dtype_converts_as_eager(name, f, x):
+    """Eager wraps a Python int outside an integer tensor's dtype around in arithmetic and
+    comparisons (``int8 + 1000`` adds -24), and takes a negative fill down to ``-255`` for uint8;
+    these were refused with 'cannot lower: OverflowError'."""
+    m = _Fn(f).eval()
+    ref = m(x)
+    got = compile_module(m, (x,))(x)
+    assert got.dtype == ref.dtype and torch.equal(got, ref), (got, ref)
+
+
+@pytest.mark.parametrize("name,f,x", [
+    ("clamp", lambda x: x.clamp(-200, 100), I8), ("masked_fill", lambda x: x.masked_fill(x > 0, 300), I8),
+    ("full", lambda x: torch.full((5,), 300, dtype=torch.int8) + x, I8),
+    ("where", lambda x: torch.where(x > 0, x, 1000), I8),
+    ("full uint8", lambda x: torch.full((5,), -256, dtype=torch.uint8) + x, U8),
+])
+def test_an_integer_scalar_eager_cannot_convert_is_refused_in_one_line(name, f, x):
+    m = _Fn(f).eval()
+    with pytest.raises(RuntimeError, match="without overflow"):
+        m(x)
+    with pytest.raises(ModelError, match=r"value -?\d+ cannot be converted to u?int8 without "
+                                         r"overflow") as e:
+        compile_module(m, (x,))
+    assert "\n" not in str(e.value)

@@ -12,7 +12,7 @@ import math
 import torch
 
 from lumc.compiler.frontends.torch_frontend.registry import (aten, arg, float_of, lib, lumc_dtype, promote,
-                                                   result_dtype, to_tensor)
+                                                   int_scalar, result_dtype, to_tensor)
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.tensor import Tensor
@@ -161,7 +161,7 @@ aten("bitwise_not.default", check=_bool_only)(lambda ctx, x: x.logical_not())
 
 @aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
 def _where(ctx, cond, a, b):
-    a, b = promote(a, b)
+    a, b = promote(a, b, wrap=False)      # eager refuses a scalar outside the result dtype
     return _truth(cond).where(a, b)
 
 
@@ -330,6 +330,8 @@ def _full(shape, value, d: dt.DType) -> Tensor:
         if not math.isfinite(value) or not lo <= math.trunc(value) <= hi:
             raise ShapeError(f"fill value {value} does not fit {d}")
         value = math.trunc(value)
+    elif d.is_int and isinstance(value, int) and not isinstance(value, bool):
+        value = int_scalar(value, d)      # eager's conversion: 300 is refused for int8
     return Tensor.full(tuple(int(s) for s in shape), value, d)
 
 

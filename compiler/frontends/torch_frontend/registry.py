@@ -18,7 +18,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 # one handler record and library lookup for both frontends (an ATen handler's check takes the fx node)
 from lumc.compiler.frontends.onnx_frontend.registry import Handler, lib, library, missing_requirements  # noqa: F401
 from lumc.ir import dtypes as dt
-from lumc.ir.errors import UnsupportedOpError
+from lumc.ir.errors import ModelError, UnsupportedOpError
 from lumc.ir.tensor import Tensor
 
 TORCH_TO_DTYPE: dict[torch.dtype, dt.DType] = {
@@ -130,17 +130,41 @@ def result_dtype(*operands) -> dt.DType:
     return TORCH_TO_DTYPE[res]
 
 
-def to_tensor(x, dtype: dt.DType) -> Tensor:
-    """``x`` (a Tensor or a Python scalar) as a Tensor of ``dtype``."""
+def int_scalar(x: int, dtype: dt.DType, wrap: bool = False) -> np.ndarray:
+    """The Python int ``x`` as a 0-d array of the integer ``dtype``, converted as eager converts a
+    scalar: wrapping around with ``wrap`` (arithmetic and comparisons: ``int8 + 1000`` adds -24,
+    ``uint8 >= -1`` compares with 255), else only a value the type holds, or for an unsigned type
+    a negative one down to ``-max`` (``full(2, -1, dtype=uint8)`` is 255), as c10's overflow check
+    allows.
+
+    Raises:
+        ModelError: a value eager refuses ("value cannot be converted to type int8_t without
+            overflow": ``clamp``, ``masked_fill``, ``full``, ``where``).
+    """
+    lo, hi = int(np.iinfo(dtype.np).min), int(np.iinfo(dtype.np).max)
+    ok = (-(1 << 63) <= x < (1 << 64)) if wrap else \
+        (lo <= x <= hi) or (lo == 0 and -hi <= x < 0)
+    if not ok:
+        raise ModelError(f"value {x} cannot be converted to {dtype.np} without overflow")
+    return np.array(x & ((1 << 64) - 1), dtype=np.uint64).astype(dtype.np)
+
+
+def to_tensor(x, dtype: dt.DType, wrap: bool = False) -> Tensor:
+    """``x`` (a Tensor or a Python scalar) as a Tensor of ``dtype``; an integer scalar in an
+    integer ``dtype`` as :func:`int_scalar` converts it."""
     if isinstance(x, Tensor):
         return x.cast(dtype)
+    if isinstance(x, int) and not isinstance(x, bool) and dtype.is_int:
+        return Tensor.const(int_scalar(x, dtype, wrap))
     return Tensor.const(np.array(x, dtype=dtype.np))
 
 
-def promote(*operands) -> list[Tensor]:
-    """Every operand as a Tensor of the operands' :func:`result_dtype` (scalars become 0-d)."""
+def promote(*operands, wrap: bool = True) -> list[Tensor]:
+    """Every operand as a Tensor of the operands' :func:`result_dtype` (scalars become 0-d; an
+    integer scalar outside an integer result dtype wraps around in it, as in eager's arithmetic,
+    unless ``wrap`` is False: refused, see :func:`to_tensor`)."""
     d = result_dtype(*operands)
-    return [to_tensor(x, d) for x in operands]
+    return [to_tensor(x, d, wrap) for x in operands]
 
 
 def float_of(x: Tensor) -> Tensor:
