@@ -1,6 +1,7 @@
 """Calling ``lumc.compile(module)`` the ways the module itself is called: a positional parameter
 given by keyword (``f(x=t)``, ``f(input_ids=ids, attention_mask=m)``), in any keyword order;
-a wrong dtype is named in torch's words. Values against PyTorch eager."""
+a wrong dtype is named in torch's words; example inputs that share storage. Values against
+PyTorch eager."""
 from __future__ import annotations
 
 import warnings
@@ -67,3 +68,22 @@ def test_two_positionals_by_keyword_and_a_wrong_dtype_in_torch_words():
         assert str(e.value) == "input 'y' has dtype torch.float64, expected torch.float32"
         with pytest.raises(InputError, match=r"argument 0: expected a leaf"):
             f([x], y)
+
+
+class _Bmm(nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b) + b.sum()
+
+
+def test_example_inputs_that_share_storage():
+    """``f(x.mT, x)``: example inputs that alias each other. PyTorch's ``run_decompositions``
+    failed on them ("torch.export failed: AttributeError: 'NoneType' object has no attribute
+    'size'"); the capture clones an aliasing input first, and the calls match eager, aliased or
+    not."""
+    from lumc.compiler.core.torch_compile import compile_module
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 3, generator=g)
+    m = _Bmm().eval()
+    f = compile_module(m, (x.mT, x), search=False)
+    for a, b in ((x.mT, x), (torch.randn(2, 3, 5, generator=g), torch.randn(2, 5, 3, generator=g))):
+        assert torch.allclose(f(a, b), m(a, b), rtol=1e-5, atol=1e-5)

@@ -428,6 +428,24 @@ def refuse_meta_module(module: torch.nn.Module, args: tuple, kwargs: dict | None
     refuse_meta_tensors([f"example input {k}" for k in range(len(leaves))], leaves)
 
 
+def _unaliased(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The example inputs with each tensor that shares storage with an earlier one cloned:
+    ``run_decompositions`` of PyTorch 2.13 fails on inputs that alias (``bmm(x.mT, x)``:
+    "'NoneType' object has no attribute 'size' While executing %_guards_fn"), and the compiled
+    graph copies its inputs anyway, so their aliasing changes nothing."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    seen: set = set()
+    out = []
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel():
+            key = (t.device, t.untyped_storage().data_ptr())
+            if key in seen:
+                t = t.clone()
+            seen.add(key)
+        out.append(t)
+    return pytree.tree_unflatten(out, spec)
+
+
 def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
                    dynamic_shapes=None) -> CapturedProgram:
     """Export ``module`` at ``(args, kwargs)`` and keep its core-ATen graph, weights and specs.
@@ -444,6 +462,7 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     """
     kwargs = dict(kwargs or {})
     refuse_meta_module(module, args, kwargs)
+    args, kwargs = _unaliased(tuple(args), kwargs)
     try:
         with quiet_tracing():
             ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
