@@ -77,6 +77,8 @@ def check_input_types(node: onnx.NodeProto, inputs: Sequence, opset: int) -> Non
         return
     fixed, tail = spec
     seen: dict[str, tuple[int, object]] = {}
+    where = {"node": node.name or (node.output[0] if node.output else node.op_type),
+             "op": node.op_type, "opset": opset}
     for i, v in enumerate(inputs):
         param = fixed[i] if i < len(fixed) else tail
         d = getattr(v, "dtype", None)
@@ -88,9 +90,7 @@ def check_input_types(node: onnx.NodeProto, inputs: Sequence, opset: int) -> Non
             raise ModelError(
                 f"input {i} ({node.input[i]!r}) is {name}, which {node.op_type}-{_since(node, opset)} "
                 f"does not allow for its type {param} (allowed: {', '.join(sorted(allowed))}; an "
-                "invalid model, which onnxruntime refuses too)",
-                node=node.name or (node.output[0] if node.output else node.op_type),
-                op=node.op_type, opset=opset)
+                "invalid model, which onnxruntime refuses too)", **where)
         if param not in seen:
             seen[param] = (i, d)
             continue
@@ -99,9 +99,7 @@ def check_input_types(node: onnx.NodeProto, inputs: Sequence, opset: int) -> Non
             raise ModelError(
                 f"input {j} ({node.input[j]!r}) is {first} but input {i} ({node.input[i]!r}) is "
                 f"{d}; {node.op_type} binds both to one type {param} (an invalid model, which "
-                "onnxruntime refuses too)",
-                node=node.name or (node.output[0] if node.output else node.op_type),
-                op=node.op_type, opset=opset)
+                "onnxruntime refuses too)", **where)
 
 
 def _since(node: onnx.NodeProto, opset: int) -> int:
