@@ -24,8 +24,6 @@ from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_sizes, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
-from lumc.backends.extern import impl_of
-from lumc.backends.simulator import workspace_bytes
 from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
 from lumc.compiler.core.onnx_stage import Frontend, bind_model, stage_frontend, with_ranges
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, precision_report,
@@ -33,12 +31,12 @@ from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolic
 from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
                                                retimed, stage_quality, weights_gate,
                                                weights_note)
-from lumc.compiler.runtime.program import (Program, ideal_bytes, program_time_bound,
-                                           run_program_reference)
+from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import (MAX_KEPT_BYTES, ReferenceValues,  # noqa: F401
                                                  drawn_inputs_error)
 from lumc.compiler.core.variants import MAX_VARIANTS, compile_variants, size_lists
 from lumc.compiler.core.plan_reuse import _plan_cache_key, _reuse_plan, _store_plan  # noqa: F401
+from lumc.compiler.core.report import build_report
 from lumc.compiler.core.why_not import why_not
 from lumc.compiler.core.search import SearchResult, run_search
 from lumc.compiler.core.workers import search_workers, warm_workers, with_workers
@@ -515,13 +513,6 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         progress.close()
 
 
-def unused_inputs(graph: Graph) -> list[str]:
-    """Names of the graph inputs no output depends on (an input whose uses constant folding
-    removed, such as one read only by ``Shape``), in model order."""
-    reached = {id(n) for n in graph.nodes()}
-    return [k for k, n in graph.inputs.items() if id(n) not in reached]
-
-
 def check_untimed(result: SearchResult, keys: list, measurer: KernelMeasurer, model: str,
                   warnings: list) -> int:
     """The untimed fallback (nothing was measured within the budget: the best-bound candidate at
@@ -553,53 +544,3 @@ def check_untimed(result: SearchResult, keys: list, measurer: KernelMeasurer, mo
             warnings.append(f"the fallback program's {form} kernel {k[:12]} could not be checked "
                             f"({m.note})")
     return checked
-
-
-def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult, measurer, bounds,
-                 target, budget_s, deadline, egraph_stats, max_err, use_egraph, db, log) -> dict:
-    """The ``--report`` JSON (see the issue for the field list)."""
-    per_kernel = []
-    for c, k, cfg in zip(chosen.calls, ck, configs):
-        t = result.kernel_times.get(k)
-        per_kernel.append({
-            "form": c.kernel.form, "impl": impl_of(cfg), "kernel": k, "covers": list(c.kernel.covers)[:16],
-            "time_s": t, "bound_s": bounds[k], "flops": c.kernel.flops(), "bytes": c.kernel.min_bytes(),
-            "workspace_bytes": workspace_bytes(c.kernel, cfg or {}),
-            "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
-            "arithmetic_intensity": c.kernel.arithmetic_intensity()})
-    ideal = ideal_bytes(graph, chosen)
-    st = result.stats
-    return {
-        "model": fe.model_name, "device": target.name, "simulated": target.simulated,
-        "budget_s": budget_s, "compile_s": deadline.elapsed(), "stopped_because": st.stopped_because,
-        # whether e-graph candidates were searched (not only asked for: without egglog, or past
-        # its share of the budget, the candidates are the greedy ones and "egraph.error" says why)
-        "egraph_used": bool(use_egraph and egraph_stats.get("used")),
-        "kernels": len(chosen.calls), "programs": len(programs),
-        "candidate_label": chosen.label,
-        # the search's counts (SearchStats): programs (above) and those pruned by bound; the
-        # (kernel, config) pairs of their distinct kernels, those pruned by bound, tried
-        # (candidates_compiled, configs_from_db of them read from the tuning database), rejected
-        # and timed; candidates_total / candidates_pruned mix programs and pairs (older reports)
-        "programs_pruned": st.programs_pruned, "distinct_kernels": st.kernels,
-        "kernel_configs": st.kernel_configs, "configs_pruned": st.configs_pruned,
-        "configs_from_db": st.from_db,
-        "candidates_total": st.candidates_total, "candidates_pruned": st.candidates_pruned,
-        "candidates_compiled": st.candidates_compiled, "candidates_timed": st.candidates_timed,
-        "candidates_rejected": st.candidates_rejected, "measurements": st.measurements,
-        "db_hits": measurer.db_hits, "measured": measurer.measured,
-        "shared_checks": measurer.shared_checks,
-        "best_time_s": result.time_s, "bound_time_s": result.bound_s,
-        "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
-        # what bytes_moved leaves out: split-K partial tiles through memory (simulator.py)
-        "workspace_bytes": sum(r["workspace_bytes"] for r in per_kernel),
-        "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
-                                                     "used", "iterations", "stop_reasons", "error",
-                                                     "extraction_s", "partition_s", "carried")},
-        "max_rel_error": max_err, "warnings": list(fe.warnings), "log": log[:200],
-        "form_counts": chosen.form_counts(), "per_kernel": per_kernel,
-        "inputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.inputs.items()},
-        "outputs": {k: [list(n.shape), n.dtype.name] for k, n in graph.outputs.items()},
-        # inputs that feed no output once constant folding is done: still accepted at call time
-        "unused_inputs": unused_inputs(graph),
-    }
