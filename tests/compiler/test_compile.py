@@ -307,3 +307,17 @@ def test_the_cancellation_scale_loosens_sums_only():
     want = np.abs(x64 - np.abs(x64).sum(1, keepdims=True) / 8).sum(1)
     np.testing.assert_allclose(mags["s"], want, rtol=1e-6)           # sizes of the terms
     np.testing.assert_array_equal(mags["e"], plain["e"])             # no sum: unchanged
+
+
+def test_inspect_says_what_bytes_moved_leaves_out(model, db, tmp_path):
+    """``lumc inspect``'s total line adds a plan's split-K partials to its bytes moved, where it
+    has any (``workspace_bytes``), and says nothing of them where it has none."""
+    from click.testing import CliRunner
+    from lumc.compiler.tools.cli import cli
+    cm = lumc.compile(model, budget="30s", device="sim:h200", db=db)
+    for ws, want in ((0, "MB)"), (1234567, "; split-K partials 1.235 MB more)")):
+        cm._report["workspace_bytes"] = ws
+        cm.save(tmp_path / f"m{ws}.lumc")
+        res = CliRunner().invoke(cli, ["inspect", str(tmp_path / f"m{ws}.lumc")])
+        total = next(ln for ln in res.output.splitlines() if ln.startswith("total: "))
+        assert total.endswith(want) and ("split-K" in total) == bool(ws), total
