@@ -30,8 +30,8 @@ def probe_assignments(ranges: dict[str, DimRange], tries: int = PROBE_TRIES,
     """Up to ``tries`` assignments ``(probe, check, third)`` of primes per ranged dim (in units of
     its step, all distinct). Inside the range, the probes largest first (``above=False``: sizes
     that are products of the dims need nothing else); else the primes above the range and above
-    :data:`ABOVE_UNITS` units, smallest first (``above=True``: a table of affine values needs probe sizes larger
-    than every small size the model holds, else a padded size at the probe, ``W / 16 + 1 = 27``,
+    :data:`ABOVE_UNITS` units, smallest first (``above=True``: a table of affine values needs
+    probe sizes larger than every small size the model holds, else a padded size at the probe, ``W / 16 + 1 = 27``,
     can equal a static one, a 3 x 3 x 3 kernel's stride 27, and a context-free re-size cannot
     tell them apart; and factors ``m p + a`` distinct for distinct ``(m, a)``, ``p > 2 |a|``).
     The third prime verifies such a table (:func:`_affine_table`); it is None where there are

@@ -149,6 +149,6 @@ def drawn_inputs_error(e: LumcError) -> LumcError:
     to do about it: those values are lumc's, not the user's, so the compile needs inputs the model
     takes."""
     return type(e)(f"{e.reason}, at example inputs lumc drew (for the inputs not given: N(0, 1) "
-                   "floats, integers in [0, 8) where no table bounds them); give inputs the model takes "
-                   "(lumc compile --input NAME=FILE.npy or --inputs FILE.npz; "
+                   "floats, integers in [0, 8) where no table bounds them); give inputs the model "
+                   "takes (lumc compile --input NAME=FILE.npy or --inputs FILE.npz; "
                    "lumc.compile(..., example_inputs={name: array}))", node=e.node, op=e.op)

@@ -104,13 +104,13 @@ def cast_op(x, to_name: str, saturate: bool):
     return x.to(to)
 
 
-def mod_op(a, b, where: dict | None = None):
+def mod_op(a, b, site: dict | None = None):
     """C ``fmod`` (``Mod``), as ``torch.fmod`` (an integer one checks its divisor first: on a GPU,
     one synchronization).
 
     Raises:
         DivisionByZeroError: an integer divisor is 0 (one line naming the model node where
-            ``where`` has it (:func:`lumc.ir.provenance.where`), the op and the dtype), as
+            ``site`` has it (:func:`lumc.ir.provenance.where`), the op and the dtype), as
             the reference executor raises it. Raised here, in a helper, so that ``torch.fx``
             prints no code listing of the generated ``forward`` on stderr.
     """
@@ -119,7 +119,7 @@ def mod_op(a, b, where: dict | None = None):
         from lumc.ir.errors import DivisionByZeroError
         from lumc.ir.ops import int_mod_by_zero
         raise DivisionByZeroError(int_mod_by_zero(str(b.dtype).removeprefix("torch.")),
-                                  **(where or {"op": "Mod"}))
+                                  **(site or {"op": "Mod"}))
     return torch.fmod(a, b)
 
 

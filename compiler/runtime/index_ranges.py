@@ -1,8 +1,9 @@
 """Graph inputs that index a table: their valid ranges, for ``--random`` and for run-time checks.
 
 An integer graph input that reaches the index operand of a ``Gather``, ``GatherElements``,
-``GatherND``, ``ScatterElements`` (``Scatter``) or ``ScatterND`` node (directly, or through value-preserving ops: ``Cast``, ``Identity``, ``Reshape``,
-``Unsqueeze``, ``Squeeze``, ``Flatten``, ``Expand``, ``Transpose``) must lie in ``[-n, n)``, ``n``
+``GatherND``, ``ScatterElements`` (``Scatter``) or ``ScatterND`` node (directly, or through
+value-preserving ops: ``Cast``, ``Identity``, ``Reshape``, ``Unsqueeze``, ``Squeeze``, ``Flatten``,
+``Expand``, ``Transpose``) must lie in ``[-n, n)``, ``n``
 the size of the axis it indexes (ONNX); one shifted on the way by a constant ``c``
 (``Add(ids, c)``, ``Add(c, ids)``, ``Sub(ids, -c)``) in ``[-n - c, n - c)``. :func:`index_uses`
 finds those inputs and sizes from the ONNX graph (table shapes from initializers, else ONNX shape
@@ -239,8 +240,7 @@ def _fx_node(g) -> tuple[str | None, str]:
     (:mod:`lumc.ir.provenance`: ``('embedding', 'aten.embedding.default')``), else
     ``(None, 'Gather')``."""
     from lumc.ir.provenance import origin
-    o = origin(g)
-    return (o[0], o[1]) if o is not None else (None, "Gather")
+    return origin(g) or (None, "Gather")
 
 
 def graph_index_uses(graph) -> dict[str, list[IndexUse]]:

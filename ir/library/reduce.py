@@ -225,7 +225,8 @@ def cumsum(x: Tensor, axis: int, exclusive: bool = False, reverse: bool = False)
     one was, else the finite sum (as a sequential scan). The summation order differs from a
     sequential scan (rounding may differ by reassociation); the sign of a zero is the sequential
     scan's: -0.0 where every term so far is -0.0 (found by one ``O(n)`` reduction), never -0.0
-    when ``exclusive`` (the scan starts from +0.0, as onnxruntime's). f16/bf16 are summed in f32. Integers: exact, wrapping as the sequential sum.
+    when ``exclusive`` (the scan starts from +0.0, as onnxruntime's). f16/bf16 are summed in f32.
+    Integers: exact, wrapping as the sequential sum.
     Shape and dtype of ``x``.
 
     Raises:

@@ -120,7 +120,8 @@ def scatter_elements(data: Tensor, indices: Tensor, updates: Tensor, axis: int =
 
     Raises:
         ShapeError: mismatched shapes or an unknown reduction.
-        IndexRangeError: a constant index outside ``[-n, n)``.
+        IndexRangeError: a constant index outside ``[-n, n)`` (``[0, n)`` without
+            ``negative_indices``).
     """
     r = data.ndim
     axis = normalize_axis(axis, r)
