@@ -34,7 +34,8 @@ The constants are plausible Hopper figures, not measurements; on a real GPU the 
 whole model. Config keys read: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` (contractions), ``BLOCK`` or
 ``BLOCK_SIZE`` (elementwise and row kernels), ``SPLIT`` (programs per row of a split reduction),
 ``SPLIT_K`` (programs per output tile of a split-K contraction: their fp32 partial tiles are written
-and read back at HBM prices, and the finish kernel adds a launch and a wave),
+and read back at HBM prices, and the finish kernel adds a launch and a wave); the ``mlp`` form's knobs (``BLOCK_F``) in
+``lumc.backends.simulator_mlp``,
 ``num_warps``, ``num_stages``; missing keys take the defaults below.
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
+from lumc.backends.simulator_mlp import mlp_bound, mlp_workspace_bytes, simulate_mlp_time
 from lumc.backends.simulator_attention import (SFU_OPS, attention_problem,  # noqa: F401
                                                attention_prologue_seconds, attention_prologues,
                                                attention_score_seconds)
@@ -343,7 +345,7 @@ def _static(kernel: Kernel) -> tuple:
         prologue = row_statistics_work(kernel, c) if c is not None and kernel.form == "matmul" \
             else RowWork()
         rows = (*row_dims(kernel), row_prologue_ops(kernel)) \
-            if c is None and kernel.form not in ("pointwise", "gather") else None
+            if c is None and kernel.form not in ("pointwise", "gather", "mlp") else None
         hit = (sum(kernel.read_bytes()), sum(n.nbytes for n in kernel.outputs), dtype,
                kernel.flops(), c, prologue, rows)
         _STATIC[kernel] = hit
@@ -357,6 +359,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         ValueError: when the config cannot run (shared memory over the per-block limit).
     """
     in_bytes, out_bytes, dtype, flops, c, prologue, rows = _static(kernel)
+    if kernel.form == "mlp":
+        return simulate_mlp_time(kernel, cfg, dev, in_bytes, out_bytes, dtype.name)
     warps = int(cfg.get("num_warps", 4))
     stages = int(cfg.get("num_stages", 2))
     smem = _smem_bytes(kernel, cfg, dtype.itemsize, c.operands_b if c is not None else 1)
@@ -498,6 +502,9 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     cannot win: the search prunes it without compiling.
     """
     in_bytes, out_bytes, dtype, flops, c, _, rows = _static(kernel)   # per kernel, not per config
+    if kernel.form == "mlp":
+        return max(mlp_bound(kernel, cfg, dev, in_bytes, out_bytes, dtype.name),
+                   flops / dot_peak(dev, cfg, dtype.name))
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 16), cfg.get("BLOCK_N", 16), cfg.get("BLOCK_K", 16)
         sk = max(int(cfg.get("SPLIT_K", 1)), 1)
@@ -530,6 +537,8 @@ def workspace_bytes(kernel: Kernel, cfg: dict) -> int:
     the finish kernel (``render_matmul``: ``2 * SPLIT_K * batch * M * N * 4``). 0 for every other
     kernel and config (a split reduction's partials, ``2 * rows * SPLIT`` accumulators, are a few
     KiB and left out). The report's ``workspace_bytes``: what ``bytes_moved`` leaves out."""
+    if kernel.form == "mlp":     # its F blocks' partial tiles (``simulator_mlp``)
+        return mlp_workspace_bytes(kernel, cfg)
     sk = max(int(cfg.get("SPLIT_K", 1) or 1), 1)
     if sk == 1 or kernel.form not in TENSOR_FORMS:
         return 0

@@ -27,7 +27,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import OPS
 
 FORMS = ("pointwise", "reduction", "matmul", "softmax", "layernorm", "rmsnorm", "attention",
-         "gather")
+         "gather", "mlp")
 
 
 @dataclass(frozen=True, eq=False)

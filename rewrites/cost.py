@@ -7,13 +7,13 @@ come from the compiler (``DeviceSpec.as_ceilings()`` in ``lumc.backends.devices`
     {"name": str, "tensor_flops": {dtype: FLOP/s}, "vector_flops": {dtype: FLOP/s},
      "bandwidth": bytes/s, "launch_s": seconds}
 
-Contractions (``matmul``, ``attention``) run on tensor cores, every other form on CUDA cores.
+Contractions (``matmul``, ``attention``, ``mlp``) run on tensor cores, every other form on CUDA cores.
 """
 from __future__ import annotations
 
 from lumc.ir.kernels import Kernel
 
-TENSOR_FORMS = frozenset({"matmul", "attention"})
+TENSOR_FORMS = frozenset({"matmul", "attention", "mlp"})
 
 
 def kernel_dtype(kernel: Kernel) -> str:

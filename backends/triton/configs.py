@@ -97,6 +97,11 @@ SPACES["matmul_rows"] = {**SPACES["matmul"], "N_TILES": (1, 2, 4, 8)}
 # tile's K range, partial tiles merged in a fixed order by a second kernel (1: no split)
 SPACES["matmul_splitk"] = {**SPACES["matmul"], "SPLIT_K": (1, 2, 4, 8, 16)}
 MATMUL_SPACES = ("matmul", "matmul_rows", "matmul_splitk")
+# back-to-back contractions (``render_mlp``): BLOCK_M x BLOCK_F intermediate blocks over BLOCK_K
+# steps, multiplied into BLOCK_N column tiles of the output
+SPACES["mlp"] = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_F": (32, 64, 128, 256),
+                 "BLOCK_K": (16, 32, 64), "BLOCK_N": (32, 64, 128, 256), "num_warps": (4, 8),
+                 "num_stages": (2, 3, 4)}
 SPLITK_MIN_K = 256               # K below which a split leaves each program too little to do
 SPLITK_MIN_STEPS = 2             # BLOCK_K steps each split program walks at least
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
@@ -152,6 +157,27 @@ def known_good(space: str, problem: dict) -> list[Config]:
     return out
 
 
+def _legal_mlp(p: dict, c: dict) -> bool:
+    """An mlp config (``render_mlp``): no tile past its dim's power of two; the live fp32 values
+    of one program within the registers (the intermediate block, the output tile and, for fp32
+    operands, the hi/lo fragments of both products' operand tiles: the matmul rule's count,
+    :data:`FP32_REGS_PER_THREAD`); its shared memory within the block limit."""
+    w = c["num_warps"]
+    bm, bf, bk, bn = c["BLOCK_M"], c["BLOCK_F"], c["BLOCK_K"], c["BLOCK_N"]
+    if any(b > max(16, next_pow2(p[d])) for b, d in ((bm, "M"), (bf, "F"), (bk, "K"), (bn, "N"))):
+        return False
+    live = bm * bf + bm * bn
+    if p.get("itemsize", 4) >= 4:
+        live += 2 * (bm + bf) * bk + 2 * (bm + bn) * bf // 4
+        if bk > FP32_MAX_BLOCK_K:
+            return False
+    if live > FP32_REGS_PER_THREAD * 32 * w or bm * bf < 16 * 16 * w // 2:
+        return False
+    if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:   # one K step: nothing to pipeline
+        return False
+    return shared_memory_estimate("mlp", p, c) <= SMEM_LIMIT
+
+
 def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
     """Bytes of shared memory the pipelined operand tiles take (an estimate; see module doc)."""
     isz = p.get("itemsize", 4)
@@ -160,7 +186,30 @@ def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
             c["BLOCK_K"] * isz
     if space == "attention":
         return attention_shared_memory(p, c)
+    if space == "mlp":
+        return mlp_shared_memory(isz, c)
     return 0
+
+
+def mlp_shared_memory(isz: int, c: dict) -> int:
+    """Bytes of shared memory one stage-1 program of an mlp kernel takes (``render_mlp``): the
+    larger of its two loops' (Triton reuses the buffers of the first loop in the second).
+
+    * the ``K`` loop: ``num_stages`` pipelined ``BLOCK_M x BLOCK_K`` and ``BLOCK_K x BLOCK_F``
+      operand tiles, as a matmul's;
+    * the ``N`` loop: the intermediate block as a dot operand (``BLOCK_M x BLOCK_F``; fp32 operands
+      held as split-TF32 hi and lo, 8 bytes each), and ``num_stages - 1`` pipelined ``BLOCK_F x
+      BLOCK_N`` tiles of ``W2`` plus their converted copy (fp32 operands: hi and lo, 8 bytes).
+
+    Fitted to ``metadata.shared`` of compiles for cuda:90 (``aot.py``, Triton 3.6) of BERT-base's
+    fp32 mlp kernel at BLOCK_M 16-64, BLOCK_F 128-256, BLOCK_N 64-128, 3 stages, 8 warps: exact at
+    tf32x3 (144-288 KiB); tf32 and bf16 take less (fp32 operands are priced at tf32x3, the most
+    any precision of the search takes)."""
+    bm, bf, bk, bn, st = c["BLOCK_M"], c["BLOCK_F"], c["BLOCK_K"], c["BLOCK_N"], c["num_stages"]
+    wide = isz >= 4
+    k_loop = st * (bm + bf) * bk * isz
+    n_loop = bm * bf * (8 if wide else isz) + bf * bn * (max(st - 1, 1) * isz + (8 if wide else 0))
+    return max(k_loop, n_loop)
 
 
 def score_bytes(nodes: list, operands: tuple) -> int:
@@ -249,6 +298,8 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:  # one K step: nothing to pipeline
             return False
         return shared_memory_estimate(space, p, c) <= SMEM_LIMIT
+    if space == "mlp":
+        return _legal_mlp(p, c)
     if space == "attention":
         bm, bn = c["BLOCK_M"], c["BLOCK_N"]
         if bm > max(16, next_pow2(p["M"])) or bn > max(16, next_pow2(p["N"])):
@@ -363,6 +414,16 @@ def _default_config(space: str, problem: dict) -> Config:
         bm = min(128, max(16, next_pow2(problem["M"])))
         bn = min(64, max(16, next_pow2(problem["N"])))
         return make(4 if bm <= 64 else 8, 2, BLOCK_M=bm, BLOCK_N=bn)
+    if space == "mlp":
+        # F blocks of 128 and row blocks shrunk until the grid fills the GPU
+        bf = min(128, max(32, next_pow2(problem["F"])))
+        bm = min(64, max(16, next_pow2(problem["M"])))
+        while cdiv(problem["M"], bm) * cdiv(problem["F"], bf) < SM_COUNT and bm > 16:
+            bm //= 2
+        bk = min(32, max(16, next_pow2(problem["K"])))
+        bn = min(64, max(32, next_pow2(problem["N"])))
+        return make(8, 3 if next_pow2(problem["K"]) > bk else 2,
+                    BLOCK_M=bm, BLOCK_F=bf, BLOCK_K=bk, BLOCK_N=bn)
     if space == "split":
         bk = min(4096, next_pow2(problem["K"]) // 16)
         # enough stage-1 programs to fill the GPU, each chunk still at least one block
@@ -405,6 +466,11 @@ def _interpreter_config(space: str, problem: dict) -> Config:
         return make(4, 2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
     if space == "attention":
         return make(4, 1, BLOCK_M=min(128, max(16, next_pow2(problem["M"]))),
+                    BLOCK_N=min(256, max(16, next_pow2(problem["N"]))))
+    if space == "mlp":    # two F blocks at least, so the numerics check sums partial tiles
+        bf = max(16, min(256, next_pow2(problem["F"]) // 2))
+        return make(4, 2, BLOCK_M=min(256, max(16, next_pow2(problem["M"]))), BLOCK_F=bf,
+                    BLOCK_K=min(1024, max(16, next_pow2(problem["K"]))),
                     BLOCK_N=min(256, max(16, next_pow2(problem["N"]))))
     if space == "split":   # few programs, long steps: the interpreter pays per program and per op
         bk = min(16384, max(512, next_pow2(problem["K"]) // 16))

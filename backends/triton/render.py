@@ -48,6 +48,9 @@ def render_parts(kernel: Kernel, variant: str | None = None):
         parts = render_row(kernel, variant)
     elif form == "matmul":
         parts = render_row(kernel, variant) if variant == "generic" else render_matmul(kernel)
+    elif form == "mlp":
+        from lumc.backends.triton.render_mlp import render_mlp
+        parts = render_mlp(kernel)
     elif form == "attention":
         parts = render_row(kernel, variant) if variant == "generic" else render_attention(kernel)
     else:

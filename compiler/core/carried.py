@@ -288,11 +288,11 @@ def load(graph: Graph, directory: str | Path) -> tuple[list[Program], str]:
                 root = _rebuild(nodes[r], memo, leaf)
                 forms[id(root)] = FormRecord(form, _from_json_attrs(attrs),
                                              [_rebuild(nodes[i], memo, leaf) for i in ins])
-            # files before +kv-prologue hold 2 flags, before +attention 3
-            pro, epi, kv, att = (list(c["flags"]) + [False, False])[:4]
+            # files before +kv-prologue hold 2 flags, before +attention 3, before +mlp 4
+            pro, epi, kv, att, mlp = (list(c["flags"]) + [False, False, False])[:5]
             p = greedy_program(Graph(dict(graph.inputs), outs), label=c["label"], forms=forms,
                                norm_prologue=pro, norm_epilogue=epi, kv_prologue=kv,
-                               attention=att)
+                               attention=att, mlp=mlp)
             p.validate()
         except Exception:  # noqa: BLE001 - a candidate that does not bind here is dropped
             dropped += 1

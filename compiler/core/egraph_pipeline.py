@@ -29,6 +29,7 @@ from lumc.compiler.core.extract import (CostModel, EGraphView, FormRecord, alter
 from lumc.compiler.core.constfold import fold_constants
 from lumc.compiler.core.fusion import KV_PROLOGUE_REFUSAL, greedy_program
 from lumc.compiler.core.fusion_attention import ATTENTION_REFUSAL
+from lumc.compiler.core.fusion_chain import MLP_REFUSAL
 from lumc.compiler.core.partition import Region, partition
 from lumc.compiler.runtime.program import Program, program_time_bound
 
@@ -301,13 +302,22 @@ def _wide_forced(view: EGraphView) -> dict[str, int] | None:
     return forced
 
 
-def fusion_flags(label: str) -> tuple[bool, bool, bool, bool]:
-    """``(norm_prologue, norm_epilogue, kv_prologue, attention)`` of a candidate's label: its
-    suffixes ``+norm-prologue`` or ``+norm-on-load``, then ``+kv-prologue`` and ``+attention`` (the
-    twins, in the order they were made)."""
+def fusion_flags(label: str) -> tuple[bool, bool, bool, bool, bool]:
+    """``(norm_prologue, norm_epilogue, kv_prologue, attention, mlp)`` of a candidate's label: its
+    suffixes ``+norm-prologue`` or ``+norm-on-load``, then ``+kv-prologue``, ``+attention`` and
+    ``+mlp`` (the twins, in the order they were made)."""
     tail = label.split("+")[1:]
     return ("norm-prologue" in tail, "norm-on-load" in tail, "kv-prologue" in tail,
-            "attention" in tail)
+            "attention" in tail, "mlp" in tail)
+
+
+def mlp_twin(label: str, notes: list[str]) -> bool:
+    """Whether the candidate ``label`` (its fusion's ``notes``) gets a ``+mlp`` twin
+    (``fusion_chain``): its fusion noted chained contractions it could compute in one kernel, and
+    it is not a twin already nor a single region's flip (one more decode of the whole program
+    each)."""
+    return (not fusion_flags(label)[4] and not label.startswith("flip:")
+            and any(MLP_REFUSAL in x for x in notes))
 
 
 def attention_twin(label: str, notes: list[str]) -> bool:
@@ -322,13 +332,15 @@ def attention_twin(label: str, notes: list[str]) -> bool:
 def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict],
                      tables: Tables, label: str, norm_prologue: bool = False,
                      memo: dict | None = None, norm_epilogue: bool = False,
-                     kv_prologue: bool = False, attention: bool = False) -> Program:
+                     kv_prologue: bool = False, attention: bool = False,
+                     mlp: bool = False) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
     the chosen forms (``norm_prologue``: normalizations read only by contractions are formed on
     load inside them; ``norm_epilogue``: also where a contraction's epilogue reads them,
     ``lumc.compiler.core.fusion``; ``kv_prologue``: attention computes its elementwise keys and
     values itself; ``attention``: attention assembled around score functions no rule spells,
-    ``fusion_attention``). ``memo`` (shared by the candidates of one
+    ``fusion_attention``; ``mlp``: chained contractions in one kernel, ``fusion_chain``). ``memo``
+    (shared by the candidates of one
     e-graph run) keeps each region's decode by its choice and the nodes it reads, so a region
     that the candidates choose alike over the same inputs is decoded once (the same nodes)."""
     env: dict[int, Node] = {}
@@ -355,10 +367,10 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
     new = Graph(graph.inputs, outs)
     prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue,
                           norm_epilogue=norm_epilogue, kv_prologue=kv_prologue,
-                          attention=attention)
+                          attention=attention, mlp=mlp)
     prog.value_keys = keys
     # what the fusion was given: enough to build the program again elsewhere (carried.py)
-    prog.decoded = (new, forms, (norm_prologue, norm_epilogue, kv_prologue, attention))
+    prog.decoded = (new, forms, (norm_prologue, norm_epilogue, kv_prologue, attention, mlp))
     return prog
 
 
@@ -467,9 +479,10 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
         try:
-            pro, epi, kv, att = fusion_flags(label)
+            pro, epi, kv, att, mlp = fusion_flags(label)
             p = decode_candidate(graph, results, picks, tables, label, norm_prologue=pro,
-                                 memo=decoded, norm_epilogue=epi, kv_prologue=kv, attention=att)
+                                 memo=decoded, norm_epilogue=epi, kv_prologue=kv, attention=att,
+                                 mlp=mlp)
             p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(
@@ -479,6 +492,8 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
             queue.appendleft((f"{label}+kv-prologue", picks))
         if attention_twin(label, p.notes):
             queue.appendleft((f"{label}+attention", picks))
+        if mlp_twin(label, p.notes):
+            queue.appendleft((f"{label}+mlp", picks))
         sig = p.signature()
         if sig in seen:
             continue

@@ -51,6 +51,7 @@ from lumc.ir.views import prod
 
 from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core, same_iteration
 from lumc.compiler.core.fusion_attention import AttentionAssembly
+from lumc.compiler.core.fusion_chain import ChainFusion
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
@@ -65,7 +66,7 @@ MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its e
 HORIZONTAL_LOOKAHEAD = 4  # later kernels a pointwise kernel looks at for independent partners
 
 
-class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
+class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusion):
     """Realization decisions for one graph; :meth:`program` cuts the kernels.
 
     Attributes:
@@ -76,9 +77,12 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
 
     def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None,
                  norm_prologue: bool = False, norm_epilogue: bool = False,
-                 kv_prologue: bool = False, attention: bool = False):
+                 kv_prologue: bool = False, attention: bool = False, mlp: bool = False):
         self.graph = graph
         self.attention = attention
+        self.mlp = mlp
+        self.chain_root: dict[int, int] = {}    # chained contractions (fusion_chain)
+        self.chain_exits: set[int] = set()
         self.norm_prologue = norm_prologue or norm_epilogue
         self.norm_epilogue = norm_epilogue
         self.kv_prologue = kv_prologue
@@ -406,6 +410,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
                         if k == 0 and self._fuse_norm_prologue(b, exits):
                             self.norm_consumers.update(id(u) for u, _ in self.uses[id(n)])
                             continue
+                        if k == 0 and n.op == "Mul" and self._chain_contraction(b, n, exits):
+                            continue
                         self._realize(b, n, self._why_not_epilogue(b, n, views))
                     elif n.op == "Gather" and k == 0 and self._is_compute(b):
                         self._realize(b, n, "a gather table must be in memory")
@@ -418,7 +424,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
         for b in sorted(self.pending.values(), key=lambda x: -self.pos[id(x)]):
             self._fuse_norm_on_load(b, exits)
         for exit_ in exits.values():
-            if id(exit_) not in self.prologue_exits and id(exit_) not in self.head_pending:
+            if id(exit_) not in self.prologue_exits and id(exit_) not in self.head_pending \
+                    and id(exit_) not in self.chain_exits:
                 self._realize(exit_, None, "end of a reduction kernel")
         # inlined nodes with several consumers: recompute when cheap, else realize
         for n in self.order:
@@ -477,6 +484,13 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly):
                     continue
                 if rec is not None:     # an attention kernel may write row values too
                     calls.append(build_call([n] + rows, boundary, rec.form, rec.attrs))
+                elif self.group.get(id(n)) in self.chain_root.values():
+                    # two contractions, the first's epilogue on chip (fusion_chain); views kept
+                    # where the model wrote them, as for a normalization formed on load
+                    r2 = self.byid[self.group[id(n)]]
+                    calls.append(build_call([n] + rows, boundary, "mlp",
+                                            (("axes", tuple(r2.arg)), ("reduce", "sum")),
+                                            push_views=False))
                 elif self.group.get(id(n)) in self.norm_consumers:
                     # the normalization stays as written: its renderer reads the rows of its input
                     # (and writes the row values other kernels read)
@@ -531,7 +545,8 @@ def _alias_output(n: Node) -> bool:
 
 def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None,
                    norm_prologue: bool = False, norm_epilogue: bool = False,
-                   kv_prologue: bool = False, attention: bool = False) -> Program:
+                   kv_prologue: bool = False, attention: bool = False,
+                   mlp: bool = False) -> Program:
     """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
 
     Model outputs that are model inputs, constants, or free reshapes of a realized node are not
@@ -544,8 +559,9 @@ def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = Non
     ``norm_epilogue`` also where a contraction's epilogue reads it (post-LN: the residual);
     ``kv_prologue`` computes elementwise key and value operands of attention inside it (the query's
     always is); ``attention`` assembles attention forms around score functions no rule spells
-    (``fusion_attention``).
+    (``fusion_attention``); ``mlp`` computes a contraction's epilogue that only the next
+    contraction reads in that contraction's kernel (``fusion_chain``).
     """
     return GreedyFusion(graph, forms=forms, norm_prologue=norm_prologue,
                         norm_epilogue=norm_epilogue, kv_prologue=kv_prologue,
-                        attention=attention).program(label)
+                        attention=attention, mlp=mlp).program(label)

@@ -174,7 +174,7 @@ class NormOnLoad:
                               "epilogues" + (" and inside the norm kernels that read it"
                                              if nested else ""))
         # a paired contraction reads it in its partner's kernel (the group's root)
-        kernels = sorted({id(exits[self.group.get(g, g)]) for g in readers},
+        kernels = sorted({id(exits[self._kernel_root(self.group.get(g, g))]) for g in readers},
                          key=lambda k: self.pos[k])
         # shared only between contraction kernels: a GEMV (one row, rendered as a row kernel)
         # cannot write a statistic of another shape (``rowplan.prologue_statistics``)

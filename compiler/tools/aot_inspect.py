@@ -17,7 +17,7 @@ import re
 from lumc.ir.errors import LumcError
 
 AOT_TARGETS = ("cuda:90",)       # what backends/triton/aot.py compiles for (sm_90a, 32-thread warps)
-CONTRACTION_FORMS = ("matmul", "attention")
+CONTRACTION_FORMS = ("matmul", "attention", "mlp")
 # the tensor-core operand type a PRECISION asks for (sass.mma_input_type names); a row whose SASS
 # has tensor-core opcodes of other types only is marked: Triton lowers an fp8 tl.dot on the
 # warp-level mma.sync path (tiles too small for a warpgroup MMA) to fp16 HMMA

@@ -85,9 +85,10 @@ def _x(shape, rng):
     return x
 
 
-def _on_load(graph):
+def _on_load(graph, mlp: bool = False):
     res = egraph_candidates(graph, "h200", k=32)
-    progs = [p for p in res.candidates if "+norm-on-load" in p.label]
+    progs = [p for p in res.candidates if "+norm-on-load" in p.label
+             and ("+mlp" in p.label) == mlp]
     assert progs, [p.label for p in res.candidates]
     return min(progs, key=lambda p: len(p.calls))
 
@@ -107,6 +108,23 @@ def _run(prog, feeds: dict, cfg=None) -> dict:
 CFGS = (None,
         configs.make(4, 2, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8, N_TILES=2,
                      PRECISION="ieee"))
+
+
+@pytest.mark.parametrize("kind", NORMS)
+def test_sandwich_layers_mlp_twin_matches_float64(kind):
+    """The ``+mlp`` twin of the same plan (``fusion_chain``): each FFN's up-projection, activation
+    and down-projection one mlp kernel, whose first operand is the pre-FFN norm formed on load over
+    a residual plus a norm (nested statistics); values through Triton match float64 under ragged
+    tiles (M = 13, F = 24 split over two F blocks by the interpreter's config)."""
+    rng = np.random.default_rng(11)
+    graph, want = _sandwich((13, 40), 24, 2, kind, rng)
+    prog = _on_load(graph, mlp=True)
+    forms = [c.kernel.form for c in prog.calls]
+    assert forms.count("mlp") == 2 and forms.count("matmul") == 2, forms
+    xv = _x((13, 40), rng)
+    ref = want(xv)
+    got = _run(prog, {"x": xv})[id(prog.outputs["y"])]
+    np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("kind", NORMS)

@@ -1,0 +1,127 @@
+"""The simulated time of an ``mlp`` kernel (``lumc.backends.triton.render_mlp``): two chained
+contractions, the intermediate on chip, split over ``F``.
+
+Priced with the terms of ``lumc.backends.simulator`` (each >= the pure roofline), for what the
+rendered code issues:
+
+* **Work**: both products over whole tiles (``2 * Mp * Kp * Fp + 2 * Mp * Fp * Np``, each dim
+  padded to its block), at the config's ``PRECISION`` peak times each product's tile efficiency
+  (``BLOCK_M x BLOCK_F`` over ``BLOCK_K`` steps, then ``BLOCK_M x BLOCK_N`` over one ``BLOCK_F``
+  step), scaled by SM fill (``cdiv(M, BLOCK_M) * cdiv(F, BLOCK_F)`` programs).
+* **Bytes**: the inputs and outputs once; ``W1`` and ``W2`` again for every further row block and
+  ``A`` for every further F block, of which ``L2_HIT`` is served by L2; the fp32 partial tiles
+  written and read back (``2 * cdiv(F, BLOCK_F) * M * N * 4``) at HBM prices.
+* **Row statistics** of a normalization formed on load: one pass over each program's rows per
+  statistic, re-read from L2, and the normalized tile's ops per element, on CUDA cores.
+* **Latency**: no program finishes before its ``K`` loop and its ``N`` loop, each step waiting on
+  loads issued ``num_stages - 1`` steps before (``DRAM_LATENCY_S``); waves of resident programs.
+* **Launches**: two kernels (the finish kernel adds a launch and a wave).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+from lumc.backends.devices import DeviceSpec
+from lumc.ir.kernels import Kernel
+
+_DIMS: "weakref.WeakKeyDictionary[Kernel, tuple]" = weakref.WeakKeyDictionary()
+
+
+def mlp_dims(kernel: Kernel) -> tuple[int, int, int, int, int, int]:
+    """``(M, K, F, N, itemsize, statistics)`` of an mlp kernel: the chained contractions' sizes,
+    the operand itemsize and the row statistics of its first operand's normalization (0 without)."""
+    hit = _DIMS.get(kernel)
+    if hit is None:
+        from lumc.backends.triton.render_mlp import chained_contractions
+        nodes = kernel.meaning.nodes()
+        c1, c2 = chained_contractions(nodes)
+        stats = sum(1 for n in nodes if n.op in ("SumReduce", "MaxReduce")
+                    and n is not c1.node and n is not c2.node)
+        hit = _DIMS[kernel] = (c1.M, c1.K, c1.N, c2.N, c1.a.dtype.itemsize, stats)
+    return hit
+
+
+def _blocks(cfg: dict) -> tuple[int, int, int, int]:
+    return (int(cfg.get("BLOCK_M", 64)), int(cfg.get("BLOCK_F", 64)), int(cfg.get("BLOCK_K", 32)),
+            int(cfg.get("BLOCK_N", 64)))
+
+
+def mlp_padded_flops(kernel: Kernel, cfg: dict) -> int:
+    """FLOPs the config issues: both products over whole tiles."""
+    M, K, F, N, _, _ = mlp_dims(kernel)
+    bm, bf, bk, bn = _blocks(cfg)
+    mp, fp = math.ceil(M / bm) * bm, math.ceil(F / bf) * bf
+    return 2 * mp * fp * (math.ceil(K / bk) * bk) + 2 * mp * fp * (math.ceil(N / bn) * bn)
+
+
+def mlp_workspace_bytes(kernel: Kernel, cfg: dict) -> int:
+    """The fp32 partial tiles: ``cdiv(F, BLOCK_F)`` per output element, written and read back."""
+    M, _, F, N, _, _ = mlp_dims(kernel)
+    return 2 * math.ceil(F / _blocks(cfg)[1]) * M * N * 4
+
+
+def mlp_shared_memory(kernel: Kernel, cfg: dict) -> int:
+    """Bytes of shared memory one stage-1 program takes (``configs.mlp_shared_memory``)."""
+    from lumc.backends.triton.configs import mlp_shared_memory as fitted
+    bm, bf, bk, bn = _blocks(cfg)
+    return fitted(mlp_dims(kernel)[4], {"BLOCK_M": bm, "BLOCK_F": bf, "BLOCK_K": bk,
+                                        "BLOCK_N": bn, "num_stages": int(cfg.get("num_stages", 2))})
+
+
+def simulate_mlp_time(kernel: Kernel, cfg: dict, dev: DeviceSpec, in_bytes: int,
+                      out_bytes: int, dtype_name: str) -> float:
+    """Simulated seconds of one launch of both kernels (see the module docstring).
+
+    Raises:
+        ValueError: when the config cannot run (shared memory over the per-block limit).
+    """
+    from lumc.backends.simulator import (BW_EFFICIENCY, DRAM_LATENCY_S, L2_BANDWIDTH, L2_HIT,
+                                         L2_SM_HEADROOM, MAX_WARPS_PER_SM, SMEM_PER_SM, dot_peak,
+                                         tensor_core_efficiency)
+    M, K, F, N, isz, stats = mlp_dims(kernel)
+    bm, bf, bk, bn = _blocks(cfg)
+    warps, stages = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2))
+    smem = mlp_shared_memory(kernel, cfg)
+    if smem > dev.smem_per_block:
+        raise ValueError(f"config {cfg} needs {smem} B of shared memory > {dev.smem_per_block} B")
+    tm, tf, tn = math.ceil(M / bm), math.ceil(F / bf), math.ceil(N / bn)
+    programs = tm * tf
+    if programs == 0:
+        return 2 * dev.launch_overhead_s
+    resident = max(1, min(MAX_WARPS_PER_SM // max(warps, 1), SMEM_PER_SM // max(smem, 1)))
+    slots = dev.sm_count * resident
+    waves = math.ceil(programs / slots)
+    sm_fill = min(1.0, programs / dev.sm_count)
+    peak = dot_peak(dev, cfg, dtype_name)
+    mp, fp = tm * bm, tf * bf
+    work = (2 * mp * fp * math.ceil(K / bk) * bk / tensor_core_efficiency(bm, bf, bk, stages)
+            + 2 * mp * fp * tn * bn / tensor_core_efficiency(bm, bn, bf, stages))
+    a_bytes, w1, w2 = M * K * isz, K * F * isz, F * N * isz
+    hbm = in_bytes + out_bytes + ((tf - 1) * a_bytes + (tm - 1) * (w1 + w2)) * (1 - L2_HIT) \
+        + mlp_workspace_bytes(kernel, cfg)
+    body = max(work / (peak * sm_fill), hbm / (dev.hbm_bandwidth * BW_EFFICIENCY))
+    if stats:   # the statistics loops run before the main loop: their time adds
+        reread = a_bytes * stats * tf
+        l2_bw = L2_BANDWIDTH * min(1.0, L2_SM_HEADROOM * programs / dev.sm_count)
+        ops = programs * bm * K * (stats + 4)     # each statistic's body, and the normalized tile
+        body += ops / dev.vector_flops["f32"] + reread * (1 - L2_HIT) / (
+            dev.hbm_bandwidth * BW_EFFICIENCY) + reread * L2_HIT / l2_bw
+    # no program finishes before its own loops: K steps, then N steps, each on loads issued
+    # num_stages - 1 steps before
+    steps = math.ceil(K / bk) + tn
+    loop_floor = steps * DRAM_LATENCY_S / max(stages - 1, 1) * waves
+    if programs >= slots:
+        body *= min(waves * slots / programs, 1.0 + 1.0 / waves)
+    body = max(body, loop_floor)
+    # the finish kernel: a launch and a wave
+    return 2 * dev.launch_overhead_s + body + (waves + 1) * DRAM_LATENCY_S
+
+
+def mlp_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec, in_bytes: int, out_bytes: int,
+              dtype_name: str) -> float:
+    """A lower bound on the config's time: its padded FLOPs at the precision's peak, or its
+    bytes at full bandwidth, plus both launches."""
+    from lumc.backends.simulator import dot_peak
+    return max(mlp_padded_flops(kernel, cfg) / dot_peak(dev, cfg, dtype_name),
+               (in_bytes + out_bytes) / dev.hbm_bandwidth) + 2 * dev.launch_overhead_s

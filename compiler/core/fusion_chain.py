@@ -1,0 +1,91 @@
+"""Back-to-back contractions in one kernel: an MLP's up-projection, activation and down-projection.
+
+A transformer's feed-forward block is ``act(LN(x) @ W1 + b1) @ W2 + b2 + r``. Fused greedily it is
+two kernels, and the intermediate ``h = act(x @ W1 + b1)`` (``M x F``, four times the hidden size in
+BERT and GPT-2) is written by the first and read back by the second. With ``mlp`` (the ``+mlp``
+candidates) the second contraction's kernel computes ``h`` itself: the ``mlp`` form
+(``lumc.backends.triton.render_mlp``), whose programs each compute one ``BLOCK_M x BLOCK_F`` block
+of ``h`` on chip, over the whole ``K``, and multiply it into fp32 partial products of the output
+that a second kernel sums in a fixed order (a split over ``F``, the way split-K splits ``K``).
+
+The fusion applies to a contraction ``C1`` whose elementwise epilogue's exit ``b`` is read only as
+the left operand of one other contraction ``C2``, when (:meth:`ChainFusion._chainable`):
+
+* neither has batch dims, both run on tensor cores (``tl.dot``), and ``C1`` is not paired;
+* ``C2`` reads ``b`` as ``[M, F]`` rows (``reads_operand_rows``) and ``C1`` writes its product
+  rows before columns (``_row_plannable``): the ``h`` block a program computes is the operand tile
+  it multiplies, position for position;
+* ``C1.N == C2.K`` and ``C1.M == C2.M``; and ``C1`` is not itself the end of another chain.
+
+Without the flag the decision is noted (:data:`MLP_REFUSAL`), which is what makes
+``egraph_pipeline`` decode the ``+mlp`` twin; the search times both.
+"""
+from __future__ import annotations
+
+from lumc.ir.graph import Node
+
+from lumc.backends.triton.contraction import as_contraction, is_tensor_core
+from lumc.backends.triton.norm_prologue import reads_operand_rows
+from lumc.compiler.core.fusion_norms import _chain, _row_plannable
+
+MLP_REFUSAL = ("chained contractions: the intermediate is the next contraction's left operand "
+               "(the +mlp candidate computes it in that kernel)")
+
+
+class ChainFusion:
+    """The chain decision for :class:`~lumc.compiler.core.fusion.GreedyFusion` (module
+    docstring). State: ``chain_root`` (``{id(C1): id(C2)}``) and ``chain_exits`` (ids of the
+    intermediates ``b`` that are never written)."""
+
+    def _chain_contraction(self, b: Node, mul: Node, exits: dict) -> bool:
+        """Fuse ``b`` (a contraction kernel's exit) into the contraction that ``mul`` (its
+        product) feeds, when :meth:`_chainable`; with ``mlp`` off, note that it could."""
+        r2 = self._chainable(b, mul, exits)
+        if r2 is None:
+            return False
+        if not self.mlp:
+            self._refuse(b, mul, MLP_REFUSAL)
+            return False
+        g = self.group[id(b)]
+        self.chain_root[g] = id(r2)
+        self.chain_exits.add(id(b))
+        self._refuse(b, mul, "chained contractions: computed on chip in the next contraction's "
+                             "kernel (mlp form)")
+        return True
+
+    def _chainable(self, b: Node, mul: Node, exits: dict) -> Node | None:
+        """``C2`` (the sum over ``mul``) when ``b`` may be computed in its kernel, else None."""
+        g = self.group.get(id(b))
+        r1 = self.byid.get(g) if g is not None else None
+        if r1 is None or g in self.forms or exits.get(g) is not b or id(b) in self.outputs:
+            return None
+        if r1.op != "SumReduce" or g in self.chain_root.values() or g in self.chain_root:
+            return None
+        if sum(1 for k, gg in self.group.items() if gg == g and self.byid[k].op == "SumReduce") != 1:
+            return None             # a paired kernel (two products) or a statistic inside
+        uses = self.uses.get(id(b), [])
+        if len(uses) != 1 or uses[0][0] is not mul or id(mul) in self.group:
+            return None
+        sums = self._sums_of(mul)
+        if not sums or len(sums) != 1 or id(sums[0]) in self.group:
+            return None
+        r2 = sums[0]
+        # the product summed directly: the mlp kernel keeps its views where the model wrote
+        # them, so a batch-of-one reshape between product and sum (``as_contraction_squeezed``)
+        # would reach the renderer as it is
+        c1, c2 = as_contraction(r1), as_contraction(r2)
+        if c1 is None or c2 is None or not (is_tensor_core(c1) and is_tensor_core(c2)):
+            return None
+        if c1.batch_dims or c2.batch_dims or _chain(c2.a)[0] is not b:
+            return None
+        if c1.N != c2.K or c1.M != c2.M or c1.K == 0 or c2.N == 0:
+            return None
+        if c1.node.dtype != c2.node.dtype or b.dtype != c1.a.dtype:
+            return None
+        if not _row_plannable(r1, True) or not reads_operand_rows(c2):
+            return None
+        return r2
+
+    def _kernel_root(self, g: int) -> int:
+        """The group whose kernel computes group ``g``: ``C2`` for a chained ``C1``."""
+        return self.chain_root.get(g, g)
