@@ -34,9 +34,9 @@ The constants are plausible Hopper figures, not measurements; on a real GPU the 
 whole model. Config keys read: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` (contractions), ``BLOCK`` or
 ``BLOCK_SIZE`` (elementwise and row kernels), ``SPLIT`` (programs per row of a split reduction),
 ``SPLIT_K`` (programs per output tile of a split-K contraction: their fp32 partial tiles are written
-and read back at HBM prices, and the finish kernel adds a launch and a wave); the ``mlp`` form's knobs (``BLOCK_F``) in
-``lumc.backends.simulator_mlp``,
-``num_warps``, ``num_stages``; missing keys take the defaults below.
+and read back at HBM prices, and the finish kernel adds a launch and a wave), ``num_warps``,
+``num_stages``; missing keys take the defaults below. The ``mlp`` form (``BLOCK_F``) is priced by
+``lumc.backends.simulator_mlp`` with the same terms.
 """
 from __future__ import annotations
 

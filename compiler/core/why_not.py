@@ -57,8 +57,12 @@ NO_RULE = {
                              "projection's output): no rule makes a contraction its prologue",
     ("attention", "matmul"): "no rule fuses attention with the output projection that reads it "
                              "(heads merged through a view)",
-    ("matmul", "matmul"): "chained contractions are separate kernels: the only back-to-back "
-                          "contraction form is attention",
+    ("matmul", "matmul"): "the mlp form (the '+mlp' candidates) computes a contraction's "
+                          "elementwise epilogue on chip in the next contraction's kernel when "
+                          "that contraction is its one reader (an MLP's up-projection, "
+                          "activation and down-projection): it lost on bound or time "
+                          "(candidates below), or the chain does not fit the form (batch dims, "
+                          "another reader, a squeezed batch-of-one spelling)",
     ("layernorm", "reduction"): "no rule fuses a layer norm into the contraction or reduction "
                                 "after it",
 }

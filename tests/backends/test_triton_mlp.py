@@ -1,0 +1,169 @@
+"""The mlp form (``fusion_chain``, ``render_mlp``, ``simulator_mlp``): two chained contractions in
+one kernel, the intermediate never written.
+
+Values through Triton (the interpreter) are checked against torch eager in float64 under ragged
+tiles, at the interpreter's config and at a GPU-sized config that cuts many F blocks and column
+tiles; the fusion is checked to refuse what the kernel cannot compute; the simulated time is
+checked against its bound, and the workspace against its formula.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lumc.backends.devices import get_device
+from lumc.backends.simulator import config_bound, simulate_kernel_time, workspace_bytes
+from lumc.backends.triton import configs
+from lumc.backends.triton.launch import TritonKernel, to_numpy
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.compiler.frontends.torch_frontend import import_torch
+
+F_ = torch.nn.functional
+
+
+class Block(torch.nn.Module):
+    """``kind``: ``post`` (BERT: ``y = LN(x); y + down(gelu(up(y)))``), ``pre`` (GPT-2:
+    ``x + down(gelu(up(LN(x))))``), ``plain`` (``down(relu(up(x)))``, no bias on down)."""
+
+    def __init__(self, d: int, f: int, n: int, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.ln = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, f)
+        self.down = torch.nn.Linear(f, n, bias=kind != "plain")
+
+    def forward(self, x):
+        if self.kind == "post":
+            y = self.ln(x)
+            return y + self.down(F_.gelu(self.up(y)))
+        if self.kind == "pre":
+            return x + self.down(F_.gelu(self.up(self.ln(x))))
+        return self.down(F_.relu(self.up(x)))
+
+
+def _mlp_program(model, x):
+    imp = import_torch(model, (x,))
+    res = egraph_candidates(imp.graph, "h200", k=64)
+    progs = [p for p in res.candidates if any(c.kernel.form == "mlp" for c in p.calls)]
+    return imp, res, progs
+
+
+def _out(prog):
+    """The node a kernel writes for the program's one output (a free reshape of it, or itself)."""
+    out = next(iter(prog.outputs.values()))
+    while out.op == "View":
+        out = out.srcs[0]
+    return out
+
+
+def _run(prog, feeds: dict, cfg=None) -> dict:
+    env = {}
+    for call in prog.calls:
+        args = [env[id(n)] if id(n) in env else (feeds[n.arg.name] if n.op == "Input"
+                                                 else n.arg.value) for n in call.inputs]
+        tk = TritonKernel(call.kernel)
+        got = tk(*args, config=cfg if tk.rendered.config_space == "mlp" else None)
+        for node_, o in zip(call.outputs, got):
+            env[id(node_)] = to_numpy(o)
+    return env
+
+
+GPU_CFG = configs.make(4, 2, BLOCK_M=16, BLOCK_F=32, BLOCK_K=16, BLOCK_N=32, PRECISION="ieee")
+
+
+@pytest.mark.parametrize("kind,shape,f,n", [
+    ("post", (1, 20, 48), 200, 48),     # M, F and N ragged against every tile
+    ("pre", (1, 7, 40), 72, 40),
+    ("plain", (13, 24), 96, 40),        # rank 2, N != K (no residual)
+])
+def test_mlp_kernel_matches_eager_float64(kind, shape, f, n):
+    torch.manual_seed(len(shape) * 100 + f)
+    model = Block(shape[-1], f, n, kind).eval()
+    x = torch.randn(*shape)
+    imp, res, progs = _mlp_program(model, x)
+    assert progs, [p.label for p in res.candidates]
+    prog = min(progs, key=lambda p: len(p.calls))
+    assert all("+mlp" in p.label for p in progs)
+    want = model.double()(x.double()).detach().numpy()
+    name = next(iter(imp.graph.inputs))
+    out = _out(prog)
+    for cfg in (None, GPU_CFG):
+        got = _run(prog, {name: x.numpy()}, cfg)[id(out)]
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
+def test_mlp_kernel_propagates_non_finite_like_eager():
+    """An inf in one row of the input reaches that row of the output as eager's does (NaN where
+    eager has NaN), and the masked lanes past F and N (zeroed, never 0 * inf) add nothing."""
+    torch.manual_seed(3)
+    model = Block(24, 40, 24, "plain").eval()
+    x = torch.randn(9, 24)
+    x[4, 3] = float("inf")
+    x[6, 0] = float("nan")
+    imp, _, progs = _mlp_program(model, torch.randn(9, 24))
+    prog = min(progs, key=lambda p: len(p.calls))
+    want = model(x).detach().numpy()
+    out = _out(prog)
+    for cfg in (None, GPU_CFG):
+        got = _run(prog, {next(iter(imp.graph.inputs)): x.numpy()}, cfg)[id(out)].reshape(9, 24)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert np.array_equal(np.isinf(got), np.isinf(want))
+        fin = np.isfinite(want)
+        np.testing.assert_allclose(got[fin], want[fin], rtol=1e-4, atol=1e-5)
+        assert not np.isfinite(want[4]).all() and np.isnan(want[6]).all()
+
+
+class TwoReaders(Block):
+    """The intermediate also read by an elementwise op outside the chain: it must be written."""
+
+    def forward(self, x):
+        h = F_.relu(self.up(x))
+        return self.down(h), h.sum(-1)
+
+
+def test_no_chain_when_the_intermediate_has_another_reader():
+    model = TwoReaders(16, 32, 16, "plain").eval()
+    _, res, progs = _mlp_program(model, torch.randn(5, 16))
+    assert not progs
+    assert all("+mlp" not in p.label for p in res.candidates)
+
+
+class Batched(torch.nn.Module):
+    """Chained batched products (attention without its softmax): batch dims, no mlp form."""
+
+    def forward(self, q, k, v):
+        return torch.relu(q @ k.transpose(-1, -2)) @ v
+
+
+def test_no_chain_for_batched_contractions():
+    args = (torch.randn(2, 8, 16), torch.randn(2, 8, 16), torch.randn(2, 8, 16))
+    imp = import_torch(Batched().eval(), args)
+    res = egraph_candidates(imp.graph, "h200", k=64)
+    assert not any(c.kernel.form == "mlp" for p in res.candidates for c in p.calls)
+
+
+def test_simulated_time_is_above_bound_and_workspace_is_the_partials():
+    """Every legal config of BERT-sized mlp kernels (M 128, K 768, F 3072, N 768): simulated time
+    >= the config's bound >= the kernel's roofline; ``workspace_bytes`` is ``2 cdiv(F, BLOCK_F) M
+    N 4``; configs past the shared memory the fitted estimate gives are illegal."""
+    torch.manual_seed(0)
+    model = Block(768, 3072, 768, "post").eval()
+    _, _, progs = _mlp_program(model, torch.randn(1, 128, 768))
+    kernel = next(c.kernel for p in progs for c in p.calls if c.kernel.form == "mlp")
+    tk = TritonKernel(kernel)
+    dev = get_device("h200")
+    space = configs.config_space("mlp", tk.rendered.problem)
+    assert space
+    roof = max(kernel.flops() / dev.dot_peak("tf32x3"), kernel.min_bytes() / dev.hbm_bandwidth)
+    for c in space:
+        kw = dict(c.kwargs(), PRECISION="tf32x3")
+        t, b = simulate_kernel_time(kernel, kw, dev), config_bound(kernel, kw, dev)
+        assert t >= b >= roof, (kw, t, b, roof)
+        assert workspace_bytes(kernel, kw) == 2 * math.ceil(3072 / kw["BLOCK_F"]) * 128 * 768 * 4
+        assert configs.mlp_shared_memory(4, kw) <= configs.SMEM_LIMIT
+    # 16 x 128 x 128 at 3 stages takes 272 KiB at tf32x3 (cuda:90, Triton 3.6): not legal
+    assert not any(c.kwargs()["BLOCK_F"] == 128 and c.kwargs()["BLOCK_N"] == 128
+                   and c.kwargs()["num_stages"] == 3 for c in space)
