@@ -5,16 +5,18 @@ Priced with the terms of ``lumc.backends.simulator`` (each >= the pure roofline)
 rendered code issues:
 
 * **Work**: both products over whole tiles (``2 * Mp * Kp * Fp + 2 * Mp * Fp * Np``, each dim
-  padded to its block), at the config's ``PRECISION`` peak times each product's tile efficiency
-  (``BLOCK_M x BLOCK_F`` over ``BLOCK_K`` steps, then ``BLOCK_M x BLOCK_N`` over one ``BLOCK_F``
-  step), scaled by SM fill (``cdiv(M, BLOCK_M) * cdiv(F, BLOCK_F)`` programs).
+  padded to its block, ``F`` to whole programs of ``F_TILES`` blocks), at the config's
+  ``PRECISION`` peak times each product's tile efficiency (``BLOCK_M x BLOCK_F`` over ``BLOCK_K``
+  steps, then ``BLOCK_M x BLOCK_N`` over one ``BLOCK_F`` step), scaled by SM fill
+  (``cdiv(M, BLOCK_M) * cdiv(F, BLOCK_F * F_TILES)`` programs).
 * **Bytes**: the inputs and outputs once; ``W1`` and ``W2`` again for every further row block and
-  ``A`` for every further F block, of which ``L2_HIT`` is served by L2; the fp32 partial tiles
-  written and read back (``2 * cdiv(F, BLOCK_F) * M * N * 4``) at HBM prices.
+  ``A`` for every further F block (its K loop runs once per block), of which ``L2_HIT`` is served by L2; the fp32 partial tiles
+  written and read back (``2 * cdiv(F, BLOCK_F * F_TILES) * M * N * 4``) at HBM prices.
 * **Row statistics** of a normalization formed on load: one pass over each program's rows per
   statistic, re-read from L2, and the normalized tile's ops per element, on CUDA cores.
-* **Latency**: no program finishes before its ``K`` loop and its ``N`` loop, each step waiting on
-  loads issued ``num_stages - 1`` steps before (``DRAM_LATENCY_S``); waves of resident programs.
+* **Latency**: no program finishes before the ``K`` and ``N`` loops of each of its ``F_TILES``
+  blocks, each step waiting on loads issued ``num_stages - 1`` steps before
+  (``DRAM_LATENCY_S``); waves of resident programs.
 * **Launches**: two kernels (the finish kernel adds a launch and a wave).
 """
 from __future__ import annotations
@@ -47,18 +49,26 @@ def _blocks(cfg: dict) -> tuple[int, int, int, int]:
             int(cfg.get("BLOCK_N", 64)))
 
 
+def mlp_splits(kernel: Kernel, cfg: dict) -> int:
+    """Programs per row block (and partial tiles per output element): ``cdiv(F, BLOCK_F *
+    F_TILES)``."""
+    return math.ceil(mlp_dims(kernel)[2] / (_blocks(cfg)[1] * int(cfg.get("F_TILES", 1))))
+
+
 def mlp_padded_flops(kernel: Kernel, cfg: dict) -> int:
-    """FLOPs the config issues: both products over whole tiles."""
+    """FLOPs the config issues: both products over whole tiles (every program's ``F_TILES``
+    blocks, those past ``F`` included)."""
     M, K, F, N, _, _ = mlp_dims(kernel)
     bm, bf, bk, bn = _blocks(cfg)
-    mp, fp = math.ceil(M / bm) * bm, math.ceil(F / bf) * bf
+    mp = math.ceil(M / bm) * bm
+    fp = mlp_splits(kernel, cfg) * int(cfg.get("F_TILES", 1)) * bf
     return 2 * mp * fp * (math.ceil(K / bk) * bk) + 2 * mp * fp * (math.ceil(N / bn) * bn)
 
 
 def mlp_workspace_bytes(kernel: Kernel, cfg: dict) -> int:
-    """The fp32 partial tiles: ``cdiv(F, BLOCK_F)`` per output element, written and read back."""
+    """The fp32 partial tiles: :func:`mlp_splits` per output element, written and read back."""
     M, _, F, N, _, _ = mlp_dims(kernel)
-    return 2 * math.ceil(F / _blocks(cfg)[1]) * M * N * 4
+    return 2 * mlp_splits(kernel, cfg) * M * N * 4
 
 
 def mlp_shared_memory(kernel: Kernel, cfg: dict) -> int:
@@ -85,7 +95,8 @@ def simulate_mlp_time(kernel: Kernel, cfg: dict, dev: DeviceSpec, in_bytes: int,
     smem = mlp_shared_memory(kernel, cfg)
     if smem > dev.smem_per_block:
         raise ValueError(f"config {cfg} needs {smem} B of shared memory > {dev.smem_per_block} B")
-    tm, tf, tn = math.ceil(M / bm), math.ceil(F / bf), math.ceil(N / bn)
+    ft = int(cfg.get("F_TILES", 1))
+    tm, tf, tn = math.ceil(M / bm), mlp_splits(kernel, cfg), math.ceil(N / bn)
     programs = tm * tf
     if programs == 0:
         return 2 * dev.launch_overhead_s
@@ -94,11 +105,11 @@ def simulate_mlp_time(kernel: Kernel, cfg: dict, dev: DeviceSpec, in_bytes: int,
     waves = math.ceil(programs / slots)
     sm_fill = min(1.0, programs / dev.sm_count)
     peak = dot_peak(dev, cfg, dtype_name)
-    mp, fp = tm * bm, tf * bf
+    mp, fp = tm * bm, tf * ft * bf
     work = (2 * mp * fp * math.ceil(K / bk) * bk / tensor_core_efficiency(bm, bf, bk, stages)
             + 2 * mp * fp * tn * bn / tensor_core_efficiency(bm, bn, bf, stages))
     a_bytes, w1, w2 = M * K * isz, K * F * isz, F * N * isz
-    hbm = in_bytes + out_bytes + ((tf - 1) * a_bytes + (tm - 1) * (w1 + w2)) * (1 - L2_HIT) \
+    hbm = in_bytes + out_bytes + ((tf * ft - 1) * a_bytes + (tm - 1) * (w1 + w2)) * (1 - L2_HIT) \
         + mlp_workspace_bytes(kernel, cfg)
     body = max(work / (peak * sm_fill), hbm / (dev.hbm_bandwidth * BW_EFFICIENCY))
     if stats:   # the statistics loops run before the main loop: their time adds
@@ -107,9 +118,9 @@ def simulate_mlp_time(kernel: Kernel, cfg: dict, dev: DeviceSpec, in_bytes: int,
         ops = programs * bm * K * (stats + 4)     # each statistic's body, and the normalized tile
         body += ops / dev.vector_flops["f32"] + reread * (1 - L2_HIT) / (
             dev.hbm_bandwidth * BW_EFFICIENCY) + reread * L2_HIT / l2_bw
-    # no program finishes before its own loops: K steps, then N steps, each on loads issued
-    # num_stages - 1 steps before
-    steps = math.ceil(K / bk) + tn
+    # no program finishes before its own loops: per F block, K steps, then N steps, each on
+    # loads issued num_stages - 1 steps before
+    steps = ft * (math.ceil(K / bk) + tn)
     loop_floor = steps * DRAM_LATENCY_S / max(stages - 1, 1) * waves
     if programs >= slots:
         body *= min(waves * slots / programs, 1.0 + 1.0 / waves)

@@ -100,8 +100,9 @@ MATMUL_SPACES = ("matmul", "matmul_rows", "matmul_splitk")
 # back-to-back contractions (``render_mlp``): BLOCK_M x BLOCK_F intermediate blocks over BLOCK_K
 # steps, multiplied into BLOCK_N column tiles of the output
 SPACES["mlp"] = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_F": (32, 64, 128, 256),
-                 "BLOCK_K": (16, 32, 64), "BLOCK_N": (32, 64, 128, 256), "num_warps": (4, 8),
-                 "num_stages": (2, 3, 4)}
+                 "BLOCK_K": (16, 32, 64), "BLOCK_N": (32, 64, 128, 256),
+                 "F_TILES": (1, 2, 3, 4, 6, 8), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
+MLP_ACCS = 8       # column tiles one mlp program accumulates (``render_mlp.N_ACCS``)
 SPLITK_MIN_K = 256               # K below which a split leaves each program too little to do
 SPLITK_MIN_STEPS = 2             # BLOCK_K steps each split program walks at least
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM
@@ -164,9 +165,13 @@ def _legal_mlp(p: dict, c: dict) -> bool:
     :data:`FP32_REGS_PER_THREAD`); its shared memory within the block limit."""
     w = c["num_warps"]
     bm, bf, bk, bn = c["BLOCK_M"], c["BLOCK_F"], c["BLOCK_K"], c["BLOCK_N"]
+    ft = c.get("F_TILES", 1)
     if any(b > max(16, next_pow2(p[d])) for b, d in ((bm, "M"), (bf, "F"), (bk, "K"), (bn, "N"))):
         return False
-    live = bm * bf + bm * bn
+    tiles = cdiv(p["N"], bn)           # accumulators live across the F_TILES blocks
+    if tiles > MLP_ACCS or (ft - 1) * bf >= p["F"]:    # every F block of a program holds work
+        return False
+    live = bm * bf + tiles * bm * bn
     if p.get("itemsize", 4) >= 4:
         live += 2 * (bm + bf) * bk + 2 * (bm + bn) * bf // 4
         if bk > FP32_MAX_BLOCK_K:
@@ -415,15 +420,18 @@ def _default_config(space: str, problem: dict) -> Config:
         bn = min(64, max(16, next_pow2(problem["N"])))
         return make(4 if bm <= 64 else 8, 2, BLOCK_M=bm, BLOCK_N=bn)
     if space == "mlp":
-        # F blocks of 128 and row blocks shrunk until the grid fills the GPU
-        bf = min(128, max(32, next_pow2(problem["F"])))
+        # F blocks of 64, row blocks shrunk until the grid fills the GPU, then as many F blocks
+        # per program as keep it full (fewer partial tiles)
+        bf = min(64, max(32, next_pow2(problem["F"])))
         bm = min(64, max(16, next_pow2(problem["M"])))
         while cdiv(problem["M"], bm) * cdiv(problem["F"], bf) < SM_COUNT and bm > 16:
             bm //= 2
         bk = min(32, max(16, next_pow2(problem["K"])))
-        bn = min(64, max(32, next_pow2(problem["N"])))
+        bn = max(32, min(128, next_pow2(cdiv(problem["N"], MLP_ACCS))))
+        ft = max([f for f in SPACES[space]["F_TILES"]
+                  if cdiv(problem["M"], bm) * cdiv(problem["F"], bf * f) >= SM_COUNT] or [1])
         return make(8, 3 if next_pow2(problem["K"]) > bk else 2,
-                    BLOCK_M=bm, BLOCK_F=bf, BLOCK_K=bk, BLOCK_N=bn)
+                    BLOCK_M=bm, BLOCK_F=bf, BLOCK_K=bk, BLOCK_N=bn, F_TILES=ft)
     if space == "split":
         bk = min(4096, next_pow2(problem["K"]) // 16)
         # enough stage-1 programs to fill the GPU, each chunk still at least one block
@@ -467,11 +475,13 @@ def _interpreter_config(space: str, problem: dict) -> Config:
     if space == "attention":
         return make(4, 1, BLOCK_M=min(128, max(16, next_pow2(problem["M"]))),
                     BLOCK_N=min(256, max(16, next_pow2(problem["N"]))))
-    if space == "mlp":    # two F blocks at least, so the numerics check sums partial tiles
-        bf = max(16, min(256, next_pow2(problem["F"]) // 2))
+    if space == "mlp":    # two F blocks per program and two programs' partial tiles at least,
+        # so the numerics check runs the F loop and sums partials
+        bf = max(16, min(256, next_pow2(problem["F"]) // 4))
         return make(4, 2, BLOCK_M=min(256, max(16, next_pow2(problem["M"]))), BLOCK_F=bf,
                     BLOCK_K=min(1024, max(16, next_pow2(problem["K"]))),
-                    BLOCK_N=min(256, max(16, next_pow2(problem["N"]))))
+                    BLOCK_N=max(16, min(256, next_pow2(cdiv(problem["N"], MLP_ACCS)))),
+                    F_TILES=2 if 2 * bf < problem["F"] else 1)
     if space == "split":   # few programs, long steps: the interpreter pays per program and per op
         bk = min(16384, max(512, next_pow2(problem["K"]) // 16))
         return make(4, 2, BLOCK_M=min(8, next_pow2(problem["M"])), BLOCK_K=bk, SPLIT=16)

@@ -38,7 +38,8 @@ from lumc.backends.triton.render_matmul import (DOT_DTYPES, _epilogue, bind_all,
                                                 dependents, place)
 from lumc.backends.triton.source import KernelParts, Workspace, make_params
 
-KNOBS = ("BLOCK_M", "BLOCK_F", "BLOCK_K", "BLOCK_N", "PRECISION")
+KNOBS = ("BLOCK_M", "BLOCK_F", "BLOCK_K", "BLOCK_N", "F_TILES", "PRECISION")
+N_ACCS = 8      # column tiles of the output one program accumulates (configs: cdiv(N, BLOCK_N) <= 8)
 
 
 def chained_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction]:
@@ -143,7 +144,12 @@ def render_mlp(kernel: Kernel) -> KernelParts:
             col = ev.value(o, stats[0].row_idx, None, 1)
             w.line(f"tl.store({name}_ptr + rm[:, None], {col}, mask=rm_mask[:, None])")
         w.close()
-    w.line("rf = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)")
+    w.line("# N_ACCS column tiles of the partial product, live across the F_TILES F blocks (one")
+    w.line(f"# accumulator per BLOCK_N columns: a config has cdiv({N}, BLOCK_N) <= {N_ACCS})")
+    for t in range(N_ACCS):
+        w.line(f"acc2_{t} = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
+    w.open("for f_tile in range(0, F_TILES):")
+    w.line("rf = (pid_f * F_TILES + f_tile) * BLOCK_F + tl.arange(0, BLOCK_F)")
     w.line(f"rf_mask = rf < {F}")
     w.line(f"rf_b = rf % {F}")
     w.line("acc = tl.zeros([BLOCK_M, BLOCK_F], tl.float32)")
@@ -155,43 +161,48 @@ def render_mlp(kernel: Kernel) -> KernelParts:
     a_idx = place(c1, {c1.m_dims: bind_all(w, unravel("rm_a[:, None]", c1.shape_of(c1.m_dims)),
                                            "am", 0),
                        c1.k_dims: bind_all(w, unravel("rk[None, :]", c1.shape_of(c1.k_dims)),
-                                           "ak", 1)}) if rowp is None else None
+                                           "ak", 2)}) if rowp is None else None
     b_idx = place(c1, {c1.k_dims: bind_all(w, unravel("rk[:, None]", c1.shape_of(c1.k_dims)),
-                                           "bk", 1),
+                                           "bk", 2),
                        c1.n_dims: bind_all(w, unravel("rf_b[None, :]", c1.shape_of(c1.n_dims)),
-                                           "bn", 0)})
-    a = (ev.value(c1.a, a_idx, "a_mask", 1) if rowp is None else
-         ev.value(rowp.p, stats[0].p_index("rk[None, :]", "ak", 1), "a_mask", 1))
-    b = ev.value(c1.b, b_idx, "b_mask", 1)
+                                           "bn", 1)})
+    a = (ev.value(c1.a, a_idx, "a_mask", 2) if rowp is None else
+         ev.value(rowp.p, stats[0].p_index("rk[None, :]", "ak", 2), "a_mask", 2))
+    b = ev.value(c1.b, b_idx, "b_mask", 2)
     if c1.a.op not in ("View", "Input"):
-        a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", 1)
+        a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", 2)
     if c1.b.op not in ("View", "Input"):
-        b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", 1)
-    emit_dot(w, a, [(b, "acc")], c1.a.dtype, 1)
+        b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", 2)
+    emit_dot(w, a, [(b, "acc")], c1.a.dtype, 2)
     w.close()
     w.line("# the intermediate block: the first product's epilogue, zero past F")
     h_idx = place(c2, {c2.m_dims: bind_all(w, unravel("rm_a[:, None]", c2.shape_of(c2.m_dims)),
                                            "hm", 0),
                        c2.k_dims: bind_all(w, unravel("rf_b[None, :]", c2.shape_of(c2.k_dims)),
-                                           "hf", 0)})
-    hv = ev.value(c2.a, h_idx, None, 0)
-    hv = w.bind(f"tl.where(rf_mask[None, :], {hv}, 0.0)", "h", 0)
-    w.open(f"for n_start in range(0, {N}, BLOCK_N):")
-    w.line("rn = n_start + tl.arange(0, BLOCK_N)")
-    w.line(f"rn_mask = rn < {N}")
-    w.line(f"rn_b = rn % {N}")
-    w.line("w_mask = rf_mask[:, None] & rn_mask[None, :]")
-    w2_idx = place(c2, {c2.k_dims: bind_all(w, unravel("rf_b[:, None]", c2.shape_of(c2.k_dims)),
-                                            "wf", 0),
-                        c2.n_dims: bind_all(w, unravel("rn_b[None, :]", c2.shape_of(c2.n_dims)),
-                                            "wn", 1)})
-    wv = ev.value(c2.b, w2_idx, "w_mask", 1)
-    wv = w.bind(f"tl.where(w_mask, {wv}, 0.0)", "w", 1)
-    w.line("acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
-    emit_dot(w, hv, [(wv, "acc2")], c2.a.dtype, 1)
-    w.line(f"tl.store(ws_ptr + ({_ws('pid_f', M, N)}), acc2, "
-           "mask=rm_mask[:, None] & rn_mask[None, :])")
+                                           "hf", 1)})
+    hv = ev.value(c2.a, h_idx, None, 1)
+    hv = w.bind(f"tl.where(rf_mask[None, :], {hv}, 0.0)", "h", 1)
+    wf = bind_all(w, unravel("rf_b[:, None]", c2.shape_of(c2.k_dims)), "wf", 1)
+    for t in range(N_ACCS):
+        w.open(f"if {t} * BLOCK_N < {N}:   # column tile {t} (resolved at compile time)")
+        w.line(f"rn = {t} * BLOCK_N + tl.arange(0, BLOCK_N)")
+        w.line(f"rn_mask = rn < {N}")
+        w.line(f"rn_b = rn % {N}")
+        w.line("w_mask = rf_mask[:, None] & rn_mask[None, :]")
+        w2_idx = place(c2, {c2.k_dims: wf,
+                            c2.n_dims: bind_all(w, unravel("rn_b[None, :]",
+                                                           c2.shape_of(c2.n_dims)), "wn", 2)})
+        wv = ev.value(c2.b, w2_idx, "w_mask", 2)
+        wv = w.bind(f"tl.where(w_mask, {wv}, 0.0)", "w", 2)
+        emit_dot(w, hv, [(wv, f"acc2_{t}")], c2.a.dtype, 2)
+        w.close()
     w.close()
+    for t in range(N_ACCS):
+        w.open(f"if {t} * BLOCK_N < {N}:")
+        w.line(f"rn = {t} * BLOCK_N + tl.arange(0, BLOCK_N)")
+        w.line(f"tl.store(ws_ptr + ({_ws('pid_f', M, N)}), acc2_{t}, "
+               f"mask=rm_mask[:, None] & (rn[None, :] < {N}))")
+        w.close()
 
     # ---- stage 2: the partial tiles summed in order, the second product's epilogue ------------
     w2 = SourceWriter()
@@ -206,7 +217,7 @@ def render_mlp(kernel: Kernel) -> KernelParts:
     w2.line("c_mask = rm_mask[:, None] & rn_mask[None, :]")
     w2.line("# the partial tiles summed in a fixed order: the same bits on every run")
     w2.line(f"acc = tl.load(ws_ptr + ({_ws('0', M, N)}), mask=c_mask, other=0.0)")
-    w2.open(f"for s in range(1, tl.cdiv({F}, BLOCK_F)):")
+    w2.open(f"for s in range(1, tl.cdiv({F}, BLOCK_F * F_TILES)):")
     w2.line(f"acc += tl.load(ws_ptr + ({_ws('s', M, N)}), mask=c_mask, other=0.0)")
     w2.close()
     if rowp is not None:
@@ -220,7 +231,7 @@ def render_mlp(kernel: Kernel) -> KernelParts:
     _epilogue(w2, ev2, c2, kernel, [], 0, big, row_outs)
     finish = w2.body()
 
-    split = f"triton.cdiv({F}, BLOCK_F)"
+    split = f"triton.cdiv({F}, BLOCK_F * F_TILES)"
     wss = [Workspace("ws_ptr", f"({split} * {M} * {N},)", dt.f32),
            Workspace("st_ptr", f"({max(1, len(rowp.stats) if rowp else 1) * M},)", dt.f32)]
     args = ", ".join(p.name for p in params)
@@ -245,7 +256,8 @@ def render_mlp(kernel: Kernel) -> KernelParts:
     return KernelParts(form=kernel.form, variant="b2b-split-f", params=params, constexprs=KNOBS,
                        body=w.body(), grid=f"triton.cdiv({M}, BLOCK_M), {split}", problem=problem,
                        config_space="mlp", constants=consts, notes=notes, workspaces=wss,
-                       extra_kernels={"finish": finish}, launcher=launcher)
+                       extra_kernels={"finish": finish}, launcher=launcher,
+                       knob_defaults={"F_TILES": 1})
 
 
 def _rows(w: SourceWriter, M: int, pid: str) -> None:
