@@ -159,10 +159,14 @@ def known_good(space: str, problem: dict) -> list[Config]:
 
 
 def _legal_mlp(p: dict, c: dict) -> bool:
-    """An mlp config (``render_mlp``): no tile past its dim's power of two; the live fp32 values
-    of one program within the registers (the intermediate block, the output tile and, for fp32
-    operands, the hi/lo fragments of both products' operand tiles: the matmul rule's count,
-    :data:`FP32_REGS_PER_THREAD`); its shared memory within the block limit."""
+    """An mlp config (``render_mlp``): no tile past its dim's power of two; at most
+    :data:`MLP_ACCS` column tiles, and no program's last F block wholly past ``F``; the live fp32
+    values of one program within the registers (the intermediate block, the output tiles and,
+    for fp32 operands, the hi/lo fragments of the operand tiles and of the h block: the matmul
+    rule's count, :data:`FP32_REGS_PER_THREAD`); its shared memory within the block limit.
+    Checked on BERT-base's kernel (cuda:90, tf32x3, 8 warps): 16 x 64 x 128 at F_TILES 3 (255
+    registers, 8 B spilled) is refused, 16 x 32 x 256 at F_TILES 4 (176, none) and 16 x 64 x 128
+    at F_TILES 1 (178, none) are offered."""
     w = c["num_warps"]
     bm, bf, bk, bn = c["BLOCK_M"], c["BLOCK_F"], c["BLOCK_K"], c["BLOCK_N"]
     ft = c.get("F_TILES", 1)
@@ -171,9 +175,11 @@ def _legal_mlp(p: dict, c: dict) -> bool:
     tiles = cdiv(p["N"], bn)           # accumulators live across the F_TILES blocks
     if tiles > MLP_ACCS or (ft - 1) * bf >= p["F"]:    # every F block of a program holds work
         return False
-    live = bm * bf + tiles * bm * bn
-    if p.get("itemsize", 4) >= 4:
-        live += 2 * (bm + bf) * bk + 2 * (bm + bn) * bf // 4
+    # the column tiles' accumulators stay live across F blocks (one F block: each is stored as
+    # soon as it is done)
+    live = bm * bf + (tiles if ft > 1 else 1) * bm * bn
+    if p.get("itemsize", 4) >= 4:   # hi/lo fragments of the operand tiles and of the h block
+        live += 2 * (bm + bf) * bk + 2 * (bm + bn) * bf // 4 + 2 * bm * bf
         if bk > FP32_MAX_BLOCK_K:
             return False
     if live > FP32_REGS_PER_THREAD * 32 * w or bm * bf < 16 * 16 * w // 2:
@@ -198,23 +204,22 @@ def shared_memory_estimate(space: str, p: dict, c: dict) -> int:
 
 def mlp_shared_memory(isz: int, c: dict) -> int:
     """Bytes of shared memory one stage-1 program of an mlp kernel takes (``render_mlp``): the
-    larger of its two loops' (Triton reuses the buffers of the first loop in the second).
+    larger of its two parts' (Triton reuses the buffers of the ``K`` loop in the column tiles).
 
     * the ``K`` loop: ``num_stages`` pipelined ``BLOCK_M x BLOCK_K`` and ``BLOCK_K x BLOCK_F``
       operand tiles, as a matmul's;
-    * the ``N`` loop: the intermediate block as a dot operand (``BLOCK_M x BLOCK_F``; fp32 operands
-      held as split-TF32 hi and lo, 8 bytes each), and ``num_stages - 1`` pipelined ``BLOCK_F x
-      BLOCK_N`` tiles of ``W2`` plus their converted copy (fp32 operands: hi and lo, 8 bytes).
+    * the column tiles (unrolled, not pipelined): the intermediate block (``BLOCK_M x BLOCK_F``)
+      and a ``BLOCK_F x BLOCK_N`` tile of ``W2`` as dot operands, 8 bytes per element for fp32
+      operands (split-TF32 hi and lo), the itemsize otherwise.
 
     Fitted to ``metadata.shared`` of compiles for cuda:90 (``aot.py``, Triton 3.6) of BERT-base's
-    fp32 mlp kernel at BLOCK_M 16-64, BLOCK_F 128-256, BLOCK_N 64-128, 3 stages, 8 warps: exact at
-    tf32x3 (144-288 KiB); tf32 and bf16 take less (fp32 operands are priced at tf32x3, the most
-    any precision of the search takes)."""
+    fp32 mlp kernel at BLOCK_M 16-32, BLOCK_F 32-128, BLOCK_N 128-256, F_TILES 1-4, 3-4 stages, 8
+    warps: exact at tf32x3 (68-144 KiB); bf16 and tf32 take less (fp32 operands are priced at
+    tf32x3, the most any precision of the search takes)."""
     bm, bf, bk, bn, st = c["BLOCK_M"], c["BLOCK_F"], c["BLOCK_K"], c["BLOCK_N"], c["num_stages"]
-    wide = isz >= 4
     k_loop = st * (bm + bf) * bk * isz
-    n_loop = bm * bf * (8 if wide else isz) + bf * bn * (max(st - 1, 1) * isz + (8 if wide else 0))
-    return max(k_loop, n_loop)
+    n_part = (bm * bf + bf * bn) * (8 if isz >= 4 else isz)
+    return max(k_loop, n_part)
 
 
 def score_bytes(nodes: list, operands: tuple) -> int:
