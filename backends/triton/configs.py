@@ -182,7 +182,7 @@ def _legal_mlp(p: dict, c: dict) -> bool:
         live += 2 * (bm + bf) * bk + 2 * (bm + bn) * bf // 4 + 2 * bm * bf
         if bk > FP32_MAX_BLOCK_K:
             return False
-    if live > FP32_REGS_PER_THREAD * 32 * w or bm * bf < 16 * 16 * w // 2:
+    if live > FP32_REGS_PER_THREAD * 32 * w or bm * max(bf, bn) < 16 * 16 * w // 2:
         return False
     if next_pow2(p["K"]) <= bk and c["num_stages"] > 2:   # one K step: nothing to pipeline
         return False

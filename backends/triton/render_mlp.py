@@ -63,6 +63,8 @@ def chained_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction]:
         raise RenderError("an mlp kernel's contractions are not chained (neither reads the other)")
     if c1.batch_dims or c2.batch_dims:
         raise RenderError("an mlp kernel's contractions have batch dims")
+    if not c1.m_dims:
+        raise RenderError("an mlp kernel of one row (a GEMV chain)")
     if c1.N != c2.K or c1.M != c2.M:
         raise RenderError(f"chained contractions of mismatched sizes: M {c1.M} / {c2.M}, "
                           f"F {c1.N} / {c2.K}")

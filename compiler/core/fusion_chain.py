@@ -15,7 +15,8 @@ the left operand of one other contraction ``C2``, when (:meth:`ChainFusion._chai
 * ``C2`` reads ``b`` as ``[M, F]`` rows (``reads_operand_rows``) and ``C1`` writes its product
   rows before columns (``_row_plannable``): the ``h`` block a program computes is the operand tile
   it multiplies, position for position;
-* ``C1.N == C2.K`` and ``C1.M == C2.M``; and ``C1`` is not itself the end of another chain.
+* ``C1.N == C2.K`` and ``C1.M == C2.M > 1`` (one row is a GEMV, which the matmul kernels run
+  as row kernels); and ``C1`` is not itself the end of another chain.
 
 Without the flag the decision is noted (:data:`MLP_REFUSAL`), which is what makes
 ``egraph_pipeline`` decode the ``+mlp`` twin; the search times both.
@@ -78,7 +79,7 @@ class ChainFusion:
             return None
         if c1.batch_dims or c2.batch_dims or _chain(c2.a)[0] is not b:
             return None
-        if c1.N != c2.K or c1.M != c2.M or c1.K == 0 or c2.N == 0:
+        if c1.N != c2.K or c1.M != c2.M or c1.M < 2 or c1.K == 0 or c2.N == 0:
             return None
         if c1.node.dtype != c2.node.dtype or b.dtype != c1.a.dtype:
             return None
