@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from lumc.compiler.core.fusion import CHEAP_OPERAND_OPS
+from lumc.backends.triton.contraction import tensor_core_contractions
 from lumc.ir.graph import Node
 
 _QK_NORM = ("a per-head norm (QK-norm) is formed in the attention kernel that reads it only over "
@@ -120,7 +121,7 @@ def _norm_rule(program, i: int, v, default: str, on_load_built: bool) -> str:
                         "kernel is formed on load there only over the same rows and one deep "
                         "(a norm whose own input is formed on load that way is written: the "
                         "residual stream once per layer), in the '+norm-on-load' candidates")
-            if c.kernel.form != "matmul":
+            if c.kernel.form not in ("matmul", "mlp"):
                 return (f"a norm is formed on load only where every reader is a contraction's "
                         f"operand or epilogue; #{j} ({c.kernel.form}) also reads it, so it is "
                         "written")
@@ -136,9 +137,9 @@ def _norm_rule(program, i: int, v, default: str, on_load_built: bool) -> str:
 
 
 def _normalizes_on_load(call, value) -> bool:
-    """``call`` is a matmul kernel that computes row statistics of ``value`` (a normalization of
-    it formed on load, ``norm_prologue`` / ``norm_epilogue``)."""
-    if call.kernel.form != "matmul":
+    """``call`` is a matmul (or mlp) kernel that computes row statistics of ``value`` (a
+    normalization of it formed on load, ``norm_prologue`` / ``norm_epilogue``)."""
+    if call.kernel.form not in ("matmul", "mlp"):
         return False
     k = next((i for i, n in enumerate(call.inputs) if n is value), None)
     if k is None:
@@ -148,11 +149,13 @@ def _normalizes_on_load(call, value) -> bool:
     reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce")]
     main = max((n for n in reds if n.srcs[0].op == "Mul"), key=lambda n: n.srcs[0].numel,
                default=None)
+    mains = {id(main)} if call.kernel.form == "matmul" else \
+        {id(c.node) for c in tensor_core_contractions(nodes)}
     dep = {id(ph)}
     for n in nodes:
         if any(id(s) in dep for s in n.srcs):
             dep.add(id(n))
-    return any(id(n) in dep and n is not main for n in reds)
+    return any(id(n) in dep and id(n) not in mains for n in reds)
 
 
 def _reads_row_values(program, call, value) -> bool:

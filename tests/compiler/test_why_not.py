@@ -111,11 +111,19 @@ def test_post_ln_ffn_pairs_name_the_sum_and_the_row_values(tmp_path, monkeypatch
     z = activations.relu(y @ w1) @ w2
     cm = compile_graph(Graph({"x": x.node}, {"z": z.add(y).node}), budget="30s",
                        device="sim:h200")
-    assert cm.program.label.endswith("+norm-on-load")
-    assert [c.kernel.form for c in cm.program.calls] == ["matmul"] * 3
+    assert "+norm-on-load" in cm.program.label
     rules = [e["rule"] for e in cm.report_dict()["why_not"]["pairs"]]
-    assert sum("the sum a normalization reads (post-LN)" in r for r in rules) == 2, rules
-    assert sum(r.startswith("row values of a normalization formed on load") for r in rules) == 1
+    if cm.program.label.endswith("+mlp"):
+        # the up- and down-projection one mlp kernel (at this size the launch it saves wins):
+        # the sum is read once, by it, and it computes the row statistics itself
+        assert [c.kernel.form for c in cm.program.calls] == ["matmul", "mlp"]
+        assert sum("the sum a normalization reads (post-LN)" in r for r in rules) == 1, rules
+        assert not any(r.startswith("row values of a normalization") for r in rules), rules
+    else:
+        assert [c.kernel.form for c in cm.program.calls] == ["matmul"] * 3
+        assert sum("the sum a normalization reads (post-LN)" in r for r in rules) == 2, rules
+        assert sum(r.startswith("row values of a normalization formed on load")
+                   for r in rules) == 1
 
 
 def test_a_sandwich_norm_written_for_nesting_names_the_norm_reader(tmp_path, monkeypatch):
