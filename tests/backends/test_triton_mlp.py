@@ -17,9 +17,10 @@ import torch
 from lumc.backends.devices import get_device
 from lumc.backends.simulator import config_bound, simulate_kernel_time, workspace_bytes
 from lumc.backends.triton import configs
-from lumc.backends.triton.launch import TritonKernel, to_numpy
+from lumc.backends.triton.launch import TritonKernel
 from lumc.compiler.core.egraph_pipeline import egraph_candidates
 from lumc.compiler.frontends.torch_frontend import import_torch
+from triton_cases import run_calls
 
 F_ = torch.nn.functional
 
@@ -60,15 +61,8 @@ def _out(prog):
 
 
 def _run(prog, feeds: dict, cfg=None) -> dict:
-    env = {}
-    for call in prog.calls:
-        args = [env[id(n)] if id(n) in env else (feeds[n.arg.name] if n.op == "Input"
-                                                 else n.arg.value) for n in call.inputs]
-        tk = TritonKernel(call.kernel)
-        got = tk(*args, config=cfg if tk.rendered.config_space == "mlp" else None)
-        for node_, o in zip(call.outputs, got):
-            env[id(node_)] = to_numpy(o)
-    return env
+    """Every kernel through Triton; ``cfg`` for those of space ``mlp``."""
+    return run_calls(prog, feeds, cfg, "mlp")
 
 
 # many F blocks (two per program) and column tiles, ragged at every edge

@@ -21,6 +21,7 @@ from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.library import activations, norm
 from lumc.ir.tensor import Tensor
+from triton_cases import run_calls
 
 
 def _norm64(kind, x, g, b, eps=1e-5):
@@ -91,16 +92,8 @@ def _x(shape, rng, scale=1.0):
 
 
 def _run(prog, feeds: dict, cfg=None) -> dict:
-    """Every kernel through Triton; ``cfg`` for those with row statistics (``matmul_rows``)."""
-    env = {}
-    for call in prog.calls:
-        args = [env[id(n)] if id(n) in env else (feeds[n.arg.name] if n.op == "Input"
-                                                 else n.arg.value) for n in call.inputs]
-        tk = TritonKernel(call.kernel)
-        got = tk(*args, config=cfg if tk.rendered.config_space == "matmul_rows" else None)
-        for node_, o in zip(call.outputs, got):
-            env[id(node_)] = to_numpy(o)
-    return env
+    """Every kernel through Triton; ``cfg`` for those of space ``matmul_rows``."""
+    return run_calls(prog, feeds, cfg, "matmul_rows")
 
 
 def _close(got, want):

@@ -20,13 +20,14 @@ import pytest
 from lumc.backends import simulator
 from lumc.backends.devices import get_device
 from lumc.backends.triton import configs
-from lumc.backends.triton.launch import TritonKernel, to_numpy
+from lumc.backends.triton.launch import TritonKernel
 from lumc.compiler.core.egraph_pipeline import egraph_candidates
 from lumc.compiler.core.fusion import greedy_program
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.library import norm
 from lumc.ir.tensor import Tensor
+from triton_cases import run_calls
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -94,15 +95,8 @@ def _on_load(graph, mlp: bool = False):
 
 
 def _run(prog, feeds: dict, cfg=None) -> dict:
-    env = {}
-    for call in prog.calls:
-        args = [env[id(n)] if id(n) in env else (feeds[n.arg.name] if n.op == "Input"
-                                                 else n.arg.value) for n in call.inputs]
-        tk = TritonKernel(call.kernel)
-        got = tk(*args, config=cfg if tk.rendered.config_space == "matmul_rows" else None)
-        for node_, o in zip(call.outputs, got):
-            env[id(node_)] = to_numpy(o)
-    return env
+    """Every kernel through Triton; ``cfg`` for those of space ``matmul_rows``."""
+    return run_calls(prog, feeds, cfg, "matmul_rows")
 
 
 CFGS = (None,

@@ -153,3 +153,19 @@ def egraph_candidates_checked(mod, x, k: int = 64):
         got = next(iter(run_program_reference(p, g, feed).values()))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=p.label)
     return res
+
+
+def run_calls(prog, feeds: dict, cfg=None, space: str | None = None) -> dict:
+    """Every call of program ``prog`` through its generated Triton kernel, in order, and
+    ``{id(model node): numpy array}`` of every value they write; ``feeds`` by model input name;
+    ``cfg`` for the kernels of config space ``space`` (the others at their run config)."""
+    from lumc.backends.triton.launch import TritonKernel, to_numpy
+    env = {}
+    for call in prog.calls:
+        args = [env[id(n)] if id(n) in env else (feeds[n.arg.name] if n.op == "Input"
+                                                 else n.arg.value) for n in call.inputs]
+        tk = TritonKernel(call.kernel)
+        got = tk(*args, config=cfg if tk.rendered.config_space == space else None)
+        for node_, o in zip(call.outputs, got):
+            env[id(node_)] = to_numpy(o)
+    return env
