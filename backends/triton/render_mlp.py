@@ -28,6 +28,7 @@ from lumc.ir.graph import Node, toposort
 from lumc.ir.kernels import Kernel
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
+from lumc.backends.triton.configs import MLP_ACCS
 from lumc.backends.triton.contraction import Contraction, tensor_core_contractions
 from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import needs_int64, unravel
@@ -39,7 +40,7 @@ from lumc.backends.triton.render_matmul import (DOT_DTYPES, _epilogue, bind_all,
 from lumc.backends.triton.source import KernelParts, Workspace, make_params
 
 KNOBS = ("BLOCK_M", "BLOCK_F", "BLOCK_K", "BLOCK_N", "F_TILES", "PRECISION")
-N_ACCS = 8      # column tiles of the output one program accumulates (configs: cdiv(N, BLOCK_N) <= 8)
+N_ACCS = MLP_ACCS   # column tiles of the output one program accumulates (cdiv(N, BLOCK_N) <= 8)
 
 
 def chained_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction]:
@@ -65,6 +66,8 @@ def chained_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction]:
         raise RenderError("an mlp kernel's contractions have batch dims")
     if not c1.m_dims:
         raise RenderError("an mlp kernel of one row (a GEMV chain)")
+    if c2.N > MLP_ACCS * 256:
+        raise RenderError(f"an mlp kernel's N = {c2.N} is over {MLP_ACCS} column tiles of 256")
     if c1.N != c2.K or c1.M != c2.M:
         raise RenderError(f"chained contractions of mismatched sizes: M {c1.M} / {c2.M}, "
                           f"F {c1.N} / {c2.K}")
@@ -146,6 +149,8 @@ def render_mlp(kernel: Kernel) -> KernelParts:
             col = ev.value(o, stats[0].row_idx, None, 1)
             w.line(f"tl.store({name}_ptr + rm[:, None], {col}, mask=rm_mask[:, None])")
         w.close()
+    w.line(f"tl.static_assert(tl.cdiv({N}, BLOCK_N) <= {N_ACCS}, "
+           f"'an mlp config must cover N = {N} in {N_ACCS} column tiles')")
     w.line("# N_ACCS column tiles of the partial product, live across the F_TILES F blocks (one")
     w.line(f"# accumulator per BLOCK_N columns: a config has cdiv({N}, BLOCK_N) <= {N_ACCS})")
     for t in range(N_ACCS):

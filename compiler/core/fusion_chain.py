@@ -16,7 +16,9 @@ the left operand of one other contraction ``C2``, when (:meth:`ChainFusion._chai
   rows before columns (``_row_plannable``): the ``h`` block a program computes is the operand tile
   it multiplies, position for position;
 * ``C1.N == C2.K`` and ``C1.M == C2.M > 1`` (one row is a GEMV, which the matmul kernels run
-  as row kernels); and ``C1`` is not itself the end of another chain.
+  as row kernels); ``C2.N`` at most ``MLP_ACCS`` column tiles of the largest ``BLOCK_N`` (2048:
+  a program accumulates every column of its rows); and ``C1`` is not itself the end of another
+  chain.
 
 Without the flag the decision is noted (:data:`MLP_REFUSAL`), which is what makes
 ``egraph_pipeline`` decode the ``+mlp`` twin; the search times both.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from lumc.ir.graph import Node
 
+from lumc.backends.triton.configs import MLP_ACCS, SPACES
 from lumc.backends.triton.contraction import as_contraction, is_tensor_core
 from lumc.backends.triton.norm_prologue import reads_operand_rows
 from lumc.compiler.core.fusion_norms import _chain, _row_plannable
@@ -81,6 +84,9 @@ class ChainFusion:
             return None
         if c1.N != c2.K or c1.M != c2.M or c1.M < 2 or c1.K == 0 or c2.N == 0:
             return None
+        if c2.N > MLP_ACCS * max(SPACES["mlp"]["BLOCK_N"]):
+            return None         # a program holds every column tile of the output
+
         if c1.node.dtype != c2.node.dtype or b.dtype != c1.a.dtype:
             return None
         if not _row_plannable(r1, True) or not reads_operand_rows(c2):

@@ -134,6 +134,15 @@ class Batched(torch.nn.Module):
         return torch.relu(q @ k.transpose(-1, -2)) @ v
 
 
+def test_no_chain_past_eight_column_tiles():
+    """A program accumulates every column tile of its rows (at most 8 of 256): a down-projection
+    to N = 2056 stays a matmul kernel; N = 2048 is an mlp kernel."""
+    for n, chained in ((2056, False), (2048, True)):
+        model = Block(16, 32, n, "plain").eval()
+        _, res, progs = _mlp_program(model, torch.randn(4, 16))
+        assert bool(progs) == chained, n
+
+
 def test_no_chain_for_one_row():
     """A decoding step's GEMVs (M = 1) stay two kernels: the row kernels serve them."""
     model = Block(40, 72, 40, "pre").eval()
