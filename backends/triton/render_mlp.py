@@ -150,7 +150,7 @@ def render_mlp(kernel: Kernel) -> KernelParts:
             w.line(f"tl.store({name}_ptr + rm[:, None], {col}, mask=rm_mask[:, None])")
         w.close()
     w.line(f"tl.static_assert(tl.cdiv({N}, BLOCK_N) <= {N_ACCS}, "
-           f"'an mlp config must cover N = {N} in {N_ACCS} column tiles')")
+           "'an mlp config covers the output columns in N_ACCS column tiles')")
     w.line("# N_ACCS column tiles of the partial product, live across the F_TILES F blocks (one")
     w.line(f"# accumulator per BLOCK_N columns: a config has cdiv({N}, BLOCK_N) <= {N_ACCS})")
     for t in range(N_ACCS):
