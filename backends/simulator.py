@@ -534,7 +534,8 @@ def workspace_bytes(kernel: Kernel, cfg: dict) -> int:
     """Bytes config ``cfg`` of ``kernel`` moves through GPU memory besides its inputs and outputs
     (which :meth:`~lumc.ir.kernels.Kernel.min_bytes` counts): a split-K contraction's fp32 partial
     tiles, ``SPLIT_K`` per output element, each written by its share's program and read back by
-    the finish kernel (``render_matmul``: ``2 * SPLIT_K * batch * M * N * 4``). 0 for every other
+    the finish kernel (``render_matmul``: ``2 * SPLIT_K * batch * M * N * 4``); an mlp kernel's,
+    one per F split (``simulator_mlp.mlp_workspace_bytes``). 0 for every other
     kernel and config (a split reduction's partials, ``2 * rows * SPLIT`` accumulators, are a few
     KiB and left out). The report's ``workspace_bytes``: what ``bytes_moved`` leaves out."""
     if kernel.form == "mlp":     # its F blocks' partial tiles (``simulator_mlp``)

@@ -294,7 +294,7 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
     if moved is not None and ideal:
         line += f", {moved / 1e6:.3f} MB moved ({moved / ideal:.2f}x ideal {ideal / 1e6:.3f} MB"
         ws = r.get("workspace_bytes")
-        line += (f"; split-K partials {ws / 1e6:.3f} MB more)" if ws else ")")
+        line += (f"; partial tiles (split-K, mlp) {ws / 1e6:.3f} MB more)" if ws else ")")
     click.echo(line)
     if r.get("precision") is not None:
         click.echo(f"precision {r.get('precision')}, weights {r.get('weights')}")

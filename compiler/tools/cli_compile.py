@@ -247,7 +247,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                f"of {_secs(r['budget_s'])} s: {r['stopped_because']}")
     click.echo(f"  {r['kernels']} kernel{'s' * (r['kernels'] != 1)}, best {best_s}, bound {r['bound_time_s'] * 1e6:.1f} us (roofline + launches)"
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB"
-               + (f"; split-K partials {r['workspace_bytes'] / 1e6:.2f} MB more"
+               + (f"; partial tiles (split-K, mlp) {r['workspace_bytes'] / 1e6:.2f} MB more"
                   if r.get("workspace_bytes") else "") + ")")
     earlier = " (the earlier compile's, whose plan this reuses)" if r.get("reused_plan") else ""
     click.echo(f"  search{earlier}: {search_text(r)}")

@@ -315,7 +315,7 @@ def test_inspect_says_what_bytes_moved_leaves_out(model, db, tmp_path):
     from click.testing import CliRunner
     from lumc.compiler.tools.cli import cli
     cm = lumc.compile(model, budget="30s", device="sim:h200", db=db)
-    for ws, want in ((0, "MB)"), (1234567, "; split-K partials 1.235 MB more)")):
+    for ws, want in ((0, "MB)"), (1234567, "; partial tiles (split-K, mlp) 1.235 MB more)")):
         cm._report["workspace_bytes"] = ws
         cm.save(tmp_path / f"m{ws}.lumc")
         res = CliRunner().invoke(cli, ["inspect", str(tmp_path / f"m{ws}.lumc")])
