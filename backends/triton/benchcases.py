@@ -114,8 +114,22 @@ def bench_cases(d: dt.DType = dt.bf16, scale: int = 1) -> list[BenchCase]:
             [((mm, 4096), d), ((mm, 4096), d), ((4096,), d), ((4096,), d), ((4096, 2 * mm), d)]),
             lambda x, s, w1, w2, w: _torch_sandwich_matmul(x, s, w1, w2, w), "compute", "matmul",
             {}),
+        # a BERT-large feed-forward block as one mlp kernel (``render_mlp``): the [M, 4096]
+        # intermediate never written; 1.1 TFLOP
+        BenchCase("mlp", _kernel("mlp", _mlp, [((65536 // s, 1024), d), ((1024, 4096), d),
+                                              ((4096,), d), ((4096, 1024), d)]),
+                  lambda x, w1, b1, w2: _torch_mlp(x, w1, b1, w2), "compute", "matmul", {}),
     ]
     return cases
+
+
+def _mlp(x, w1, b1, w2):
+    return (x @ w1 + b1).maximum(0.0) @ w2
+
+
+def _torch_mlp(x, w1, b1, w2):
+    import torch
+    return torch.relu(x @ w1 + b1) @ w2
 
 
 def _gated_gemv(x, w, wg, wu):

@@ -59,7 +59,12 @@ def test_every_form_compiles_for_sm90_and_fits(tmp_path):
                 ("matmul-paired", make_kernel(
                     "matmul", lambda x, wg, wu: (x @ wg).maximum(0.0) * (x @ wu),
                     [((1024, 1024), dt.bf16), ((1024, 2816), dt.bf16), ((1024, 2816), dt.bf16)],
-                    [("paired", True)]), None)]
+                    [("paired", True)]), None),
+                # BERT-base's feed-forward block in fp32 (split TF32): the F_TILES loop's live
+                # column-tile accumulators
+                ("mlp-f32", make_kernel(
+                    "mlp", lambda x, w1, w2: (x @ w1).maximum(0.0) @ w2,
+                    [((128, 768), dt.f32), ((768, 3072), dt.f32), ((3072, 768), dt.f32)]), None)]
     jobs, names = [], []
     for name, k, variant in kernels:
         rk = render(k, variant)
