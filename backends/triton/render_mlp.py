@@ -66,6 +66,8 @@ def chained_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction]:
         raise RenderError("an mlp kernel's contractions have batch dims")
     if not c1.m_dims:
         raise RenderError("an mlp kernel of one row (a GEMV chain)")
+    if not c1.n_dims:
+        raise RenderError("an mlp kernel of F = 1 (the first product has no column dim)")
     if c2.N > MLP_ACCS * 256:
         raise RenderError(f"an mlp kernel's N = {c2.N} is over {MLP_ACCS} column tiles of 256")
     if c1.N != c2.K or c1.M != c2.M:

@@ -16,9 +16,10 @@ the left operand of one other contraction ``C2``, when (:meth:`ChainFusion._chai
   rows before columns (``_row_plannable``): the ``h`` block a program computes is the operand tile
   it multiplies, position for position;
 * ``C1.N == C2.K`` and ``C1.M == C2.M > 1`` (one row is a GEMV, which the matmul kernels run
-  as row kernels); ``C2.N`` at most ``MLP_ACCS`` column tiles of the largest ``BLOCK_N`` (2048:
-  a program accumulates every column of its rows); and ``C1`` is not itself the end of another
-  chain.
+  as row kernels); ``F > 1`` (a first product without a column dim is elementwise over its left
+  operand); operands of the ``tl.dot`` dtypes (``DOT_DTYPES``: no fp64); ``C2.N`` at most
+  ``MLP_ACCS`` column tiles of the largest ``BLOCK_N`` (2048: a program accumulates every column
+  of its rows); and ``C1`` is not itself the end of another chain.
 
 Without the flag the decision is noted (:data:`MLP_REFUSAL`), which is what makes
 ``egraph_pipeline`` decode the ``+mlp`` twin; the search times both.
@@ -30,6 +31,7 @@ from lumc.ir.graph import Node
 from lumc.backends.triton.configs import MLP_ACCS, SPACES
 from lumc.backends.triton.contraction import as_contraction, is_tensor_core
 from lumc.backends.triton.norm_prologue import reads_operand_rows
+from lumc.backends.triton.render_matmul import DOT_DTYPES
 from lumc.compiler.core.fusion_norms import _chain, _row_plannable
 
 MLP_REFUSAL = ("chained contractions: the intermediate is the next contraction's left operand "
@@ -84,6 +86,11 @@ class ChainFusion:
             return None
         if c1.N != c2.K or c1.M != c2.M or c1.M < 2 or c1.K == 0 or c2.N == 0:
             return None
+        if not c1.n_dims:
+            return None         # F = 1: the first product is elementwise over its left operand
+        #                         (a producer's kernel may write it) and has no column index
+        if c1.a.dtype not in DOT_DTYPES or c2.a.dtype not in DOT_DTYPES:
+            return None         # the renderer's tl.dot operands (fp64, ints: two kernels)
         if c2.N > MLP_ACCS * max(SPACES["mlp"]["BLOCK_N"]):
             return None         # a program holds every column tile of the output
 

@@ -184,3 +184,39 @@ def test_simulated_time_is_above_bound_and_workspace_is_the_partials():
              for k in (c.kwargs() for c in space) if k["num_warps"] == 8 and k["BLOCK_K"] == 32}
     assert (16, 64, 128, 3) not in tiles and (16, 128, 128, 2) not in tiles
     assert (16, 64, 128, 1) in tiles and (16, 32, 256, 4) in tiles
+
+
+@pytest.mark.parametrize("kind,shape", [("plain", (5, 8)), ("plain", (5, 1)), ("post", (2, 5, 8))])
+def test_no_chain_for_a_hidden_width_of_one(kind, shape):
+    """F = 1 (``Linear(d, 1)`` then ``Linear(1, n)``): the first product has no column dim, so it
+    is elementwise over its left operand (a normalization's kernel may write it, leaving the mlp
+    kernel a bare sum: "found 1" contraction) and its W1 tile has no column index (a
+    ``[BLOCK_K, 1]`` or scalar ``tl.dot`` operand); the fusion offers no mlp kernel and the
+    renderer refuses one, and the two-kernel candidates still match eager."""
+    torch.manual_seed(5)
+    model = Block(shape[-1], 1, 8 if kind == "plain" else shape[-1], kind).eval()
+    x = torch.randn(*shape)
+    imp, res, progs = _mlp_program(model, x)
+    assert not progs, [p.label for p in progs]
+    assert all("+mlp" not in p.label for p in res.candidates)
+
+
+def test_renderer_refuses_a_hidden_width_of_one():
+    from lumc.backends.triton.codegen import RenderError
+    from lumc.backends.triton.render_mlp import chained_contractions
+    from triton_cases import make_kernel
+    from lumc.ir import dtypes as dt
+    from lumc.ir.library.activations import relu
+    k = make_kernel("mlp", lambda x, w1, w2: relu(x @ w1) @ w2,
+                    [((5, 8), dt.f32), ((8, 1), dt.f32), ((1, 8), dt.f32)])
+    with pytest.raises(RenderError, match="F = 1"):
+        chained_contractions(k.meaning.nodes())
+
+
+def test_no_chain_for_float64():
+    """fp64 products are not ``tl.dot`` operands of the mlp kernel (``DOT_DTYPES``): the fusion
+    offers no +mlp candidate the renderer would refuse."""
+    model = Block(8, 16, 8, "plain").double().eval()
+    _, res, progs = _mlp_program(model, torch.randn(5, 8, dtype=torch.float64))
+    assert not progs and res.candidates
+    assert all("+mlp" not in p.label for p in res.candidates)
