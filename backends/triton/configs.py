@@ -99,8 +99,8 @@ SPACES["matmul_splitk"] = {**SPACES["matmul"], "SPLIT_K": (1, 2, 4, 8, 16)}
 MATMUL_SPACES = ("matmul", "matmul_rows", "matmul_splitk")
 # back-to-back contractions (``render_mlp``): BLOCK_M x BLOCK_F intermediate blocks over BLOCK_K
 # steps, multiplied into BLOCK_N column tiles of the output
-SPACES["mlp"] = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_F": (32, 64, 128, 256),
-                 "BLOCK_K": (16, 32, 64), "BLOCK_N": (32, 64, 128, 256),
+SPACES["mlp"] = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_F": (16, 32, 64, 128, 256),
+                 "BLOCK_K": (16, 32, 64), "BLOCK_N": (16, 32, 64, 128, 256),
                  "F_TILES": (1, 2, 3, 4, 6, 8), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
 MLP_ACCS = 8       # column tiles one mlp program accumulates (``render_mlp.N_ACCS``)
 SPLITK_MIN_K = 256               # K below which a split leaves each program too little to do
@@ -427,12 +427,13 @@ def _default_config(space: str, problem: dict) -> Config:
     if space == "mlp":
         # F blocks of 64, row blocks shrunk until the grid fills the GPU, then as many F blocks
         # per program as keep it full (fewer partial tiles)
-        bf = min(64, max(32, next_pow2(problem["F"])))
+        bf = min(64, max(16, next_pow2(problem["F"])))
         bm = min(64, max(16, next_pow2(problem["M"])))
         while cdiv(problem["M"], bm) * cdiv(problem["F"], bf) < SM_COUNT and bm > 16:
             bm //= 2
         bk = min(32, max(16, next_pow2(problem["K"])))
-        bn = max(32, min(128, next_pow2(cdiv(problem["N"], MLP_ACCS))))
+        bn = max(16, min(128, next_pow2(problem["N"]), next_pow2(cdiv(problem["N"], MLP_ACCS))))
+        bn = max(bn, min(32, next_pow2(problem["N"])))
         ft = max([f for f in SPACES[space]["F_TILES"]
                   if cdiv(problem["M"], bm) * cdiv(problem["F"], bf * f) >= SM_COUNT] or [1])
         return make(8, 3 if next_pow2(problem["K"]) > bk else 2,

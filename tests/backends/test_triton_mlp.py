@@ -220,3 +220,12 @@ def test_no_chain_for_float64():
     _, res, progs = _mlp_program(model, torch.randn(5, 8, dtype=torch.float64))
     assert not progs and res.candidates
     assert all("+mlp" not in p.label for p in res.candidates)
+
+
+@pytest.mark.parametrize("f,n", [(8, 8), (12, 16), (16, 40)])
+def test_small_widths_have_legal_configs(f, n):
+    """F or N at most 16: the space offers 16-wide blocks, and the GPU default is one of them."""
+    p = {"M": 20, "K": 48, "F": f, "N": n, "itemsize": 4, "dot_dtype": "f32"}
+    space = configs.config_space("mlp", p)
+    assert space
+    assert configs._legal("mlp", p, configs.default_config("mlp", p).kwargs())
