@@ -466,7 +466,10 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                 sum(int(np.prod(n.shape)) for n in call.outputs) > INTERPRETER_MAX_ELEMENTS:
             return True, "unchecked: too large for the CPU interpreter"
         fut = self._pending.pop(e.key, None) if index == -1 else None
-        if fut is not None and fut.cancelled():    # its pool closed with the search: run it here
+        if fut is not None and (fut.cancelled() or (
+                self.pool is None and not (fut.done() and fut.exception() is None))):
+            # its pool closed with the search (the untimed fallback's checks run after it):
+            # cancelled, still queued, or lost with its worker; run it here
             fut = None
         extern = cfg is not None and is_extern(cfg.kwargs())
         try:

@@ -381,3 +381,29 @@ def test_an_input_fixed_by_bind_is_said_so_when_given_at_run(tmp_path):
     np.save(tmp_path / "sr.npy", np.array(3, np.float32))
     one_line_error(lumc_cli("run", art, "--input", f"sr={tmp_path / 'sr.npy'}", "--random"),
                    "unknown input 'sr'", "--bind sr=2 fixed it at compile time")
+
+
+def test_the_fallback_check_reruns_a_prefetched_check_lost_with_the_pool(mlp, tmp_path,
+                                                                          monkeypatch):
+    """CI (2 loaded cores): the untimed fallback's kernel had its numerics check prefetched in the
+    search's worker pool, the pool closed with the search, and the check's future ended in an
+    error: 'checked_after_budget' read 0 and the program went out unchecked. A prefetched check
+    that did not finish well before its pool closed runs again here."""
+    from concurrent.futures import Future
+    from lumc.compiler.core.measure import KernelMeasurer
+    _nothing_measured(monkeypatch)
+    real = KernelMeasurer.prefetch
+
+    def lost(self, keys):
+        real(self, keys)
+        for k in keys:           # every prefetched check lost with its worker
+            f = Future()
+            f.set_exception(RuntimeError("worker process died"))
+            self._pending[k] = f
+    monkeypatch.setattr(KernelMeasurer, "prefetch", lost)
+    res = lumc_cli("compile", mlp, "--budget", "10s", "--shape", "N=4", "-o", tmp_path / "a.lumc",
+                   "--report", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "a.json").read_text())
+    assert r["best_time_s"] is None
+    assert r["checked_after_budget"] == r["kernels"] >= 1, res.output
