@@ -174,6 +174,12 @@ def test_kv_cache_write_at_an_input_position_through_the_search(tmp_path, monkey
      ([5, 0, 0], [-6, 0, 0])),
     ("index_copy past the end", lambda x, i: x.index_copy(0, i, torch.ones(3, 7)), [4, 1, 0],
      ([5, 0, 1],)),
+    # index_add and index_copy take no negative index either (their decomposition into
+    # index_put counted one from the end)
+    ("index_copy negative", lambda x, i: x.index_copy(0, i, torch.ones(3, 7)), [4, 1, 0],
+     ([-1, 0, 1],)),
+    ("index_add negative", lambda x, i: x.index_add(1, i, torch.ones(5, 3), alpha=2), [6, 0, 2],
+     ([0, -7, 1], [7, 0, 0])),
 ])
 def test_scatter_index_outside_its_dim_is_refused_as_eager(name, f, good, bads):
     """An index outside its dim is an error in eager; it used to hit no position (an index past
@@ -185,7 +191,7 @@ def test_scatter_index_outside_its_dim_is_refused_as_eager(name, f, good, bads):
     assert torch.equal(c(X, g), m(X, g))
     for bad in bads:
         b = torch.tensor(bad)
-        with pytest.raises((RuntimeError, IndexError), match="out of bounds"):
+        with pytest.raises((RuntimeError, IndexError), match="out of bounds|out of range"):
             m(X, b)
         with pytest.raises(IndexRangeError, match=r"out of range \[0, \d\)") as e:
             c(X, b)
@@ -216,3 +222,24 @@ def test_scatter_index_check_stays_in_the_plan_and_refuses_an_input_after_the_se
     with pytest.raises(IndexRangeInputError, match=r"index -1 in input '\w+' is out of range "
                                                    r"\[0, 7\)"):
         f(X, bad)
+
+
+def test_one_hot_refuses_a_class_outside_its_range_as_eager():
+    """``F.one_hot``'s range check is an ``_assert_async`` that export dropped: a class outside
+    ``[0, num_classes)`` gave an all-zero row where eager raises; now it is refused in one line.
+    Without ``num_classes`` the class count is known only at run time: refused at compile."""
+    from lumc.ir.errors import IndexRangeError
+    m = Fn(lambda i: torch.nn.functional.one_hot(i, 5)).eval()
+    good = torch.tensor([[0, 4], [2, 2]])
+    c = compile_module(m, (good,))
+    assert torch.equal(c(good), m(good)) and c(good).dtype == torch.int64
+    for bad in ([[0, 5], [1, 1]], [[-1, 0], [1, 1]]):
+        b = torch.tensor(bad)
+        with pytest.raises(RuntimeError, match="Class values must be"):
+            m(b)
+        with pytest.raises(IndexRangeError, match=r"out of range \[0, 5\)") as e:
+            c(b)
+        assert "\n" not in str(e.value)
+    from lumc.ir.errors import LumcError
+    with pytest.raises(LumcError, match="data-dependent"):   # export cannot trace it either
+        compile_module(Fn(lambda i: torch.nn.functional.one_hot(i)).eval(), (good,))

@@ -40,6 +40,11 @@ from lumc.ir.tensor import Tensor
 KEEP_UNDECOMPOSED = (
     torch.ops.aten.scaled_dot_product_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    # their decompositions lose eager's range checks (handlers_select: a negative index of
+    # index_add/index_copy counted from the end, one_hot's dropped _assert_async)
+    torch.ops.aten.index_add.default,
+    torch.ops.aten.index_copy.default,
+    torch.ops.aten.one_hot.default,
 )
 
 

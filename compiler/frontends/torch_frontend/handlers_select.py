@@ -229,6 +229,71 @@ def _scatter_reduce(ctx, x, dim, index, src, reduce, *, include_self=True):
     return _scatter(x, dim, index, src, reduce, bool(include_self))
 
 
+@aten("index_add.default", requires=["scatter.scatter_elements"])
+def _index_add(ctx, x, dim, index, source, *, alpha=1):
+    """``x.index_add(dim, index, source, alpha=a)``: ``a * source``'s slices along ``dim`` added
+    at the positions ``index`` names (repeats add up). Kept undecomposed (``KEEP_UNDECOMPOSED``):
+    the decomposition writes it as ``x[index] += source``, which counts a negative index from the
+    end, where eager refuses it ("index -1 is out of bounds")."""
+    return _index_scatter(x, dim, index, source, "add", alpha)
+
+
+@aten("index_copy.default", requires=["scatter.scatter_elements"])
+def _index_copy(ctx, x, dim, index, source):
+    """``x.index_copy(dim, index, source)``: ``source``'s slices along ``dim`` written at
+    ``index``; a negative index is refused as eager refuses it (see :func:`_index_add`)."""
+    return _index_scatter(x, dim, index, source, "none")
+
+
+def _index_scatter(x: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str,
+                   alpha=1) -> Tensor:
+    """``index`` (0-d or 1-d) selects slices of ``x`` along ``dim``; ``source`` holds one slice
+    per index (``x``'s shape with ``len(index)`` along ``dim``; 0-d for a 0-d ``x``).
+
+    Raises:
+        ShapeError: ``index`` of rank > 1, or ``source`` of the wrong shape.
+    """
+    if index.ndim > 1:
+        raise ShapeError(f"index of shape {index.shape}: index_add/index_copy take a 0-d or 1-d "
+                         "index")
+    r = max(x.ndim, 1)
+    xs = x.reshape((1,)) if x.ndim == 0 else x
+    d = normalize_axis(dim, r)
+    m = index.numel
+    src = source.reshape((1,)) if source.ndim == 0 and x.ndim == 0 else source
+    want = xs.shape[:d] + (m,) + xs.shape[d + 1:]
+    if tuple(src.shape) != tuple(want):
+        raise ShapeError(f"source of shape {tuple(source.shape)} for {m} indices into "
+                         f"{tuple(x.shape)} along dim {dim}: expected {want}")
+    src = src.cast(x.dtype)
+    if alpha != 1:
+        src = src.mul(src.scalar_like(alpha))
+    full = index.cast(dt.i64).reshape((1,) * d + (m,) + (1,) * (r - d - 1)).expand(want)
+    out = _scatter(xs, d, full, src, reduce)
+    return out.reshape(()) if x.ndim == 0 else out
+
+
+@aten("one_hot.default", requires=["indexing.gather", "indexing.one_hot"])
+def _one_hot(ctx, x, num_classes=-1):
+    """``F.one_hot(x, num_classes)`` (int64 out, the class axis last). Kept undecomposed: the
+    decomposition's range check is an ``_assert_async`` that export drops, so a class outside
+    ``[0, num_classes)`` gave an all-zero row where eager raises. Here every index is read through
+    a ``Gather`` of ``arange(num_classes)`` that refuses one out of range, negatives included.
+
+    Raises:
+        UnsupportedOpError: ``num_classes=-1`` (the count is the input's maximum plus one, known
+            only at run time).
+    """
+    if num_classes is None or int(num_classes) < 0:
+        raise UnsupportedOpError("one_hot without num_classes: the class count is the input's "
+                                 "largest value plus one, known only at run time; pass "
+                                 "num_classes")
+    n = int(num_classes)
+    checked = lib("indexing.gather")(Tensor.iota((n,), 0), x.cast(dt.i64), axis=0,
+                                     negative_indices=False) if n else x.cast(dt.i64)
+    return lib("indexing.one_hot")(checked, n, [0, 1], axis=-1).cast(dt.i64)
+
+
 @aten("index_put.default", requires=["scatter.scatter_nd"])
 def _index_put(ctx, x, indices, values, accumulate=False):
     """``x[indices] = values`` (``+=`` with ``accumulate``; ``index_copy`` and ``index_add``
