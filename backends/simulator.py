@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from lumc.backends.devices import DeviceSpec
 from lumc.backends.row_moments import moment_pairs
-from lumc.backends.simulator_mlp import mlp_bound, mlp_workspace_bytes, simulate_mlp_time
+import lumc.backends.simulator_mlp as simulator_mlp   # the mlp form (it reads this module's terms)
 from lumc.backends.simulator_attention import (SFU_OPS, attention_problem,  # noqa: F401
                                                attention_prologue_seconds, attention_prologues,
                                                attention_score_seconds)
@@ -360,7 +360,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     """
     in_bytes, out_bytes, dtype, flops, c, prologue, rows = _static(kernel)
     if kernel.form == "mlp":
-        return simulate_mlp_time(kernel, cfg, dev, in_bytes, out_bytes, dtype.name)
+        return simulator_mlp.simulate_mlp_time(kernel, cfg, dev, in_bytes, out_bytes, dtype.name)
     warps = int(cfg.get("num_warps", 4))
     stages = int(cfg.get("num_stages", 2))
     smem = _smem_bytes(kernel, cfg, dtype.itemsize, c.operands_b if c is not None else 1)
@@ -502,9 +502,8 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     cannot win: the search prunes it without compiling.
     """
     in_bytes, out_bytes, dtype, flops, c, _, rows = _static(kernel)   # per kernel, not per config
-    if kernel.form == "mlp":
-        return max(mlp_bound(kernel, cfg, dev, in_bytes, out_bytes, dtype.name),
-                   flops / dot_peak(dev, cfg, dtype.name))
+    if kernel.form == "mlp":     # its padded FLOPs are at least the meaning's
+        return simulator_mlp.mlp_bound(kernel, cfg, dev, in_bytes, out_bytes, dtype.name)
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 16), cfg.get("BLOCK_N", 16), cfg.get("BLOCK_K", 16)
         sk = max(int(cfg.get("SPLIT_K", 1)), 1)
@@ -539,7 +538,7 @@ def workspace_bytes(kernel: Kernel, cfg: dict) -> int:
     kernel and config (a split reduction's partials, ``2 * rows * SPLIT`` accumulators, are a few
     KiB and left out). The report's ``workspace_bytes``: what ``bytes_moved`` leaves out."""
     if kernel.form == "mlp":     # its F blocks' partial tiles (``simulator_mlp``)
-        return mlp_workspace_bytes(kernel, cfg)
+        return simulator_mlp.mlp_workspace_bytes(kernel, cfg)
     sk = max(int(cfg.get("SPLIT_K", 1) or 1), 1)
     if sk == 1 or kernel.form not in TENSOR_FORMS:
         return 0

@@ -102,7 +102,8 @@ MATMUL_SPACES = ("matmul", "matmul_rows", "matmul_splitk")
 SPACES["mlp"] = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_F": (16, 32, 64, 128, 256),
                  "BLOCK_K": (16, 32, 64), "BLOCK_N": (16, 32, 64, 128, 256),
                  "F_TILES": (1, 2, 3, 4, 6, 8), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
-MLP_ACCS = 8       # column tiles one mlp program accumulates (``render_mlp.N_ACCS``)
+MLP_ACCS = 8       # column tiles one mlp program accumulates (``render_mlp``)
+MLP_MAX_N = MLP_ACCS * max(SPACES["mlp"]["BLOCK_N"])   # the widest output an mlp kernel covers
 SPLITK_MIN_K = 256               # K below which a split leaves each program too little to do
 SPLITK_MIN_STEPS = 2             # BLOCK_K steps each split program walks at least
 SPLIT_PROGRAMS = 4 * 132         # stage-1 programs the default aims at: 4 per H100/H200 SM

@@ -1,25 +1,27 @@
 """Back-to-back contractions (the ``mlp`` form): ``out = epi2(act(epi1(A @ W1)) @ W2)`` with the
 intermediate ``h`` kept on chip.
 
-The meaning holds two contractions (``lumc.compiler.core.fusion_chain`` decides which): ``C1`` (``M x
-K``, ``K x F``) whose elementwise epilogue ``h`` (bias, GELU) is read only as the left operand of
-``C2`` (``M x F``, ``F x N``), then ``C2``'s epilogue (bias, residual). Two ``@triton.jit`` kernels:
+The meaning holds two contractions (``lumc.compiler.core.fusion_chain`` decides which): ``C1``
+(``M x K``, ``K x F``) whose elementwise epilogue ``h`` (bias, GELU) is read only as the left
+operand of ``C2`` (``M x F``, ``F x N``), then ``C2``'s epilogue (bias, residual). Two
+``@triton.jit`` kernels:
 
-* stage 1, grid ``cdiv(M, BLOCK_M) x cdiv(F, BLOCK_F)``: each program computes its ``BLOCK_M x
-  BLOCK_F`` block of ``h`` over the whole ``K`` (``tl.dot``, fp32 accumulator, the normalization of
-  ``A`` formed on load when ``C1`` has one: ``norm_prologue``), applies ``C1``'s epilogue, and
-  multiplies the block by ``W2``'s ``BLOCK_F`` rows one ``BLOCK_N`` column tile at a time, storing
-  each fp32 partial tile to a workspace ``[cdiv(F, BLOCK_F), M, N]``. Programs of the first ``F``
-  block also store their rows' statistics (for the residual, below) and the row values other
-  kernels read;
-* stage 2 (``KERNEL_finish``), grid ``cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N)``: sums the partial tiles
-  in a fixed order (the same bits on every run) and runs ``C2``'s epilogue; a residual normalized
-  on load (post-LN BERT: ``LN(x1) + down(h)``) reads the statistics stage 1 stored.
+* stage 1, grid ``cdiv(M, BLOCK_M) x S`` with ``S = cdiv(F, BLOCK_F * F_TILES)`` splits: each
+  program walks its ``F_TILES`` blocks of ``h``, computing each ``BLOCK_M x BLOCK_F`` block over
+  the whole ``K`` (``tl.dot``, fp32 accumulator, the normalization of ``A`` formed on load when
+  ``C1`` has one: ``norm_prologue``) and applying ``C1``'s epilogue, then multiplying it by
+  ``W2``'s ``BLOCK_F`` rows into :data:`~lumc.backends.triton.configs.MLP_ACCS` column-tile
+  accumulators (``BLOCK_N`` columns each, unrolled, live across the F blocks); it stores them as
+  fp32 partial tiles to a workspace ``[S, M, N]``. Programs of the first split also store their
+  rows' statistics (for the residual, below) and the row values other kernels read;
+* stage 2 (``KERNEL_finish``), grid ``cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N)``: sums the ``S`` partial
+  tiles in a fixed order (the same bits on every run) and runs ``C2``'s epilogue; a residual
+  normalized on load (post-LN BERT: ``LN(x1) + down(h)``) reads the statistics stage 1 stored.
 
 So ``h`` (``M x F``) is never written: the kernel moves ``A``, the weights, the output and
-``2 * cdiv(F, BLOCK_F) * M * N * 4`` bytes of partial tiles (the report's ``workspace_bytes``).
-The split is over ``F``, as split-K is over ``K`` (``render_matmul``): sums reassociate
-(``reassociating`` in DESIGN.md). FLOPs ``2 M K F + 2 M F N``.
+``2 * S * M * N * 4`` bytes of partial tiles (the report's ``workspace_bytes``). The split is over
+``F``, as split-K is over ``K`` (``render_matmul``): sums reassociate (``reassociating`` in
+DESIGN.md). FLOPs ``2 M K F + 2 M F N``.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from lumc.ir.graph import Node, toposort
 from lumc.ir.kernels import Kernel
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
-from lumc.backends.triton.configs import MLP_ACCS
+from lumc.backends.triton.configs import MLP_ACCS, MLP_MAX_N
 from lumc.backends.triton.contraction import Contraction, tensor_core_contractions
 from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import needs_int64, unravel
@@ -40,7 +42,6 @@ from lumc.backends.triton.render_matmul import (DOT_DTYPES, _epilogue, bind_all,
 from lumc.backends.triton.source import KernelParts, Workspace, make_params
 
 KNOBS = ("BLOCK_M", "BLOCK_F", "BLOCK_K", "BLOCK_N", "F_TILES", "PRECISION")
-N_ACCS = MLP_ACCS   # column tiles of the output one program accumulates (cdiv(N, BLOCK_N) <= 8)
 
 
 def chained_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction]:
@@ -68,14 +69,15 @@ def chained_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction]:
         raise RenderError("an mlp kernel of one row (a GEMV chain)")
     if not c1.n_dims:
         raise RenderError("an mlp kernel of F = 1 (the first product has no column dim)")
-    if c2.N > MLP_ACCS * 256:
-        raise RenderError(f"an mlp kernel's N = {c2.N} is over {MLP_ACCS} column tiles of 256")
+    if c2.N > MLP_MAX_N:
+        raise RenderError(f"an mlp kernel's N = {c2.N} is over {MLP_ACCS} column tiles "
+                          f"({MLP_MAX_N})")
     if c1.N != c2.K or c1.M != c2.M:
         raise RenderError(f"chained contractions of mismatched sizes: M {c1.M} / {c2.M}, "
                           f"F {c1.N} / {c2.K}")
     if c1.a.dtype not in DOT_DTYPES or c2.a.dtype not in DOT_DTYPES:
         raise RenderError(f"chained contractions of dtype {c1.a.dtype} / {c2.a.dtype}")
-    if not reads_operand_rows(c2) or (c1.m_dims and c1.n_dims and max(c1.m_dims) > min(c1.n_dims)):
+    if not reads_operand_rows(c2) or max(c1.m_dims) > min(c1.n_dims):
         raise RenderError("the intermediate is not read as [M, F] rows of the first product")
     return c1, c2
 
@@ -96,8 +98,9 @@ def render_mlp(kernel: Kernel) -> KernelParts:
     check_epilogue([n for n in nodes if n in between], between, c1.node)
     dep2 = dependents(nodes, c2.node)
     check_epilogue(nodes, dep2, c2.node)
-    for n in nodes:
-        if n in between and n is not h and any(u not in between for u in _users(nodes, n)):
+    read_outside = {id(s) for u in nodes if u not in between for s in u.srcs}
+    for n in between:
+        if n is not h and id(n) in read_outside:
             raise RenderError(f"node {n!r}: the first product's epilogue is read outside the "
                               "intermediate")
     others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce")
@@ -151,11 +154,11 @@ def render_mlp(kernel: Kernel) -> KernelParts:
             col = ev.value(o, stats[0].row_idx, None, 1)
             w.line(f"tl.store({name}_ptr + rm[:, None], {col}, mask=rm_mask[:, None])")
         w.close()
-    w.line(f"tl.static_assert(tl.cdiv({N}, BLOCK_N) <= {N_ACCS}, "
-           "'an mlp config covers the output columns in N_ACCS column tiles')")
-    w.line("# N_ACCS column tiles of the partial product, live across the F_TILES F blocks (one")
-    w.line(f"# accumulator per BLOCK_N columns: a config has cdiv({N}, BLOCK_N) <= {N_ACCS})")
-    for t in range(N_ACCS):
+    w.line(f"tl.static_assert(tl.cdiv({N}, BLOCK_N) <= {MLP_ACCS}, "
+           "'an mlp config covers the output columns in MLP_ACCS column tiles')")
+    w.line("# MLP_ACCS column tiles of the partial product, live across the F_TILES F blocks (one")
+    w.line(f"# accumulator per BLOCK_N columns: a config has cdiv({N}, BLOCK_N) <= {MLP_ACCS})")
+    for t in range(MLP_ACCS):
         w.line(f"acc2_{t} = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
     w.open("for f_tile in range(0, F_TILES):")
     w.line("rf = (pid_f * F_TILES + f_tile) * BLOCK_F + tl.arange(0, BLOCK_F)")
@@ -192,7 +195,7 @@ def render_mlp(kernel: Kernel) -> KernelParts:
     hv = ev.value(c2.a, h_idx, None, 1)
     hv = w.bind(f"tl.where(rf_mask[None, :], {hv}, 0.0)", "h", 1)
     wf = bind_all(w, unravel("rf_b[:, None]", c2.shape_of(c2.k_dims)), "wf", 1)
-    for t in range(N_ACCS):
+    for t in range(MLP_ACCS):
         w.open(f"if {t} * BLOCK_N < {N}:   # column tile {t} (resolved at compile time)")
         w.line(f"rn = {t} * BLOCK_N + tl.arange(0, BLOCK_N)")
         w.line(f"rn_mask = rn < {N}")
@@ -206,7 +209,7 @@ def render_mlp(kernel: Kernel) -> KernelParts:
         emit_dot(w, hv, [(wv, f"acc2_{t}")], c2.a.dtype, 2)
         w.close()
     w.close()
-    for t in range(N_ACCS):
+    for t in range(MLP_ACCS):
         w.open(f"if {t} * BLOCK_N < {N}:")
         w.line(f"rn = {t} * BLOCK_N + tl.arange(0, BLOCK_N)")
         w.line(f"tl.store(ws_ptr + ({_ws('pid_f', M, N)}), acc2_{t}, "
@@ -279,7 +282,3 @@ def _rows(w: SourceWriter, M: int, pid: str) -> None:
 def _ws(share: str, M: int, N: int) -> str:
     """Flat position of the tile ``(rm, rn)`` in F block ``share``'s partial ``[M, N]``."""
     return f"({share} * {M} + rm[:, None]) * {N} + rn[None, :]"
-
-
-def _users(nodes: list[Node], x: Node) -> list[Node]:
-    return [n for n in nodes if any(s is x for s in n.srcs)]

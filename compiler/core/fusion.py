@@ -82,7 +82,6 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         self.attention = attention
         self.mlp = mlp
         self.chain_root: dict[int, int] = {}    # chained contractions (fusion_chain)
-        self.chain_exits: set[int] = set()
         self.norm_prologue = norm_prologue or norm_epilogue
         self.norm_epilogue = norm_epilogue
         self.kv_prologue = kv_prologue
@@ -423,9 +422,9 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         # consumers first: a norm read inside another norm's kernel knows that kernel's fate
         for b in sorted(self.pending.values(), key=lambda x: -self.pos[id(x)]):
             self._fuse_norm_on_load(b, exits)
-        for exit_ in exits.values():
+        for g, exit_ in exits.items():   # a chained contraction's exit is computed on chip
             if id(exit_) not in self.prologue_exits and id(exit_) not in self.head_pending \
-                    and id(exit_) not in self.chain_exits:
+                    and g not in self.chain_root:
                 self._realize(exit_, None, "end of a reduction kernel")
         # inlined nodes with several consumers: recompute when cheap, else realize
         for n in self.order:

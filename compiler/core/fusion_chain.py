@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from lumc.ir.graph import Node
 
-from lumc.backends.triton.configs import MLP_ACCS, SPACES
+from lumc.backends.triton.configs import MLP_MAX_N
 from lumc.backends.triton.contraction import as_contraction, is_tensor_core
 from lumc.backends.triton.norm_prologue import reads_operand_rows
 from lumc.backends.triton.render_matmul import DOT_DTYPES
@@ -40,8 +40,7 @@ MLP_REFUSAL = ("chained contractions: the intermediate is the next contraction's
 
 class ChainFusion:
     """The chain decision for :class:`~lumc.compiler.core.fusion.GreedyFusion` (module
-    docstring). State: ``chain_root`` (``{id(C1): id(C2)}``) and ``chain_exits`` (ids of the
-    intermediates ``b`` that are never written)."""
+    docstring). State: ``chain_root`` (``{id(C1): id(C2)}``: ``C1``'s exit is never written)."""
 
     def _chain_contraction(self, b: Node, mul: Node, exits: dict) -> bool:
         """Fuse ``b`` (a contraction kernel's exit) into the contraction that ``mul`` (its
@@ -52,9 +51,7 @@ class ChainFusion:
         if not self.mlp:
             self._refuse(b, mul, MLP_REFUSAL)
             return False
-        g = self.group[id(b)]
-        self.chain_root[g] = id(r2)
-        self.chain_exits.add(id(b))
+        self.chain_root[self.group[id(b)]] = id(r2)
         self._refuse(b, mul, "chained contractions: computed on chip in the next contraction's "
                              "kernel (mlp form)")
         return True
@@ -67,7 +64,9 @@ class ChainFusion:
             return None
         if r1.op != "SumReduce" or g in self.chain_root.values() or g in self.chain_root:
             return None
-        if sum(1 for k, gg in self.group.items() if gg == g and self.byid[k].op == "SumReduce") != 1:
+        sums_in_group = sum(1 for k, gg in self.group.items()
+                            if gg == g and self.byid[k].op == "SumReduce")
+        if sums_in_group != 1:
             return None             # a paired kernel (two products) or a statistic inside
         uses = self.uses.get(id(b), [])
         if len(uses) != 1 or uses[0][0] is not mul or id(mul) in self.group:
@@ -91,9 +90,8 @@ class ChainFusion:
         #                         (a producer's kernel may write it) and has no column index
         if c1.a.dtype not in DOT_DTYPES or c2.a.dtype not in DOT_DTYPES:
             return None         # the renderer's tl.dot operands (fp64, ints: two kernels)
-        if c2.N > MLP_ACCS * max(SPACES["mlp"]["BLOCK_N"]):
+        if c2.N > MLP_MAX_N:
             return None         # a program holds every column tile of the output
-
         if c1.node.dtype != c2.node.dtype or b.dtype != c1.a.dtype:
             return None
         if not _row_plannable(r1, True) or not reads_operand_rows(c2):
