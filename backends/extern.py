@@ -236,12 +236,43 @@ def _eager_ops(kernel: Kernel, skip: set[int]) -> list:
             if id(n) not in skip and n.op not in ("Input", "Constant", "Iota", "View")]
 
 
+class _TorchPath:
+    """What the torch path of an extern implementation launches, summed: ``seconds`` (each launch's
+    roofline at its efficiency, plus the launch overhead) and ``bytes`` (what each launch reads and
+    writes in GPU memory)."""
+
+    def __init__(self, dev: DeviceSpec):
+        self.dev, self.bw = dev, dev.hbm_bandwidth * BW_EFFICIENCY
+        self.seconds, self.bytes = 0.0, 0
+
+    def launch(self, nbytes: float, compute_s: float = 0.0, launches: int = 1,
+               bw: float | None = None) -> None:
+        """``launches`` kernels that move ``nbytes`` in all, at ``max(compute_s, nbytes / bw)``."""
+        self.seconds += max(compute_s, nbytes / (bw or self.bw)) + launches * self.dev.launch_overhead_s
+        self.bytes += int(nbytes)
+
+
 def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     """Simulated seconds of one run of ``kernel`` through its extern implementation ``cfg["IMPL"]``.
 
     Raises:
         ValueError: when the implementation does not apply to the kernel.
     """
+    return _torch_path(kernel, cfg, dev).seconds
+
+
+def extern_bytes(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> int:
+    """Bytes the extern implementation ``cfg["IMPL"]`` of ``kernel`` reads and writes in GPU memory:
+    every launch of its torch path (module doc), the intermediates it writes and reads back
+    included, so at least ``kernel.min_bytes()`` but for an fp8 GEMM's 1-byte operands.
+
+    Raises:
+        ValueError: when the implementation does not apply to the kernel.
+    """
+    return _torch_path(kernel, cfg, dev).bytes
+
+
+def _torch_path(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> _TorchPath:
     impl = impl_of(cfg)
     if impl not in extern_impls(kernel):
         raise ValueError(f"implementation {impl!r} does not apply to this {kernel.form} kernel")
@@ -249,13 +280,12 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     dtype = _dtype(kernel)
     peak, eff = _peak(dev, dtype.name, cfg.get("PRECISION"))
     isz = dtype.itemsize
-    total = 0.0
+    path = _TorchPath(dev)
     skip: set[int] = set()
     if impl == "sdpa":
         c1, c2 = vendor_contractions(kernel)
         # the fused attention: q, k, v and out once; FLOPs of both products
         flops = 2 * c1.batch * c1.M * c1.N * c1.K + 2 * c2.batch * c2.M * c2.N * c2.K
-        bw = dev.hbm_bandwidth * BW_EFFICIENCY
         # an fp32 kernel at bf16/fp16 casts q, k, v down and the output back, eager ops
         half = isz == 4 and cfg.get("PRECISION") in ("bf16", "fp16")
         ksz = 2 if half else isz
@@ -270,10 +300,9 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         # FlashAttention / the memory-efficient kernel on tensor cores for half types; fp32 runs
         # the memory-efficient kernel in split TF32 whatever PRECISION says
         peak_a = peak if ksz <= 2 else dev.dot_peak(SDPA_FP32_PRECISION)
-        total += max(flops / (peak_a * SDPA_EFFICIENCY * _fill(c1, dev)), nbytes / bw)
-        total += dev.launch_overhead_s
+        path.launch(nbytes, flops / (peak_a * SDPA_EFFICIENCY * _fill(c1, dev)))
         if half:
-            total += (qkv + out_n) * (isz + ksz) / bw + 4 * dev.launch_overhead_s
+            path.launch((qkv + out_n) * (isz + ksz), launches=4)
         mask_nodes = sdpa_mask_nodes(kernel)
         if kind == "input":
             # the mask is recomputed per call (``extern_sdpa``): zeros for the scores, each op of
@@ -284,16 +313,15 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             for n in mask_nodes:
                 if n.op in ("Input", "Constant", "View"):
                     continue
-                total += (n.nbytes + sum(min(x.nbytes, x.srcs[0].nbytes) if x.op == "View"
-                                         else x.nbytes for x in n.srcs if x.numel > 1)) / bw
-                total += dev.launch_overhead_s
-            total += 3 * scores * isz / bw + 2 * dev.launch_overhead_s
+                path.launch(n.nbytes + sum(min(x.nbytes, x.srcs[0].nbytes) if x.op == "View"
+                                           else x.nbytes for x in n.srcs if x.numel > 1))
+            path.launch(3 * scores * isz, launches=2)
             if half:
-                total += scores * 36 / bw + 4 * dev.launch_overhead_s
+                path.launch(scores * 36, launches=4)
             # its fully masked queries (isneginf, all) and their rows set to NaN (masked_fill)
-            total += (scores * ksz + 2 * out_n * ksz) / bw + 3 * dev.launch_overhead_s
+            path.launch(scores * ksz + 2 * out_n * ksz, launches=3)
         elif kind == "dense" and _MASK_DEAD.get(kernel.content_hash()):
-            total += 2 * out_n * ksz / bw + dev.launch_overhead_s   # a fixed mask's dead queries
+            path.launch(2 * out_n * ksz)    # a fixed mask's dead queries
         # the softmax and score function run inside it: the operands' prologues (RoPE, a
         # QK-norm) run before it and the ops after the value product after it, as eager ops
         from lumc.backends.triton.render_matmul import dependents
@@ -304,7 +332,7 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         skip = {id(n) for n in nodes if id(n) not in after and id(n) not in before} | \
             {id(c2.node)}
     elif impl == "cudnn":
-        total, skip = _cudnn_time(cs, cfg, dev, isz, peak)
+        skip = _cudnn_time(path, cs, cfg, isz, peak)
         cs = [c for c in cs if id(c.node) not in skip]
     if impl in ("cublas", "cudnn"):
         fp8 = cfg.get("PRECISION") == "fp8"
@@ -312,19 +340,16 @@ def simulate_extern_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             flops = 2 * c.batch * c.M * c.N * c.K
             osz = 1 if fp8 else isz
             nbytes = (c.batch * c.M * c.K + c.batch * c.K * c.N) * osz + c.batch * c.M * c.N * isz
-            total += max(flops / (peak * eff * _fill(c, dev)),
-                         nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY)) + dev.launch_overhead_s
-            total += _materialized_operands(c, isz, dev)
+            path.launch(nbytes, flops / (peak * eff * _fill(c, dev)))
+            _materialized_operands(path, c, isz)
             if fp8:   # quantizing each operand: an amax pass and a scaled cast, eager torch ops
-                q_bytes = (c.batch * (c.M + c.N) * c.K) * (2 * isz + 1)
-                total += q_bytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + 4 * dev.launch_overhead_s
+                path.launch((c.batch * (c.M + c.N) * c.K) * (2 * isz + 1), launches=4)
             skip |= {id(c.node), id(c.node.srcs[0])}
     for n in _eager_ops(kernel, skip):
         # a broadcast operand (a view) is read once from memory, at its source's size
-        nbytes = sum(min(s.nbytes, s.srcs[0].nbytes) if s.op == "View" else s.nbytes
-                     for s in n.srcs if s.op != "Constant" or s.numel > 1) + n.nbytes
-        total += nbytes / (dev.hbm_bandwidth * BW_EFFICIENCY) + dev.launch_overhead_s
-    return total
+        path.launch(sum(min(s.nbytes, s.srcs[0].nbytes) if s.op == "View" else s.nbytes
+                        for s in n.srcs if s.op != "Constant" or s.numel > 1) + n.nbytes)
+    return path
 
 
 def sdpa_mask_nodes(kernel: Kernel) -> list:
@@ -494,31 +519,28 @@ def sdpa_causal_share(kernel: Kernel) -> float:
     return sum(min(i + 1, c1.N) for i in range(c1.M)) / (c1.M * c1.N)
 
 
-def _materialized_operands(c, isz: int, dev: DeviceSpec) -> float:
-    """Seconds of the copies torch makes to hand a contraction's view operands to a GEMM: a view
-    reading more distinct positions than its source holds (a convolution's im2col windows) is
-    written out (``einsum`` reshapes it), and a padding view under it is written by
-    ``constant_pad_nd``: each a read and a write and one launch."""
-    total, bw = 0.0, dev.hbm_bandwidth * BW_EFFICIENCY
+def _materialized_operands(path: _TorchPath, c, isz: int) -> None:
+    """The copies torch makes to hand a contraction's view operands to a GEMM: a view reading more
+    distinct positions than its source holds (a convolution's im2col windows) is written out
+    (``einsum`` reshapes it), and a padding view under it is written by ``constant_pad_nd``: each a
+    read and a write and one launch."""
     for op in (c.a, c.b):
         if op.op != "View":
             continue
         dense = prod(d for d, st in zip(op.shape, op.arg.strides) if st != 0 and d > 1)
         if dense > op.srcs[0].numel:
-            total += 2 * dense * isz / bw + dev.launch_overhead_s
+            path.launch(2 * dense * isz)
         src = op.srcs[0]
         if src.op == "View" and src.arg.mask is not None:
-            total += (src.srcs[0].numel + src.numel) * isz / bw + dev.launch_overhead_s
-    return total
+            path.launch((src.srcs[0].numel + src.numel) * isz)
 
 
-def _cudnn_time(cs, cfg: dict, dev: DeviceSpec, isz: int, peak: float) -> tuple[float, set]:
-    """Simulated seconds of the convolutions among ``cs`` through cuDNN (module doc), and the ids
+def _cudnn_time(path: _TorchPath, cs, cfg: dict, isz: int, peak: float) -> set:
+    """Adds the convolutions among ``cs`` through cuDNN (module doc) to ``path``; returns the ids
     of the nodes they cover (their products and sums)."""
-    prec = cfg.get("PRECISION")
+    prec, dev = cfg.get("PRECISION"), path.dev
     tensor = prec in ("tf32", "bf16", "fp16") or isz <= 2
-    total, skip = 0.0, set()
-    bw = dev.hbm_bandwidth * BW_EFFICIENCY
+    skip: set[int] = set()
     for c in cs:
         p = conv_plan(c)
         if p is None:
@@ -528,16 +550,16 @@ def _cudnn_time(cs, cfg: dict, dev: DeviceSpec, isz: int, peak: float) -> tuple[
         fill = min(1.0, max(math.ceil(p.x_shape[0] * prod(p.out_spatial) / VENDOR_TILE)
                             * math.ceil(p.w_shape[0] / VENDOR_TILE), 1) / dev.sm_count)
         eff = CUDNN_EFFICIENCY if tensor else CUDNN_FP32_EFFICIENCY
-        stream = bw * (DEPTHWISE_BW_EFFICIENCY / BW_EFFICIENCY if p.w_shape[1] == 1 else 1.0)
-        total += max(p.flops / (peak * eff * fill), (xb + wb + yb) / stream) + dev.launch_overhead_s
+        stream = path.bw * (DEPTHWISE_BW_EFFICIENCY / BW_EFFICIENCY if p.w_shape[1] == 1 else 1.0)
+        path.launch(xb + wb + yb, p.flops / (peak * eff * fill), bw=stream)
         if tensor:      # NCHW -> NHWC of x and back for y
-            total += 2 * (xb + yb) / bw + 2 * dev.launch_overhead_s
+            path.launch(2 * (xb + yb), launches=2)
         if prec in ("bf16", "fp16") and isz == 4:   # the eager rounding casts of x and w
-            total += (xb + wb) * 1.5 / bw + 2 * dev.launch_overhead_s
+            path.launch((xb + wb) * 1.5, launches=2)
         if not p.symmetric:
-            total += 2 * xb / bw + dev.launch_overhead_s
+            path.launch(2 * xb)
         skip |= {id(c.node), id(c.node.srcs[0])}
-    return total, skip
+    return skip
 
 
 def extern_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:

@@ -44,7 +44,8 @@ import math
 import weakref
 from dataclasses import dataclass
 
-from lumc.backends.devices import DeviceSpec
+from lumc.backends.devices import H200, DeviceSpec
+from lumc.backends.extern import extern_bytes, is_extern
 from lumc.backends.row_moments import moment_pairs
 import lumc.backends.simulator_mlp as simulator_mlp   # the mlp form (it reads this module's terms)
 from lumc.backends.simulator_attention import (SFU_OPS, attention_problem,  # noqa: F401
@@ -534,9 +535,15 @@ def workspace_bytes(kernel: Kernel, cfg: dict) -> int:
     (which :meth:`~lumc.ir.kernels.Kernel.min_bytes` counts): a split-K contraction's fp32 partial
     tiles, ``SPLIT_K`` per output element, each written by its share's program and read back by
     the finish kernel (``render_matmul``: ``2 * SPLIT_K * batch * M * N * 4``); an mlp kernel's,
-    one per F split (``simulator_mlp.mlp_workspace_bytes``). 0 for every other
-    kernel and config (a split reduction's partials, ``2 * rows * SPLIT`` accumulators, are a few
-    KiB and left out). The report's ``workspace_bytes``: what ``bytes_moved`` leaves out."""
+    one per F split (``simulator_mlp.mlp_workspace_bytes``); an extern implementation's
+    (``{"IMPL": ...}``), what its torch path reads and writes beyond ``min_bytes``: the
+    intermediates each eager op and vendor call writes and the next reads back
+    (``lumc.backends.extern.extern_bytes``; 0 where it moves less, an fp8 GEMM's 1-byte operands).
+    0 for every other kernel and config (a split reduction's partials, ``2 * rows * SPLIT``
+    accumulators, are a few KiB and left out). The report's ``workspace_bytes``: what
+    ``bytes_moved`` leaves out."""
+    if is_extern(cfg):   # the torch path's bytes do not depend on the device
+        return max(0, extern_bytes(kernel, cfg, H200) - kernel.min_bytes())
     if kernel.form == "mlp":     # its F blocks' partial tiles (``simulator_mlp``)
         return simulator_mlp.mlp_workspace_bytes(kernel, cfg)
     sk = max(int(cfg.get("SPLIT_K", 1) or 1), 1)

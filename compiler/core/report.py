@@ -55,7 +55,8 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
         "shared_checks": measurer.shared_checks,
         "best_time_s": result.time_s, "bound_time_s": result.bound_s,
         "bytes_moved": sum(c.kernel.min_bytes() for c in chosen.calls), "ideal_bytes": ideal,
-        # what bytes_moved leaves out: split-K and mlp partial tiles through memory (simulator.py)
+        # what bytes_moved leaves out: partial tiles (split-K, mlp) and the intermediates of vendor
+        # calls through memory (simulator.workspace_bytes)
         "workspace_bytes": sum(r["workspace_bytes"] for r in per_kernel),
         "egraph": {k: egraph_stats.get(k) for k in ("enodes", "eclasses", "saturation_s", "regions",
                                                      "used", "iterations", "stop_reasons", "error",

@@ -16,6 +16,15 @@ PLAN_PRECISION_FIELDS = ("precision", "weights", "tolerance", "quality", "weight
                          "warnings")
 
 
+def workspace_text(r: dict, digits: int = 2) -> str:
+    """``"; intermediates (partial tiles, vendor-call temporaries) 1.23 MB more"``: what the plan
+    moves besides the bytes moved the report counts (its ``workspace_bytes``, MB at ``digits``
+    decimals), or ``""`` where it moves nothing more."""
+    ws = r.get("workspace_bytes")
+    return (f"; intermediates (partial tiles, vendor-call temporaries) {ws / 1e6:.{digits}f} MB more"
+            if ws else "")
+
+
 def quality_line(r: dict) -> str | None:
     """``precision bf16 (weights same) vs fp32: max rel error 3.1e-03 (tolerance 0.02), cosine >=
     0.999990[, mean KL 1e-05, top-1 100.0%][, integer outputs equal][; GATE FAILED: reason]``, or None when no quality was

@@ -293,8 +293,8 @@ def _inspect_one(cm, artifact, manifest, plot_path, aot_target, why_not):
                                                   "plus its launch)" if bt else "")
     if moved is not None and ideal:
         line += f", {moved / 1e6:.3f} MB moved ({moved / ideal:.2f}x ideal {ideal / 1e6:.3f} MB"
-        ws = r.get("workspace_bytes")
-        line += (f"; partial tiles (split-K, mlp) {ws / 1e6:.3f} MB more)" if ws else ")")
+        from lumc.compiler.runtime.report_text import workspace_text
+        line += workspace_text(r, 3) + ")"
     click.echo(line)
     if r.get("precision") is not None:
         click.echo(f"precision {r.get('precision')}, weights {r.get('weights')}")

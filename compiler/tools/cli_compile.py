@@ -16,7 +16,8 @@ import click
 from lumc.compiler.runtime.artifact import (PYTORCH_HINT, check_writable, looks_like_artifact,
                                             pytorch_archive, refuse_same_file, write_atomic)
 from lumc.compiler.core.budget import parse_duration
-from lumc.compiler.runtime.report_text import precision_lines, search_text, user_notes
+from lumc.compiler.runtime.report_text import (precision_lines, search_text, user_notes,
+                                                workspace_text)
 from lumc.compiler.tools.cli import _parse_shapes, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
@@ -247,8 +248,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                f"of {_secs(r['budget_s'])} s: {r['stopped_because']}")
     click.echo(f"  {r['kernels']} kernel{'s' * (r['kernels'] != 1)}, best {best_s}, bound {r['bound_time_s'] * 1e6:.1f} us (roofline + launches)"
                f", bytes moved {r['bytes_moved'] / 1e6:.2f} MB (ideal {r['ideal_bytes'] / 1e6:.2f} MB"
-               + (f"; partial tiles (split-K, mlp) {r['workspace_bytes'] / 1e6:.2f} MB more"
-                  if r.get("workspace_bytes") else "") + ")")
+               + workspace_text(r) + ")")
     earlier = " (the earlier compile's, whose plan this reuses)" if r.get("reused_plan") else ""
     click.echo(f"  search{earlier}: {search_text(r)}")
     click.echo(f"  numerics checks (each chosen kernel, and the plan end "

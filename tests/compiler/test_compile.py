@@ -310,14 +310,15 @@ def test_the_cancellation_scale_loosens_sums_only():
 
 
 def test_inspect_says_what_bytes_moved_leaves_out(model, db, tmp_path):
-    """``lumc inspect``'s total line adds a plan's split-K partials to its bytes moved, where it
-    has any (``workspace_bytes``), and says nothing of them where it has none."""
+    """``lumc inspect``'s total line adds a plan's intermediates (partial tiles, vendor-call
+    temporaries) to its bytes moved, where it has any (``workspace_bytes``), and says nothing of
+    them where it has none."""
     from click.testing import CliRunner
     from lumc.compiler.tools.cli import cli
     cm = lumc.compile(model, budget="30s", device="sim:h200", db=db)
-    for ws, want in ((0, "MB)"), (1234567, "; partial tiles (split-K, mlp) 1.235 MB more)")):
+    for ws, want in ((0, "MB)"), (1234567, "; intermediates (partial tiles, vendor-call temporaries) 1.235 MB more)")):
         cm._report["workspace_bytes"] = ws
         cm.save(tmp_path / f"m{ws}.lumc")
         res = CliRunner().invoke(cli, ["inspect", str(tmp_path / f"m{ws}.lumc")])
         total = next(ln for ln in res.output.splitlines() if ln.startswith("total: "))
-        assert total.endswith(want) and ("split-K" in total) == bool(ws), total
+        assert total.endswith(want) and ("intermediates" in total) == bool(ws), total

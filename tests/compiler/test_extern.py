@@ -281,3 +281,27 @@ def test_fp8_vendor_gemm_is_a_rowwise_scaled_mm():
     t16 = bx.simulate_extern_time(kn, {"IMPL": "cublas", "PRECISION": "bf16"}, H200)
     assert t8 < t16
     assert t8 > 2 * n ** 3 / (H200.dot_peak("fp8") * bx.CUBLAS_EFFICIENCY)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_workspace_bytes_of_a_vendor_call_count_the_intermediates_it_writes(chain):
+    """An extern config moves what its torch path reads and writes (``extern_bytes``): the GEMM
+    writes its product, the eager bias add reads it back and writes its own result, and a second
+    GEMM (an mlp's) reads that. ``workspace_bytes`` is what this moves beyond ``min_bytes`` (the
+    report's bytes moved): each intermediate written once and read once, 2 of ``C`` for
+    GEMM -> +bias, 4 of ``h`` for GEMM -> +bias -> GEMM. A Triton config without split-K or
+    partial tiles moves none."""
+    from lumc.backends.simulator import workspace_bytes
+    M, K, F, N = 37, 61, 45, 29
+    if chain:
+        k = _kernel("mlp", lambda x, w1, b1, w2: (x @ w1 + b1) @ w2,
+                    [((M, K), dt.f32), ((K, F), dt.f32), ((F,), dt.f32), ((F, N), dt.f32)])
+        inter = 4 * M * F * 4
+    else:
+        k = _kernel("matmul", lambda a, b, c: a @ b + c,
+                    [((M, K), dt.f32), ((K, F), dt.f32), ((F,), dt.f32)])
+        inter = 2 * M * F * 4
+        assert workspace_bytes(k, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}) == 0
+    cfg = {"IMPL": "cublas"}
+    assert bx.extern_bytes(k, cfg, H200) == k.min_bytes() + inter
+    assert workspace_bytes(k, cfg) == inter
