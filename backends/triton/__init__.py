@@ -7,7 +7,8 @@ torch tensors), :func:`compile_aot` (ahead-of-time compile for ``cuda:90``, in a
 Without a CUDA device the kernels run in the Triton interpreter on CPU tensors: this package sets
 ``TRITON_INTERPRET=1`` (unless the user set it). Triton 3.x reads it through ``triton.knobs`` when a
 ``@triton.jit`` function is defined, so this works even if Triton was imported first (torch.export
-and transformers import it); older Triton read it once at import, which is then reported.
+and transformers import it; ``interpreter_stdlib`` re-makes Triton's own library functions, decorated
+at that import, as interpreted ones); older Triton read it once at import, which is then reported.
 :func:`interpreter_mode` reports the choice. The interpreter computes bfloat16 on bit patterns;
 ``interpreter_bf16`` makes it compute their values, as the GPU does.
 """
@@ -39,7 +40,9 @@ def _choose_mode() -> None:
 _choose_mode()
 if _os.environ.get("TRITON_INTERPRET") == "1":
     from lumc.backends.triton.interpreter_bf16 import install as _install_bf16
+    from lumc.backends.triton.interpreter_stdlib import install as _install_stdlib
     _install_bf16()   # bf16 arithmetic in the interpreter as on the GPU (see that module)
+    _install_stdlib()  # tl.max and the like interpreted where Triton was imported before lumc
 
 from lumc.backends.triton.codegen import RenderError  # noqa: E402
 from lumc.backends.triton.configs import Config, config_space, default_config  # noqa: E402
