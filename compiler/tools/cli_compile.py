@@ -423,6 +423,14 @@ def _bound_note(source: bytes | None, name: str) -> str:
     return f"; --bind {name}={text} fixed it at compile time (compile without it to give it per run)"
 
 
+def _largest_finite(v) -> float:
+    """The largest finite |v| (0 for none): a NaN or inf in a reference output made the tolerance
+    NaN (every element failed) or inf (every element passed)."""
+    import numpy as np
+    a = np.abs(np.asarray(v, dtype=np.float64))
+    return float(a.max(initial=0.0, where=np.isfinite(a)))
+
+
 def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend="reference",
                  atol=None, shape_args=None):
     """``lumc run ART.lumc``: run a compiled artifact; ``--check`` runs onnxruntime on the source
@@ -511,8 +519,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         # a reduced-precision artifact is judged by the tolerance its compile recorded, relative
         # to each output's largest reference magnitude (the quality gate's measure)
         rtol = float(tol)
-        atol = {k: rtol * float(np.max(np.abs(v))) if np.size(v) and np.asarray(v).dtype.kind == "f"
-                else 0.0 for k, v in ort.items()}
+        atol = {k: rtol * _largest_finite(v) if np.asarray(v).dtype.kind == "f" else 0.0
+                for k, v in ort.items()}
         note_atol = None
         how = f"the compile's tolerance {rtol:g} of each output's largest |reference|; ints exact"
         click.echo(f"precision {r['precision']} (weights {r.get('weights', 'same')}): judged at "

@@ -1,0 +1,55 @@
+"""The third new-user trial's defects (2026-12-06), one test each. Models are built here; compiles
+are few and small (simulated H200)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, os.path.dirname(__file__))
+from hostile import lumc_cli  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cache_dir")   # a private LUMC_CACHE_DIR per test
+
+
+@pytest.fixture
+def linear(tmp_path):
+    """``y = x @ W`` (x: f32[4, 32], W: 32 x 16 constant, random)."""
+    w = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [numpy_helper.from_array(w, "W")])
+    p = tmp_path / "linear.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    return p, w
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_reduced_precision_check_with_a_nonfinite_reference(linear, tmp_path, bad):
+    """``run --check`` of a bf16 artifact judges at tolerance * max|reference|: one NaN in the
+    reference made that NaN and every element FAILed (exit 1); one inf made it inf, and any
+    value passed."""
+    from lumc.compiler.tools.cli_compile import _largest_finite
+    model, w = linear
+    art = tmp_path / "lin.lumc"
+    res = lumc_cli("compile", model, "--budget", "30s", "--device", "sim:h200", "--precision",
+                   "bf16", "--no-egraph", "--quiet", "-o", art)
+    assert res.exit_code == 0, res.output
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    x[0, 0] = bad
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "y.npz"
+    res = lumc_cli("run", art, "--input", f"x={tmp_path / 'x.npy'}", "--check", "-o", out)
+    assert res.exit_code == 0, res.output
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    got = np.load(out)["y"]
+    np.testing.assert_array_equal(np.isnan(got[0]), np.isnan(ref[0]))
+    assert np.abs(got[1:] - ref[1:]).max() <= 0.1 * np.abs(ref[1:]).max()
+    assert _largest_finite(np.array([1.0, -3.0, bad], np.float32)) == 3.0
+    assert _largest_finite(np.array([bad], np.float32)) == 0.0
