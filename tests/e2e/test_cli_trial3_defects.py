@@ -53,3 +53,32 @@ def test_reduced_precision_check_with_a_nonfinite_reference(linear, tmp_path, ba
     assert np.abs(got[1:] - ref[1:]).max() <= 0.1 * np.abs(ref[1:]).max()
     assert _largest_finite(np.array([1.0, -3.0, bad], np.float32)) == 3.0
     assert _largest_finite(np.array([bad], np.float32)) == 0.0
+
+
+@pytest.mark.parametrize("value,dtype", [(1.5, TensorProto.INT64), (5, TensorProto.BOOL),
+                                         ([1, 2.5], TensorProto.INT32)])
+def test_bind_refuses_a_value_its_integer_input_cannot_hold(tmp_path, value, dtype):
+    """``--bind sr=1.5`` on an int64 input compiled with sr=1 (numpy truncated it), and a bool
+    input bound to 5 became True, silently."""
+    import lumc
+    n = len(value) if isinstance(value, list) else None
+    g = helper.make_graph(
+        [helper.make_node("Cast", ["sr"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["x", "f"], ["y"])], "bind",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n or 3]),
+         helper.make_tensor_value_info("sr", dtype, [n] if n else [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n or 3])])
+    p = tmp_path / "bind.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    text = ",".join(map(str, value)) if n else str(value)
+    res = lumc_cli("compile", p, "--budget", "20s", "--device", "sim:h200", "--no-egraph",
+                   "--bind", f"sr={text}", "-o", tmp_path / "b.lumc")
+    assert res.exit_code == 2 and "--bind sr=" in res.output and "not a" in res.output, res.output
+    assert not (tmp_path / "b.lumc").exists()
+    with pytest.raises(lumc.InputError, match="not a"):
+        lumc.compile(p, budget="20s", device="sim:h200", bind={"sr": value}, use_egraph=False)
+    # a value the type holds compiles, and computes with it
+    ok = [1, 2] if n else 1
+    f = lumc.compile(p, budget="20s", device="sim:h200", bind={"sr": ok}, use_egraph=False)
+    x = np.arange(n or 3, dtype=np.float32) + 1
+    np.testing.assert_array_equal(f(x), x * np.asarray(ok, np.float32))

@@ -213,6 +213,11 @@ def bind_inputs(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
             a = np.asarray(v, dtype=spec.dtype.np)
         except (TypeError, ValueError, OverflowError):
             raise InputError(f"--bind {name}={v!r}: not a {spec.dtype.np} value", node=name) from None
+        src = np.asarray(v)
+        if a.dtype.kind in "iub" and not np.array_equal(a.astype(src.dtype), src):
+            # numpy truncates 1.5 to an int64 1 and makes 5 a bool True: a value the input's
+            # type cannot hold is refused, not silently changed
+            raise InputError(f"--bind {name}={v!r}: not a {spec.dtype.np} value", node=name)
         static = all(isinstance(d, int) for d in spec.shape)
         whole = static and a.size == int(np.prod(spec.shape))
         if has_shape(real[name]) and not whole:
