@@ -349,6 +349,10 @@ def output_quality(got: np.ndarray, ref: np.ndarray, logits: bool = False) -> di
     out = {"max_abs": float(np.max(np.abs(g - r))) if r.size else 0.0,
            "max_rel": max_rel_error(g, r)}
     gf, rf = g.ravel(), r.ravel()
+    # over the elements finite in both (max_rel judges NaN and inf: they must match); a NaN made
+    # the cosine of matching outputs 0
+    fin = np.isfinite(gf) & np.isfinite(rf)
+    gf, rf = gf[fin], rf[fin]
     den = float(np.linalg.norm(gf) * np.linalg.norm(rf))
     out["cosine"] = float(np.dot(gf, rf) / den) if den > 0 else (1.0 if np.array_equal(gf, rf) else 0.0)
     prob = is_probability(r)

@@ -82,3 +82,25 @@ def test_bind_refuses_a_value_its_integer_input_cannot_hold(tmp_path, value, dty
     f = lumc.compile(p, budget="20s", device="sim:h200", bind={"sr": ok}, use_egraph=False)
     x = np.arange(n or 3, dtype=np.float32) + 1
     np.testing.assert_array_equal(f(x), x * np.asarray(ok, np.float32))
+
+
+def test_quality_cosine_ignores_matching_nans(linear, tmp_path):
+    """A bf16 compile whose example input held one NaN (its output row NaN in both the fp32 and
+    the bf16 plan) reported 'cosine >= 0.000000' for outputs that agree to 4e-3."""
+    from lumc.compiler.core.precision import output_quality
+    model, w = linear
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    x[0, 0] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    res = lumc_cli("compile", model, "--budget", "30s", "--device", "sim:h200", "--precision",
+                   "bf16", "--no-egraph", "--input", f"x={tmp_path / 'x.npy'}", "-o",
+                   tmp_path / "l.lumc")
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "cosine >=" in ln)
+    assert float(line.split("cosine >= ")[1].split()[0].rstrip(",")) > 0.999, line
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    got = ref * (1 + 1e-3)
+    q = output_quality(got, ref)
+    fin = np.isfinite(ref)
+    expect = (got[fin] @ ref[fin]) / (np.linalg.norm(got[fin]) * np.linalg.norm(ref[fin]))
+    assert q["cosine"] == pytest.approx(expect, abs=1e-12) and q["cosine"] > 0.999
