@@ -36,7 +36,8 @@ def execution_mode() -> str:
 
 
 def run_program(program, inputs: dict[str, np.ndarray], device: str | None = None,
-                stats: RunStats | None = None) -> dict[str, np.ndarray]:
+                stats: RunStats | None = None, launchers: list | None = None
+                ) -> dict[str, np.ndarray]:
     """Launch every call of ``program`` in order and return the program's outputs.
 
     Args:
@@ -44,6 +45,9 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
         inputs: ``{model input name: array}``.
         device: torch device; default ``cuda``, or ``cpu`` in interpreter mode.
         stats: filled with counts and time when given.
+        launchers: one ``(launcher, config)`` per call (a compiled plan's kernels at its chosen
+            configs: a ``TritonKernel`` or vendor kernel called with ``outputs=`` and
+            ``config=``); None launches a ``TritonKernel`` of each call at its run config.
     Returns:
         ``{output name: numpy array}`` in the nodes' dtypes.
     Raises:
@@ -69,8 +73,16 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
         env[n] = t
         return t
 
-    return _launch_all(program, env, value_of, lambda c, args, outs: TritonKernel(c.kernel)(
-        *args, outputs=outs), lambda n: n.shape, device, stats, t0)
+    if launchers is None:
+        def launch(c, args, outs):
+            TritonKernel(c.kernel)(*args, outputs=outs)
+    else:
+        by_call = {id(c): lc for c, lc in zip(program.calls, launchers, strict=True)}
+
+        def launch(c, args, outs):
+            launcher, config = by_call[id(c)]
+            launcher(*args, outputs=outs, config=config)
+    return _launch_all(program, env, value_of, launch, lambda n: n.shape, device, stats, t0)
 
 
 def _launch_all(program, env, value_of, launch, shape, device, stats, t0) -> dict:
@@ -98,13 +110,15 @@ def _launch_all(program, env, value_of, launch, shape, device, stats, t0) -> dic
 def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, str],
                       sizes: dict[str, int], device: str | None = None,
                       stats: RunStats | None = None, table: dict | None = None,
-                      largest: dict | None = None) -> dict[str, np.ndarray]:
+                      largest: dict | None = None, configs: list | None = None
+                      ) -> dict[str, np.ndarray]:
     """:func:`run_program` for a program stored at probe sizes (a range bucket's plan,
     ``lumc.ir.symbolic``), with every kernel one size-generic module
     (:class:`~lumc.backends.triton.size_generic.SizedKernel`) launched at ``sizes``
     (``{argument name: size}`` for the ``probes`` ``{prime: argument name}``; ``table``: the
     range's affine values, ``lumc.ir.symbolic.learn_table``; ``largest``: ``{prime: units}`` of
-    the bucket's largest sizes, where int32/int64 indexing is decided).
+    the bucket's largest sizes, where int32/int64 indexing is decided; ``configs``: one Triton
+    config (or None: the run config) per call, the plan's).
 
     Raises:
         InputError: an input whose shape is not the program's at these sizes, or a wrong dtype.
@@ -145,8 +159,11 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
 
     modules: dict[int, SizedKernel] = {}
 
+    config_of = {id(c): cfg for c, cfg in zip(program.calls, configs or [None] * len(program.calls),
+                                               strict=True)}
+
     def launch(call, args, outs):
         sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes, table, largest)
         modules[id(call.kernel)] = sk
-        sk(*args, sizes=sizes, outputs=outs)
+        sk(*args, sizes=sizes, outputs=outs, config=config_of[id(call)])
     return _launch_all(program, env, value_of, launch, shape, device, stats, t0)

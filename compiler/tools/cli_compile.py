@@ -485,13 +485,22 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     t0 = time.perf_counter()
     if backend == "triton" and getattr(cm, "sized", None):    # a range bucket's plan
         from lumc.backends.triton.runner import execution_mode, run_program_sized
+        from lumc.compiler.runtime.extern import config_from_dict, impl_of
         program, probes, sizes, table, largest = cm.sized
-        outputs = run_program_sized(program, inputs, probes, sizes, table=table, largest=largest)
+        # the plan's configs (a vendor kernel's call runs as Triton at its run config here)
+        cfgs = [config_from_dict(cfg) if impl_of(cfg) == "triton" else None for cfg in cm.configs]
+        outputs = run_program_sized(program, inputs, probes, sizes, table=table, largest=largest,
+                                    configs=cfgs)
         where = (f"Triton kernels, one size-generic module per kernel of the bucket at "
                  f"{cm.size_text}, {execution_mode()}")
     elif backend == "triton":
         from lumc.backends.triton.runner import execution_mode, run_program
-        outputs = run_program(cm.program, inputs)   # checks shapes and dtypes of what it reads
+        from lumc.compiler.runtime.extern import config_from_dict, launcher_for
+        # each kernel at the plan's config (its precision, tiles, vendor implementation); it ran
+        # every kernel at the interpreter's default config, so a bf16/fp8 plan's kernels at fp32
+        launchers = [(launcher_for(c.kernel, cfg), config_from_dict(cfg))
+                     for c, cfg in zip(cm.program.calls, cm.configs)]
+        outputs = run_program(cm.program, inputs, launchers=launchers)   # checks what it reads
         where = f"Triton kernels, {execution_mode()}"
     else:
         outputs = cm.run(inputs)

@@ -104,3 +104,35 @@ def test_quality_cosine_ignores_matching_nans(linear, tmp_path):
     fin = np.isfinite(ref)
     expect = (got[fin] @ ref[fin]) / (np.linalg.norm(got[fin]) * np.linalg.norm(ref[fin]))
     assert q["cosine"] == pytest.approx(expect, abs=1e-12) and q["cosine"] > 0.999
+
+
+def test_run_backend_triton_launches_the_plans_configs(tmp_path):
+    """``lumc run ART --backend triton`` launched each kernel at the interpreter's default config,
+    not the plan's: an fp8 artifact's MatMul ran at another precision (error 1.5e-3 against
+    float64 where the plan's fp8 kernel, and the CPU executor, give 3.7e-2)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "lin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 48])],
+        [numpy_helper.from_array(w, "W")])
+    model, art = tmp_path / "lin.onnx", tmp_path / "lin.lumc"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    res = lumc_cli("compile", model, "--budget", "30s", "--device", "sim:h200", "--precision",
+                   "fp8", "--tolerance", "0.5", "--no-egraph", "--quiet", "-o", art)
+    assert res.exit_code == 0, res.output
+    assert "PRECISION=fp8" in lumc_cli("inspect", art).output
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = {}
+    for backend in ("reference", "triton"):
+        res = lumc_cli("run", art, "--input", f"x={tmp_path / 'x.npy'}", "--backend", backend,
+                       "-o", tmp_path / f"{backend}.npz")
+        assert res.exit_code == 0, res.output
+        out[backend] = np.load(tmp_path / f"{backend}.npz")["y"]
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    scale = np.abs(ref).max()
+    assert np.abs(out["triton"] - out["reference"]).max() <= 1e-5 * scale
+    assert 5e-3 < np.abs(out["triton"] - ref).max() / scale <= 0.5     # fp8's error, not fp32's
+
