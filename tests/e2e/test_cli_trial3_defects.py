@@ -136,3 +136,31 @@ def test_run_backend_triton_launches_the_plans_configs(tmp_path):
     assert np.abs(out["triton"] - out["reference"]).max() <= 1e-5 * scale
     assert 5e-3 < np.abs(out["triton"] - ref).max() / scale <= 0.5     # fp8's error, not fp32's
 
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_argmax_of_a_matmul_compiles_at_reduced_precision(tmp_path, precision):
+    """``ArgMax(x @ W)`` at ``--precision bf16`` (fp8, auto) failed: 'nothing was measured within
+    the budget, and the fallback program's reduction kernel failed its check'. The index kernel
+    compares the bf16-stored product with its row maximum, whose reference value was taken from
+    the fp32 product, so no element equalled it; every candidate was rejected."""
+    import lumc
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((32, 48)) * 0.1).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"]),
+         helper.make_node("ArgMax", ["m"], ["z"], axis=-1)], "argmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 23, 32])],
+        [helper.make_tensor_value_info("z", TensorProto.INT64, [2, 23, 1])],
+        [numpy_helper.from_array(w, "W")])
+    p = tmp_path / "argmax.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), p)
+    kw = {"tolerance": 0.5} if precision == "fp8" else {}
+    f = lumc.compile(p, budget="30s", device="sim:h200", precision=precision,
+                     use_egraph=False, **kw)
+    x = rng.standard_normal((2, 23, 32)).astype(np.float32)
+    m = x.astype(np.float64) @ w.astype(np.float64)
+    top2 = np.sort(m, axis=-1)[..., -2:]
+    clear = (top2[..., 1] - top2[..., 0]) > 0.1 * np.abs(m).max()    # far beyond fp8's rounding
+    assert clear.sum() >= 10
+    got = f(x)
+    np.testing.assert_array_equal(got[..., 0][clear], np.argmax(m, axis=-1)[clear])
