@@ -42,6 +42,19 @@ def _check_outputs(inputs: dict, outputs: list) -> None:
         raise LumcError(f"--json and --plot name the same file {given[0]}; give two paths")
 
 
+def _check_plot_format(plot_path: str | None) -> None:
+    """Refuse, before any compile or measurement, a ``--plot`` whose suffix matplotlib cannot
+    write (it failed after the whole bench, with ``--json`` already written)."""
+    suffix = pathlib.Path(plot_path).suffix[1:].lower() if plot_path else "png"
+    if not plot_path or not suffix:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+    known = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in known:
+        raise LumcError(f"--plot {plot_path}: cannot draw a .{suffix} file; use one of "
+                        f"{', '.join(sorted(known))}")
+
+
 def _plot_atomic(plot_path: str, draw) -> None:
     """``draw(tmp_path)`` renders the chart next to nothing the user has; the bytes are then
     written atomically to ``plot_path`` (its suffix picks the format, as matplotlib does)."""
@@ -166,6 +179,7 @@ def bench_cmd(target, json_out, baseline, max_regression, allow_precision_change
                          "BASELINE.json")
     rivals = parse_rivals(vs) if vs else []
     _check_outputs({"the target": target, "the baseline": baseline}, [json_out, plot_path])
+    _check_plot_format(plot_path)
     base = load_baseline(baseline) if baseline else None
     cm, ahash, compiled = open_target(target, budget=budget, device=device, shape_items=shape_items,
                                       quiet=quiet)
@@ -251,6 +265,7 @@ def inspect_cmd(artifact, plot_path, aot_target, why_not=False):
         raise LumcError(f"{artifact}: not a .lumc artifact; compile the model first "
                         "(lumc compile MODEL -o OUT.lumc), or use lumc bench on it")
     _check_outputs({"the artifact": artifact}, [plot_path])
+    _check_plot_format(plot_path)
     if aot_target is not None:
         from lumc.compiler.tools.aot_inspect import check_aot_target
         aot_target = check_aot_target(aot_target)

@@ -164,3 +164,22 @@ def test_argmax_of_a_matmul_compiles_at_reduced_precision(tmp_path, precision):
     assert clear.sum() >= 10
     got = f(x)
     np.testing.assert_array_equal(got[..., 0][clear], np.argmax(m, axis=-1)[clear])
+
+
+def test_plot_format_is_refused_before_the_bench(linear, tmp_path):
+    """``lumc bench M --json j.json --plot r.txt`` compiled (for a .onnx target), benched, wrote
+    j.json and only then failed on the plot's format (exit 2 with half its outputs written)."""
+    model, _ = linear
+    art, js = tmp_path / "lin.lumc", tmp_path / "j.json"
+    res = lumc_cli("bench", model, "--budget", "20s", "--device", "sim:h200", "--json", js,
+                   "--plot", tmp_path / "r.txt", "--quiet")
+    assert res.exit_code == 2 and not js.exists(), res.output
+    assert "cannot draw a .txt file" in res.output and "compiled" not in res.output, res.output
+    res = lumc_cli("compile", model, "--budget", "20s", "--device", "sim:h200", "--no-egraph",
+                   "--quiet", "-o", art)
+    assert res.exit_code == 0, res.output
+    res = lumc_cli("inspect", art, "--plot", tmp_path / "r.txt")
+    assert res.exit_code == 2 and "cannot draw a .txt file" in res.output, res.output
+    res = lumc_cli("bench", art, "--json", js, "--plot", tmp_path / "r.svg")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r.svg").read_bytes().lstrip().startswith(b"<?xml") and js.exists()
