@@ -183,3 +183,21 @@ def test_plot_format_is_refused_before_the_bench(linear, tmp_path):
     res = lumc_cli("bench", art, "--json", js, "--plot", tmp_path / "r.svg")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r.svg").read_bytes().lstrip().startswith(b"<?xml") and js.exists()
+
+
+def test_rrelu_in_eval_is_a_leaky_relu():
+    """``nn.RReLU`` in eval (``F.rrelu(training=False)``) was refused as random sampling, 'call
+    module.eval() before compiling', though the module was in eval; in training it still is."""
+    torch = pytest.importorskip("torch")
+    import lumc
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RReLU(0.1, 0.3)).eval()
+    x = torch.randn(16, 8)
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(x,))
+    with torch.no_grad():
+        h = m[0](x).double()
+        ref = torch.where(h >= 0, h, h * 0.2)
+        assert (h < 0).any()
+        torch.testing.assert_close(f(x).double(), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(lumc.UnsupportedOpError, match="random sampling"):
+        lumc.compile(m.train(), budget="20s", device="sim:h200", example_inputs=(x,))

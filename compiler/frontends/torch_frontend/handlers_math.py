@@ -265,6 +265,21 @@ def _leaky_relu(ctx, x, negative_slope=0.01):
     return x.gt(x.scalar_like(0.0)).where(x, x.mul(float(negative_slope)))
 
 
+def _rrelu_training(node) -> str | None:
+    """``rrelu`` samples its slopes only in training mode; in eval it is a leaky ReLU."""
+    from lumc.compiler.frontends.torch_frontend.lowering import RANDOM_OP
+    training = node.kwargs.get("training", node.args[4] if len(node.args) > 4 else False)
+    return RANDOM_OP if training else None
+
+
+@aten("rrelu_with_noise_functional.default", check=_rrelu_training)
+def _rrelu(ctx, x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """``F.rrelu(training=False)`` (``nn.RReLU`` in eval): eager's leaky ReLU with slope
+    ``(lower + upper) / 2``, the noise buffer passed through. It was refused as random sampling
+    ('call module.eval()') though the module was in eval."""
+    return _leaky_relu(ctx, x, (float(lower) + float(upper)) / 2), noise
+
+
 @aten("elu.default", requires=["activations.expm1"])
 def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
     # PyTorch: x > 0 ? scale x : scale alpha (exp(input_scale x) - 1)
