@@ -502,9 +502,9 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                 cfg.kwargs()["PRECISION"] == "tf32":
             rounding = None     # the interpreter's and torch CPU's tf32 dots are exact fp32
         p_tol = 0.0
+        feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
         if rounding is not None:
             # a reduced-precision dot is judged against its meaning with the same operand rounding
-            feed = {ph.arg.name: np.asarray(x) for ph, x in zip(e.kernel.inputs, ins)}
             kw = emulation(e.kernel, cfg.kwargs())
             emu = ReferenceExecutor(e.kernel.meaning, **kw)(feed)
             refs = [emu[k] for k in e.kernel.meaning.outputs]
@@ -516,11 +516,10 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             if n.dtype.is_float:
                 err = max_rel_error(got, r)
                 tol = max(dt.rtol_for(n.dtype), p_tol)
-            else:       # judged by its meaning on the same inputs too, as a float one is below:
-                # the reference takes a row max from fp32 values that bf16 storage rounds (ArgMax)
+            else:       # or equal to its meaning on the same inputs, as a float one is below
+                # (an ArgMax of a bf16-stored product: the reference's row max is the fp32 one's)
                 err = 0.0 if np.array_equal(got, r) or np.array_equal(got, ReferenceExecutor(
-                    e.kernel.meaning)({ph.arg.name: np.asarray(x) for ph, x in zip(
-                        e.kernel.inputs, ins)})[list(e.kernel.meaning.outputs)[n_index(call, n)]]) \
+                    e.kernel.meaning)(feed)[list(e.kernel.meaning.outputs)[n_index(call, n)]]) \
                     else float("inf")
                 tol = 0.0
             if err > tol and n.dtype.is_float and rounding is None:
