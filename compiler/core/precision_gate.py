@@ -28,6 +28,8 @@ import numpy as np
 from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.core.precision import WEIGHT_DTYPE, PrecisionPolicy, measure_quality
 from lumc.compiler.runtime.program import run_program_reference
+from lumc.ir.graph import Graph
+from lumc.ir.library.reduce import arg_scores
 
 WEIGHT_DTYPE_NAME = {k: (v.name if v is not None else None) for k, v in WEIGHT_DTYPE.items()}
 # most to least precise; raising a kernel moves it left
@@ -76,6 +78,29 @@ def retimed(result, keys: list, configs: list, measurer):
                                time_s=total if result.time_s is not None else None)
 
 
+class Reference(dict):
+    """The fp32 model's outputs, ``{name: array}``; ``ties``: for each integer output that is an
+    ArgMax/ArgMin of float scores (``lumc.ir.library.reduce.arg_scores``), ``(the scores' fp32
+    values, axis, largest, keepdims)``, which the gate reads to tell a near-tie from a wrong
+    index (``lumc.compiler.core.precision.near_ties``)."""
+
+    def __init__(self, outputs: dict, ties: dict | None = None):
+        super().__init__(outputs)
+        self.ties = dict(ties or {})
+
+
+def reference_outputs(graph, inputs: dict) -> Reference:
+    """``graph``'s outputs on ``inputs`` (reference executor, fp32) as a :class:`Reference`, the
+    scores of its index outputs computed in the same run."""
+    found = {k: a for k, n in graph.outputs.items()
+             if not n.dtype.is_float and (a := arg_scores(n)) is not None}
+    scored = {f"{k}\0scores": a[0] for k, a in found.items()}
+    out = ReferenceExecutor(Graph(graph.inputs, {**graph.outputs, **scored}) if found
+                            else graph)(inputs)
+    return Reference({k: out[k] for k in graph.outputs},
+                     {k: (out[f"{k}\0scores"],) + tuple(a[1:]) for k, a in found.items()})
+
+
 def model_reference(graph, inputs: dict, policy: PrecisionPolicy) -> dict | None:
     """The fp32 model's outputs on ``inputs`` (``{name: array}``), the reference of every gate of a
     reduced-precision compile; None for an exact one. Run once, before the e-graph and the search:
@@ -83,7 +108,7 @@ def model_reference(graph, inputs: dict, policy: PrecisionPolicy) -> dict | None
     :meth:`~lumc.compiler.core.precision.PrecisionPolicy.check_max_kl`)."""
     if not policy.reduced:
         return None
-    ref = ReferenceExecutor(graph)(inputs)
+    ref = reference_outputs(graph, inputs)
     policy.check_max_kl(ref, [k for k, n in graph.outputs.items() if n.dtype.is_float])
     return ref
 
@@ -96,11 +121,11 @@ def weights_gate(stored, original, inputs: dict, policy: PrecisionPolicy,
     keeps the model's weights (``weights="same"``)."""
     if policy.weights == "same":
         return None
-    ref = ref if ref is not None else ReferenceExecutor(original)(inputs)
+    ref = ref if ref is not None else reference_outputs(original, inputs)
     got = ReferenceExecutor(stored)(inputs)
     floats = [k for k, n in original.outputs.items() if n.dtype.is_float]
     exact = [k for k in original.outputs if k not in floats]
-    return measure_quality(got, ref, policy, floats, exact)
+    return measure_quality(got, ref, policy, floats, exact, getattr(ref, "ties", None))
 
 
 def stage_quality(chosen, graph, graph_ref, inputs: dict, keys: list, configs: list, measurer,
@@ -111,13 +136,13 @@ def stage_quality(chosen, graph, graph_ref, inputs: dict, keys: list, configs: l
     the ``quality`` report with ``passed``."""
     if not policy.reduced:
         return configs, None
-    ref = ref if ref is not None else ReferenceExecutor(graph_ref)(inputs)
+    ref = ref if ref is not None else reference_outputs(graph_ref, inputs)
     floats = [k for k, n in graph.outputs.items() if n.dtype.is_float]
     exact = [k for k in graph.outputs if k not in floats]
 
     def evaluate(cfgs) -> dict:
         out = run_program_reference(chosen, graph, inputs, configs=cfgs)
-        return measure_quality(out, ref, policy, floats, exact)
+        return measure_quality(out, ref, policy, floats, exact, getattr(ref, "ties", None))
 
     def raised(cfgs, which) -> list:
         out = list(cfgs)

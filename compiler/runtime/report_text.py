@@ -27,7 +27,8 @@ def workspace_text(r: dict, digits: int = 2) -> str:
 
 def quality_line(r: dict) -> str | None:
     """``precision bf16 (weights same) vs fp32: max rel error 3.1e-03 (tolerance 0.02), cosine >=
-    0.999990[, mean KL 1e-05, top-1 100.0%][, integer outputs equal][; GATE FAILED: reason]``, or None when no quality was
+    0.999990[, mean KL 1e-05, top-1 100.0%][, integer outputs equal | integer outputs: 1 of 64 values
+    differ, all at near-ties (...)][; GATE FAILED: reason]``, or None when no quality was
     measured (an exact compile)."""
     q = r.get("quality")
     if q is None:
@@ -42,8 +43,11 @@ def quality_line(r: dict) -> str | None:
     if exact:
         differ = sum(v["differ"] for v in exact.values())
         count = sum(v["count"] for v in exact.values())
+        ties = sum(v.get("near_ties", 0) for v in exact.values())
         parts.append("integer outputs equal" if not differ else
-                     f"integer outputs: {differ} of {count} values differ")
+                     f"integer outputs: {differ} of {count} values differ"
+                     + (f", {'all' if ties == differ else ties} at near-ties (fp32 scores within "
+                        "the tolerance)" if ties else ""))
     return (f"precision {r['precision']} (weights {r['weights']}) vs fp32: " + ", ".join(parts)
             + ("" if q["passed"] else f"; GATE FAILED: {q['reason']}"))
 

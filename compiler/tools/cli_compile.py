@@ -531,15 +531,21 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
         atol = {k: rtol * _largest_finite(v) if np.asarray(v).dtype.kind == "f" else 0.0
                 for k, v in ort.items()}
         note_atol = None
-        how = f"the compile's tolerance {rtol:g} of each output's largest |reference|; ints exact"
+        how = (f"the compile's tolerance {rtol:g} of each output's largest |reference|; ints "
+               "exact but an ArgMax's near-ties")
         click.echo(f"precision {r['precision']} (weights {r.get('weights', 'same')}): judged at "
                    f"the compile's tolerance {rtol:g} of each output's largest |reference|")
+    def _ties():   # its index outputs' fp32 scores: near-ties pass, as its quality gate judged
+        from lumc.compiler.core.precision_gate import reference_outputs
+        return reference_outputs(_judge_graph(cm, reduced, inputs), inputs).ties
+
     checks = c.print_outputs(outputs, ort, rtol, atol,
                              None if by_graph else
                              lambda: c.float64_outputs(_judge_graph(cm, reduced, inputs), inputs),
                              None if reduced or by_graph else
                              lambda: c._run_onnxruntime_unoptimized(cm.source_onnx, inputs),
-                             None if reduced else c.computed_through(cm.graph))
+                             None if reduced else c.computed_through(cm.graph),
+                             _ties if how else None)
     best = r.get("best_time_s")
     bucket = " (its size bucket's plan, timed at the bucket's largest size)" \
         if getattr(cm, "sized", None) else ""
