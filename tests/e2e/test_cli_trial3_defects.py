@@ -201,3 +201,36 @@ def test_rrelu_in_eval_is_a_leaky_relu():
         torch.testing.assert_close(f(x).double(), ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(lumc.UnsupportedOpError, match="random sampling"):
         lumc.compile(m.train(), budget="20s", device="sim:h200", example_inputs=(x,))
+
+
+def _const_sum_model(path, dims):
+    """``y = x + ReduceSum(ConstantOfShape(dims, 1.0))``: a constant the importer folds."""
+    g = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["s"], ["z"],
+                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+         helper.make_node("ReduceSum", ["z"], ["r"], keepdims=0),
+         helper.make_node("Add", ["x", "r"], ["y"])], "constsum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array(dims, np.int64), "s")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
+
+
+def test_a_constant_too_large_to_fold_is_refused(tmp_path):
+    """``ReduceSum(ConstantOfShape([1e8, 1e8]))`` folded at import: numpy summed a broadcast of
+    1e16 elements for hours, past --budget 20s, and SIGTERM/SIGINT could not stop it."""
+    import subprocess
+    import lumc
+    big, small = tmp_path / "big.onnx", tmp_path / "small.onnx"
+    _const_sum_model(big, [100_000_000, 100_000_000])
+    env = dict(os.environ, LUMC_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "lumc.compiler.tools.cli", "compile", str(big),
+                        "--budget", "20s", "--device", "sim:h200", "-o", str(tmp_path / "b.lumc")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "too large to evaluate" in r.stderr and "[100000000, 100000000]" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    _const_sum_model(small, [64, 48])        # a constant of ordinary size still folds
+    f = lumc.compile(small, budget="20s", device="sim:h200", use_egraph=False)
+    x = np.array([0.5, -1.0], np.float32)
+    np.testing.assert_array_equal(f(x), x + np.float32(64 * 48))

@@ -21,9 +21,12 @@ a contraction, reduction or gather reads (``eye(n) @ x``), which no kernel forms
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
+from lumc.ir.errors import ModelError
 from lumc.ir.graph import Graph, Node, const_node
 from lumc.ir.symbolic import held
 from lumc.ir.tensor import Tensor
@@ -32,6 +35,41 @@ _LAZY_LEAVES = ("Constant", "Iota")
 # what an index expression may compute: integer-like arithmetic, compares, selects (a kernel does
 # them for free); a transcendental (sin/exp/log of positions: a RoPE table) is cheaper read
 _INDEX_OPS = frozenset({"View", "Add", "Mul", "Mod", "Div", "LessThan", "Where", "Cast"})
+
+
+def _machine_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_fold_size(n: Node) -> None:
+    """Refuse to evaluate a constant whose computation reads or writes a value larger than this
+    machine's memory: a ``ConstantOfShape`` of [1e8, 1e8] is one scalar broadcast, and a
+    ``ReduceSum`` of it ran numpy over 1e16 elements for hours, past the budget and deaf to
+    SIGINT and SIGTERM (numpy's loop never returns to Python).
+
+    Raises:
+        ModelError: naming the shape, dtype and bytes of the largest such value.
+    """
+    mem = _machine_bytes()
+    if mem is None:
+        return
+    big, seen, stack = None, set(), [n]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen or m.op == "Constant":
+            continue
+        seen.add(id(m))
+        if big is None or m.numel * m.dtype.np.itemsize > big.numel * big.dtype.np.itemsize:
+            big = m
+        stack.extend(m.srcs)
+    need = big.numel * big.dtype.np.itemsize if big is not None else 0
+    if need > mem:
+        raise ModelError(f"a constant computed from a value of shape {list(big.shape)} "
+                         f"({big.dtype.np}, {need / 1e9:.3g} GB) is too large to evaluate on "
+                         f"this machine ({mem / 1e9:.3g} GB of memory)")
 
 
 class ConstantFolder:
@@ -106,6 +144,7 @@ class ConstantFolder:
             return None
         v = self._values.get(n)
         if v is None:
+            _check_fold_size(n)
             v = ReferenceExecutor(Graph({}, {"v": n}))({})["v"]
             self._values[n] = v
         return v
