@@ -22,6 +22,21 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def linear(tmp_path):
+    """``y = x @ W`` (x: f32[4, 32], W: 32 x 16 constant, random; int8 weights cost ~1e-2): the
+    ONNX file's path."""
+    w = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [numpy_helper.from_array(w, "W")])
+    p = tmp_path / "linear.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    return p
+
+
+@pytest.fixture
 def record_time(request):
     """``record_time(what, seconds)``: adds a line to the 'e2e wall times' section of the report."""
     def rec(what: str, seconds: float) -> None:

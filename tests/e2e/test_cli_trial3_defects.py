@@ -16,27 +16,13 @@ from hostile import lumc_cli  # noqa: E402
 pytestmark = pytest.mark.usefixtures("cache_dir")   # a private LUMC_CACHE_DIR per test
 
 
-@pytest.fixture
-def linear(tmp_path):
-    """``y = x @ W`` (x: f32[4, 32], W: 32 x 16 constant, random)."""
-    w = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
-    g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
-        [numpy_helper.from_array(w, "W")])
-    p = tmp_path / "linear.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
-    return p, w
-
-
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_reduced_precision_check_with_a_nonfinite_reference(linear, tmp_path, bad):
     """``run --check`` of a bf16 artifact judges at tolerance * max|reference|: one NaN in the
     reference made that NaN and every element FAILed (exit 1); one inf made it inf, and any
     value passed."""
     from lumc.compiler.tools.cli_compile import _largest_finite
-    model, w = linear
+    model, w = linear, numpy_helper.to_array(onnx.load(linear).graph.initializer[0])
     art = tmp_path / "lin.lumc"
     res = lumc_cli("compile", model, "--budget", "30s", "--device", "sim:h200", "--precision",
                    "bf16", "--no-egraph", "--quiet", "-o", art)
@@ -88,7 +74,7 @@ def test_quality_cosine_ignores_matching_nans(linear, tmp_path):
     """A bf16 compile whose example input held one NaN (its output row NaN in both the fp32 and
     the bf16 plan) reported 'cosine >= 0.000000' for outputs that agree to 4e-3."""
     from lumc.compiler.core.precision import output_quality
-    model, w = linear
+    model, w = linear, numpy_helper.to_array(onnx.load(linear).graph.initializer[0])
     x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
     x[0, 0] = np.nan
     np.save(tmp_path / "x.npy", x)
@@ -169,7 +155,7 @@ def test_argmax_of_a_matmul_compiles_at_reduced_precision(tmp_path, precision):
 def test_plot_format_is_refused_before_the_bench(linear, tmp_path):
     """``lumc bench M --json j.json --plot r.txt`` compiled (for a .onnx target), benched, wrote
     j.json and only then failed on the plot's format (exit 2 with half its outputs written)."""
-    model, _ = linear
+    model = linear
     art, js = tmp_path / "lin.lumc", tmp_path / "j.json"
     res = lumc_cli("bench", model, "--budget", "20s", "--device", "sim:h200", "--json", js,
                    "--plot", tmp_path / "r.txt", "--quiet")
