@@ -219,7 +219,7 @@ def checked_input(n: Node, inputs: dict) -> np.ndarray:
     name = n.arg.name
     if name not in inputs:
         raise InputError(f"missing input {name!r}", node=name)
-    x = np.asarray(inputs[name])
+    x = dt.native_order(np.asarray(inputs[name]))
     if tuple(x.shape) != n.shape:
         raise InputError(f"input {name!r} has shape {tuple(x.shape)}, expected {n.shape}", node=name)
     if x.dtype != n.dtype.np:

@@ -132,3 +132,13 @@ RTOL: dict[str, float] = {"f64": 1e-10, "f32": 1e-4, "f16": 1e-2, "bf16": 4e-2}
 def rtol_for(d: DType) -> float:
     """The relative tolerance of ``d`` (0 for exact integer and bool dtypes)."""
     return RTOL.get(d.name, 0.0)
+
+
+def native_order(a):
+    """``a`` in this machine's byte order: a big-endian array (``>f4``, as a ``.npy`` written on
+    such a machine or with ``dtype='>f4'``) becomes the same values as ``float32``; every other
+    value is returned as it is. Inputs pass through here where they enter lumc, so such an array is
+    not refused as another dtype."""
+    if isinstance(a, np.ndarray) and not a.dtype.isnative:
+        return a.astype(a.dtype.newbyteorder("="))
+    return a

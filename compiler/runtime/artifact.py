@@ -439,6 +439,10 @@ def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dic
     except ArtifactError:
         raise
     except zipfile.BadZipFile as e:
+        if not looks_like_artifact(path):   # an ONNX model or another file, not a damaged artifact
+            raise ArtifactError(f"{path}: not a .lumc artifact; compile the model first "
+                                "(lumc.compile(MODEL, budget=...), or lumc compile MODEL -o "
+                                "OUT.lumc)") from None
         raise ArtifactError(f"{path}: damaged .lumc artifact (truncated or not a zip archive: "
                             f"{e})") from None
     except (zlib.error, KeyError, OSError, EOFError, ValueError, TypeError, RuntimeError,

@@ -135,7 +135,7 @@ class CompiledModel:
                 want = self.graph.inputs[k].dtype.np if k in self.graph.inputs else None
                 raise InputError(f"input {k!r} has dtype {a.dtype}, not a number type lumc runs"
                                  + (f"; compiled for {want}" if want is not None else ""), node=k)
-            arrays[k] = a
+            arrays[k] = dt.native_order(a)
         for k, n in self.graph.inputs.items():
             if k not in arrays:
                 raise InputError(f"missing input {k!r} ({n.dtype}{list(n.shape)})", node=k)

@@ -267,7 +267,8 @@ def _load_arrays(npz: str | None, pairs: tuple[str, ...]) -> dict[str, np.ndarra
         if sum(p.partition("=")[0] == name for p in pairs) > 1:
             raise InputError(f"--input {name}: given twice")
         arrays[name] = _read_npy(path, f"--input {name}")
-    return arrays
+    from lumc.ir.dtypes import native_order     # a big-endian .npy: the same values
+    return {k: native_order(a) for k, a in arrays.items()}
 
 
 def _input_files(inputs_npz: str | None, pairs: tuple[str, ...]) -> list[str]:

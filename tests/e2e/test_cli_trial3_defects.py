@@ -220,3 +220,35 @@ def test_a_constant_too_large_to_fold_is_refused(tmp_path):
     f = lumc.compile(small, budget="20s", device="sim:h200", use_egraph=False)
     x = np.array([0.5, -1.0], np.float32)
     np.testing.assert_array_equal(f(x), x + np.float32(64 * 48))
+
+
+def test_loading_an_onnx_model_as_an_artifact_says_what_it_is(linear, tmp_path):
+    """``lumc.load`` on an ONNX file called it a "damaged .lumc artifact" (the CLI said "not a
+    .lumc artifact"); a truncated artifact is still called damaged."""
+    import lumc
+    with pytest.raises(lumc.ArtifactError, match="not a .lumc artifact; compile the model first"):
+        lumc.load(linear)
+    f = lumc.compile(str(linear), budget="20s", device="sim:h200", use_egraph=False)
+    f.save(tmp_path / "m.lumc")
+    (tmp_path / "cut.lumc").write_bytes((tmp_path / "m.lumc").read_bytes()[:200])
+    with pytest.raises(lumc.ArtifactError, match="damaged .lumc artifact"):
+        lumc.load(tmp_path / "cut.lumc")
+
+
+def test_big_endian_inputs_are_their_values(linear, tmp_path):
+    """A big-endian array (``>f4``: a ``.npy`` written on such a machine) was refused as "dtype
+    >f4, compiled for float32" by a call, by ``example_inputs=`` and by ``--input``; it holds the
+    same float32 values, and gives the same outputs as the native array (float64 reference)."""
+    import lumc
+    w = numpy_helper.to_array(onnx.load(linear).graph.initializer[0]).astype(np.float64)
+    x = np.random.default_rng(5).standard_normal((4, 32)).astype(np.float32)
+    be = x.astype(">f4")
+    want = x.astype(np.float64) @ w
+    f = lumc.compile(str(linear), budget="20s", device="sim:h200", use_egraph=False,
+                     example_inputs={"x": be})
+    np.testing.assert_allclose(f(be), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(f(be), f(x))
+    f.save(tmp_path / "m.lumc")
+    np.save(tmp_path / "x.npy", be)
+    res = lumc_cli("run", tmp_path / "m.lumc", "--input", f"x={tmp_path / 'x.npy'}", "--check")
+    assert res.exit_code == 0 and "match" in res.output, res.output
