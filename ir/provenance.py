@@ -59,10 +59,61 @@ def rebuilt(n: Node, srcs) -> Node:
     if len(srcs) == len(n.srcs) and all(a is b for a, b in zip(srcs, n.srcs)):
         return n
     out = node(n.op, srcs, n.arg)
-    o = _ORIGIN.get(n)
-    if o is not None and out not in _ORIGIN:
-        _ORIGIN[out] = o
+    carry(n, out)
     return out
+
+
+def carry(old: Node, new: Node) -> None:
+    """What is recorded of ``old`` (its origin, its index scores) now holds for ``new``, which a
+    pass built in its place (:func:`rebuilt`, ``lumc.ir.symbolic.Resizer``)."""
+    if new is old:
+        return
+    o = _ORIGIN.get(old)
+    if o is not None and new not in _ORIGIN:
+        _ORIGIN[new] = o
+    a = _ARG.get(old)
+    if a is not None and new not in _ARG:
+        _ARG[new] = a
+
+
+# {an ArgMax/ArgMin index node: (the src positions leading from it to its float scores, axis,
+# largest, keepdims)}: a path, not the node, so a pass that rebuilds the graph node for node
+# (re-sizing a range's bucket) keeps it through :func:`carry`
+_ARG: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()
+
+
+def mark_arg_scores(index: Node, scores: Node, axis: int, largest: bool, keepdims: bool) -> None:
+    """Record that ``index`` (built by ``lumc.ir.library.reduce.argmax``/``argmin``) picks along
+    ``axis`` of ``scores``, for the quality gate to tell a near-tie from a wrong index."""
+    paths, seen = [(index, ())], {id(index)}
+    while paths:
+        n, path = paths.pop(0)
+        if n is scores:
+            _ARG[index] = (path, axis, largest, keepdims)
+            return
+        for i, s in enumerate(n.srcs):
+            if id(s) not in seen:
+                seen.add(id(s))
+                paths.append((s, path + (i,)))
+
+
+def arg_scores(n: Node) -> tuple[Node, int, bool, bool] | None:
+    """``(scores, axis, largest, keepdims)`` of an index node :func:`mark_arg_scores` recorded (or
+    one rebuilt from it), ``axis`` non-negative, of ``scores``; None for every other node, or
+    where a rebuild changed its structure."""
+    rec = _ARG.get(n)
+    if rec is None:
+        return None
+    path, axis, largest, keepdims = rec
+    m = n
+    for i in path:
+        if i >= len(m.srcs):
+            return None
+        m = m.srcs[i]
+    if not m.dtype.is_float or len(m.shape) != len(n.shape) + (0 if keepdims else 1) or \
+            axis >= len(m.shape):
+        return None
+    return m, axis, largest, keepdims
 
 
 def where(n: Node) -> dict:

@@ -38,6 +38,7 @@ import numpy as np
 
 from lumc.ir.graph import ConstArg, Graph, InputArg, IotaArg, Node, node, toposort
 from lumc.ir.views import View
+from lumc.ir.provenance import carry
 
 _PROBES: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("lumc_probes", default=())
 
@@ -244,6 +245,7 @@ class Resizer:
             same = arg is n.arg or (type(arg) is type(n.arg) and arg == n.arg)
             self.memo[id(n)] = n if same and all(a is b for a, b in zip(srcs, n.srcs)) \
                 else node(n.op, srcs, arg)
+            carry(n, self.memo[id(n)])      # its origin and index scores hold at the new size
         return self.memo[id(root)]
 
     def graph(self, g: Graph) -> Graph:

@@ -29,7 +29,7 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.core.precision import WEIGHT_DTYPE, PrecisionPolicy, measure_quality
 from lumc.compiler.runtime.program import run_program_reference
 from lumc.ir.graph import Graph
-from lumc.ir.library.reduce import arg_scores
+from lumc.ir.provenance import arg_scores
 
 WEIGHT_DTYPE_NAME = {k: (v.name if v is not None else None) for k, v in WEIGHT_DTYPE.items()}
 # most to least precise; raising a kernel moves it left
@@ -80,7 +80,7 @@ def retimed(result, keys: list, configs: list, measurer):
 
 class Reference(dict):
     """The fp32 model's outputs, ``{name: array}``; ``ties``: for each integer output that is an
-    ArgMax/ArgMin of float scores (``lumc.ir.library.reduce.arg_scores``), ``(the scores' fp32
+    ArgMax/ArgMin of float scores (``lumc.ir.provenance.arg_scores``), ``(the scores' fp32
     values, axis, largest, keepdims)``, which the gate reads to tell a near-tie from a wrong
     index (``lumc.compiler.core.precision.near_ties``)."""
 

@@ -7,14 +7,13 @@ triangular mask. Axes may be negative; zero-size reductions give the ONNX identi
 """
 from __future__ import annotations
 
-import weakref
 from typing import Sequence
 
 import numpy as np
 
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
-from lumc.ir.graph import Node
+from lumc.ir.provenance import mark_arg_scores
 from lumc.ir.tensor import Tensor, normalize_axis
 from lumc.ir.views import prod
 
@@ -153,20 +152,6 @@ def _prod_tree(x: Tensor, ax: tuple[int, ...]) -> Tensor:
     return y.reshape(out_shape)
 
 
-# {an ArgMax/ArgMin result built here: (the float scores it indexes, axis, largest, keepdims)}, for
-# the quality gate to tell a near-tie from a wrong index (lumc.compiler.core.precision); weak keys:
-# nodes are hash-consed and the graph keeps what it uses
-_ARG_SCORES: "weakref.WeakKeyDictionary[Node, tuple[Node, int, bool, bool]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def arg_scores(n: Node) -> tuple[Node, int, bool, bool] | None:
-    """``(scores, axis, largest, keepdims)`` of an index node :func:`argmax` or :func:`argmin`
-    built over float scores (``axis`` non-negative, of ``scores``); None for every other node (an
-    index over integers or bools, a node rebuilt since, any other op)."""
-    return _ARG_SCORES.get(n)
-
-
 def _arg_extreme(x: Tensor, axis: int, keepdims: bool, select_last_index: bool,
                  largest: bool) -> Tensor:
     op = "ArgMax" if largest else "ArgMin"
@@ -192,8 +177,8 @@ def _arg_extreme(x: Tensor, axis: int, keepdims: bool, select_last_index: bool,
         first = hit.where(idx.scalar_like(n).sub(idx), idx.scalar_like(0)).max(axis, keepdims=True)
         r = first.scalar_like(n).sub(first)
     out = r if keepdims else r.squeeze([axis])
-    if x.dtype.is_float:
-        _ARG_SCORES[out.node] = (x.node, axis, largest, keepdims)
+    if x.dtype.is_float:    # the scores it reads, for the quality gate's near-ties
+        mark_arg_scores(out.node, x.node, axis, largest, keepdims)
     return out
 
 

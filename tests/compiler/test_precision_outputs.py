@@ -232,3 +232,30 @@ def test_policy_options_of_the_wrong_type_in_the_api(db):
                      (dict(logits=[3]), "logits must be output names")):
         with pytest.raises(InputError, match=word):
             lumc.compile(model, budget="20s", device="sim:h200", db=db, precision="bf16", **kw)
+
+
+def test_index_scores_survive_a_rebuild_and_a_resize():
+    """``arg_scores`` is recorded as a path from the index to its scores, so a graph rebuilt node
+    for node (``rebuilt``, as constant folding does; a range bucket's ``Resizer``) keeps it,
+    pointing at the rebuilt scores (at their new size); an index over integers, or a node nothing
+    recorded, has none."""
+    from lumc.ir import dtypes as dt
+    from lumc.ir.graph import input_node, toposort
+    from lumc.ir.library.reduce import argmax
+    from lumc.ir.provenance import arg_scores, rebuilt
+    from lumc.ir.symbolic import Resizer
+    from lumc.ir.tensor import Tensor
+    x = Tensor(input_node("x", (7, 5), dt.f32))
+    s = x.mul(x.scalar_like(2.0))
+    i = argmax(s, axis=-1, keepdims=False)
+    assert arg_scores(i.node) == (s.node, 1, True, False)
+    assert arg_scores(s.node) is None and arg_scores(argmax(x.cast(dt.i32), 1).node) is None
+    y = input_node("y", (7, 5), dt.f32)        # the same graph over another input, rebuilt
+    memo = {}
+    for n in toposort([i.node]):
+        memo[id(n)] = y if n is x.node else rebuilt(n, [memo[id(m)] for m in n.srcs])
+    got = arg_scores(memo[id(i.node)])
+    assert got is not None and got[0] is memo[id(s.node)] and got[0] is not s.node
+    big = Resizer({7: 11})(i.node)             # 7 is the probe of a range, re-sized to 11
+    got = arg_scores(big)
+    assert got is not None and got[0].shape == (11, 5) and got[1:] == (1, True, False)
