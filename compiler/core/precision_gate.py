@@ -101,6 +101,17 @@ def reference_outputs(graph, inputs: dict) -> Reference:
                      {k: (out[f"{k}\0scores"],) + tuple(a[1:]) for k, a in found.items()})
 
 
+def index_ties(graph, inputs: dict, names: list, policy: PrecisionPolicy) -> list | None:
+    """Per output in ``names``, None or its ``Reference.ties`` entry (an ArgMax/ArgMin's fp32
+    scores) on ``inputs``, for a reduced-precision compile whose graph has such an output (the
+    check against eager accepts near-ties as the gate does); None otherwise."""
+    if not policy.reduced or not any(not n.dtype.is_float and arg_scores(n) is not None
+                                     for n in graph.outputs.values()):
+        return None
+    ties = reference_outputs(graph, inputs).ties
+    return [ties.get(k) for k in names]
+
+
 def model_reference(graph, inputs: dict, policy: PrecisionPolicy) -> dict | None:
     """The fp32 model's outputs on ``inputs`` (``{name: array}``), the reference of every gate of a
     reduced-precision compile; None for an exact one. Run once, before the e-graph and the search:

@@ -300,7 +300,10 @@ class CompiledTorchModule:
                 if ec and "passed" in ec:
                     lines.append(f"    against PyTorch eager on the example inputs: max rel error "
                                  f"{ec['max_rel_error']:.3g} (tolerance {ec['rtol']:g}), "
-                                 f"{ec['nonfinite_mismatch']} NaN/inf mismatches: "
+                                 f"{ec['nonfinite_mismatch']} NaN/inf mismatches, "
+                                 f"{ec.get('exact_mismatch', 0)} integer/bool unequal"
+                                 + (f" ({ec['near_ties']} more at near-ties)"
+                                    if ec.get('near_ties') else "") + ": "
                                  f"{'passed' if ec['passed'] else 'FAILED'}")
                 elif ec:
                     lines.append(f"    against PyTorch eager: skipped ({ec.get('skipped')})")
@@ -409,9 +412,11 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     spec = compiled.specialization(leaves, feed)
     if spec.compiled is not None:   # the lowering itself, against the module (eager_check)
         from lumc.compiler.core.eager_check import check_against_eager
+        from lumc.compiler.core.precision_gate import index_ties
         kw = dict(example_kwargs or {})
+        ties = index_ties(spec.imported.graph, feed, program.output_names, policy)
         spec.compiled._report["eager_check"] = check_against_eager(
-            module, args, kw, compiled(*args, **kw), policy.rtol, type(module).__name__)
+            module, args, kw, compiled(*args, **kw), policy.rtol, type(module).__name__, ties)
     compiled.watch = ModuleWatch(module, digests)
     if stored is not None and spec.compiled is not None and \
             spec.compiled.report_dict().get("best_time_s") is not None:
