@@ -180,6 +180,24 @@ def test_torch_module_and_backend_take_the_policy(tmp_path, monkeypatch):
         torch.compile(m, backend="lumc", options={"precision": "int4"})(x)
 
 
+def test_backend_refuses_a_weights_format_it_cannot_store(tmp_path, monkeypatch):
+    # Dynamo lifts the parameters to inputs: options={"weights": "nvfp4"} compiled an fp32 plan
+    # whose report said 'no weight of the model is read only by matrix products'
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(8, 32)
+    with pytest.raises(Exception, match=r"options\['weights'\]='nvfp4' cannot apply under torch"):
+        torch.compile(m, backend="lumc", options={"budget": "20s", "weights": "nvfp4"})(x)
+    torch._dynamo.reset()
+    g = torch.compile(m, backend="lumc", options={"budget": "20s", "weights": "same"})
+    with torch.no_grad():
+        want = m.double()(x.double()).numpy()
+    m.float()
+    np.testing.assert_allclose(g(x).detach().numpy(), want, rtol=0, atol=1e-5)
+
+
 def test_the_notes_say_which_precision_the_contractions_really_run_at(db):
     """--precision fp8 whose plan runs some contractions at bf16 (faster there, or raised by the
     gate) said only 'precision fp8'; the report's notes now give the mix (and the artifact's label
