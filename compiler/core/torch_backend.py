@@ -583,8 +583,8 @@ def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search:
         workers: where each compile's work units run (``"local:N"``, ``"ray"``,
             ``"ray://HOST:PORT"``: ``lumc.compiler.core.workers``).
     Raises:
-        InputError: an unknown precision or weights option, or a weights format other than
-            ``same`` for a graph whose parameters Dynamo lifted to inputs; a ``shapes`` key that is no dynamic
+        InputError: an unknown precision or weights option, or weights other than ``same``
+            where Dynamo lifted the parameters to inputs; a ``shapes`` key that is no dynamic
             dim, or a range that is not one.
         UnsupportedOpError: the graph uses ATen ops lumc cannot lower (Dynamo reports it as a
             backend compiler failure).
@@ -596,9 +596,9 @@ def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search:
     if policy.weights != "same" and any(isinstance(a, torch.nn.Parameter) for a in example_inputs):
         # Dynamo lifts them to inputs read afresh at each call: none is stored, none quantized
         raise InputError(f"options['weights']={weights!r} cannot apply under torch.compile: "
-                         f"Dynamo passes the module's parameters as inputs on every call, so lumc "
-                         f"stores no weight to quantize; use lumc.compile(module, weights="
-                         f"{weights!r}, ...)")
+                         "Dynamo passes the module's parameters as inputs on every call, so lumc "
+                         f"stores no weight to quantize; use lumc.compile(module, "
+                         f"weights={weights!r}, ...)")
     from lumc.compiler.core.workers import parse_workers
     return DynamoGraph(gm, example_inputs, budget_s, search, device, policy, max_size, shapes,
                        parse_workers(workers))
