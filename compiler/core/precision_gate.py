@@ -239,14 +239,16 @@ def precision_note(policy: PrecisionPolicy, quality: dict | None) -> str | None:
 def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict) -> str:
     """The line of a plan at ``policy`` that missed the quality gate (``quality``) and is compiled
     at ``down`` instead. A plan none of whose contractions runs at the policy's own precision
-    (``fp8`` whose contractions were all faster at bf16) measured the lower precision's plan, not
-    its own, and the line says so: when that precision misses the gate too, its own line repeats
+    (``fp8`` whose contractions were all faster at bf16; ``auto`` that chose nothing below bf16)
+    measured the lower precision's plan, not its own, and the line says so: when that precision misses the gate too, its own line repeats
     the figure for that reason."""
     own = f"precision {policy.precision} (weights {policy.weights})"
     dots = sorted({p for p in quality.get("kernel_precision", []) if p is not None},
                   key=_rank, reverse=True)
     if policy.precision == "fp8" and dots and "fp8" not in dots:
         own += f": no contraction runs at fp8 (its plan is {'/'.join(dots)}'s), and that plan"
+    elif policy.precision == "auto" and dots and "fp8" not in dots:   # bf16's plan, next
+        own += f": its plan is {'/'.join(dots)}'s, and that plan"
     return (f"{own} misses the quality gate ({quality['reason']}); compiled at {down.precision} "
             f"(weights {down.weights}) instead")
 

@@ -232,7 +232,8 @@ def test_a_fallback_from_an_fp8_plan_with_no_fp8_contraction_says_so():
     """--precision fp8 whose plan ran every contraction at bf16 missed the gate, then bf16's plan
     missed it with the same figure: 'fp8 misses (mean KL 0.000122) ... compiled at bf16 instead',
     'bf16 misses (mean KL 0.000122) ...', which read as two measurements. The fp8 line now says its
-    plan was bf16's."""
+    plan was bf16's; so does an auto plan that chose nothing below bf16 (it said 'precision auto
+    misses ...; compiled at bf16 instead' before bf16's line repeated the figure)."""
     from lumc.compiler.core.precision_gate import fallback_note
     fp8, bf16, fp32 = (PrecisionPolicy(p, max_kl=1e-6) for p in ("fp8", "bf16", "fp32"))
     q = {"reason": "mean KL 0.000122 > --max-kl 1e-06", "kernel_precision": ["bf16", None, "bf16"]}
@@ -247,6 +248,13 @@ def test_a_fallback_from_an_fp8_plan_with_no_fp8_contraction_says_so():
     assert fallback_note(fp8, bf16, dict(q, kernel_precision=["fp8", "bf16"])) == (
         "precision fp8 (weights same) misses the quality gate (mean KL 0.000122 > --max-kl "
         "1e-06); compiled at bf16 (weights same) instead")
+    # auto whose plan is all bf16 (the next step measures that plan again), and one with fp8
+    auto = PrecisionPolicy("auto", max_kl=1e-6)
+    assert fallback_note(auto, bf16, q) == (
+        "precision auto (weights same): its plan is bf16's, and that plan misses the quality gate "
+        "(mean KL 0.000122 > --max-kl 1e-06); compiled at bf16 (weights same) instead")
+    assert fallback_note(auto, bf16, dict(q, kernel_precision=["fp8", "bf16"])).startswith(
+        "precision auto (weights same) misses the quality gate")
 
 
 def test_weights_only_note_and_tolerance_at_fp32():
