@@ -48,6 +48,7 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.runtime.program import KernelCall
+from lumc.compiler.core.config_order import ordered_configs, precision_variants
 from lumc.compiler.core.search import Measurement
 from lumc.compiler.core.workers import NoBudget, PrecompileUnits, WorkerLost, WorkerUnits
 from lumc.compiler.runtime.targets import Target
@@ -124,48 +125,6 @@ PRECISION_CHECK_RTOL = {"tf32": 2e-3, "bf16": 1e-3, "fp16": 1e-3, "fp8": 2e-2}
 # kernel pre-scales q): two ulps of the type relative to the output's largest value (a value
 # rounded on both sides can land one ulp apart, and an ulp is up to 2^-7 of a bf16 value)
 STORED_HALF_RTOL = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
-
-
-def precision_variants(cfgs: list, tk, spec) -> list:
-    """Triton contraction configs at every operand precision the compile's policy allows
-    (``spec.dot_precisions``; the first allowed precision is the default), the default config's
-    variants first; configs of kernels without a ``tl.dot`` are returned as they are. fp8 needs
-    ``BLOCK_K >= 32`` (the e4m3 MMA's K step on Hopper)."""
-    from lumc.backends.triton import configs as cf
-    problem = tk.rendered.problem if tk is not None else {}
-    d = problem.get("dot_dtype")
-    if not cfgs or d is None:
-        return cfgs
-    from lumc.backends.triton.dot_precision import ATTENTION_RENDERABLE, RENDERABLE
-    table = ATTENTION_RENDERABLE if tk.rendered.config_space == "attention" else RENDERABLE
-    allowed = [p for p in spec.dot_precisions.get(d, (cf.DEFAULT_PRECISION[d],)) if p in table[d]]
-    allowed = allowed or [cf.DEFAULT_PRECISION[d]]
-
-    def ok(c, p):
-        return p != "fp8" or dict(c.blocks).get("BLOCK_K", 32) >= 32
-
-    first = [cf.with_precision(cfgs[0], problem, p) for p in allowed if ok(cfgs[0], p)]
-    rest = [cf.with_precision(c, problem, p) for c in cfgs[1:] for p in allowed if ok(c, p)]
-    return list(dict.fromkeys(first + rest)) or [cf.with_precision(cfgs[0], problem, allowed[0])]
-
-
-def ordered_configs(kernel: Kernel, tk, spec) -> list:
-    """A kernel's Triton configs in the order the search tries them: the default, then the
-    known-good configs of Triton's tutorials for the form (``configs.known_good``), then the rest
-    by their simulated time on ``spec`` (fastest first; the simulator as a cost model, as
-    Inductor's and Luminal's searches rank by an analytical model before timing)."""
-    from lumc.backends.triton import configs as cf
-    space = tk.config_space()
-    default = tk.default_config()
-    good = [c for c in cf.known_good(tk.rendered.config_space, tk.rendered.problem) if c in space]
-
-    def sim(c) -> float:
-        try:
-            return simulate_kernel_time(kernel, c.kwargs(), spec)
-        except ValueError:              # cannot run (shared memory): last
-            return float("inf")
-    rest = sorted((c for c in space if c != default and c not in good), key=sim)
-    return list(dict.fromkeys([default, *good, *rest]))
 
 
 @dataclass

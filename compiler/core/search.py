@@ -12,7 +12,7 @@ launch overhead included) and a config space. The loop:
    whose best measured time is furthest above their bound, in seconds, times the number of times
    one of those programs runs them (a repeated layer's kernel once per layer: what tuning it could
    save the program), divided by one plus the kernel's tries in a row that found nothing better;
-   their other configs are tried in order (best predicted first, ``measure.ordered_configs``).
+   their other configs are tried in order (best predicted first, ``config_order.ordered_configs``).
    A kernel whose best time is within ``slack`` of its bound is done: no config can beat it by more
    than that (counted as pruned), and a config whose own bound (``config_bounds``) is not below the
    kernel's best time is pruned. Tuning stops when the best time has not improved by ``min_gain``

@@ -44,10 +44,8 @@ past a shorter position table (``n_positions=128``); ``max_size`` is the fix the
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 
-import sympy
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -68,8 +66,9 @@ from lumc.compiler.core.torch_state import (eager_requires_grad, lift_input_writ
                                              refuse_overlapping_writes, restore_aliases,
                                              write_back)
 from lumc.compiler.core.buckets import compile_range
+from lumc.compiler.core.torch_dynamic_dims import (DEFAULT_MAX_SIZE, DynamicDim,  # noqa: F401
+                                                   dim_ranges, dynamic_dims, where_used)
 
-DEFAULT_MAX_SIZE = 1024   # the top of a dynamic dim's range where Dynamo leaves it unbounded
 
 # lumc compiles made by this backend, over every graph: "graphs" (DynamoGraphs made), "compiles"
 # (lumc compiles of any kind), "range_compiles", "shape_compiles", "outside_range" (calls outside
@@ -88,30 +87,6 @@ def _hint(x):
         hint = getattr(x.node, "hint", None)
         return int(hint) if hint is not None else None
     return x
-
-
-def _finite(v) -> int | None:
-    """A value-range bound as an int; None for an infinite one (``int_oo``, ``oo``)."""
-    return int(v) if isinstance(v, (int, sympy.Integer)) else None
-
-
-@dataclasses.dataclass
-class DynamicDim:
-    """One dynamic dim of a Dynamo graph.
-
-    Attributes:
-        name: its ``ShapeEnv`` symbol (``s27``), the dim's name in the ranged compile.
-        symbol: the sympy symbol.
-        uses: ``[(argument index, axis)]`` of the tensor inputs whose size it is.
-        lo, hi: Dynamo's value range (``hi`` None: unbounded).
-        range: the :class:`~lumc.compiler.core.buckets.DimRange` compiled (None: not chosen yet).
-    """
-    name: str
-    symbol: object
-    uses: list
-    lo: int
-    hi: int | None
-    range: object = None
 
 
 class DynamoGraph:
@@ -195,98 +170,15 @@ class DynamoGraph:
 
     def _dynamic_dims(self) -> tuple[dict[str, DynamicDim], str | None]:
         """The graph's dynamic dims and, when they cannot be compiled as a range, why."""
-        dims: dict = {}
-        scalars, derived = set(), []
-        self._shape_env = None
-
-        def canon(d):
-            e = d.node.expr
-            env = getattr(d.node, "shape_env", None)
-            if env is not None:
-                self._shape_env = env
-                e = env.replace(e)
-            return e
-        for i, (p, ex) in enumerate(zip(self._placeholders, self._examples)):
-            ev = p.meta.get("example_value", ex)
-            if isinstance(ev, torch.SymInt):
-                e = canon(ev)
-                if not e.is_number:
-                    scalars |= e.free_symbols
-            elif isinstance(ev, torch.Tensor):
-                for ax, d in enumerate(ev.shape):
-                    if not isinstance(d, torch.SymInt):
-                        continue
-                    e = canon(d)
-                    if e.is_number:
-                        continue
-                    if isinstance(e, sympy.Symbol):
-                        dims.setdefault(e, []).append((i, ax))
-                    else:
-                        derived.append((p.target, ax, e))
-            elif isinstance(ev, (torch.SymFloat, torch.SymBool)):
-                return {}, f"input {p.target!r} is a symbolic {type(ev).__name__}"
-        out = {}
-        for sym, uses in sorted(dims.items(), key=lambda kv: str(kv[0])):
-            lo, hi = 1, None
-            vr = (self._shape_env.var_to_range.get(sym) if self._shape_env is not None else None)
-            if vr is not None:
-                lo = max(1, _finite(vr.lower) or 1)
-                hi = _finite(vr.upper)
-            out[str(sym)] = DynamicDim(str(sym), sym, uses, lo, hi)
-        why = None
-        lone = sorted(map(str, (scalars | {s for _, _, e in derived for s in e.free_symbols})
-                          - set(dims)))
-        if derived:
-            name, ax, e = derived[0]
-            why = f"input {name!r} axis {ax} is {e}, not one dim"
-        elif lone:
-            why = f"size {lone[0]} is not the size of any tensor input"
-        return out, why
+        dims, why, self._shape_env = dynamic_dims(self._placeholders, self._examples)
+        return dims, why
 
     def _dim_ranges(self, max_size, shapes) -> dict:
         """``{dim name: DimRange}``: Dynamo's ranges, unbounded ends set by the options."""
-        from lumc.compiler.core.buckets import DimRange, parse_range
-        top = DEFAULT_MAX_SIZE if max_size is None else int(max_size)
-        alias = {}
-        for d in self.dims.values():
-            alias[d.name] = d
-            for i, ax in d.uses:
-                name = self.names[i]
-                for n in {name, name.removeprefix("L_").removesuffix("_")}:
-                    alias[f"{n}.{ax}"] = d
-        given = {}
-        for k, v in (shapes or {}).items():
-            if k not in alias:
-                raise InputError(f"options['shapes'] names {k!r}, which is not a dynamic dim of the "
-                                 f"graph (dims: {', '.join(sorted(alias))})")
-            if isinstance(v, str):
-                r = parse_range(v)
-            elif isinstance(v, DimRange):
-                r = v
-            elif isinstance(v, (tuple, list)) and len(v) == 2:
-                r = DimRange(int(v[0]), int(v[1]))
-            else:
-                r = None
-            if r is None:
-                raise InputError(f"options['shapes'][{k!r}] is {v!r}; expected a range (lo, hi) "
-                                 "or 'lo..hi'")
-            given[alias[k].name] = r
-        out = {}
-        for d in self.dims.values():
-            r = given.get(d.name)
-            lo = max(d.lo, r.lo if r is not None else 1)
-            hi = r.hi if r is not None else (d.hi if d.hi is not None else top)
-            if d.hi is not None:
-                hi = min(hi, d.hi)
-            if hi < lo:
-                raise InputError(f"dim {d.name} ({self._where(d)}): range {lo}..{hi} is empty "
-                                 f"(Dynamo's is {d.lo}..{d.hi if d.hi is not None else 'inf'})")
-            d.range = DimRange(lo, hi)
-            out[d.name] = d.range
-        return out
+        return dim_ranges(self.dims, self.names, max_size, shapes)
 
     def _where(self, d: DynamicDim) -> str:
-        return ", ".join(f"{self.names[i]} axis {ax}" for i, ax in d.uses)
+        return where_used(d, self.names)
 
     # ---- tracing ----------------------------------------------------------------------------------
     def _trace(self, args) -> tuple[CapturedProgram, object, dict]:
