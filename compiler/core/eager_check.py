@@ -30,6 +30,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
@@ -113,3 +114,98 @@ def _outside_lumc() -> int:
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(ours):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def range_sizes_to_check(program, vm, example_leaves: list) -> list[dict]:
+    """``[{sym: size}]`` a range compile is checked against eager at: the example's sizes, then
+    each size bucket's smallest and largest (its other dims at the example's), each once.
+    ``program``: the ``CapturedProgram``; ``vm``: its ``VariantModel``."""
+    import sympy
+    example = {}
+    for slot, leaf in zip(program.inputs, example_leaves):
+        if slot.dims is None or not isinstance(leaf, torch.Tensor):
+            continue
+        for d, n in zip(slot.dims, leaf.shape):
+            if isinstance(d, sympy.Symbol):
+                example[d] = int(n)
+    by_name = {info.name: sym for sym, info in program.dims.items()}
+    out = [example]
+    for key, _ in vm.variants:
+        for end in (0, 1):
+            env = dict(example)
+            env.update({by_name[k]: int(r[end]) for k, r in key.ranges.items() if k in by_name})
+            if env not in out:
+                out.append(env)
+    return out
+
+
+def check_range_against_eager(module: torch.nn.Module, program, vm, args: tuple, kwargs: dict,
+                              rtol: float, source: str = "", policy=None) -> dict:
+    """A size-range compile (``dynamic_shapes=``) against PyTorch eager: at each of
+    :func:`range_sizes_to_check`, the module and ``vm`` run on the same inputs (the example's own
+    at its sizes; elsewhere N(0, 1) floats, integers drawn like the example's, as the buckets'
+    checks draw them: ``lumc.compiler.frontends.models.random_inputs``), compared by
+    :func:`compare`. A size the module does not run at eagerly is listed in ``skipped_sizes``.
+
+    Returns:
+        :func:`compare`'s fields over all sizes (the worst error, the summed counts; ``passed``
+        when every size passed), with ``sizes``: ``[{dim name: size}]`` in order. Warns
+        (``LumcNumericsWarning``) once, naming the sizes that failed.
+    """
+    from lumc.compiler.core.precision_gate import index_ties
+    from lumc.compiler.frontends.models import random_inputs
+    from lumc.compiler.frontends.torch_frontend.capture import int_examples
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    ints = int_examples(program.inputs, leaves)
+    names = {sym: info.name for sym, info in program.dims.items()}
+    total = {"max_rel_error": 0.0, "nonfinite_mismatch": 0, "exact_mismatch": 0, "outputs": 0,
+             "near_ties": 0, "rtol": rtol, "passed": True, "sizes": []}
+    failed, skipped = [], []
+    for i, env in enumerate(range_sizes_to_check(program, vm, leaves)):
+        where = {names[s]: v for s, v in env.items() if s in names}
+        text = ", ".join(f"{k}={v}" for k, v in where.items())
+        new = list(leaves)
+        if i:   # other sizes: drawn inputs
+            slots = [(j, s) for j, s in enumerate(program.inputs)
+                     if s.dims is not None and isinstance(leaves[j], torch.Tensor)]
+            shapes = {s.name: tuple(int(d) if isinstance(d, int) else int(d.xreplace(env))
+                                    for d in s.dims) for _, s in slots}
+            drawn = random_inputs(shapes, {s.name: np.float32 if s.dtype.is_float else s.dtype.np
+                                           for _, s in slots}, seed=i, examples=ints)
+            for j, s in slots:
+                new[j] = torch.from_numpy(drawn[s.name]).to(dtype=leaves[j].dtype,
+                                                            device=leaves[j].device)
+        a, kw = pytree.tree_unflatten(new, spec)
+        try:
+            with torch.no_grad():
+                want = module(*a, **kw)
+        except Exception as e:
+            skipped.append(f"{text} (the module does not run there eagerly: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            continue
+        got = vm(*a, **kw)
+        ties = None
+        if policy is not None and policy.reduced:
+            feed = {s.name: new[j].detach().cpu().numpy() for j, s in enumerate(program.inputs)
+                    if s.dims is not None and isinstance(new[j], torch.Tensor)}
+            ties = index_ties(vm.select(feed).graph, feed, program.output_names, policy)
+        res = compare(want, got, rtol, ties)
+        total["sizes"].append(where)
+        total["max_rel_error"] = max(total["max_rel_error"], res["max_rel_error"])
+        for k in ("nonfinite_mismatch", "exact_mismatch", "near_ties"):
+            total[k] += res[k]
+        total["outputs"] = res["outputs"]
+        if not res["passed"]:
+            total["passed"] = False
+            failed.append(f"{text} (max rel error {res['max_rel_error']:.3g}, "
+                          f"{res['nonfinite_mismatch']} NaN/inf, {res['exact_mismatch']} "
+                          "integer/bool unequal)")
+    if skipped:
+        total["skipped_sizes"] = skipped
+    if not total["sizes"]:
+        return {"skipped": "; ".join(skipped)}
+    if failed:
+        warnings.warn(f"lumc: {source or type(module).__name__}: the compiled module differs from "
+                      f"PyTorch eager (tolerance {rtol:g}) at " + "; ".join(failed),
+                      LumcNumericsWarning, stacklevel=_outside_lumc())
+    return total

@@ -34,6 +34,7 @@ from lumc.backends.triton.launch import input_to_numpy, torch_dtype
 from lumc.compiler.runtime.compiled import dense_tensor
 from lumc.compiler.runtime.no_backward import output_reads, refuse_backward
 from lumc.compiler.runtime.out_structure import OutputStructure
+from lumc.compiler.runtime.report_text import eager_text
 from lumc.compiler.core.torch_args import call_shape as _call_shape
 from lumc.compiler.core.torch_args import nested_difference as _nested_difference
 from lumc.compiler.core.budget import parse_duration
@@ -296,17 +297,9 @@ class CompiledTorchModule:
                          f"({prim}); lowered in {s.seconds:.2f} s -> {outs}")
             if s.compiled is not None:
                 lines.append("    " + s.compiled.report().replace("\n", "\n    "))
-                ec = s.compiled.report_dict().get("eager_check")
-                if ec and "passed" in ec:
-                    lines.append(f"    against PyTorch eager on the example inputs: max rel error "
-                                 f"{ec['max_rel_error']:.3g} (tolerance {ec['rtol']:g}), "
-                                 f"{ec['nonfinite_mismatch']} NaN/inf mismatches, "
-                                 f"{ec.get('exact_mismatch', 0)} integer/bool unequal"
-                                 + (f" ({ec['near_ties']} more at near-ties)"
-                                    if ec.get('near_ties') else "") + ": "
-                                 f"{'passed' if ec['passed'] else 'FAILED'}")
-                elif ec:
-                    lines.append(f"    against PyTorch eager: skipped ({ec.get('skipped')})")
+                ec = eager_text(s.compiled.report_dict().get("eager_check"))
+                if ec:
+                    lines.append("    " + ec)
         if not self._cache:
             lines.append("  no specialization yet (call it once)")
         return "\n".join(lines)
@@ -403,6 +396,11 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             vm.structure = OutputStructure.of_capture(
                 program.out_spec, program.output_names, program.output_index, (),
                 vm.first.graph.outputs)
+            from lumc.compiler.core.eager_check import check_range_against_eager
+            ec = check_range_against_eager(module, program, vm, args, dict(example_kwargs or {}),
+                                           policy.rtol, type(module).__name__, policy)
+            for rep in [vm._report] + [cm._report for _, cm in vm.variants]:
+                rep["eager_check"] = ec
             return vm
     compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
     compiled.model_name = type(module).__name__

@@ -95,3 +95,31 @@ def search_text(r: dict) -> str:
             f"their {nk} {whose} {r['kernel_configs']} (kernel, config) pairs: "
             f"{r.get('configs_pruned')} pruned by bound, {how}, {r.get('candidates_rejected')} "
             f"rejected, {r.get('candidates_timed')} timed")
+
+
+def eager_text(ec: dict | None) -> str | None:
+    """The report's line for a compile's check against PyTorch eager
+    (``lumc.compiler.core.eager_check``): ``against PyTorch eager on the example inputs: max rel
+    error 3e-07 (tolerance 0.0001), 0 NaN/inf mismatches, 0 integer/bool unequal: passed``; a range
+    compile's names the sizes it ran at. None where no check was recorded."""
+    if not ec:
+        return None
+    if "passed" not in ec:
+        return f"against PyTorch eager: skipped ({ec.get('skipped')})"
+    where = "on the example inputs"
+    sizes = ec.get("sizes")
+    if sizes:
+        if all(list(s) == list(sizes[0]) for s in sizes) and len(sizes[0]) == 1:
+            k = next(iter(sizes[0]))
+            at = f"{k} = " + ", ".join(str(s[k]) for s in sizes)
+        else:
+            at = "; ".join(" ".join(f"{k}={v}" for k, v in s.items()) for s in sizes)
+        where = f"at {at} (the example's sizes first, then each size bucket's ends)"
+    line = (f"against PyTorch eager {where}: max rel error {ec['max_rel_error']:.3g} "
+            f"(tolerance {ec['rtol']:g}), {ec['nonfinite_mismatch']} NaN/inf mismatches, "
+            f"{ec.get('exact_mismatch', 0)} integer/bool unequal"
+            + (f" ({ec['near_ties']} more at near-ties)" if ec.get("near_ties") else "")
+            + f": {'passed' if ec['passed'] else 'FAILED'}")
+    if ec.get("skipped_sizes"):
+        line += "; not run at " + "; ".join(ec["skipped_sizes"])
+    return line

@@ -422,6 +422,10 @@ class VariantModel:
             lines.append(cm.report())
         for key, reason in self.skipped:
             lines.append(f"== not compiled: {key.describe()}: {reason}")
+        from lumc.compiler.runtime.report_text import eager_text
+        ec = eager_text(self._report.get("eager_check"))
+        if ec:
+            lines.append(ec)
         return "\n".join(lines)
 
     def save(self, path) -> str:

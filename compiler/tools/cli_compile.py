@@ -402,8 +402,10 @@ def _eager_note(report: dict) -> str:
     ec = report.get("eager_check") or {}
     if "passed" not in ec:
         return ""
+    where = (f"at {len(ec['sizes'])} sizes of its range" if ec.get("sizes") else
+             "on the example inputs")
     return (f"; at compile the lowering {'matched' if ec['passed'] else 'did NOT match'} PyTorch "
-            f"eager on the example inputs (max rel error {ec.get('max_rel_error', 0):.3g})")
+            f"eager {where} (max rel error {ec.get('max_rel_error', 0):.3g})")
 
 
 def _bound_note(source: bytes | None, name: str) -> str:

@@ -110,3 +110,55 @@ def test_reduced_weights_argmax_near_ties_pass_the_eager_check_as_the_gate(tmp_p
     assert bool(((best - picked).abs() <= 0.4 * scale)[differ].all())   # each a near-tie
     text = f.report()
     assert f"0 integer/bool unequal ({int(differ.sum())} more at near-ties): passed" in text, text
+
+
+class _Pool(torch.nn.Module):
+    """``x [B, L, 8] -> [B, 8]``: softmax over L of a projection, pooled by it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return (torch.softmax(h, dim=1) * h).sum(1)
+
+
+def test_a_range_compile_is_checked_at_the_example_and_each_buckets_ends(tmp_path, monkeypatch):
+    from torch.export import Dim
+
+    from lumc.compiler.runtime.variants import VariantModel
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m, x = _Pool().eval(), torch.randn(2, 5, 8)
+    seq = Dim("seq", min=1, max=64)
+    f = torch_compile.compile_module(m, (x,), budget="12s", device="sim:h200",
+                                     dynamic_shapes=({1: seq},))
+    assert isinstance(f, VariantModel)
+    ec = f.report_dict()["eager_check"]
+    sizes = [s["seq"] for s in ec["sizes"]]
+    ends = sorted({int(e) for k, _ in f.variants for e in k.ranges["seq"][:2]})
+    assert sizes[0] == 5 and sorted(set(sizes[1:]) | {5}) == sorted(set(ends) | {5})
+    assert 1 in sizes and 64 in sizes
+    assert ec["passed"] and ec["max_rel_error"] < 1e-5 and ec["outputs"] == 1
+    assert f.report().splitlines()[-1].startswith("against PyTorch eager at seq = 5, ")
+    # every plan's report holds it too (what `lumc run` of the artifact says)
+    assert all(cm.report_dict()["eager_check"] == ec for _, cm in f.variants)
+
+    # a plan that is wrong only above seq = 8 (the example's size is right): found at the ends
+    call = VariantModel.__call__
+
+    def wrong_above_8(self, x):
+        y = call(self, x)
+        return y * 2 if x.shape[1] > 8 else y
+    monkeypatch.setattr(VariantModel, "__call__", wrong_above_8)
+    with pytest.warns(LumcNumericsWarning, match="differs from PyTorch eager") as rec:
+        g = torch_compile.compile_module(m, (x,), budget="12s", device="sim:h200",
+                                         dynamic_shapes=({1: seq},))
+    assert [r for r in rec if r.category is LumcNumericsWarning][0].filename == __file__
+    ec = g.report_dict()["eager_check"]
+    assert not ec["passed"] and ec["max_rel_error"] > 0.5
+    msg = str([r for r in rec if r.category is LumcNumericsWarning][0].message)
+    assert f"at seq={min(e for e in ends if e > 8)} (" in msg and "; seq=64 (" in msg
+    assert "seq=5 " not in msg and "seq=8 " not in msg
+    assert g.report().splitlines()[-1].endswith("FAILED")
