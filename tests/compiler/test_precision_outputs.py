@@ -259,3 +259,35 @@ def test_index_scores_survive_a_rebuild_and_a_resize():
     big = Resizer({7: 11})(i.node)             # 7 is the probe of a range, re-sized to 11
     got = arg_scores(big)
     assert got is not None and got[0].shape == (11, 5) and got[1:] == (1, True, False)
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_a_flattened_torch_argmax_with_keepdim_is_judged_at_near_ties(rank, tmp_path, monkeypatch):
+    """``(x @ w).argmax(keepdim=True)`` (no dim: over the flattened scores) lost its scores: the
+    index was a reshape of the flat argmax, so the gate judged it exactly and a bf16 plan whose
+    only difference is a near-tie fell back to fp32. It is now one argmax over ``[1, .., numel]``
+    that keeps keepdim's shape; the value and shape equal eager's at fp32."""
+    import torch
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    w, x = _near_tie(m=1)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.from_numpy(w))
+
+        def forward(self, x):
+            return (x @ self.w).argmax(keepdim=True)
+    m = M().eval()
+    xt = torch.from_numpy(x if rank == 2 else x[0])
+    want = m(xt)
+    assert want.shape == (1,) * rank and int(want.reshape(-1)[0]) == 1
+    f = lumc.compile(m, example_inputs=(xt,), budget="15s", device="sim:h200", precision="bf16")
+    got = f(xt)
+    assert got.shape == want.shape and int(got.reshape(-1)[0]) == 0     # bf16 ties 0 and 1
+    r = f.specializations[0].compiled.report_dict()
+    assert r["precision"] == "bf16", r.get("warnings")
+    assert [v["near_ties"] for v in r["quality"]["exact_outputs"].values()] == [1], r["quality"]
+    assert r["eager_check"]["passed"] and r["eager_check"]["near_ties"] == 1
+    g = lumc.compile(m, example_inputs=(xt,), budget="15s", device="sim:h200")     # fp32
+    assert torch.equal(g(xt), want)

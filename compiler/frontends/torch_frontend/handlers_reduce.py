@@ -101,7 +101,10 @@ def _all(ctx, x, dim=None, keepdim=False):
 
 def _arg(x: Tensor, dim, keepdim: bool, largest: bool) -> Tensor:
     fn = lib("reduce.argmax" if largest else "reduce.argmin")
-    if dim is None:
+    if dim is None:     # over the flattened x: [1, .., 1, numel] keeps keepdim's rank, so the
+        # index still reads its scores along one axis (the quality gate's near-ties)
+        if keepdim and x.ndim >= 1:
+            return fn(x.reshape((1,) * (x.ndim - 1) + (x.numel,)), axis=x.ndim - 1, keepdims=True)
         r = fn(x.reshape((x.numel,)), axis=0, keepdims=False)
         return r.reshape((1,) * x.ndim) if keepdim else r
     if x.ndim == 0:
