@@ -110,15 +110,17 @@ def _launch_all(program, env, value_of, launch, shape, device, stats, t0) -> dic
 def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, str],
                       sizes: dict[str, int], device: str | None = None,
                       stats: RunStats | None = None, table: dict | None = None,
-                      largest: dict | None = None, configs: list | None = None
-                      ) -> dict[str, np.ndarray]:
+                      largest: dict | None = None, configs: list | None = None,
+                      launchers: list | None = None) -> dict[str, np.ndarray]:
     """:func:`run_program` for a program stored at probe sizes (a range bucket's plan,
     ``lumc.ir.symbolic``), with every kernel one size-generic module
     (:class:`~lumc.backends.triton.size_generic.SizedKernel`) launched at ``sizes``
     (``{argument name: size}`` for the ``probes`` ``{prime: argument name}``; ``table``: the
     range's affine values, ``lumc.ir.symbolic.learn_table``; ``largest``: ``{prime: units}`` of
     the bucket's largest sizes, where int32/int64 indexing is decided; ``configs``: one Triton
-    config (or None: the run config) per call, the plan's).
+    config (or None: the run config) per call, the plan's; ``launchers``: per call None, or a
+    ``(launcher, config)`` that runs it instead, as in :func:`run_program`: a vendor kernel of the
+    plan re-sized to ``sizes``).
 
     Raises:
         InputError: an input whose shape is not the program's at these sizes, or a wrong dtype.
@@ -162,7 +164,14 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
     config_of = {id(c): cfg for c, cfg in zip(program.calls, configs or [None] * len(program.calls),
                                                strict=True)}
 
+    instead = {id(c): lc for c, lc in zip(program.calls, launchers or [None] * len(program.calls),
+                                          strict=True) if lc is not None}
+
     def launch(call, args, outs):
+        if id(call) in instead:
+            launcher, config = instead[id(call)]
+            launcher(*args, outputs=outs, config=config)
+            return
         sk = modules.get(id(call.kernel)) or SizedKernel(call.kernel, probes, table, largest)
         modules[id(call.kernel)] = sk
         sk(*args, sizes=sizes, outputs=outs, config=config_of[id(call)])

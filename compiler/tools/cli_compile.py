@@ -487,12 +487,16 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     t0 = time.perf_counter()
     if backend == "triton" and getattr(cm, "sized", None):    # a range bucket's plan
         from lumc.backends.triton.runner import execution_mode, run_program_sized
-        from lumc.compiler.runtime.extern import config_from_dict, impl_of
+        from lumc.compiler.runtime.extern import config_from_dict, impl_of, launcher_for
         program, probes, sizes, table, largest = cm.sized
-        # the plan's configs (a vendor kernel's call runs as Triton at its run config here)
+        # the plan's configs; a vendor kernel's call runs through torch at this call's sizes
+        # (as GpuPlan runs it), the others as the bucket's size-generic Triton modules
         cfgs = [config_from_dict(cfg) if impl_of(cfg) == "triton" else None for cfg in cm.configs]
+        ext = [None if impl_of(cfg) == "triton" else
+               (launcher_for(c.kernel, cfg), config_from_dict(cfg))
+               for c, cfg in zip(cm.program.calls, cm.configs)]
         outputs = run_program_sized(program, inputs, probes, sizes, table=table, largest=largest,
-                                    configs=cfgs)
+                                    configs=cfgs, launchers=ext)
         where = (f"Triton kernels, one size-generic module per kernel of the bucket at "
                  f"{cm.size_text}, {execution_mode()}")
     elif backend == "triton":

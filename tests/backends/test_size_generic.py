@@ -94,19 +94,35 @@ def test_sized_kernels_compile_for_hopper(probe_programs):
     assert res.tensor_core, "a size-generic matmul still runs on tensor cores"
 
 
-def test_range_artifact_runs_its_size_generic_kernels(tmp_path):
+def test_range_artifact_runs_its_size_generic_kernels(tmp_path, monkeypatch):
+    """``run --backend triton`` of a range artifact: Triton kernels as the bucket's size-generic
+    modules, a vendor kernel of the plan (cuBLAS here) through torch at the call's sizes, as
+    ``GpuPlan`` runs it (it ran as Triton at its run config); outputs checked by ``--check``."""
     import lumc
+    from lumc.compiler.runtime import extern
     from lumc.compiler.runtime.tuning_db import TuningDatabase
     from lumc.compiler.tools.cli import cli
     f = lumc.compile(encoder(), budget="60s", device="sim:h200",
                      db=TuningDatabase(tmp_path / "db.sqlite"), shapes={"L": (1, 48)})
     path = tmp_path / "enc.lumc"
     f.save(path)
+    vendor = {n: sum((cfg or {}).get("IMPL", "triton") != "triton" for cfg in
+                     f.select({"x": np.zeros((1, n, 16), np.float32)}).configs) for n in (2, 29)}
+    assert any(vendor.values()), "the plan has no vendor kernel: this test checks nothing"
+    ran = []
+    call = extern.ExternKernel.__call__
+
+    def counted(self, *a, **k):
+        ran.append(tuple(a[0].shape))
+        return call(self, *a, **k)
+    monkeypatch.setattr(extern.ExternKernel, "__call__", counted)
     for n in (2, 29):
+        ran.clear()
         res = CliRunner().invoke(cli, ["run", str(path), "--shape", f"L={n}", "--random",
                                        "--check", "--backend", "triton"])
         assert res.exit_code == 0, res.output
         assert "size-generic module per kernel" in res.output
+        assert len(ran) == vendor[n] and all(n in s for s in ran), (n, ran)
 
 
 def test_padded_convolutions_serve_every_size_through_the_table():
