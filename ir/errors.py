@@ -65,6 +65,12 @@ class RuntimeIfError(UnsupportedOpError):
         super().__init__(reason, **kw)
 
 
+class KernelWriteError(LumcError):
+    """A generated kernel's source could be written neither to the kernel cache nor to the
+    private fallback folder (a full disk, ``ulimit -f``): the compile cannot check or run its
+    kernels. Never a verdict on the kernel: the search must not drop it as a failed candidate."""
+
+
 class InputError(LumcError):
     """Inputs given at run time are missing, unknown, or of the wrong shape or dtype."""
 

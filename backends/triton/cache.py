@@ -25,6 +25,7 @@ from types import ModuleType
 import platformdirs
 
 from lumc.backends.triton.source import RenderedKernel
+from lumc.ir.errors import KernelWriteError
 
 _LOCK = threading.Lock()
 _MODULES: dict[str, ModuleType] = {}
@@ -33,13 +34,24 @@ _MODULES: dict[str, ModuleType] = {}
 _FALLBACK: dict[Path, Path] = {}
 
 
+def _configured_dir() -> Path:
+    root = os.environ.get("LUMC_CACHE_DIR") or platformdirs.user_cache_dir("lumc")
+    return Path(root) / "kernels"
+
+
+def _private_dir() -> Path:
+    """The fallback folder: private to this user, under the system temp dir."""
+    alt = Path(tempfile.gettempdir()) / f"lumc-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    alt.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return alt
+
+
 def cache_dir() -> Path:
     """The directory generated kernels live in (created on first use). Where the cache folder
     cannot be written (a read-only mount), a private folder under the system temp dir, with one
     warning: the kernels still compile, only not kept there (a kernel that cannot be written must
     not be mistaken for one that failed)."""
-    root = os.environ.get("LUMC_CACHE_DIR") or platformdirs.user_cache_dir("lumc")
-    d = Path(root) / "kernels"
+    d = _configured_dir()
     if d in _FALLBACK:
         return _FALLBACK[d]
     try:
@@ -49,8 +61,7 @@ def cache_dir() -> Path:
         why = "not writable"
     except OSError as e:
         why = e.strerror or str(e)
-    alt = Path(tempfile.gettempdir()) / f"lumc-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
-    alt.mkdir(mode=0o700, parents=True, exist_ok=True)
+    alt = _private_dir()
     import warnings
     warnings.warn(f"lumc: kernel cache {d} cannot be used ({why}); generated kernels go to {alt}",
                   RuntimeWarning, stacklevel=2)
@@ -59,14 +70,60 @@ def cache_dir() -> Path:
 
 
 def write_source(rk: RenderedKernel) -> Path:
-    """Write ``rk.source`` to ``<cache>/kernels/<rk.name>.py`` unless it is already there."""
-    path = cache_dir() / f"{rk.name}.py"
-    if path.exists() and _code(path.read_text()) == _code(rk.source):
-        return path        # same code (the name hashes it); only the covered-nodes comment differs
-    fd, tmp = tempfile.mkstemp(prefix=f".{rk.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(rk.source)
-    os.replace(tmp, path)
+    """Write ``rk.source`` to ``<cache>/kernels/<rk.name>.py`` unless it is already there.
+
+    A file there that is not this kernel's code (garbled, truncated, not UTF-8) is replaced; one
+    that cannot be replaced or written (a directory in its place, a full disk, ``ulimit -f``)
+    sends the kernels to the private fallback folder of :func:`cache_dir`, with one warning; no
+    temporary file is left behind.
+
+    Raises:
+        KernelWriteError: neither folder can take the file (one line naming both reasons).
+    """
+    d = cache_dir()
+    try:
+        return _write(d / f"{rk.name}.py", rk.source)
+    except OSError as e:
+        why = e.strerror or str(e)
+    try:
+        alt = _private_dir()
+        if alt == d:            # the cache is the fallback already
+            raise OSError(0, "")
+        path = _write(alt / f"{rk.name}.py", rk.source)
+    except OSError as e:
+        if e.strerror:
+            why = f"{why}; the fallback folder: {e.strerror}"
+        raise KernelWriteError(f"cannot write the generated kernel {rk.name}.py to {d} ({why}); "
+                               "free disk space, raise the file size limit, or set "
+                               "LUMC_CACHE_DIR to a writable folder") from None
+    import warnings
+    warnings.warn(f"lumc: kernel cache {d} cannot be written ({why}); generated kernels go to "
+                  f"{alt}", RuntimeWarning, stacklevel=2)
+    _FALLBACK[_configured_dir()] = alt
+    return path
+
+
+def _write(path: Path, source: str) -> Path:
+    """``source`` at ``path`` (kept when the code is already there), through a temporary file and
+    an atomic rename; the temporary file is removed on any failure."""
+    try:
+        if _code(path.read_text()) == _code(source):
+            return path    # same code (the name hashes it); only the covered-nodes comment differs
+    except FileNotFoundError:
+        pass
+    except UnicodeDecodeError:
+        pass           # a garbled file: replaced below
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 

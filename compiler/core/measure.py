@@ -54,6 +54,7 @@ from lumc.compiler.core.workers import NoBudget, PrecompileUnits, WorkerLost, Wo
 from lumc.compiler.runtime.targets import Target
 from lumc.compiler.runtime.tuning_db import Timing, TimingKey, TuningDatabase, config_key
 from lumc.ir import dtypes as dt
+from lumc.ir.errors import KernelWriteError
 from lumc.ir.kernels import Kernel
 
 INTERPRETER_MAX_ELEMENTS = 1 << 23   # largest kernel output checked in the CPU interpreter
@@ -452,6 +453,8 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                 outs = self._launch_counting_spills(e, index, cfg, ins)
         except NoBudget as err:
             return False, str(err)
+        except KernelWriteError:
+            raise       # the disk's fault, not the kernel's: no candidate may be dropped for it
         except Exception as err:
             return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         from lumc.backends.triton.launch import to_numpy

@@ -1,0 +1,127 @@
+"""Trial 4: the compile cache, artifacts, bench --compare and the Python API under misuse and
+concurrency (one test per defect found; each builds its own inputs).
+"""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lumc
+from lumc.compiler.runtime.tuning_db import TuningDatabase
+
+sys.path.insert(0, os.path.dirname(__file__))
+from hostile import lumc_cli, one_line_error  # noqa: E402, F401
+
+W = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+
+
+@pytest.fixture
+def relu_mm(tmp_path):
+    """``y = relu(x @ W)`` (x: f32[4, 32]): one matmul kernel whose Triton config beats cuBLAS
+    on the simulated H200 (5.2 us against 12.0 us)."""
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "relu_mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [numpy_helper.from_array(W, "W")])
+    p = tmp_path / "relu_mm.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    return p
+
+
+def _env(cache):
+    env = dict(os.environ, LUMC_CACHE_DIR=str(cache))
+    return env
+
+
+def _compile_api(model, cache):
+    """A compile with a fresh tuning database and no stored plan (the kernel files of ``cache``
+    are what is under test)."""
+    os.environ["LUMC_CACHE_DIR"] = str(cache)
+    return lumc.compile(str(model), budget="20s", device="sim:h200",
+                        db=TuningDatabase(cache / f"tuning-{len(os.listdir(cache))}.sqlite"))
+
+
+def _impls(cm):
+    return [k.get("impl", "triton") for k in cm._report["per_kernel"]]
+
+
+# ------------------------------------------------- 1: kernel source files in the cache folder
+
+
+@pytest.mark.parametrize("damage", ["garbled", "directory"])
+def test_a_damaged_kernel_cache_file_does_not_change_the_plan(relu_mm, tmp_path, monkeypatch,
+                                                              damage):
+    """A kernel file in ``<cache>/kernels`` that is not UTF-8 (garbled on disk) or a folder in its
+    place made every check of that kernel an 'error', so the search silently chose cuBLAS at
+    2.3x the time, in every later compile too."""
+    from lumc.backends.triton import cache as kcache
+    monkeypatch.setattr(kcache, "_FALLBACK", {})
+    monkeypatch.setattr(kcache, "_MODULES", {})
+    monkeypatch.setattr(kcache.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(cache))
+    first = _compile_api(relu_mm, cache)
+    assert _impls(first) == ["triton"], _impls(first)
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    want = np.maximum(x.astype(np.float64) @ W.astype(np.float64), 0)
+    files = sorted((cache / "kernels").glob("lumc_matmul_*.py"))
+    assert files
+    for f in files:
+        f.unlink()
+        if damage == "garbled":
+            f.write_bytes(b"\xff\xfe\x00garbage")
+        else:
+            f.mkdir()
+    import shutil
+    shutil.rmtree(cache / "plans")      # no stored plan: the search runs again
+    kcache._MODULES.clear()
+    for mod in [m for m in sys.modules if m.startswith("lumc_kernels.")]:
+        del sys.modules[mod]
+    if damage == "directory":
+        with pytest.warns(RuntimeWarning, match="cannot be written"):
+            second = _compile_api(relu_mm, cache)
+    else:
+        second = _compile_api(relu_mm, cache)
+    assert _impls(second) == _impls(first)
+    assert second._report["per_kernel"][0]["config"] == first._report["per_kernel"][0]["config"]
+    np.testing.assert_allclose(second(x), want, rtol=1e-5, atol=1e-5)
+    if damage == "garbled":       # replaced by the kernel's code
+        assert all(f.read_text().startswith(("#", "import", '"""')) for f in files)
+    assert not list((cache / "kernels").glob(".*.tmp"))
+
+
+def test_a_file_size_limit_fails_the_compile_in_one_line_and_leaves_no_temp_files(relu_mm,
+                                                                                   tmp_path):
+    """``ulimit -f`` too small for a kernel's source: the kernel was dropped as if it failed its
+    check (a cuBLAS plan chosen silently where the artifact could be written) and a half-written
+    ``.lumc_matmul_*.tmp`` was left in the kernel cache for each try. Now: one line naming the
+    kernel file and the reason, exit 2, the user's previous output kept, no temporary file."""
+    cache, tmp = tmp_path / "cache", tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "out.lumc"
+    out.write_bytes(b"previous")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    env = dict(_env(cache), TMPDIR=str(tmp))
+    res = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()", "compile", str(relu_mm),
+                          "--budget", "20s", "-o", str(out), "--workers", "local:1"],
+                         env=env, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("lumc: error:")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "File too large" in errors[0], errors[0]
+    assert out.read_bytes() == b"previous"
+    left = [p for d in (cache, tmp) for p in d.rglob("*") if p.name.endswith(".tmp")]
+    assert not left, left
