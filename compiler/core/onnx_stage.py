@@ -93,7 +93,7 @@ def resolve_dim_names(m, shapes: dict) -> dict:
                          f"inputs: {', '.join(sorted(names))}; dynamic dims: "
                          f"{', '.join(sorted(symbols)) or 'none'}")
     dims = {k: v for k, v in shapes.items() if k not in names}
-    out = {k: tuple(v) for k, v in shapes.items() if k in names}
+    out = {k: _input_shape(k, v) for k, v in shapes.items() if k in names}
     partial: dict[str, list[str]] = {}    # input -> the dims it still needs
     for s in specs:
         if s.name in out:
@@ -112,6 +112,41 @@ def resolve_dim_names(m, shapes: dict) -> dict:
                          + ", ".join(f"{d!r}: <size>" for d in miss) + "} in Python, "
                          + " ".join(f"--shape {d}=<size>" for d in miss) + " at the CLI)")
     return out
+
+
+def _input_shape(name: str, v) -> tuple:
+    """The whole shape ``shapes={name: v}`` gives input ``name``: a tuple or list of sizes, or
+    the CLI's text ``"1x3x224x224"``.
+
+    Raises:
+        InputError: anything else (a bare int, a size that is not an integer >= 0).
+    """
+    given = v
+    if isinstance(v, str):
+        try:
+            v = tuple(int(d) for d in v.strip().split("x")) if v.strip() else ()
+        except ValueError:
+            v = None
+    if not isinstance(v, (tuple, list)) or any(
+            isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in v):
+        raise InputError(f"shapes={{{name!r}: {given!r}}}: {name!r} is an input: give its whole "
+                         "shape as a tuple of sizes, e.g. (4, 32) (or the text '4x32'), or name "
+                         "its dynamic dims")
+    return tuple(int(d) for d in v)
+
+
+def input_shapes_as_tuples(model, shapes: dict | None) -> dict | None:
+    """``shapes`` with a flat list of sizes or ``"AxB"`` text given for an *input* (not a dim)
+    taken as that input's shape tuple: ``shapes={"x": [4, 32]}`` is x's shape, where under a
+    dim name a list is several sizes to compile (``lumc.compiler.core.variants.size_lists``)."""
+    def flat(v):
+        return (isinstance(v, list) and v and not any(isinstance(e, (list, tuple)) for e in v)) \
+            or (isinstance(v, str) and "x" in v)
+    if not shapes or not any(flat(v) for v in shapes.values()):
+        return shapes
+    from lumc.compiler.frontends.onnx_frontend import load_model, model_input_specs
+    names = {s.name for s in model_input_specs(load_model(model))}
+    return {k: _input_shape(k, v) if k in names and flat(v) else v for k, v in shapes.items()}
 
 
 def with_ranges(model, shapes: dict | None) -> dict | None:

@@ -25,7 +25,8 @@ from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_s
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
 from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
-from lumc.compiler.core.onnx_stage import Frontend, bind_model, stage_frontend, with_ranges
+from lumc.compiler.core.onnx_stage import (Frontend, bind_model, input_shapes_as_tuples,
+                                          stage_frontend, with_ranges)
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, integer_error,
                                           precision_report, store_weights)
 from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
@@ -281,6 +282,7 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     budget_s = parse_duration(budget)
     deadline = Deadline(budget_s, clock)
     db = db if db is not None else TuningDatabase()
+    shapes = input_shapes_as_tuples(model, shapes)
 
     def one(src, budget_s: float, shp: dict) -> CompiledModel:   # one plan of several
         return compile_model(src, budget=budget_s, device=device, shapes=shp, use_egraph=use_egraph,

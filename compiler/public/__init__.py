@@ -53,13 +53,18 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
         return compile_module(model, example_inputs, budget=budget, device=device, **kwargs)
     from lumc.compiler.core.pipeline import compile_model
     _refuse_unknown(compile_model, kwargs, "an ONNX model", "")
+    if example_inputs is not None and not isinstance(example_inputs, dict):
+        raise InputError("lumc.compile: example_inputs= of an ONNX model is a dict {input name: "
+                         f"array}}, got a {type(example_inputs).__name__}")
     return compile_model(model, budget=budget, device=device, example_inputs=example_inputs,
                          shapes=shapes, **kwargs)
 
 
 def _refuse_unknown(fn, kwargs: dict, what: str, hint: str) -> None:
     """An ``InputError`` naming the first keyword ``fn`` does not take (a typo, or an option of the
-    other frontend), instead of Python's ``TypeError``."""
+    other frontend), instead of Python's ``TypeError``; and one naming an on/off option (whose
+    default is ``True`` or ``False``) given anything but a bool: ``fast_math="no"`` is truthy,
+    and was taken as on."""
     import inspect
     known = inspect.signature(fn).parameters
     bad = [k for k in kwargs if k not in known]
@@ -68,6 +73,14 @@ def _refuse_unknown(fn, kwargs: dict, what: str, hint: str) -> None:
                          + (f" ({hint})" if hint else "") + "; options: "
                          + ", ".join(k for k, p in known.items() if p.kind == p.KEYWORD_ONLY
                                      or p.default is not inspect.Parameter.empty))
+    for k, v in kwargs.items():
+        if isinstance(known[k].default, bool) and not _is_bool(v):
+            raise InputError(f"lumc.compile: {k}={v!r}: expected True or False")
+
+
+def _is_bool(v) -> bool:
+    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in (
+        "bool", "bool_")) or (type(v) is int and v in (0, 1))     # numpy's too; 0 and 1
 
 
 def _is_torch_module(model) -> bool:

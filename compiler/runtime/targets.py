@@ -45,6 +45,11 @@ def resolve_target(device: str | None) -> Target:
     """
     if device is None:
         device = "cuda:0" if _cuda_available() else "sim:h200"
+    if type(device).__module__.startswith("torch") and type(device).__name__ == "device":
+        device = str(device)                  # torch.device("cuda:1")
+    if not isinstance(device, str):
+        raise LumcError(f"device {device!r}: expected a device name: cuda[:N], sim:h100 or "
+                        "sim:h200")
     d = device.strip().lower()
     if d.startswith("sim:"):
         try:

@@ -125,3 +125,55 @@ def test_a_file_size_limit_fails_the_compile_in_one_line_and_leaves_no_temp_file
     assert out.read_bytes() == b"previous"
     left = [p for d in (cache, tmp) for p in d.rglob("*") if p.name.endswith(".tmp")]
     assert not left, left
+
+
+# ------------------------------------------------- 2: lumc.compile's options, given odd values
+
+
+@pytest.mark.parametrize("kw", [{"fast_math": "no"}, {"use_egraph": "no"}, {"reuse_plan": "false"},
+                                {"quiet": None}])
+def test_on_off_options_take_only_bools(relu_mm, kw):
+    """``fast_math="no"`` is truthy: it compiled with fast math on (and ``use_egraph="no"`` with
+    the e-graph), the opposite of what was written."""
+    with pytest.raises(lumc.InputError, match=f"{next(iter(kw))}=.*expected True or False"):
+        lumc.compile(str(relu_mm), budget="10s", device="sim:h200", **kw)
+
+
+def test_on_off_options_of_a_torch_module_take_only_bools():
+    torch = pytest.importorskip("torch")
+    m = torch.nn.Linear(4, 4)
+    with pytest.raises(lumc.InputError, match="search='no'.*expected True or False"):
+        lumc.compile(m, budget="10s", example_inputs=(torch.randn(2, 4),), search="no")
+
+
+@pytest.mark.parametrize("shape", [[4, 32], "4x32", np.array([4, 32]).tolist()])
+def test_an_inputs_shape_may_be_a_list_or_text(relu_mm, cache_dir, shape):
+    """``shapes={"x": [4, 32]}`` (a list, as ``--shape x=4x32`` reads) raised ``TypeError: 'int'
+    object is not iterable`` (the list was taken as sizes of a dim); ``"4x32"`` a ValueError."""
+    f = lumc.compile(str(relu_mm), budget="20s", device="sim:h200", shapes={"x": shape})
+    x = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
+    np.testing.assert_allclose(f(x), np.maximum(x.astype(np.float64) @ W, 0), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [4, "4xq", [True, 32], None])
+def test_an_inputs_shape_that_is_no_shape_is_one_line(relu_mm, shape):
+    with pytest.raises(lumc.InputError, match=r"shapes=\{'x': .*'x' is an input"):
+        lumc.compile(str(relu_mm), budget="10s", device="sim:h200", shapes={"x": shape})
+
+
+@pytest.mark.parametrize("kw, words", [({"device": 0}, "expected a device name"),
+                                       ({"example_inputs": [np.zeros((4, 32), np.float32)]},
+                                        "example_inputs= of an ONNX model is a dict")])
+def test_api_values_of_the_wrong_type_are_one_line(relu_mm, kw, words):
+    """``device=0`` raised ``AttributeError: 'int' object has no attribute 'strip'`` and a list of
+    example inputs ``AttributeError: 'list' object has no attribute 'items'``."""
+    with pytest.raises(lumc.LumcError, match=words):
+        lumc.compile(str(relu_mm), budget="10s", **kw)
+
+
+def test_a_torch_device_names_the_device():
+    torch = pytest.importorskip("torch")
+    from lumc.compiler.runtime.targets import resolve_target
+    with pytest.raises(lumc.LumcError, match="unknown device 'cpu'"):
+        resolve_target(torch.device("cpu"))
