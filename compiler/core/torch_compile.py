@@ -119,6 +119,11 @@ class CompiledTorchModule:
     def input_specs(self):
         return self.program.input_specs()
 
+    def __reduce__(self):
+        raise InputError("a compiled torch module cannot be pickled or copied (it compiles each "
+                         "new input shape from its captured program); save a compiled shape "
+                         "(f.save(path)) and pickle lumc.load(path), which is picklable")
+
     @property
     def specializations(self) -> list[Specialization]:
         return list(self._cache.values())

@@ -182,6 +182,14 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
 def save_artifact(path: str | os.PathLike, parts: dict[str, bytes], lumc_version: str) -> str:
     """Save ``parts`` (member name -> bytes) as an artifact; returns the artifact hash (sha256 of
     the manifest)."""
+    data, digest = artifact_bytes(parts, lumc_version)
+    write_atomic(path, data)
+    return digest
+
+
+def artifact_bytes(parts: dict[str, bytes], lumc_version: str) -> tuple[bytes, str]:
+    """The bytes of the artifact holding ``parts`` and its hash (what :func:`save_artifact`
+    writes; a pickled compiled model is these bytes, read back by :func:`load_artifact`)."""
     manifest = {"format": FORMAT, "lumc_version": lumc_version, "created": time.time(),
                 "parts": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(parts.items())}}
     mbytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
@@ -192,8 +200,7 @@ def save_artifact(path: str | os.PathLike, parts: dict[str, bytes], lumc_version
             # weights (npz, onnx) are incompressible floats: store them; deflate only the JSON
             kind = zipfile.ZIP_DEFLATED if k.endswith(".json") else zipfile.ZIP_STORED
             z.writestr(k, v, compress_type=kind)
-    write_atomic(path, buf.getvalue())
-    return artifact_hash(manifest)
+    return buf.getvalue(), artifact_hash(manifest)
 
 
 def artifact_hash(manifest: dict) -> str:
@@ -394,8 +401,10 @@ def _check_parts(path: Path, parts: dict[str, bytes]) -> dict[str, dict]:
     return docs
 
 
-def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dict[str, bytes]]:
-    """Read and verify an artifact.
+def load_artifact(path: str | os.PathLike, lumc_version: str,
+                  data: bytes | None = None) -> tuple[dict, dict[str, bytes]]:
+    """Read and verify an artifact (the file ``path``, or ``data``: its bytes, ``path`` then only
+    naming it in errors).
 
     Only a regular file is read (a FIFO, device or directory is refused without reading); every
     member's uncompressed size is capped from the zip directory before it is inflated
@@ -412,7 +421,7 @@ def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dic
     """
     from lumc.compiler.runtime.artifact_schema import check_json_part
     path = Path(path)
-    f, file_size = _open_regular(path)
+    f, file_size = _open_regular(path) if data is None else (io.BytesIO(data), len(data))
     try:
         with f, zipfile.ZipFile(f) as z:
             infos = {i.filename: i for i in z.infolist()}
@@ -439,7 +448,7 @@ def load_artifact(path: str | os.PathLike, lumc_version: str) -> tuple[dict, dic
     except ArtifactError:
         raise
     except zipfile.BadZipFile as e:
-        if not looks_like_artifact(path):   # an ONNX model or another file, not a damaged artifact
+        if data is None and not looks_like_artifact(path):   # an ONNX model, another file
             raise ArtifactError(f"{path}: not a .lumc artifact; compile the model first "
                                 "(lumc.compile(MODEL, budget=...), or lumc compile MODEL -o "
                                 "OUT.lumc)") from None

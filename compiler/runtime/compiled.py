@@ -280,11 +280,18 @@ class CompiledModel:
         the outputs' :class:`~lumc.compiler.runtime.out_structure.OutputStructure` to store (default:
         this model's own)."""
         from lumc import __version__
+        return save_artifact(path, self._saved_parts(structure), __version__)
+
+    def _saved_parts(self, structure=None) -> dict[str, bytes]:
         parts = self.parts()
         data = structure_bytes(structure or self.structure)
         if data is not None:
             parts[STRUCTURE_PART] = data
-        return save_artifact(path, parts, __version__)
+        return parts
+
+    def __reduce__(self):
+        """Pickled (and deep-copied) as its artifact: what ``save`` and ``lumc.load`` give."""
+        return pickled_artifact(self._saved_parts(), self.torch_device)
 
     def parts(self, shared: SharedWeights | None = None) -> dict[str, bytes]:
         """The artifact's parts (member name -> bytes): graph, weights, plan, report, source.
@@ -349,18 +356,31 @@ def own_outputs(out: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> di
     return out
 
 
-def load(path, device: str | None = None) -> CompiledModel:
+def pickled_artifact(parts: dict[str, bytes], torch_device: str):
+    """``__reduce__``'s value for a compiled model whose artifact holds ``parts``: unpickling loads
+    those bytes as :func:`load` loads a file (checked the same way), on the same device."""
+    from lumc import __version__
+    from lumc.compiler.runtime.artifact import artifact_bytes
+    return _unpickle, (artifact_bytes(parts, __version__)[0], torch_device)
+
+
+def _unpickle(data: bytes, torch_device: str):
+    return load("<pickled lumc model>", torch_device, data)
+
+
+def load(path, device: str | None = None, data: bytes | None = None) -> CompiledModel:
     """Load a ``.lumc`` artifact.
 
     Args:
         path: the artifact file.
         device: where to execute (``cuda:N`` or ``cpu``); None: a CUDA GPU when the artifact was
             tuned on one and one is present, else the CPU.
+        data: the artifact's bytes, read instead of the file (``path`` then names them).
     Raises:
         ArtifactError: a corrupt, foreign or incompatible artifact (one line).
     """
     from lumc import __version__
-    manifest, parts = load_artifact(path, __version__)
+    manifest, parts = load_artifact(path, __version__, data)
     if "variants.json" in parts:     # several plans and the choice between them
         from lumc.compiler.runtime.variants import load_variants
         return load_variants(path, parts, device)

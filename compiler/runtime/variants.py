@@ -431,8 +431,17 @@ class VariantModel:
     def save(self, path) -> str:
         """Write one ``.lumc`` artifact holding every plan (see the module docstring)."""
         from lumc import __version__
-        from lumc.compiler.runtime.compiled import STRUCTURE_PART, structure_bytes
         from lumc.compiler.runtime.artifact import save_artifact
+        return save_artifact(path, self._saved_parts(), __version__)
+
+    def __reduce__(self):
+        """Pickled (and deep-copied) as its artifact: what ``save`` and ``lumc.load`` give (a
+        torch module's copy no longer watches the module, as a loaded artifact does not)."""
+        from lumc.compiler.runtime.compiled import pickled_artifact
+        return pickled_artifact(self._saved_parts(), self.variants[0][1].torch_device)
+
+    def _saved_parts(self) -> dict[str, bytes]:
+        from lumc.compiler.runtime.compiled import STRUCTURE_PART, structure_bytes
         parts: dict[str, bytes] = {}
         stored: dict[str, str] = {}     # weights' sha256 -> the part holding them
         shared = SharedWeights(self.source_onnx) if self.source_onnx else None
@@ -464,7 +473,7 @@ class VariantModel:
         structure = structure_bytes(self.structure)
         if structure is not None:
             parts[STRUCTURE_PART] = structure
-        return save_artifact(path, parts, __version__)
+        return parts
 
 
 def _key(path, d) -> VariantKey:

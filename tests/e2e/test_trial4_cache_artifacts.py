@@ -177,3 +177,69 @@ def test_a_torch_device_names_the_device():
     from lumc.compiler.runtime.targets import resolve_target
     with pytest.raises(lumc.LumcError, match="unknown device 'cpu'"):
         resolve_target(torch.device("cpu"))
+
+
+# ------------------------------------------------- 3: pickling and copying compiled models
+
+
+@pytest.fixture
+def dyn_relu(tmp_path):
+    """``y = relu(x @ W)`` with x: f32[n, 32] (n dynamic)."""
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "dyn_relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16])],
+        [numpy_helper.from_array(W, "W")])
+    p = tmp_path / "dyn_relu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    return p
+
+
+def _want(x):
+    return np.maximum(x.astype(np.float64) @ W.astype(np.float64), 0)
+
+
+@pytest.mark.parametrize("shapes", [{"n": 4}, {"n": [2, 4]}])
+def test_compiled_models_pickle_and_deepcopy_as_their_artifact(dyn_relu, cache_dir, shapes):
+    """``pickle.dumps(f)`` and ``copy.deepcopy(f)`` raised ``AttributeError: Node is immutable``
+    (a fixed-size plan, a plan per listed size, a loaded artifact alike): a compiled model could
+    not go to a multiprocessing worker."""
+    import copy
+    import pickle
+    f = lumc.compile(str(dyn_relu), budget="20s", device="sim:h200", shapes=shapes)
+    for g in (pickle.loads(pickle.dumps(f)), copy.deepcopy(f)):
+        assert type(g) is type(f)
+        for n in ([4] if shapes["n"] == 4 else [2, 4]):
+            x = np.random.default_rng(n).standard_normal((n, 32)).astype(np.float32)
+            np.testing.assert_allclose(g(x), _want(x), rtol=1e-5, atol=1e-5)
+        assert g.report() == f.report()
+
+
+def test_a_loaded_artifact_pickles_across_processes(dyn_relu, cache_dir, tmp_path):
+    import multiprocessing
+    import pickle
+    f = lumc.compile(str(dyn_relu), budget="20s", device="sim:h200", shapes={"n": 4})
+    f.save(tmp_path / "m.lumc")
+    g = lumc.load(tmp_path / "m.lumc")
+    x = np.random.default_rng(5).standard_normal((4, 32)).astype(np.float32)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        y = pool.apply(_call_pickled, (pickle.dumps(g), x))
+    np.testing.assert_allclose(y, _want(x), rtol=1e-5, atol=1e-5)
+
+
+def _call_pickled(blob, x):
+    import pickle
+    return pickle.loads(blob)(x)
+
+
+def test_a_compiled_torch_module_refuses_pickling_in_one_line():
+    """It raised ``TypeError: cannot pickle 'weakref.ReferenceType' object`` (deepcopy:
+    ``AttributeError: Node is immutable``)."""
+    import copy
+    import pickle
+    torch = pytest.importorskip("torch")
+    m = torch.nn.Linear(8, 4).eval()
+    f = lumc.compile(m, budget="20s", example_inputs=(torch.randn(2, 8),), search=False)
+    for fn in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(lumc.InputError, match="cannot be pickled.*f.save"):
+            fn(f)
