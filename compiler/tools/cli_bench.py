@@ -12,6 +12,7 @@ line and exit status 2 (a ``LumcError`` reaching the group); a regression is exi
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import sys
@@ -109,7 +110,21 @@ def device_spec_of(name: str):
 
 
 def _write_json(path: str, doc: dict) -> None:
-    write_atomic(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    """Strict JSON (RFC 8259): a non-finite number (the ratio to a baseline figure of 0 is
+    infinite) is written as null, never as ``Infinity``, which ``JSON.parse`` and CI tools
+    refuse."""
+    write_atomic(path, (json.dumps(_finite(doc), indent=1, default=str, allow_nan=False)
+                        + "\n").encode())
+
+
+def _finite(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
 
 
 _BENCH_HELP = """Time every kernel of TARGET and the whole model, on the artifact's device.
@@ -219,7 +234,8 @@ def bench_cmd(target, json_out, baseline, max_regression, allow_precision_change
 
         cmp = compare_docs(base, doc, threshold, remeasure, name=f"baseline {baseline}",
                            allow_precision_change=allow_precision_change)
-        click.echo(f"\ncompare against {baseline} (max regression {100 * threshold:g}%):")
+        sim = f"; times simulated on {tgt.name}" if tgt.simulated else ""
+        click.echo(f"\ncompare against {baseline} (max regression {100 * threshold:g}%{sim}):")
         click.echo(cmp.table())
         doc["comparison"] = {"baseline": str(baseline), "threshold": threshold, "ok": cmp.ok,
                              "regressions": [r.label for r in cmp.regressions],

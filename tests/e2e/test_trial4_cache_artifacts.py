@@ -243,3 +243,39 @@ def test_a_compiled_torch_module_refuses_pickling_in_one_line():
     for fn in (pickle.dumps, copy.deepcopy):
         with pytest.raises(lumc.InputError, match="cannot be pickled.*f.save"):
             fn(f)
+
+
+# ------------------------------------------------- 4: lumc bench --compare
+
+
+@pytest.fixture
+def relu_art(relu_mm, cache_dir, tmp_path):
+    f = lumc.compile(str(relu_mm), budget="20s", device="sim:h200")
+    f.save(tmp_path / "m.lumc")
+    return tmp_path / "m.lumc"
+
+
+def test_compare_json_is_strict_json_where_a_ratio_is_infinite(relu_art, tmp_path):
+    """A baseline figure of 0 (valid: a finite number >= 0) makes the ratio infinite; the
+    --json document held ``"ratio": Infinity``, which is not JSON (``JSON.parse``, jq and
+    Python's strict parse refuse it). The compare table also did not say its times were
+    simulated."""
+    import json
+    res = lumc_cli("bench", relu_art, "--json", tmp_path / "base.json")
+    assert res.exit_code == 0, res.output
+    base = json.loads((tmp_path / "base.json").read_text())
+    base["kernels"][0]["time_s"] = 0.0
+    base["end_to_end"]["time_s"] = 0.0
+    (tmp_path / "zero.json").write_text(json.dumps(base))
+    res = lumc_cli("bench", relu_art, "--compare", tmp_path / "zero.json", "--json",
+                   tmp_path / "now.json")
+    assert res.exit_code == 1, res.output
+    assert "compare against" in res.output and "times simulated on sim:h200" in res.output
+
+    def refuse(c):
+        raise ValueError(f"not JSON: {c}")
+    doc = json.loads((tmp_path / "now.json").read_text(), parse_constant=refuse)
+    rows = {r["label"]: r for r in doc["comparison"]["rows"]}
+    assert rows["end to end"]["ratio"] is None and rows["end to end"]["status"] == "REGRESSION"
+    assert rows["bytes moved"]["ratio"] == 1.0
+    assert doc["comparison"]["ok"] is False
