@@ -334,9 +334,10 @@ def store(plans: Path, key: str, compiled, spec) -> bool:
         blob = json.dumps({"sha256": _digest(body), "shell": body}).encode()
         _decode_shell(body)               # what cannot come back is not stored
         spec.compiled.save(plans / f"{key}.lumc")
-        tmp = plans / f"{key}.torch.tmp"
-        tmp.write_bytes(blob)
-        tmp.replace(plans / f"{key}.torch")
+        from lumc.compiler.runtime.artifact import write_atomic
+        write_atomic(plans / f"{key}.torch", blob)   # a temp name of its own: two compiles of
+        # one module at once each store whole files (a shared '.torch.tmp' was truncated under
+        # the other's rename, and failed it), and a killed one leaves no temp file
         from lumc.compiler.runtime.tuning_db import evict_plans
         evict_plans(plans, plans / f"{key}.lumc")
         return True
