@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from lumc.rewrites.schedule import Limits, RunStats, Saturator, total_stats
 
 from lumc.compiler.core.extract import (CostModel, EGraphView, FormRecord, alternatives, choose,
                                    decode)
+from lumc.compiler.core import egraph_engines
 from lumc.compiler.core.constfold import fold_constants
 from lumc.compiler.core.fusion import KV_PROLOGUE_REFUSAL, greedy_program
 from lumc.compiler.core.fusion_attention import ATTENTION_REFUSAL
@@ -76,16 +78,20 @@ def _dominant_itemsize(graph: Graph) -> tuple[int, str]:
     return d.itemsize, d.name
 
 
-_SATURATORS: dict[tuple, Saturator] = {}
+_SATURATORS: dict[tuple, Saturator] = {}     # the main thread's engines (others: egraph_engines)
 
 
 def saturator(limits: Limits) -> Saturator:
-    """A loaded engine for these limits (parsing the rules once per process; regions run between
+    """A loaded engine for these limits (parsing the rules once per thread: an egglog ``EGraph``
+    is bound to its thread, :mod:`lumc.compiler.core.egraph_engines`; regions run between
     ``push`` and ``pop``)."""
     key = (limits.domain, limits.fast_math)   # the loaded rules depend on these; the rest is per run
-    if key not in _SATURATORS:
-        _SATURATORS[key] = Saturator(limits)
-    sat = _SATURATORS[key]
+    engines = _SATURATORS if threading.current_thread() is threading.main_thread() \
+        else egraph_engines.thread_engines()
+    if key not in engines:
+        with egraph_engines.building():
+            engines[key] = Saturator(limits)
+    sat = engines[key]
     sat.limits = limits
     return sat
 

@@ -323,3 +323,48 @@ def test_two_compiles_storing_one_torch_plan_at_once_both_store_it(tmp_path, mon
     assert g.reused
     with torch.no_grad():
         torch.testing.assert_close(g(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------- 6: compiles in threads
+
+
+_THREADS_SCRIPT = r"""
+import json, sys, threading
+import numpy as np
+import lumc
+paths = sys.argv[1:]
+first = lumc.compile(paths[0], budget="30s", device="sim:h200", reuse_plan=False)
+out, errors = {}, []
+def go(i, p):
+    try:
+        out[i] = lumc.compile(p, budget="30s", device="sim:h200", reuse_plan=False)
+    except BaseException as e:   # egglog's PanicException is a BaseException
+        errors.append(f"{type(e).__name__}: {e}")
+ts = [threading.Thread(target=go, args=(i, p)) for i, p in enumerate(paths)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+print(json.dumps({"errors": errors,
+                  "egraph": [out[i].report_dict()["egraph"]["error"] for i in sorted(out)],
+                  "used": [out[i].report_dict()["egraph"]["used"] for i in sorted(out)],
+                  "y": [np.asarray(out[i](x)).tolist() for i in sorted(out)]}))
+"""
+
+
+def test_compiles_in_other_threads_use_the_egraph(relu_mm, tmp_path):
+    """``lumc.compile`` in a thread after one in the main thread, or in two threads at once,
+    shared the process's one egglog engine, which is bound to the thread that built it: a
+    ``pyo3_runtime.PanicException`` ('EGraph is unsendable, but sent to another thread') escaped
+    as a traceback, and 'EGraph ... is being dropped on another thread' was printed at exit and
+    in forked workers."""
+    import json
+    res = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(relu_mm), str(relu_mm)],
+                         env=_env(tmp_path / "cache"), capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "unsendable" not in res.stderr, res.stderr[-3000:]
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["errors"] == [] and doc["egraph"] == [None, None] and doc["used"] == [True, True]
+    x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    for y in doc["y"]:
+        np.testing.assert_allclose(np.array(y), _want(x), rtol=1e-5, atol=1e-5)
