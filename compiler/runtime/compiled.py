@@ -8,6 +8,7 @@ meanings on the CPU executor (numpy), with the same outputs.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -365,6 +366,9 @@ def pickled_artifact(parts: dict[str, bytes], torch_device: str):
 
 
 def _unpickle(data: bytes, torch_device: str):
+    from lumc.compiler.runtime.targets import _cuda_available
+    if torch_device.startswith("cuda") and not _cuda_available():
+        torch_device = None        # pickled where a GPU ran it: here, the CPU
     return load("<pickled lumc model>", torch_device, data)
 
 
@@ -380,6 +384,11 @@ def load(path, device: str | None = None, data: bytes | None = None) -> Compiled
         ArtifactError: a corrupt, foreign or incompatible artifact (one line).
     """
     from lumc import __version__
+    from lumc.compiler.runtime.targets import run_device
+    device = run_device(device)
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArtifactError(f"lumc.load: expected the path of a .lumc artifact, got a "
+                            f"{type(path).__name__}")
     manifest, parts = load_artifact(path, __version__, data)
     if "variants.json" in parts:     # several plans and the choice between them
         from lumc.compiler.runtime.variants import load_variants

@@ -37,6 +37,38 @@ def _cuda_available() -> bool:
         return False
 
 
+def run_device(device) -> str | None:
+    """Where a loaded artifact runs (``lumc.load(path, device)``): None (a CUDA GPU for an
+    artifact tuned on one, where one is present; else the CPU), ``"cpu"`` or ``"cuda[:N]"``
+    (normalized to ``cuda:N``; a ``torch.device`` too).
+
+    Raises:
+        LumcError: another name (``sim:h200`` names a compile target, not where a plan runs), a
+            CUDA device on a machine without one, or an index past the GPUs there.
+    """
+    if device is None:
+        return None
+    if type(device).__module__.startswith("torch") and type(device).__name__ == "device":
+        device = str(device)
+    if not isinstance(device, str):
+        raise LumcError(f"device {device!r}: a loaded artifact runs on 'cpu' or 'cuda[:N]'")
+    d = device.strip().lower()
+    if d == "cpu":
+        return "cpu"
+    if d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()):
+        if not _cuda_available():
+            raise LumcError(f"device {device!r}: no CUDA GPU on this machine; load with "
+                            "device='cpu' (or leave it out)")
+        import torch
+        idx = int(d[5:]) if ":" in d else 0
+        if idx >= torch.cuda.device_count():
+            raise LumcError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        return f"cuda:{idx}"
+    raise LumcError(f"device {device!r}: a loaded artifact runs on 'cpu' or 'cuda[:N]' (a "
+                    "sim:* device is a compile target; the artifact keeps the times it was "
+                    "compiled with)")
+
+
 def resolve_target(device: str | None) -> Target:
     """Resolve ``--device``.
 

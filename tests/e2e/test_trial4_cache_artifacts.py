@@ -368,3 +368,28 @@ def test_compiles_in_other_threads_use_the_egraph(relu_mm, tmp_path):
     x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
     for y in doc["y"]:
         np.testing.assert_allclose(np.array(y), _want(x), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------- 7: lumc.load's arguments
+
+
+@pytest.mark.parametrize("device, words", [
+    ("bogus", "runs on 'cpu' or 'cuda"), ("sim:h200", "compile target"), (0, "runs on 'cpu'"),
+    pytest.param("cuda", "no CUDA GPU", marks=pytest.mark.skipif(
+        __import__("torch").cuda.is_available(), reason="a GPU is present"))])
+def test_load_refuses_a_device_it_cannot_run_on(relu_art, device, words):
+    """``lumc.load(path, device="bogus")`` ran on the CPU, silently; ``device="cuda"`` on a
+    machine without a GPU failed at the first call with torch's ``ValueError: Expected a
+    torch.device with a specified index``; ``device=0`` an AttributeError."""
+    with pytest.raises(lumc.LumcError, match=words):
+        lumc.load(relu_art, device=device)
+
+
+def test_load_takes_cpu_and_paths_only(relu_art):
+    import pathlib
+    x = np.random.default_rng(3).standard_normal((4, 32)).astype(np.float32)
+    for f in (lumc.load(relu_art, device="CPU"), lumc.load(pathlib.Path(relu_art), "cpu")):
+        np.testing.assert_allclose(f(x), _want(x), rtol=1e-5, atol=1e-5)
+    for bad in (None, relu_art.read_bytes(), 3):
+        with pytest.raises(lumc.ArtifactError, match="expected the path of a .lumc artifact"):
+            lumc.load(bad)
