@@ -293,6 +293,9 @@ def plan_cache_limit() -> int:
     return int(mb * 1e6)
 
 
+STALE_TEMP_S = 3600.0    # a plan's temporary file untouched this long was left by a killed write
+
+
 def evict_plans(plans_dir: Path, keep: Path, limit_bytes: int | None = None) -> list[Path]:
     """Keep the stored plans within ``limit_bytes`` (default :func:`plan_cache_limit`),
     deleting the least recently used first (by modification time: a reuse touches its plan),
@@ -301,8 +304,18 @@ def evict_plans(plans_dir: Path, keep: Path, limit_bytes: int | None = None) -> 
     removed first is skipped."""
     limit = plan_cache_limit() if limit_bytes is None else limit_bytes
     groups: dict[str, list[Path]] = {}
+    now = time.time()
     for p in (sorted(q for q in plans_dir.iterdir() if q.is_file()) if plans_dir.is_dir() else []):
-        groups.setdefault(p.name.split(".", 1)[0], []).append(p)
+        if p.name.startswith("."):
+            # a temporary file (``.KEY.lumc.XXXX.tmp``): another compile may be writing it right
+            # now (deleting it failed that compile's store); one a killed write left goes once
+            # it is stale
+            try:
+                if now - p.stat().st_mtime < STALE_TEMP_S:
+                    continue
+            except FileNotFoundError:
+                continue
+        groups.setdefault(p.name.lstrip(".").split(".", 1)[0], []).append(p)
 
     def stat(paths):
         try:

@@ -393,3 +393,41 @@ def test_load_takes_cpu_and_paths_only(relu_art):
     for bad in (None, relu_art.read_bytes(), 3):
         with pytest.raises(lumc.ArtifactError, match="expected the path of a .lumc artifact"):
             lumc.load(bad)
+
+
+# ------------------------------------------------- 8: plan cache eviction beside a live write
+
+
+def test_eviction_spares_the_temp_file_another_compile_is_writing(tmp_path, relu_mm,
+                                                                  monkeypatch):
+    """Eviction grouped every ``.KEY.lumc.XXXX.tmp`` under the empty stem and deleted it like a
+    plan: with a small LUMC_PLAN_CACHE_MB, a compile finishing beside another one that was
+    writing its plan deleted that file under it, and the other's store failed ('the plan was
+    not stored'). A temp file a killed write left long ago still goes."""
+    import time
+    from lumc.compiler.runtime.tuning_db import evict_plans
+    d = tmp_path / "plans"
+    d.mkdir()
+    old = d / "old.lumc"
+    old.write_bytes(b"x" * 1000)
+    os.utime(old, (1000, 1000))
+    live = d / ".k2.lumc.1a2b3c4d.tmp"          # another compile's plan, half written
+    live.write_bytes(b"y" * 5000)
+    stale = d / ".k3.lumc.5e6f7a8b.tmp"         # a compile killed long ago
+    stale.write_bytes(b"z" * 100)
+    os.utime(stale, (time.time() - 7200,) * 2)
+    mine = d / "k1.lumc"
+    mine.write_bytes(b"w" * 1000)
+    evict_plans(d, mine, limit_bytes=0)
+    assert sorted(p.name for p in d.iterdir()) == [live.name, mine.name]
+    # end to end: a compile storing its plan at LUMC_PLAN_CACHE_MB=0 keeps the live temp file
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(cache))
+    monkeypatch.setenv("LUMC_PLAN_CACHE_MB", "0")
+    (cache / "plans").mkdir(parents=True)
+    other = cache / "plans" / ".0123abcd.lumc.deadbeef.tmp"
+    other.write_bytes(b"being written")
+    f = lumc.compile(str(relu_mm), budget="20s", device="sim:h200")
+    assert not [w for w in f._report.get("warnings", []) if "plan cache" in w]
+    assert other.read_bytes() == b"being written"
+    assert len(list((cache / "plans").glob("*.lumc"))) == 1
