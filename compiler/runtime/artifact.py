@@ -65,6 +65,11 @@ def output_target(path: str | os.PathLike) -> Path:
     Raises:
         OutputError: the target exists and is not a regular file (a device, FIFO, directory).
     """
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+        raise OutputError(f"cannot write {path!r}: expected a file path (a str or pathlib.Path), "
+                          f"got a {type(path).__name__}")
+    if not os.fspath(path):
+        raise OutputError("cannot write to an empty path: name the output file")
     target = Path(os.path.realpath(os.fspath(path)))
     try:
         st = os.stat(target)

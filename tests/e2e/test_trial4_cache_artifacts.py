@@ -431,3 +431,15 @@ def test_eviction_spares_the_temp_file_another_compile_is_writing(tmp_path, relu
     assert not [w for w in f._report.get("warnings", []) if "plan cache" in w]
     assert other.read_bytes() == b"being written"
     assert len(list((cache / "plans").glob("*.lumc"))) == 1
+
+
+def test_save_to_something_that_is_not_a_path_is_one_line(relu_art, tmp_path):
+    """``f.save(None)`` / ``f.save(3)`` / ``f.save(b"x.lumc")`` raised Python's TypeError from
+    deep in the atomic write; ``f.save("")`` said 'cannot write : it is a directory'."""
+    f = lumc.load(relu_art)
+    for bad in (None, 3, b"x.lumc"):
+        with pytest.raises(lumc.LumcError, match="expected a file path"):
+            f.save(bad)
+    with pytest.raises(lumc.LumcError, match="empty path"):
+        f.save("")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
