@@ -377,6 +377,9 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, logits)
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     args = _as_args(example_inputs)
+    if example_kwargs is not None and not isinstance(example_kwargs, dict):
+        raise InputError("example_kwargs= is a dict {keyword: tensor}, got a "
+                         f"{type(example_kwargs).__name__}")
     refuse_meta_module(module, args, example_kwargs)     # before the plan key reads the weights
     t_start = time.monotonic()
     stored = None

@@ -443,3 +443,12 @@ def test_save_to_something_that_is_not_a_path_is_one_line(relu_art, tmp_path):
     with pytest.raises(lumc.LumcError, match="empty path"):
         f.save("")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_example_kwargs_that_are_not_a_dict_are_one_line():
+    """``example_kwargs=[x]`` raised ``TypeError: cannot convert dictionary update sequence``."""
+    torch = pytest.importorskip("torch")
+    m = torch.nn.Linear(8, 4).eval()
+    x = torch.randn(2, 8)
+    with pytest.raises(lumc.InputError, match="example_kwargs= is a dict"):
+        lumc.compile(m, budget="10s", example_inputs=(x,), example_kwargs=[x])
