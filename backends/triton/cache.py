@@ -41,7 +41,8 @@ def _configured_dir() -> Path:
 
 def _private_dir() -> Path:
     """The fallback folder: private to this user, under the system temp dir."""
-    alt = Path(tempfile.gettempdir()) / f"lumc-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    alt = Path(tempfile.gettempdir()) / f"lumc-kernels-{uid}"
     alt.mkdir(mode=0o700, parents=True, exist_ok=True)
     return alt
 

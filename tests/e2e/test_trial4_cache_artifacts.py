@@ -115,7 +115,8 @@ def test_a_file_size_limit_fails_the_compile_in_one_line_and_leaves_no_temp_file
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 
     env = dict(_env(cache), TMPDIR=str(tmp))
-    res = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()", "compile", str(relu_mm),
+    res = subprocess.run([sys.executable, "-c", "from lumc.compiler.tools.cli import main; main()",
+                          "compile", str(relu_mm),
                           "--budget", "20s", "-o", str(out), "--workers", "local:1"],
                          env=env, capture_output=True, text=True, preexec_fn=limit, timeout=300)
     assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
