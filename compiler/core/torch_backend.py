@@ -449,6 +449,9 @@ def lumc_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
     if unknown:
         raise TypeError(f"unknown lumc backend options: {', '.join(unknown)}; known: "
                         f"{', '.join(_BACKEND_OPTIONS)}")
+    if "search" in merged and not isinstance(merged["search"], bool):
+        # "no" or "false" is truthy: it searched, the opposite of what was written
+        raise InputError(f"options['search']={merged['search']!r}: expected True or False")
     return _lumc_backend(gm, example_inputs, **merged)
 
 

@@ -453,3 +453,12 @@ def test_example_kwargs_that_are_not_a_dict_are_one_line():
     x = torch.randn(2, 8)
     with pytest.raises(lumc.InputError, match="example_kwargs= is a dict"):
         lumc.compile(m, budget="10s", example_inputs=(x,), example_kwargs=[x])
+
+
+def test_torch_compile_backend_search_option_takes_only_bools():
+    """``torch.compile(m, backend="lumc", options={"search": "no"})`` ran the kernel search."""
+    torch = pytest.importorskip("torch")
+    from lumc.compiler.core.torch_backend import lumc_backend
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    with pytest.raises(lumc.InputError, match=r"options\['search'\]='no': expected True or False"):
+        lumc_backend(gm, [torch.randn(2, 4)], options={"search": "no", "budget": "10s"})
