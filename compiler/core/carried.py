@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import weakref
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
 from lumc.compiler.core.constfold import fold_constants
 from lumc.compiler.core.extract import FormRecord
 from lumc.compiler.core.fusion import greedy_program
+from lumc.compiler.runtime.artifact import write_atomic
 from lumc.compiler.runtime.program import Program
 from lumc.ir.provenance import rebuilt
 
@@ -215,11 +215,11 @@ def dump(graph: Graph, programs: list[Program], directory: str | Path, name: str
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     stem = f"{name}-{body['signature']['weights'][:12]}"
-    (d / f"{stem}.npz").write_bytes(npz)
+    # each file whole or not at all (a temp name of its own, renamed): the weights first, so a
+    # .json that names them never meets a half-written .npz
+    write_atomic(d / f"{stem}.npz", npz)
     path = d / f"{stem}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(body))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(body).encode())
     return path
 
 
