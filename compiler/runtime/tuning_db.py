@@ -249,19 +249,30 @@ class TuningDatabase:
         return sorted(p for p in self.path.parent.glob(f"{self.path.name}.corrupt-*") if p.is_file())
 
     def clear_plans_and_set_aside(self) -> tuple[int, int]:
-        """Delete every stored plan and every set-aside database; returns ``(plans, files)``
-        deleted (a file another process removed first is not counted)."""
-        counts = []
-        for files in (self.stored_plans(), self.set_aside_files()):
-            n = 0
-            for p in files:
-                try:
+        """Delete everything in the plans folder (plans, a torch plan's interface file, temporary
+        files, a folder someone put there) and every set-aside database; returns ``(plans,
+        files)`` deleted: ``*.lumc`` plans, as ``lumc cache info`` counts them, and set-aside
+        files (one another process removed first is not counted)."""
+        import shutil
+        d = self.plans_dir
+        plans = 0
+        for p in (sorted(d.iterdir()) if d.is_dir() else []):
+            try:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
                     p.unlink()
-                    n += 1
-                except FileNotFoundError:
-                    pass
-            counts.append(n)
-        return counts[0], counts[1]
+                    plans += p.suffix == ".lumc"
+            except FileNotFoundError:
+                pass
+        aside = 0
+        for p in self.set_aside_files():
+            try:
+                p.unlink()
+                aside += 1
+            except FileNotFoundError:
+                pass
+        return plans, aside
 
     def close(self) -> None:
         self._conn.close()

@@ -67,8 +67,12 @@ def test_stored_plans_and_set_aside_files_are_listed_and_cleared(tmp_path):
     aside = db.set_aside_files()
     assert [f.name for f in aside] == [db.recovered_from.name]
     assert len(db.stored_plans()) == 2
-    assert db.clear_plans_and_set_aside() == (2, 1)
+    (db.plans_dir / "k3.torch").write_bytes(b"{}")            # a torch plan's interface file
+    (db.plans_dir / "k4.lumc").mkdir()                        # a folder where a plan would go
+    # plans as `cache info` counts them (*.lumc files); everything in the folder goes
+    assert db.clear_plans_and_set_aside() == (1, 1)
     assert db.stored_plans() == [] and db.set_aside_files() == []
+    assert list(db.plans_dir.iterdir()) == []
     assert (tmp_path / "other.sqlite.corrupt-1").exists() and p.exists()
     db.put(key(), Timing(1e-6, True, True))           # the live database still works
     assert db.get(key()).seconds == pytest.approx(1e-6)
