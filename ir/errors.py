@@ -95,3 +95,9 @@ class DivisionByZeroError(InputError, ModelError):
     value). Like :class:`IndexRangeError` it comes from an input or from a model constant: both an
     input and a model error.
     """
+
+
+class LumcNumericsWarning(UserWarning):
+    """The compiled module's outputs differ from PyTorch eager's on the example inputs (a compile
+    of a torch module runs the module itself and compares, ``lumc.compiler.core.eager_check``).
+    Exported as ``lumc.LumcNumericsWarning`` so that ``warnings.filterwarnings`` can name it."""

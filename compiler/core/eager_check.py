@@ -34,9 +34,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-
-class LumcNumericsWarning(UserWarning):
-    """The compiled module's outputs differ from PyTorch eager's on the example inputs."""
+from lumc.ir.errors import LumcNumericsWarning  # noqa: F401  (defined torch-free: lumc exports it)
 
 
 def compare(want, got, rtol: float, ties: list | None = None) -> dict:

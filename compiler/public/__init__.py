@@ -22,11 +22,12 @@ if "TRITON_INTERPRET" not in _os.environ and _no_nvidia_device():
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from lumc.ir.errors import (  # noqa: E402
-    ArtifactError, BudgetError, InputError, LumcError, ModelError, ShapeError, UnsupportedOpError,
+    ArtifactError, BudgetError, InputError, LumcError, LumcNumericsWarning, ModelError, ShapeError,
+    UnsupportedOpError,
 )
 
 __all__ = ["LumcError", "ModelError", "UnsupportedOpError", "InputError", "ShapeError",
-           "BudgetError", "ArtifactError", "__version__"]
+           "BudgetError", "ArtifactError", "LumcNumericsWarning", "__version__"]
 
 
 def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **kwargs):
