@@ -175,7 +175,7 @@ class _Fingerprint:
                 continue
             try:
                 path = inspect.getsourcefile(c) or ""
-            except TypeError:
+            except (TypeError, OSError):   # a class of `python -c`, stdin or a REPL: no file
                 path = ""
             src = self.file(path) if path else "builtin"
             own = {k: v for k, v in vars(c).items() if k not in _SKIPPED_CLASS_ATTRS}
