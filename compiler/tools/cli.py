@@ -385,9 +385,10 @@ _RUN_HELP = f"""Run MODEL (an .onnx file or a compiled .lumc artifact) through l
 output's name, shape and dtype.
 
 Inputs come from --input NAME=FILE.npy, --inputs FILE.npz, or --random for the rest. --random
-draws floats from N(0, 1), integers uniformly from [0, {models.GENERIC_INT_HIGH}) and bools with
-p = 1/2; for the known models of `lumc models list` (recognized by sha256) it uses the model's own
-recipe instead (token ids + attention mask, byte values 0..255, audio, a synthetic text image).
+draws floats from N(0, 1), integers uniformly from the range of the table they index (a Gather's
+rows), else from [0, {models.GENERIC_INT_HIGH}), and bools with p = 1/2; for the known models of
+`lumc models list` (recognized by sha256) it uses the model's own recipe instead (token ids +
+attention mask, byte values 0..255, audio, a synthetic text image).
 
 Dynamic dims are set with --shape INPUT=1x3x64x64 (a whole input) or --shape DIM=N (a dim name,
 e.g. batch_size=2), or by the shapes of the given arrays; one left unset is an error. An artifact

@@ -74,3 +74,28 @@ def test_the_ci_readme_states_what_its_committed_baseline_records():
     assert m, "the README no longer states the baseline's figures"
     assert int(m.group(1)) == base["end_to_end"]["kernel_count"] == len(base["kernels"])
     assert float(m.group(2)) == pytest.approx(base["end_to_end"]["time_s"] * 1e6, abs=0.05)
+
+
+# ------------------------------------ 4: lumc run --random's integers, as its help text states
+
+
+def test_run_random_draws_an_index_within_its_table_as_the_help_says(tmp_path, cache_dir):
+    # `lumc run --help` and the README said "integers uniformly from [0, 8)"; an index of a
+    # 100-row table is drawn from [0, 100) (and one of a 4-row table from [0, 4)), as compile's
+    from onnx import TensorProto, helper, numpy_helper
+    import onnx
+    from click.testing import CliRunner
+    from lumc.compiler.tools.cli import cli
+    tab = numpy_helper.from_array(np.arange(300, dtype=np.float32).reshape(100, 3), "tab")
+    g = helper.make_graph([helper.make_node("Gather", ["tab", "i"], ["y"], axis=0)], "g",
+                          [helper.make_tensor_value_info("i", TensorProto.INT64, [64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 3])], [tab])
+    model = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    out = tmp_path / "y.npz"
+    r = CliRunner().invoke(cli, ["run", str(model), "--random", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = np.load(out)["y"][:, 0] / 3
+    assert rows.min() >= 0 and rows.max() < 100 and rows.max() >= 8   # not [0, 8)
+    help_text = " ".join(CliRunner().invoke(cli, ["run", "--help"]).output.split())
+    assert "integers uniformly from the range of the table they index" in help_text
