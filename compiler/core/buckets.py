@@ -413,6 +413,9 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
     # largest sizes first: their reference values and checks cost the most, and the smaller
     # buckets then re-check only the kernels that take another code path there (split-K)
     boxes, weights = boxes[::-1], weights[::-1]
+    left = budget_s - (clock() - t0)
+    if left < MIN_BUCKET_S * len(boxes):    # refused before any bucket's work, not after it
+        raise too_small(budget_s, left, len(boxes))
     with sharing_checks():    # one interpreter verdict per kernel structure for all buckets
         for bi, box in enumerate(boxes):
             done.append(_compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
@@ -420,6 +423,13 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
                                         compile_bucket, table))
     return _variant_model(done[::-1], fe_p, budget_s, t0, clock, ranges, probe, check,
                           egraph_stats, fixed)
+
+
+def too_small(budget_s: float, left: float, n: int) -> BudgetError:
+    """The one-line refusal of a budget leaving ``left`` seconds for ``n`` size buckets."""
+    return BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for {n} size "
+                       f"bucket{'s' * (n != 1)} ({MIN_BUCKET_S:g} s each at least); give a larger "
+                       f"budget ({BUDGET_KNOBS})")
 
 
 def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe, programs, fe_p,
@@ -431,12 +441,12 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
     from lumc.compiler.core.precision import integer_error
     from lumc.compiler.core.precision_gate import reference_outputs
     left = budget_s - (clock() - t0)
-    share = left * weights[bi] / sum(weights[bi:])
-    if share < MIN_BUCKET_S:
-        raise BudgetError(f"budget {budget_s:g} s leaves {max(left, 0):.1f} s for "
-                          f"{len(boxes) - bi} more size bucket{'s' * (len(boxes) - bi != 1)} "
-                          f"({MIN_BUCKET_S:g} s each at "
-                          f"least); give a larger budget ({BUDGET_KNOBS})")
+    # the budget was enough for every bucket's minimum when they began (_compile_ranges); a
+    # bucket left with less, by the ones before it overrunning their shares (their end checks),
+    # takes what is left: at nothing, its best-bound plan untimed, still checked at both ends;
+    # the range compile's hard deadline (budget + grace) bounds it, and the report says so
+    share = max(0.0, left) * weights[bi] / sum(weights[bi:])
+    short = share < MIN_BUCKET_S
     rep = {k: hi for k, (lo, hi) in box.items()}
     r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges}, table)
     progs = []
@@ -494,6 +504,13 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
             raise InputError(f"bucket {spans}: the plan at {at} has max rel error {err:.3g} > "
                              f"{tol:g} against the reference")
     report["end_checks"] = checks
+    if short:
+        spans = ", ".join(f"{k}={lo}..{hi}" for k, (lo, hi) in box.items())
+        report.setdefault("warnings", []).append(
+            f"size bucket {spans} had {share:.1f} s of the budget left (the larger buckets before "
+            f"it overran their shares), less than {MIN_BUCKET_S:g} s: its plan is "
+            f"{'the best-bound candidate, untimed' if cm.report_dict().get('best_time_s') is None else 'from a short search'}"
+            "; a larger budget times more")
     template = type(cm)(stored, chosen_p, cm.configs, cm.device, cm.simulated, report,
                         fe_p.source_onnx, cm.torch_device)
     key = VariantKey({k: v for k, v in fixed.items() if isinstance(v, int)},

@@ -58,10 +58,12 @@ def user_notes(r: dict) -> list[str]:
     kernel precisions), a weight storage that was refused for its quality and replaced by the
     model's own weights (``weights ...``), a graph output listed more than once, which lumc
     returns once (``graph output ...``), an output whose declared shape is not the one it
-    computes, which lumc returns as computed (``output 'y' is declared ...``), and a plan the plan
-    cache could not store (``plan cache: ...``)."""
+    computes, which lumc returns as computed (``output 'y' is declared ...``), a plan the plan
+    cache could not store (``plan cache: ...``), and a size bucket left less than its minimum
+    search time (``size bucket ...``)."""
     return [w for w in r.get("warnings", [])
-            if w.startswith(("precision ", "weights ", "graph output ", "plan cache: "))
+            if w.startswith(("precision ", "weights ", "graph output ", "plan cache: ",
+                             "size bucket "))
             or (w.startswith("output ") and " is declared " in w)]
 
 
