@@ -52,6 +52,27 @@ def _scalar_read(x: Node) -> bool:
     return x.numel == 1
 
 
+def _spans(x: Node, dim_groups) -> bool:
+    """``x`` (a contraction operand: the product's full shape) is a view of an input that steps
+    along some dim of each group that has one (its tile's rows and columns: ``tl.load`` gives the
+    tile both axes). False for a scalar broadcast (a ConstantOfShape weight), a vector expanded
+    along a tile axis, a view of a view, or a computed value: their tile may lack an axis."""
+    from lumc.ir.views import View as ViewArg
+    if x.op != "View" or x.srcs[0].op != "Input" or not isinstance(x.arg, ViewArg):
+        return False
+    st = x.arg.strides
+    return all(not dims or any(st[d] != 0 for d in dims) for dims in dim_groups)
+
+
+def _whole(w: SourceWriter, x: Node, expr: str, dim_groups, shape: str, prefix: str,
+           level: int) -> str:
+    """``expr`` (operand ``x``'s tile) broadcast to ``[shape]`` where ``x`` may not span it
+    (``tl.dot`` takes whole tiles only; the broadcast of a whole tile is free)."""
+    if _spans(x, dim_groups):
+        return expr
+    return w.bind(f"tl.broadcast_to({expr}, ({shape}))", prefix, level)
+
+
 def check_epilogue(nodes: list[Node], dep: set[Node], root: Node) -> None:
     for n in nodes:
         if n not in dep or n is root:
@@ -218,12 +239,18 @@ def render_matmul(kernel: Kernel) -> KernelParts:
         a = w.bind(f"tl.where(a_mask, {a}, 0.0)", "a", lk)
     if c.b.op not in ("View", "Input"):
         b = w.bind(f"tl.where(b_mask, {b}, 0.0)", "b", lk)
+    # an operand constant along a tile axis (a scalar weight: ConstantOfShape; an Expand of a
+    # column) evaluates to a scalar or a [BLOCK_K, 1] tile, which tl.dot refuses: make it whole
+    a = _whole(w, c.a if rowp is None else rowp.p, a, (c.m_dims, c.k_dims), "BLOCK_M, BLOCK_K",
+               "a", lk)
+    b = _whole(w, c.b, b, (c.k_dims, c.n_dims), "BLOCK_K, BLOCK_N", "b", lk)
     products = [(b, "acc")]
     if c2 is not None:   # the same a tile (and its prologue), the second right operand
         b2 = ev.value(c2.b, b_idx, "b_mask", lk)
         if c2.b.op not in ("View", "Input"):
             b2 = w.bind(f"tl.where(b_mask, {b2}, 0.0)", "b", lk)
-        products.append((b2, "acc2"))
+        products.append((_whole(w, c2.b, b2, (c.k_dims, c.n_dims), "BLOCK_K, BLOCK_N", "b", lk),
+                         "acc2"))
     emit_dot(w, a, products, c.a.dtype, lk)
     w.close()
     finish = None
