@@ -157,9 +157,18 @@ def avg_pool(x: Tensor, kernel_shape: Sequence[int], *, strides=None, pads=None,
     """
     kernel, strides, dilations, pads, outs = _pool_geometry(
         x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, "AveragePool")
-    win = sliding_windows(x, 2, kernel, strides, dilations, pads, outs, 0.0)
+    xc = _wide(x)
+    win = sliding_windows(xc, 2, kernel, strides, dilations, pads, outs, 0.0)
     s = _merge_outputs(win.sum(_tap_axes(len(kernel)), keepdims=True), *x.shape[:2], outs)
-    return s.mul(_divisor_table(x, kernel, strides, dilations, pads, outs, count_include_pad))
+    return s.mul(_divisor_table(xc, kernel, strides, dilations, pads, outs,
+                                count_include_pad)).cast(x.dtype)
+
+
+def _wide(x: Tensor) -> Tensor:
+    """``x`` in its accumulation dtype: an f16/bf16 window sum (or sum of squares) in f32, rounded
+    once at the end, as a sum that passes 65504 would be inf in f16 where its average or norm is
+    not; other dtypes as they are."""
+    return x.cast(x.dtype.accumulator) if x.dtype.is_float else x
 
 
 def _lp_norm(win: Tensor, axes, p: int, keepdims: bool) -> Tensor:
@@ -182,8 +191,9 @@ def lp_pool(x: Tensor, kernel_shape: Sequence[int], p: int = 2, *, strides=None,
     """
     kernel, strides, dilations, pads, outs = _pool_geometry(
         x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, "LpPool")
-    win = sliding_windows(x, 2, kernel, strides, dilations, pads, outs, 0.0)
-    return _merge_outputs(_lp_norm(win, _tap_axes(len(kernel)), p, True), *x.shape[:2], outs)
+    win = sliding_windows(_wide(x), 2, kernel, strides, dilations, pads, outs, 0.0)
+    return _merge_outputs(_lp_norm(win, _tap_axes(len(kernel)), p, True), *x.shape[:2],
+                          outs).cast(x.dtype)
 
 
 def _spatial_axes(x: Tensor, op: str) -> list[int]:
@@ -207,7 +217,7 @@ def global_max_pool(x: Tensor) -> Tensor:
 def global_lp_pool(x: Tensor, p: int = 2) -> Tensor:
     """ONNX ``GlobalLpPool``: the Lp norm over every spatial axis, kept as size 1."""
     axes = _spatial_axes(x, "GlobalLpPool")
-    return _lp_norm(x, axes, p, True) if axes else x.abs()
+    return _lp_norm(_wide(x), axes, p, True).cast(x.dtype) if axes else x.abs()
 
 
 __all__ = ["max_pool", "max_pool_indices", "avg_pool", "lp_pool", "global_avg_pool",

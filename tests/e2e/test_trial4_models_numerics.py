@@ -53,3 +53,26 @@ def test_constant_of_shape_weights(tmp_path):
     errors = [line for line in f.report_dict()["log"] if "error:" in line]
     assert not errors, errors[:3]
     np.testing.assert_allclose(f.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_half_global_average_pool_of_a_large_map(tmp_path):
+    """An f16 CNN's GlobalAveragePool over a 64x64 map of values about 30 (a squeeze-excite
+    block at high resolution): lumc gave inf (its sum rounded to f16 before the division, 122880 >
+    65504) on every path, where onnxruntime and the exact mean give 30."""
+    import lumc
+    p = _save(tmp_path, "gap16", [helper.make_node("GlobalAveragePool", ["x"], ["y"])],
+              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4, 64, 64])],
+              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 4, 1, 1])])
+    x = (30 + np.random.default_rng(0).standard_normal((1, 4, 64, 64))).astype(np.float16)
+    want = x.astype(np.float64).mean((2, 3), keepdims=True).astype(np.float16)
+    np.save(tmp_path / "x.npy", x)
+    for backend in ("reference", "triton"):
+        res = lumc_cli("run", p, "--input", f"x={tmp_path / 'x.npy'}", "--check",
+                       "--backend", backend, "-o", tmp_path / "y.npz")
+        assert res.exit_code == 0, res.output
+        np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"].astype(np.float32),
+                                   want.astype(np.float32), rtol=1e-3)
+    f = lumc.compile(p, budget="30s", device="sim:h200", example_inputs={"x": x},
+                     reuse_plan=False, workers="local:1")
+    np.testing.assert_allclose(f.run({"x": x})["y"].astype(np.float32), want.astype(np.float32),
+                               rtol=1e-3)

@@ -178,6 +178,29 @@ def test_global_pools_match_numpy():
     assert np.isnan(run(global_max_pool, x)[0, 0, 0, 0])
 
 
+@pytest.mark.parametrize("dtype", [np.float16, dt.bf16.np], ids=["f16", "bf16"])
+def test_half_pools_sum_in_f32(dtype):
+    """An f16 GlobalAveragePool over 64x64 values of 30 gave inf (its sum, 122880, rounded to f16
+    before the division); an AveragePool's window sum rounded once more (999.5 for 1000), and the
+    Lp pools' sums of squares overflowed. They sum in f32 and round once, as ReduceMean and
+    ReduceL2 do: each result is its exact value rounded once to the dtype."""
+    def want(v):
+        return np.float32(v).astype(dtype).astype(np.float32)
+    x = np.full((1, 2, 64, 64), 30, np.float32).astype(dtype)
+    y = run(global_avg_pool, x)
+    assert y.dtype == x.dtype and (y.astype(np.float32) == want(30)).all(), y.ravel()
+    x = np.full((1, 2, 16, 16), 1000, np.float32).astype(dtype)
+    y = run(lambda t: avg_pool(t, [9, 9], pads=[4, 4, 4, 4]), x)
+    assert y.dtype == x.dtype and (y.astype(np.float32) == want(1000)).all(), np.unique(y)
+    y = run(lambda t: lp_pool(t, [3, 3], 2), x)
+    assert y.dtype == x.dtype and (y.astype(np.float32) == want(3000)).all(), np.unique(y)
+    y = run(lambda t: global_lp_pool(t, 2), x)
+    assert y.dtype == x.dtype and (y.astype(np.float32) == want(16000)).all(), np.unique(y)
+    if dtype == np.float16:   # onnxruntime has f16 GlobalAveragePool: it agrees
+        x = np.full((1, 2, 64, 64), 30, np.float16)
+        np.testing.assert_array_equal(run(global_avg_pool, x), ort_run("GlobalAveragePool", x))
+
+
 def test_pools_on_empty_batch():
     x = randn(0, 3, 6, 5)
     assert run(lambda t: max_pool(t, [2, 2], strides=[2, 2]), x).shape == (0, 3, 3, 2)
