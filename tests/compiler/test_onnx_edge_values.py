@@ -140,3 +140,18 @@ def test_exponential_units_give_the_sign_of_zero_of_the_spec(op, attrs):
     want = onnxruntime_outputs(m, {"x": x})[0]
     for path, (got,) in run_both(m, {"x": x}):
         assert_same_bits(got, want, path, rtol=1e-6)
+
+
+def test_f16_lrn_squares_beyond_f16_range():
+    """An f16 LRN over activations of a few hundred: the squares (90000 at 300) overflowed f16,
+    so the window sum was inf and every output 0; computed in f32 and rounded once it matches
+    the float64 formula (onnxruntime has no f16 LRN)."""
+    x = (RNG.standard_normal((1, 6, 3, 3)) * 200 + 300).astype(np.float16)
+    m = single_node("LRN", {"x": x}, size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    xd = x.astype(np.float64)
+    sq = np.pad(xd * xd, ((0, 0), (2, 2), (0, 0), (0, 0)))
+    win = sum(sq[:, i:i + 6] for i in range(5))
+    want = (xd / (1.0 + 1e-4 / 5 * win) ** 0.75).astype(np.float16)
+    for path, (got,) in run_both(m, {"x": x}):
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3,
+                                   err_msg=path)

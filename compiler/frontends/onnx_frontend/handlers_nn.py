@@ -169,8 +169,10 @@ def _mvn(ctx: OpContext):
 
 @handler("LRN")
 def _lrn(ctx: OpContext):
-    """``x / (bias + alpha/size * sum of x² over a window of channels)^beta``."""
-    x = ctx.input(0)
+    """``x / (bias + alpha/size * sum of x² over a window of channels)^beta``; f16/bf16 in f32,
+    rounded once (an f16 square passes 65504 from |x| = 256, where the result is finite)."""
+    x0 = ctx.input(0)
+    x = x0.cast(x0.dtype.accumulator) if x0.dtype.is_float else x0
     size = ctx.attr("size")
     alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
     if x.ndim < 3:
@@ -179,7 +181,7 @@ def _lrn(ctx: OpContext):
     pads[1] = ((size - 1) // 2, size - 1 - (size - 1) // 2)
     sq = x.mul(x).pad(pads).window(1, size).sum(2)
     base = sq.mul(scalar(alpha / size, x.dtype)).add(scalar(bias, x.dtype))
-    return x.div(base.pow(scalar(beta, x.dtype)))
+    return x.div(base.pow(scalar(beta, x.dtype))).cast(x0.dtype)
 
 
 # ---- convolution and pooling ----------------------------------------------------------------------
