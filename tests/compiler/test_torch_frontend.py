@@ -541,3 +541,33 @@ def test_a_compiled_module_saves_its_one_shape(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="no kernel search"):
         h.save(tmp_path / "n.lumc")
     assert not (tmp_path / "n.lumc").exists()
+
+
+class _HalfStats(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("var", lambda x: torch.var(x, -1)),
+    ("var_mean", lambda x: torch.var_mean(x, -1, correction=0)),
+    ("instance_norm", lambda x: F.instance_norm(x.reshape(2, 4, 256))),
+])
+def test_half_variance_sums_squares_in_f32(name, fn):
+    """f16 ``torch.var`` / ``var_mean`` and ``instance_norm`` (batch statistics) of values with
+    a spread of about 100: the squared deviations (up to ~1e5) were summed in f16, so the
+    variance was inf and the normalized output 0 or NaN; eager computes them in f32. Against eager
+    in float64, rounded to f16."""
+    torch.manual_seed(0)
+    x = (torch.randn(2, 1024) * 100 + 20).half()
+    m = _HalfStats(fn).eval()
+    got = lumc.compile(m, budget="20s", example_inputs=(x,), device="sim:h200", search=False)(x)
+    want = fn(x.double())
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float16 and torch.isfinite(g).all(), (name, g)
+        torch.testing.assert_close(g.double(), w.half().double(), rtol=2e-3, atol=2e-3)

@@ -133,8 +133,11 @@ def _min_dim(ctx, x, dim, keepdim=False):
 
 
 def _var_mean(x: Tensor, dim, correction, keepdim) -> tuple[Tensor, Tensor]:
-    """Two-pass variance ``sum((x - mean)^2) / (N - correction)`` (PyTorch's default correction 1)."""
-    x = float_of(x)
+    """Two-pass variance ``sum((x - mean)^2) / (N - correction)`` (PyTorch's default correction 1);
+    f16/bf16 in f32, rounded once, as eager (an f16 sum of squares passes 65504 where the
+    variance does not)."""
+    x0 = float_of(x)
+    x = x0.cast(x0.dtype.accumulator)
     axes = _axes(x, dim) or list(range(x.ndim))
     n = prod(x.shape[a] for a in axes)
     c = 1 if correction is None else correction
@@ -143,7 +146,7 @@ def _var_mean(x: Tensor, dim, correction, keepdim) -> tuple[Tensor, Tensor]:
     ss = d.mul(d).sum(axes, keepdims=bool(keepdim))
     # N <= correction divides by zero: inf, or NaN where the sum is 0, as PyTorch
     var = ss.mul(float("inf")) if n - c <= 0 else ss.mul(1.0 / (n - c))
-    return var, (mean if keepdim else mean.reshape(ss.shape))
+    return var.cast(x0.dtype), (mean if keepdim else mean.reshape(ss.shape)).cast(x0.dtype)
 
 
 @aten("var.correction")
@@ -300,9 +303,12 @@ def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
 
 
 def _batch_stats(x: Tensor, eps) -> tuple[Tensor, Tensor]:
-    """Per-channel mean and ``1/sqrt(var + eps)`` over every dim but 1 (biased variance)."""
+    """Per-channel mean and ``1/sqrt(var + eps)`` over every dim but 1 (biased variance), in the
+    accumulation dtype of ``x``'s float dtype: f16/bf16 in f32 (their squares overflow f16 from
+    256)."""
     axes = [0] + list(range(2, x.ndim))
-    xc = float_of(x)
+    xf = float_of(x)
+    xc = xf.cast(xf.dtype.accumulator)
     mean = xc.mean(axes, keepdims=True)
     d = xc.sub(mean)
     rstd = d.mul(d).mean(axes, keepdims=True).add(float(eps)).rsqrt()
@@ -314,12 +320,14 @@ def _bn_batch_stats(x, weight, bias, eps):
     mean, rstd = _batch_stats(x, eps)
     c = x.shape[1]
     shape = (1, c) + (1,) * (x.ndim - 2)
-    y = float_of(x).sub(mean).mul(rstd)
+    xf = float_of(x)
+    y = xf.cast(mean.dtype).sub(mean).mul(rstd)        # in f32 for f16/bf16, rounded once
     if weight is not None:
         y = y.mul(weight.cast(y.dtype).reshape(shape))
     if bias is not None:
         y = y.add(bias.cast(y.dtype).reshape(shape))
-    return y.cast(x.dtype), mean.reshape((c,)), rstd.reshape((c,))
+    return (y.cast(x.dtype), mean.reshape((c,)).cast(xf.dtype),
+            rstd.reshape((c,)).cast(xf.dtype))
 
 
 @aten("_native_batch_norm_legit.no_stats")
