@@ -297,14 +297,20 @@ def decode_form(name: str, args: list) -> Node:
         return norm.softmax(_t(args[0]), int(args[1])).node
     if name in ("LayerNorm", "RMSNorm"):
         x, axis, eps = _t(args[0]), int(args[1]), float(args[2])
-        axes = tuple(range(axis, x.ndim))
+        axes = tuple(range(axis % x.ndim if x.ndim else 0, x.ndim))    # axis -1: the last dim
         eps_t = np.asarray(eps, dtype=x.dtype.np)
+        # the form's arithmetic is x's dtype, as the patterns it folds compute it (Tensor.mean
+        # widens f16/bf16 to f32; a form over f16 is f16 sums, what its rules matched)
+        n = int(np.prod([x.shape[a] for a in axes]))
+
+        def mean(t):
+            return t.sum(axes, keepdims=True).mul(1.0 / n if n else np.nan)
         if name == "LayerNorm":
-            mean = x.mean(axes, keepdims=True)
-            d = x.sub(mean)
-            var = d.mul(d).mean(axes, keepdims=True)
-            return x.sub(mean).mul(var.add(Tensor.const(eps_t)).sqrt().recip()).node
-        ms = x.mul(x).mean(axes, keepdims=True)
+            m = mean(x)
+            d = x.sub(m)
+            var = mean(d.mul(d))
+            return x.sub(m).mul(var.add(Tensor.const(eps_t)).sqrt().recip()).node
+        ms = mean(x.mul(x))
         return x.mul(ms.add(Tensor.const(eps_t)).sqrt().recip()).node
     if name.startswith("Attention"):
         q, kt, v, s = (_t(a) for a in args[:4])

@@ -30,8 +30,6 @@ STORAGE_NP = {d.np for d in dt.STORAGE_DTYPES}
 SEED = 14
 
 _BF16 = "bf16 arithmetic is wrong in the Triton interpreter (DESIGN.md); GPU-only"
-_DOT1 = ("a contraction with a single row renders tl.dot on rank-1 tiles, which Triton refuses "
-         "(recurrent cells and linear attention at batch 1)")
 _F16 = ("fp16: the fused kernel computes in fp32 and rounds once, the ONNX reference rounds every "
         "op; 1 fp16 ulp apart at 2 elements, just over rtol 1e-3")
 
@@ -53,12 +51,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         # round-to-nearest-even gives 0.4805); a GPU's cvt.rn.bf16.f32 rounds
         "test_cast_FLOAT_to_BFLOAT16", "test_castlike_FLOAT_to_BFLOAT16",
         "test_castlike_FLOAT_to_BFLOAT16_expanded")},
-    **{(c, "triton"): _DOT1 for c in (
-        "test_gru_batchwise", "test_gru_defaults", "test_gru_seq_length", "test_gru_with_initial_bias",
-        "test_lstm_batchwise", "test_lstm_defaults", "test_lstm_with_initial_bias",
-        "test_rnn_seq_length", "test_simple_rnn_batchwise", "test_simple_rnn_defaults",
-        "test_simple_rnn_with_initial_bias", "test_linear_attention_delta",
-        "test_linear_attention_delta_expanded")},
     **{(c, "compiled"): _BF16_FUSED for c in (
         "test_attention_3d_causal_bf16", "test_attention_3d_causal_bf16_expanded",
         "test_attention_4d_attn_mask_causal_bf16", "test_attention_4d_attn_mask_causal_bf16_expanded",
