@@ -128,7 +128,9 @@ class RowKernel:
         if r.op == "SumReduce":
             return f"tl.sum({tile}, axis=1)"
         if not r.dtype.is_float:
-            return f"tl.max({tile}, axis=1)"
+            # tl.max widens int1/int8/int16 to int32: back to the reduction's dtype (a bool
+            # result is a tl.where condition, which must be int1)
+            return f"tl.max({tile}, axis=1).to({exprs.tl_dtype(acc_dtype(r))})"
         m = self.w.bind(f"tl.max({tile}, axis=1)", "m", level)
         nan = self.w.bind(f"tl.max(({tile} != {tile}).to(tl.int8), axis=1) > 0", "nan", level)
         return f"tl.where({nan}, float('nan'), {m})"

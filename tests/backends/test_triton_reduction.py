@@ -99,3 +99,21 @@ def test_reduction_over_size_one_axis_is_pointwise():
     kern = make_kernel("reduction", lambda x: x.sum(1) * 2.0, [((127, 1), dt.f16)])
     assert render(kern).variant == "flat"
     check(kern)
+
+
+@pytest.mark.parametrize("k", [7, 4097])
+def test_bool_max_used_as_a_condition_stays_bool(k):
+    """``torch.where(torch.isinf(x).any(), a, b)`` (T5's fp16 clamp): Triton's ``tl.max`` of an
+    int1 tile returns int32, which fed ``tl.where`` as its condition (deprecated, "will error out
+    in a future triton release"); the reduced value is cast back to the reduction's dtype."""
+    import warnings
+    from lumc.ir.tensor import Tensor
+    kern = make_kernel("reduction", lambda x: x.isinf().max((0, 1)).where(
+        Tensor.const(np.float32(1.0)), Tensor.const(np.float32(2.0))), [((3, k), dt.f16)])
+    x = np.ones((3, k), np.float16)
+    for val in (1.0, np.inf):
+        x[1, k // 2] = val
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="tl.where with a non-boolean condition")
+            tk = check(kern, {"in0": x})
+        assert tk.rendered.variant in ("one-pass", "looped")
