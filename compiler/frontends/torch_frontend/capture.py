@@ -68,17 +68,20 @@ DATA_DEPENDENT_HINT = (" (the module uses a tensor's value as an index, size or 
 
 @contextlib.contextmanager
 def quiet_tracing():
-    """Hold back what torch prints while it traces (a failing trace prints its partial FX graph
-    to stdout): shown after a successful trace (the module's own prints), dropped after a failure,
-    which the caller reports in one line. torch's deprecation of ``isinstance(treespec, LeafSpec)``,
-    which torch.export's own deep copies of pytree specs trip, is not shown (nothing a user can act
-    on; under ``-W error`` it failed the export)."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), warnings.catch_warnings():
+    """Hold back what torch prints while it traces (a failing ``torch.export`` prints its partial
+    FX graph to stderr, ``_trace.py``): stdout and stderr are shown after a successful trace (the
+    module's own prints), dropped after a failure, which the caller reports in one line. torch's
+    deprecation of ``isinstance(treespec, LeafSpec)``, which torch.export's own deep copies of
+    pytree specs trip, is not shown (nothing a user can act on; under ``-W error`` it failed the
+    export)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                                 category=FutureWarning)
         yield
-    sys.stdout.write(buf.getvalue())
+    sys.stdout.write(out.getvalue())
+    sys.stderr.write(err.getvalue())
 
 
 def decomposition_table():
