@@ -77,3 +77,25 @@ def test_norm_forms_one_pass_and_looped(ctor, form, args, d):
     tk = check(kern, variant="looped", config=LOOP)
     if form != "rmsnorm":   # the online merge recognizes the decoded composition too
         assert ("online softmax" if form == "softmax" else "Chan/Welford") in tk.source
+
+
+@pytest.mark.parametrize("d", [dt.f32, dt.f16], ids=str)
+def test_decoded_norm_forms_normalize_each_row(d):
+    """``decode_form("LayerNorm", [x, -1, eps])`` reduced over every dim (``range(-1, rank)``),
+    and an f16 form's means would now widen (``Tensor.mean``): the form is per row over the last
+    dim, in ``x``'s dtype, against numpy in float64."""
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.ir.graph import Graph
+    from lumc.rewrites.language import decode_form
+    x = input_node("x", (5, 33), d)
+    v = np.random.default_rng(0).standard_normal((5, 33)).astype(d.np) * 3 + 1
+    for name, axis in (("LayerNorm", -1), ("LayerNorm", 1), ("RMSNorm", -1)):
+        out = decode_form(name, [x, axis, 1e-5])
+        assert {n.dtype for n in Graph({"x": x}, {"y": out}).nodes()} == {d}    # no widening
+        got = ReferenceExecutor(Graph({"x": x}, {"y": out}), "float64")({"x": v})["y"]
+        w = v.astype(np.float64)
+        if name == "LayerNorm":
+            w = w - w.mean(-1, keepdims=True)
+        want = w / np.sqrt((w * w).mean(-1, keepdims=True) + 1e-5)
+        tol = 1e-5 if d == dt.f32 else 1e-2        # f16 arithmetic: a few ulps of 1
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=tol, err_msg=name)
