@@ -3,7 +3,8 @@
 A row is keyed by the kernel's content hash, its config, the device name, and the lumc, Triton and
 driver versions: a timing from another version or device is never trusted, only ignored. A database
 that cannot be read is set aside (renamed ``*.corrupt-<time>``) with a warning and rebuilt; it never
-crashes a compile. Writes commit immediately, so a compile interrupted with Ctrl-C keeps every
+crashes a compile. One a newer lumc wrote (a higher schema) is another version's, and is left as it
+is: the compile warns and keeps its timings in memory. Writes commit immediately, so a compile interrupted with Ctrl-C keeps every
 timing measured so far.
 """
 from __future__ import annotations
@@ -60,6 +61,10 @@ _COLUMNS = ("kernel_hash TEXT, config TEXT, device TEXT, lumc_version TEXT, trit
 _CORRUPT_CODES = (11, 26)
 
 
+class _NewerSchema(sqlite3.DatabaseError):
+    """A readable database another (newer) lumc wrote: its timings are that version's, kept."""
+
+
 def _corrupt(err: Exception) -> bool:
     """``err`` says the database file itself is damaged (or has another schema: lumc's own
     DatabaseError, which has no SQLite code)."""
@@ -92,6 +97,8 @@ class TuningDatabase:
                                     "or set LUMC_CACHE_DIR to another folder")
             try:
                 self._conn = self._open()
+            except _NewerSchema as e:   # another version's timings: left as they are
+                self._conn = self._in_memory(e)
             except sqlite3.DatabaseError as e:
                 self._conn = self._set_aside_and_rebuild(e) if _corrupt(e) else \
                     self._in_memory(e)
@@ -111,6 +118,10 @@ class TuningDatabase:
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif row[0] != str(SCHEMA_VERSION):
+            if str(row[0]).isdigit() and int(row[0]) > SCHEMA_VERSION:
+                conn.close()
+                raise _NewerSchema(f"schema {row[0]}, written by a newer lumc; this one reads "
+                                   f"schema {SCHEMA_VERSION}")
             raise sqlite3.DatabaseError(f"schema {row[0]}, expected {SCHEMA_VERSION}")
         conn.execute(f"""CREATE TABLE IF NOT EXISTS timings ({_COLUMNS},
             PRIMARY KEY (kernel_hash, config, device, lumc_version, triton_version, driver_version))""")
@@ -119,8 +130,15 @@ class TuningDatabase:
 
     def _in_memory(self, err: Exception) -> sqlite3.Connection:
         """The database file cannot be used for a reason outside it (a full disk, a read-only
-        folder, an I/O error): it is left as it is, and this compile keeps its timings in memory."""
-        self._warn_unwritable(err)
+        folder, an I/O error, a newer lumc's schema): it is left as it is, and this compile keeps
+        its timings in memory."""
+        if isinstance(err, _NewerSchema):
+            warnings.warn(f"lumc: tuning database {self.path} has {err}: it is left as it is and "
+                          "this compile's timings are not kept (give each lumc version its own "
+                          "LUMC_CACHE_DIR)", RuntimeWarning, stacklevel=4)
+            self.write_failed = True
+        else:
+            self._warn_unwritable(err)
         conn = sqlite3.connect(":memory:", isolation_level=None)
         conn.execute(f"""CREATE TABLE timings ({_COLUMNS},
             PRIMARY KEY (kernel_hash, config, device, lumc_version, triton_version, driver_version))""")

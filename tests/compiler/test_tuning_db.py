@@ -163,3 +163,40 @@ def test_an_unwritable_kernel_cache_falls_back_to_a_private_temp_dir(tmp_path, m
         d = cache.cache_dir()
     assert not str(d).startswith(str(tmp_path)) and d.is_dir() and os.access(d, os.W_OK)
     assert cache.cache_dir() == d                      # decided once
+
+
+def test_a_newer_lumcs_database_is_left_as_it_is(tmp_path):
+    """A database with a higher schema (a newer lumc sharing the cache) was set aside as corrupt,
+    so two versions discarded each other's timings on every compile. It is left untouched, with a
+    warning, and this compile keeps its timings in memory; an older or unreadable schema is still
+    set aside and rebuilt."""
+    import sqlite3
+    p = tmp_path / "tuning.sqlite"
+    db = TuningDatabase(p)
+    db.put(key(), Timing(2e-6, True, True))
+    db.close()
+    con = sqlite3.connect(p)
+    con.execute("UPDATE meta SET v='2' WHERE k='schema'")
+    con.commit()
+    con.close()
+    with pytest.warns(RuntimeWarning, match="schema 2, written by a newer lumc"):
+        db = TuningDatabase(p)
+    assert db.recovered_from is None and db.set_aside_files() == []
+    assert db.get(key()) is None                      # not this version's timings
+    db.put(key(kernel_hash="b"), Timing(1e-6, True, True))      # kept in memory
+    assert db.get(key(kernel_hash="b")).seconds == pytest.approx(1e-6)
+    db.close()
+    con = sqlite3.connect(p)                          # the newer version's file is intact
+    assert con.execute("SELECT v FROM meta WHERE k='schema'").fetchone() == ("2",)
+    assert con.execute("SELECT COUNT(*) FROM timings").fetchone() == (1,)
+    con.close()
+    for old in ("0", "abc"):
+        con = sqlite3.connect(p)
+        con.execute("UPDATE meta SET v=? WHERE k='schema'", (old,))
+        con.commit()
+        con.close()
+        with pytest.warns(RuntimeWarning, match="was unreadable"):
+            db = TuningDatabase(p)
+        assert db.recovered_from is not None
+        db.put(key(), Timing(2e-6, True, True))
+        db.close()
