@@ -461,3 +461,19 @@ def test_torch_compile_backend_search_option_takes_only_bools():
     gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
     with pytest.raises(lumc.InputError, match=r"options\['search'\]='no': expected True or False"):
         lumc_backend(gm, [torch.randn(2, 4)], options={"search": "no", "budget": "10s"})
+
+
+def test_a_model_pickled_on_a_gpu_unpickles_on_a_cpu_host(dyn_relu, cache_dir):
+    """The pickle names the device the model ran on; read where there is no GPU (a model
+    pickled on a GPU host, read on a CPU one), it loads where ``lumc.load`` would put it."""
+    import pickle
+
+    from lumc.compiler.runtime.targets import _cuda_available
+    if _cuda_available():
+        pytest.skip("needs a machine without a CUDA GPU")
+    f = lumc.compile(str(dyn_relu), budget="20s", device="sim:h200", shapes={"n": 4})
+    f.torch_device = "cuda:0"                 # as pickled on a GPU host
+    g = pickle.loads(pickle.dumps(f))
+    assert g.torch_device == "cpu"
+    x = np.random.default_rng(7).standard_normal((4, 32)).astype(np.float32)
+    np.testing.assert_allclose(g(x), _want(x), rtol=1e-5, atol=1e-5)
