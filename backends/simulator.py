@@ -11,6 +11,9 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
   share hits L2 (``L2_HIT``). Padding a ragged edge up to a whole tile counts as work.
 * **Tile efficiency** of tensor-core kernels grows with the tile's area and with software
   pipelining (``num_stages``); small tiles cannot feed the tensor cores.
+* **MMA path**: a tile Triton lowers to warpgroup MMA (``warpgroup_mma``: HGMMA/QGMMA) runs at
+  the dense peak; a smaller one takes per-warp ``mma.sync`` (HMMA) at ``MMA_SYNC_SHARE`` (2/3) of
+  it, and an fp8 one converts its operands to fp16 first.
 * **SM fill**: a grid of fewer programs than SMs computes at ``programs / SMs`` of the peak (an
   idle SM's cores do nothing); this is what split-K and smaller tiles buy for skinny problems.
 * **Wave quantization**: ``programs`` thread blocks run in waves of ``sm_count * blocks_per_sm``,
@@ -107,26 +110,44 @@ class Contraction:
     operands_b: int = 1
 
 
+# Share of the tensor-core peak that the per-warp ``mma.sync`` path (SASS ``HMMA``) reaches on
+# Hopper: "the older mma.sync instruction can only reach about 2/3 the peak throughput of the Hopper
+# Tensor Cores" (Shah et al., "FlashAttention-3", arXiv:2407.08608, sec. 2.2, citing Luo et al.,
+# "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", arXiv:2402.13499). The dense
+# peaks of ``DeviceSpec.tensor_flops`` are warpgroup-MMA (wgmma: HGMMA, QGMMA) figures.
+MMA_SYNC_SHARE = 2.0 / 3.0
+
+
 def warpgroup_mma(cfg: dict) -> bool:
     """True when Triton lowers the config's ``tl.dot`` to Hopper's warpgroup MMA (wgmma: HGMMA,
-    QGMMA): ``num_warps`` a multiple of 4 and at least 64 rows per warpgroup (``BLOCK_M >= 16 *
-    num_warps``). Smaller tiles take the per-warp ``mma.sync`` path, where e4m3 operands are
-    converted to fp16 first. Source: the SASS of every matmul of the README's models compiled for
-    sm_90 with Triton 3.9 (``lumc inspect --aot cuda:90``): QGMMA only at warpgroup tiles,
-    HMMA.16816.F32 (fp16) at the others."""
+    QGMMA): ``num_warps`` a multiple of 4, ``BLOCK_M`` a multiple of 64 and ``BLOCK_N`` of 8
+    (Triton 3.x ``supportMMA(dot, 3)`` in ``AccelerateMatmul``: the warps of a warpgroup may tile N,
+    so 64 rows suffice whatever the warp count). Other tiles take the per-warp ``mma.sync`` path
+    (HMMA), where e4m3 operands are converted to fp16 first. Source: the SASS of an fp8 matmul
+    compiled for sm_90 with Triton 3.9 (``lumc inspect --aot cuda:90``): QGMMA at BLOCK_M 64 with 4
+    or 8 warps and at 128 with 4 or 8; HMMA.F32 (fp16) at BLOCK_M 16 and 32 (4 and 8 warps)."""
     w = int(cfg.get("num_warps", 4))
-    return w % 4 == 0 and int(cfg.get("BLOCK_M", 64)) >= 16 * w
+    bm, bn = int(cfg.get("BLOCK_M", 64)), int(cfg.get("BLOCK_N", 64))
+    return w % 4 == 0 and bm >= 64 and bm % 64 == 0 and bn % 8 == 0
 
 
 def dot_peak(dev: DeviceSpec, cfg: dict, operand_dtype: str) -> float:
     """FLOP/s of a contraction config: the peak of its ``PRECISION`` knob (``DeviceSpec.dot_peak``:
-    ``ieee`` on CUDA cores, ``tf32x3`` a third of TF32, ...), else the operand dtype's tensor peak."""
+    ``ieee`` on CUDA cores, ``tf32x3`` a third of TF32, ...), else the operand dtype's tensor peak;
+    a tile on the ``mma.sync`` path (not :func:`warpgroup_mma`) at :data:`MMA_SYNC_SHARE` of it."""
     p = cfg.get("PRECISION")
-    if p == "fp8" and not warpgroup_mma(cfg):
+    wgmma = warpgroup_mma(cfg)
+    if p == "fp8" and not wgmma:
         p = "fp16"      # the per-warp MMA path converts e4m3 to fp16 (HMMA.16816.F32 in the SASS)
-    if p is not None:
+    if p == "ieee":
         return dev.dot_peak(p)
-    return dev.tensor_flops.get(operand_dtype, min(dev.vector_flops.values()))
+    if p is not None:
+        peak = dev.dot_peak(p)
+    elif operand_dtype in dev.tensor_flops:
+        peak = dev.tensor_flops[operand_dtype]
+    else:
+        return min(dev.vector_flops.values())
+    return peak if wgmma else peak * MMA_SYNC_SHARE
 
 
 FP8_SCALE_OPS = 6   # CUDA-core ops per operand element per K step: abs, max, div, clamp (2), convert

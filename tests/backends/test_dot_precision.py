@@ -180,8 +180,40 @@ def test_fp8_below_a_warpgroup_tile_is_priced_as_fp16():
     small = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "PRECISION": "fp8"}
     big = {**small, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}
     assert not warpgroup_mma(small) and warpgroup_mma(big)
-    assert dot_peak(devices.H200, small, "f32") == devices.H200.dot_peak("fp16")
+    assert dot_peak(devices.H200, small, "f32") == devices.H200.dot_peak("fp16") * 2 / 3
     assert dot_peak(devices.H200, big, "f32") == devices.H200.dot_peak("fp8")
+
+
+def test_warpgroup_mma_follows_tritons_rule_not_warps_per_row():
+    """Triton lowers a dot to wgmma when num_warps % 4 == 0 and BLOCK_M % 64 == 0 (the warps of a
+    warpgroup tile N): the SASS of an fp8 matmul at BLOCK_M=64, BLOCK_N=32, 8 warps (chosen by
+    ``--precision fp8`` for a 256x512x1024 MLP) is QGMMA, so it is priced at the fp8 peak, not at
+    fp16 (the old rule asked BLOCK_M >= 16 * num_warps); BLOCK_M 16/32 and 3 warps stay mma.sync."""
+    from lumc.backends.simulator import dot_peak, warpgroup_mma
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "PRECISION": "fp8"}
+    assert warpgroup_mma(cfg)
+    assert dot_peak(devices.H200, cfg, "f32") == devices.H200.dot_peak("fp8") == 1978.9e12
+    for bm, w in ((16, 4), (32, 4), (32, 8), (64, 2)):
+        assert not warpgroup_mma({**cfg, "BLOCK_M": bm, "num_warps": w}), (bm, w)
+    assert warpgroup_mma({**cfg, "BLOCK_M": 128, "num_warps": 16})
+
+
+def test_mma_sync_tiles_are_priced_at_two_thirds_of_the_wgmma_peak():
+    """Below a warpgroup tile Triton emits per-warp ``mma.sync`` (SASS HMMA: the conv chosen at
+    ``--precision tf32``, BLOCK_M=32, 8 warps, runs HMMA.1688.F32.TF32), which reaches about 2/3 of
+    Hopper's tensor peak (FlashAttention-3, arXiv:2407.08608); the dense peaks are wgmma figures.
+    Every tensor precision pays it, and the simulated time follows; ieee (FFMA) does not."""
+    from lumc.backends.simulator import dot_peak
+    dev = devices.H200
+    small = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8}
+    big = {**small, "BLOCK_M": 64}
+    for prec in ("tf32", "tf32x3", "bf16", "fp16"):
+        assert dot_peak(dev, {**big, "PRECISION": prec}, "f32") == dev.dot_peak(prec)
+        assert dot_peak(dev, {**small, "PRECISION": prec}, "f32") == \
+            pytest.approx(dev.dot_peak(prec) * 2 / 3, rel=1e-12)
+    assert dot_peak(dev, small, "bf16") == pytest.approx(989.4e12 * 2 / 3, rel=1e-12)
+    assert dot_peak(dev, {**small, "PRECISION": "ieee"}, "f32") == pytest.approx(66.9e12)
+    assert dot_peak(dev, {**small, "PRECISION": "tf32"}, "f32") == pytest.approx(494.7e12 * 2 / 3)
 
 
 def test_contraction_dims_see_through_a_weight_prologue():
