@@ -432,6 +432,20 @@ def too_small(budget_s: float, left: float, n: int) -> BudgetError:
                        f"budget ({BUDGET_KNOBS})")
 
 
+def bucket_share(left: float, weights: list[float]) -> tuple[float, bool]:
+    """``(seconds, short)`` for the first of the buckets left (``weights``, its own first) when
+    ``left`` seconds remain: each gets :data:`MIN_BUCKET_S` and what is over that is shared by
+    weight. The budget held every bucket's minimum when they began (``_compile_ranges``), so a
+    bucket left less (``short``) was short-changed by the ones before it overrunning their shares
+    (their end checks): it takes its weight's part of what is left, at nothing its best-bound
+    plan untimed, still checked at both ends (the range compile's hard deadline, budget + grace,
+    bounds it), and its report says so."""
+    spare = left - MIN_BUCKET_S * len(weights)
+    if spare < 0:
+        return max(0.0, left) * weights[0] / sum(weights), True
+    return MIN_BUCKET_S + spare * weights[0] / sum(weights), False
+
+
 def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe, programs, fe_p,
                     stored, wstats, egraph_stats, fixed, axes, compile_bucket, table):
     """One size bucket: its search at the representative size, its plan checked at both ends."""
@@ -440,13 +454,7 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
     from lumc.compiler.core.measure import max_rel_error
     from lumc.compiler.core.precision import integer_error
     from lumc.compiler.core.precision_gate import reference_outputs
-    left = budget_s - (clock() - t0)
-    # the budget was enough for every bucket's minimum when they began (_compile_ranges); a
-    # bucket left with less, by the ones before it overrunning their shares (their end checks),
-    # takes what is left: at nothing, its best-bound plan untimed, still checked at both ends;
-    # the range compile's hard deadline (budget + grace) bounds it, and the report says so
-    share = max(0.0, left) * weights[bi] / sum(weights[bi:])
-    short = share < MIN_BUCKET_S
+    share, short = bucket_share(budget_s - (clock() - t0), weights[bi:])
     rep = {k: hi for k, (lo, hi) in box.items()}
     r = Resizer({probe[k]: rep[k] // ranges[k].step for k in ranges}, table)
     progs = []
@@ -506,11 +514,12 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
     report["end_checks"] = checks
     if short:
         spans = ", ".join(f"{k}={lo}..{hi}" for k, (lo, hi) in box.items())
+        how = ("the best-bound candidate, untimed" if cm.report_dict().get("best_time_s") is None
+               else "from a short search")
         report.setdefault("warnings", []).append(
             f"size bucket {spans} had {share:.1f} s of the budget left (the larger buckets before "
-            f"it overran their shares), less than {MIN_BUCKET_S:g} s: its plan is "
-            f"{'the best-bound candidate, untimed' if cm.report_dict().get('best_time_s') is None else 'from a short search'}"
-            "; a larger budget times more")
+            f"it overran their shares), less than {MIN_BUCKET_S:g} s: its plan is {how}; a larger "
+            "budget times more")
     template = type(cm)(stored, chosen_p, cm.configs, cm.device, cm.simulated, report,
                         fe_p.source_onnx, cm.torch_device)
     key = VariantKey({k: v for k, v in fixed.items() if isinstance(v, int)},

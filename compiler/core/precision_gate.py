@@ -240,8 +240,8 @@ def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict)
     """The line of a plan at ``policy`` that missed the quality gate (``quality``) and is compiled
     at ``down`` instead. A plan none of whose contractions runs at the policy's own precision
     (``fp8`` whose contractions were all faster at bf16; ``auto`` that chose nothing below bf16)
-    measured the lower precision's plan, not its own, and the line says so: when that precision misses the gate too, its own line repeats
-    the figure for that reason."""
+    measured the lower precision's plan, not its own, and the line says so: when that precision
+    misses the gate too, its own line repeats the figure for that reason."""
     own = f"precision {policy.precision} (weights {policy.weights})"
     dots = sorted({p for p in quality.get("kernel_precision", []) if p is not None},
                   key=_rank, reverse=True)

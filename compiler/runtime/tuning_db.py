@@ -4,8 +4,8 @@ A row is keyed by the kernel's content hash, its config, the device name, and th
 driver versions: a timing from another version or device is never trusted, only ignored. A database
 that cannot be read is set aside (renamed ``*.corrupt-<time>``) with a warning and rebuilt; it never
 crashes a compile. One a newer lumc wrote (a higher schema) is another version's, and is left as it
-is: the compile warns and keeps its timings in memory. Writes commit immediately, so a compile interrupted with Ctrl-C keeps every
-timing measured so far.
+is: the compile warns and keeps its timings in memory. Writes commit immediately, so a compile
+interrupted with Ctrl-C keeps every timing measured so far.
 """
 from __future__ import annotations
 

@@ -462,6 +462,16 @@ def test_buckets_after_an_overrun_take_what_is_left_instead_of_failing(db, monke
     ``examples/gpt2.py --layers 1 --budget 30s`` ended in that traceback. The budget is judged
     before any bucket; a bucket left less than its minimum compiles its best-bound plan (checked
     at both ends) and the report says so."""
+    # every bucket gets its minimum before the rest is shared by weight: spent as planned, the
+    # last (least weight) is not short (by weight alone it had 1/15 of 9 s, under 2 s)
+    weights, left = [8.0, 4.0, 2.0, 1.0], 9.0
+    for i in range(4):
+        share, short = B.bucket_share(left, weights[i:])
+        assert share >= B.MIN_BUCKET_S and not short, (i, share)
+        left -= share
+    assert left == pytest.approx(0.0, abs=1e-9)
+    assert B.bucket_share(1.0, [2.0, 1.0]) == (pytest.approx(2 / 3), True)    # after an overrun
+    m = encoder()
     compile_bucket = B._compile_bucket
 
     def overrun_after_the_first(bi, box, boxes, weights, budget_s, t0, *rest):
@@ -469,7 +479,6 @@ def test_buckets_after_an_overrun_take_what_is_left_instead_of_failing(db, monke
             t0 -= budget_s
         return compile_bucket(bi, box, boxes, weights, budget_s, t0, *rest)
     monkeypatch.setattr(B, "_compile_bucket", overrun_after_the_first)
-    m = encoder()
     f = lumc.compile(m, budget="30s", device="sim:h200", db=db, shapes={"L": (1, 64)})
     r = f.report_dict()
     short = [w for w in r["warnings"] if w.startswith("size bucket L=")]
