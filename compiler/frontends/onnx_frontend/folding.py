@@ -44,11 +44,13 @@ def _machine_bytes() -> int | None:
         return None
 
 
-def _check_fold_size(n: Node) -> None:
+def _check_fold_size(n: Node, evaluated) -> None:
     """Refuse to evaluate a constant whose computation reads or writes a value larger than this
     machine's memory: a ``ConstantOfShape`` of [1e8, 1e8] is one scalar broadcast, and a
     ``ReduceSum`` of it ran numpy over 1e16 elements for hours, past the budget and deaf to
-    SIGINT and SIGTERM (numpy's loop never returns to Python).
+    SIGINT and SIGTERM (numpy's loop never returns to Python). The walk counts an ``evaluated``
+    node (a held value, which a broadcast may hold cheaply at any size) but does not go past it,
+    so folding a chain does not walk it again for each node.
 
     Raises:
         ModelError: naming the shape, dtype and bytes of the largest such value.
@@ -64,7 +66,8 @@ def _check_fold_size(n: Node) -> None:
         seen.add(id(m))
         if big is None or m.numel * m.dtype.np.itemsize > big.numel * big.dtype.np.itemsize:
             big = m
-        stack.extend(m.srcs)
+        if m not in evaluated:   # a held value (a cheap broadcast view, too) is read at its size
+            stack.extend(m.srcs)
     need = big.numel * big.dtype.np.itemsize if big is not None else 0
     if need > mem:
         raise ModelError(f"a constant computed from a value of shape {list(big.shape)} "
@@ -144,7 +147,7 @@ class ConstantFolder:
             return None
         v = self._values.get(n)
         if v is None:
-            _check_fold_size(n)
+            _check_fold_size(n, self._values)
             v = ReferenceExecutor(Graph({}, {"v": n}))({})["v"]
             self._values[n] = v
         return v
