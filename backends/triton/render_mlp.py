@@ -154,7 +154,9 @@ def render_mlp(kernel: Kernel) -> KernelParts:
             col = ev.value(o, stats[0].row_idx, None, 1)
             w.line(f"tl.store({name}_ptr + rm[:, None], {col}, mask=rm_mask[:, None])")
         w.close()
-    w.line(f"tl.static_assert(tl.cdiv({N}, BLOCK_N) <= {MLP_ACCS}, "
+    # integer arithmetic on the constexpr, not tl.cdiv: Triton 3.6 (the GPU image's) does not fold
+    # a tl.cdiv of a constexpr at compile time, and refuses the assertion
+    w.line(f"tl.static_assert(({N} + BLOCK_N - 1) // BLOCK_N <= {MLP_ACCS}, "
            "'an mlp config covers the output columns in MLP_ACCS column tiles')")
     w.line("# MLP_ACCS column tiles of the partial product, live across the F_TILES F blocks (one")
     w.line(f"# accumulator per BLOCK_N columns: a config has cdiv({N}, BLOCK_N) <= {MLP_ACCS})")
