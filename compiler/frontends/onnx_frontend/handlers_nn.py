@@ -254,17 +254,11 @@ def _global_lp_pool(ctx: OpContext):
 
 
 # ---- resizing -------------------------------------------------------------------------------------
-def _check_resize(node: onnx.NodeProto, opset: int) -> str | None:
-    if _attr_of(node, "antialias"):
-        return "antialias=1"
-    return None
-
-
 def _nonempty(v: np.ndarray | None) -> np.ndarray | None:
     return None if v is None or v.size == 0 else v
 
 
-@handler("Resize", requires=["resize.resize"], check=_check_resize)
+@handler("Resize", requires=["resize.resize"])
 def _resize(ctx: OpContext):
     x = ctx.input(0)
     if ctx.opset < 11:
@@ -285,7 +279,8 @@ def _resize(ctx: OpContext):
         extrapolation_value=ctx.attr("extrapolation_value", 0.0),
         roi=None if roi is None else [float(r) for r in roi.reshape(-1)],
         axes=ctx.attr("axes"),
-        keep_aspect_ratio_policy=ctx.attr("keep_aspect_ratio_policy", "stretch"))
+        keep_aspect_ratio_policy=ctx.attr("keep_aspect_ratio_policy", "stretch"),
+        antialias=int(ctx.attr("antialias", 0)))
 
 
 @handler("Upsample", requires=["resize.resize"])
