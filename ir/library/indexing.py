@@ -326,12 +326,20 @@ def depth_to_space(x: Tensor, blocksize: int, mode: str = "DCR") -> Tensor:
     return y.reshape((n, cc, h * b, w * b))
 
 
-def space_to_depth(x: Tensor, blocksize: int) -> Tensor:
-    """ONNX ``SpaceToDepth`` on ``[N, C, H, W]`` -> ``[N, C b², H/b, W/b]`` (views)."""
+def space_to_depth(x: Tensor, blocksize: int, mode: str = "DCR") -> Tensor:
+    """ONNX ``SpaceToDepth`` on ``[N, C, H, W]`` -> ``[N, C b², H/b, W/b]`` (views), the inverse
+    of :func:`depth_to_space` in the same mode: output channel ``(b1, b2, c)`` for ``DCR``,
+    ``(c, b1, b2)`` for ``CRD`` (opset 28)."""
     b = int(blocksize)
     if x.ndim != 4 or b < 1 or x.shape[2] % b or x.shape[3] % b:
         raise ShapeError(f"SpaceToDepth needs [N, C, H, W] with H, W divisible by {b}, got "
                          f"{x.shape}", op="SpaceToDepth")
     n, c, h, w = x.shape
-    y = x.reshape((n, c, h // b, b, w // b, b)).permute((0, 3, 5, 1, 2, 4))
+    y = x.reshape((n, c, h // b, b, w // b, b))
+    if mode == "DCR":
+        y = y.permute((0, 3, 5, 1, 2, 4))
+    elif mode == "CRD":
+        y = y.permute((0, 1, 3, 5, 2, 4))
+    else:
+        raise ShapeError(f"unknown mode {mode!r} (DCR or CRD)", op="SpaceToDepth")
     return y.reshape((n, c * b * b, h // b, w // b))

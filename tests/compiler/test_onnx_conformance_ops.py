@@ -8,6 +8,7 @@ import pytest
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.frontends.onnx_frontend import import_onnx
+from lumc.ir.errors import ShapeError
 
 from tests.compiler.test_onnx_edge_values import assert_same_bits, onnxruntime_outputs, single_node
 
@@ -50,3 +51,33 @@ def test_resize_antialias_by_sizes_widens_the_filter():
                                {"x": x})[0]
     assert_same_bits(got[1], want, "sizes", rtol=1e-5, atol=1e-6)
     assert np.abs(got[1] - got[0]).max() > 1e-2
+
+
+# ---- SpaceToDepth mode=CRD (opset 28): refused, the library had DCR only --------------------------
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+@pytest.mark.parametrize("shape,b", [((2, 3, 6, 9), 3), ((0, 2, 4, 4), 2), ((1, 1, 2, 2), 1)])
+def test_space_to_depth_modes_match_onnxruntime(mode, shape, b):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[:4] = [np.inf, -np.inf, np.nan, -0.0][:x.size]   # views pass every bit through
+    m = single_node("SpaceToDepth", {"x": x}, opset=28, blocksize=b, mode=mode)
+    (want,) = onnxruntime_outputs(m, {"x": x})
+    (got,) = lumc_outputs(m, {"x": x})
+    assert_same_bits(got, want, f"{mode} {shape} {b}")
+
+
+def test_space_to_depth_crd_inverts_depth_to_space_crd():
+    x = RNG.standard_normal((2, 12, 3, 5)).astype(np.float32)
+    d2s = single_node("DepthToSpace", {"x": x}, opset=28, blocksize=2, mode="CRD")
+    (y,) = lumc_outputs(d2s, {"x": x})
+    (back,) = lumc_outputs(single_node("SpaceToDepth", {"x": y}, opset=28, blocksize=2,
+                                       mode="CRD"), {"x": y})
+    assert_same_bits(back, x, "round trip")
+
+
+def test_space_to_depth_unknown_mode_is_one_line():
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    with pytest.raises(ShapeError) as e:
+        lumc_outputs(single_node("SpaceToDepth", {"x": x}, opset=28, blocksize=2, mode="RDC"),
+                     {"x": x})
+    assert "op SpaceToDepth" in str(e.value) and "unknown mode 'RDC'" in str(e.value)
+    assert "\n" not in str(e.value)

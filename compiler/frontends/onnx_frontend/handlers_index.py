@@ -79,13 +79,7 @@ def _depth_to_space(ctx: OpContext):
                                           mode=ctx.attr("mode", "DCR"))
 
 
-def _check_space_to_depth(node, opset: int) -> str | None:
-    for a in node.attribute:
-        if a.name == "mode" and a.s not in (b"", b"DCR"):
-            return f"mode {a.s.decode()} (lumc.ir.library.indexing.space_to_depth has DCR only)"
-    return None
-
-
-@handler("SpaceToDepth", requires=["indexing.space_to_depth"], check=_check_space_to_depth)
+@handler("SpaceToDepth", requires=["indexing.space_to_depth"])
 def _space_to_depth(ctx: OpContext):
-    return lib("indexing.space_to_depth")(ctx.input(0), ctx.attr("blocksize"))
+    return lib("indexing.space_to_depth")(ctx.input(0), ctx.attr("blocksize"),
+                                          mode=ctx.attr("mode", "DCR"))
