@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.compiler.frontends.onnx_frontend import import_onnx
 from lumc.ir.errors import ShapeError
 
 from tests.compiler.test_onnx_edge_values import assert_same_bits, onnxruntime_outputs, single_node
+from tests.compiler.three_paths import run_triton
 
 RNG = np.random.default_rng(11)
 
@@ -53,7 +55,7 @@ def test_resize_antialias_by_sizes_widens_the_filter():
     assert np.abs(got[1] - got[0]).max() > 1e-2
 
 
-# ---- SpaceToDepth mode=CRD (opset 28): refused, the library had DCR only --------------------------
+# ---- SpaceToDepth mode=CRD (opset 28): refused, the library had DCR only ----------------------
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
 @pytest.mark.parametrize("shape,b", [((2, 3, 6, 9), 3), ((0, 2, 4, 4), 2), ((1, 1, 2, 2), 1)])
 def test_space_to_depth_modes_match_onnxruntime(mode, shape, b):
@@ -81,3 +83,115 @@ def test_space_to_depth_unknown_mode_is_one_line():
                      {"x": x})
     assert "op SpaceToDepth" in str(e.value) and "unknown mode 'RDC'" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+# ---- STFT and MelWeightMatrix (opset 17): not implemented; audio front ends compute both ---------
+def _stft_model(x, step, window=None, frame_length=None, onesided=None):
+    """A one-node STFT over the graph input ``x``; an omitted optional input is an empty name."""
+    inits = [numpy_helper.from_array(np.array(step, np.int64), "step")]
+    names = ["x", "step", "", ""]
+    if window is not None:
+        inits.append(numpy_helper.from_array(window, "window"))
+        names[2] = "window"
+    if frame_length is not None:
+        inits.append(numpy_helper.from_array(np.array(frame_length, np.int64), "flen"))
+        names[3] = "flen"
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node("STFT", names, ["y0"],
+                            **({} if onesided is None else dict(onesided=onesided)))
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      list(x.shape))],
+                          [helper.make_tensor_value_info("y0", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _stft_numpy(x, step, window, flen, onesided):
+    """The spec's STFT in float64: windowed frames, then numpy's FFT."""
+    z = x[..., 0].astype(np.float64) + (1j * x[..., 1] if x.shape[-1] == 2 else 0)
+    flen = flen or (len(window) if window is not None else x.shape[1])
+    w = np.ones(flen) if window is None else window.astype(np.float64)
+    frames = (x.shape[1] - flen) // step + 1
+    f = np.stack([z[:, i * step:i * step + flen] * w for i in range(frames)], axis=1)
+    spec = np.fft.fft(f, axis=-1)[..., :flen // 2 + 1 if onesided in (None, 1) else flen]
+    return np.stack([spec.real, spec.imag], -1)
+
+
+@pytest.mark.parametrize("shape,step,flen,win,onesided", [
+    ((2, 50, 1), 7, 16, False, None),      # the last samples fit no frame
+    ((1, 33, 1), 4, 9, True, 1),           # odd frame: bins 9 // 2 + 1
+    ((1, 24, 2), 5, 8, True, 0),           # a complex signal, all bins
+    ((2, 20, 1), 3, None, True, 0),        # frame length from the window
+    ((1, 12, 1), 1, None, False, 1),       # neither: one frame of the whole signal
+    ((0, 16, 1), 4, 8, True, 1),           # zero-size batch
+])
+def test_stft_matches_numpy_fft(shape, step, flen, win, onesided):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    n = flen if flen is not None else (6 if win else shape[1])
+    window = np.hanning(n + 2)[1:-1].astype(np.float32) if win else None
+    (got,) = lumc_outputs(_stft_model(x, step, window, flen, onesided), {"x": x})
+    want = _stft_numpy(x, step, window, flen, onesided)
+    assert got.dtype == np.float32 and got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+
+
+def test_stft_matches_onnxruntime():
+    x = RNG.standard_normal((2, 41, 1)).astype(np.float32)
+    m = _stft_model(x, 5, np.hamming(10).astype(np.float32), 10)
+    (want,) = onnxruntime_outputs(m, {"x": x})
+    (got,) = lumc_outputs(m, {"x": x})
+    assert_same_bits(got, want, "stft", rtol=1e-5, atol=2e-5)
+
+
+def test_stft_runs_in_triton_kernels():
+    """The frames are window views of the signal and the DFT two contractions: the compiled
+    program (Triton, interpreted on CPU) gives numpy's spectrum too."""
+    x = RNG.standard_normal((2, 41, 1)).astype(np.float32)
+    window = np.hamming(10).astype(np.float32)
+    got = run_triton(_stft_model(x, 5, window, 10), {"x": x})["y0"]
+    np.testing.assert_allclose(got, _stft_numpy(x, 5, window, 10, 1), rtol=1e-5, atol=2e-5)
+
+
+def test_stft_nan_and_inf_spoil_only_their_frames():
+    x = RNG.standard_normal((1, 40, 1)).astype(np.float32)
+    x[0, 3, 0], x[0, 37, 0] = np.nan, np.inf
+    (got,) = lumc_outputs(_stft_model(x, 8, frame_length=8), {"x": x})
+    bad = ~np.isfinite(got).reshape(got.shape[1], -1)
+    assert bad[0].all() and not bad[1:4].any() and bad[4].any(), bad.any(axis=1)
+
+
+def test_stft_refuses_a_frame_longer_than_the_signal_in_one_line():
+    x = np.zeros((1, 10, 1), np.float32)
+    with pytest.raises(ShapeError) as e:
+        lumc_outputs(_stft_model(x, 2, frame_length=16), {"x": x})
+    assert "op STFT" in str(e.value) and "frame_length 16" in str(e.value)
+
+
+@pytest.mark.parametrize("n_mel,dft,rate,lo,hi,out", [
+    (8, 16, 8192, 0.0, 4096.0, 1),          # the official case
+    (80, 400, 16000, 0.0, 8000.0, 1),       # Whisper's front end
+    (40, 512, 22050, 125.0, 7600.0, 10),    # f16 output, a lower edge above 0
+    (0, 64, 16000, 0.0, 8000.0, 1),         # no bands: [33, 0]
+])
+def test_mel_weight_matrix_matches_onnxruntime(n_mel, dft, rate, lo, hi, out):
+    inits = {"n": np.array(n_mel, np.int64), "d": np.array(dft, np.int64),
+             "r": np.array(rate, np.int64), "lo": np.array(lo, np.float32),
+             "hi": np.array(hi, np.float32)}
+    m = single_node("MelWeightMatrix", {}, inits, opset=17, output_datatype=out)
+    # onnxruntime has f32 only; the f16 matrix is its f32 one rounded once
+    (want,) = onnxruntime_outputs(single_node("MelWeightMatrix", {}, inits, opset=17), {})
+    (got,) = lumc_outputs(m, {})
+    assert_same_bits(got, want.astype(got.dtype), f"{n_mel} {dft} {rate}")
+    assert got.dtype == (np.float16 if out == 10 else np.float32) and got.shape == (dft // 2 + 1,
+                                                                                  n_mel)
+
+
+def test_mel_weight_matrix_refuses_an_upper_edge_past_nyquist():
+    inits = {"n": np.array(8, np.int64), "d": np.array(16, np.int64),
+             "r": np.array(8000, np.int64), "lo": np.array(0, np.float32),
+             "hi": np.array(12000, np.float32)}
+    with pytest.raises(ShapeError) as e:
+        lumc_outputs(single_node("MelWeightMatrix", {}, inits, opset=17), {})
+    assert "op MelWeightMatrix" in str(e.value) and "upper_edge_hertz 12000" in str(e.value)

@@ -1,6 +1,7 @@
 """Sampling and spectral ops: ``GridSample`` (N-D nearest / linear / cubic with zeros, border and
-reflection padding), ``AffineGrid``, 2-D ``DeformConv``, ``DFT`` (forward, inverse, one-sided, as contractions with
-constant cos/sin tables) and the Hann / Hamming / Blackman windows.
+reflection padding), ``AffineGrid``, 2-D ``DeformConv``, ``DFT`` (forward, inverse, one-sided, as
+contractions with constant cos/sin tables), ``STFT`` (window views, then the same contractions),
+the Hann / Hamming / Blackman windows and ``MelWeightMatrix`` (constants).
 
 ``GridSample`` is :func:`lumc.ir.library.sample.grid_sample`, shared with the PyTorch frontend.
 """
@@ -49,8 +50,6 @@ def _dft(ctx: OpContext):
     back = [int(b) for b in np.argsort(perm)]
     re = re.permute(perm)
     im = im.permute(perm) if im is not None else None
-    used = min(n_in, length)
-    t = np.arange(used, dtype=np.float64)
     if inverse and onesided:
         bins = length // 2 + 1
         used = min(n_in, bins)
@@ -68,19 +67,92 @@ def _dft(ctx: OpContext):
             out_re = out_re.sub(_contract(im.slice([0], [used], [-1]), sin_t, x.dtype))
         return out_re.permute(back).unsqueeze([x.ndim - 1])
     n_out = length // 2 + 1 if onesided and not inverse else length
+    out_re, out_im = _dft_last(re, im, length, n_out, inverse, x.dtype)
+    return stack([out_re, out_im], -1).permute(back + [len(back)])
+
+
+def _dft_last(re: Tensor, im: Tensor | None, length: int, n_out: int, inverse: bool,
+              dtype: dt.DType) -> tuple[Tensor, Tensor]:
+    """The first ``n_out`` bins of the ``length``-point DFT (``1 / length`` scaled when
+    ``inverse``) of the signal ``re + i im`` along its last axis, zero-padded or cropped to
+    ``length``: ``(real, imaginary)``, each ``[..., n_out]``."""
+    used = min(re.shape[-1], length)
+    t = np.arange(used, dtype=np.float64)
     ang = 2 * np.pi * t[:, None] * np.arange(n_out, dtype=np.float64)[None, :] / length
     scale = 1.0 / length if inverse else 1.0
     sign = 1.0 if inverse else -1.0
     cos_t, sin_t = np.cos(ang) * scale, sign * np.sin(ang) * scale
     re = re.slice([0], [used], [-1])
-    out_re = _contract(re, cos_t, x.dtype)
-    out_im = _contract(re, sin_t, x.dtype)
+    out_re = _contract(re, cos_t, dtype)
+    out_im = _contract(re, sin_t, dtype)
     if im is not None:
         im = im.slice([0], [used], [-1])
         # (a + ib)(cos + i s) with s = sign * sin: real a cos - b s, imaginary a s + b cos
-        out_re = out_re.sub(_contract(im, sin_t, x.dtype))
-        out_im = out_im.add(_contract(im, cos_t, x.dtype))
-    return stack([out_re, out_im], -1).permute(back + [len(back)])
+        out_re = out_re.sub(_contract(im, sin_t, dtype))
+        out_im = out_im.add(_contract(im, cos_t, dtype))
+    return out_re, out_im
+
+
+@handler("STFT", requires=["conv.sliding_windows"])
+def _stft(ctx: OpContext):
+    """``STFT`` of a real ``[B, L, 1]`` or complex ``[B, L, 2]`` signal: frames of
+    ``frame_length`` every ``frame_step`` samples (window views), times the window, then the DFT of
+    each frame as :func:`_dft_last` -> ``[B, frames, bins, 2]``, ``bins = frame_length // 2 + 1``
+    when ``onesided`` (the default), else ``frame_length``."""
+    x, window = ctx.input(0), ctx.opt(2)
+    step = int(ctx.const_scalar(1, "frame_step"))
+    if x.ndim != 3 or x.shape[-1] not in (1, 2):
+        raise ShapeError(f"STFT needs a signal [batch, length, 1|2], got {x.shape}")
+    length = x.shape[1]
+    flen = int(ctx.const_scalar(3, "frame_length")) if ctx.has_input(3) else None
+    if window is not None:
+        if window.ndim != 1 or flen not in (None, window.shape[0]):
+            raise ShapeError(f"window {window.shape} does not fit frame_length {flen}")
+        flen = window.shape[0]
+    flen = length if flen is None else flen
+    if step < 1 or not 1 <= flen <= length:
+        raise ShapeError(f"frame_step {step} must be at least 1 and frame_length {flen} in "
+                         f"[1, signal length {length}]")
+    frames = (length - flen) // step + 1
+    fr = lib("conv.sliding_windows")(x, 1, [flen], [step], [1], [0], [frames])  # [B, F, flen, c]
+    re = fr.slice([0], [1], [-1]).squeeze([-1])
+    im = fr.slice([1], [2], [-1]).squeeze([-1]) if x.shape[-1] == 2 else None
+    if window is not None:
+        w = window.reshape((1, 1, flen))
+        re, im = re.mul(w), (None if im is None else im.mul(w))
+    bins = flen // 2 + 1 if ctx.attr("onesided", 1) else flen
+    out_re, out_im = _dft_last(re, im, flen, bins, False, x.dtype)
+    return stack([out_re, out_im], -1)
+
+
+@handler("MelWeightMatrix")
+def _mel_weight_matrix(ctx: OpContext):
+    """A constant ``[dft_length // 2 + 1, num_mel_bins]`` of triangular mel filters with peak 1
+    (the ONNX reference's and onnxruntime's construction: ``num_mel_bins + 2`` band edges equally
+    spaced on ``mel(f) = 2595 log10(1 + f / 700)``, each at spectrogram bin
+    ``floor((dft_length + 1) f / sample_rate)``; computed in f64, rounded once)."""
+    n_mel, dft_length, rate = (int(ctx.const_scalar(i, w)) for i, w in
+                               enumerate(("num_mel_bins", "dft_length", "sample_rate")))
+    lo, hi = (float(ctx.const_scalar(i, w)) for i, w in
+              ((3, "lower_edge_hertz"), (4, "upper_edge_hertz")))
+    n_spec = dft_length // 2 + 1
+    if n_mel < 0 or dft_length < 1 or rate < 1 or not 0 <= lo <= hi:
+        raise ShapeError(f"num_mel_bins {n_mel}, dft_length {dft_length}, sample_rate {rate}, "
+                         f"edges [{lo}, {hi}] Hz: need counts >= 0 and 0 <= lower <= upper")
+    lo_mel, hi_mel = (2595 * np.log10(1 + f / 700) for f in (lo, hi))
+    mel = np.arange(n_mel + 2) * ((hi_mel - lo_mel) / (n_mel + 2)) + lo_mel
+    edge = np.floor((dft_length + 1) * (700 * (10 ** (mel / 2595) - 1)) / rate).astype(np.int64)
+    if n_mel and (edge[n_mel] >= n_spec or edge[n_mel + 1] > n_spec):
+        raise ShapeError(f"upper_edge_hertz {hi} lies past the {n_spec} spectrogram bins of "
+                         f"dft_length {dft_length} at sample_rate {rate}")
+    out = np.zeros((n_spec, n_mel))
+    for i in range(n_mel):
+        left, center, right = edge[i], edge[i + 1], edge[i + 2]
+        j = np.arange(left, center + 1)
+        out[j, i] = (j - left) / (center - left) if center > left else 1.0
+        j = np.arange(center, right)
+        out[j, i] = (right - j) / (right - center)
+    return constant(out.astype(dtype_of(ctx.attr("output_datatype", 1)).np))
 
 
 def _contract(v: Tensor, table: np.ndarray, dtype: dt.DType) -> Tensor:
