@@ -8,7 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.frontends.onnx_frontend import import_onnx
+from lumc.compiler.frontends.onnx_frontend import NeedsConstantError, import_onnx
+from lumc.compiler.tools.onnx_backend import LumcBackend
 from lumc.ir.errors import ShapeError
 
 from tests.compiler.test_onnx_edge_values import assert_same_bits, onnxruntime_outputs, single_node
@@ -195,3 +196,82 @@ def test_mel_weight_matrix_refuses_an_upper_edge_past_nyquist():
     with pytest.raises(ShapeError) as e:
         lumc_outputs(single_node("MelWeightMatrix", {}, inits, opset=17), {})
     assert "op MelWeightMatrix" in str(e.value) and "upper_edge_hertz 12000" in str(e.value)
+
+
+# ---- Compress and NonZero: not implemented; their size is a count of a compile-time value -------
+@pytest.mark.parametrize("shape,cond,axis", [
+    ((2, 3), [0, 1, 1], 1),
+    ((2, 3, 2), [1, 0], -3),                 # negative axis
+    ((2, 3), [1, 0, 1, 1, 0], None),         # flattened to 6, a condition of 5
+    ((4, 3), [0, 1], 0),                     # shorter than the axis: the rest dropped
+    ((3, 2), [1, 0, 1, 1, 1], -1),           # longer: the extra entries select nothing
+    ((2, 3), [0, 0, 0], 1),                  # nothing selected: [2, 0]
+    ((0, 3), [1, 1, 0], 1),                  # zero-size data
+])
+def test_compress_matches_onnxruntime(shape, cond, axis):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[:3] = [np.nan, -0.0, -np.inf][:x.size]
+    m = single_node("Compress", {"x": x}, {"c": np.array(cond, bool)},
+                    **({} if axis is None else dict(axis=axis)))
+    (want,) = onnxruntime_outputs(m, {"x": x})
+    (got,) = lumc_outputs(m, {"x": x})
+    assert_same_bits(got, want, f"{shape} {cond} {axis}")
+
+
+def test_compress_refuses_a_runtime_condition_and_rank_0_in_one_line():
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(NeedsConstantError) as e:
+        lumc_outputs(_compress_model([2, 3], cond=None, axis=1),
+                     {"x": x, "c": np.array([1, 0, 1], bool)})
+    msg = str(e.value)
+    assert "op Compress" in msg and "condition" in msg and "\n" not in msg
+    assert e.value.inputs == ["c"]
+    x0 = np.array(1.0, np.float32)        # the spec's input has rank >= 1 (onnxruntime refuses)
+    with pytest.raises(ShapeError, match="op Compress.*rank >= 1"):
+        lumc_outputs(_compress_model([], cond=np.array([1], bool)), {"x": x0})
+
+
+def _compress_model(shape, cond, **attrs):
+    """Compress of the f32 input ``x``; ``cond`` an initializer, or a bool input ``c`` when None."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+    if cond is None:
+        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, [3]))
+    g = helper.make_graph([helper.make_node("Compress", ["x", "c"], ["y0"], **attrs)], "g", inputs,
+                          [helper.make_tensor_value_info("y0", TensorProto.FLOAT, None)],
+                          [] if cond is None else [numpy_helper.from_array(cond, "c")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("x", [
+    np.array([[0, -0.0, np.nan], [1, 0, np.inf]], np.float32),   # NaN nonzero, -0.0 zero
+    np.array(3.0, np.float32), np.array(0.0, np.float32),        # rank 0: [1, count]
+    np.zeros((2, 0, 3), np.float32),                             # zero-size: [3, 0]
+    np.array([[[1, 0], [0, 7]], [[0, 0], [5, 0]]], np.int64),
+])
+def test_nonzero_matches_onnxruntime(x):
+    """Through the ONNX backend, which binds the input as a constant (its values set the size)."""
+    m = single_node("NonZero", {"x": x}, opset=13)
+    (want,) = onnxruntime_outputs(m, {"x": x})
+    (got,) = LumcBackend.prepare(m).run([x])
+    assert_same_bits(got, want, str(x.shape))
+
+
+def test_nonzero_of_a_constant_mask_gathers_runtime_data():
+    """A mask known at compile time (a folded shape computation) feeding a Gather of an input:
+    the model imports with NonZero folded and runs on any data."""
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    mask = np.array([0, 1, 0, 1, 1], bool)
+    nodes = [helper.make_node("NonZero", ["mask"], ["nz"]),
+             helper.make_node("Squeeze", ["nz", "zero"], ["idx"]),
+             helper.make_node("Gather", ["x", "idx"], ["y0"], axis=0)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [5, 4])],
+                          [helper.make_tensor_value_info("y0", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(mask, "mask"),
+                           numpy_helper.from_array(np.array([0], np.int64), "zero")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    (got,) = lumc_outputs(m, {"x": x})
+    assert_same_bits(got, x[[1, 3, 4]], "gathered rows")

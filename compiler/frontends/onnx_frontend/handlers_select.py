@@ -1,14 +1,19 @@
 """Data-dependent selection with static shapes: ``TopK``, ``ScatterElements`` / ``Scatter`` /
-``ScatterND`` and ``ReverseSequence``.
+``ScatterND`` and ``ReverseSequence``; and the two whose output size is a count of their input's
+nonzeros, computed when that input is known at compile time: ``Compress`` (a ``Gather`` of the
+selected slices of any data) and ``NonZero`` (a constant).
 
 There is no sort or scatter primitive, so these are built from comparisons and reductions over an
 extra axis: ``TopK`` ranks every element against every other along the axis (``O(n^2)`` compares),
 and a scatter compares every output position with every update's target index (``O(positions x
-updates)``, :mod:`lumc.ir.library.scatter`). Selected values are read with ``Gather`` (exact, NaN and -0.0 preserved).
+updates)``, :mod:`lumc.ir.library.scatter`). Selected values are read with ``Gather`` (exact, NaN
+and -0.0 preserved).
 """
 from __future__ import annotations
 
-from lumc.compiler.frontends.onnx_frontend.registry import OpContext, handler, lib
+import numpy as np
+
+from lumc.compiler.frontends.onnx_frontend.registry import OpContext, constant, handler, lib
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
 from lumc.ir.library.scatter import move_last
@@ -77,3 +82,32 @@ def _reverse_sequence(ctx: OpContext):
     src = t.lt(n).where(n.sub(t).sub(t.scalar_like(1)), t)
     return lib("indexing.gather_elements")(x, src, axis=t_ax)
 
+
+
+@handler("Compress", requires=["indexing.take"])
+def _compress(ctx: OpContext):
+    """The slices of ``x`` along ``axis`` (of flattened ``x`` without one) where the 1-D
+    ``condition`` is true, gathered by their constant indices. The condition sets the output's
+    size, so it must be known at compile time; a condition shorter than the axis drops the
+    slices past it (the spec), a longer one's extra entries select nothing (onnxruntime)."""
+    x = ctx.input(0)
+    if x.ndim == 0:
+        raise ShapeError("input must have rank >= 1, got a scalar")
+    cond = np.asarray(ctx.const(1, "condition (it sets the output size)"))
+    if cond.ndim != 1:
+        raise ShapeError(f"condition must be 1-D, got shape {list(cond.shape)}")
+    axis = ctx.attr("axis")
+    if axis is None:
+        x, axis = x.reshape((x.numel,)), 0
+    axis = normalize_axis(axis, x.ndim)
+    idx = np.flatnonzero(cond[:x.shape[axis]]).astype(np.int64)
+    return lib("indexing.take")(x, constant(idx), axis)
+
+
+@handler("NonZero")
+def _nonzero(ctx: OpContext):
+    """``[rank, count]`` int64 indices of the nonzero elements in row-major order (NaN is nonzero,
+    -0.0 is zero), a constant: the count sets the output's size, so the input must be known at
+    compile time. A rank-0 input reads as one element, ``[1, count]``, as onnxruntime gives."""
+    v = np.asarray(ctx.const(0, "input (its count of nonzeros sets the output size)"))
+    return constant(np.array(np.nonzero(v.reshape(v.shape or (1,))), dtype=np.int64))
