@@ -275,3 +275,21 @@ def test_nonzero_of_a_constant_mask_gathers_runtime_data():
     m.ir_version = 8
     (got,) = lumc_outputs(m, {"x": x})
     assert_same_bits(got, x[[1, 3, 4]], "gathered rows")
+
+
+def test_nonzero_of_runtime_data_exits_2_at_the_cli(tmp_path):
+    from click.testing import CliRunner
+
+    from lumc.compiler.tools.cli import cli
+    g = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"], name="nz1")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    path = tmp_path / "nz.onnx"
+    path.write_bytes(m.SerializeToString())
+    res = CliRunner().invoke(cli, ["compile", str(path), "--budget", "10s"])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "node 'nz1', op NonZero" in lines[0], lines
+    assert "count of nonzeros" in lines[0] and "Traceback" not in res.output

@@ -93,7 +93,7 @@ def _compress(ctx: OpContext):
     x = ctx.input(0)
     if x.ndim == 0:
         raise ShapeError("input must have rank >= 1, got a scalar")
-    cond = np.asarray(ctx.const(1, "condition (it sets the output size)"))
+    cond = np.asarray(ctx.const(1, "condition, which sets the output size"))
     if cond.ndim != 1:
         raise ShapeError(f"condition must be 1-D, got shape {list(cond.shape)}")
     axis = ctx.attr("axis")
@@ -109,5 +109,5 @@ def _nonzero(ctx: OpContext):
     """``[rank, count]`` int64 indices of the nonzero elements in row-major order (NaN is nonzero,
     -0.0 is zero), a constant: the count sets the output's size, so the input must be known at
     compile time. A rank-0 input reads as one element, ``[1, count]``, as onnxruntime gives."""
-    v = np.asarray(ctx.const(0, "input (its count of nonzeros sets the output size)"))
+    v = np.asarray(ctx.const(0, "its count of nonzeros is the output size"))
     return constant(np.array(np.nonzero(v.reshape(v.shape or (1,))), dtype=np.int64))
