@@ -293,3 +293,77 @@ def test_nonzero_of_runtime_data_exits_2_at_the_cli(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "node 'nz1', op NonZero" in lines[0], lines
     assert "count of nonzeros" in lines[0] and "Traceback" not in res.output
+
+
+# ---- Scan in its opset-8 form (a batch axis, sequence_lens): refused ---------------------------
+def _scan8_model(batch: int, length: int, seq_lens: list[int] | None, directions: list[int]):
+    """``Scan`` (opset 8) of two f32 inputs ``[batch, length, 2]``: state ``s += a * b``, scan
+    output ``s - a``."""
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["a", "b"], ["ab"]),
+         helper.make_node("Add", ["s_in", "ab"], ["s"]),
+         helper.make_node("Sub", ["s", "a"], ["o"])], "body",
+        [helper.make_tensor_value_info(n, f, [2]) for n in ("s_in", "a", "b")],
+        [helper.make_tensor_value_info(n, f, [2]) for n in ("s", "o")])
+    lens = "" if seq_lens is None else "lens"
+    node = helper.make_node("Scan", [lens, "init", "x", "y"], ["final", "scanned"], body=body,
+                            num_scan_inputs=2, directions=directions)
+    g = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("init", f, [batch, 2]),
+                      helper.make_tensor_value_info("x", f, [batch, length, 2]),
+                      helper.make_tensor_value_info("y", f, [batch, length, 2])],
+        [helper.make_tensor_value_info("final", f, None),
+         helper.make_tensor_value_info("scanned", f, None)],
+        [] if seq_lens is None else [numpy_helper.from_array(np.array(seq_lens, np.int64), "lens")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 8)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("batch,length,seq_lens,directions", [
+    (1, 3, None, [0, 0]),
+    (3, 4, [4, 1, 2], [0, 1]),        # short sequences (zero-padded), one input reversed
+    (2, 5, [2, 5], [1, 1]),
+])
+def test_scan_opset8_matches_onnxruntime(batch, length, seq_lens, directions):
+    feeds = {"init": RNG.standard_normal((batch, 2)).astype(np.float32),
+             "x": RNG.standard_normal((batch, length, 2)).astype(np.float32),
+             "y": RNG.standard_normal((batch, length, 2)).astype(np.float32)}
+    feeds["x"][0, 0, 0] = np.nan                       # spoils that batch entry's first column
+    m = _scan8_model(batch, length, seq_lens, directions)
+    want = onnxruntime_outputs(m, feeds)
+    got = lumc_outputs(m, feeds)
+    for g, w, what in zip(got, want, ("final", "scanned")):
+        assert_same_bits(g, w, what, rtol=1e-6, atol=1e-6)
+
+
+def test_scan_opset8_empty_sequence_keeps_its_state():
+    """A sequence of length 0 (the spec allows it; onnxruntime refuses it): its final state is
+    its initial state and its scan output all padding."""
+    feeds = {"init": RNG.standard_normal((2, 2)).astype(np.float32),
+             "x": RNG.standard_normal((2, 3, 2)).astype(np.float32),
+             "y": RNG.standard_normal((2, 3, 2)).astype(np.float32)}
+    final, scanned = lumc_outputs(_scan8_model(2, 3, [0, 2], [0, 1]), feeds)
+    init, x, y = feeds["init"], feeds["x"], feeds["y"]
+    s = init[1] + x[1, 0] * y[1, 1]                  # y reversed over its 2 steps: y[1], then y[0]
+    s2 = s + x[1, 1] * y[1, 0]
+    assert_same_bits(final, np.stack([init[0], s2]), "final", rtol=1e-6)
+    want = np.zeros((2, 3, 2), np.float32)
+    want[1, :2] = [s - x[1, 0], s2 - x[1, 1]]
+    assert_same_bits(scanned, want, "scanned", rtol=1e-6, atol=1e-6)
+
+
+def test_scan_opset8_zero_size_batch():
+    feeds = {"init": np.zeros((0, 2), np.float32), "x": np.zeros((0, 3, 2), np.float32),
+             "y": np.zeros((0, 3, 2), np.float32)}
+    final, scanned = lumc_outputs(_scan8_model(0, 3, None, [0, 0]), feeds)
+    assert final.shape == (0, 2) and scanned.shape == (0, 3, 2)
+    assert final.dtype == scanned.dtype == np.float32
+
+
+def test_scan_opset8_refuses_a_sequence_longer_than_the_input():
+    feeds = {k: np.zeros(s, np.float32) for k, s in
+             (("init", (2, 2)), ("x", (2, 3, 2)), ("y", (2, 3, 2)))}
+    with pytest.raises(ShapeError, match=r"op Scan.*sequence_lens \[4, 1\]"):
+        lumc_outputs(_scan8_model(2, 3, [4, 1], [0, 0]), feeds)

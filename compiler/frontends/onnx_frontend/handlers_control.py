@@ -54,20 +54,19 @@ def _if(ctx: OpContext):
     return outs
 
 
-def _check_scan(node: onnx.NodeProto, opset: int) -> str | None:
-    return "opset-8 form (batch axis and sequence_lens)" if opset < 9 else None
-
-
-@handler("Scan", check=_check_scan)
+@handler("Scan")
 def _scan(ctx: OpContext):
     """Unrolled over the (static) scan length: each step imports the body with the carried states
     and one slice of every scan input bound, and the per-step scan outputs are stacked."""
+    if ctx.opset < 9:
+        return _scan_8(ctx)
     body = ctx.attr("body")
     m = ctx.attr("num_scan_inputs")
     ins = [t for t in ctx.inputs]
     n_state = len(ins) - m
     states, scans = ins[:n_state], ins[n_state:]
-    in_axes = [normalize_axis(a, x.ndim) for a, x in zip(ctx.attr("scan_input_axes", [0] * m), scans)]
+    in_axes = [normalize_axis(a, x.ndim)
+               for a, x in zip(ctx.attr("scan_input_axes", [0] * m), scans)]
     in_dirs = ctx.attr("scan_input_directions", [0] * m)
     n_out = len(body.output) - n_state
     out_axes = ctx.attr("scan_output_axes", [0] * n_out)
@@ -78,8 +77,22 @@ def _scan(ctx: OpContext):
     steps = lengths.pop()
     if steps == 0 and n_out:
         raise UnsupportedOpError("a Scan of length 0 has scan outputs of unknown shape")
+    states, per_step = _unrolled_scan(ctx, states, scans, in_axes, in_dirs, steps)
+    scanned = []
+    for k, seq in enumerate(per_step):
+        seq = seq[::-1] if out_dirs[k] else seq
+        scanned.append(stack(seq, normalize_axis(out_axes[k], seq[0].ndim + 1)))
+    return states + scanned
+
+
+def _unrolled_scan(ctx: OpContext, states: list[Tensor], scans: list[Tensor], in_axes: list[int],
+                   in_dirs: list[int], steps: int) -> tuple[list[Tensor], list[list[Tensor]]]:
+    """The body run ``steps`` times (input ``j`` read along ``in_axes[j]``, from its end where
+    ``in_dirs[j]``): the final states and, per scan output, its ``steps`` elements in order."""
+    body = ctx.attr("body")
+    n_state = len(states)
     names = [i.name for i in body.input]
-    per_step: list[list[Tensor]] = [[] for _ in range(n_out)]
+    per_step: list[list[Tensor]] = [[] for _ in range(len(body.output) - n_state)]
     for t in range(steps):
         binds = dict(zip(names, states))
         for j, (x, a) in enumerate(zip(scans, in_axes)):
@@ -87,13 +100,57 @@ def _scan(ctx: OpContext):
             binds[names[n_state + j]] = x.slice([i], [i + 1], [a]).squeeze([a])
         outs = ctx.run_subgraph(body, binds)
         states = outs[:n_state]
-        for k in range(n_out):
-            per_step[k].append(outs[n_state + k])
+        for k, seq in enumerate(per_step):
+            seq.append(outs[n_state + k])
+    return states, per_step
+
+
+def _scan_8(ctx: OpContext):
+    """Opset-8 ``Scan``: axis 0 of every state and scan input is a batch, axis 1 of every scan
+    input the sequence; batch entry ``b`` runs the opset-9 scan over its first
+    ``sequence_lens[b]`` steps (all without it; a compile-time value), and its scan outputs are
+    padded with zeros to the longest sequence."""
+    m = ctx.attr("num_scan_inputs")
+    lens = ctx.const_ints(0, "sequence_lens")
+    ins = ctx.inputs[1:]
+    states, scans = ins[:len(ins) - m], ins[len(ins) - m:]
+    dirs = ctx.attr("directions", [0] * m)
+    batch = {x.shape[0] for x in scans} | {x.shape[0] for x in states}
+    longest = {x.shape[1] for x in scans}
+    if len(batch) != 1 or len(longest) != 1:
+        raise ShapeError(f"states and scan inputs disagree in batch {sorted(batch)} or scan inputs "
+                         f"in length {sorted(longest)}")
+    n, longest = batch.pop(), longest.pop()
+    lens = lens or [longest] * n
+    if len(lens) != n or not all(0 <= k <= longest for k in lens):
+        raise ShapeError(f"sequence_lens {lens} must give one length in [0, {longest}] per batch "
+                         f"entry ({n})")
+    finals, outs = [], []
+    for b in range(n):
+        take = [x.slice([b], [b + 1], [0]).squeeze([0]) for x in states + scans]
+        st, per_step = _unrolled_scan(ctx, take[:len(states)], take[len(states):], [0] * m, dirs,
+                                      lens[b])
+        finals.append(st)
+        outs.append(per_step)
+    # one element of each scan output (its shape and dtype): from a batch entry that ran a step,
+    # else from a step on zeros that nothing reads (a zero-size batch)
+    n_out = len(ctx.attr("body").output) - len(states)
+    ran = [p for p in outs if p and p[0]]
+    if not n_out or ran:
+        elems = [seq[0] for seq in ran[0]] if ran else []
+    else:
+        zeros = [Tensor.full(x.shape[1:], 0, x.dtype) for x in states] + \
+            [Tensor.full((1,) + x.shape[2:], 0, x.dtype) for x in scans]
+        _, probe = _unrolled_scan(ctx, zeros[:len(states)], zeros[len(states):], [0] * m, dirs, 1)
+        elems = [seq[0] for seq in probe]
     scanned = []
-    for k in range(n_out):
-        seq = per_step[k][::-1] if out_dirs[k] else per_step[k]
-        scanned.append(stack(seq, normalize_axis(out_axes[k], seq[0].ndim + 1)))
-    return states + scanned
+    for e, per_entry in zip(elems, zip(*outs) if outs else [()] * len(elems)):
+        rows = [(stack(seq, 0) if seq else Tensor.full((0,) + e.shape, 0, e.dtype))
+                .pad([(0, longest - len(seq))] + [(0, 0)] * e.ndim) for seq in per_entry]
+        scanned.append(stack(rows, 0) if rows else Tensor.full((0, longest) + e.shape, 0, e.dtype))
+    final = [stack([f[i] for f in finals], 0) if finals else Tensor.full(x.shape, 0, x.dtype)
+             for i, x in enumerate(states)]
+    return final + scanned
 
 
 _MAX_UNROLL = 4096
