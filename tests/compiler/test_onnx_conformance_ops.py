@@ -367,3 +367,56 @@ def test_scan_opset8_refuses_a_sequence_longer_than_the_input():
              (("init", (2, 2)), ("x", (2, 3, 2)), ("y", (2, 3, 2)))}
     with pytest.raises(ShapeError, match=r"op Scan.*sequence_lens \[4, 1\]"):
         lumc_outputs(_scan8_model(2, 3, [4, 1], [0, 0]), feeds)
+
+
+# ---- Det: not implemented; LU with partial pivoting, unrolled ------------------------------------
+@pytest.mark.parametrize("shape,dtype", [
+    ((3, 3), np.float32),            # rank 2: a 0-d determinant
+    ((4, 2, 2), np.float32),
+    ((2, 3, 5, 5), np.float64),
+    ((1, 1), np.float32),
+    ((0, 4, 4), np.float32),         # zero-size batch
+])
+def test_det_matches_numpy_and_onnxruntime(shape, dtype):
+    x = RNG.standard_normal(shape).astype(dtype)
+    m = _det_model(shape, dtype)
+    (got,) = lumc_outputs(m, {"x": x})
+    want = np.linalg.det(x.astype(np.float64))
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    if dtype == np.float32:                   # onnxruntime has Det for float32 only
+        (ort,) = onnxruntime_outputs(m, {"x": x})
+        np.testing.assert_allclose(got, ort, rtol=tol, atol=tol)
+
+
+def _det_model(shape, dtype=np.float32):
+    t = TensorProto.DOUBLE if dtype == np.float64 else TensorProto.FLOAT
+    g = helper.make_graph([helper.make_node("Det", ["x"], ["y0"])], "g",
+                          [helper.make_tensor_value_info("x", t, list(shape))],
+                          [helper.make_tensor_value_info("y0", t, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+def test_det_of_singular_matrices_is_zero_and_nan_propagates():
+    x = np.array([[[1, 2, 3], [2, 4, 6], [0, 1, 1]],        # dependent rows
+                  [[0, 1, 2], [0, 3, 4], [0, 5, 6]],        # a zero column: the first pivot is 0
+                  [[0, 1, 0], [1, 0, 0], [0, 0, 1]],        # one swap: -1
+                  [[1, np.nan, 0], [0, 1, 0], [0, 0, 1]],
+                  [[np.inf, 0, 0], [0, 1, 0], [0, 0, 1]]], np.float32)
+    (got,) = lumc_outputs(single_node("Det", {"x": x}, opset=13), {"x": x})
+    assert got[0] == 0 and got[1] == 0 and got[2] == -1, got
+    assert np.isnan(got[3]) and got[4] == np.inf, got
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(np.linalg.det(x)))
+
+
+def test_det_of_an_empty_matrix_is_one_and_a_non_square_one_is_refused():
+    x = np.zeros((2, 0, 0), np.float32)
+    (got,) = lumc_outputs(single_node("Det", {"x": x}, opset=13), {"x": x})
+    assert_same_bits(got, np.ones(2, np.float32), "0x0")
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(ShapeError, match=r"op Det.*\[\.\.\., n, n\], got \[2, 3\]"):
+        lumc_outputs(_det_model((2, 3)), {"x": x})

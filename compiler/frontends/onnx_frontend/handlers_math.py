@@ -196,4 +196,6 @@ def _shrink(ctx: OpContext):
                           hi.lt(x).where(x.sub(x.scalar_like(bias)), x.scalar_like(0)))
 
 
-
+@handler("Det", requires=["linalg.det"])
+def _det(ctx: OpContext):
+    return lib("linalg.det")(ctx.input(0))
