@@ -13,8 +13,8 @@ import itertools
 
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError
-from lumc.ir.library.indexing import gather_elements
-from lumc.ir.tensor import Tensor
+from lumc.ir.library.indexing import gather, gather_elements
+from lumc.ir.tensor import Tensor, stack
 from lumc.ir.views import prod
 
 _CUBIC_A = -0.75
@@ -146,3 +146,84 @@ def grid_sample(x: Tensor, grid: Tensor, mode: str = "linear", padding: str = "z
             term = fetch(idx).mul(w.reshape((n, 1, m)).expand((n, c, m)))
             y = term if y is None else y.add(term)
     return y.reshape((n, c) + tuple(out_sp))
+
+
+def _roi_axis_taps(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size: int):
+    """One axis of RoiAlign's bilinear samples (the ONNX reference, onnxruntime): for rois
+    ``[R]``, the ``pooled * grid`` sample coordinates of each and their two taps, as
+    ``(index [R, pooled, grid, 2] i64, weight [R, pooled, grid, 2])``. A sample outside
+    ``[-1, size]`` weighs 0; one inside is clamped to ``[0, size - 1]``."""
+    r = start.shape[0]
+    shape = (r, pooled, grid)
+    p = Tensor.iota(shape, 1, start.dtype)
+    i = Tensor.iota(shape, 2, start.dtype).add(Tensor.full(shape, 0.5, start.dtype))
+    b = bin_size.reshape((r, 1, 1)).expand(shape)
+    c = start.reshape((r, 1, 1)).expand(shape).add(p.mul(b)).add(i.mul(b.div(b.scalar_like(grid))))
+    inside = c.lt(c.scalar_like(-1.0)).logical_or(c.gt(c.scalar_like(float(size)))).logical_not()
+    c = c.maximum(c.scalar_like(0.0))
+    low = c.floor()
+    at_end = low.ge(low.scalar_like(size - 1))
+    low = at_end.where(low.scalar_like(size - 1), low)
+    c = at_end.where(low, c)
+    high = at_end.where(low, low.add(low.scalar_like(1)))
+    frac = c.sub(low)
+    zero = frac.scalar_like(0.0)
+    w = stack([inside.where(frac.scalar_like(1.0).sub(frac), zero), inside.where(frac, zero)], -1)
+    return stack([low.cast(dt.i64), high.cast(dt.i64)], -1), w
+
+
+def roi_align(x: Tensor, rois: Tensor, batch_indices: Tensor, *, output_height: int = 1,
+              output_width: int = 1, grid: tuple[int, int] = (2, 2), spatial_scale: float = 1.0,
+              mode: str = "avg", half_pixel: bool = True) -> Tensor:
+    """ONNX ``RoiAlign``: ``[R, C, output_height, output_width]`` features of the boxes ``rois``
+    ``[R, 4]`` (``x1, y1, x2, y2`` in input coordinates times ``spatial_scale``) of the images
+    ``batch_indices`` ``[R]`` of ``x`` ``[N, C, H, W]``.
+
+    Each output bin averages (``avg``) or takes the largest of (``max``: the largest of the four
+    weighted taps, as onnxruntime) ``grid[0] x grid[1]`` bilinear samples (ONNX
+    ``sampling_ratio`` on both axes; the adaptive 0 is the caller's), as the ONNX reference:
+    ``half_pixel`` shifts box corners by -0.5 (else boxes are at least 1 wide), a sample outside
+    ``[-1, size]`` reads 0 and one inside is clamped to the image. ``avg`` is separable: one
+    ``Gather`` along H, a weighted sum, one along W; ``max`` gathers all four taps.
+
+    Raises:
+        ShapeError: bad shapes, a grid below 1 or an unknown mode.
+    """
+    if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4 or batch_indices.shape != (
+            rois.shape[0],):
+        raise ShapeError(f"RoiAlign needs X [N, C, H, W], rois [R, 4], batch_indices [R], got "
+                         f"{list(x.shape)}, {list(rois.shape)}, {list(batch_indices.shape)}",
+                         op="RoiAlign")
+    gh, gw = (int(k) for k in grid)
+    if min(gh, gw) < 1 or mode not in ("avg", "max"):
+        raise ShapeError(f"sampling grid {list(grid)} must be >= 1 and mode {mode!r} avg or max",
+                         op="RoiAlign")
+    _, ch, h, w = x.shape
+    r, oh, ow = rois.shape[0], int(output_height), int(output_width)
+    box = rois.cast(x.dtype).mul(rois.cast(x.dtype).scalar_like(spatial_scale))
+    if half_pixel:
+        box = box.sub(box.scalar_like(0.5))
+    corner = [box.slice([k], [k + 1], [1]).reshape((r,)) for k in range(4)]   # x1, y1, x2, y2
+    size_w, size_h = corner[2].sub(corner[0]), corner[3].sub(corner[1])
+    if not half_pixel:
+        size_w, size_h = size_w.maximum(size_w.scalar_like(1.0)), size_h.maximum(
+            size_h.scalar_like(1.0))
+    yi, yw = _roi_axis_taps(corner[1], size_h.div(size_h.scalar_like(oh)), oh, gh, h)
+    xi, xw = _roi_axis_taps(corner[0], size_w.div(size_w.scalar_like(ow)), ow, gw, w)
+    img = gather(x, batch_indices, 0)                                           # [R, C, H, W]
+    ky, kx = oh * gh * 2, ow * gw * 2
+    rows = gather_elements(img, yi.reshape((r, 1, ky, 1)).expand((r, ch, ky, w)), axis=2)
+    if mode == "avg":
+        rows = rows.mul(yw.reshape((r, 1, ky, 1)).expand((r, ch, ky, w)))
+        rows = rows.reshape((r, ch, oh, gh * 2, w)).sum([3])                    # [R, C, oh, W]
+        vals = gather_elements(rows, xi.reshape((r, 1, 1, kx)).expand((r, ch, oh, kx)), axis=3)
+        vals = vals.mul(xw.reshape((r, 1, 1, kx)).expand((r, ch, oh, kx)))
+        out = vals.reshape((r, ch, oh, ow, gw * 2)).sum([4])
+        return out.div(out.scalar_like(gh * gw))
+    # max: every (y tap, x tap) product of a bin, [R, C, oh, gh * 2, ow, gw * 2]
+    full = (r, ch, ky, kx)
+    vals = gather_elements(rows.reshape((r, ch, ky, 1, w)).expand((r, ch, ky, kx, w)),
+                           xi.reshape((r, 1, 1, kx, 1)).expand((r, ch, ky, kx, 1)), axis=4)
+    wt = yw.reshape((r, 1, ky, 1)).expand(full).mul(xw.reshape((r, 1, 1, kx)).expand(full))
+    vals = vals.reshape(full).mul(wt).reshape((r, ch, oh, gh * 2, ow, gw * 2))
+    return vals.max(5).max(3)

@@ -420,3 +420,63 @@ def test_det_of_an_empty_matrix_is_one_and_a_non_square_one_is_refused():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(ShapeError, match=r"op Det.*\[\.\.\., n, n\], got \[2, 3\]"):
         lumc_outputs(_det_model((2, 3)), {"x": x})
+
+
+# ---- RoiAlign: not implemented; bilinear samples by Gather, separable for avg ---------------------
+ROIS = np.array([[1.0, 1.0, 7.5, 6.0], [-3.0, 2.0, 4.0, 14.0], [0.0, 0.0, 12.0, 10.0],
+                 [5.2, 3.1, 5.6, 3.3], [9.0, 8.0, 20.0, 12.0]], np.float32)
+
+
+def _roi_align_model(x_shape, rois: np.ndarray | None, n_rois: int, opset: int = 16, **attrs):
+    """RoiAlign of the f32 input ``x``; ``rois`` an initializer, or an input when None."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape)),
+              helper.make_tensor_value_info("b", TensorProto.INT64, [n_rois])]
+    inits = []
+    if rois is None:
+        inputs.append(helper.make_tensor_value_info("rois", TensorProto.FLOAT, [n_rois, 4]))
+    else:
+        inits.append(numpy_helper.from_array(rois, "rois"))
+    g = helper.make_graph([helper.make_node("RoiAlign", ["x", "rois", "b"], ["y0"], **attrs)],
+                          "g", inputs, [helper.make_tensor_value_info("y0", TensorProto.FLOAT,
+                                                                      None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm,ratio,scale", [
+    ("half_pixel", 2, 1.0), ("output_half_pixel", 3, 0.5),
+    ("half_pixel", 0, 1.0),            # adaptive grid: ceil(box / bins) per roi and axis
+    ("output_half_pixel", 0, 0.75),
+])
+def test_roi_align_matches_onnxruntime(mode, ctm, ratio, scale):
+    """Boxes inside, across the border and past it, one thinner than a pixel; rois of the two
+    images in any order."""
+    x = RNG.standard_normal((2, 3, 10, 12)).astype(np.float32)
+    b = np.array([1, 0, 0, 1, 1], np.int64)
+    m = _roi_align_model(x.shape, ROIS, 5, mode=mode, coordinate_transformation_mode=ctm,
+                         sampling_ratio=ratio, spatial_scale=scale, output_height=3,
+                         output_width=4)
+    (want,) = onnxruntime_outputs(m, {"x": x, "b": b})
+    (got,) = lumc_outputs(m, {"x": x, "b": b})
+    if mode == "avg":
+        assert_same_bits(got, want, f"{mode} {ctm} {ratio}", rtol=1e-5, atol=1e-6)
+    else:   # a bin of zero-weight taps is the max of +0 and -0 products: either sign is a tie
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_roi_align_with_runtime_rois_and_no_rois():
+    x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    b = np.array([0, 1, 1, 0, 1], np.int64)
+    m = _roi_align_model(x.shape, None, 5, sampling_ratio=2, output_height=2, output_width=2)
+    feeds = {"x": x, "b": b, "rois": ROIS}
+    (got,) = lumc_outputs(m, feeds)
+    assert_same_bits(got, onnxruntime_outputs(m, feeds)[0], "runtime rois", rtol=1e-5, atol=1e-6)
+    empty = {"x": x, "b": np.zeros(0, np.int64)}
+    (got,) = lumc_outputs(_roi_align_model(x.shape, np.zeros((0, 4), np.float32), 0,
+                                           sampling_ratio=2), empty)
+    assert got.shape == (0, 4, 1, 1) and got.dtype == np.float32
+    with pytest.raises(NeedsConstantError, match="op RoiAlign.*sampling_ratio 0"):
+        lumc_outputs(_roi_align_model(x.shape, None, 5, sampling_ratio=0), feeds)

@@ -13,7 +13,7 @@ from lumc.compiler.frontends.onnx_frontend.loader import dtype_of
 from lumc.compiler.frontends.onnx_frontend.registry import OpContext, constant, handler, lib
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ShapeError, UnsupportedOpError
-from lumc.ir.tensor import Tensor, normalize_axis, stack
+from lumc.ir.tensor import Tensor, concat, normalize_axis, stack
 from lumc.ir.views import prod
 
 
@@ -262,3 +262,44 @@ def _deform_conv(ctx: OpContext):
     if bias is not None:
         y = y.add(bias.reshape((1, oc, 1, 1)))
     return y
+
+
+@handler("RoiAlign", requires=["sample.roi_align"])
+def _roi_align(ctx: OpContext):
+    """``RoiAlign`` as :func:`lumc.ir.library.sample.roi_align`. ``sampling_ratio`` 0 (adaptive:
+    ``ceil(box size / bins)`` samples per bin on each axis, per roi) needs the rois at compile
+    time; rois of one grid are computed together and put back in order (a grid of 0 samples
+    gives 0, as the ONNX reference)."""
+    x, rois, bidx = ctx.input(0), ctx.input(1), ctx.input(2)
+    ctm = ctx.attr("coordinate_transformation_mode", "half_pixel") if ctx.opset >= 16 else \
+        "output_half_pixel"
+    if ctm not in ("half_pixel", "output_half_pixel"):
+        raise ShapeError(f"unknown coordinate_transformation_mode {ctm!r}")
+    oh, ow = int(ctx.attr("output_height", 1)), int(ctx.attr("output_width", 1))
+    ratio, scale = int(ctx.attr("sampling_ratio", 0)), float(ctx.attr("spatial_scale", 1.0))
+    kw = dict(output_height=oh, output_width=ow, spatial_scale=scale,
+              mode=ctx.attr("mode", "avg"), half_pixel=ctm == "half_pixel")
+    roi_align = lib("sample.roi_align")
+    if ratio > 0:
+        return roi_align(x, rois, bidx, grid=(ratio, ratio), **kw)
+    boxes = np.asarray(ctx.const(1, "rois: sampling_ratio 0 sizes each roi's grid by its box"))
+    f = boxes.dtype.type
+    b = boxes.reshape(-1, 4) * f(scale) - f(0.5 if ctm == "half_pixel" else 0.0)
+    size_h, size_w = b[:, 3] - b[:, 1], b[:, 2] - b[:, 0]
+    if ctm != "half_pixel":
+        size_h, size_w = np.maximum(size_h, f(1)), np.maximum(size_w, f(1))
+    grids = [(int(np.ceil(hh / f(oh))), int(np.ceil(ww / f(ow)))) for hh, ww in zip(size_h, size_w)]
+    parts, order = [], []
+    for grid in dict.fromkeys(grids):
+        idx = [i for i, g in enumerate(grids) if g == grid]
+        order += idx
+        sel = constant(np.array(idx, np.int64))
+        if min(grid) < 1:
+            parts.append(Tensor.full((len(idx), x.shape[1], oh, ow), 0, x.dtype))
+            continue
+        parts.append(roi_align(x, lib("indexing.take")(rois, sel, 0),
+                               lib("indexing.take")(bidx, sel, 0), grid=grid, **kw))
+    if not parts:
+        return Tensor.full((0, x.shape[1], oh, ow), 0, x.dtype)
+    out = concat(parts, 0)
+    return lib("indexing.take")(out, constant(np.argsort(order).astype(np.int64)), 0)
