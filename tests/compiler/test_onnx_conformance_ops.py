@@ -422,7 +422,7 @@ def test_det_of_an_empty_matrix_is_one_and_a_non_square_one_is_refused():
         lumc_outputs(_det_model((2, 3)), {"x": x})
 
 
-# ---- RoiAlign: not implemented; bilinear samples by Gather, separable for avg ---------------------
+# ---- RoiAlign: not implemented; bilinear samples by Gather, separable for avg ------------------
 ROIS = np.array([[1.0, 1.0, 7.5, 6.0], [-3.0, 2.0, 4.0, 14.0], [0.0, 0.0, 12.0, 10.0],
                  [5.2, 3.1, 5.6, 3.3], [9.0, 8.0, 20.0, 12.0]], np.float32)
 
@@ -480,3 +480,42 @@ def test_roi_align_with_runtime_rois_and_no_rois():
     assert got.shape == (0, 4, 1, 1) and got.dtype == np.float32
     with pytest.raises(NeedsConstantError, match="op RoiAlign.*sampling_ratio 0"):
         lumc_outputs(_roi_align_model(x.shape, None, 5, sampling_ratio=0), feeds)
+
+
+# ---- Unique: not implemented; constants of an input known at compile time ------------------------
+@pytest.mark.parametrize("x,attrs", [
+    (np.array([2, 1, 5, 1, 2, 7, 5], np.float32), {}),
+    (np.array([2, 1, 5, 1, 2, 7, 5], np.float32), dict(sorted=0)),
+    (np.array([[1, 0, 1], [2, 3, 2], [1, 0, 1]], np.int64), dict(axis=-1, sorted=0)),
+    (np.array([[1, 0, 1], [2, 3, 2], [1, 0, 1]], np.int64), dict(axis=0)),
+    (np.array([[4, 4], [3, 4]], np.int64), {}),        # flattened
+    (np.array(3.0, np.float32), {}),                     # rank 0: one element
+    (np.zeros((0, 3), np.float32), {}),                  # zero-size: empty outputs
+])
+def test_unique_matches_onnxruntime(x, attrs):
+    """Through the ONNX backend, which binds the input as a constant (its values set Y's size)."""
+    m = single_node("Unique", {"x": x}, opset=11, n_out=4, **attrs)
+    want = onnxruntime_outputs(m, {"x": x})
+    got = LumcBackend.prepare(m).run([x])
+    for g, w, what in zip(got, want, ("Y", "indices", "inverse_indices", "counts")):
+        assert_same_bits(g, w, f"{what} {attrs}")
+
+
+def test_unique_keeps_one_nan_and_the_first_signed_zero():
+    """NaNs are one value (numpy, the ONNX reference; onnxruntime drops them from Y), -0.0 and 0.0
+    one, Y holding the sign of the first occurrence."""
+    x = np.array([2, np.nan, 0.0, np.nan, -0.0, 2], np.float32)
+    y, first, inverse, counts = LumcBackend.prepare(
+        single_node("Unique", {"x": x}, opset=11, n_out=4, sorted=0)).run([x])
+    assert_same_bits(y, np.array([2, np.nan, 0.0], np.float32), "Y")
+    assert first.tolist() == [0, 1, 2] and counts.tolist() == [2, 2, 2]
+    assert inverse.tolist() == [0, 1, 2, 1, 2, 0]
+    x = np.array([-0.0, 1, 0.0], np.float32)
+    (y,) = LumcBackend.prepare(single_node("Unique", {"x": x}, opset=11)).run([x])
+    assert_same_bits(y, np.array([-0.0, 1], np.float32), "sorted Y")
+
+
+def test_unique_of_runtime_data_is_refused_in_one_line():
+    x = np.array([1, 2, 1], np.float32)
+    with pytest.raises(NeedsConstantError, match="op Unique.*count of distinct values"):
+        lumc_outputs(single_node("Unique", {"x": x}, opset=11), {"x": x})

@@ -1,7 +1,7 @@
 """Data-dependent selection with static shapes: ``TopK``, ``ScatterElements`` / ``Scatter`` /
-``ScatterND`` and ``ReverseSequence``; and the two whose output size is a count of their input's
-nonzeros, computed when that input is known at compile time: ``Compress`` (a ``Gather`` of the
-selected slices of any data) and ``NonZero`` (a constant).
+``ScatterND`` and ``ReverseSequence``; and those whose output size is a count of their input's
+nonzeros or distinct values, computed when that input is known at compile time: ``Compress`` (a
+``Gather`` of the selected slices of any data), ``NonZero`` and ``Unique`` (constants).
 
 There is no sort or scatter primitive, so these are built from comparisons and reductions over an
 extra axis: ``TopK`` ranks every element against every other along the axis (``O(n^2)`` compares),
@@ -111,3 +111,29 @@ def _nonzero(ctx: OpContext):
     compile time. A rank-0 input reads as one element, ``[1, count]``, as onnxruntime gives."""
     v = np.asarray(ctx.const(0, "its count of nonzeros is the output size"))
     return constant(np.array(np.nonzero(v.reshape(v.shape or (1,))), dtype=np.int64))
+
+
+@handler("Unique")
+def _unique(ctx: OpContext):
+    """``(Y, indices, inverse_indices, counts)`` of the distinct elements (slices along ``axis``)
+    of an input known at compile time (their count is Y's size), as constants: Y ascending with
+    ``sorted`` (the default), else in order of first occurrence; ``indices`` the first occurrence
+    of each, ``inverse_indices`` each element's (slice's) place in Y. NaNs are one value, as in
+    numpy's ``unique`` and the ONNX reference (onnxruntime drops them from Y); -0.0 and 0.0 are
+    one, Y holding the first occurrence's."""
+    v = np.asarray(ctx.const(0, "its count of distinct values is the output size"))
+    axis = ctx.attr("axis")
+    if axis is None:
+        v, axis = v.reshape(-1), 0
+    else:
+        axis = normalize_axis(axis, v.ndim)
+    y, first, inverse, counts = np.unique(v, return_index=True, return_inverse=True,
+                                          return_counts=True, axis=axis)
+    if not ctx.attr("sorted", 1):
+        order = np.argsort(first, kind="stable")
+        place = np.empty_like(order)
+        place[order] = np.arange(order.size)
+        y, first, counts, inverse = np.take(y, order, axis), first[order], counts[order], \
+            place[inverse.reshape(-1)]
+    return [constant(np.ascontiguousarray(y).astype(v.dtype))] + [
+        constant(np.asarray(a, np.int64).reshape(-1)) for a in (first, inverse, counts)]
