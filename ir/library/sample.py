@@ -1,5 +1,6 @@
 """Sampling at computed positions: ``grid_sample`` (N-D nearest / linear / cubic with zeros, border
-and reflection padding), for ONNX ``GridSample`` and PyTorch ``grid_sampler_2d`` / ``_3d``.
+and reflection padding), for ONNX ``GridSample`` and PyTorch ``grid_sampler_2d`` / ``_3d``; and
+``roi_align`` (ONNX ``RoiAlign``: bilinear samples in boxes, averaged or maxed per bin).
 
 It follows the ONNX reference (``onnx/reference/ops/op_grid_sample.py``, itself PyTorch's
 ``GridSampler.h``): coordinates are un-normalized per ``align_corners``, moved inside the border

@@ -1,7 +1,7 @@
 """Sampling and spectral ops: ``GridSample`` (N-D nearest / linear / cubic with zeros, border and
 reflection padding), ``AffineGrid``, 2-D ``DeformConv``, ``DFT`` (forward, inverse, one-sided, as
 contractions with constant cos/sin tables), ``STFT`` (window views, then the same contractions),
-the Hann / Hamming / Blackman windows and ``MelWeightMatrix`` (constants).
+the Hann / Hamming / Blackman windows and ``MelWeightMatrix`` (constants), ``RoiAlign``.
 
 ``GridSample`` is :func:`lumc.ir.library.sample.grid_sample`, shared with the PyTorch frontend.
 """
