@@ -7,9 +7,16 @@ PYTEST := $(PY) -m pytest
 
 .PHONY: install test conformance demo models clean
 
-install:  ## create .venv and install lumc editable with the dev extras (torch pinned to the CPU wheel)
+# the GPU machine's Triton, beside the dev one: the tests compile every kernel form for cuda:90
+# with it too (tests/backends/test_triton_gpu_image.py), as the GPU will
+GPU_TRITON     := 3.6.0
+GPU_TRITON_DIR := $(VENV)/triton-gpu-image
+
+install:  ## create .venv and install lumc editable with the dev extras (torch pinned to the CPU wheel), and the GPU image's Triton in .venv/triton-gpu-image
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	test -f $(GPU_TRITON_DIR)/triton/__init__.py || $(PY) -m pip install -q --no-deps \
+		--target $(GPU_TRITON_DIR) triton==$(GPU_TRITON)
 	$(LUMC) --version
 
 # pytest-xdist processes for make test (one per core of the CI machine)

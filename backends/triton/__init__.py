@@ -40,9 +40,11 @@ def _choose_mode() -> None:
 _choose_mode()
 if _os.environ.get("TRITON_INTERPRET") == "1":
     from lumc.backends.triton.interpreter_bf16 import install as _install_bf16
+    from lumc.backends.triton.interpreter_index import install as _install_index
     from lumc.backends.triton.interpreter_stdlib import install as _install_stdlib
     _install_bf16()   # bf16 arithmetic in the interpreter as on the GPU (see that module)
     _install_stdlib()  # tl.max and the like interpreted where Triton was imported before lumc
+    _install_index()   # a one-element tensor as a loop bound under numpy 2 (Triton 3.6)
 
 from lumc.backends.triton.codegen import RenderError  # noqa: E402
 from lumc.backends.triton.configs import Config, config_space, default_config  # noqa: E402

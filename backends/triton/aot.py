@@ -16,6 +16,13 @@ Compiles run in a child process (``python -m lumc.backends.triton.aot``), becaus
 running the Triton interpreter (``TRITON_INTERPRET=1``), under which ``@triton.jit`` functions cannot
 be compiled. One child compiles a whole batch; each job reports its own error instead of failing the
 batch.
+
+The child can compile with another Triton than the parent's: ``triton_dir`` (default: the
+environment variable ``LUMC_AOT_TRITON``) names a folder holding one (``pip install --no-deps
+--target DIR triton==3.6.0``), put first on the child's ``PYTHONPATH``. ``make install`` puts the
+GPU image's Triton (3.6; the GPU machine has no other) in ``.venv/triton-gpu-image``, so that a
+kernel form using Triton API that version lacks fails here, not on the GPU (an mlp kernel's
+``tl.static_assert`` of a ``tl.cdiv`` did). Each result names the Triton version that compiled it.
 """
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ class AotResult:
         tensor_core: tensor-core opcodes of the SASS, shape dropped, with counts
             (``{"HGMMA.F32.BF16": 64}``; empty on CUDA cores, see ``sass.py``).
         sass_instructions: the number of SASS instructions (all kernels of the module).
+        triton_version: the version of the Triton that compiled it (``triton.__version__``).
     """
     kernel: str
     form: str
@@ -66,6 +74,7 @@ class AotResult:
     static_shared_bytes: int | None = None
     tensor_core: dict[str, int] = field(default_factory=dict)
     sass_instructions: int | None = None
+    triton_version: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -96,15 +105,21 @@ def _job(rk: RenderedKernel, cfg: Config) -> dict:
 _RESOURCE_KEYS = ("registers", "spill_stores", "spill_loads", "stack_bytes", "static_shared_bytes")
 
 
-def compile_many(jobs: list[tuple[RenderedKernel, Config]], timeout: float = 900.0) -> list[AotResult]:
+def compile_many(jobs: list[tuple[RenderedKernel, Config]], timeout: float = 900.0,
+                 triton_dir: str | None = None) -> list[AotResult]:
     """Compile every ``(kernel, config)`` for ``cuda:90`` in one child process (identical jobs
     are compiled once).
 
+    Args:
+        timeout: seconds the child may take for the whole batch.
+        triton_dir: a folder holding the Triton to compile with (first on the child's
+            ``PYTHONPATH``); default ``$LUMC_AOT_TRITON``, else the parent's Triton.
     Returns:
         one :class:`AotResult` per job, in order (failures carry ``error``), with registers, spills
         and tensor-core opcodes (see :class:`AotResult`).
     Raises:
         RuntimeError: when the child process itself dies (not for a kernel that fails to compile).
+        FileNotFoundError: ``triton_dir`` holds no ``triton`` package.
     """
     if not jobs:
         return []
@@ -114,6 +129,14 @@ def compile_many(jobs: list[tuple[RenderedKernel, Config]], timeout: float = 900
     payload = json.dumps([specs[keys.index(k)] for k in unique])
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DUMP_PTXAS_LOG="1")
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    triton_dir = triton_dir or os.environ.get("LUMC_AOT_TRITON") or None
+    if triton_dir:
+        triton_dir = os.path.abspath(triton_dir)
+        if not os.path.isfile(os.path.join(triton_dir, "triton", "__init__.py")):
+            raise FileNotFoundError(f"no triton package in {triton_dir} (LUMC_AOT_TRITON, or "
+                                    "triton_dir): pip install --no-deps --target DIR triton==X")
+        env["PYTHONPATH"] = os.pathsep.join([triton_dir] + [p for p in env.get(
+            "PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run([sys.executable, "-m", "lumc.backends.triton.aot"], input=payload,
                           capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
@@ -125,7 +148,8 @@ def compile_many(jobs: list[tuple[RenderedKernel, Config]], timeout: float = 900
         out.append(AotResult(rk.name, rk.form, cfg, r["shared"], r["seconds"], r["error"],
                              **{n: r.get(n) for n in _RESOURCE_KEYS},
                              tensor_core=dict(r.get("tensor_core") or {}),
-                             sass_instructions=r.get("sass_instructions")))
+                             sass_instructions=r.get("sass_instructions"),
+                             triton_version=r.get("triton")))
     return out
 
 
@@ -194,13 +218,14 @@ def _worker() -> None:
                 for op, n in tensor_core_ops(ops).items():
                     tc[op] = tc.get(op, 0) + n
             out.append({"shared": shared, "error": None, "seconds": time.perf_counter() - t0,
-                        **res, "tensor_core": tc, "sass_instructions": n_sass})
+                        **res, "tensor_core": tc, "sass_instructions": n_sass,
+                        "triton": triton.__version__})
         except Exception as e:  # noqa: BLE001 - one failed kernel must not hide the others
             msg = [ln for ln in f"{type(e).__name__}: {e}".splitlines() if ln.strip()]
             # the first line says where, the last lines say what
             text = " | ".join(msg[:1] + msg[-6:]) if len(msg) > 7 else " | ".join(msg)
             out.append({"shared": None, "error": text[:2000],
-                        "seconds": time.perf_counter() - t0})
+                        "seconds": time.perf_counter() - t0, "triton": triton.__version__})
     sys.stdout.write(json.dumps(out) + "\n")
 
 
