@@ -10,6 +10,8 @@ does not fold at compile time ("Assertion condition could not be determined at c
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,22 @@ def test_a_folder_without_triton_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="no triton package"):
         compile_many([(rk, configs.default_config(rk.config_space, rk.problem))],
                       triton_dir=str(tmp_path))
+
+
+def test_its_interpreter_runs_a_kernel_with_a_computed_loop_bound():
+    """Causal attention's key loop stops at a bound the kernel computes (``range(0, n_end, ..)``):
+    Triton 3.6's interpreter read that one-element tensor with ``int()``, which numpy 2 refuses
+    (``interpreter_index``). Run in a child that imports that Triton, as on a machine with it."""
+    d = _gpu_image_triton()
+    here = Path(__file__).resolve().parent
+    code = ("import triton; assert triton.__version__ == %r, triton.__version__\n"
+            "from lumc.ir import dtypes as dt\n"
+            "from triton_cases import attention, check, make_kernel\n"
+            "k = make_kernel('attention', attention(0.25, causal=True), [((1, 2, 48, 16), dt.f32)]"
+            " * 3)\n"
+            "check(k, config=None)\nprint('ok')\n") % GPU_IMAGE_TRITON
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(d), str(here)]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
