@@ -346,11 +346,10 @@ def output_quality(got: np.ndarray, ref: np.ndarray, logits: bool = False) -> di
     Returns ``{max_abs, max_rel, cosine}`` plus ``{kl_mean, kl_max, top1}`` when the reference is a
     probability output or ``logits`` is set (KL(ref || got) per row over the last axis, natural log).
     """
-    from lumc.compiler.core.measure import max_rel_error
+    from lumc.compiler.core.measure import max_abs_error, max_rel_error
     g = np.asarray(got, dtype=np.float64)
     r = np.asarray(ref, dtype=np.float64)
-    out = {"max_abs": float(np.max(np.abs(g - r))) if r.size else 0.0,
-           "max_rel": max_rel_error(g, r)}
+    out = {"max_abs": max_abs_error(g, r), "max_rel": max_rel_error(g, r)}
     gf, rf = g.ravel(), r.ravel()
     # over the elements finite in both (max_rel judges NaN and inf: they must match); a NaN made
     # the cosine of matching outputs 0
@@ -360,17 +359,26 @@ def output_quality(got: np.ndarray, ref: np.ndarray, logits: bool = False) -> di
     out["cosine"] = float(np.dot(gf, rf) / den) if den > 0 else (1.0 if np.array_equal(gf, rf) else 0.0)
     prob = is_probability(r)
     if (prob or logits) and r.ndim >= 1 and r.shape[-1] >= 2:
-        p = r if prob else _softmax(r)
-        q = g if prob else _softmax(g)
-        q = np.clip(q, 1e-30, None)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(p > 0, p * (np.log(np.clip(p, 1e-300, None)) - np.log(q)), 0.0)
-        # a KL is never below 0; a row of q summing to a hair over 1 (a rounded softmax) gave
-        # 'mean KL -3.92e-08' in the report
-        kl = np.maximum(terms.sum(axis=-1).ravel(), 0.0)
-        out["kl_mean"] = float(np.mean(kl))
-        out["kl_max"] = float(np.max(kl))
-        out["top1"] = float(np.mean(np.argmax(p, axis=-1) == np.argmax(q, axis=-1)))
+        with np.errstate(invalid="ignore"):
+            p = r if prob else _softmax(r)
+            q = g if prob else _softmax(g)
+        # rows of a distribution the fp32 model defines (a logit row holding +inf, or all -inf, has
+        # none: max_rel judges whether the plan's NaN matches); none at all (a zero-size output):
+        # no KL, which as the mean of no rows was NaN and failed --max-kl
+        rows = np.all(np.isfinite(p), axis=-1)
+        if rows.any():
+            p, q = p[rows], q[rows]
+            bad = ~np.all(np.isfinite(q), axis=-1)
+            q = np.clip(np.where(np.isfinite(q), q, 1.0), 1e-30, None)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                terms = np.where(p > 0, p * (np.log(np.clip(p, 1e-300, None)) - np.log(q)), 0.0)
+            # a KL is never below 0; a row of q summing to a hair over 1 (a rounded softmax) gave
+            # 'mean KL -3.92e-08' in the report; a row the plan made non-finite is infinitely off
+            kl = np.where(bad, np.inf, np.maximum(terms.sum(axis=-1), 0.0))
+            out["kl_mean"] = float(np.mean(kl))
+            out["kl_max"] = float(np.max(kl))
+            out["top1"] = float(np.mean(np.argmax(p, axis=-1) == np.argmax(q, axis=-1)) if not
+                                bad.all() else 0.0)
     return out
 
 

@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lumc
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.core.precision import (PrecisionPolicy, contraction_reduced_axes, output_quality,
-                                     store_weights)
+from lumc.compiler.core.precision import (PrecisionPolicy, contraction_reduced_axes,
+                                          measure_quality, output_quality, store_weights)
 from lumc.compiler.runtime.tuning_db import TuningDatabase
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError
@@ -156,6 +156,37 @@ def test_quality_figures_against_float64():
     # a rounded softmax summing to a hair over 1: its KL from the reference is 0, not negative
     near = output_quality(p * (1 + 1e-6), p)
     assert near["kl_mean"] == 0.0 and near["kl_max"] == 0.0, near
+
+
+def test_quality_figures_of_non_finite_and_empty_outputs():
+    """Matching inf/NaN outputs made the report's max abs error NaN (inf - inf) with a numpy
+    warning; a zero-size logits output had a mean KL of no rows, NaN, which failed --max-kl; a
+    logit row holding +inf (softmax NaN in the fp32 model too) made the mean KL NaN."""
+    ref = np.array([[np.inf, 1.0, -np.inf, np.nan], [2.0, -3.0, 0.5, 4.0]])
+    got = ref + np.array([[0.0, 0.25, 0.0, 0.0], [0.0, 0.0, -0.5, 0.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = output_quality(got, ref)
+    fin = np.isfinite(ref)
+    assert f["max_abs"] == np.abs(got[fin] - ref[fin]).max() == 0.5
+    assert f["max_rel"] == 0.5 / 4.0
+    moved = got.copy()
+    moved[0, 0] = 1.0                     # an inf the plan lost is infinitely off, both ways
+    assert output_quality(moved, ref)["max_abs"] == output_quality(moved, ref)["max_rel"] == np.inf
+    # a row of logits with +inf (no distribution in fp32 either) is left out of the KL
+    lg = np.array([[np.inf, 0.0, 1.0], [0.0, 1.0, 2.0]])
+    lq = lg + np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 0.1]])
+    f = output_quality(lq, lg, logits=True)
+    e, eq = np.exp(lg[1] - 2.0), np.exp(lq[1] - 2.1)
+    pr, qr = e / e.sum(), eq / eq.sum()
+    assert f["kl_mean"] == pytest.approx((pr * np.log(pr / qr)).sum(), rel=1e-9)
+    assert f["max_abs"] == pytest.approx(0.1)
+    # a zero-size output has no rows to judge: no KL, and --max-kl passes it
+    empty = np.zeros((0, 4), np.float32)
+    assert "kl_mean" not in output_quality(empty, empty, logits=True)
+    pol = PrecisionPolicy("bf16", max_kl=1e-6, logits=("y",))
+    q = measure_quality({"y": empty}, {"y": empty}, pol, ["y"])
+    assert q["passed"] and q["kl_mean"] is None, q
 
 
 def test_torch_module_and_backend_take_the_policy(tmp_path, monkeypatch):
