@@ -213,7 +213,7 @@ def store_weights(graph: Graph, policy: PrecisionPolicy) -> tuple[Graph, dict]:
     ``bf16``/``fp16``/``fp8``/``auto``; with ``weights`` ``int8``/``fp8``/``nvfp4``, a weight read
     only by contractions becomes the dequantization of its quantized storage instead
     (:mod:`lumc.compiler.core.weight_quant`; see the module docstring). A weight the format cannot
-    store (NVFP4 with a K not a multiple of 16; a non-finite fp8/NVFP4 weight) is ``skipped``: it
+    store (NVFP4 with a K not a multiple of 16; a weight holding inf or NaN) is ``skipped``: it
     stays as the precision stores it.
 
     Returns:

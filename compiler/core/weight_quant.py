@@ -67,26 +67,28 @@ FORMATS = ("int8", "fp8", "nvfp4")
 def store_quantized(w: Node, reduced: tuple[int, ...], fmt: str) -> tuple[Node, int] | None:
     """``(W', stored bytes)`` of fp32 constant ``w`` stored in format ``fmt`` (one of
     :data:`FORMATS`) along its contraction's ``reduced`` axes; None when the format cannot store
-    it (NVFP4 where :func:`nvfp4_span` finds no blocking axis, fp8/nvfp4 of a non-finite weight)."""
+    it (NVFP4 where :func:`nvfp4_span` finds no blocking axis; a weight holding inf or NaN)."""
     value = np.asarray(w.arg.value, dtype=np.float32)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; known: {FORMATS}")
+    # no format stores inf or NaN: an int8 channel holding inf had scale inf and dequantized to
+    # NaN everywhere, a NaN weight became 0
+    if not np.all(np.isfinite(value)):
+        return None
     if fmt == "int8":
         q, scale = quantize_int8(value, reduced)
         return dequant_scaled(q, scale), q.nbytes + scale.nbytes
-    if not np.all(np.isfinite(value)):
-        return None
     if fmt == "fp8":
         q, scale = quantize_fp8(value, reduced)
         return dequant_scaled(q, scale), q.nbytes + scale.nbytes
-    if fmt == "nvfp4":
-        span = nvfp4_span(w.shape, reduced)
-        if span is None:
-            return None
-        a, b = span
-        flat = w.shape[:a] + (prod(w.shape[a:b + 1]),) + w.shape[b + 1:]
-        packed, scales, ts = quantize_nvfp4(value.reshape(flat), a)
-        deq = Tensor(dequant_nvfp4(packed, scales, ts, a)).reshape(w.shape)
-        return deq.node, nvfp4_nbytes(packed, scales)
-    raise ValueError(f"unknown weight format {fmt!r}; known: {FORMATS}")
+    span = nvfp4_span(w.shape, reduced)     # nvfp4
+    if span is None:
+        return None
+    a, b = span
+    flat = w.shape[:a] + (prod(w.shape[a:b + 1]),) + w.shape[b + 1:]
+    packed, scales, ts = quantize_nvfp4(value.reshape(flat), a)
+    deq = Tensor(dequant_nvfp4(packed, scales, ts, a)).reshape(w.shape)
+    return deq.node, nvfp4_nbytes(packed, scales)
 
 
 def dequant_scaled(q: np.ndarray, scale: np.ndarray) -> Node:
@@ -96,13 +98,23 @@ def dequant_scaled(q: np.ndarray, scale: np.ndarray) -> Node:
     return (Tensor(const_node(q)).cast(dt.f32) * sc).node
 
 
+def channel_scale(amax: np.ndarray, qmax: float) -> np.ndarray:
+    """fp32 ``amax / qmax`` per channel, 1 for an all-zero channel, and never below the smallest
+    fp32 subnormal: a channel of subnormal weights (amax under ``qmax * 2**-149``) had its quotient
+    flush to a scale of 0, and ``W / 0`` made its zeros NaN (fp8) and its values 0 (int8)."""
+    with np.errstate(under="ignore"):
+        s = (amax / np.float32(qmax)).astype(np.float32)
+    tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
+    return np.where(amax > 0, np.maximum(s, tiny), np.float32(1)).astype(np.float32)
+
+
 # ---- int8 ----------------------------------------------------------------------------------------
 def quantize_int8(value: np.ndarray, reduced: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """``(Q, scale)``: ``Q`` int8 of ``value``'s shape, ``scale`` fp32 with size-1 ``reduced``
     axes (per output channel)."""
     w = np.asarray(value, dtype=np.float32)
     amax = np.max(np.abs(w), axis=reduced, keepdims=True) if w.size else w
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    scale = channel_scale(amax, 127.0)
     q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
     return q, scale
 
@@ -113,7 +125,7 @@ def quantize_fp8(value: np.ndarray, reduced: tuple[int, ...]) -> tuple[np.ndarra
     (per output channel); see the module docstring."""
     w = np.asarray(value, dtype=np.float32)
     amax = np.max(np.abs(w), axis=reduced, keepdims=True)
-    scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1)).astype(np.float32)
+    scale = channel_scale(amax, FP8_MAX)
     q = np.clip(w / scale, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
     return q, scale
 

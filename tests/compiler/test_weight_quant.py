@@ -3,6 +3,8 @@ quantizer and dequantizer written here from the formats' definitions (not from
 ``lumc.compiler.core.weight_quant``), bit for bit, and small compiles end to end (sim:h200)."""
 from __future__ import annotations
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -192,12 +194,43 @@ def test_fp8_dequantizes_bit_exactly_per_output_channel():
     assert rel.max() <= 2.0 ** -4 + 1e-6         # e4m3: 3 mantissa bits, half an ulp at the top
 
 
-def test_non_finite_weights_are_skipped():
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_weights_are_skipped(bad):
+    """int8 quantized a weight holding inf (its channel's scale inf: the channel dequantized to
+    NaN everywhere, with numpy warnings) or NaN (stored as 0); no format stores one."""
     w = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
-    w[3, 4] = np.inf
-    for fmt in ("fp8", "nvfp4"):
-        _, got, _, stats = stored(matmul_graph(w)[0], fmt)
-        assert stats["skipped"] == 1 and np.array_equal(bits(got), bits(w))
+    w[3, 4] = bad
+    for fmt in ("int8", "fp8", "nvfp4"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, got, _, stats = stored(matmul_graph(w)[0], fmt)
+        assert stats["skipped"] == 1 and stats[fmt] == 0, fmt
+        assert np.array_equal(bits(got), bits(w)), fmt
+
+
+@pytest.mark.parametrize("fmt,qmax,ulp", [("int8", 127, 2.0 ** -7), ("fp8", 448, 2.0 ** -4)])
+def test_a_channel_of_subnormal_weights_keeps_its_values(fmt, qmax, ulp):
+    """A channel whose largest |w| is below qmax * 2**-149 had its scale amax / qmax flush to 0:
+    fp8 stored its zeros as NaN (0 / 0) and int8 its values as 0. The scale is floored at the
+    smallest subnormal, so the channel dequantizes to its values within the format's step."""
+    tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
+    w = np.random.default_rng(1).standard_normal((32, 6)).astype(np.float32)
+    w[:, 0] = 0.0
+    w[:4, 0] = np.array([1, -1, 3, 0], np.float32) * tiny      # amax 3 subnormal steps
+    w[:, 1] = 0.0
+    w[5, 1] = np.float32(2e-42)                                 # one weight, under 448 steps
+    w[:, 2] = 0.0                                               # all zero: scale 1, stays 0
+    _, got, _, stats = stored(matmul_graph(w)[0], fmt)
+    assert stats[fmt] == 1 and np.all(np.isfinite(got))
+    np.testing.assert_array_equal(got[:, 0], w[:, 0])           # whole steps: exact
+    np.testing.assert_array_equal(got[:, 2], 0.0)
+    w64, g64 = w.astype(np.float64), got.astype(np.float64)
+    amax = np.abs(w64).max(axis=0)
+    # within the format's step at the channel's amax, plus the subnormal scale's own rounding
+    # (half a subnormal step, up to qmax times)
+    bound = amax * ulp + qmax * float(tiny) / 2
+    assert np.all(np.abs(g64 - w64) <= bound), np.abs(g64 - w64).max(axis=0) / bound
+    assert got[5, 1] != 0.0
 
 
 def test_policy_takes_the_new_formats():
