@@ -410,6 +410,11 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
             graph, weight_stats = store_weights(fe.graph, policy)
         if weights_note(policy, weight_stats):
             fe.warnings.append(weights_note(policy, weight_stats))
+        if policy.weights != "same" and not weight_stats.get(policy.weights):
+            # no weight stored in the format (the note says so): the plan is the model's weights
+            # at the precision, gated at its tolerance, not the format's looser one (a bf16 plan
+            # 0.3 off passed --weights nvfp4's 0.4 with not one weight in nvfp4)
+            policy = dataclasses.replace(policy, weights="same")
         target = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
         progress.stage("candidates", deadline)

@@ -315,6 +315,14 @@ class CompiledTorchModule:
         return f"CompiledTorchModule({ins}; {len(self._cache)} specializations)"
 
 
+def plan_rtol(reports: list[dict], policy) -> float:
+    """The tolerance the plans (their ``reports``) were gated at, the largest: a plan that fell
+    back (bf16 to fp32, a weights format that stored nothing or missed the gate) is checked
+    against eager at its own precision's tolerance, not the one asked for (``policy.rtol``)."""
+    tols = [r.get("tolerance") for r in reports]
+    return max(tols) if tols and None not in tols else policy.rtol
+
+
 @with_workers
 def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic_shapes=None,
                    example_kwargs: dict | None = None, search: bool = True,
@@ -406,7 +414,8 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
                 vm.first.graph.outputs)
             from lumc.compiler.core.eager_check import check_range_against_eager
             ec = check_range_against_eager(module, program, vm, args, dict(example_kwargs or {}),
-                                           policy.rtol, type(module).__name__, policy)
+                                           plan_rtol([cm._report for _, cm in vm.variants],
+                                                     policy), type(module).__name__, policy)
             for rep in [vm._report] + [cm._report for _, cm in vm.variants]:
                 rep["eager_check"] = ec
             return vm
@@ -422,7 +431,8 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         kw = dict(example_kwargs or {})
         ties = index_ties(spec.imported.graph, feed, program.output_names, policy)
         spec.compiled._report["eager_check"] = check_against_eager(
-            module, args, kw, compiled(*args, **kw), policy.rtol, type(module).__name__, ties)
+            module, args, kw, compiled(*args, **kw), plan_rtol([spec.compiled._report], policy),
+            type(module).__name__, ties)
     compiled.watch = ModuleWatch(module, digests)
     if stored is not None and spec.compiled is not None and \
             spec.compiled.report_dict().get("best_time_s") is not None:

@@ -347,3 +347,44 @@ def test_weights_the_format_did_not_store_are_said(tmp_path):
             "matrix products); every weight stays in bf16 (precision bf16)") in cm.report_dict()["warnings"]
     x = rng.standard_normal((4, 8)).astype(np.float32)
     np.testing.assert_allclose(cm(x), np.exp(x.astype(np.float64)), rtol=1e-6)
+
+
+def test_a_weights_format_that_stored_nothing_gates_at_the_precisions_tolerance(tmp_path):
+    """``--precision bf16 --weights nvfp4`` on a model whose one weight has K = 24 stored no
+    weight as NVFP4 (the note says so) but gated the bf16 plan at NVFP4's tolerance 0.4, not
+    bf16's 0.1: a plan 0.3 off would have passed, reported as 'weights nvfp4' (a torch module's
+    check against eager at 0.4 too). The plan is the model's weights at bf16, gated and reported
+    so."""
+    from onnx import TensorProto, helper, numpy_helper
+    db = TuningDatabase(tmp_path / "tuning.sqlite")
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((24, 16)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "k24",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((4, 24)).astype(np.float32)
+    cm = lumc.compile(model, budget="20s", device="sim:h200", db=db, use_egraph=False,
+                      precision="bf16", weights="nvfp4", example_inputs={"x": x},
+                      reuse_plan=False)
+    r = cm.report_dict()
+    assert r["weight_storage"]["nvfp4"] == 0 and r["weight_storage"]["skipped"] == 1
+    assert (r["precision"], r["weights"], r["tolerance"]) == ("bf16", "same", 0.1), r
+    assert r["quality"]["tolerance"] == 0.1 and r["quality"]["passed"]
+    assert any(s.startswith("weights nvfp4: no weight is stored as nvfp4") for s in r["warnings"])
+    # bf16 operands, exact products, fp32 sums: against float64 of the bf16-rounded operands
+    bf = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float64)
+    want = bf(x) @ bf(w)
+    np.testing.assert_allclose(cm(x), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+    torch = pytest.importorskip("torch")
+    lin = torch.nn.Linear(24, 16, bias=False).eval()
+    with torch.no_grad():
+        lin.weight.copy_(torch.from_numpy(w.T.copy()))
+    f = lumc.compile(lin, budget="20s", device="sim:h200", example_inputs=(torch.from_numpy(x),),
+                     precision="bf16", weights="nvfp4", reuse_plan=False)
+    rep = f.specializations[0].compiled.report_dict()
+    assert rep["tolerance"] == 0.1 and rep["eager_check"]["rtol"] == 0.1, rep["eager_check"]
+    np.testing.assert_allclose(f(torch.from_numpy(x)).detach().numpy(), want, rtol=0,
+                               atol=1e-5 * np.abs(want).max())
