@@ -385,12 +385,14 @@ def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
                              f"that size (it is a dim derived from the inputs?); give explicit "
                              "sizes instead")
     from lumc.compiler.core.precision import store_weights
+    from lumc.compiler.core.precision_gate import refuse_idle_weights
     if policy.max_kl is not None and not policy.logits:   # nothing to judge: refused before the e-graph
         from lumc.compiler.core.pipeline import example_inputs_for
         from lumc.compiler.core.precision_gate import model_reference
         model_reference(fe_p.graph, example_inputs_for(fe_p.graph, fe_p), policy)
     policy.check_logits(fe_p.graph.outputs)
     stored, wstats = store_weights(fe_p.graph, policy)
+    refuse_idle_weights(policy, wstats, fe_p.model_name)
     with probing(tuple(probe.values()) + tuple(check.values())):
         programs, egraph_stats = candidates(stored, Deadline(
             max(1.0, 0.35 * (budget_s - (clock() - t0))), clock))

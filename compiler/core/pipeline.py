@@ -30,8 +30,8 @@ from lumc.compiler.core.onnx_stage import (Frontend, bind_model, input_shapes_as
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, integer_error,
                                           precision_report, store_weights)
 from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
-                                               retimed, stage_quality, weights_gate,
-                                               weights_note)
+                                               refuse_idle_weights, retimed, stage_quality,
+                                               weights_gate, weights_note)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import (MAX_KEPT_BYTES, ReferenceValues,  # noqa: F401
                                                  drawn_inputs_error)
@@ -394,6 +394,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
     try:
         stage_s: dict[str, float] = {"frontend": frontend_s}
         graph, weight_stats = given.stored if given is not None else store_weights(fe.graph, policy)
+        refuse_idle_weights(policy, weight_stats, fe.model_name)
         inputs = {k: np.asarray(v) for k, v in (example_inputs or {}).items()}
         drawn = not set(graph.inputs) <= set(inputs)     # inputs not given are drawn
         if drawn:

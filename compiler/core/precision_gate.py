@@ -26,8 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.core.precision import WEIGHT_DTYPE, PrecisionPolicy, measure_quality
+from lumc.compiler.core.precision import (MIN_WEIGHT_ELEMENTS, WEIGHT_DTYPE, PrecisionPolicy,
+                                          measure_quality)
 from lumc.compiler.runtime.program import run_program_reference
+from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph
 from lumc.ir.provenance import arg_scores
 
@@ -253,23 +255,37 @@ def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict)
             f"(weights {down.weights}) instead")
 
 
+def refuse_idle_weights(policy: PrecisionPolicy, stats: dict, where: str = "") -> None:
+    """Raises InputError when ``--weights`` names a format and the model has no weight it could
+    store (``stats``: :func:`~lumc.compiler.core.precision.store_weights`'s; no fp32 weight of at
+    least ``MIN_WEIGHT_ELEMENTS`` read only by matrix products, as in a model without a MatMul or
+    whose products read only inputs): the option would do nothing, as ``--tolerance`` at fp32.
+    A weight the format cannot store (NVFP4 with K = 24) is a note instead
+    (:func:`weights_note`)."""
+    fmt = policy.weights
+    if fmt != "same" and not stats.get(fmt, 0) and not stats.get("skipped", 0):
+        raise InputError(f"--weights {fmt}: {where or 'the model'} has no weight read only by "
+                         f"matrix products (an fp32 constant of at least {MIN_WEIGHT_ELEMENTS} "
+                         f"elements), so nothing would be stored as {fmt}; leave --weights out")
+
+
 def weights_note(policy: PrecisionPolicy, stats: dict) -> str | None:
     """One line for the report's notes when ``--weights`` stored fewer weights than the user may
-    think (``stats``: :func:`~lumc.compiler.core.precision.store_weights`'s): none at all (no weight
-    is read only by contractions, as in a model without a MatMul; or the format could store none:
-    NVFP4 with a K not a multiple of 16), or some skipped. None when every contraction weight is
-    stored in the format, or for ``weights="same"``."""
+    think (``stats``: :func:`~lumc.compiler.core.precision.store_weights`'s): none (the format
+    could store none: NVFP4 with a K not a multiple of 16), or some skipped. None when every
+    contraction weight is stored in the format, or for ``weights="same"``; a model with no
+    contraction weight at all is refused (:func:`refuse_idle_weights`)."""
     fmt = policy.weights
     if fmt == "same":
         return None
     done, skipped = stats.get(fmt, 0), stats.get("skipped", 0)
     if done and not skipped:
         return None
-    keep = ("as the model stores it" if WEIGHT_DTYPE_NAME[policy.precision] is None else f"in {WEIGHT_DTYPE_NAME[policy.precision]} (precision {policy.precision})")
+    low = WEIGHT_DTYPE_NAME[policy.precision]
+    keep = ("as the model stores it" if low is None else
+            f"in {low} (precision {policy.precision})")
     if not done:
-        why = (f"the format cannot store the {skipped} contraction weight"
-               f"{'s' * (skipped != 1)}" if skipped else
-               "no weight of the model is read only by matrix products")
+        why = f"the format cannot store the {skipped} contraction weight{'s' * (skipped != 1)}"
         return f"weights {fmt}: no weight is stored as {fmt} ({why}); every weight stays {keep}"
     return (f"weights {fmt}: {done} of {done + skipped} contraction weights stored as {fmt}; "
             f"{skipped} the format cannot store stay{'s' * (skipped == 1)} {keep}")

@@ -135,7 +135,8 @@ def _model_shapes(model: str, shape_items: tuple, arrays: dict | None = None) ->
 @click.option("--weights", default="same", show_default=True,
               type=click.Choice(["same", "int8", "fp8", "nvfp4"]),
               help="weight-only quantization of contraction weights (int8, fp8 e4m3: per output "
-              "channel; nvfp4: e2m1 with an e4m3 scale per 16 along K and a per-tensor scale)")
+              "channel; nvfp4: e2m1 with an e4m3 scale per 16 along K and a per-tensor scale); "
+              "refused for a model with no weight read only by matrix products")
 @click.option("--tolerance", default=None, type=float, metavar="RTOL",
               help="quality gate: max rel error of every output (default by --precision); "
                    "for a reduced --precision or --weights (refused at fp32 with the model's "

@@ -163,20 +163,22 @@ def test_corrupt_variant_table_is_one_line(db, tmp_path):
 
 @pytest.mark.parametrize("sizes", [[2, 4], (2, 16)], ids=["list", "range"])
 def test_a_note_every_plan_makes_is_said_once(sizes, tmp_path, monkeypatch):
-    """Each size's (or bucket's) plan made the same note (here: --weights int8 stores no weight
-    of a model without a matrix product), and the compile's warnings listed it once per plan."""
+    """Each size's (or bucket's) plan made the same note (here: --weights nvfp4 stores no weight
+    of a model whose one weight has K = 24, not a multiple of 16), and the compile's warnings
+    listed it once per plan."""
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
-    g = oh.make_graph([oh.make_node("Mul", ["x", "w"], ["y"])], "g",
-                      [oh.make_tensor_value_info("x", TP.FLOAT, ["b", 64])],
-                      [oh.make_tensor_value_info("y", TP.FLOAT, ["b", 64])],
-                      [nh.from_array(np.full(64, 3.0, np.float32), "w")])
+    w = np.random.default_rng(1).standard_normal((24, 8)).astype(np.float32)
+    g = oh.make_graph([oh.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, ["b", 24])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, ["b", 8])],
+                      [nh.from_array(w, "w")])
     m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
-    cm = lumc.compile(m, budget="30s", device="sim:h200", shapes={"b": sizes}, weights="int8")
+    cm = lumc.compile(m, budget="30s", device="sim:h200", shapes={"b": sizes}, weights="nvfp4")
     notes = cm.report_dict()["warnings"]
-    assert sum("weights int8" in w for w in notes) == 1, notes
+    assert sum("weights nvfp4" in w for w in notes) == 1, notes
     assert len(cm.variants) >= 2
-    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
-    np.testing.assert_allclose(cm(x), x * 3.0, rtol=1e-6)
+    x = np.random.default_rng(0).standard_normal((4, 24)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
 
 
 def test_a_one_size_bucket_is_named_by_its_size():

@@ -337,16 +337,42 @@ def test_weights_the_format_did_not_store_are_said(tmp_path):
     w2q = numpy_nvfp4(w2, 0)[3].astype(np.float64)
     np.testing.assert_allclose(cm(x), h @ w2q, rtol=1e-4, atol=1e-4 * np.abs(h @ w2q).max())
 
+
+
+def test_weights_on_a_model_without_a_weight_are_refused(tmp_path, capsys):
+    """``--weights int8`` on a model with no matrix product (an Exp), or whose product reads only
+    inputs, compiled with a note that nothing was stored: an option that does nothing, refused in
+    one line (exit 2 at the CLI) before any search, as ``--tolerance`` at fp32 is."""
+    from onnx import TensorProto, helper
+    from lumc.compiler.tools.cli import main
+    db = TuningDatabase(tmp_path / "tuning.sqlite")
     g = helper.make_graph([helper.make_node("Exp", ["x"], ["y"])], "exp",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
-    cm = lumc.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
-                      budget="20s", device="sim:h200", db=db, use_egraph=False, weights="int8",
-                      precision="bf16", reuse_plan=False)
-    assert ("weights int8: no weight is stored as int8 (no weight of the model is read only by "
-            "matrix products); every weight stays in bf16 (precision bf16)") in cm.report_dict()["warnings"]
-    x = rng.standard_normal((4, 8)).astype(np.float32)
-    np.testing.assert_allclose(cm(x), np.exp(x.astype(np.float64)), rtol=1e-6)
+    exp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputError, match=r"^--weights int8: .* has no weight read only by matrix "
+                                         r"products .*nothing would be stored as int8"):
+        lumc.compile(exp, budget="20s", device="sim:h200", db=db, use_egraph=False,
+                     weights="int8", precision="bf16", reuse_plan=False)
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "ab",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [8, 16]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [16, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])])
+    path = tmp_path / "ab.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                     .SerializeToString())
+    out = tmp_path / "ab.lumc"
+    with pytest.raises(SystemExit) as e:
+        main(["compile", str(path), "--budget", "20s", "--device", "sim:h200", "--weights",
+              "nvfp4", "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and not out.exists(), err
+    assert err[0].startswith("lumc: error: --weights nvfp4: ab.onnx has no weight"), err
+    # without --weights it compiles and computes the product
+    cm = lumc.compile(str(path), budget="20s", device="sim:h200", db=db, use_egraph=False)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 8)))
+    np.testing.assert_allclose(cm(a, b), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_a_weights_format_that_stored_nothing_gates_at_the_precisions_tolerance(tmp_path):
