@@ -286,6 +286,7 @@ class DynamoGraph:
             vm = compile_range(self.gm, ranges, self._frontend, self.budget_s, self.device,
                                self.policy)
         self.range_compile_s = time.perf_counter() - t0
+        say_fallbacks(vm.report_dict())
         self.compiles += 1
         counters["compiles"] += 1
         counters["range_compiles"] += 1
@@ -344,6 +345,7 @@ class DynamoGraph:
             compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
                                      example_inputs=feed, name="torch.compile graph",
                                      policy=self.policy, workers=self.workers)
+            say_fallbacks(compiled.report_dict())
             self.compiles += 1
             counters["compiles"] += 1
             counters["shape_compiles"] += 1
@@ -428,6 +430,17 @@ class DynamoGraph:
             lines.append(f"  specialization {s.key}: ATen {aten}; "
                          f"{sum(counts.values())} primitive nodes; lowered in {s.seconds:.2f} s")
         return "\n".join(lines)
+
+
+def say_fallbacks(report: dict) -> None:
+    """Warns (``UserWarning``), once per line, of each note of a graph's compile that the quality
+    gate refused the precision or the weights asked for in ``options`` and compiled another: the
+    backend's compile is silent and its report out of the user's reach, so a bf16 request that
+    ran at fp32 said nothing."""
+    import warnings
+    for note in dict.fromkeys(report.get("warnings", [])):
+        if note.startswith(("precision ", "weights ")) and "the quality gate" in note:
+            warnings.warn(f"lumc: torch.compile graph: {note}", stacklevel=2)
 
 
 def _device(args) -> torch.device:

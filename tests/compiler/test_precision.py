@@ -229,6 +229,29 @@ def test_backend_refuses_a_weights_format_it_cannot_store(tmp_path, monkeypatch)
     np.testing.assert_allclose(g(x).detach().numpy(), want, rtol=0, atol=1e-5)
 
 
+def test_backend_says_when_the_gate_compiled_another_precision(tmp_path, monkeypatch):
+    """torch.compile's backend compiles silently and its report is out of reach: options=
+    {'precision': 'bf16', 'tolerance': 1e-9} ran the graph at fp32 (the gate refused bf16) and said
+    nothing. It warns with the compile's fallback line now, and the result is fp32's."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        want = m.double()(x.double()).numpy()
+    m.float()
+    g = torch.compile(m, backend="lumc", options={"budget": "20s", "device": "sim:h200",
+                                                  "precision": "bf16", "tolerance": 1e-9})
+    with pytest.warns(UserWarning, match=r"^lumc: torch.compile graph: precision bf16 \(weights "
+                                         r"same\) misses the quality gate \(max rel error .* > "
+                                         r"tolerance 1e-09\); compiled at fp32"):
+        got = g(x).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    torch._dynamo.reset()
+
+
 def test_the_notes_say_which_precision_the_contractions_really_run_at(db):
     """--precision fp8 whose plan runs some contractions at bf16 (faster there, or raised by the
     gate) said only 'precision fp8'; the report's notes now give the mix (and the artifact's label
