@@ -189,6 +189,25 @@ def test_quality_figures_of_non_finite_and_empty_outputs():
     assert q["passed"] and q["kl_mean"] is None, q
 
 
+def test_the_cosine_stated_as_a_lower_bound_is_rounded_down():
+    """The quality line printed the smallest cosine rounded to 6 decimals after 'cosine >=': a
+    plan 1.4e-3 off (cosine 0.9999995) read 'cosine >= 1.000000'. It is rounded down now."""
+    from lumc.compiler.runtime.report_text import quality_line
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((64, 32))
+    got = ref * (1 + 1e-3 * rng.standard_normal(ref.shape))
+    pol = PrecisionPolicy("tf32")
+    q = measure_quality({"y": got}, {"y": ref}, pol, ["y"])
+    cos = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
+    assert 0.999999 < cos < 1.0 and q["min_cosine"] == pytest.approx(cos, abs=1e-15)
+    line = quality_line({"quality": q, "precision": "tf32", "weights": "same"})
+    shown = float(line.split("cosine >= ")[1].split(",")[0])
+    assert shown <= cos < shown + 1e-6 and "cosine >= 0.999999" in line, line
+    same = measure_quality({"y": ref}, {"y": ref}, pol, ["y"])
+    assert "cosine >= 1.000000" in quality_line({"quality": same, "precision": "tf32",
+                                                 "weights": "same"})
+
+
 def test_torch_module_and_backend_take_the_policy(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
