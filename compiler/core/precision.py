@@ -327,11 +327,17 @@ def contraction_reduced_axes(w: Node, users: dict) -> tuple[int, ...] | None:
 
 # ---- quality -------------------------------------------------------------------------------------
 def is_probability(x: np.ndarray) -> bool:
-    """True for an output whose rows along the last axis are distributions (>= 0, sum 1 +- 1e-3)."""
+    """True for an output whose rows along the last axis are distributions (>= 0, sum 1 +- 1e-3),
+    judged on its finite rows, of which there must be one: a softmax with a NaN row (a NaN input
+    row) was no distribution at all, so its KL and top-1 were silently left out of the gate and
+    --max-kl was refused as having nothing to judge."""
     a = np.asarray(x, dtype=np.float64)
-    if a.ndim == 0 or a.shape[-1] < 2 or a.size == 0 or not np.all(np.isfinite(a)):
+    if a.ndim == 0 or a.shape[-1] < 2 or a.size == 0:
         return False
-    return bool(np.all(a >= 0) and np.allclose(a.sum(axis=-1), 1.0, atol=1e-3))
+    rows = a.reshape(-1, a.shape[-1])
+    rows = rows[np.all(np.isfinite(rows), axis=-1)]
+    return bool(rows.size and np.all(rows >= 0) and np.allclose(rows.sum(axis=-1), 1.0,
+                                                                  atol=1e-3))
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

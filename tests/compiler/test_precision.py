@@ -189,6 +189,31 @@ def test_quality_figures_of_non_finite_and_empty_outputs():
     assert q["passed"] and q["kl_mean"] is None, q
 
 
+def test_a_distribution_with_a_nan_row_is_still_judged_by_kl():
+    """A softmax output with one NaN row (a NaN input row) was not a distribution at all: its KL
+    and top-1 were silently left out of the gate, and --max-kl was refused as having nothing to
+    judge. Its finite rows are judged now."""
+    rng = np.random.default_rng(2)
+    z = rng.standard_normal((5, 6))
+    ref = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+    zq = z + 0.05 * rng.standard_normal(z.shape)
+    got = np.exp(zq) / np.exp(zq).sum(-1, keepdims=True)
+    ref[2], got[2] = np.nan, np.nan
+    pol = PrecisionPolicy("bf16", max_kl=1e-6)
+    pol.check_max_kl({"y": ref}, ["y"])                 # a distribution: not refused
+    q = measure_quality({"y": got}, {"y": ref}, pol, ["y"])
+    fin = [0, 1, 3, 4]
+    kl = (ref[fin] * np.log(ref[fin] / got[fin])).sum(-1)
+    assert q["kl_mean"] == pytest.approx(kl.mean(), rel=1e-9)
+    assert q["outputs"]["y"]["top1"] == np.mean(ref[fin].argmax(-1) == got[fin].argmax(-1))
+    assert not q["passed"] and q["reason"].startswith("mean KL"), q
+    # a NaN row where the fp32 model has none is still a mismatch (max rel error inf)
+    bad = got.copy()
+    bad[2] = ref[1]
+    assert measure_quality({"y": got}, {"y": np.where(np.isnan(ref), bad, ref)}, pol,
+                           ["y"])["max_rel"] == np.inf
+
+
 def test_the_cosine_stated_as_a_lower_bound_is_rounded_down():
     """The quality line printed the smallest cosine rounded to 6 decimals after 'cosine >=': a
     plan 1.4e-3 off (cosine 0.9999995) read 'cosine >= 1.000000'. It is rounded down now."""
