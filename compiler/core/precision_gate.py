@@ -227,15 +227,19 @@ def precision_note(policy: PrecisionPolicy, quality: dict | None) -> str | None:
         return None
     mix = ", ".join(f"{n} at {p}" for p, n in sorted(counts.items(),
                                                      key=lambda kv: -_rank(kv[0])))
+    n = f"{len(dots)} contraction{'s' * (len(dots) != 1)}"
     if policy.precision == "fp32":     # --weights alone: tf32x3 and ieee are fp32's own
         return (f"weights {policy.weights} at precision fp32: only the weights' storage is "
-                f"reduced (dequantized in each contraction's prologue); the {len(dots)} "
-                f"contraction{'s' * (len(dots) != 1)} compute at fp32 accuracy ({mix})")
+                f"reduced (dequantized in each contraction's prologue); the {n} "
+                f"compute{'s' * (len(dots) == 1)} at fp32 accuracy ({mix})")
     raised = quality.get("raised_kernels", 0)
+    # the contractions above the policy's precision that the gate did not raise (none: no clause;
+    # it said 'the others were faster there' of a plan whose one contraction the gate raised)
+    others = len(dots) - counts.get(policy.precision, 0) - raised
     why = (f"; {raised} raised to pass the quality gate" if raised else "") + \
-        ("" if policy.precision == "auto" else
+        ("" if policy.precision == "auto" or others <= 0 else
          "; the others were faster there, or no config of the lower precision applies")
-    return f"precision {policy.precision}: of {len(dots)} contractions, {mix}{why}"
+    return f"precision {policy.precision}: of {n}, {mix}{why}"
 
 
 def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict) -> str:

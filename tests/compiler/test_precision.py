@@ -296,6 +296,19 @@ def test_backend_says_when_the_gate_compiled_another_precision(tmp_path, monkeyp
     torch._dynamo.reset()
 
 
+def test_a_precision_note_of_one_contraction_the_gate_raised():
+    """The note of an fp8 plan whose one contraction the gate raised to bf16 read 'of 1
+    contractions, 1 at bf16; 1 raised to pass the quality gate; the others were faster there'
+    (there were no others), and fp32 with --weights 'the 1 contraction compute'."""
+    from lumc.compiler.core.precision_gate import precision_note
+    assert precision_note(PrecisionPolicy("fp8"), {"kernel_precision": [None, "bf16"],
+                                                   "raised_kernels": 1}) == \
+        "precision fp8: of 1 contraction, 1 at bf16; 1 raised to pass the quality gate"
+    assert precision_note(PrecisionPolicy("fp32", "int8"), {"kernel_precision": ["tf32x3"]}) == (
+        "weights int8 at precision fp32: only the weights' storage is reduced (dequantized in "
+        "each contraction's prologue); the 1 contraction computes at fp32 accuracy (1 at tf32x3)")
+
+
 def test_the_notes_say_which_precision_the_contractions_really_run_at(db):
     """--precision fp8 whose plan runs some contractions at bf16 (faster there, or raised by the
     gate) said only 'precision fp8'; the report's notes now give the mix (and the artifact's label
