@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import secrets
 import stat
@@ -141,6 +142,21 @@ def _create_temp(target: Path) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name next to {target}")
+
+
+def strict_json(doc) -> bytes:
+    """``doc`` as strict JSON (RFC 8259), indented, newline-terminated: a non-finite float (an
+    infinite error or ratio, a NaN) is written as ``null``, never as ``Infinity`` or ``NaN``, which
+    ``JSON.parse``, ``jq`` and CI tools refuse; other non-JSON values by ``str``."""
+    def finite(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+    return (json.dumps(finite(doc), indent=1, default=str, allow_nan=False) + "\n").encode()
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:

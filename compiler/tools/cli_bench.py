@@ -11,8 +11,6 @@ line and exit status 2 (a ``LumcError`` reaching the group); a regression is exi
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import pathlib
 import sys
@@ -20,7 +18,8 @@ import tempfile
 
 import click
 
-from lumc.compiler.runtime.artifact import check_writable, looks_like_artifact, refuse_same_file, write_atomic
+from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, refuse_same_file,
+                                            strict_json, write_atomic)
 from lumc.compiler.tools.cli import SEED, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
@@ -110,21 +109,9 @@ def device_spec_of(name: str):
 
 
 def _write_json(path: str, doc: dict) -> None:
-    """Strict JSON (RFC 8259): a non-finite number (the ratio to a baseline figure of 0 is
-    infinite) is written as null, never as ``Infinity``, which ``JSON.parse`` and CI tools
-    refuse."""
-    write_atomic(path, (json.dumps(_finite(doc), indent=1, default=str, allow_nan=False)
-                        + "\n").encode())
-
-
-def _finite(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
+    """Strict JSON (``strict_json``): the ratio to a baseline figure of 0 is infinite, written as
+    null."""
+    write_atomic(path, strict_json(doc))
 
 
 _BENCH_HELP = """Time every kernel of TARGET and the whole model, on the artifact's device.

@@ -8,13 +8,13 @@
 """
 from __future__ import annotations
 
-import json
 import pathlib
 
 import click
 
 from lumc.compiler.runtime.artifact import (PYTORCH_HINT, check_writable, looks_like_artifact,
-                                            pytorch_archive, refuse_same_file, write_atomic)
+                                            pytorch_archive, refuse_same_file, strict_json,
+                                            write_atomic)
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.runtime.report_text import (precision_lines, search_text, user_notes,
                                                 workspace_text)
@@ -237,7 +237,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     written.append(str(out_path))
     r = cm.report_dict()
     if report_path:
-        write_atomic(report_path, json.dumps(r, indent=1).encode())
+        write_atomic(report_path, strict_json(r))    # an infinite error is written as null
         written.append(str(report_path))
     if "variants" in r:
         _echo_variants(cm, r, out_path, report_path)

@@ -506,3 +506,21 @@ def test_plan_cache_sheds_its_least_recently_used_plans(cache_dir, monkeypatch):
         monkeypatch.setenv("LUMC_PLAN_CACHE_MB", bad)
         with pytest.raises(InputError, match=f"LUMC_PLAN_CACHE_MB={bad!r}: .* MB >= 0"):
             TuningDatabase()
+
+
+def test_report_json_is_strict_where_a_figure_is_not_finite(tiny, tmp_path, fake_compile):
+    """``--report`` is RFC 8259 JSON: an infinite or NaN figure (an error no plan bounds, a
+    sensitivity) is written as null, not ``Infinity``/``NaN``, which ``JSON.parse`` and ``jq``
+    refuse. Python's reader would accept those, so the file is read with them refused."""
+    fake_compile._report["max_rel_error"] = float("inf")
+    fake_compile._report["extra_figures"] = [float("nan"), 1.5, {"x": float("-inf")}]
+    rep = tmp_path / "r.json"
+    res = lumc_cli("compile", tiny, "--budget", "10s", "--shape", "n=3", "-o", tmp_path / "a.lumc",
+                   "--report", rep, "--quiet")
+    assert res.exit_code == 0, res.output
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    doc = json.loads(rep.read_text(), parse_constant=refuse)
+    assert doc["max_rel_error"] is None
+    assert doc["extra_figures"] == [None, 1.5, {"x": None}]
