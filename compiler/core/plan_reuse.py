@@ -50,13 +50,11 @@ def _external_data_digest(src: bytes, base: str) -> bytes | None:
     (new weights in ``model.bin`` beside an unchanged ``model.onnx`` reused the stored plan, with
     the old weights). ``b""`` for a model with none; None when one cannot be read (no reuse)."""
     import onnx
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    from lumc.compiler.frontends.onnx_frontend.loader import external_data_locations
     if b"location" not in src:          # no external data entry can be in the file
         return b""
     try:
-        m = onnx.load_from_string(src)
-        names = sorted({e.value for t in _get_all_tensors(m) if uses_external_data(t)
-                        for e in t.external_data if e.key == "location"})
+        names = external_data_locations(onnx.load_from_string(src))
     except Exception:   # a malformed model: the frontend says what is wrong with it
         return None
     h = hashlib.sha256()

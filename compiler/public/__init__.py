@@ -57,8 +57,12 @@ def compile(model, *, budget, device=None, example_inputs=None, shapes=None, **k
     if example_inputs is not None and not isinstance(example_inputs, dict):
         raise InputError("lumc.compile: example_inputs= of an ONNX model is a dict {input name: "
                          f"array}}, got a {type(example_inputs).__name__}")
-    return compile_model(model, budget=budget, device=device, example_inputs=example_inputs,
-                         shapes=shapes, **kwargs)
+    from lumc.compiler.runtime.artifact import model_files
+    sources = tuple(model_files(model))          # the model's files: f.save never replaces them
+    compiled = compile_model(model, budget=budget, device=device, example_inputs=example_inputs,
+                             shapes=shapes, **kwargs)
+    compiled.source_files = sources
+    return compiled
 
 
 def _refuse_unknown(fn, kwargs: dict, what: str, hint: str) -> None:

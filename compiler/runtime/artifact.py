@@ -101,6 +101,41 @@ def refuse_same_file(out: str | os.PathLike, src: str | os.PathLike, what: str =
                           "destroy it; choose another output path")
 
 
+def model_files(model, what: str = "the model") -> list[tuple[str, str]]:
+    """``(path, what)`` for each file a model given by path is made of, for
+    :func:`refuse_same_file`: the file itself and, for an ONNX model saved with external data,
+    every data file it names (its weights, beside it: ``-o model.data`` replaced them with the
+    artifact). A model that is not a path, or a file that is no readable ONNX model (an artifact,
+    a damaged file), is just itself."""
+    if not isinstance(model, (str, os.PathLike)):
+        return []
+    files = [(os.fspath(model), what)]
+    try:
+        if looks_like_artifact(model):
+            return files
+        with open(model, "rb") as f:
+            src = f.read()
+    except OSError:
+        return files
+    if b"location" not in src:          # no external data entry can be in the file
+        return files
+    try:
+        import onnx
+        from lumc.compiler.frontends.onnx_frontend.loader import external_data_locations
+        names = external_data_locations(onnx.load_from_string(src))
+    except Exception:                   # not an ONNX model: the frontend says what is wrong
+        return files
+    base = os.path.dirname(os.fspath(model))
+    return files + [(os.path.join(base, n), f"{os.fspath(model)}'s external data file")
+                    for n in names]
+
+
+def refuse_source_files(out: str | os.PathLike, sources) -> None:
+    """:func:`refuse_same_file` for each ``(path, what)`` of ``sources`` (:func:`model_files`)."""
+    for src, what in sources:
+        refuse_same_file(out, src, what)
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Fail early, before long work, when ``path`` cannot be written.
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumc.compiler.runtime.artifact import check_npz, load_artifact, memory_bytes, save_artifact
+from lumc.compiler.runtime.artifact import (check_npz, load_artifact, memory_bytes,
+                                            refuse_source_files, save_artifact)
 from lumc.compiler.runtime.program import KernelCall, Program, run_program_reference
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ArtifactError, InputError
@@ -79,7 +80,11 @@ class CompiledModel:
         device: the device it was tuned for (``sim:h200``, ``cuda:0 NVIDIA H200``).
         simulated: True when its times are simulated.
         source_onnx: the source model's bytes (None when compiled from a torch module).
+        source_files: ``(path, what)`` of the files the model was compiled from (set by
+            ``lumc.compile`` of a path; see :func:`~lumc.compiler.runtime.artifact.model_files`):
+            :meth:`save` never replaces them.
     """
+    source_files: tuple = ()
 
     def __init__(self, graph: Graph, program: Program, configs: list, device: str, simulated: bool,
                  report: dict, source_onnx: bytes | None = None, torch_device: str = "cpu"):
@@ -281,6 +286,7 @@ class CompiledModel:
         the outputs' :class:`~lumc.compiler.runtime.out_structure.OutputStructure` to store (default:
         this model's own)."""
         from lumc import __version__
+        refuse_source_files(path, self.source_files)
         return save_artifact(path, self._saved_parts(structure), __version__)
 
     def _saved_parts(self, structure=None) -> dict[str, bytes]:

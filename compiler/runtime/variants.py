@@ -108,7 +108,10 @@ class VariantModel:
         skipped: ``[(key, reason)]`` for branches or sizes that did not compile (said when a call
             needs them).
         report: the combined report (``variants`` lists each plan's own).
+
+    ``source_files``: as :attr:`CompiledModel.source_files`, never replaced by :meth:`save`.
     """
+    source_files: tuple = ()
 
     def __init__(self, variants: list, conditions: dict[str, Graph], skipped: list,
                  report: dict, source_onnx: bytes | None = None):
@@ -431,7 +434,8 @@ class VariantModel:
     def save(self, path) -> str:
         """Write one ``.lumc`` artifact holding every plan (see the module docstring)."""
         from lumc import __version__
-        from lumc.compiler.runtime.artifact import save_artifact
+        from lumc.compiler.runtime.artifact import refuse_source_files, save_artifact
+        refuse_source_files(path, self.source_files)
         return save_artifact(path, self._saved_parts(), __version__)
 
     def __reduce__(self):

@@ -33,7 +33,8 @@ import click
 import numpy as np
 
 from lumc.compiler.frontends import models
-from lumc.compiler.runtime.artifact import check_writable, looks_like_artifact, refuse_same_file, write_atomic
+from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, model_files,
+                                            refuse_same_file, write_atomic)
 from lumc.ir.errors import InputError, LumcError
 
 _DIMS = re.compile(r"^\d+(x\d+)*$", re.ASCII)   # ASCII digits only: no '١x٢'
@@ -449,7 +450,8 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
         raise LumcError(f"{model}: no such file" if not os.path.lexists(model) else
                         f"{model}: not a regular file (a FIFO, device or folder is never read)")
     if out_path:
-        refuse_same_file(out_path, model, "the model")
+        for f, what in model_files(model):
+            refuse_same_file(out_path, f, what)
         for f in _input_files(inputs_npz, input_pairs):
             refuse_same_file(out_path, f, "the input file")
         check_writable(out_path)

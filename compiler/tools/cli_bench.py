@@ -18,8 +18,8 @@ import tempfile
 
 import click
 
-from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, refuse_same_file,
-                                            strict_json, write_atomic)
+from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, model_files,
+                                            refuse_same_file, strict_json, write_atomic)
 from lumc.compiler.tools.cli import SEED, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
@@ -35,8 +35,8 @@ def _check_outputs(inputs: dict, outputs: list) -> None:
     given = [o for o in outputs if o]
     for o in given:
         for what, i in inputs.items():
-            if i:
-                refuse_same_file(o, i, what)
+            for f, w in (model_files(i, what) if i else ()):
+                refuse_same_file(o, f, w)
         check_writable(o)
     if len(given) == 2 and os.path.realpath(given[0]) == os.path.realpath(given[1]):
         raise LumcError(f"--json and --plot name the same file {given[0]}; give two paths")

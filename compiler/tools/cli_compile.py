@@ -13,7 +13,8 @@ import pathlib
 import click
 
 from lumc.compiler.runtime.artifact import (PYTORCH_HINT, check_writable, looks_like_artifact,
-                                            pytorch_archive, refuse_same_file, strict_json,
+                                            model_files, pytorch_archive, refuse_same_file,
+                                            strict_json,
                                             write_atomic)
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.runtime.report_text import (precision_lines, search_text, user_notes,
@@ -219,9 +220,12 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
                             f"{PYTORCH_HINT}")
         raise LumcError(f"{model} is a compiled .lumc artifact, not an ONNX model; compile the "
                         "source model (lumc run/bench/inspect take the artifact)")
-    refuse_same_file(out_path, model, "the model")
+    sources = model_files(model)          # the model file and its external data files
+    for f, what in sources:
+        refuse_same_file(out_path, f, what)
     if report_path:
-        refuse_same_file(report_path, model, "the model")
+        for f, what in sources:
+            refuse_same_file(report_path, f, what)
         refuse_same_file(report_path, out_path, "the artifact output")
         check_writable(report_path)
     check_writable(out_path)

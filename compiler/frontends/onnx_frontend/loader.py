@@ -272,6 +272,13 @@ def _tensors(graph: onnx.GraphProto):
                     yield from _tensors(g)
 
 
+def external_data_locations(model: onnx.ModelProto) -> list[str]:
+    """The file names (``location``, relative to the model's folder) that the model's tensors keep
+    their data in, sorted, each once; ``[]`` for a model with none."""
+    return sorted({e.value for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL
+                   for e in t.external_data if e.key == "location" and e.value})
+
+
 def _check_external_files(model: onnx.ModelProto, base: str, path: str) -> None:
     """Every external-data file the model names exists next to it (one line naming the tensor and
     the file, instead of onnx's checker error)."""
