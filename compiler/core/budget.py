@@ -18,6 +18,10 @@ from lumc.ir.errors import BudgetError
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
+# the longest budget: a year. Past about 300 years the deadline's timer (setitimer) and thread
+# waits overflow the platform's time_t; a year is already no deadline at all
+MAX_BUDGET_S = 8760 * 3600.0
+
 # where a user gives the budget, named in every "too small a budget" error (a torch.compile user has
 # no --budget)
 BUDGET_KNOBS = "lumc compile --budget, lumc.compile(budget=...), torch.compile options={'budget': ...}"
@@ -29,7 +33,8 @@ def parse_duration(text: str | float | int) -> float:
     Compound forms (``1h30m``) are accepted too.
 
     Raises:
-        BudgetError: for an unparseable, zero or negative budget (``banana``, ``0``, ``-5s``).
+        BudgetError: for an unparseable, zero or negative budget (``banana``, ``0``, ``-5s``),
+            or one over a year (:data:`MAX_BUDGET_S`).
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         seconds = float(text)
@@ -47,6 +52,8 @@ def parse_duration(text: str | float | int) -> float:
         raise BudgetError(f"budget {text!r} must be positive")
     if seconds != seconds or seconds == float("inf"):
         raise BudgetError(f"budget {text!r} must be finite")
+    if seconds > MAX_BUDGET_S:
+        raise BudgetError(f"budget {text!r} is over a year; give at most {MAX_BUDGET_S / 3600:g}h")
     return seconds
 
 

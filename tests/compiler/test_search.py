@@ -105,6 +105,15 @@ def test_bad_budgets(text):
         parse_duration(text)
 
 
+@pytest.mark.parametrize("budget", ["9999999999s", "99999999h", 1e300, 1e10])
+def test_a_budget_over_a_year_is_refused(budget):
+    """A budget past ~300 years (a user's 'no limit') overflowed the deadline's timer: the compile
+    ended in 'OverflowError: timestamp out of range for platform time_t' from setitimer."""
+    with pytest.raises(BudgetError, match="over a year"):
+        parse_duration(budget)
+    assert parse_duration("8760h") == 8760 * 3600.0      # a year is still a budget
+
+
 def test_grace():
     assert grace_seconds(60) == 10 and grace_seconds(1800) == pytest.approx(90)
     assert not math.isinf(grace_seconds(1))
