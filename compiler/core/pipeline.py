@@ -235,6 +235,10 @@ class Progress:
             self._p.stop()
 
 
+# what shapes= and bind= look like, for the error when one is not a dict
+EXAMPLE = {"shapes": "{'batch_size': 2, 'x': (2, 16)}", "bind": "{'sr': 16000}"}
+
+
 @with_workers
 def compile_model(model, *, budget, device: str | None = None, example_inputs: dict | None = None,
                   shapes: dict | None = None, use_egraph: bool = True, quiet: bool = True,
@@ -274,6 +278,10 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     Raises:
         BudgetError, ModelError, UnsupportedOpError, InputError, LumcError: one line each.
     """
+    for name, given in (("shapes", shapes), ("bind", bind)):
+        if given is not None and not isinstance(given, dict):
+            raise InputError(f"{name}= is a dict {{name: value}} (e.g. {EXAMPLE[name]}), "
+                             f"got {type(given).__name__} {given!r:.60}")
     policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, logits)
     if bind:
         model = bind_model(model, bind)
