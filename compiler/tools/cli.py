@@ -29,13 +29,18 @@ import warnings
 import zipfile
 import zlib
 
-import click
-import numpy as np
+# the console script handles SIGINT and SIGTERM from here on, before the imports that take seconds
+from lumc.compiler.tools.cli_signals import handle_signals, handle_signals_while_starting
 
-from lumc.compiler.frontends import models
-from lumc.compiler.runtime.artifact import (check_writable, looks_like_artifact, model_files,
-                                            refuse_same_file, write_atomic)
-from lumc.ir.errors import InputError, LumcError
+handle_signals_while_starting(__name__ == "__main__")    # also python -m lumc.compiler.tools.cli
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
+
+from lumc.compiler.frontends import models  # noqa: E402
+from lumc.compiler.runtime.artifact import (  # noqa: E402
+    check_writable, looks_like_artifact, model_files, refuse_same_file, write_atomic)
+from lumc.ir.errors import InputError, LumcError  # noqa: E402
 
 _DIMS = re.compile(r"^\d+(x\d+)*$", re.ASCII)   # ASCII digits only: no '١x٢'
 SEED = click.IntRange(min=0)   # numpy.random.default_rng takes any integer >= 0
@@ -117,9 +122,7 @@ def cli():
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``lumc = lumc.compiler.tools.cli:main``)."""
     warnings.showwarning = _show_warning
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _first_interrupt)
-        signal.signal(signal.SIGTERM, _first_interrupt)
+    handle_signals(_first_interrupt)
     cli.main(args=argv, prog_name="lumc")
 
 
