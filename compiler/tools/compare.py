@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -62,7 +63,9 @@ def load_baseline(path) -> dict:
     """
     p = Path(path)
     if not p.is_file():
-        raise BaselineMismatchError(f"baseline {path}: no such file")
+        raise BaselineMismatchError(f"baseline {path}: no such file" if not os.path.exists(p) else
+                                    f"baseline {path}: not a regular file (a FIFO, device or "
+                                    "folder is never read)")
     try:
         doc = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -3,6 +3,7 @@ comparison (self, scaled, another model, another device, missing/new kernels, no
 the torch replay of primitive graphs, and the roofline PNG."""
 import hashlib
 import json
+import os
 
 import numpy as np
 import onnx
@@ -467,6 +468,17 @@ def test_malformed_baselines_are_refused_in_one_line(env, doctor, words):
     bad.write_text(json.dumps(doc))                 # json writes NaN/Infinity as Python does
     res = run("bench", str(env["art"]), "--compare", str(bad))
     _one_line(res, "baseline", "doctored.json is malformed", *words)
+
+
+def test_a_baseline_that_is_no_regular_file_is_called_so(env, tmp_path):
+    """A FIFO or device given to --compare was called 'no such file' (click refuses a folder)."""
+    fifo = tmp_path / "b.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/null"):
+        _one_line(run("bench", str(env["art"]), "--compare", str(path)), f"baseline {path}: "
+                  "not a regular file")
+    _one_line(run("bench", str(env["art"]), "--compare", str(tmp_path / "none.json")),
+              "none.json: no such file")
 
 
 def test_bench_outputs_are_checked_before_measuring(env, tmp_path):
