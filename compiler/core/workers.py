@@ -70,13 +70,22 @@ class WorkerSpec:
     text: str = ""
 
 
+LOCAL_PER_CORE = 4   # local:N above this many per core is refused (local:99999 forked 99999)
+
+
+def max_local_workers() -> int:
+    """The most local worker processes ``local:N`` may ask for on this machine."""
+    return LOCAL_PER_CORE * (os.cpu_count() or 1)
+
+
 def parse_workers(text) -> WorkerSpec | None:
     """``local:N``, ``local``, ``ray`` or ``ray://HOST:PORT`` as a :class:`WorkerSpec`; None or an
     empty string is the default (None).
 
     Raises:
-        InputError: anything else (one line naming the accepted forms), a count below 1, or
-            ``ray`` when Ray is not installed (the line says how to install it).
+        InputError: anything else (one line naming the accepted forms), a count below 1 or above
+            :func:`max_local_workers`, or ``ray`` when Ray is not installed (the line says how
+            to install it).
     """
     if text is None or isinstance(text, WorkerSpec):
         return text
@@ -88,6 +97,10 @@ def parse_workers(text) -> WorkerSpec | None:
         n = int(m.group(1)) if m.group(1) is not None else None
         if n is not None and n < 1:
             raise InputError(f"--workers {s}: the number of local workers must be at least 1")
+        if n is not None and n > max_local_workers():
+            raise InputError(f"--workers {s}: at most {max_local_workers()} local workers on this "
+                             f"machine ({LOCAL_PER_CORE} per CPU core): each is a process the size "
+                             "of the compile, all started at once, and the checks are CPU-bound")
         return WorkerSpec("local", n, None, s)
     if s == "ray" or re.fullmatch(r"ray://[^\s:/]+:\d+", s):
         import_ray(s)

@@ -35,6 +35,23 @@ def test_parse_workers_refuses(text, needle):
         parse_workers(text)
 
 
+def test_local_workers_past_four_per_core_are_refused_before_any_fork(monkeypatch):
+    """local:99999 was taken as asked: the pool forks all its workers at once (Python's fork
+    ProcessPoolExecutor), 99999 copies of the compile on a 2-core machine."""
+    import os
+    import lumc
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert parse_workers("local:8") == WorkerSpec("local", 8, None, "local:8")
+    for text in ("local:9", "local:99999"):
+        with pytest.raises(InputError, match=f"--workers {text}: at most 8 local workers on this "
+                                             r"machine \(4 per CPU core\)"):
+            parse_workers(text)
+    monkeypatch.setattr("lumc.compiler.core.check_pool.ProcessPoolExecutor",
+                        lambda *a, **k: pytest.fail("a pool was started"))
+    with pytest.raises(InputError, match="at most 8 local workers"):
+        lumc.compile(tiny_model(), budget="10s", device="sim:h200", workers="local:99999")
+
+
 def tiny_model():
     """y = tanh(x @ W) for x: f32[n, 8] (n dynamic): two kernels at most, quick to check."""
     import numpy as np
