@@ -167,10 +167,16 @@ def check_writable(path: str | os.PathLike) -> None:
     os.unlink(tmp)
 
 
+_TEMP_NAME_BYTES = 200    # of the target's name in its temporary file's (NAME_MAX is 255)
+
+
 def _create_temp(target: Path) -> tuple[int, str]:
     # O_EXCL with mode 0666: the umask applies, as for any file a shell creates (mkstemp gives 0600)
+    # the temporary name takes 15 bytes more than the target's: a long name (a file name may have
+    # 255 bytes) is cut, or a name the folder takes was refused as 'File name too long'
+    name = target.name.encode()[:_TEMP_NAME_BYTES].decode(errors="ignore")
     for _ in range(100):
-        tmp = os.path.join(target.parent, f".{target.name}.{secrets.token_hex(4)}.tmp")
+        tmp = os.path.join(target.parent, f".{name}.{secrets.token_hex(4)}.tmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
                            0o666), tmp

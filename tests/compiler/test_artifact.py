@@ -64,6 +64,18 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
 
 # ---- where and how outputs are written --------------------------------------------------------
 
+@pytest.mark.parametrize("name", ["b" * 245 + ".lumc", "\u00fc" * 120 + ".npz", "c" * 255])
+def test_a_long_name_the_folder_takes_is_written(tmp_path, name):
+    """The temporary file's name is the target's plus 15 bytes: a name of 241 to 255 bytes, which
+    the folder takes, was refused ('cannot create a file in ... (File name too long)')."""
+    p = tmp_path / name
+    check_writable(p)
+    write_atomic(p, b"one")
+    write_atomic(p, b"two")
+    assert p.read_bytes() == b"two"
+    assert [f.name for f in tmp_path.iterdir()] == [name]       # no temp file left behind
+
+
 def test_write_follows_a_symlink_and_keeps_it(tmp_path):
     real, link = tmp_path / "real.bin", tmp_path / "link.bin"
     link.symlink_to(real)
