@@ -69,10 +69,22 @@ def _external_data_digest(src: bytes, base: str) -> bytes | None:
     return h.digest()
 
 
+def _key_of(path) -> str:
+    return path.name.split(".", 1)[0]
+
+
+def stamp_plan_key(cm: CompiledModel, path) -> None:
+    """Record in ``cm``'s report the key of the plan file ``path`` it is about to be stored as:
+    :func:`_reuse_plan` uses a stored plan only under its own key."""
+    cm._report["plan_key"] = _key_of(path)
+
+
 def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | None:
     """The stored result of an identical earlier compile, if its search finished (converged or
     exhausted) or had at least this budget; None otherwise (the search then runs, and the tuning
-    database still makes every timing it measured free)."""
+    database still makes every timing it measured free). A plan whose report names another key
+    (a file renamed or copied in the cache: another model's plan, returned as this model's) or
+    none is not used either."""
     from lumc.compiler.runtime.compiled import load
     from lumc.ir.errors import ArtifactError
     if not path.exists():
@@ -81,6 +93,8 @@ def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | No
         cm = load(path)
     except ArtifactError:
         return None                       # unreadable: recompile (and overwrite it)
+    if cm._report.get("plan_key") != _key_of(path):
+        return None                       # not this key's plan: recompile (and overwrite it)
     try:
         os.utime(path)                    # recently used: the last the plan cache evicts
     except OSError:
@@ -109,6 +123,7 @@ def _store_plan(path, cm: CompiledModel) -> None:
     from lumc.compiler.runtime.tuning_db import evict_plans
     from lumc.ir.errors import ArtifactError
     try:
+        stamp_plan_key(cm, path)
         cm.save(path)
         evict_plans(path.parent, path)
     except (OSError, ArtifactError) as e:

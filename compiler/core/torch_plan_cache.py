@@ -333,6 +333,8 @@ def store(plans: Path, key: str, compiled, spec) -> bool:
         body = _encode_shell(shell)
         blob = json.dumps({"sha256": _digest(body), "shell": body}).encode()
         _decode_shell(body)               # what cannot come back is not stored
+        from lumc.compiler.core.plan_reuse import stamp_plan_key
+        stamp_plan_key(spec.compiled, plans / f"{key}.lumc")
         spec.compiled.save(plans / f"{key}.lumc")
         from lumc.compiler.runtime.artifact import write_atomic
         write_atomic(plans / f"{key}.torch", blob)   # a temp name of its own: two compiles of

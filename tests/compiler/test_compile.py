@@ -107,6 +107,35 @@ def test_new_external_weights_are_not_served_from_a_stored_plan(db, tmp_path):
     assert "reused" not in new.report_dict()["stopped_because"]
 
 
+def test_a_plan_renamed_in_the_cache_is_not_served_as_another_models(db, tmp_path):
+    """The plan cache took the file under a compile's key at its word: another model's plan
+    copied (or renamed) there was returned as this model's compile, which then computed the
+    other model's outputs (its artifact's --check passed: it held the other source too)."""
+    def matmul_model(name, w):
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                              [numpy_helper.from_array(w, "W")])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return str(path)
+    wa = np.arange(32, dtype=np.float32).reshape(8, 4) / 8
+    a, b = matmul_model("a", wa), matmul_model("b", -wa)
+    lumc.compile(a, budget="20s", device="sim:h200", db=db)
+    plans = db.plans_dir
+    (key_a,) = [p for p in plans.iterdir() if p.suffix == ".lumc"]
+    lumc.compile(b, budget="20s", device="sim:h200", db=db)
+    (key_b,) = [p for p in plans.iterdir() if p.suffix == ".lumc" and p != key_a]
+    key_a.write_bytes(key_b.read_bytes())            # b's plan under a's key
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    again = lumc.compile(a, budget="20s", device="sim:h200", db=db)
+    assert "reused" not in again.report_dict()["stopped_because"]
+    np.testing.assert_allclose(again(x), x.astype(np.float64) @ wa, rtol=1e-6)
+    third = lumc.compile(a, budget="20s", device="sim:h200", db=db)   # its own plan: reused
+    assert "reused" in third.report_dict()["stopped_because"]
+    np.testing.assert_allclose(third(x), x.astype(np.float64) @ wa, rtol=1e-6)
+
+
 def test_an_artifact_of_a_model_with_external_data_holds_its_weights(db, tmp_path, monkeypatch):
     """The artifact kept the .onnx file's bytes as its source model, which name the external data
     file instead of holding the weights: 'lumc run ART --check' and 'lumc bench ART --vs
