@@ -71,11 +71,13 @@ def _example_arrays(model: str, inputs_npz, input_pairs: tuple, *outputs) -> dic
     arrays = _load_arrays(inputs_npz, input_pairs)
     if not arrays:
         return {}
-    specs = {s.name: s for s in fe.model_input_specs(fe.load_model(model))}
+    onnx_model = fe.load_model(model)
+    specs = {s.name: s for s in fe.model_input_specs(onnx_model)}
     for name, a in arrays.items():
         if name not in specs:
             raise InputError(f"unknown input {name!r}; the model's inputs are "
-                             f"{', '.join(specs) or 'none'}", node=name)
+                             f"{', '.join(specs) or 'none'}" + _bound_note(onnx_model, name),
+                             node=name)
         if a.dtype != specs[name].dtype.np:
             raise InputError(f"input {name!r} has dtype {a.dtype}, expected "
                              f"{specs[name].dtype.np}", node=name)
@@ -413,18 +415,23 @@ def _eager_note(report: dict) -> str:
             f"eager {where} (max rel error {ec.get('max_rel_error', 0):.3g})")
 
 
-def _bound_note(source: bytes | None, name: str) -> str:
-    """``; --bind NAME=V fixed it at compile time ...`` where ``name`` was an input the
-    compile bound (the artifact's source model holds it as a constant), else ``''``."""
+def _bound_note(source, name: str) -> str:
+    """Why ``name`` is no input of the model (``source``: its bytes or ``onnx.ModelProto``):
+    ``; --bind NAME=V fixed it at compile time ...`` where the compile bound it (the artifact's
+    source model holds it as a constant), ``; the model gives it a default value ...`` where the
+    model lists it as an input with an initializer (lumc takes that as a constant), else ``''``."""
     if not source:
         return ""
     import numpy as np
     import onnx
     from onnx import numpy_helper
-    g = onnx.load_from_string(source).graph
+    g = (onnx.load_from_string(source) if isinstance(source, bytes) else source).graph
     init = next((t for t in g.initializer if t.name == name), None)
-    if init is None or name in {i.name for i in g.input}:
+    if init is None:
         return ""
+    if name in {i.name for i in g.input}:
+        return ("; the model lists it as an input with a default value (an initializer), which "
+                "lumc compiles as a constant: it cannot be given")
     v = numpy_helper.to_array(init)
     text = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in np.ravel(v).tolist())
     return f"; --bind {name}={text} fixed it at compile time (compile without it to give it per run)"

@@ -524,3 +524,31 @@ def test_report_json_is_strict_where_a_figure_is_not_finite(tiny, tmp_path, fake
     doc = json.loads(rep.read_text(), parse_constant=refuse)
     assert doc["max_rel_error"] is None
     assert doc["extra_figures"] == [None, 1.5, {"x": None}]
+def test_an_input_with_an_initializer_is_said_to_be_a_constant(tmp_path, monkeypatch):
+    """An input the model also lists as an initializer (its default value, ONNX IR >= 4) is
+    compiled as that constant; giving it was refused as an 'unknown input', though the model
+    lists it as an input."""
+    w = np.arange(24, dtype=np.float32).reshape(4, 6) / 10
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "dflt",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "w.npy", 2 * w)
+    res = lumc_cli("run", tmp_path / "m.onnx", "--input", f"x={tmp_path / 'x.npy'}",
+                   "-o", tmp_path / "y.npz")
+    assert res.exit_code == 0, res.output
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], x.astype(np.float64) @ w,
+                               rtol=1e-6)
+    monkeypatch.setattr("lumc.compiler.core.pipeline.compile_model",
+                        lambda *a, **k: pytest.fail("compiled although an input is refused"))
+    for cmd in (("run",), ("compile", "--budget", "10s", "-o", tmp_path / "m.lumc")):
+        one_line_error(lumc_cli(cmd[0], tmp_path / "m.onnx", *cmd[1:], "--input",
+                                f"x={tmp_path / 'x.npy'}", "--input", f"w={tmp_path / 'w.npy'}"),
+                       "'w'", "input with a default value (an initializer)",
+                       "compiles as a constant")
