@@ -108,6 +108,11 @@ def device_spec_of(name: str):
     return get_device("h200" if "H200" in name else "h100-sxm")
 
 
+# samples per figure a bench may take: 1e5 launches of a 10 us kernel is a second, and of the CPU
+# executor minutes; a larger count (--repeats 1e20) would run for ever instead of being refused
+MAX_REPEATS = 100_000
+
+
 def _write_json(path: str, doc: dict) -> None:
     """Strict JSON (``strict_json``): the ratio to a baseline figure of 0 is infinite, written as
     null."""
@@ -152,8 +157,9 @@ time ratios; on the CPU also Inductor's kernel count and bytes accessed beside l
 @click.option("--allow-precision-change", "allow_precision_change", is_flag=True,
               help="With --compare: compare against a baseline at another precision or weights "
                    "(or one that does not record them) instead of failing (exit 1).")
-@click.option("--repeats", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Samples per figure (default: 25 per kernel on a GPU; 5 CPU-executor calls).")
+@click.option("--repeats", type=click.IntRange(min=1, max=MAX_REPEATS), default=None, metavar="N",
+              help="Samples per figure (default: 25 per kernel on a GPU; 5 CPU-executor calls; "
+                   f"at most {MAX_REPEATS:,}).")
 @click.option("--vs", "vs", default=None, metavar="RIVALS",
               help="Comma list of eager, inductor, onnxruntime (or all).")
 @click.option("--budget", default="60s", show_default=True, help="Compile budget when TARGET is a model.")

@@ -552,3 +552,12 @@ def test_an_input_with_an_initializer_is_said_to_be_a_constant(tmp_path, monkeyp
                                 f"x={tmp_path / 'x.npy'}", "--input", f"w={tmp_path / 'w.npy'}"),
                        "'w'", "input with a default value (an initializer)",
                        "compiles as a constant")
+
+
+@pytest.mark.parametrize("n", ["100000000000000000000", "100001", "0"])
+def test_bench_refuses_a_repeat_count_it_could_not_finish(compiled, n):
+    """``--repeats 1e20`` was accepted and ran for ever; counts past 100,000 (or under 1) are one
+    line, exit 2, before any work."""
+    res = lumc_cli("bench", compiled[1], "--repeats", n)
+    line = one_line_error(res, "--repeats")
+    assert "100000" in line
