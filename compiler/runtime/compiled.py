@@ -70,6 +70,28 @@ def name_args(names: list[str], args, kwargs) -> dict:
     return given
 
 
+def unknown_input_note(source, name: str) -> str:
+    """Why ``name`` is no input of the model (``source``: its bytes or ``onnx.ModelProto``):
+    ``; --bind NAME=V fixed it at compile time ...`` where the compile bound it (the artifact's
+    source model holds it as a constant), ``; the model gives it a default value ...`` where the
+    model lists it as an input with an initializer (lumc takes that as a constant), else ``''``."""
+    if not source:
+        return ""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    g = (onnx.load_from_string(source) if isinstance(source, bytes) else source).graph
+    init = next((t for t in g.initializer if t.name == name), None)
+    if init is None:
+        return ""
+    if name in {i.name for i in g.input}:
+        return ("; the model lists it as an input with a default value (an initializer), which "
+                "lumc compiles as a constant: it cannot be given")
+    v = numpy_helper.to_array(init)
+    text = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in np.ravel(v).tolist())
+    return f"; --bind {name}={text} fixed it at compile time (compile without it to give it per run)"
+
+
 class CompiledModel:
     """An optimized callable.
 
@@ -123,7 +145,8 @@ class CompiledModel:
         given = name_args(names, args, kwargs)
         unknown = sorted(set(given) - set(names))
         if unknown:
-            raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}")
+            raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}"
+                             + unknown_input_note(self.source_onnx, unknown[0]))
         is_torch = any(type(v).__module__.startswith("torch") for v in given.values())
         arrays = {}
         for k, v in given.items():

@@ -361,7 +361,9 @@ class VariantModel:
         names = [i.name for i in infos]
         unknown = sorted(set(given) - set(names))
         if unknown:
-            raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}")
+            from lumc.compiler.runtime.compiled import unknown_input_note
+            raise InputError(f"unknown input {unknown[0]!r}; inputs are {names}"
+                             + unknown_input_note(self.first.source_onnx, unknown[0]))
         for info in infos:
             k = info.name
             if k not in given:

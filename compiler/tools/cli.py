@@ -470,9 +470,10 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     names = [s.name for s in specs]
     unknown = sorted(set(arrays) - set(names))
     if unknown:
-        from lumc.compiler.tools.cli_compile import _bound_note
+        from lumc.compiler.runtime.compiled import unknown_input_note
         raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are "
-                         f"{', '.join(names) or 'none'}" + _bound_note(onnx_model, unknown[0]),
+                         f"{', '.join(names) or 'none'}"
+                         + unknown_input_note(onnx_model, unknown[0]),
                          node=unknown[0])
     shapes = resolve_shapes(specs, shape_args, arrays)
     for s in specs:

@@ -17,6 +17,7 @@ from lumc.compiler.runtime.artifact import (PYTORCH_HINT, check_writable, looks_
                                             strict_json,
                                             write_atomic)
 from lumc.compiler.core.budget import parse_duration
+from lumc.compiler.runtime.compiled import unknown_input_note
 from lumc.compiler.runtime.report_text import (precision_lines, search_text, user_notes,
                                                 workspace_text)
 from lumc.compiler.tools.cli import _parse_shapes, cli, nonempty_path
@@ -76,7 +77,8 @@ def _example_arrays(model: str, inputs_npz, input_pairs: tuple, *outputs) -> dic
     for name, a in arrays.items():
         if name not in specs:
             raise InputError(f"unknown input {name!r}; the model's inputs are "
-                             f"{', '.join(specs) or 'none'}" + _bound_note(onnx_model, name),
+                             f"{', '.join(specs) or 'none'}"
+                             + unknown_input_note(onnx_model, name),
                              node=name)
         if a.dtype != specs[name].dtype.np:
             raise InputError(f"input {name!r} has dtype {a.dtype}, expected "
@@ -415,28 +417,6 @@ def _eager_note(report: dict) -> str:
             f"eager {where} (max rel error {ec.get('max_rel_error', 0):.3g})")
 
 
-def _bound_note(source, name: str) -> str:
-    """Why ``name`` is no input of the model (``source``: its bytes or ``onnx.ModelProto``):
-    ``; --bind NAME=V fixed it at compile time ...`` where the compile bound it (the artifact's
-    source model holds it as a constant), ``; the model gives it a default value ...`` where the
-    model lists it as an input with an initializer (lumc takes that as a constant), else ``''``."""
-    if not source:
-        return ""
-    import numpy as np
-    import onnx
-    from onnx import numpy_helper
-    g = (onnx.load_from_string(source) if isinstance(source, bytes) else source).graph
-    init = next((t for t in g.initializer if t.name == name), None)
-    if init is None:
-        return ""
-    if name in {i.name for i in g.input}:
-        return ("; the model lists it as an input with a default value (an initializer), which "
-                "lumc compiles as a constant: it cannot be given")
-    v = numpy_helper.to_array(init)
-    text = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in np.ravel(v).tolist())
-    return f"; --bind {name}={text} fixed it at compile time (compile without it to give it per run)"
-
-
 def _largest_finite(v) -> float:
     """The largest finite |v| (0 for none): a NaN or inf in a reference output made the tolerance
     NaN (every element failed) or inf (every element passed)."""
@@ -463,7 +443,7 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
     if set(arrays) - set(every):
         bad = sorted(set(arrays) - set(every))[0]
         raise InputError(f"unknown input {bad!r}; the model's inputs are {', '.join(every)}"
-                         + _bound_note(whole.source_onnx, bad), node=bad)
+                         + unknown_input_note(whole.source_onnx, bad), node=bad)
     cm = _pick_variant(whole, path, shape_args or {}, arrays)
     # a torch module's artifact has no ONNX model for onnxruntime: --check compares with the
     # float64 evaluation of the graph it stores (the module as lowered, which its compile checked

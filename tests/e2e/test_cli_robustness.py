@@ -552,6 +552,14 @@ def test_an_input_with_an_initializer_is_said_to_be_a_constant(tmp_path, monkeyp
                                 f"x={tmp_path / 'x.npy'}", "--input", f"w={tmp_path / 'w.npy'}"),
                        "'w'", "input with a default value (an initializer)",
                        "compiles as a constant")
+    # the Python API says so too, for a compiled model and for one loaded from its artifact
+    monkeypatch.undo()
+    f = lumc.compile(str(tmp_path / "m.onnx"), budget="20s", device="sim:h200")
+    f.save(tmp_path / "m.lumc")
+    for g in (f, lumc.load(tmp_path / "m.lumc")):
+        np.testing.assert_allclose(g(x=x), x.astype(np.float64) @ w, rtol=1e-6)
+        with pytest.raises(lumc.InputError, match="default value .an initializer.*constant"):
+            g(x=x, w=2 * w)
 
 
 @pytest.mark.parametrize("n", ["100000000000000000000", "100001", "0"])
