@@ -48,6 +48,7 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.runtime.program import KernelCall
+from lumc.compiler.core.check_inputs import drawn_check_inputs, vacuous
 from lumc.compiler.core.config_order import ordered_configs, precision_variants
 from lumc.compiler.core.search import Measurement
 from lumc.compiler.core.workers import NoBudget, PrecompileUnits, WorkerLost, WorkerUnits
@@ -440,10 +441,14 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                for x, n in zip(ins, call.inputs)]
         if any(x is None for x in ins) or any(r is None for r in refs):
             return True, "unchecked: no reference values captured"
+        drawn = vacuous(refs, call.outputs)
+        if drawn:       # the example's values say nothing here: check on a draw instead
+            self._pending.pop(e.key, None)
+            ins, refs = drawn_check_inputs(e.kernel, call, ins)
         if self.target.simulated and not (cfg is not None and is_extern(cfg.kwargs())) and \
                 sum(int(np.prod(n.shape)) for n in call.outputs) > INTERPRETER_MAX_ELEMENTS:
             return True, "unchecked: too large for the CPU interpreter"
-        fut = self._pending.pop(e.key, None) if index == -1 else None
+        fut = self._pending.pop(e.key, None) if index == -1 and not drawn else None
         if fut is not None and (fut.cancelled() or (
                 self.pool is None and not (fut.done() and fut.exception() is None))):
             # its pool closed with the search (the untimed fallback's checks run after it):
@@ -512,10 +517,12 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                     err = max_rel_error(got, f64, self._term_scale(e, ins, n_index(call, n)))
             worst = max(worst, err)
             if err > tol:
-                return False, f"rejected: max rel error {err:.3g} > {tol:g} on {n.dtype}"
+                return False, f"rejected: max rel error {err:.3g} > {tol:g} on {n.dtype}" + (
+                    " (on drawn inputs)" if drawn else "")
         e.max_error = max(e.max_error, worst)
         self.checked[(e.key, index)] = worst
-        return True, f"checked: max rel error {worst:.3g}"
+        return True, f"checked: max rel error {worst:.3g}" + (
+            " (on drawn inputs: the example's gave no finite value here)" if drawn else "")
 
     def _launch_counting_spills(self, e: KernelEntry, index: int, cfg, ins: list):
         """Run the Triton kernel; on a GPU, note the register spills of what that launch compiled

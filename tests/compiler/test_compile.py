@@ -245,6 +245,37 @@ def test_kernel_check_falls_back_to_float64_meaning(db):
     assert r.status == "ok", r.note                     # 1e-3 off the fp32 "reference", exact vs f64
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_kernel_whose_example_values_are_all_nan_is_checked_on_drawn_inputs(db, broken):
+    """All-NaN example inputs give all-NaN references: a kernel that only propagated NaN passed
+    its check there. The check draws N(0, 1) inputs instead and compares with the kernel's
+    meaning on them, so a broken kernel is rejected and a right one says where it was checked."""
+    from lumc.compiler.core.measure import KernelMeasurer
+    from lumc.compiler.runtime.program import KernelCall
+    from lumc.compiler.runtime.targets import resolve_target, versions
+    from lumc.ir import dtypes as dt
+    from lumc.ir.graph import Graph, input_node
+    from lumc.ir.kernels import Kernel
+    from lumc.ir.tensor import Tensor
+    x = Tensor(input_node("in0", (4, 8), dt.f32))
+    k = Kernel("pointwise", Graph({"in0": x.node}, {"out0": x.exp().mul(x).node}))
+    nan = np.full((4, 8), np.nan, np.float32)
+    node_in = input_node("x", (4, 8), dt.f32)
+    node_out = Tensor(node_in).exp().mul(Tensor(node_in)).node
+    m = KernelMeasurer(resolve_target("sim:h200"), db, versions(gpu=False),
+                       {id(node_in): nan, id(node_out): nan})
+    if broken:      # NaN everywhere, whatever the inputs: what the all-NaN example cannot tell
+        m._launch_counting_spills = lambda e, index, cfg, ins: [np.full((4, 8), np.nan,
+                                                                        np.float32)]
+    key = m.add(KernelCall(k, [node_in], [node_out]))
+    r = m(key, 0)
+    if broken:
+        assert r.status != "ok" and "rejected" in r.note and "drawn" in r.note, r.note
+    else:
+        notes = [note for _, note in m._verdicts.values()]
+        assert r.status == "ok" and any("on drawn inputs" in n for n in notes), (r, notes)
+
+
 def test_a_dim_name_given_without_its_partner_names_the_missing_one():
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
