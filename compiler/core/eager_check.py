@@ -124,14 +124,16 @@ def range_sizes_to_check(program, vm, example_leaves: list) -> list[dict]:
         if slot.dims is None or not isinstance(leaf, torch.Tensor):
             continue
         for d, n in zip(slot.dims, leaf.shape):
-            if isinstance(d, sympy.Symbol):
-                example[d] = int(n)
+            for sym, info in program.dims.items():   # the dim itself, or a Dim as step * d
+                if isinstance(d, sympy.Expr) and d == info.step * sym:
+                    example[sym] = int(n) // info.step
     by_name = {info.name: sym for sym, info in program.dims.items()}
     out = [example]
     for key, _ in vm.variants:
         for end in (0, 1):
             env = dict(example)
-            env.update({by_name[k]: int(r[end]) for k, r in key.ranges.items() if k in by_name})
+            env.update({by_name[k]: int(r[end]) // program.dims[by_name[k]].step
+                        for k, r in key.ranges.items() if k in by_name})
             if env not in out:
                 out.append(env)
     return out
@@ -160,7 +162,7 @@ def check_range_against_eager(module: torch.nn.Module, program, vm, args: tuple,
              "near_ties": 0, "rtol": rtol, "passed": True, "sizes": []}
     failed, skipped = [], []
     for i, env in enumerate(range_sizes_to_check(program, vm, leaves)):
-        where = {names[s]: v for s, v in env.items() if s in names}
+        where = {names[s]: v * program.dims[s].step for s, v in env.items() if s in names}
         text = ", ".join(f"{k}={v}" for k, v in where.items())
         new = list(leaves)
         if i:   # other sizes: drawn inputs

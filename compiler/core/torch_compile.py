@@ -504,10 +504,11 @@ def dim_ranges(program: CapturedProgram, example: list | None = None) -> dict:
                 seen[d] = max(seen.get(d, 0), int(n))
     out: dict = {}
     for sym, info in program.dims.items():
-        lo = max(1, info.min_value)
+        lo = max(info.step, info.min_value)
         hi = info.max_value if info.max_value is not None else max(DEFAULT_MAX_SIZE,
                                                                    seen.get(sym, 0))
-        out[info.name] = hi if hi == lo else DimRange(lo, hi)
+        hi -= hi % info.step
+        out[info.name] = hi if hi == lo else DimRange(lo, hi, info.step)
     return out
 
 
@@ -520,7 +521,8 @@ def _range_frontend(program: CapturedProgram, name: str, examples: dict | None =
     by_name = {info.name: sym for sym, info in program.dims.items()}
 
     def frontend(_model, sizes: dict):
-        env = {by_name[k]: int(v) for k, v in sizes.items() if k in by_name}
+        env = {by_name[k]: int(v) // program.dims[by_name[k]].step for k, v in sizes.items()
+               if k in by_name}
         shapes = [None if slot.dims is None else
                   tuple(d if isinstance(d, int) else int(d.xreplace(env)) for d in slot.dims)
                   for slot in program.inputs]
@@ -565,7 +567,7 @@ def compile_module_range(program: CapturedProgram, ranges: dict, budget_s: float
             if info.name not in key.ranges:
                 continue
             want = sorted([slot.name, ax] for slot in program.inputs if slot.dims is not None
-                          for ax, d in enumerate(slot.dims) if d == sym)
+                          for ax, d in enumerate(slot.dims) if d == info.step * sym)
             got = sorted(list(a) for a in key.axes.get(info.name, []))
             if got != want:
                 raise InputError(f"dim {info.name!r}: the plans read it at {got}, the module has "

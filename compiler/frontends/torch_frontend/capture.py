@@ -27,6 +27,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from lumc.compiler.frontends.onnx_frontend import ImportedModel, TensorSpec
+from lumc.compiler.frontends.torch_frontend.dims import (DimInfo, bind_multiple, finite,
+                                                          multiple_dims)
 from lumc.compiler.frontends.torch_frontend.lowering import FxLowering, check_supported
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir import dtypes as dt
@@ -116,14 +118,6 @@ def from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 @dataclass
-class DimInfo:
-    """A named dynamic dim: ``name`` and its inclusive range (``max_value`` None: unbounded)."""
-    name: str
-    min_value: int
-    max_value: int | None
-
-
-@dataclass
 class InputSlot:
     """One flat user input of the captured graph.
 
@@ -179,7 +173,7 @@ class CapturedProgram:
         """An int, or the name of a dim (``seq``; ``2*seq`` for a derived one)."""
         if isinstance(d, int):
             return d
-        names = {s: sympy.Symbol(info.name) for s, info in self.dims.items()}
+        names = {s: sympy.Symbol(info.name) / info.step for s, info in self.dims.items()}
         return str(d.xreplace(names))
 
     def input_specs(self) -> list[TensorSpec]:
@@ -222,6 +216,8 @@ class CapturedProgram:
                     env[d] = n
                 else:
                     derived.append((slot, k, d, n))
+        for slot, k, d, n in derived:     # a Dim the inputs have only as step * d
+            bind_multiple(self.dims, env, slot.name, d, n)
         for slot, k, d, n in derived:
             if not d.free_symbols <= set(env) or int(d.xreplace(env)) != n:
                 raise InputError(f"input {slot.name!r} dim {k} is {n}, expected "
@@ -276,11 +272,6 @@ class CapturedProgram:
         info = {"op_counts": dict(lowering.op_counts), "seconds": time.perf_counter() - t0,
                 "flat_outputs": flat}
         return imported, info
-
-
-def _finite(v) -> int | None:
-    """A range bound as an int; None for PyTorch's symbolic infinity (``int_oo``)."""
-    return int(v) if isinstance(v, (int, sympy.Integer)) else None
 
 
 def _sym_or_int(d):
@@ -517,11 +508,12 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
             if isinstance(d, sympy.Symbol) and d not in dims:
                 label = names_by_tensor.get(id(leaf), {}).get(k, f"{name}_dim{k}")
                 vr = ep.range_constraints.get(d)
-                lo = _finite(vr.lower) if vr is not None else None
-                hi = _finite(vr.upper) if vr is not None else None
+                lo = finite(vr.lower) if vr is not None else None
+                hi = finite(vr.upper) if vr is not None else None
                 lo = 0 if lo is None else lo
                 dims[d] = DimInfo(label, lo, hi)
         inputs.append(InputSlot(name, tuple(shape), dtype))
+    multiple_dims(inputs, dims, ep.range_constraints, names_by_tensor, leaves)
     gm = ep.graph_module
     graph = gm.graph
     _strip_meta(graph)
