@@ -174,7 +174,10 @@ def _resize_float(x: float, sub: dict[int, int], dtype) -> float | None:
     if got is None:
         return None
     n, recip = got
-    return 1.0 / resize_int(n, sub) if recip else float(resize_int(n, sub))
+    m = resize_int(n, sub)
+    if recip and m == 0:      # 1 / (L - 1) at L = 1: IEEE division by zero, as the import gives
+        return math.copysign(math.inf, n)
+    return 1.0 / m if recip else float(m)
 
 
 def _depends(shape, sub) -> bool:
@@ -276,7 +279,14 @@ def _arg_ints(a) -> list[int]:
         return list(a.shape)
     if isinstance(a, ConstArg):
         x = a.value
-        return [int(x.reshape(-1)[0])] if x.size == 1 and x.dtype.kind in "iu" else []
+        if x.size != 1 or x.dtype.kind not in "iuf":
+            return []
+        if x.dtype.kind in "iu":
+            return [int(x.reshape(-1)[0])]
+        # a float count or its reciprocal (1 / (L - 1) of an unbiased variance), as that count:
+        # re-sized by the table like an integer (_resize_float)
+        got = float_count(float(x.reshape(-1)[0]), lambda n, rounded: True, x.dtype)
+        return [got[0]] if got is not None else []
     if isinstance(a, bool) or a is None:
         return []
     if isinstance(a, (int, np.integer)):
