@@ -50,7 +50,7 @@ def _external_data_digest(src: bytes, base: str) -> bytes | None:
     (new weights in ``model.bin`` beside an unchanged ``model.onnx`` reused the stored plan, with
     the old weights). ``b""`` for a model with none; None when one cannot be read (no reuse)."""
     import onnx
-    from lumc.compiler.frontends.onnx_frontend.loader import external_data_locations
+    from lumc.compiler.runtime.onnx_files import external_data_locations
     if b"location" not in src:          # no external data entry can be in the file
         return b""
     try:

@@ -121,7 +121,7 @@ def model_files(model, what: str = "the model") -> list[tuple[str, str]]:
         return files
     try:
         import onnx
-        from lumc.compiler.frontends.onnx_frontend.loader import external_data_locations
+        from lumc.compiler.runtime.onnx_files import external_data_locations
         names = external_data_locations(onnx.load_from_string(src))
     except Exception:                   # not an ONNX model: the frontend says what is wrong
         return files

@@ -15,6 +15,7 @@ import onnx
 import onnx.inliner
 from onnx import TensorProto, numpy_helper
 
+from lumc.compiler.runtime.onnx_files import external_data_locations, graph_tensors  # noqa: F401
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import ModelError
 
@@ -236,7 +237,7 @@ def check_model_valid(model: onnx.ModelProto, what: str = "the model",
         tt.shape.SetInParent()
     marked = []
     if external_checked:
-        marked = [e for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL
+        marked = [e for t in graph_tensors(model.graph) if t.data_location == TensorProto.EXTERNAL
                   for e in t.external_data if e.key == "location"]
         for e in marked:
             e.value = "#" + e.value
@@ -256,33 +257,10 @@ def check_model_valid(model: onnx.ModelProto, what: str = "the model",
             e.value = e.value[1:]
 
 
-def _tensors(graph: onnx.GraphProto):
-    """Every initializer and attribute tensor of ``graph`` and its subgraphs."""
-    yield from graph.initializer
-    for n in graph.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                yield a.t
-            elif a.type == onnx.AttributeProto.TENSORS:
-                yield from a.tensors
-            elif a.type == onnx.AttributeProto.GRAPH:
-                yield from _tensors(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    yield from _tensors(g)
-
-
-def external_data_locations(model: onnx.ModelProto) -> list[str]:
-    """The file names (``location``, relative to the model's folder) that the model's tensors keep
-    their data in, sorted, each once; ``[]`` for a model with none."""
-    return sorted({e.value for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL
-                   for e in t.external_data if e.key == "location" and e.value})
-
-
 def _check_external_files(model: onnx.ModelProto, base: str, path: str) -> None:
     """Every external-data file the model names exists next to it (one line naming the tensor and
     the file, instead of onnx's checker error)."""
-    for t in _tensors(model.graph):
+    for t in graph_tensors(model.graph):
         if t.data_location != TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in t.external_data if e.key == "location"), None)
