@@ -62,6 +62,17 @@ def test_factored_emulation_rounds_the_unnormalized_numerator(causal):
     assert max_rel_error(got, want) < 2e-6
 
 
+# How far a kernel may be from its emulation at the same roundings. The kernel and the emulation
+# form each probability's exponent argument in different operation orders (fp32, one rounding
+# apart), and numpy's fp32 exp and exp2 take other SIMD code paths on other CPUs: where a
+# probability lies at an fp16 rounding boundary, the two can round it one fp16 unit apart, which
+# moves the output by at most 2^-11 of the row's largest value. fp16's boundaries are 8x as dense
+# as bf16's; on this project's AVX2-only AMD EPYC machine (2026-12-07) they were crossed (5e-5 at
+# BLOCK_N 128), where the machine the 1e-5 bound was set on passed it; bf16's are not crossed at
+# an effect above 1e-5 on these seeded inputs on either.
+SAME_ROUNDING_RTOL = {"bf16": 1e-5, "fp16": 2.0 ** -11}
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_flash_kernel_at_reduced_precision_passes_its_check(causal, precision):
@@ -84,7 +95,7 @@ def test_flash_kernel_at_reduced_precision_passes_its_check(causal, precision):
         new = ReferenceExecutor(k.meaning, dot_operands=dot_rounding(kw),
                                 factored=deferred_factors(k, kw))(feed)["out0"]
         old = ReferenceExecutor(k.meaning, dot_operands=dot_rounding(kw))(feed)["out0"]
-        assert max_rel_error(got, new) < 1e-5, (bm, bn)
+        assert max_rel_error(got, new) < SAME_ROUNDING_RTOL[precision], (bm, bn)
         worst_old = max(worst_old, max_rel_error(got, old))
     if precision == "bf16":
         assert worst_old > tol
@@ -113,4 +124,4 @@ def test_cublas_attention_is_judged_against_rounded_normalized_probabilities(pre
     got = run_extern_numpy(k, cfg, ins)[0]
     emu = ReferenceExecutor(k.meaning, **emulation(k, cfg))(
         {f"in{i}": x for i, x in enumerate(ins)})["out0"]
-    assert max_rel_error(got, emu) < 1e-5
+    assert max_rel_error(got, emu) < SAME_ROUNDING_RTOL[precision]
