@@ -39,6 +39,26 @@ def test_compare_counts_errors_and_nonfinite_mismatches():
     assert not compare(b.float(), near.float(), 1e-4)["passed"]
 
 
+
+def test_the_reported_tolerance_is_the_one_the_worst_output_was_held_to():
+    """A bf16 module's output is held to 8 ulp of bf16 (0.0625), but the report printed the
+    policy's fp32 tolerance beside its error: 'max rel error 0.011 (tolerance 0.0001) ...:
+    passed' (a tiny T5 encoder in bf16), an error 100 times the tolerance shown, yet passed."""
+    from lumc.compiler.runtime.report_text import eager_text
+    w = torch.tensor([1.0, -2.0, 4.0], dtype=torch.bfloat16)
+    g = w.clone()
+    g[0] = 1.0 + 2 ** -7 * 4                               # 0.03125 / 4: 2 ulp of 4 in bf16
+    r = compare(w, g, 1e-4)
+    assert r["passed"] and r["max_rel_error"] == pytest.approx(2 ** -7)
+    assert r["rtol"] == pytest.approx(8 * 2 ** -7)         # bf16 eps is 2**-7
+    assert "(tolerance 0.0625)" in eager_text(r)
+    # an fp32 output beside it with the larger error is reported with its own (fp32) tolerance
+    f = torch.tensor([1.0, 2.0])
+    r = compare((w, f), (g, f * (1 + 0.02)), 1e-4)
+    assert not r["passed"] and r["max_rel_error"] == pytest.approx(0.02, rel=1e-5)
+    assert r["rtol"] == 1e-4 and "(tolerance 0.0001)" in eager_text(r)
+    assert compare(f, f, 1e-4)["rtol"] == 1e-4           # no error at all: the policy's
+
 class _M(torch.nn.Module):
     def __init__(self):
         super().__init__()
