@@ -146,3 +146,47 @@ def test_a_damaged_structure_part_is_one_line(tmp_path):
         with pytest.raises(ArtifactError) as e:
             lumc.load(tmp_path / "d.lumc")
         assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_dataclass_output_is_refused_in_one_line_saying_how_to_register_it(tmp_path,
+                                                                              monkeypatch):
+    """A module returning a plain dataclass: torch.export refuses a class it has no pytree for,
+    and lumc passed its first line on ('Found <class Out> in output, which is not a known type.
+    If this type holds tensors, you need to register a pytree for it. See <url>'), which names no
+    torch API to call. The refusal now says what to do, and doing it compiles."""
+    import dataclasses
+
+    from lumc.ir.errors import ModelError
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+
+    @dataclasses.dataclass
+    class Out:
+        a: torch.Tensor
+        b: torch.Tensor
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return Out(y, y.relu() - 1)
+
+    torch.manual_seed(0)
+    m, x = M().eval(), torch.randn(2, 8)
+    with pytest.raises(ModelError) as ei:
+        lumc.compile(m, budget="20s", example_inputs=(x,), device="sim:h200")
+    msg = str(ei.value)
+    assert "\n" not in msg and "not a known type" in msg, msg
+    assert "torch.export.register_dataclass" in msg, msg
+    torch.export.register_dataclass(Out)
+    try:
+        f = lumc.compile(m, budget="20s", example_inputs=(x,), device="sim:h200")
+        got, want = f(x), m(x)
+        assert isinstance(got, Out)
+        torch.testing.assert_close(got.a, want.a.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.b, want.b.detach(), rtol=1e-5, atol=1e-6)
+    finally:
+        from torch.utils import _pytree
+        _pytree._deregister_pytree_node(Out)     # leave torch's registry as it was

@@ -56,6 +56,9 @@ def _export_hint(e: Exception) -> str:
     if "Cache" in text and "in output" in text:
         # transformers decoders return their KV cache object (DynamicCache) by default
         return " (a transformers model returns its KV cache: build it with use_cache=False)"
+    if "in output, which is not a known type" in text:
+        return (" (return a tuple or dict, or register the output's class with torch before "
+                "compiling: torch.export.register_dataclass(C) for a dataclass)")
     if "data-dependent" in text or type(e).__name__.startswith("GuardOnDataDependent"):
         return DATA_DEPENDENT_HINT
     return ""
