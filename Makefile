@@ -23,7 +23,7 @@ install:  ## create .venv and install lumc editable with the dev extras (torch p
 TEST_WORKERS ?= 2
 
 test:  ## the default suite (no slow, no GPU tests) on TEST_WORKERS processes; fetches the four models on first use
-	$(PYTEST) -q -n $(TEST_WORKERS) -m "not slow and not gpu"
+	$(PYTEST) -q -n $(TEST_WORKERS) -m "not slow and not gpu" --durations=15
 
 conformance:  ## the ONNX backend node tests
 	$(PYTEST) tests/conformance -q

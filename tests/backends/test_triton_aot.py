@@ -4,6 +4,9 @@ Each form, at GPU-filling sizes, compiles at its default config and at the legal
 largest tiles (the most shared memory); the test fails on a config that does not compile or whose
 compiled shared memory passes the 227 KiB a block may use. The shared memory of every compile is
 printed (``pytest -s``) and written to ``aot-shared-memory.json`` in the test's tmp dir.
+
+The compiles use the GPU machine's Triton (3.6, which ``make install`` puts beside the one here;
+``test_triton_gpu_image.py``) where it is installed, since that is the compiler the kernels meet.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import json
 
 from lumc.backends.triton import configs, render
 from lumc.backends.triton.aot import compile_many
+from test_triton_gpu_image import GPU_IMAGE_TRITON, gpu_image_triton
 from triton_cases import every_form_kernels
 
 
@@ -36,7 +40,10 @@ def test_every_form_compiles_for_sm90_and_fits(tmp_path):
         for cfg in dict.fromkeys([default, big]) if big != default else [default, big]:
             jobs.append((rk, cfg))
             names.append(name)
-    results = compile_many(jobs)
+    gpu = gpu_image_triton(required=False)     # the GPU machine's Triton, where installed
+    results = compile_many(jobs, triton_dir=str(gpu) if gpu else None)
+    if gpu:
+        assert {r.triton_version for r in results} == {GPU_IMAGE_TRITON}
     rows = []
     for name, r in zip(names, results):
         rows.append({"case": name, "form": r.form, "config": str(r.config),
