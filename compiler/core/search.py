@@ -224,11 +224,12 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         time stops improving. Returns "budget" when the deadline passed, else None."""
         start = len(history)
         closing, converged = False, ""
+        width = retime_top       # the kernels of this many best programs are tuned (widening: more)
         while True:
             if deadline.expired():
                 return "budget"
             ranked = sorted(prog_time, key=lambda i: (prog_time[i], order.index(i)))
-            top = ranked[:width[0]]
+            top = ranked[:width]
             pool = {k for i in top for k in candidates[i]}
             for k in list(pool):
                 if k in best_t and best_t[k] <= bounds[k] * (1 + slack) and len(tried[k]) < configs[k]:
@@ -246,9 +247,9 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                 # widen: the next measured program whose bound is still below the best time has
                 # kernels no one tuned (its own up- and down-projection beside a twin's fused
                 # kernel): it joins the pool, rather than losing at its first configs
-                nxt = next((j for j in ranked[width[0]:] if cand_bound[j] < best[0]), None)
+                nxt = next((j for j in ranked[width:] if cand_bound[j] < best[0]), None)
                 if nxt is not None:
-                    width[0] = ranked.index(nxt) + 1
+                    width = ranked.index(nxt) + 1
                     stats.log.append(f"candidate {nxt} joins the tuning: bound "
                                      f"{cand_bound[nxt]:.3e}s < best {best[0]:.3e}s")
                     continue
@@ -289,7 +290,6 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
     # bar the next candidates must pass is a tuned time, and more of them are pruned.
     out_of_time = False
     pruned: set[int] = set()
-    width = [retime_top]     # the depth phase tunes the kernels of this many best programs
 
     def prune_hopeless() -> None:
         # free: a bound not below the best time can only stay so as the best time falls
