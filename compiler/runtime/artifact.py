@@ -32,7 +32,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from lumc.ir.errors import ArtifactError, LumcError
+from lumc.ir.errors import ArtifactError, InputError, LumcError
 from lumc.ir.serialize import FORMAT as GRAPH_FORMAT
 
 FORMAT = "lumc-artifact/1"
@@ -57,6 +57,23 @@ def _kind(mode: int) -> str:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "not a regular file"
+
+
+def refuse_unregular_input(path: str, what: str, kind: str) -> None:
+    """Refuse an input path that is not a regular file before opening it: a FIFO nobody writes
+    blocked ``np.load`` forever, a device (``/dev/zero``) was read without end.
+
+    Raises:
+        InputError: naming the option, the path and what it is.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{what}: {path}: no such file") from None
+    except OSError as err:
+        raise InputError(f"{what}: cannot read {path}: {err.strerror or err}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what}: {path} is {_kind(st.st_mode)}, not {kind} (a regular file)")
 
 
 def output_target(path: str | os.PathLike) -> Path:

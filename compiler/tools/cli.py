@@ -39,7 +39,8 @@ import numpy as np  # noqa: E402
 
 from lumc.compiler.frontends import models  # noqa: E402
 from lumc.compiler.runtime.artifact import (  # noqa: E402
-    check_writable, looks_like_artifact, model_files, refuse_same_file, write_atomic)
+    check_writable, looks_like_artifact, model_files, refuse_same_file, refuse_unregular_input,
+    write_atomic)
 from lumc.ir.errors import InputError, LumcError  # noqa: E402
 
 _DIMS = re.compile(r"^\d+(x\d+)*$", re.ASCII)   # ASCII digits only: no '١x٢'
@@ -226,12 +227,11 @@ def _parse_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...] | list]:
 
 def _read_npy(path: str, what: str) -> np.ndarray:
     """One array from a .npy file (never unpickles; an .npz or other file is an InputError)."""
+    refuse_unregular_input(path, what, "a .npy array")
     try:
         a = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise InputError(f"{what}: {path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{what}: {path} is a directory, not a .npy array") from None
     except OSError as err:
         raise InputError(f"{what}: cannot read {path}: {err.strerror or err}") from None
     except (ValueError, EOFError):   # numpy's hint about allow_pickle means: not a .npy file
@@ -246,6 +246,7 @@ def _read_npy(path: str, what: str) -> np.ndarray:
 def _load_arrays(npz: str | None, pairs: tuple[str, ...]) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     if npz is not None:
+        refuse_unregular_input(npz, "--inputs", "an .npz archive")
         try:
             f = np.load(npz, allow_pickle=False)
         except FileNotFoundError:

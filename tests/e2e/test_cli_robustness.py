@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -149,6 +150,32 @@ def test_npy_given_to_inputs(tiny, tmp_path):
 def test_non_npy_given_to_input(tiny, tmp_path):
     line = one_line_error(lumc_cli("run", tiny, "--input", f"x={tiny}", "--random"))
     assert line == f"lumc: error: --input x: {tiny} is not a .npy array (or it is truncated)"
+
+
+@pytest.mark.parametrize("cmd", ["run", "compile"])
+@pytest.mark.parametrize("opt", ["--input", "--inputs"])
+def test_fifo_input_is_refused_unread(tiny, tmp_path, cmd, opt):
+    """An input path that is a named pipe nobody writes blocked the command forever."""
+    import threading
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def unblock():      # without the refusal the reader waits in open(); let it go after 3 s
+        while not done.wait(3):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))   # EOF for the reader
+            except OSError:      # no reader (yet)
+                pass
+    threading.Thread(target=unblock, daemon=True).start()
+    args = ["--random"] if cmd == "run" else ["--budget", "10s"]
+    started = time.monotonic()
+    given = f"x={fifo}" if opt == "--input" else fifo
+    res = lumc_cli(cmd, tiny, "--shape", "n=2", *args, opt, given)
+    took = time.monotonic() - started
+    done.set()
+    one_line_error(res, str(fifo), "a FIFO", "regular file")
+    assert took < 2.5
 
 
 @pytest.mark.parametrize("cmd", ["run", "compile"])
