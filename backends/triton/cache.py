@@ -114,7 +114,10 @@ def _write(path: Path, source: str) -> Path:
         pass
     except UnicodeDecodeError:
         pass           # a garbled file: replaced below
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    # ``.NAME.PID-XXXXXXXX.tmp``: ``lumc cache info`` removes one whose writer was killed
+    # (``compiler/runtime/temp_files.py``)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp",
+                               dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)

@@ -32,6 +32,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from lumc.compiler.runtime.temp_files import sweep_stale_temps, temp_prefix
 from lumc.ir.errors import ArtifactError, InputError, LumcError
 from lumc.ir.serialize import FORMAT as GRAPH_FORMAT
 
@@ -175,6 +176,7 @@ def check_writable(path: str | os.PathLike) -> None:
         if not os.access(parent, os.W_OK | os.X_OK):
             raise OutputError(f"cannot write {os.fspath(path)}: cannot create folders in {parent}")
         return
+    sweep_stale_temps(parent, _temp_stem(target))    # a compile killed writing it left them
     try:
         fd, tmp = _create_temp(target)
     except OSError as e:
@@ -187,13 +189,18 @@ def check_writable(path: str | os.PathLike) -> None:
 _TEMP_NAME_BYTES = 200    # of the target's name in its temporary file's (NAME_MAX is 255)
 
 
+def _temp_stem(target: Path) -> str:
+    # the temporary name takes at most 26 bytes more than the target's (``.NAME.PID-XXXXXXXX.tmp``):
+    # a long name (a file name may have 255 bytes) is cut, or a name the folder takes was refused
+    # as 'File name too long'
+    return target.name.encode()[:_TEMP_NAME_BYTES].decode(errors="ignore")
+
+
 def _create_temp(target: Path) -> tuple[int, str]:
     # O_EXCL with mode 0666: the umask applies, as for any file a shell creates (mkstemp gives 0600)
-    # the temporary name takes 15 bytes more than the target's: a long name (a file name may have
-    # 255 bytes) is cut, or a name the folder takes was refused as 'File name too long'
-    name = target.name.encode()[:_TEMP_NAME_BYTES].decode(errors="ignore")
+    name = _temp_stem(target)
     for _ in range(100):
-        tmp = os.path.join(target.parent, f".{name}.{secrets.token_hex(4)}.tmp")
+        tmp = os.path.join(target.parent, f"{temp_prefix(name)}{secrets.token_hex(4)}.tmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
                            0o666), tmp
@@ -222,7 +229,8 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
 
     A symlink is followed and the file it points to replaced; missing folders are created; a new
     file gets mode ``0666 & ~umask``, a replaced one keeps its mode. On any failure (or Ctrl-C) the
-    previous file is untouched and no temporary file is left.
+    previous file is untouched and no temporary file is left; one a killed write of the same
+    target left is removed (``temp_files.sweep_stale_temps``).
 
     Raises:
         OutputError: the target is a device, FIFO or directory, or the folder or file cannot be
@@ -235,6 +243,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     except OSError as e:
         raise OutputError(f"cannot write {shown}: cannot create folder {target.parent} "
                           f"({e.strerror or e})") from None
+    sweep_stale_temps(target.parent, _temp_stem(target))    # what a killed write left
     try:
         fd, tmp = _create_temp(target)
     except OSError as e:

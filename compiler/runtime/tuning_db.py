@@ -20,6 +20,7 @@ from pathlib import Path
 
 import platformdirs
 
+from lumc.compiler.runtime.temp_files import STALE_TEMP_S, sweep_stale_temps
 from lumc.ir.errors import ArtifactError
 
 SCHEMA_VERSION = 1
@@ -322,9 +323,6 @@ def plan_cache_limit() -> int:
     return int(mb * 1e6)
 
 
-STALE_TEMP_S = 3600.0    # a plan's temporary file untouched this long was left by a killed write
-
-
 def evict_plans(plans_dir: Path, keep: Path, limit_bytes: int | None = None) -> list[Path]:
     """Keep the stored plans within ``limit_bytes`` (default :func:`plan_cache_limit`),
     deleting the least recently used first (by modification time: a reuse touches its plan),
@@ -332,6 +330,7 @@ def evict_plans(plans_dir: Path, keep: Path, limit_bytes: int | None = None) -> 
     ``<key>.torch`` interface) go with it. Returns the plans deleted; a file another process
     removed first is skipped."""
     limit = plan_cache_limit() if limit_bytes is None else limit_bytes
+    sweep_stale_temps(plans_dir)        # what killed writes left, whatever the limit
     groups: dict[str, list[Path]] = {}
     now = time.time()
     for p in (sorted(q for q in plans_dir.iterdir() if q.is_file()) if plans_dir.is_dir() else []):

@@ -47,6 +47,7 @@ def _could_make(folder: pathlib.Path) -> bool:
 @cache_grp.command("info")
 def cache_info():
     """Where the caches are, and how much they hold."""
+    from lumc.compiler.runtime.temp_files import sweep_stale_temps
     from lumc.compiler.runtime.tuning_db import TuningDatabase, default_db_path, plan_cache_limit
     root = default_db_path().parent
     if not root.exists() and _could_make(root):
@@ -56,6 +57,11 @@ def cache_info():
         click.echo(f"no cache yet at {root} (the first compile creates it)")
         return
     db = TuningDatabase()
+    kdir = _kernel_cache_dir()
+    swept = [p for d in (db.plans_dir, kdir) if d is not None for p in sweep_stale_temps(d)]
+    if swept:
+        click.echo(f"removed {len(swept)} temporary file{'s' * (len(swept) != 1)} that killed "
+                   "writes left")
     info = db.info()
     click.echo(f"tuning database: {info['path']} ({info['entries']} timings, {_fmt_bytes(info['bytes'])})")
     for dev, n in sorted(info["by_device"].items()):
@@ -74,7 +80,6 @@ def cache_info():
         click.echo(f"set-aside corrupt databases: {len(aside)} file{'s' * (len(aside) != 1)} "
                    f"({_size(aside)}): "
                    + ", ".join(p.name for p in aside))
-    kdir = _kernel_cache_dir()
     if kdir is not None and kdir.exists():
         files = [p for p in kdir.rglob("*") if p.is_file()]
         click.echo(f"kernel sources: {kdir} ({len(files)} file{'s' * (len(files) != 1)}, "
