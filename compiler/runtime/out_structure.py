@@ -8,11 +8,15 @@ a callable stores it as the part ``structure.json`` (the spec through
 ``torch.utils._pytree.treespec_dumps``: JSON, never unpickled; constants only as JSON scalars), so
 ``lumc.load`` returns the same structure as the callable it was saved from.
 
-A structure the JSON form cannot hold (a namedtuple or a class torch's pytree registered without a
-serialized type name, a non-scalar constant leaf) is not stored: the saved artifact returns one
-value for one output, else a tuple in output order, and ``save`` warns once saying so. A stored
-structure whose type this process has not registered (a transformers ``ModelOutput`` before
-``import transformers``) loads flat with a warning naming what to import.
+A namedtuple, or a class torch's pytree registered without a serialized type name (a dataclass
+through ``torch.export.register_dataclass(Out)``), is stored by its qualified name
+(``lumc:namedtuple:`` / ``lumc:class:`` + ``module.QualName``, with its fields) and rebuilt at load
+from the class of that name in a module the loading process has already imported (never importing
+one: an artifact runs no code); a registered class must be registered there too. A structure
+with a non-scalar constant leaf is not stored: the saved artifact returns one value for one output,
+else a tuple in output order, and ``save`` warns once saying so. A stored structure whose type this
+process does not have (a transformers ``ModelOutput`` before ``import transformers``, a script's
+own dataclass loaded by another script) loads flat with a warning naming what to import.
 """
 from __future__ import annotations
 
@@ -61,8 +65,11 @@ class OutputStructure:
         else:
             try:
                 spec = treespec_dumps(self.spec)
-            except Exception as e:       # a namedtuple or class without a serialized name
-                why = str(e).split(". ")[0].split("\n")[0]
+            except Exception:       # a namedtuple or class without a serialized name: by its name
+                try:
+                    spec = _dumps_named(self.spec)
+                except Exception as e:
+                    why = str(e).split(". ")[0].split("\n")[0]
         if why is not None:
             warnings.warn(f"lumc: {what} is not stored ({why}); the loaded artifact returns one "
                           "value for one output, else a tuple in output order", stacklevel=3)
@@ -91,7 +98,7 @@ class OutputStructure:
             raise ArtifactError(f"{path}: part {PART!r} names outputs the plan does not compute")
         try:
             from torch.utils._pytree import treespec_loads
-            spec = treespec_loads(spec_text)
+            spec = _loads_named(spec_text) if _LUMC_TYPE in spec_text else treespec_loads(spec_text)
         except ImportError:
             warnings.warn(f"lumc: {path}: torch is not installed, so the module's output structure "
                           "is not rebuilt; outputs are returned in output order", stacklevel=3)
@@ -105,3 +112,97 @@ class OutputStructure:
             raise ArtifactError(f"{path}: part {PART!r} has {len(leaves)} leaves for a structure "
                                 f"of {spec.num_leaves}")
         return cls(spec, [(k, v) for k, v in leaves])
+
+
+# ---- types stored by their qualified name ------------------------------------------------------
+_LUMC_TYPE = '"lumc:'       # how such a type's name starts in the JSON text
+
+
+def _qualname(cls, check: bool = False) -> str:
+    """``module.QualName``; ``check``: that this very class is found by that name (one defined in
+    a function, or replaced since, is not: ValueError)."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if check:
+        try:
+            found = _defined_class(name)
+        except LookupError:
+            found = None
+        if found is not cls:
+            raise ValueError(f"{name} cannot be found by its name (define it at a module's top "
+                             "level)")
+    return name
+
+
+def _dumps_named(spec) -> str:
+    """``treespec_dumps``'s JSON, a namedtuple or a class registered without a serialized name
+    written as ``lumc:namedtuple:NAME`` / ``lumc:class:NAME`` (context: its fields)."""
+    import collections
+
+    import torch.utils._pytree as pytree
+
+    def node(sp) -> dict:
+        if sp.is_leaf():
+            return {"type": None, "context": None, "children_spec": []}
+        kids = [node(c) for c in sp.children()]
+        if sp.type is collections.namedtuple:
+            cls = sp._context
+            return {"type": "lumc:namedtuple:" + _qualname(cls, check=True),
+                    "context": json.dumps(list(cls._fields)), "children_spec": kids}
+        entry = pytree.SUPPORTED_SERIALIZED_TYPES.get(sp.type)
+        if entry is not None and entry.serialized_type_name == pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
+            return {"type": "lumc:class:" + _qualname(sp.type, check=True),
+                    "context": json.dumps(sp._context), "children_spec": kids}
+        shallow = pytree.TreeSpec(sp.type, sp._context, [pytree.treespec_leaf()] * len(kids))
+        doc = json.loads(pytree.treespec_dumps(shallow))[1]
+        return dict(doc, children_spec=kids)
+    return json.dumps([pytree.DEFAULT_TREESPEC_SERIALIZATION_PROTOCOL, node(spec)])
+
+
+def _defined_class(name: str):
+    """The class ``module.QualName`` of a module this process has imported (read from the
+    modules' namespaces, never importing or calling anything); raises LookupError without it."""
+    import sys
+    for i in range(len(name), 0, -1):
+        if i < len(name) and name[i] != ".":
+            continue
+        mod = sys.modules.get(name[:i])
+        if mod is None or i == len(name):
+            continue
+        obj = mod
+        for part in name[i + 1:].split("."):
+            obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
+        if isinstance(obj, type):
+            return obj
+    raise LookupError(f"{name} is not defined in this process")
+
+
+def _loads_named(text: str):
+    """A spec from :func:`_dumps_named`'s JSON."""
+    import collections
+
+    import torch.utils._pytree as pytree
+
+    def node(doc):
+        kids = [node(c) for c in doc["children_spec"]]
+        t = doc["type"]
+        if t is None:
+            return pytree.treespec_leaf()
+        fields = json.loads(doc["context"]) if str(t).startswith("lumc:") else None
+        if str(t).startswith("lumc:namedtuple:"):
+            cls = _defined_class(t[len("lumc:namedtuple:"):])
+            if getattr(cls, "_fields", None) != tuple(fields) or not issubclass(cls, tuple):
+                raise LookupError(f"{_qualname(cls)} is not a namedtuple of fields {fields}")
+            return pytree.TreeSpec(collections.namedtuple, cls, kids)
+        if str(t).startswith("lumc:class:"):
+            cls = _defined_class(t[len("lumc:class:"):])
+            if cls not in pytree.SUPPORTED_NODES:
+                raise LookupError(f"{_qualname(cls)} is not registered with torch's pytree "
+                                  "(torch.export.register_dataclass)")
+            return pytree.TreeSpec(cls, fields, kids)
+        shallow = dict(doc, children_spec=[{"type": None, "context": None, "children_spec": []}]
+                       * len(kids))
+        sp = pytree.treespec_loads(json.dumps([pytree.DEFAULT_TREESPEC_SERIALIZATION_PROTOCOL,
+                                               shallow]))
+        return pytree.TreeSpec(sp.type, sp._context, kids)
+    proto, root = json.loads(text)
+    return node(root)

@@ -5,7 +5,9 @@ damaged ``structure.json`` is a one-line ArtifactError. Values against PyTorch e
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
+import warnings
 import zipfile
 
 import numpy as np
@@ -103,12 +105,60 @@ class ReturnsNamedTuple(nn.Module):
         return Pair(x * 3.0, x - 1.0)
 
 
+@dataclasses.dataclass
+class Scores:
+    logits: torch.Tensor
+    probs: torch.Tensor
+
+
+torch.export.register_dataclass(Scores)        # no serialized_type_name: torch cannot dump it
+
+
+class ReturnsDataclass(nn.Module):
+    def forward(self, x):
+        return {"out": Scores(x * 3.0, torch.softmax(x, -1)), "pair": Pair(x - 1.0, x.sum())}
+
+
+def test_namedtuple_and_dataclass_outputs_load_as_they_were(tmp_path):
+    """A dataclass registered without a serialized name (and a namedtuple) came back from
+    ``lumc.load`` as a tuple where the compiled callable returned the dataclass: they are stored
+    by qualified name and rebuilt from the class this process defines."""
+    m = ReturnsDataclass().eval()
+    x = torch.randn(3, 5)
+    f = lumc.compile(m, budget="10s", example_inputs=(x,), device="sim:h200")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)     # stored: nothing to warn about
+        f.save(tmp_path / "d.lumc")
+    g = lumc.load(tmp_path / "d.lumc")
+    want = m(x)
+    for h in (f, g):
+        got = h(x)
+        assert type(got["out"]) is Scores and type(got["pair"]) is Pair
+        assert_same(got, want)
+    # a process that does not define the class (never imported for it): flat, with a warning
+    with zipfile.ZipFile(tmp_path / "d.lumc") as z:
+        text = z.read("structure.json").decode()
+    assert f"lumc:class:{__name__}.Scores" in text
+    rewrite_part(tmp_path / "d.lumc", tmp_path / "e.lumc", "structure.json",
+                 text.replace(f"{__name__}.Scores", "no_such_module.Scores").encode())
+    with pytest.warns(UserWarning, match="no_such_module.Scores is not defined in this process"):
+        e = lumc.load(tmp_path / "e.lumc")
+    flat = e(x)
+    assert type(flat) is tuple and len(flat) == 4
+    torch.testing.assert_close(flat[0], want["out"].logits)
+
+
 def test_a_structure_that_cannot_be_stored_is_said_and_loads_flat(tmp_path):
-    m = ReturnsNamedTuple().eval()
+    local_pair = collections.namedtuple("LocalPair", "a b")    # no name to find it by at load
+
+    class ReturnsLocal(nn.Module):
+        def forward(self, x):
+            return local_pair(x * 3.0, x - 1.0)
+    m = ReturnsLocal().eval()
     x = torch.randn(4)
     f = lumc.compile(m, budget="10s", example_inputs=(x,), device="sim:h200")
-    assert isinstance(f(x), Pair)
-    with pytest.warns(UserWarning, match="output structure is not stored"):
+    assert isinstance(f(x), local_pair)
+    with pytest.warns(UserWarning, match="output structure is not stored.*cannot be found by"):
         f.save(tmp_path / "p.lumc")
     got = lumc.load(tmp_path / "p.lumc")(x)
     assert type(got) is tuple and len(got) == 2
