@@ -407,7 +407,6 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             leaves = pytree.tree_flatten((tuple(args), dict(example_kwargs or {})))[0]
             vm = compile_module_range(program, ranges, budget_s, device, policy,
                                       type(module).__name__, int_examples(program.inputs, leaves))
-            vm.watch = ModuleWatch(module)
             # the module's output structure, as a fixed compile (its artifact stores it too)
             vm.structure = OutputStructure.of_capture(
                 program.out_spec, program.output_names, program.output_index, (),
@@ -418,6 +417,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
                                                      policy), type(module).__name__, policy)
             for rep in [vm._report] + [cm._report for _, cm in vm.variants]:
                 rep["eager_check"] = ec
+            vm.watch = ModuleWatch(module)      # after eager ran it: the module as compiled
             return vm
     compiled = CompiledTorchModule(program, budget_s, capture_s, search, device, policy)
     compiled.model_name = type(module).__name__

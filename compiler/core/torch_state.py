@@ -215,8 +215,10 @@ class ModuleWatch:
     199 tensors and 225 submodules on a CPU core); after a parameter, buffer or submodule was assigned anywhere (torch's
     global registration hooks count them) or where a stamp differs, the whole tree is compared by
     name, identity, dtype and shape, and a tensor whose stamp differs by its bytes (digest: a
-    round trip through ``.double()`` and back changes nothing). A module that is gone is not
-    checked.
+    round trip through ``.double()`` and back changes nothing). The plain Python attributes of
+    the tree (``self.scale``, ``self.eps``, a config's values), which the trace baked into the
+    graph, are compared with their compiled values too (``module_attrs.AttrWatch``). A module
+    that is gone is not checked.
 
     Args:
         module: the module compiled.
@@ -233,6 +235,8 @@ class ModuleWatch:
         self._tensors = {name: (_stamp(t), digests.get(id(t)) or tensor_digest(t))
                          for name, t in self._named(module)}
         self._flags = self._training(module)
+        from lumc.compiler.core.module_attrs import AttrWatch
+        self._attrs = AttrWatch(module)     # plain attributes forward may read (self.scale)
         self._snapshot(module)
 
     def _snapshot(self, module: torch.nn.Module) -> None:
@@ -250,6 +254,7 @@ class ModuleWatch:
         if getattr(self, "_held", None) is None:
             self._held: list = []
             weakref.finalize(module, self._held.clear)
+            weakref.finalize(module, self.__dict__.pop, "_attrs", None)   # it holds the dicts
         self._held[:] = [plain, tensors, subs]
         self._seen = (list(map(_VERSION, plain)), list(map(_DATA_PTR, tensors)),
                       list(map(_TRAINING, subs)), module.training)
@@ -260,7 +265,8 @@ class ModuleWatch:
         plain, tensors, subs = self._held
         versions, ptrs, flags, training = self._seen
         return (module.training == training and list(map(_VERSION, plain)) == versions
-                and list(map(_DATA_PTR, tensors)) == ptrs and list(map(_TRAINING, subs)) == flags)
+                and list(map(_DATA_PTR, tensors)) == ptrs and list(map(_TRAINING, subs)) == flags
+                and self._attrs.unchanged())
 
     @staticmethod
     def _named(module: torch.nn.Module) -> list:
@@ -296,6 +302,9 @@ class ModuleWatch:
         if flags != self._flags:
             self._refuse(next((a[0] for a, b in zip(flags, self._flags) if a != b),
                               "its set of submodules"))
+        attr = self._attrs.changed(module)
+        if attr is not None:
+            self._refuse(attr)
         self._snapshot(module)               # as compiled: the next calls take the fast check
 
     @staticmethod

@@ -9,6 +9,8 @@ outputs that silently cut the parameters off the loss.
 """
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -351,3 +353,84 @@ def test_the_watch_keeps_neither_the_module_nor_its_weights_alive():
     gc.collect()
     assert gone[0]() is None and gone[1]() is None
     w.check()                            # nothing left to compare: no error
+
+
+class _Scaled(nn.Module):
+    causal = False                                # a class attribute forward reads
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = 2.0
+        self.eps = 1e-5
+        self.offsets = [0.5, -1.0]                # a list, changed in place below
+        self.cfg = types.SimpleNamespace(act="relu", nan=float("nan"))   # a config object
+
+    def forward(self, x):
+        y = self.lin(x) * self.scale + self.eps + self.offsets[1]
+        y = torch.relu(y) if self.cfg.act == "relu" else torch.tanh(y)
+        return y.tril() if self.causal else y
+
+
+def _set(obj, name, value):
+    return lambda m: setattr(obj(m), name, value)
+
+
+@pytest.mark.parametrize("change, what", [
+    (_set(lambda m: m, "scale", 3.0), "attribute 'scale' of the module: 2.0 -> 3.0"),
+    (_set(lambda m: m, "scale", 2), "attribute 'scale' of the module: 2.0 -> 2"),
+    (_set(lambda m: m, "eps", 0.5), "attribute 'eps' of the module: 1e-05 -> 0.5"),
+    (lambda m: m.offsets.append(9.0), "'offsets' of the module: [0.5, -1.0] -> [0.5, -1.0, 9.0]"),
+    (lambda m: m.offsets.__setitem__(1, 4.0), "'offsets' of the module: [0.5, -1.0] -> [0.5, 4.0]"),
+    (_set(lambda m: m.cfg, "act", "tanh"), "attribute 'cfg.act' of the module: 'relu' -> 'tanh'"),
+    (_set(lambda m: m, "causal", True), "attribute 'causal' of the module: set to True"),
+    (_set(lambda m: m.lin, "in_features", 5), "attribute 'in_features' of submodule 'lin'"),
+])
+def test_lumc_compile_refuses_a_call_after_a_plain_attribute_changed(change, what, tmp_path,
+                                                                      monkeypatch):
+    """``self.scale = 2.0`` read by forward is baked into the traced graph: after
+    ``m.scale = 3.0`` the compiled callable went on computing ``x * 2.0`` without a word (the
+    watch compared only tensors and training flags). A call now says what changed; a compile
+    after the change computes the new value (the stored plan of the old one is not reused), and
+    one back at the old value reuses its plan."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = _Scaled().eval()
+    x = torch.randn(3, 4)
+    f = lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x,))
+    with torch.no_grad():
+        want = m(x)
+        torch.testing.assert_close(f(x), want)
+        m.note = "not read by forward"             # a new attribute forward never saw: runs
+        torch.testing.assert_close(f(x), want)
+        change(m)
+        changed = m(x)
+        # the same values after these (a wrong result is what the others would give)
+        same = ("2.0 -> 2", "9.0]", "in_features")
+        assert torch.allclose(changed, want) == any(w in what for w in same)
+        with pytest.raises(lumc.InputError, match="module changed after lumc.compile copied it") \
+                as e:
+            f(x)
+        assert what in str(e.value) and "\n" not in str(e.value)
+        if "in_features" in what:
+            return
+        g = lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x,))
+        assert g.reused is None
+        torch.testing.assert_close(g(x), changed)
+
+
+def test_the_attribute_watch_takes_the_stored_plan_path_too(tmp_path, monkeypatch):
+    """A compile that reuses a stored plan watches the attributes as a fresh one does."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    m = _Scaled().eval()
+    x = torch.randn(3, 4)
+    lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x,))
+    g = lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x,))
+    assert g.reused is not None
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), m(x))
+        m.scale = -1.0
+        with pytest.raises(lumc.InputError, match="attribute 'scale' of the module: 2.0 -> -1.0"):
+            g(x)
+        m.scale = 2.0                              # back as compiled: runs again
+        torch.testing.assert_close(g(x), m(x))
