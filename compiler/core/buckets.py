@@ -237,7 +237,7 @@ def _dims_shapes(fixed: dict, ranges: dict, units: dict) -> dict:
 
 
 def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_bucket, frontend,
-                   clock=time.monotonic):
+                   clock=time.monotonic, deadline: Deadline | None = None):
     """Compile ``model`` for the size ranges in ``shapes`` (see the module docstring).
 
     Args:
@@ -250,6 +250,8 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
             -> CompiledModel`` for one bucket at its representative size (``fe`` has the re-sized
             graph).
         frontend: ``(model, shapes) -> Frontend`` (imports; under :func:`probing`).
+        deadline: a budget already being spent (``torch.compile``'s first call, whose fallback
+            compile shares it); ``budget`` is then what it has left, and its grace the limit.
     Returns:
         A :class:`~lumc.compiler.runtime.variants.VariantModel` with one plan per bucket.
     Raises:
@@ -257,7 +259,9 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
             fails at its ends; BudgetError: too little budget for the buckets.
     """
     budget_s = parse_duration(budget)
-    with hard_deadline(Deadline(budget_s, clock), "the range compile"):   # the budget holds
+    if deadline is not None:
+        budget_s = min(budget_s, deadline.remaining())
+    with hard_deadline(deadline or Deadline(budget_s, clock), "the range compile"):   # it holds
         return _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket,
                                frontend, clock)
 
@@ -565,7 +569,7 @@ def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph
 
 
 def compile_range(model, ranges: dict, frontend, budget_s: float, device: str | None = None,
-                  policy=None):
+                  policy=None, deadline: Deadline | None = None):
     """``compile_ranges`` with the kernel search on ``device`` (the e-graph on, the tuning
     database): the one range compile of a torch graph or module.
 
@@ -574,6 +578,7 @@ def compile_range(model, ranges: dict, frontend, budget_s: float, device: str | 
             ``torch_compile.compile_module_range``, whose frontend holds the capture).
         ranges: ``{dim name: DimRange or int}``, compile_ranges' ``shapes``.
         frontend: ``(model, {dim: size}) -> Frontend`` lowering the model at those sizes.
+        deadline: as :func:`compile_ranges`'.
     Returns:
         the :class:`~lumc.compiler.runtime.variants.VariantModel`.
     """
@@ -590,6 +595,7 @@ def compile_range(model, ranges: dict, frontend, budget_s: float, device: str | 
         target.spec, dot_precisions=policy.dot_precisions()))
     return compile_ranges(
         model, budget=budget_s, shapes=dict(ranges), policy=policy, frontend=frontend,
+        deadline=deadline,
         candidates=lambda g, dl: stage_candidates(g, tgt, dl, True, False),
         compile_bucket=lambda fe, stored, progs, stats, dl: compile_frontend(
             fe, dl, target, ver, db, example_inputs=None, use_egraph=True, quiet=True,

@@ -367,13 +367,16 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
 def compile_graph(graph: Graph, *, budget, device: str | None = None, example_inputs: dict | None = None,
                   use_egraph: bool = True, quiet: bool = True, db: TuningDatabase | None = None,
                   clock: Callable[[], float] = time.monotonic, name: str = "graph",
-                  policy: PrecisionPolicy | None = None) -> CompiledModel:
+                  policy: PrecisionPolicy | None = None,
+                  deadline: Deadline | None = None) -> CompiledModel:
     """Compile an already imported primitive graph (the PyTorch frontend's entry point).
 
     Same search as :func:`compile_model` (``workers=`` too); ``example_inputs`` (``{input name:
     array}``) feed the numerics checks (default: N(0,1) floats and small non-negative integers).
+    ``deadline``: a budget already being spent (``budget`` is then not read): ``torch.compile``'s
+    first call, after a range compile that failed.
     """
-    deadline = Deadline(parse_duration(budget), clock)
+    deadline = deadline or Deadline(parse_duration(budget), clock)
     target = resolve_target(device)
     ver = versions(gpu=not target.simulated)
     db = db if db is not None else TuningDatabase()

@@ -4,7 +4,9 @@ with lumc.
 Registered through the ``torch_dynamo_backends`` entry point (``lumc = lumc.compiler.core.torch_backend:
 lumc_backend``); passing :func:`lumc_backend` itself as ``backend=`` works too. Options:
 ``torch.compile(model, backend="lumc", options={"budget": "2m"})``; the default budget is
-``lumc.compiler.core.torch_compile.DEFAULT_BUDGET``.
+``lumc.compiler.core.torch_compile.DEFAULT_BUDGET``. It is one deadline (and one grace) for a
+graph's first call: the trace, the range compile and, where that fails, the compile at the first
+call's shape; a later compile (another shape outside the range) has a budget of its own.
 
 How a Dynamo graph is lowered: Dynamo hands over a Torch-level FX graph (``torch.*`` functions and
 methods, parameters lifted to inputs) and example inputs. The backend traces that graph to core
@@ -51,7 +53,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton.launch import torch_dtype
-from lumc.compiler.core.budget import parse_duration
+from lumc.compiler.core.budget import Deadline, parse_duration
 from lumc.compiler.core.torch_compile import DEFAULT_BUDGET
 from lumc.compiler.frontends.torch_frontend import decomposition_table
 from lumc.compiler.frontends.torch_frontend.capture import (CapturedProgram, InputSlot, from_numpy,
@@ -108,6 +110,10 @@ class DynamoGraph:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, budget_s: float,
                  search: bool = True, device: str | None = None, policy=None,
                  max_size: int | None = None, shapes: dict | None = None, workers=None):
+        # the first call's budget: the range compile and, where it fails, the fallback's compile
+        # at the first shape share it (each had a budget of its own, and its own grace: a 10 s
+        # budget's first call took 39.5 s)
+        first = Deadline(budget_s)
         self.policy = policy             # the precision policy (lumc.compiler.core.precision)
         self.workers = workers           # --workers of every compile (lumc.compiler.core.workers)
         self.gm = gm
@@ -138,7 +144,7 @@ class DynamoGraph:
             if why is None:
                 ranges = self._dim_ranges(max_size, shapes)    # the options' errors raise
                 try:
-                    self._compile_range(ranges)
+                    self._compile_range(ranges, first)
                 except (InputError, BudgetError) as e:
                     why = str(e)
                     if "out of range" in why and any(d.hi is None for d in self.dims.values()):
@@ -154,7 +160,7 @@ class DynamoGraph:
         if self.ranged is None:
             example = [_hint(x) for x in example_inputs]
             if not any(x is None or _is_fake(x) for x in example):
-                self._specialize(example)    # surface unsupported ops at compile time
+                self._specialize(example, first)    # surface unsupported ops at compile time
 
     # ---- the graph's inputs -----------------------------------------------------------------------
     def _baked_floats(self) -> dict[int, tuple]:
@@ -279,12 +285,12 @@ class DynamoGraph:
         return Frontend(imported.graph, None, "torch.compile graph", list(imported.warnings),
                         examples=int_examples(program.inputs, kept))   # the first call's ints
 
-    def _compile_range(self, ranges: dict) -> None:
+    def _compile_range(self, ranges: dict, deadline: Deadline | None = None) -> None:
         t0 = time.perf_counter()
         from lumc.compiler.core.workers import use_workers
         with use_workers(self.workers):
             vm = compile_range(self.gm, ranges, self._frontend, self.budget_s, self.device,
-                               self.policy)
+                               self.policy, deadline)
         self.range_compile_s = time.perf_counter() - t0
         say_fallbacks(vm.report_dict())
         self.compiles += 1
@@ -320,7 +326,9 @@ class DynamoGraph:
                      else (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor)
                      else ("value", a) for i, a in enumerate(args))
 
-    def _specialize(self, args) -> Specialization:
+    def _specialize(self, args, deadline: Deadline | None = None) -> Specialization:
+        """The (cached) specialization at ``args``' shapes; its compile spends ``deadline`` (the
+        first call's), else a budget of its own."""
         key = self._key(args)
         hit = self.specializations.get(key)
         if hit is not None:
@@ -344,7 +352,8 @@ class DynamoGraph:
                     if slot.dims is not None}
             compiled = compile_graph(imported.graph, budget=self.budget_s, device=self.device,
                                      example_inputs=feed, name="torch.compile graph",
-                                     policy=self.policy, workers=self.workers)
+                                     policy=self.policy, workers=self.workers,
+                                     deadline=deadline)
             say_fallbacks(compiled.report_dict())
             self.compiles += 1
             counters["compiles"] += 1
