@@ -343,7 +343,8 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         dynamic_shapes: as for ``torch.export.export`` (a tuple or dict per input of ``{axis:
             torch.export.Dim(name, min=, max=)}``). With the search on, one compile then serves
             every size of each Dim's range (see :func:`dim_ranges`: the same Dim on several inputs
-            is one dim; sizes ``max(min, 1)..max``; no ``max``: up to 1024, ``torch_backend.
+            is one dim; sizes ``min..max``, 0 where the smallest bucket serves it
+            (``torch_zero_size``); no ``max``: up to 1024, ``torch_backend.
             DEFAULT_MAX_SIZE``; a range of one size is that size). With ``search=False`` each new
             shape in the range is lowered on the reference executor.
         example_kwargs: keyword example inputs.
@@ -405,8 +406,14 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
         ranges = dim_ranges(program, example_shapes(program, args, example_kwargs))
         if ranges_in(ranges):
             leaves = pytree.tree_flatten((tuple(args), dict(example_kwargs or {})))[0]
+            ints = int_examples(program.inputs, leaves)
             vm = compile_module_range(program, ranges, budget_s, device, policy,
-                                      type(module).__name__, int_examples(program.inputs, leaves))
+                                      type(module).__name__, ints)
+            from lumc.compiler.core.torch_zero_size import serve_zero_sizes
+            from_zero = [info.name for info in program.dims.values()
+                         if info.min_value == 0 and info.name in ranges_in(ranges)]
+            serve_zero_sizes(program, vm, from_zero,
+                             _range_frontend(program, type(module).__name__, ints), ints)
             # the module's output structure, as a fixed compile (its artifact stores it too)
             vm.structure = OutputStructure.of_capture(
                 program.out_spec, program.output_names, program.output_index, (),
@@ -486,7 +493,8 @@ def dim_ranges(program: CapturedProgram, example: list | None = None) -> dict:
     A dim is a ``torch.export.Dim`` of ``dynamic_shapes`` (the same Dim on several inputs is one
     dim, by its name; an unnamed ``Dim.AUTO`` / ``Dim.DYNAMIC`` one is ``INPUT_dimAXIS``), with the
     range ``torch.export`` reports for it (the Dim's ``min``/``max`` as the module's own guards
-    leave them). Its sizes are ``max(min, 1)..max``; a Dim without a ``max`` ends at
+    leave them). Its sizes are ``max(min, 1)..max`` (size 0 of a Dim from 0 is added after the
+    compile: ``torch_zero_size.serve_zero_sizes``); a Dim without a ``max`` ends at
     ``lumc.compiler.core.torch_backend.DEFAULT_MAX_SIZE`` (1024), or at the example's size where
     that is larger. A range of one size is that size (an int).
 

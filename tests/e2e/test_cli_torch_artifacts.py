@@ -67,7 +67,7 @@ def test_check_on_a_torch_range_artifact_at_a_size_of_its_range(block, tmp_path)
     # no size: one line naming the input once, and a hint that cannot be misread
     line = one_line_error(lumc_cli("run", tmp_path / "r.lumc", "--random"),
                           "input 'x' has shape [2, seq, 8] with dynamic dims seq unset "
-                          "(compiled for seq in 1..16); give --shape seq=<size> (or the whole "
+                          "(compiled for seq in 0..16); give --shape seq=<size> (or the whole "
                           "input: --shape x=2x<seq>x8)")
     assert "node 'x'" not in line, line
 
