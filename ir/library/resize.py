@@ -11,7 +11,8 @@ Coordinates are computed in float32, the way onnxruntime computes them, so ties 
 exact arithmetic (``half_pixel_symmetric`` at scale 0.6 on 7 elements) may round to the other
 neighbor, as float rounding decides. Weights are rounded once to the tensor
 dtype; the result differs from an exact interpolation by the rounding of at most 4 products and
-sums per axis.
+sums per axis. A tap whose weight is exactly 0 adds nothing (an output on an input sample is that
+sample, even beside an inf; onnxruntime and the ONNX reference give NaN there, each on one side).
 """
 from __future__ import annotations
 
@@ -223,10 +224,16 @@ def torch_axis_taps(n_in: int, n_out: int, mode: str, *, align_corners: bool = F
     return np.stack([i0, i1], axis=-1), w
 
 
-def resize_axis(x: Tensor, axis: int, idx: np.ndarray, w: np.ndarray | None) -> Tensor:
+def resize_axis(x: Tensor, axis: int, idx: np.ndarray, w: np.ndarray | None, *,
+                skip_zero_taps: bool = False) -> Tensor:
     """``x`` resized along ``axis`` by the tables of :func:`axis_taps` or :func:`torch_axis_taps`
-    (the taps read by one gather; weights rounded once to ``x``'s dtype)."""
-    return _resize_axis(x, normalize_axis(axis, x.ndim), idx, w)
+    (the taps read by one gather; weights rounded once to ``x``'s dtype).
+
+    ``skip_zero_taps``: a tap whose weight is exactly 0 adds nothing (-0.0, the identity of
+    addition), so an infinite input there does not give ``0 * inf = NaN``; an output on an input
+    sample is that sample (ONNX: a weighted average of the neighborhood). Off (PyTorch's
+    ``upsample_*`` multiplies every tap, and eager gives NaN there)."""
+    return _resize_axis(x, normalize_axis(axis, x.ndim), idx, w, skip_zero_taps)
 
 
 def _repeat_factor(idx: np.ndarray, n_in: int) -> int | None:
@@ -239,7 +246,8 @@ def _repeat_factor(idx: np.ndarray, n_in: int) -> int | None:
     return r if np.array_equal(idx[:, 0], np.arange(n_out) // r) else None
 
 
-def _resize_axis(x: Tensor, axis: int, idx: np.ndarray, w: np.ndarray | None) -> Tensor:
+def _resize_axis(x: Tensor, axis: int, idx: np.ndarray, w: np.ndarray | None,
+                 skip_zero_taps: bool) -> Tensor:
     n_in, (n_out, taps) = x.shape[axis], idx.shape
     if w is None:
         r = _repeat_factor(idx, n_in)
@@ -250,8 +258,11 @@ def _resize_axis(x: Tensor, axis: int, idx: np.ndarray, w: np.ndarray | None) ->
         return take(x, Tensor.const(idx[:, 0].astype(np.int64)), axis)
     g = take(x, Tensor.const(idx.reshape(-1).astype(np.int64)), axis)
     g = g.reshape(x.shape[:axis] + (n_out, taps) + x.shape[axis + 1:])
-    wt = Tensor.const(w.astype(x.dtype.np).reshape((n_out, taps) + (1,) * (x.ndim - axis - 1)))
-    return g.mul(wt).sum([axis + 1])
+    w = w.astype(x.dtype.np).reshape((n_out, taps) + (1,) * (x.ndim - axis - 1))
+    terms = g.mul(Tensor.const(w))
+    if skip_zero_taps and (w == 0).any():
+        terms = Tensor.const(w != 0).where(terms, Tensor.full((), -0.0, x.dtype))
+    return terms.sum([axis + 1])
 
 
 def resize(x: Tensor, *, scales=None, sizes=None, mode: str = "nearest",
@@ -315,7 +326,7 @@ def resize(x: Tensor, *, scales=None, sizes=None, mode: str = "nearest",
             n_in, n_out, sc[a], mode=mode, coordinate_transformation_mode=coordinate_transformation_mode,
             nearest_mode=nearest_mode, cubic_coeff_a=cubic_coeff_a,
             exclude_outside=exclude_outside, roi=rois[a], antialias=antialias)
-        y = _resize_axis(y, a, idx, w)
+        y = _resize_axis(y, a, idx, w, skip_zero_taps=True)
         if out_mask is not None and out_mask.any():
             m = Tensor.const(out_mask.reshape((n_out,) + (1,) * (rank - a - 1)))
             outside = m if outside is None else outside.logical_or(m)

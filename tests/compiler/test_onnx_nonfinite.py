@@ -1,0 +1,51 @@
+"""ONNX ops fed inf, NaN and -0.0 where an implementation detail (a product with a structurally
+zero weight, a 0/0 scale) would invent a NaN the spec does not give; each against onnxruntime
+or numpy in float64, on the reference executor and the Triton kernels (interpreted on CPU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.compiler.test_onnx_edge_values import onnxruntime_outputs, run_both, single_node
+
+RESIZE_INPUTS = {"roi": np.zeros(0, np.float32)}
+
+
+@pytest.mark.parametrize("mode,ctm", [("linear", "asymmetric"), ("linear", "align_corners"),
+                                      ("cubic", "asymmetric")])
+def test_resize_on_an_input_sample_is_that_sample_even_when_a_neighbor_is_inf(mode, ctm):
+    """Resize is a weighted average of the neighborhood: an output whose coordinate is an input
+    sample has weight 1 there and exactly 0 on the other taps. lumc multiplied every tap by its
+    weight, so a neighbor's inf gave 0 * inf = NaN at [1, inf, 2, 3, 4] -> y[0] (onnxruntime too,
+    its right tap; the ONNX reference at y[4], its left tap). A zero-weight tap adds nothing."""
+    x = np.array([[[[1.0, np.inf, 2.0, 3.0, 4.0], [5.0, 6.0, -np.inf, 7.0, 8.0]]]], np.float32)
+    m = single_node("Resize", {"x": x}, {**RESIZE_INPUTS,
+                                         "s": np.array([1, 1, 1, 2], np.float32)},
+                    mode=mode, coordinate_transformation_mode=ctm)
+    ort_y = onnxruntime_outputs(m, {"x": x})[0]
+    n_in, n_out = x.shape[-1], 2 * x.shape[-1]
+    src = np.arange(n_out) * ((n_in - 1) / (n_out - 1) if ctm == "align_corners" else 0.5)
+    on_sample = src == np.round(src)
+    for path, (got,) in run_both(m, {"x": x}):
+        assert got.shape == ort_y.shape, path
+        assert not np.isnan(got).any(), (path, got)       # one infinity per row: no inf - inf
+        want = x[..., np.round(src[on_sample]).astype(int)]
+        np.testing.assert_array_equal(got[..., on_sample], want, err_msg=path)
+        finite = ~np.isnan(ort_y)                          # elsewhere as onnxruntime
+        np.testing.assert_allclose(got[finite], ort_y[finite], rtol=1e-5, err_msg=path)
+
+
+def test_bilinear_resize_keeps_an_inf_sample_and_its_finite_far_neighbors():
+    """Both axes resized (the second pass reads the first's infinities): every output on a grid
+    point of the input is that input, and no output is NaN."""
+    x = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
+    x[0, 0, 1, 2] = np.inf
+    m = single_node("Resize", {"x": x}, {**RESIZE_INPUTS,
+                                         "s": np.array([1, 1, 2, 2], np.float32)},
+                    mode="linear", coordinate_transformation_mode="asymmetric")
+    ort_y = onnxruntime_outputs(m, {"x": x})[0]
+    for path, (got,) in run_both(m, {"x": x}):
+        assert not np.isnan(got).any(), (path, got)
+        np.testing.assert_array_equal(got[..., ::2, ::2], x, err_msg=path)
+        finite = ~np.isnan(ort_y)
+        np.testing.assert_allclose(got[finite], ort_y[finite], rtol=1e-5, err_msg=path)
