@@ -13,10 +13,11 @@ operands here and contracting them in fp32 therefore reproduces the kernel up to
 * ``tf32x3`` and ``ieee``: no rounding (3xTF32 keeps all but the ``lo * lo`` term, below 2^-22 of
   each product);
 * ``fp8``: per slice of ``block_k`` consecutive elements along the (flattened) reduced axes, each
-  row of the operand is scaled by ``amax / 448`` (1 where the slice is all zero), clamped to
-  +-448, rounded to float8 e4m3 (``ml_dtypes.float8_e4m3fn``, round to nearest even) and scaled
-  back. Scaling back before the product equals the kernel's scaling of the partial product (both
-  scales are exact factors of an exact fp32 product, up to one rounding).
+  row of the operand is scaled by ``amax / 448`` (:func:`fp8_scale`: 1 where the slice is all zero,
+  at least 2^-126 where its amax is subnormal), clamped to +-448, rounded to float8 e4m3
+  (``ml_dtypes.float8_e4m3fn``, round to nearest even) and scaled back. Scaling back before the
+  product equals the kernel's scaling of the partial product (both scales are exact factors of an
+  exact fp32 product, up to one rounding).
 """
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ import ml_dtypes
 import numpy as np
 
 FP8_MAX = 448.0   # largest finite float8 e4m3 (OCP 8-bit floating point specification, v1.0)
+# the smallest fp8 scale: the smallest normal fp32 (2^-126). ``amax / 448`` of a slice whose amax is
+# under 448 * 2^-149 is 0, and ``x / 0`` made the slice's zeros NaN (0 / 0) and the rest +-inf; a
+# normal floor also keeps the scale from being flushed where a GPU flushes subnormals
+FP8_MIN_SCALE = float(np.finfo(np.float32).tiny)
 EXACT = ("ieee", "tf32x3")
 PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16", "fp16", "fp8")
 
@@ -58,6 +63,15 @@ def round_operand(x: np.ndarray, precision: str, reduced: tuple[int, ...] = (),
     raise ValueError(f"unknown operand precision {precision!r}; known: {PRECISIONS}")
 
 
+def fp8_scale(amax: np.ndarray) -> np.ndarray:
+    """fp32 scale of each fp8 slice from its ``amax``: ``amax / 448``, at least
+    :data:`FP8_MIN_SCALE`, 1 for an all-zero slice (and a NaN one, whose values stay NaN)."""
+    with np.errstate(under="ignore", invalid="ignore"):
+        s = (np.asarray(amax, np.float32) / np.float32(FP8_MAX)).astype(np.float32)
+        return np.where(amax > 0, np.maximum(s, np.float32(FP8_MIN_SCALE)),
+                        np.float32(1.0)).astype(np.float32)
+
+
 def _fp8_blocks(a: np.ndarray, reduced: tuple[int, ...], block_k: int) -> np.ndarray:
     keep = [d for d in range(a.ndim) if d not in reduced]
     moved = np.transpose(a, keep + list(reduced))
@@ -71,7 +85,7 @@ def _fp8_blocks(a: np.ndarray, reduced: tuple[int, ...], block_k: int) -> np.nda
     blocks = flat.reshape(flat.shape[0], -1, bk)
     with np.errstate(all="ignore"):
         amax = np.max(np.abs(blocks), axis=2, keepdims=True)
-        scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1.0)).astype(np.float32)
+        scale = fp8_scale(amax)
         q = np.clip(blocks / scale, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
         back = q.astype(np.float32) * scale
     back = back.reshape(flat.shape[0], -1)[:, :k].reshape(rows_shape + moved.shape[len(keep):])

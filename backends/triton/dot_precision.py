@@ -20,15 +20,17 @@ FP8 spec v1.0), the scaled tile is clamped to +-448 and converted with round-to-
 fp8 MMA's fp32 partial product is multiplied by ``a_scale[m] * b_scale[n]`` and added to the fp32
 accumulator. That is the fine-grained (1 x BLOCK_K) scaling of DeepSeek-V3 (arXiv:2412.19437,
 section 3.3.2), finer than per-tensor activation and per-channel weight scales, and needs no
-calibration; an all-zero slice gets scale 1. A non-finite operand gives a NaN output (its slice's
-scale is inf): fp8 is reduced precision, and its cost is measured by the quality gate.
+calibration; an all-zero slice gets scale 1, and a scale is at least 2^-126 (``FP8_MIN_SCALE``: a
+subnormal amax gave a scale of 0 and a NaN for every zero of the slice). A non-finite operand gives
+a NaN output (its slice's scale is inf): fp8 is reduced precision, and its cost is measured by the
+quality gate.
 
 :func:`lumc.backends.precision.round_operand` is the numpy emulation of every branch, which the CPU
 executor and the numerics checks use.
 """
 from __future__ import annotations
 
-from lumc.backends.precision import FP8_MAX   # 448, the largest finite e4m3 (OCP FP8 spec v1.0)
+from lumc.backends.precision import FP8_MAX, FP8_MIN_SCALE   # 448: largest finite e4m3 (OCP v1.0)
 from lumc.ir import dtypes as dt
 
 # the precisions a tl.dot over operands of each dtype can be rendered at
@@ -82,18 +84,18 @@ def _branch(p: str, a: str, products: list[tuple[str, str]]) -> list[str]:
     if p in _CAST:
         return [f"a_c = {a}.to({_CAST[p]})"] + \
             [f"{acc} = tl.dot(a_c, {b}.to({_CAST[p]}), {acc})" for b, acc in products]
-    m = repr(FP8_MAX)
+    m, lo = repr(FP8_MAX), repr(FP8_MIN_SCALE)
     out = [
         f"a_f = {a}.to(tl.float32)",
         "a_amax = tl.max(tl.abs(a_f), axis=1)",
-        f"a_sc = tl.where(a_amax > 0, a_amax / {m}, 1.0)",
+        f"a_sc = tl.where(a_amax > 0, tl.maximum(a_amax / {m}, {lo}), 1.0)",
         f"a_q = tl.minimum(tl.maximum(a_f / a_sc[:, None], -{m}), {m}).to(tl.float8e4nv)",
     ]
     for b, acc in products:
         out += [
             f"b_f = {b}.to(tl.float32)",
             "b_amax = tl.max(tl.abs(b_f), axis=0)",
-            f"b_sc = tl.where(b_amax > 0, b_amax / {m}, 1.0)",
+            f"b_sc = tl.where(b_amax > 0, tl.maximum(b_amax / {m}, {lo}), 1.0)",
             f"b_q = tl.minimum(tl.maximum(b_f / b_sc[None, :], -{m}), {m}).to(tl.float8e4nv)",
             f"{acc} += tl.dot(a_q, b_q) * (a_sc[:, None] * b_sc[None, :])",
         ]

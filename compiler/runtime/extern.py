@@ -35,13 +35,14 @@ _HALF_PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
 
 def _fp8_scaled(spec: str, ca, cb):
     """``einsum(spec, ca, cb)`` as a row-wise scaled fp8 GEMM (``torch._scaled_mm``, cuBLASLt):
-    each operand quantized to e4m3 with one fp32 scale per output row of A and per output column
-    of B (``amax / 448`` over the contracted letters, RNE, clamped to +-448), the products summed in
-    fp32 and the sum times both scales. A 2-D ``mk,kn->mn`` on a GPU with K and N multiples of 16
-    runs ``torch._scaled_mm``; anything else (the CPU executor, batched products) computes the same
-    quantized operands' sum in fp32, scaled after the sum as ``_scaled_mm`` does."""
+    each operand quantized to e4m3 with one fp32 scale per output row of A and per output column of
+    B (``amax / 448`` over the contracted letters, at least ``FP8_MIN_SCALE``, RNE, clamped to
+    +-448), the products summed in fp32 and the sum times both scales. A 2-D ``mk,kn->mn`` on a GPU
+    with K and N multiples of 16 runs ``torch._scaled_mm``; anything else (the CPU executor, batched
+    products) computes the same quantized operands' sum in fp32, scaled after the sum as
+    ``_scaled_mm`` does."""
     import torch
-    from lumc.backends.precision import FP8_MAX
+    from lumc.backends.precision import FP8_MAX, FP8_MIN_SCALE
     ins, out = spec.split("->")
     la, lb = ins.split(",")
     kdims = [c for c in la if c in lb and c not in out]
@@ -50,7 +51,8 @@ def _fp8_scaled(spec: str, ca, cb):
         axes = tuple(i for i, c in enumerate(letters) if c in kdims)
         x = x.float()
         amax = x.abs().amax(dim=axes, keepdim=True) if axes else x.abs()
-        sc = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        sc = torch.where(amax > 0, (amax / FP8_MAX).clamp(min=FP8_MIN_SCALE),
+                         torch.ones_like(amax))
         return (x / sc).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), sc
     qa, sa = quant(ca, la)
     qb, sb = quant(cb, lb)

@@ -278,3 +278,45 @@ def test_split_tf32_keeps_inf_where_its_small_parts_are_nan():
     masks = [i for i, ln in enumerate(lines) if "cmpf uno" in ln]
     assert len(dots) == 3 and len(masks) == 1, lines       # three TF32 products, one NaN mask
     assert dots[1] < masks[0] < dots[2], lines             # between the small sums and the big
+
+
+def _tiny_rows(m: int, k: int) -> np.ndarray:
+    """Rows of 0, of subnormals (amax / 448 underflows to 0), and one of normal values."""
+    x = np.zeros((m, k), np.float32)
+    x[1, ::3] = np.float32(7e-45)                     # 5 ulps of the smallest subnormal
+    x[2, 1::2] = -np.float32(3e-40)
+    x[3] = RNG.standard_normal(k).astype(np.float32)
+    return x
+
+
+def test_fp8_scale_of_a_subnormal_or_zero_slice_is_not_zero():
+    """``amax / 448`` of a slice of subnormals is 0 in fp32, and ``x / 0`` made the slice's zeros
+    NaN (0 / 0): an activation with a few denormals turned a whole matmul row into NaN."""
+    x = _tiny_rows(4, 40)
+    r = round_operand(x, "fp8", (1,), 32)
+    assert not np.isnan(r).any(), r
+    assert np.all(r[0] == 0) and np.all(r[x == 0] == 0)          # zeros quantize to zeros
+    np.testing.assert_allclose(r[1:3], x[1:3], rtol=0, atol=1e-40)   # tiny values stay tiny
+    assert np.all(np.sign(r) * np.sign(x) >= 0)
+
+
+def test_fp8_kernel_and_extern_on_subnormal_activations_match_the_emulation():
+    """The Triton fp8 branch (interpreted) and the cuBLAS form's torch quantizer (on the CPU) use
+    the same scale floor as the emulation: no NaN, the exact product's values."""
+    import torch
+    from lumc.compiler.runtime.extern import _fp8_scaled
+    m, k, n = 4, 40, 33
+    k_ = matmul_kernel(m, k, n, dt.f32)
+    a, b = _tiny_rows(m, k), RNG.standard_normal((k, n)).astype(np.float32)
+    cfg = configs.make(4, 2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, PRECISION="fp8")
+    got = TritonKernel(k_)(a, b, config=cfg)[0].numpy()
+    feed = {nd.arg.name: v for nd, v in zip(k_.inputs, (a, b))}
+    ref = next(iter(ReferenceExecutor(k_.meaning, dot_operands=dot_rounding(cfg.kwargs()))(
+        feed).values()))
+    ext = _fp8_scaled("ab,bc->ac", torch.tensor(a), torch.tensor(b)).numpy()
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    for what, y in (("triton", got), ("emulation", ref), ("extern", ext)):
+        assert not np.isnan(y).any(), (what, y)
+        assert np.all(y[0] == 0), what
+        np.testing.assert_allclose(y[:3], exact[:3], rtol=0, atol=1e-38, err_msg=what)
+    assert np.abs(got - ref).max() / np.abs(exact).max() < 2e-6      # the normal row too
