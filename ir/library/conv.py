@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from lumc.ir.errors import ShapeError
 from lumc.ir.tensor import Tensor
 
@@ -302,16 +304,17 @@ def _conv_transpose_phases(x: Tensor, w: Tensor, b: Tensor | None, kernel, strid
     over ``x`` padded by ``t - 1`` on both sides, against the kernel reshaped to ``[t, s]`` and
     flipped along ``t``. ``(v, r)`` flattens to ``f``; output ``o`` is ``f = o + pad_begin``, so the
     flat axis is cropped (or, for ``output_padding``, extended with zeros) to ``out``. No product
-    has an inserted zero, so an inf weight gives no ``0 * inf = NaN``. Where ``s`` divides ``k``
-    every product is one the ONNX definition forms. Where it does not, the phases
-    ``r >= k - s (t - 1)`` have one tap fewer, read as the zero weight padded past ``k``: an inf or
-    NaN *input* meets that zero and makes NaN outputs where the definition has finite ones
-    (``x = [inf, 1]``, ``k = 3``, ``s = 2``: ``[inf, inf, inf, nan, 3]``, onnxruntime and PyTorch
-    ``[inf, inf, inf, 2, 3]``). Known and kept: the exact form is one contraction per group of
-    phases (``2**rank`` of them), which doubled the simulated time of a decoder's 3x3 stride-2
-    layer (64 -> 32 channels at 64x64: 13.9 us, 2 kernels; exact 26.8 us, 5 kernels). With
-    ``k == s`` and no pads the sizes are products of the input sizes (``s * in``), which size
-    ranges need (``lumc.ir.symbolic``).
+    has an inserted zero. Where ``s`` does not divide ``k``, the phases ``r >= k - s (t - 1)`` have
+    one tap fewer, the zero weight padded past ``k``; the input window is widened by the phase axis
+    and reads -0.0 at those taps (a constant ``Where`` on the operand), so an inf or NaN input never
+    meets that zero (``x = [inf, 1]``, ``k = 3``, ``s = 2`` gave ``[inf, inf, inf, nan, 3]``;
+    onnxruntime and PyTorch ``[inf, inf, inf, 2, 3]``) and the product adds nothing. It stays one
+    contraction (the exact form of one contraction per group of phases doubled the simulated time
+    of a decoder's 3x3 stride-2 layer, 64 -> 32 channels at 64x64: 13.9 us in 2 kernels vs 26.8 us
+    in 5; the widened window keeps 13.9 us). Known limit: with ``t > 1`` the window's padding
+    zeros meet every weight, so an inf *weight* gives NaN at the outputs next to the border where
+    the definition is finite. With ``k == s`` and no pads the sizes are products of the input sizes
+    (``s * in``), which size ranges need (``lumc.ir.symbolic``).
 
     Shapes: ``x [N, C, *in]``, ``w [C, M / group, *k]``, result ``[N, M, *out]``.
     """
@@ -329,6 +332,19 @@ def _conv_transpose_phases(x: Tensor, w: Tensor, b: Tensor | None, kernel, strid
                           [t - 1 for t in ts] + [t - 1 for t in ts], vs)
     xshape = lead + (1, cg) + tuple(d for v, t in zip(vs, ts) for d in (v, t, 1))
     win = win.reshape(xshape)
+    short = [i for i in range(nsp) if kernel[i] % strides[i]]
+    if short:
+        # a short phase's tap past k (a zero weight) reads -0.0, not the input: an inf input
+        # there gave 0 * inf = NaN; -0.0 * 0 adds nothing, whatever the sign of the sum
+        valid = np.ones((1,) * (len(lead) + 2), bool)
+        for i, (t, st, k) in enumerate(zip(ts, strides, kernel)):
+            q = t - 1 - np.arange(t).reshape(t, 1)          # the window is flipped along t
+            ok = st * q + np.arange(st).reshape(1, st) < k
+            valid = valid[..., None, None, None] & (ok if i in short else
+                                                    np.ones((t, st), bool)).reshape(1, t, st)
+        xshape = xshape[:len(lead) + 2] + tuple(
+            d for v, t, st in zip(vs, ts, strides) for d in (v, t, st))
+        win = Tensor.const(valid).where(win.expand(xshape), Tensor.full((), -0.0, x.dtype))
     # kernel: [C, Mg, *k] -> taps padded to t s -> [g, Cg, Mg, t_0, s_0, ...], flipped along t
     wk = w.pad([(0, 0), (0, 0)] + [(0, t * s - k) for t, s, k in zip(ts, strides, kernel)])
     wk = wk.reshape((group, cg, mg) + tuple(d for t, s in zip(ts, strides) for d in (t, s)))

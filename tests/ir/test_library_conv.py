@@ -268,9 +268,6 @@ def test_conv_transpose_forms_no_product_with_an_inserted_zero():
     close(np.where(np.isinf(got), 0, got), np.where(np.isinf(want), 0, want))
 
 
-@pytest.mark.xfail(strict=True, reason="known: where the stride does not divide the kernel, the "
-                   "short phases' zero-padded tap meets the input (0 * inf = NaN); see "
-                   "_conv_transpose_phases")
 def test_conv_transpose_inf_input_where_the_stride_does_not_divide_the_kernel():
     x = np.array([[[np.inf, 1.0]]], np.float32)
     w = np.array([[[1.0, 2.0, 3.0]]], np.float32)
