@@ -26,6 +26,16 @@ class TensorMath:
             raise ShapeError(f"needs a float tensor, got {self.dtype}")
         return self
 
+    def widened(self, fn) -> "Tensor":
+        """``fn(self)`` for a float tensor, f16/bf16 computed in f32 and rounded once: a formula
+        evaluated in f16 rounds at every step (``tanh`` was 3 ulp off, ``log`` 2; ``sigmoid``
+        below -11 gave 0 for 1.5e-5, its ``1 + exp(-x)`` overflowing to inf; ``cos(54304)`` gave
+        0 for 1.9e-4, the cancellation of ``1 - 2 sin(x/2)**2``)."""
+        x = self._float()
+        if x.dtype in (dt.f16, dt.bf16):
+            return fn(x.cast(dt.f32)).cast(x.dtype)
+        return fn(x)
+
     def exp2(self) -> "Tensor":
         return self._float()._op("Exp2")
 
@@ -36,14 +46,12 @@ class TensorMath:
         """``exp(x) = exp2(x * log2 e)``; relative error about ``|x| * eps`` from rounding x*log2e.
         f16/bf16 are computed in f32 and rounded once: ``x * log2 e`` rounded to f16 would put
         ``|x| * 2**-11`` of relative error into the result (4e-3 at x = 7.6)."""
-        x = self._float()
-        if x.dtype in (dt.f16, dt.bf16):
-            return x.cast(dt.f32).mul(LOG2E).exp2().cast(x.dtype)
-        return x.mul(LOG2E).exp2()
+        return self.widened(lambda x: x.mul(LOG2E).exp2())
 
     def log(self) -> "Tensor":
-        """``ln(x) = log2(x) * ln 2``: 1 ulp extra; log(0) = -inf, log(x<0) = NaN."""
-        return self._float().log2().mul(LN2)
+        """``ln(x) = log2(x) * ln 2``: 1 ulp extra (f16/bf16: none, :meth:`widened`); log(0) = -inf,
+        log(x<0) = NaN."""
+        return self.widened(lambda x: x.log2().mul(LN2))
 
     def sqrt(self) -> "Tensor":
         return self._float()._op("Sqrt")
@@ -65,8 +73,11 @@ class TensorMath:
         * beyond: ``1 - 2 sin(x/2)**2`` (``x/2`` is exact).
 
         A plain ``sin(x + pi/2)`` was off by ``ulp(x)/2``: 1.5e-4 at x = 1e4 (fp32), and
-        ``cos(-x) != cos(x)``. inf and NaN give NaN."""
-        x = self._float()
+        ``cos(-x) != cos(x)``. inf and NaN give NaN. f16/bf16: in f32 (:meth:`widened`)."""
+        return self.widened(TensorMath._cos)
+
+    def _cos(self) -> "Tensor":
+        x = self
         np_dt = x.dtype.np
         hi_v = np.asarray(HALF_PI, dtype=np_dt)
         lo_v = np.asarray(HALF_PI - float(hi_v), dtype=np_dt)
@@ -83,8 +94,12 @@ class TensorMath:
     def tanh(self) -> "Tensor":
         """``tanh(x) = sign(x) (1 - e) / (1 + e)`` with ``e = exp(-2|x|)``; below |x| = 2**-4 an odd
         Taylor polynomial to x**9 (truncation error < 1e-13 relative), so small |x| keep full
-        relative precision. Saturates to ±1 without overflow."""
-        x = self._float()
+        relative precision. Saturates to ±1 without overflow. f16/bf16: in f32
+        (:meth:`widened`)."""
+        return self.widened(TensorMath._tanh)
+
+    def _tanh(self) -> "Tensor":
+        x = self
         ax = x.abs()
         e = ax.mul(-2.0).exp()
         big = x.scalar_like(1.0).sub(e).div(x.scalar_like(1.0).add(e))
@@ -98,9 +113,9 @@ class TensorMath:
         return ax.lt(ax.scalar_like(0.0625)).where(small, big)
 
     def sigmoid(self) -> "Tensor":
-        """``1 / (1 + exp(-x))``: exact limits 0 and 1, no overflow NaN."""
-        x = self._float()
-        return x.neg().exp().add(1.0).recip()
+        """``1 / (1 + exp(-x))``: exact limits 0 and 1, no overflow NaN; f16/bf16 in f32
+        (:meth:`widened`)."""
+        return self.widened(lambda x: x.neg().exp().add(1.0).recip())
 
     def floor(self) -> "Tensor":
         """Exact floor from ``fmod``: ``t = x - fmod(x, 1)`` is trunc(x); step down where the
