@@ -221,7 +221,9 @@ def pad(x: Tensor, pads: Sequence[int], mode: str = "constant", value=0, axes=No
     (periodic). Non-constant modes are concatenations of slice/flip/expand views.
 
     Raises:
-        ShapeError: bad lengths or mode; a non-constant mode padding an empty axis.
+        ShapeError: bad lengths or mode; negative pads removing more than an axis holds (the
+            output size was clamped to 0; onnxruntime refuses); a non-constant mode padding an
+            empty axis.
     """
     rank = x.ndim
     axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
@@ -233,6 +235,10 @@ def pad(x: Tensor, pads: Sequence[int], mode: str = "constant", value=0, axes=No
     pairs = [(0, 0)] * rank
     for i, a in enumerate(axes):
         pairs[a] = (pads[i], pads[len(axes) + i])
+        crop = -min(pairs[a][0], 0) - min(pairs[a][1], 0)
+        if crop > x.shape[a]:
+            raise ShapeError(f"pads {list(pairs[a])} on axis {a} remove {crop} of its "
+                             f"{x.shape[a]} elements", op="Pad")
     if mode == "constant":
         v = np.asarray(value if value is not None else 0).astype(x.dtype.np).item()
         return x.pad(pairs, v)

@@ -1,5 +1,5 @@
-"""Vision ops of the ONNX frontend: malformed Conv / ConvTranspose nodes are refused in one line
-naming the node, the op and the reason (exit 2 at the CLI), as onnxruntime refuses them."""
+"""Vision ops of the ONNX frontend: malformed Conv / ConvTranspose / Pad / LRN nodes are refused in
+one line naming the node, the op and the reason (exit 2 at the CLI), as onnxruntime refuses them."""
 from __future__ import annotations
 
 import numpy as np
@@ -87,3 +87,40 @@ def test_zero_size_batch_compiles_with_every_kernel_checked(tmp_path, monkeypatc
     d = f.report_dict()
     assert d["warnings"] == [] and d["candidates_rejected"] == 0, (d["warnings"], d)
     assert f(x).shape == (0, 4, 6, 6)
+
+
+def _one_node(op: str, x_shape, inits: dict, **attrs) -> onnx.ModelProto:
+    node = helper.make_node(op, ["x"] + list(inits), ["y"], name="layer1", **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      list(x_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge"])
+def test_pad_cropping_more_than_an_axis_is_one_clear_error(mode):
+    """Negative pads of -9 on an axis of 4: the output axis was clamped to 0 elements, silently
+    (onnxruntime refuses the node)."""
+    m = _one_node("Pad", (2, 3, 4), {"p": np.array([0, 0, -9, 0, 0, 0], np.int64)}, mode=mode)
+    with pytest.raises(ShapeError) as e:
+        import_onnx(m)
+    msg = str(e.value)
+    assert "node 'layer1', op Pad" in msg and "remove 9 of its 4 elements" in msg, msg
+    ok = _one_node("Pad", (2, 3, 4), {"p": np.array([0, 0, -4, 0, 0, 0], np.int64)}, mode=mode)
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    from lumc.backends.reference import ReferenceExecutor
+    assert ReferenceExecutor(import_onnx(ok).graph)({"x": x})["y"].shape == (2, 3, 0)
+
+
+def test_lrn_of_size_0_is_one_clear_error(tmp_path):
+    """``size=0`` divided ``alpha`` by it: 'ZeroDivisionError: float division by zero'."""
+    path = tmp_path / "lrn.onnx"
+    onnx.save(_one_node("LRN", (1, 3, 4, 4), {}, size=0), path)
+    res = CliRunner().invoke(cli, ["run", str(path), "--random"])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert lines == ["lumc: error: node 'layer1', op LRN (opset 18): size must be a positive "
+                     "integer, got 0"], lines

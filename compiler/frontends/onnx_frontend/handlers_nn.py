@@ -177,6 +177,8 @@ def _lrn(ctx: OpContext):
     alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
     if x.ndim < 3:
         raise ShapeError(f"LRN needs [N, C, ...], got {x.shape}")
+    if not isinstance(size, int) or size < 1:   # size 0 divided alpha by zero
+        raise ShapeError(f"size must be a positive integer, got {size!r}")
     pads = [(0, 0)] * x.ndim
     pads[1] = ((size - 1) // 2, size - 1 - (size - 1) // 2)
     sq = x.mul(x).pad(pads).window(1, size).sum(2)
