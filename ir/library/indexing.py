@@ -94,7 +94,8 @@ def _constant_run(x: Tensor, idx: Tensor, axis: int) -> Tensor | None:
     return picked.reshape(x.shape[:axis] + tuple(idx.shape) + x.shape[axis + 1:])
 
 
-def gather_elements(x: Tensor, indices, axis: int = 0, negative_indices: bool = True) -> Tensor:
+def gather_elements(x: Tensor, indices, axis: int = 0, negative_indices: bool = True,
+                    check_range: bool = False) -> Tensor:
     """ONNX ``GatherElements``: ``out[i..] = x[i_0, .., indices[i..], .., i_{r-1}]`` (index replaces
     coordinate ``axis``), ``out`` has ``indices``' shape (each dim <= ``x``'s, except along ``axis``).
 
@@ -104,10 +105,13 @@ def gather_elements(x: Tensor, indices, axis: int = 0, negative_indices: bool = 
         x: any dtype and rank >= 1.
         indices: i32/i64 tensor (or array-like) of ``x``'s rank, values in ``[-n, n)``, ``n`` the
             size of ``axis``; in ``[0, n)`` when ``negative_indices`` is False (torch ``gather``,
-            which refuses a negative index): it then first reaches a ``Gather`` of ``[0, n)`` as
-            given, so an index outside its axis is refused there (the linear index alone would
-            read a neighbouring row).
+            which refuses a negative index).
         axis: in ``[-rank, rank)``.
+        check_range: also with ``negative_indices`` (after counting negatives from the end),
+            route the index through a ``Gather`` of ``[0, n)``, as without it: an index outside
+            its axis is refused there; the linear index alone reads a neighbouring row (ONNX
+            index 5 on an axis of 4 read the next row's element 1, where onnxruntime refuses the
+            node). Off for indices in range by construction (TopK, scatters): no extra kernel.
     Raises:
         ShapeError: bad axis, index rank or index shape.
     """
@@ -122,7 +126,9 @@ def gather_elements(x: Tensor, indices, axis: int = 0, negative_indices: bool = 
                              op="GatherElements")
     if negative_indices:
         idx = normalize_indices(idx, x.shape[axis])
-    else:
+    if check_range or not negative_indices:
+        # read back through a Gather of [0, n): an index outside its axis is refused there
+        # (naming the node) instead of reading a neighbouring row through the linear index
         idx = take(Tensor.iota((x.shape[axis],), 0, idx.dtype), idx, 0)
     idx = idx.cast(dt.i64)
     strides = [prod(x.shape[k + 1:]) for k in range(r)]

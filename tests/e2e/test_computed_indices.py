@@ -274,3 +274,34 @@ def test_the_scatter_range_check_adds_no_kernel(tmp_path, monkeypatch):
         torch.testing.assert_close(got, ref)
     with pytest.raises((IndexRangeError, IndexRangeInputError), match="out of range"):
         f(*args[:5], torch.tensor([12]))
+
+
+def test_gather_elements_index_past_its_axis_is_refused_not_read_from_the_next_row(tmp_path):
+    """``GatherElements(x, ArgMax(x) + 2)`` along an axis of 4: an index of 5 in the middle of x
+    was folded into the flat index of the next row's element 1 and read silently (onnxruntime
+    refuses the node); only an index past the whole tensor was caught."""
+    g = oh.make_graph(
+        [oh.make_node("ArgMax", ["x"], ["am"], name="pick", axis=2, keepdims=1),
+         oh.make_node("Add", ["am", "two"], ["idx"], name="shift"),
+         oh.make_node("GatherElements", ["x", "idx"], ["y"], name="take_shifted", axis=2)],
+        "g", [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3, 4])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3, 1])],
+        [nh.from_array(np.array(2, np.int64), "two")])
+    path = tmp_path / "ge.onnx"
+    onnx.save(oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]), path)
+    x = np.zeros((2, 3, 4), np.float32)
+    x[:, :, 0], x[:, :, 2] = 1.0, 0.5       # argmax 0 -> index 2: in range, reads 0.5
+    x[0, 1] = [0, 0, 0, 7]                 # argmax 3 -> index 5: past the axis, inside the tensor
+    np.save(tmp_path / "x.npy", x)
+    _one_line(_run("run", path, "--input", f"x={tmp_path / 'x.npy'}"),
+              "node 'take_shifted'", "GatherElements", "index 5 out of range [0, 4)")
+    x[0, 1] = [0, 0, 7, 0]                 # argmax 2 -> index 4: past it too
+    np.save(tmp_path / "x.npy", x)
+    _one_line(_run("run", path, "--input", f"x={tmp_path / 'x.npy'}"),
+              "node 'take_shifted'", "index 4 out of range [0, 4)")
+    x[0, 1] = [0, 7, 0, 3]                 # argmax 1 -> index 3: in range, reads 3
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "y.npz"
+    res = _run("run", path, "--input", f"x={tmp_path / 'x.npy'}", "-o", out)
+    assert res.exit_code == 0, res.output
+    np.testing.assert_array_equal(np.load(out)["y"][..., 0], [[0.5, 3, 0.5], [0.5, 0.5, 0.5]])

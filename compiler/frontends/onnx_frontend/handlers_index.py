@@ -16,7 +16,8 @@ def _gather(ctx: OpContext):
 
 @handler("GatherElements", requires=["indexing.gather_elements"])
 def _gather_elements(ctx: OpContext):
-    return lib("indexing.gather_elements")(ctx.input(0), ctx.input(1), axis=ctx.attr("axis", 0))
+    return lib("indexing.gather_elements")(ctx.input(0), ctx.input(1), axis=ctx.attr("axis", 0),
+                                           check_range=True)
 
 
 @handler("GatherND", requires=["indexing.gather_nd"])
