@@ -142,6 +142,10 @@ def gather_elements(x: Tensor, indices, axis: int = 0, negative_indices: bool = 
 def gather_nd(x: Tensor, indices, batch_dims: int = 0) -> Tensor:
     """ONNX ``GatherND``: ``indices[..., k]`` addresses the first ``k`` dims after the batch dims.
 
+    Each index component is checked against its own dim (a ``Gather`` of ``[0, n)``, which the
+    reference executor refuses naming the node) before the components are folded into one flat
+    index.
+
     Returns:
         ``indices.shape[:-1] + x.shape[batch_dims + k:]``.
     Raises:
@@ -163,8 +167,12 @@ def gather_nd(x: Tensor, indices, batch_dims: int = 0) -> Tensor:
     bsize, asize = prod(x.shape[:b]), prod(addressed)
     lin = None
     for j in range(k):
-        comp = idx.slice([j], [j + 1], [-1]).squeeze([-1])
-        comp = normalize_indices(comp, addressed[j]).mul(prod(addressed[j + 1:]))
+        comp = normalize_indices(idx.slice([j], [j + 1], [-1]).squeeze([-1]), addressed[j])
+        if k > 1 or b:
+            # read back through a Gather of [0, n_j): the flat index alone let a component
+            # past its dim read another row ([0, 5] of a [3, 4] table read [1, 1])
+            comp = take(Tensor.iota((addressed[j],), 0, comp.dtype), comp, 0)
+        comp = comp.mul(prod(addressed[j + 1:]))
         lin = comp if lin is None else lin.add(comp)
     lead = idx.shape[:-1]
     if lin is None:

@@ -305,3 +305,33 @@ def test_gather_elements_index_past_its_axis_is_refused_not_read_from_the_next_r
     res = _run("run", path, "--input", f"x={tmp_path / 'x.npy'}", "-o", out)
     assert res.exit_code == 0, res.output
     np.testing.assert_array_equal(np.load(out)["y"][..., 0], [[0.5, 3, 0.5], [0.5, 0.5, 0.5]])
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd_component_past_its_dim_is_refused(tmp_path, batch_dims):
+    """``GatherND`` folds its index components into one flat index: a computed ``[0, 4]`` into
+    a ``[3, 4]`` table read element ``[1, 0]``, silently; each component is now checked against
+    its own dim. The index is ``i * i``, which no input range check covers."""
+    g = oh.make_graph(
+        [oh.make_node("Mul", ["i", "i"], ["idx"], name="square"),
+         oh.make_node("GatherND", ["x", "idx"], ["y"], name="pick_cells", batch_dims=batch_dims)],
+        "g", [oh.make_tensor_value_info("x", TP.FLOAT, [3, 4]),
+              oh.make_tensor_value_info("i", TP.INT64, [3, 1] if batch_dims else [2, 2])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+    path = tmp_path / "gnd.onnx"
+    onnx.save(oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]), path)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.save(tmp_path / "x.npy", x)
+    i = np.array([[0], [2], [1]] if batch_dims else [[0, 2], [1, 1]], np.int64)   # 2 * 2 = 4
+    np.save(tmp_path / "i.npy", i)
+    _one_line(_run("run", path, "--input", f"x={tmp_path / 'x.npy'}", "--input",
+                   f"i={tmp_path / 'i.npy'}"),
+              "node 'pick_cells'", "GatherND", "index 4 out of range [0, 4)")
+    i[1 if batch_dims else 0, -1] = 1                                               # 1 * 1 = 1
+    np.save(tmp_path / "i.npy", i)
+    out = tmp_path / "y.npz"
+    res = _run("run", path, "--input", f"x={tmp_path / 'x.npy'}", "--input",
+               f"i={tmp_path / 'i.npy'}", "-o", out)
+    assert res.exit_code == 0, res.output
+    want = [0, 5, 9] if batch_dims else [1, 5]
+    np.testing.assert_array_equal(np.load(out)["y"].ravel(), want)
