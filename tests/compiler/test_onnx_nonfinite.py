@@ -67,3 +67,20 @@ def test_conv_transpose_with_inf_inputs_where_the_stride_does_not_divide_the_ker
     for path, (got,) in run_both(m, {"x": x}):
         assert got.shape == want.shape, path
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=path)
+
+
+@pytest.mark.parametrize("zdt", [np.int8, np.uint8, np.int16])
+def test_quantize_linear_saturates_a_quotient_past_the_int32_range(zdt):
+    """``saturate(round(x / scale) + zp)``: the rounded quotient was cast to i32 before the
+    saturation, so 1e10 / 0.5 wrapped and quantized to -128 (int8) or 0 (uint8) instead of the
+    type's maximum (onnxruntime; the ONNX reference implementation wraps too)."""
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 127.5, -128.6, 1e10, -1e10, 3e38, -3e38, 1e9],
+                 np.float32)
+    m = single_node("QuantizeLinear", {"x": x}, {"s": np.array(0.5, np.float32),
+                                                 "z": np.array(3, zdt)}, opset=21)
+    info = np.iinfo(zdt)
+    want = np.clip(np.round(x.astype(np.float64) / 0.5) + 3, info.min, info.max).astype(zdt)
+    np.testing.assert_array_equal(onnxruntime_outputs(m, {"x": x})[0], want)
+    for path, (got,) in run_both(m, {"x": x}):
+        assert got.dtype == want.dtype, path
+        np.testing.assert_array_equal(got, want, err_msg=path)

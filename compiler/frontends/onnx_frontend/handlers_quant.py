@@ -73,9 +73,12 @@ def _quantize(ctx: OpContext):
         return v.cast(out)
     if out not in _RANGES:
         raise ShapeError(f"quantized type {out} is not supported")
-    q = _div(x.cast(work), s.cast(work)).round().cast(dt.i32)
+    # saturated in f64, which holds every integer the sum can be exactly: the rounded quotient
+    # was cast to i32 first, and one past 2**31 wrapped (1e10 quantized to -128 in int8, 0 in
+    # uint8, where the spec saturates to 127 and 255)
+    q = _div(x.cast(work), s.cast(work)).round().cast(dt.f64)
     if zp is not None:
-        q = q.add(_broadcast_param(zp, x.shape, axis, block).cast(dt.i32))
+        q = q.add(_broadcast_param(zp, x.shape, axis, block).cast(dt.f64))
     lo, hi = _RANGES[out]
     return q.clip(q.scalar_like(lo), q.scalar_like(hi)).cast(out)
 
