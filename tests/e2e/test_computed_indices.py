@@ -335,3 +335,30 @@ def test_gather_nd_component_past_its_dim_is_refused(tmp_path, batch_dims):
     assert res.exit_code == 0, res.output
     want = [0, 5, 9] if batch_dims else [1, 5]
     np.testing.assert_array_equal(np.load(out)["y"].ravel(), want)
+
+
+def test_nll_loss_class_past_c_is_refused_not_read_from_the_next_row(tmp_path):
+    """``NegativeLogLikelihoodLoss`` picks ``-logp[n, target[n]]`` through the flat index: a
+    computed class 5 of 4 at row 0 read ``logp[1, 1]`` (a loss of 9 here), silently."""
+    g = oh.make_graph(
+        [oh.make_node("Add", ["t", "one"], ["t1"], name="shift"),
+         oh.make_node("NegativeLogLikelihoodLoss", ["x", "t1"], ["y"], name="nll",
+                      reduction="none")],
+        "g", [oh.make_tensor_value_info("x", TP.FLOAT, [3, 4]),
+              oh.make_tensor_value_info("t", TP.INT64, [3])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+        [nh.from_array(np.array(1, np.int64), "one")])
+    path = tmp_path / "nll.onnx"
+    onnx.save(oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]), path)
+    x = np.log(np.full((3, 4), 0.25, np.float32))
+    x[1, 1] = -9.0
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "t.npy", np.array([4, 0, 0], np.int64))          # row 0: class 5
+    _one_line(_run("run", path, "--input", f"x={tmp_path / 'x.npy'}", "--input",
+                   f"t={tmp_path / 't.npy'}"), "node 'nll'", "index 5 out of range [0, 4)")
+    np.save(tmp_path / "t.npy", np.array([2, 0, 1], np.int64))          # classes 3, 1, 2
+    out = tmp_path / "y.npz"
+    res = _run("run", path, "--input", f"x={tmp_path / 'x.npy'}", "--input",
+               f"t={tmp_path / 't.npy'}", "-o", out)
+    assert res.exit_code == 0, res.output
+    np.testing.assert_allclose(np.load(out)["y"], [np.log(4), 9.0, np.log(4)], rtol=1e-6)

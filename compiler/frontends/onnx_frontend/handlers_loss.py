@@ -22,7 +22,9 @@ def _nll(logp: Tensor, target: Tensor, weight: Tensor | None, ignore_index, redu
     if ignore_index is not None:
         valid = t.ne(t.scalar_like(int(ignore_index)))
         t = valid.where(t, t.scalar_like(0))         # ignored targets may be out of range
-    picked = lib("indexing.gather_elements")(logp, t.unsqueeze([1]), axis=1).squeeze([1])
+    # range-checked: a class index past C read the next position's row through the flat index
+    picked = lib("indexing.gather_elements")(logp, t.unsqueeze([1]), axis=1,
+                                             check_range=True).squeeze([1])
     loss = picked.neg()
     zero = loss.scalar_like(0.0)
     if valid is not None:
