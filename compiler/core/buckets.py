@@ -38,13 +38,15 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from lumc.backends.reference import TooLargeError, refuse_too_large
+from lumc.backends.reference import TooLargeError
 from lumc.compiler.core.budget import BUDGET_KNOBS, Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
 from lumc.ir.errors import BudgetError, InputError, ShapeError
-from lumc.ir.symbolic import NotSymbolic, Resizer, probing, same_graph
+from lumc.ir.symbolic import NotSymbolic, Resizer, probing
 # the primes that probe a range (choose_probes is this module's API too)
 from lumc.compiler.core.probes import choose_probes, probe_assignments  # noqa: F401
+from lumc.compiler.core.resize_checks import resizes_to as _resizes_to
+from lumc.compiler.core.resize_checks import values_differ as _values_differ
 
 DEFAULT_BUCKETS = 4     # buckets per ranged dim (two ranged dims: 2 each)
 MIN_BUCKET_S = 2.0      # the least search budget one bucket is given
@@ -164,6 +166,7 @@ def _probe_sizes(model, frontend, fixed, ranges):
                 break      # nothing affine to learn: moving the probes cannot help
         if diff is None and above:
             diff = _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside)
+            first = first or diff
         if diff is None:
             diff = _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table)
             if diff is None:
@@ -292,9 +295,12 @@ def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
                     raise not_taken(ranges, pt, e) from None
                 return str(e)
     for at, fe in inside:
-        diff = _resizes_to(fe_p, {probe[k]: at[k] for k in ranges}, table, fe)
-        if diff is not None:
-            return diff
+        # node for node, else by value: an import away from the probes folds what the probed one
+        # holds (a position table gathered at indices computed from the size: T5's buckets)
+        if _resizes_to(fe_p, {probe[k]: at[k] for k in ranges}, table, fe) is not None:
+            diff = _values_differ(fe_p, probe, at, table, fe, ranges)
+            if diff is not None:
+                return diff
     return None
 
 
@@ -309,9 +315,6 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
     cycles with the residue (SAME padding) differs at one of two consecutive sizes. Compared by
     value, not node for node: an import away from the probes folds what the probed one holds (a
     position table)."""
-    from lumc.backends.reference import ReferenceExecutor
-    from lumc.compiler.core.measure import max_rel_error
-    from lumc.compiler.core.pipeline import example_inputs_for
     for at in _edge_units(ranges):
         where = ", ".join(f"{k}={ranges[k].step * at[k]}" for k in ranges)
         try:
@@ -323,38 +326,10 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
             if e.node is not None:
                 raise not_taken(ranges, at, e) from None
             return f"at {where}: {e}"
-        try:
-            g = Resizer({probe[k]: at[k] for k in ranges}, table).graph(fe_p.graph)
-            if [n.shape for n in g.inputs.values()] != [n.shape for n in fe.graph.inputs.values()]:
-                return f"at {where} the inputs re-size to other shapes"
-            refuse_too_large(fe.graph, where)
-            ins = example_inputs_for(fe.graph, fe)
-            want = ReferenceExecutor(fe.graph)(ins)
-            got = ReferenceExecutor(g)(ins)
-        except TooLargeError:
-            raise
-        except (InputError, ShapeError, NotSymbolic, IndexError) as e:
-            return f"at {where}: {e}"
-        for k, ref in want.items():
-            y = got[k]
-            if y.shape != ref.shape:
-                return f"at {where} output {k!r} re-sizes to {list(y.shape)}, not {list(ref.shape)}"
-            if fe.graph.outputs[k].dtype.is_float:
-                err = max_rel_error(y, ref)
-                if not err <= 1e-4:
-                    return f"at {where} output {k!r} differs (max rel error {err:.3g})"
-            elif not np.array_equal(y, ref):
-                return f"at {where} output {k!r} differs"
+        diff = _values_differ(fe_p, probe, at, table, fe, ranges)
+        if diff is not None:
+            return diff
     return None
-
-
-def _resizes_to(fe_p, sub: dict, table: dict, fe) -> str | None:
-    """None when the probed graph re-sized to ``sub`` (with ``table``) is ``fe``'s graph, node for
-    node, else the first difference in words."""
-    try:
-        return same_graph(Resizer(sub, table).graph(fe_p.graph), fe.graph)
-    except (NotSymbolic, ShapeError) as e:     # a value that does not re-size, or a bad shape
-        return str(e)
 
 
 def _affine_table(model, frontend, fixed, ranges, probe, check, third, primes, fe_p, fe_c):

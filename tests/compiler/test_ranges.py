@@ -322,6 +322,40 @@ def test_a_range_that_imports_only_inside(db):
     assert "\n" not in msg and msg.startswith("size range L=1..12: the model does not take L=")
 
 
+def _clipped_positions(d: int = 4) -> onnx.ModelProto:
+    """x [B, L, d] plus rows of an [8, d] table gathered at min(0..L-1, 7) (T5's relative
+    buckets in small): at a size away from the probes the gather folds to a constant."""
+    table = RNG.standard_normal((8, d)).astype(np.float32)
+    nodes = [oh.make_node("Shape", ["x"], ["s"], start=1, end=2),
+             oh.make_node("Squeeze", ["s", "zero"], ["n"]),
+             oh.make_node("Range", ["first", "n", "step"], ["r"]),
+             oh.make_node("Clip", ["r", "first", "last"], ["c"]),
+             oh.make_node("Gather", ["table", "c"], ["p"]),
+             oh.make_node("Add", ["x", "p"], ["y"])]
+    scalars = {"first": 0, "step": 1, "last": 7}
+    g = oh.make_graph(nodes, "pos", [oh.make_tensor_value_info("x", TP.FLOAT, ["B", "L", d])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+                      [nh.from_array(table, "table"),
+                       nh.from_array(np.array([0], np.int64), "zero")]
+                      + [nh.from_array(np.array(v, np.int64), k) for k, v in scalars.items()])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_a_narrow_dim_beside_a_folded_position_table(db):
+    """B=1..4 holds no two odd primes, so both dims are probed above the range; the import
+    inside it folds the gathered positions to a constant the probed graph computes. That
+    import was compared node for node only, and the compile was refused as 'too narrow ... the
+    model imports at no size above it ()' (a T5 attention with dynamic batch and length). It is
+    compared by value: one plan per bucket, exact at every size tried."""
+    m = _clipped_positions()
+    f = lumc.compile(m, budget="30s", device="sim:h200", db=db,
+                     shapes={"B": (1, 4), "L": (2, 24)}, use_egraph=False)
+    assert isinstance(f, VariantModel)
+    for b, n in [(1, 2), (3, 11), (2, 5), (4, 24)]:
+        x = RNG.standard_normal((b, n, 4)).astype(np.float32)
+        np.testing.assert_array_equal(f(x), _ort(m, {"x": x})[0])
+
+
 def test_a_weights_reference_to_no_part_is_an_artifact_error():
     """A bucket's ``consts.ref`` must name a stored ``consts.npz`` part: one ArtifactError line."""
     from lumc.compiler.runtime.variants import resolve_consts_refs
