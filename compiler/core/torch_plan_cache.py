@@ -91,9 +91,21 @@ _STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstd
 
 def _installed(path: str) -> bool:
     """A file of an installed package (torch, transformers ...) or of Python's standard library,
-    not the user's own code; also code with no file (``<frozen ...>``, a builtin)."""
-    return (not path or path.startswith("<") or path.startswith(_TORCH_DIR) or path.startswith(_STDLIB)
-            or "site-packages" in path or "dist-packages" in path)
+    not the user's own code; also frozen or builtin code (``<frozen ...>``, no path). Code typed
+    at a REPL (``<stdin>``) or run by ``python -c`` or ``exec`` (``<string>``) is the user's: with
+    no file to hash, its constants, closures and globals are all the key has of it (``x / 3`` and
+    ``x / 7`` are one bytecode)."""
+    return (not path or path.startswith("<frozen") or path.startswith(_TORCH_DIR)
+            or path.startswith(_STDLIB) or "site-packages" in path or "dist-packages" in path)
+
+
+def _library_class(cls: type, path: str) -> bool:
+    """A class of an installed package, not the user's: by its file, or, for a class with none
+    (defined at a REPL, by ``python -c`` or ``exec``), by its methods' code."""
+    if path:
+        return _installed(path)
+    return not any(isinstance(f, types.FunctionType) and not _installed(f.__code__.co_filename)
+                   for f in vars(cls).values())
 
 
 class _Fingerprint:
@@ -179,7 +191,7 @@ class _Fingerprint:
                 path = ""
             src = self.file(path) if path else "builtin"
             own = {k: v for k, v in vars(c).items() if k not in _SKIPPED_CLASS_ATTRS}
-            if _installed(path):   # a library's class: its file and its plain class-level flags
+            if _library_class(c, path):   # a library's: its file and plain class-level flags
                 own = {k: v for k, v in own.items()
                        if v is None or isinstance(v, (bool, int, float, str))}
             parts.append(f"{c.__module__}.{c.__qualname__}@{src}{self.value(own, depth + 1)}")

@@ -365,3 +365,26 @@ def test_a_state_too_large_to_follow_is_never_reused(monkeypatch):
     monkeypatch.setattr(pc, "_MAX_VALUES", 10)
     m = _Wide()
     assert pc.module_fingerprint(m) != pc.module_fingerprint(m)
+
+
+_TYPED = """
+import torch
+class Div(torch.nn.Module):
+    def forward(self, x):
+        return x / {c}
+"""
+
+
+@pytest.mark.parametrize("where", ["<string>", "<stdin>"])
+def test_code_with_no_file_is_part_of_the_key(cache, where):
+    """A module class typed at a REPL (``<stdin>``) or run by ``python -c``/``exec``
+    (``<string>``) has no source file: its code was keyed as a library's, by bytecode alone, and
+    ``x / 3.0`` and ``x / 7.0`` are one bytecode. The second compile, in the same process or a
+    later one, reused the first's plan and returned x / 3 for x / 7, silently."""
+    x = torch.tensor([7.0, 1.0, 10.0, 5.0, 1e-3])
+    for c in (3.0, 7.0):
+        ns = {"__name__": "lumc_test_typed_here"}   # no module of that name: no file
+        exec(compile(_TYPED.format(c=c), where, "exec"), ns)
+        f = compile_module(ns["Div"]().eval(), (x,), budget="20s", device="sim:h200")
+        assert f.reused is None, c
+        np.testing.assert_array_equal(f(x).numpy(), (x.double() / c).float().numpy())
