@@ -338,7 +338,7 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     plans = db.plans_dir
     reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
                             (use_egraph, sorted(policy.as_dict().items()))
-                            + (("fast_math",) if fast_math else ()))
+                            + (("fast_math",) if fast_math else ()), values=policy.reduced)
     if reuse is not None and reuse_plan:
         cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
         if cm is not None:

@@ -16,9 +16,11 @@ from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.runtime.targets import Target
 
 
-def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, use_egraph: bool
-                    ) -> str | None:
-    """A key for the compile's result, or None when the model is not given as a file or bytes."""
+def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, use_egraph: bool,
+                    values: bool = False) -> str | None:
+    """A key for the compile's result, or None when the model is not given as a file or bytes.
+    ``values``: the example inputs' values are part of it too (a reduced precision: its quality
+    gate, which decides the plan's precision, runs on them)."""
     extra = b""
     if isinstance(model, (str, os.PathLike)):
         try:
@@ -39,9 +41,19 @@ def _plan_cache_key(model, shapes, example_inputs, target: Target, ver: dict, us
     h = hashlib.sha256(src)
     h.update(extra)
     shp = {k: list(np.atleast_1d(v).tolist()) for k, v in sorted((shapes or {}).items())}
-    ex = {k: list(np.shape(v)) for k, v in sorted((example_inputs or {}).items())}
+    ex = {k: [list(np.shape(v))] + ([value_digest(v)] if values else [])
+          for k, v in sorted((example_inputs or {}).items())}
     h.update(repr((shp, ex, target.name, sorted(ver.items()), use_egraph)).encode())
     return h.hexdigest()[:32]
+
+
+def value_digest(v) -> str:
+    """An example input's dtype, shape and the sha256 of its bytes."""
+    if hasattr(v, "detach"):      # a torch tensor (bf16 has no numpy dtype)
+        from lumc.compiler.core.torch_plan_cache import tensor_digest
+        return tensor_digest(v)
+    a = np.ascontiguousarray(v)
+    return f"{a.dtype}{list(a.shape)}:{hashlib.sha256(a.reshape(-1).view(np.uint8)).hexdigest()}"
 
 
 def _external_data_digest(src: bytes, base: str) -> bytes | None:

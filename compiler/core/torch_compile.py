@@ -459,7 +459,8 @@ def _stored_plan(module, args, kwargs, budget_s, device, t_start, policy=None, d
     # the precision policy is part of what the plan was compiled for
     where = target.name if policy is None else f"{target.name} {sorted(policy.as_dict().items())}"
     key = plan_cache.module_key(module, args, kwargs, None, where,
-                                versions(gpu=not target.simulated), digests)
+                                versions(gpu=not target.simulated), digests,
+                                values=policy is not None and policy.reduced)
     shell = plan_cache.load_shell(plans, key)
     if shell is None:
         return plans, key

@@ -52,10 +52,12 @@ SHELL_FIELDS = ("inputs", "dims", "in_spec", "out_spec", "output_index", "output
 
 
 def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes, device: str,
-               ver: dict, digests: dict | None = None) -> str:
+               ver: dict, digests: dict | None = None, values: bool = False) -> str:
     """A hex key of everything a compile of ``module`` on these inputs depends on (see the module
     docstring); about 1 s per GB of weights (sha256). ``digests``, where given, receives
-    ``{id(tensor): tensor_digest(tensor)}`` of the tensors it hashed."""
+    ``{id(tensor): tensor_digest(tensor)}`` of the tensors it hashed. ``values``: the example
+    inputs' values too (a reduced precision: its quality gate, which decides the plan's
+    precision, runs on them)."""
     h = hashlib.sha256()
     h.update(repr(module).encode())
     h.update(module_fingerprint(module, digests).encode())
@@ -64,6 +66,8 @@ def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shape
     for x in leaves:   # the device too: the outputs go where the inputs (or weights) are
         h.update(repr((tuple(x.shape), str(x.dtype), str(x.device)) if isinstance(x, torch.Tensor)
                       else ("value", repr(x))).encode())
+        if values and isinstance(x, torch.Tensor):
+            h.update(tensor_digest(x).encode())
     h.update(repr(sorted({str(t.device) for t in list(module.parameters())
                           + list(module.buffers())})).encode())
     # torch's default dtype and device decide what torch.ones(3) / torch.arange(3) / 3 in

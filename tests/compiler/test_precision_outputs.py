@@ -291,3 +291,39 @@ def test_a_flattened_torch_argmax_with_keepdim_is_judged_at_near_ties(rank, tmp_
     assert r["eager_check"]["passed"] and r["eager_check"]["near_ties"] == 1
     g = lumc.compile(m, example_inputs=(xt,), budget="15s", device="sim:h200")     # fp32
     assert torch.equal(g(xt), want)
+
+
+def _cancelling(seed=0):
+    """y = x @ W, W's rows 0 and 1 1e-4 apart: for x = e0 - e1 the output is that difference,
+    which bf16 weights (2^-9 relative) lose entirely; for N(0, 1) inputs bf16 is within 1%."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    w[1] = w[0] + 1e-4 * rng.standard_normal(64).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "cancel",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+                          [numpy_helper.from_array(w, "W")])
+    crafted = np.zeros((4, 64), np.float32)
+    crafted[:, 0], crafted[:, 1] = 1.0, -1.0
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), w, crafted
+
+
+def test_the_gate_runs_on_each_compiles_own_example_inputs(db):
+    """The plan key held the example inputs' shapes only: a second bf16 compile given inputs
+    that miss the gate reused the first's bf16 plan (its report quoting the first inputs' 0.3%),
+    and returned 100% error on the inputs the user gave. Now it gates them and falls back."""
+    m, w, crafted = _cancelling()
+    drawn = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    first = lumc.compile(m, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                         precision="bf16", example_inputs={"x": drawn})
+    assert first.report_dict()["precision"] == "bf16"
+    cm = lumc.compile(m, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                      precision="bf16", example_inputs={"x": crafted})
+    r = cm.report_dict()
+    assert r["precision"] == "fp32" and "reused" not in r["stopped_because"]
+    assert any("misses the quality gate" in x for x in r["warnings"])
+    ref = crafted.astype(np.float64) @ w.astype(np.float64)
+    assert np.abs(cm(crafted) - ref).max() <= 1e-4 * np.abs(ref).max()
+    again = lumc.compile(m, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                         precision="bf16", example_inputs={"x": crafted.copy()})
+    assert "reused" in again.report_dict()["stopped_because"]     # the same inputs: reused

@@ -388,3 +388,24 @@ def test_code_with_no_file_is_part_of_the_key(cache, where):
         f = compile_module(ns["Div"]().eval(), (x,), budget="20s", device="sim:h200")
         assert f.reused is None, c
         np.testing.assert_array_equal(f(x).numpy(), (x.double() / c).float().numpy())
+
+
+def test_a_reduced_precision_plan_is_keyed_by_the_example_values(cache):
+    """bf16 with N(0, 1) examples passes the gate; examples e0 - e1 against two weight columns
+    1e-4 apart do not. The key held the examples' shapes only, so the second compile reused the
+    bf16 plan: 187% error on its own inputs, the report quoting the first inputs' 0.25%."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64, bias=False)
+    with torch.no_grad():
+        lin.weight[:, 1] = lin.weight[:, 0] + 1e-4 * torch.randn(64)
+    m = torch.nn.Sequential(lin).eval()
+    x = torch.zeros(4, 64)
+    x[:, 0], x[:, 1] = 1.0, -1.0
+    first = compile_module(m, (torch.randn(4, 64),), budget="20s", device="sim:h200",
+                           precision="bf16")
+    assert first.specializations[0].compiled.report_dict()["precision"] == "bf16"
+    f = compile_module(m, (x,), budget="20s", device="sim:h200", precision="bf16")
+    assert f.reused is None
+    assert f.specializations[0].compiled.report_dict()["precision"] == "fp32"
+    ref = x.double() @ lin.weight.double().T
+    assert (f(x).double() - ref).abs().max() <= 1e-4 * ref.abs().max()
