@@ -184,7 +184,8 @@ def lumc_compile(model, args, workers, tmp_path, address) -> dict:
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "minilm-l3" else n
+                                  for n in MODELS])     # MiniLM's two compiles: 84 s on 2 cores
 def test_ray_makes_the_choice_local_makes(name, ray_cluster, model_path, tmp_path):
     local = lumc_compile(model_path(name), MODELS[name], "local:1", tmp_path, ray_cluster)
     dist = lumc_compile(model_path(name), MODELS[name], "ray", tmp_path, ray_cluster)
