@@ -76,12 +76,18 @@ def user_notes(r: dict) -> list[str]:
 
 def precision_lines(r: dict, exact: bool = False) -> list[str]:
     """:func:`quality_line` (with ``exact``, where none was measured: the precision the plan runs
-    at, ``precision fp32 (weights same): no reduced precision, no quality gate``), then each of
+    at, ``precision fp32 (weights same): no reduced precision, no quality gate``; for a model whose
+    inputs or outputs are f16/bf16, ``no reduced precision below the model's own bf16``), then each of
     :func:`user_notes` as ``note: ...``."""
     line = quality_line(r)
     if line is None and exact and r.get("precision") is not None:
+        # a model whose own values are 16-bit computes in them at any policy: the line said
+        # "no reduced precision" of a bf16 module's bf16 plan
+        own = sorted({v[1] for part in ("inputs", "outputs") for v in (r.get(part) or {}).values()
+                      if isinstance(v, (list, tuple)) and len(v) == 2 and v[1] in ("f16", "bf16")})
         line = (f"precision {r['precision']} (weights {r.get('weights', 'same')}): no reduced "
-                "precision, no quality gate")
+                "precision" + (f" below the model's own {' and '.join(own)}" if own else "")
+                + ", no quality gate")
     return ([line] if line else []) + [f"note: {w}" for w in user_notes(r)]
 
 

@@ -519,3 +519,27 @@ def test_reports_say_the_precision_the_plans_run_at(tmp_path, monkeypatch):
         assert 1e-5 < err <= v["tolerance"], (n, err)        # bf16 indeed, within the gate
     txt = g.report()
     assert txt.count("precision bf16 (weights same) vs fp32: max rel error") == len(rd["variants"])
+
+
+def test_a_16_bit_models_report_says_its_plan_computes_in_the_models_own_type(tmp_path,
+                                                                               monkeypatch):
+    """A bf16 module compiled at the default policy (fp32: nothing reduced) computes in bf16, as
+    the module does; its report said 'no reduced precision' as for an fp32 model. It names the
+    model's own type now; an fp32 model's line is unchanged."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
+    x = torch.randn(4, 32)
+    f = lumc.compile(m.to(torch.bfloat16), example_inputs=(x.bfloat16(),), budget="20s",
+                     device="sim:h200")
+    assert ("precision fp32 (weights same): no reduced precision below the model's own bf16, "
+            "no quality gate") in f.report()
+    with torch.no_grad():
+        want = m(x.bfloat16()).double()
+    assert (f(x.bfloat16()).double() - want).abs().max() <= 0.05 * want.abs().max()
+    from lumc.compiler.runtime.report_text import precision_lines
+    r = {"precision": "fp32", "weights": "same", "inputs": {"x": [[4, 32], "f32"]},
+         "outputs": {"y": [[4, 32], "f32"]}}
+    assert precision_lines(r, exact=True) == [
+        "precision fp32 (weights same): no reduced precision, no quality gate"]
