@@ -344,7 +344,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
     if runnable is not None:
         chosen = next((i for i in order if all(runnable(k) for k in candidates[i])), chosen)
     if out_of_time:
-        stats.stopped_because = "budget (nothing timed: best-bound candidate returned untimed)"
+        stats.stopped_because = ("budget (no program timed whole: the best-bound candidate "
+                                 "returned untimed)")
     else:
         stats.stopped_because = ("no candidate has a working config for every kernel "
                                  "(best-bound candidate returned untimed)")

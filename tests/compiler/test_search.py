@@ -62,6 +62,18 @@ def test_tiny_budget_returns_best_bound_candidate_untimed():
     assert "untimed" in r.stats.stopped_because
 
 
+def test_an_untimed_result_with_timed_kernels_does_not_say_nothing_was_timed():
+    """The search line counts (kernel, config) pairs, the stop reason programs: a budget that ran
+    out after one kernel of a two-kernel program read '1 timed' beside 'nothing timed'."""
+    clock = FakeClock()
+    measure, calls = make_measure({"x": [1.0], "y": [1.0]}, clock, cost=1.0)
+    r = run_search([["x", "y"]], {"x": 1.0, "y": 1.0}, {"x": 1, "y": 1}, measure,
+                   Deadline(0.5, clock))
+    assert r.time_s is None and r.stats.candidates_timed == 1 and calls == [("x", 0)]
+    assert r.stats.stopped_because.startswith("budget (no program timed whole")
+    assert "nothing timed" not in r.stats.stopped_because
+
+
 def test_deadline_stops_measuring():
     clock = FakeClock()
     times = {"k": [float(10 - i) for i in range(10)]}
