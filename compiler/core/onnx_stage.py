@@ -76,8 +76,9 @@ def _names_external_data(src: bytes) -> bool:
         return False
 
 
-def resolve_dim_names(m, shapes: dict) -> dict:
-    """Turn ``{dim name: n}`` entries (``batch_size=2``) into whole-input shapes.
+def resolve_dim_names(m, shapes: dict, shown: dict | None = None) -> dict:
+    """Turn ``{dim name: n}`` entries (``batch_size=2``) into whole-input shapes. ``shown``: the
+    dims as the user gave them, for the message (a range's text, not the size probed).
 
     Raises:
         InputError: a key that is neither an input nor a dynamic dim of the model (named, with
@@ -106,7 +107,7 @@ def resolve_dim_names(m, shapes: dict) -> dict:
             partial[s.name] = missing
     if partial:
         miss = list(dict.fromkeys(d for ds in partial.values() for d in ds))
-        given = ", ".join(f"{k}={v}" for k, v in dims.items())
+        given = ", ".join(f"{k}={(shown or {}).get(k, v)}" for k, v in dims.items())
         raise InputError("; ".join(f"input {k!r} also needs {ds}" for k, ds in partial.items())
                          + f" (given {given}): give " + ", ".join(miss) + " too (shapes={"
                          + ", ".join(f"{d!r}: <size>" for d in miss) + "} in Python, "
@@ -154,11 +155,12 @@ def with_ranges(model, shapes: dict | None) -> dict | None:
     CLI's range syntax: a range in steps, or tuned around a traffic point) under a dim name (not
     an input's) as :class:`~lumc.compiler.core.buckets.DimRange`."""
     if not shapes or not any((isinstance(v, tuple) and len(v) == 2) or isinstance(v, str)
-                             for v in shapes.values()):
+                             or isinstance(v, DimRange) for v in shapes.values()):
         return shapes
     from lumc.compiler.core.buckets import parse_range
     from lumc.compiler.frontends.onnx_frontend import load_model, model_input_specs
-    names = {s.name for s in model_input_specs(load_model(model))}
+    m = load_model(model)
+    names = {s.name for s in model_input_specs(m)}
     out = {}
     for k, v in shapes.items():
         if isinstance(v, tuple) and len(v) == 2 and k not in names:
@@ -176,6 +178,12 @@ def with_ranges(model, shapes: dict | None) -> dict | None:
                                  "'A..B', 'A..B:STEP' or 'A..B@AT'")
             v = r
         out[k] = v
+    # a dim the inputs need and no entry gives is named now, with the ranges as given (found
+    # later, at a probed size, the message said 'given sequence_length=61')
+    first = {k: v.lo if isinstance(v, DimRange) else
+             (v[0] if isinstance(v, list) and v and k not in names else v) for k, v in out.items()}
+    resolve_dim_names(m, first, shown={k: v.describe() for k, v in out.items()
+                                       if isinstance(v, DimRange)})
     return out
 
 

@@ -286,6 +286,13 @@ def test_a_dim_name_given_without_its_partner_names_the_missing_one():
     msg = str(e.value)
     assert "also needs ['seq']" in msg and "'seq': <size>" in msg and "given batch=1" in msg
     assert "\n" not in msg
+    # a range given without its partner: the message shows the range as given, at once (it was
+    # found at a probed size and said 'given batch=61')
+    for rng, shown in [((1, 64), "1..64"), ("8..64:8", "8..64:8")]:
+        with pytest.raises(InputError) as e:
+            lumc.compile(m.SerializeToString(), budget="5s", device="sim:h200",
+                         shapes={"batch": rng})
+        assert f"given batch={shown})" in str(e.value) and "also needs ['seq']" in str(e.value)
 
 
 def test_an_egraph_defect_falls_back_to_the_greedy_candidates(model, db, monkeypatch):
