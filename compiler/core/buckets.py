@@ -133,10 +133,16 @@ def _probe_sizes(model, frontend, fixed, ranges):
         assignments = probe_assignments(ranges, 1)
     except InputError:
         assignments = []     # too narrow for primes inside: probes above it, checked inside
+    # a probe of 5 also the other way round: 5 divides every decimal constant's denominator
+    # (1e-6 = 1 / (2^6 5^6), a slope of 0.2 = 1 / 5), which the probe import re-sizes as a count
+    # of the dim (b = 1..5 probed at 5 refused any model with an epsilon of 1e-k); the check
+    # prime reads it as the constant it is. 5 first still reads a static 3 (RGB) as static
+    assignments += [(c, p, t) for p, c, t in assignments if 5 in p.values()]
+    n_inside = len(assignments)
     first = inside = None
     err = ""
-    for probe, check, third in assignments + probe_assignments(ranges, above=True):
-        above = not assignments or inside is not None
+    for i, (probe, check, third) in enumerate(assignments + probe_assignments(ranges, above=True)):
+        above = i >= n_inside
         # the primes whose multiples the imports hold unfolded (lumc.ir.symbolic.probing); the
         # third is imported only above the range
         primes = tuple(probe.values()) + tuple(check.values()) + (
@@ -157,7 +163,7 @@ def _probe_sizes(model, frontend, fixed, ranges):
         if diff is not None:
             if not above:
                 # affine values are learned at probes above the range only (probe_assignments)
-                first, inside = diff, [(probe, fe_p), (check, fe_c)]
+                first, inside = first or diff, inside or [(probe, fe_p), (check, fe_c)]
                 continue
             first = first or diff
             table, diff = _affine_table(model, frontend, fixed, ranges, probe, check, third,

@@ -349,3 +349,33 @@ def test_a_16_bit_module_compiles_for_a_range(dtype):
         with torch.no_grad():
             want = m(xs)
         assert rel_err(f(xs), want) <= 8 * eps, n
+
+
+class _DecimalConstants(nn.Module):
+    """RMSNorm with epsilon 1e-6 and a LeakyReLU slope of 0.2 (both 5 over a power of two in
+    their denominators) after a 64-row position table sliced to the sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("pos", torch.randn(64, 16))
+
+    def forward(self, x):
+        x = F.leaky_relu(x + self.pos[: x.shape[1]], 0.2)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def test_a_batch_range_probed_at_5_keeps_decimal_constants(tmp_path, monkeypatch):
+    """Batch 1..5 has two odd primes, 5 and 3; probed at 5, the epsilon 1e-6 = 1 / (2^6 5^6) and
+    the slope 0.2 = 1 / 5 were re-sized as counts of the batch (1e-6 became 2.1e-5 at the check),
+    and above the range the position table stops the probes: the range was refused. The probes
+    the other way round (3, checked at 5) read them as the constants they are."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = _DecimalConstants().eval()
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(torch.randn(2, 16, 16),),
+                     dynamic_shapes=({0: Dim("b", max=5), 1: Dim("seq", min=2, max=64)},))
+    with torch.no_grad():
+        for b, s in ((5, 37), (1, 2), (3, 64), (4, 5)):
+            x = torch.randn(b, s, 16)
+            want = m(x)
+            assert rel_err(f(x), want) <= 1e-5, (b, s)
