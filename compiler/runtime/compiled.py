@@ -453,10 +453,14 @@ def from_parts(path, parts: dict[str, bytes], device: str | None = None,
         plan = json.loads(parts[prefix + "plan.json"])
         report = json.loads(parts[prefix + "report.json"])
         calls, configs = [], []
+        meanings: dict = {}    # a repeated layer's kernels share one meaning: read it once
         for i, c in enumerate(plan["calls"]):
-            mnpz = bytes.fromhex(c["meaning_consts"])
-            check_npz(path, mnpz, f"plan.json calls[{i}].meaning_consts")
-            meaning, _ = graph_from_bytes(c["meaning"].encode(), mnpz)
+            key = (c["meaning"], c["meaning_consts"])
+            if key not in meanings:
+                mnpz = bytes.fromhex(c["meaning_consts"])
+                check_npz(path, mnpz, f"plan.json calls[{i}].meaning_consts")
+                meanings[key] = graph_from_bytes(c["meaning"].encode(), mnpz)[0]
+            meaning = meanings[key]
             k = Kernel(c["form"], meaning, tuple((a, _from_jsonable(v)) for a, v in c["attrs"]),
                        tuple(c["covers"]))
             calls.append(KernelCall(k, [nodes[i] for i in c["inputs"]], [nodes[i] for i in c["outputs"]]))
