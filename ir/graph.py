@@ -51,7 +51,8 @@ class ConstArg:
         self.shape = tuple(value.shape)
         h = hashlib.blake2b(digest_size=16)
         h.update(repr((self.dtype.name, self.shape)).encode())
-        h.update(value.tobytes())
+        if value.size:     # the bytes in place (C order): tobytes copied every weight once more
+            h.update(value.reshape(-1).view(np.uint8).data)
         self.digest = h.hexdigest()
 
     def __hash__(self) -> int:
