@@ -22,7 +22,8 @@ launch overhead included) and a config space. The loop:
    its first config). Then, rather than stop, the next measured program whose bound is still below
    the best time joins the pool (*widening*): its own kernels, at their first configs, may hide a
    faster plan than the best ones' tuned kernels (GPT-2's up- and down-projection beside the mlp
-   twins: 886 us untuned, 4th, against 834; tuned, 758). Then breadth goes on against the tuned best.
+   twins, simulated: 886 us untuned, 4th, against 834; tuned, 776). Then breadth goes on against
+   the tuned best.
 3. **Re-time.** The top 3 programs are re-measured with their chosen configs (``remeasure``: timed
    again on a GPU, not read from the tuning database; each shared kernel once) and the fastest is
    chosen, ties broken by candidate order, so the same inputs give the same choice.

@@ -76,9 +76,9 @@ def user_notes(r: dict) -> list[str]:
 
 def precision_lines(r: dict, exact: bool = False) -> list[str]:
     """:func:`quality_line` (with ``exact``, where none was measured: the precision the plan runs
-    at, ``precision fp32 (weights same): no reduced precision, no quality gate``; for a model whose
-    inputs or outputs are f16/bf16, ``no reduced precision below the model's own bf16``), then each of
-    :func:`user_notes` as ``note: ...``."""
+    at, ``precision fp32 (weights same): no reduced precision, no quality gate``; for a model
+    whose inputs or outputs are f16/bf16, ``no reduced precision below the model's own bf16``),
+    then each of :func:`user_notes` as ``note: ...``."""
     line = quality_line(r)
     if line is None and exact and r.get("precision") is not None:
         # a model whose own values are 16-bit computes in them at any policy: the line said

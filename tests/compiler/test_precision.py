@@ -529,7 +529,8 @@ def test_a_16_bit_models_report_says_its_plan_computes_in_the_models_own_type(tm
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                            torch.nn.Linear(64, 32)).eval()
     x = torch.randn(4, 32)
     f = lumc.compile(m.to(torch.bfloat16), example_inputs=(x.bfloat16(),), budget="20s",
                      device="sim:h200")

@@ -29,6 +29,7 @@ def test_digest_is_blake2b_of_dtype_shape_and_c_order_bytes(value):
     of a 3.3 s load); the digest is the same as when they were copied."""
     assert ConstArg(value).digest == _digest(value)
     other = np.ascontiguousarray(value).copy()
-    if other.size:
-        other.reshape(-1)[0] = other.reshape(-1)[-1] + 1 if other.dtype != bool else ~other.reshape(-1)[0]
+    flat = other.reshape(-1)      # a view: ``other`` is C-contiguous
+    if flat.size:
+        flat[0] = ~flat[0] if other.dtype == bool else flat[-1] + 1
         assert ConstArg(other).digest != ConstArg(value).digest
