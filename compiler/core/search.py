@@ -142,6 +142,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
     n = len(candidates)
     cand_bound = [sum(bounds[k] for k in c) for c in candidates]
     order = sorted(range(n), key=lambda i: (cand_bound[i], i))
+    rank = {i: r for r, i in enumerate(order)}    # a candidate's place in ``order``
     kernels = {k for c in candidates for k in c}
     stats.candidates_total = n + sum(max(configs[k] - 1, 0) for k in kernels)
     stats.programs, stats.kernels = n, len(kernels)
@@ -193,7 +194,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         for i in range(n):
             if all(k in best_t for k in candidates[i]):
                 prog_time[i] = sum(best_t[k] for k in candidates[i])
-                if prog_time[i] < best[0] or (prog_time[i] == best[0] and order.index(i) < order.index(best[1])):
+                if prog_time[i] < best[0] or (prog_time[i] == best[0] and rank[i] < rank[best[1]]):
                     best[0], best[1] = prog_time[i], i
         history.append(best[0])
         progress()
@@ -229,7 +230,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         while True:
             if deadline.expired():
                 return "budget"
-            ranked = sorted(prog_time, key=lambda i: (prog_time[i], order.index(i)))
+            ranked = sorted(prog_time, key=lambda i: (prog_time[i], rank[i]))
             top = ranked[:width]
             pool = {k for i in top for k in candidates[i]}
             for k in list(pool):
@@ -322,7 +323,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
 
     # 3. re-time the top programs with their chosen configs
     if prog_time:
-        top = sorted(prog_time, key=lambda i: (prog_time[i], order.index(i)))[:retime_top]
+        top = sorted(prog_time, key=lambda i: (prog_time[i], rank[i]))[:retime_top]
         if len(top) > 1 and not deadline.expired():
             retimed = {}
             again = remeasure or measure
@@ -333,7 +334,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                     m = fresh.get(k) or fresh.setdefault(k, again(k, best_cfg[k]))
                     total += m.seconds if m.seconds is not None else math.inf
                 retimed[i] = total
-            best[1] = min(top, key=lambda i: (retimed[i], order.index(i)))
+            best[1] = min(top, key=lambda i: (retimed[i], rank[i]))
             best[0] = retimed[best[1]]
             prog_time.update(retimed)
         chosen = best[1]

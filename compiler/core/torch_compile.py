@@ -412,7 +412,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             from lumc.compiler.core.torch_zero_size import serve_zero_sizes
             from_zero = [info.name for info in program.dims.values()
                          if info.min_value == 0 and info.name in ranges_in(ranges)]
-            serve_zero_sizes(program, vm, from_zero,
+            serve_zero_sizes(vm, from_zero,
                              _range_frontend(program, type(module).__name__, ints), ints)
             # the module's output structure, as a fixed compile (its artifact stores it too)
             vm.structure = OutputStructure.of_capture(

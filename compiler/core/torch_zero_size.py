@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 
 
-def serve_zero_sizes(program, vm, zero: list[str], frontend, examples: dict | None) -> list[str]:
+def serve_zero_sizes(vm, zero: list[str], frontend, examples: dict | None) -> list[str]:
     """Widen ``vm``'s smallest buckets to size 0 in the dims ``zero`` (names); returns those
     widened. ``frontend``: the range compile's (``(None, {dim: size}) -> Frontend``)."""
     if not zero or not vm._ranged:

@@ -77,7 +77,6 @@ def unknown_input_note(source, name: str) -> str:
     model lists it as an input with an initializer (lumc takes that as a constant), else ``''``."""
     if not source:
         return ""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
     g = (onnx.load_from_string(source) if isinstance(source, bytes) else source).graph
