@@ -476,6 +476,18 @@ def norm_rules() -> list[Rule]:
         rules.append(Rule(f"kernels/RMSNorm: x / sqrt(mean(x*x) + eps) -> rmsnorm(x) [r={r} Div]",
                           "reassociating", f"(Div ?x {sq})", f"(RMSNorm ?x {r - 1} ?eps)",
                           rms_where, cases=(_norm_case(shape),)))
+        # the mean written out as sum(x*x) / N (IEEE Div by the row length): the form multiplies
+        # by dtype(1/N), at most 1 ulp apart in the mean (none for N a power of two), so
+        # ``reassociating``, as the Div spelling above
+        rms_div_where = (f"(= ?var (Div (SumReduce (Mul ?x ?x) {ax}) {fill('?n', '?R', '0')}))",
+                         "(= ?S (shape ?x))", f"(= (vec-length ?S) {r})",
+                         f"(= ?n (to-f64 (vec-get ?S {r - 1})))")
+        div_case = dict(_norm_case(shape), n=float(shape[-1]))
+        for tag, lhs in (("", f"(Mul ?x {rsq})"), (" swapped", f"(Mul {rsq} ?x)"),
+                         (" Div", f"(Div ?x {sq})")):
+            rules.append(Rule(f"kernels/RMSNorm: x * rsqrt(sum(x*x) / N + eps) -> rmsnorm(x) "
+                              f"[r={r}{tag} sum/N]", "reassociating", lhs,
+                              f"(RMSNorm ?x {r - 1} ?eps)", rms_div_where, cases=(div_case,)))
     return rules
 
 
