@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from lumc.compiler.core.fusion import CHEAP_OPERAND_OPS
-from lumc.backends.triton.contraction import tensor_core_contractions
+from lumc.backends.triton.contraction import same_iteration, tensor_core_contractions
 from lumc.ir.graph import Node
 
 _QK_NORM = ("a per-head norm (QK-norm) is formed in the attention kernel that reads it only over "
@@ -46,6 +46,11 @@ NO_RULE = {
                              "epilogue of the contraction before it (post-LN); the norm is formed "
                              "on load in the contractions that read it instead ('+norm-on-load'), "
                              "only where every reader is one and it is not a model output",
+    ("matmul", "rmsnorm"): "no kernels rule offers (residual add +) RMSNorm as a whole-row "
+                           "epilogue of the contraction before it; the norm is formed on load in "
+                           "the contractions that read it instead ('+norm-prologue', "
+                           "'+norm-on-load'), only where every reader is one and it is not a "
+                           "model output (a decoder's final norm is)",
     ("gather", "layernorm"): "the embedding gather + add is the layer norm's prologue only when "
                              "the norm is its one reader; here the sum is read elsewhere too",
     ("pointwise", "attention"): "an elementwise key or value (RoPE's rotated keys) is computed in "
@@ -107,6 +112,36 @@ def _as_operand(call, value) -> bool:
             stack.extend(x.srcs)
     readers = [n for n in nodes if any(s is ph for s in n.srcs)]
     return bool(readers) and all(id(n) in inside for n in readers)
+
+
+def _read_in_epilogue(call, value) -> bool:
+    """``call`` (a matmul or mlp kernel) reads ``value`` only after its tensor-core contractions
+    (a residual add or another epilogue input), never inside either operand of one."""
+    k = next((i for i, n in enumerate(call.inputs) if n is value), None)
+    if k is None or call.kernel.form not in ("matmul", "mlp"):
+        return False
+    ph = call.kernel.meaning.inputs.get(f"in{k}")
+    nodes = call.kernel.meaning.nodes()
+    inside, stack = set(), [x for c in tensor_core_contractions(nodes) for x in (c.a, c.b)]
+    while stack:
+        x = stack.pop()
+        if id(x) not in inside:
+            inside.add(id(x))
+            stack.extend(x.srcs)
+    readers = [n for n in nodes if any(s is ph for s in n.srcs)]
+    return bool(readers) and not any(id(n) in inside for n in readers)
+
+
+def _epilogue_rule(program, i: int, j: int, v) -> str:
+    """Why a contraction's output ``v`` (kernel ``i``) that kernel ``j`` reads in its epilogue (a
+    residual) is written."""
+    others = [k for k, c in enumerate(program.calls)
+              if k not in (i, j) and any(n is v for n in c.inputs)]
+    also = (f"; #{', #'.join(map(str, others))} also read{'s' * (len(others) == 1)} it, so it is "
+            "written once for all its readers" if others else "")
+    return (f"#{j} reads it in its epilogue (a residual add), not as a contraction operand: no "
+            "kernels rule computes a contraction inside another contraction's epilogue (two "
+            f"accumulators over different reductions into one output tile){also}")
 
 
 def _norm_rule(program, i: int, v, default: str, on_load_built: bool) -> str:
@@ -186,6 +221,19 @@ POST_LN_SUM = ("the sum a normalization reads (post-LN): its row statistics need
                "LayerNorm a whole-row epilogue of the contraction before it")
 
 
+def _paired(call) -> bool:
+    """``call`` is a paired matmul: two tensor-core products of one left operand
+    (``same_iteration``)."""
+    cs = tensor_core_contractions(call.kernel.meaning.nodes())
+    return len(cs) == 2 and same_iteration(cs[0], cs[1])
+
+
+PAIRED_CHAIN = ("the producer is a paired matmul (two products of one left operand, a gated MLP's "
+                "gate and up): the mlp form chains one up-projection into the next contraction, "
+                "no kernel form chains a paired one, so its product (silu(gate) * up) is written "
+                "and read back by the down-projection")
+
+
 def _row_values_rule(program, i: int, v) -> str | None:
     """The row statistics a kernel that forms a normalization on load writes for the others."""
     call = program.calls[i]
@@ -234,6 +282,11 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
                     program, c, v):
                 rule, fusion = POST_LN_SUM, ("written: the consumer normalizes it on load with "
                                              "the row values another kernel wrote")
+            elif a in ("matmul", "mlp") and v is program.calls[i].outputs[0] and \
+                    _read_in_epilogue(c, v):
+                rule = _epilogue_rule(program, i, j, v)
+            elif (a, b) == ("matmul", "matmul") and _paired(program.calls[i]):
+                rule = PAIRED_CHAIN
             pairs.append({
                 "producer": i, "consumer": j, "producer_form": a, "consumer_form": b,
                 "value": f"{v.dtype.name}[{', '.join(map(str, v.shape))}]",
