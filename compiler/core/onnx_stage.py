@@ -56,6 +56,7 @@ def stage_frontend(model, shapes: dict | None, example_inputs: dict | None) -> F
     info = identify_bytes(src)
     input_shapes = dict(shapes or {})
     if example_inputs:
+        check_example_names(m, example_inputs)
         for k, v in example_inputs.items():
             input_shapes.setdefault(k, tuple(np.shape(v)))
     imported = import_onnx(m, resolve_dim_names(m, input_shapes))
@@ -74,6 +75,24 @@ def _names_external_data(src: bytes) -> bool:
         return any(uses_external_data(t) for t in _get_all_tensors(onnx.load_from_string(src)))
     except Exception:
         return False
+
+
+def check_example_names(m, example_inputs: dict) -> None:
+    """Every key of ``example_inputs`` names an input of the model ``m`` (``onnx.ModelProto``).
+
+    Raises:
+        InputError: a key that is no input (a dynamic dim's name was taken as that dim's size and
+            its values dropped; any other was reported as an unknown ``shapes=`` key), naming the
+            inputs, and saying so where the model gives it a default value (an initializer).
+    """
+    from lumc.compiler.frontends.onnx_frontend import model_input_specs
+    from lumc.compiler.runtime.compiled import unknown_input_note
+    names = [s.name for s in model_input_specs(m)]
+    unknown = [k for k in example_inputs if k not in names]
+    if unknown:
+        raise InputError(f"example_inputs={{{unknown[0]!r}: ...}}: no input of that name; inputs: "
+                         f"{', '.join(names) or 'none'}" + unknown_input_note(m, unknown[0]),
+                         node=str(unknown[0]))
 
 
 def resolve_dim_names(m, shapes: dict, shown: dict | None = None) -> dict:

@@ -54,3 +54,42 @@ def test_a_signal_while_python_dash_m_lumc_starts_is_one_line(sig, what, cache_d
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
     assert res.stderr.splitlines() == [f"lumc: error: {what} while starting; nothing was done"]
     assert not cache_dir.exists()
+
+
+def _onnx(tmp_path, name, nodes, inputs, outputs, inits=()):
+    import onnx
+    from onnx import helper
+    g = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    p = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    return p
+
+
+def test_example_inputs_naming_no_input_are_refused_as_such(tmp_path):
+    """``example_inputs={"n": a}`` where ``n`` is a dynamic dim compiled at n = len(a) with the
+    values dropped; a name that is nothing was reported as a ``shapes=`` key the user never gave,
+    an input with a default value as no input at all."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    import lumc
+    dyn = _onnx(tmp_path, "dyn", [helper.make_node("Relu", ["x"], ["y"], name="r")],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
+    dflt = _onnx(tmp_path, "dflt", [helper.make_node("Add", ["x", "b"], ["y"], name="a")],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+                  helper.make_tensor_value_info("b", TensorProto.FLOAT, [3])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                 [numpy_helper.from_array(np.ones(3, np.float32), "b")])
+    one = np.ones(3, np.float32)
+    for model, ex, words in [
+            (dyn, {"n": one}, "example_inputs={'n': ...}: no input of that name; inputs: x"),
+            (dyn, {"x": np.ones((2, 3), np.float32), "z": one},
+             "example_inputs={'z': ...}: no input of that name; inputs: x"),
+            (dflt, {"x": one, "b": one}, "example_inputs={'b': ...}: no input of that name; "
+             "inputs: x; the model lists it as an input with a default value")]:
+        with pytest.raises(lumc.InputError) as e:
+            lumc.compile(str(model), budget="10s", device="sim:h200", example_inputs=ex)
+        assert str(e.value).startswith(words) and "\n" not in str(e.value), str(e.value)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5      # a real name still compiles
+    f = lumc.compile(str(dyn), budget="10s", device="sim:h200", example_inputs={"x": x})
+    np.testing.assert_array_equal(f(x), np.maximum(x, 0))
