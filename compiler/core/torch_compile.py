@@ -34,6 +34,7 @@ from lumc.backends.triton.launch import input_to_numpy, torch_dtype
 from lumc.compiler.runtime.compiled import dense_tensor
 from lumc.compiler.runtime.no_backward import output_reads, refuse_backward
 from lumc.compiler.runtime.out_structure import OutputStructure
+from lumc.compiler.runtime.in_structure import InputStructure, same_constant  # noqa: F401
 from lumc.compiler.runtime.report_text import eager_text
 from lumc.compiler.core.torch_args import call_shape as _call_shape
 from lumc.compiler.core.torch_args import nested_difference as _nested_difference
@@ -66,13 +67,6 @@ class Specialization:
     flat_outputs: list
     program: CapturedProgram | None = None
     compiled: object = None          # the CompiledModel when the search ran
-
-
-def same_constant(a, b) -> bool:
-    """Whether a call's non-tensor argument is the value the graph was traced with: of the same
-    type and the same value, so ``2.0`` is not ``2`` (an int tensor times 2.0 is a float tensor),
-    ``True`` is not ``1``, ``-0.0`` is not ``0.0`` and NaN is NaN."""
-    return type(a) is type(b) and repr(a) == repr(b)
 
 
 def _shape_key(leaves) -> tuple:
@@ -265,9 +259,11 @@ class CompiledTorchModule:
                              f"{len(done)} shapes compiled ({shapes}); save one with "
                              "f.specializations[i].compiled.save(path)")
         p = self.program
-        return done[0].compiled.save(path, OutputStructure.of_capture(
-            p.out_spec, p.output_names, p.output_index, done[0].flat_outputs,
-            done[0].compiled.graph.outputs))
+        structure = OutputStructure.of_capture(p.out_spec, p.output_names, p.output_index,
+                                               done[0].flat_outputs, done[0].compiled.graph.outputs)
+        if structure is not None:     # lumc.load's callable takes the module's arguments too
+            structure.inputs = InputStructure.of_capture(p.in_spec, p.inputs)
+        return done[0].compiled.save(path, structure)
 
     def report(self) -> str:
         """A short text: inputs and outputs, the ATen ops lowered, node counts per specialization."""
@@ -418,6 +414,8 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
             vm.structure = OutputStructure.of_capture(
                 program.out_spec, program.output_names, program.output_index, (),
                 vm.first.graph.outputs)
+            if vm.structure is not None:    # and it takes the module's arguments
+                vm.structure.inputs = InputStructure.of_capture(program.in_spec, program.inputs)
             from lumc.compiler.core.eager_check import check_range_against_eager
             ec = check_range_against_eager(module, program, vm, args, dict(example_kwargs or {}),
                                            plan_rtol([cm._report for _, cm in vm.variants],

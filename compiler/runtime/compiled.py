@@ -223,11 +223,14 @@ class CompiledModel:
         """Run on numpy arrays (or torch tensors), positionally in input order or by name.
 
         Returns one array for a single-output model, else a tuple in output order (a torch
-        module's artifact: the module's output structure); torch tensors
+        module's artifact: the module's output structure, and it takes the module's own
+        arguments too, nested or not: ``lumc.compiler.runtime.in_structure``); torch tensors
         in give torch tensors out (on the input's device). With grad mode on, a float output that
         reads an input requiring gradients requires them too, and its backward raises
         (``no_backward``: lumc plans are for inference).
         """
+        from lumc.compiler.runtime.in_structure import module_call
+        args, kwargs = module_call(self.structure, self.graph.inputs, args, kwargs)
         arrays, is_torch = self._bind(args, kwargs, keep_torch=True)
         if is_torch:
             out = self.run_tensors(arrays, checked=True)

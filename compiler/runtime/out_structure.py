@@ -36,6 +36,8 @@ class OutputStructure:
     def __init__(self, spec, leaves: list[tuple[str, object]]):
         self.spec = spec
         self.leaves = list(leaves)
+        # the module's call interface (lumc.compiler.runtime.in_structure), stored beside it
+        self.inputs = None
 
     @classmethod
     def of_capture(cls, out_spec, output_names, output_index, flat_outputs, graph_outputs):
@@ -74,7 +76,9 @@ class OutputStructure:
             warnings.warn(f"lumc: {what} is not stored ({why}); the loaded artifact returns one "
                           "value for one output, else a tuple in output order", stacklevel=3)
             return None
-        return json.dumps({"spec": spec, "leaves": [[k, v] for k, v in self.leaves]}).encode()
+        doc = {"spec": spec, "leaves": [[k, v] for k, v in self.leaves]}
+        ins = self.inputs.to_json() if self.inputs is not None else None
+        return json.dumps({**doc, **(ins or {})}).encode()
 
     @classmethod
     def from_bytes(cls, path, data: bytes, outputs) -> OutputStructure | None:
@@ -111,7 +115,10 @@ class OutputStructure:
         if spec.num_leaves != len(leaves):
             raise ArtifactError(f"{path}: part {PART!r} has {len(leaves)} leaves for a structure "
                                 f"of {spec.num_leaves}")
-        return cls(spec, [(k, v) for k, v in leaves])
+        out = cls(spec, [(k, v) for k, v in leaves])
+        from lumc.compiler.runtime.in_structure import InputStructure
+        out.inputs = InputStructure.from_json(path, doc)
+        return out
 
 
 # ---- types stored by their qualified name ------------------------------------------------------

@@ -405,6 +405,8 @@ class VariantModel:
     def __call__(self, *args, **kwargs):
         if self.watch is not None:
             self.watch.check()
+        from lumc.compiler.runtime.in_structure import module_call
+        args, kwargs = module_call(self.structure, self.first.graph.inputs, args, kwargs)
         given = self._named(args, kwargs)
         self._check_given(given)
         out = self.select(given)(given)

@@ -93,3 +93,50 @@ def test_example_inputs_naming_no_input_are_refused_as_such(tmp_path):
     x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5      # a real name still compiles
     f = lumc.compile(str(dyn), budget="10s", device="sim:h200", example_inputs={"x": x})
     np.testing.assert_array_equal(f(x), np.maximum(x, 0))
+
+
+class _Nested(__import__("torch").nn.Module):
+    """``x * d["a"] - d["b"]``: a dict of tensors as an argument."""
+    def forward(self, x, d):
+        return x * d["a"] - d["b"]
+
+
+class _Scaled(__import__("torch").nn.Module):
+    """``x * s``: a float argument, which ``torch.export`` traces as a constant."""
+    def forward(self, x, s: float):
+        return x * s
+
+
+def test_range_compiles_and_loaded_artifacts_take_the_modules_arguments(tmp_path):
+    """A torch module with a dict argument or a float one: its size-range compile failed in its
+    own eager check ("input 'd_a' is a dict, not a numeric array"; "takes 1 input (x), got 2"),
+    and ``lumc.load`` of its fixed-shape artifact refused the module's own call ``g(x, d)``,
+    ``g(x, 2.5)``. Both take the module's arguments now (the flat inputs too), and refuse another
+    value of a traced constant."""
+    import torch
+    from torch.export import Dim
+    import lumc
+    gen = torch.Generator().manual_seed(0)
+    x, a, b = (torch.randn(5, 3, generator=gen) for _ in range(3))
+    n = Dim("n", min=1, max=16)
+    cases = [(_Nested(), (x, {"a": a, "b": b}), ({0: n}, {"a": {0: n}, "b": {0: n}}),
+              (x, a, b)),
+             (_Scaled(), (x, 2.5), ({0: n}, None), (x,))]
+    for module, args, dyn, flat in cases:
+        want = module(*args).double()
+        rng = lumc.compile(module, budget="30s", device="sim:h200", example_inputs=args,
+                           dynamic_shapes=dyn)
+        fixed = lumc.compile(module, budget="30s", device="sim:h200", example_inputs=args)
+        fixed.save(tmp_path / "m.lumc")
+        rng.save(tmp_path / "r.lumc")
+        for f in (rng, lumc.load(tmp_path / "m.lumc"), lumc.load(tmp_path / "r.lumc")):
+            for call in (args, flat):
+                torch.testing.assert_close(f(*call).double(), want, rtol=1e-6, atol=1e-6)
+        short = tuple(t[:2] if isinstance(t, torch.Tensor) else
+                      {k: v[:2] for k, v in t.items()} if isinstance(t, dict) else t for t in args)
+        for f in (rng, lumc.load(tmp_path / "r.lumc")):      # another size of the range
+            torch.testing.assert_close(f(*short).double(), module(*short).double(),
+                                       rtol=1e-6, atol=1e-6)
+    for f in (rng, lumc.load(tmp_path / "m.lumc")):
+        with pytest.raises(lumc.InputError, match=r"'s' was traced as the constant 2\.5; got 3"):
+            f(x, 3.0)
