@@ -30,7 +30,10 @@ import zipfile
 import zlib
 
 # the console script handles SIGINT and SIGTERM from here on, before the imports that take seconds
-from lumc.compiler.tools.cli_signals import handle_signals, handle_signals_while_starting
+from lumc.compiler.tools.cli_signals import (Terminated, handle_signals,  # noqa: F401
+                                              handle_signals_while_starting,
+                                              ignore_signals_from_now,
+                                              redeliver_swallowed_interrupts)
 
 handle_signals_while_starting(__name__ == "__main__")    # also python -m lumc.compiler.tools.cli
 
@@ -52,6 +55,12 @@ class _LumcGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
+            return self._invoke_one_line(ctx)
+        finally:    # the outcome is decided: a signal from here on cannot change it
+            ignore_signals_from_now()
+
+    def _invoke_one_line(self, ctx: click.Context):
+        try:
             return super().invoke(ctx)
         except LumcError as err:
             _fail(ctx, str(err))
@@ -72,12 +81,6 @@ class _LumcGroup(click.Group):
             if not caused_by_interrupt(err):
                 raise
             _fail(ctx, f"{_interrupt_text(err)}; no output was written half-way")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill PID``, a job scheduler, ``timeout``): handled as Ctrl-C is, so the same
-    cleanup runs (temporary files removed, workers stopped) and the command ends with one line and
-    exit status 2."""
 
 
 def _interrupt_text(err: BaseException) -> str:
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``lumc = lumc.compiler.tools.cli:main``)."""
     warnings.showwarning = _show_warning
     handle_signals(_first_interrupt)
+    redeliver_swallowed_interrupts(_first_interrupt)
     cli.main(args=argv, prog_name="lumc")
 
 

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(__file__))    # hostile.py
+
 pytestmark = pytest.mark.usefixtures("cache_dir")   # a private LUMC_CACHE_DIR per test
 
 
@@ -140,3 +142,49 @@ def test_range_compiles_and_loaded_artifacts_take_the_modules_arguments(tmp_path
     for f in (rng, lumc.load(tmp_path / "m.lumc")):
         with pytest.raises(lumc.InputError, match=r"'s' was traced as the constant 2\.5; got 3"):
             f(x, 3.0)
+
+
+# the lumc program (argv[0] is the console script), with a signal at a chosen moment
+_PROGRAM = textwrap.dedent("""
+    import atexit, os, signal, sys, time
+    sys.argv[0] = os.path.join(os.path.dirname(sys.executable), "lumc")
+    import lumc.compiler.tools.cli as c
+    SIG = getattr(signal, sys.argv[1])
+
+    class Bomb:
+        def __del__(self):       # the handler runs in here, where Python swallows what it raises
+            os.kill(os.getpid(), SIG)
+            for _ in range(10000):
+                pass
+
+    @c.cli.command("slow")
+    def slow():
+        Bomb()
+        time.sleep(5)
+        print("finished")
+
+    if sys.argv[2] == "at-exit":       # the command is over: a signal while the process exits
+        atexit.register(lambda: (os.kill(os.getpid(), SIG), time.sleep(0.3)))
+        c.main(["cache", "info"])
+    else:
+        c.main(["slow"])
+""")
+
+
+@pytest.mark.parametrize("sig,what", [("SIGINT", "interrupted (Ctrl-C)"),
+                                      ("SIGTERM", "terminated (SIGTERM)")])
+def test_a_signal_at_exit_or_inside_a_garbage_collection_callback(sig, what):
+    """After 'wrote X' a compile still takes 0.3 s to exit: a SIGTERM there killed it (status
+    -15, no line; Python restores the default handlers as it finalizes), a Ctrl-C said
+    'interrupted' (status 2) of a finished compile, and one caught in a garbage-collection
+    callback printed an 'Exception ignored' traceback. There the signal was also lost mid-command
+    (the command went on to status 0). Now a signal once the command is over is ignored, and one
+    swallowed mid-command is delivered again: one line, status 2."""
+    res = _python("-c", _PROGRAM, sig, "at-exit")
+    assert res.returncode == 0 and res.stderr == "", (res.returncode, res.stderr[-2000:])
+    assert "cache" in res.stdout
+    res = _python("-c", _PROGRAM, sig, "in-gc")
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert res.stderr.splitlines() == [f"lumc: error: {what}; no output was written half-way"]
+    assert "finished" not in res.stdout
+
