@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import os
 import pathlib
 
 import click
@@ -169,6 +170,12 @@ def compile_cmd(model, budget, out, device, shape_items, report_path, input_pair
     written: list[str] = []
     policy = {"precision": precision, "weights": weights, "tolerance": tolerance,
               "max_kl": max_kl, "logits": tuple(logits)}
+    # what each output was before: a signal just after a file was replaced, before the compile
+    # noted it, said "nothing was written" of a new artifact
+    try:
+        before = {str(p): _file_identity(p) for p in (_out_path(model, out), report_path) if p}
+    except ValueError:          # no file name to write (refused in _compile)
+        before = {}
     try:
         _compile(model, budget, out, device, shape_items, report_path, no_egraph, quiet, written,
                  policy, fast_math=fast_math, bind=parse_binds(bind_items), workers=workers,
@@ -176,11 +183,28 @@ def compile_cmd(model, budget, out, device, shape_items, report_path, input_pair
     except (KeyboardInterrupt, Exception) as err:
         if not caused_by_interrupt(err):
             raise
+        written += [p for p, was in before.items()
+                    if p not in written and _file_identity(p) not in (was, None)]
         done = (f"only {' and '.join(written)} {'was' if len(written) == 1 else 'were'} written"
                 if written else "nothing was written")
         what = "interrupted" if _interrupt_text(err).startswith("interrupted") else _interrupt_text(err)
         raise LumcError(f"{what}: {done}; timings measured so far are kept in the tuning "
                         "database") from None
+
+
+def _out_path(model, out) -> pathlib.Path:
+    """Where ``lumc compile MODEL [-o OUT]`` writes its artifact."""
+    return pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
+
+
+def _file_identity(path) -> tuple | None:
+    """``(device, inode, mtime ns, size)`` of the file ``path`` names (a symlink followed: the
+    file an atomic write replaces), None where there is none."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def parse_binds(items) -> dict:
@@ -213,7 +237,7 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     from lumc.compiler.core.workers import parse_workers
     parse_duration(budget)                     # a bad budget fails before any work
     parse_workers(workers)                     # so does a bad --workers (or Ray missing)
-    out_path = pathlib.Path(out) if out else pathlib.Path(model).with_suffix(".lumc")
+    out_path = _out_path(model, out)
     if not pathlib.Path(model).is_file():
         raise LumcError(f"{model}: no such file" if not pathlib.Path(model).exists()
                         else f"{model}: not a file")

@@ -188,3 +188,33 @@ def test_a_signal_at_exit_or_inside_a_garbage_collection_callback(sig, what):
     assert res.stderr.splitlines() == [f"lumc: error: {what}; no output was written half-way"]
     assert "finished" not in res.stdout
 
+
+
+def test_a_signal_just_after_the_artifact_is_renamed_into_place_says_it_was_written(
+        tmp_path, monkeypatch):
+    """SIGTERM at a random moment of ``lumc compile -o out.lumc`` over an older out.lumc: once in
+    eight tries out.lumc was the new artifact while the line said "nothing was written" (the signal
+    came after the rename, before the compile noted the file)."""
+    import numpy as np
+    from onnx import TensorProto, helper
+    import lumc.compiler.runtime.artifact as artifact_mod
+    from hostile import lumc_cli, one_line_error
+    model = _onnx(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="r")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    out = tmp_path / "out.lumc"
+    out.write_bytes(b"the user's older file")
+    real = artifact_mod.os.replace
+
+    def then_interrupted(src, dst):
+        real(src, dst)
+        if os.fspath(dst) == os.fspath(out):    # not the plan cache's file
+            raise KeyboardInterrupt       # the signal's handler, at the next instruction
+    monkeypatch.setattr(artifact_mod.os, "replace", then_interrupted)
+    res = lumc_cli("compile", model, "--budget", "10s", "-o", out, "--quiet")
+    one_line_error(res, "interrupted", f"only {out} was written")
+    monkeypatch.undo()
+    import lumc
+    x = np.array([-1.0, -0.0, 0.5, np.inf], np.float32)
+    np.testing.assert_array_equal(lumc.load(out)(x), np.maximum(x, 0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out.lumc", "relu.onnx"]
