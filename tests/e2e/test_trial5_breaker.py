@@ -218,3 +218,31 @@ def test_a_signal_just_after_the_artifact_is_renamed_into_place_says_it_was_writ
     x = np.array([-1.0, -0.0, 0.5, np.inf], np.float32)
     np.testing.assert_array_equal(lumc.load(out)(x), np.maximum(x, 0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out.lumc", "relu.onnx"]
+
+
+@pytest.mark.parametrize("dtype,value,text", [("FLOAT", 1e40, "1e40"),
+                                              ("FLOAT16", [1.0, -70000.0], "1,-70000")])
+def test_bind_refuses_a_float_its_input_cannot_hold(tmp_path, dtype, value, text):
+    """``--bind a=1e40`` on a float32 input printed numpy's two-line RuntimeWarning ('overflow
+    encountered in cast', with its source line) and compiled with a = inf."""
+    import numpy as np
+    from onnx import TensorProto, helper
+    import lumc
+    from hostile import lumc_cli, one_line_error
+    n = len(value) if isinstance(value, list) else None
+    t = getattr(TensorProto, dtype)
+    model = _onnx(tmp_path, "scale", [helper.make_node("Mul", ["a", "x"], ["y"], name="m")],
+                  [helper.make_tensor_value_info("a", t, [n] if n else []),
+                   helper.make_tensor_value_info("x", t, [n or 3])],
+                  [helper.make_tensor_value_info("y", t, [n or 3])])
+    out = tmp_path / "s.lumc"
+    res = lumc_cli("compile", model, "--budget", "10s", "--bind", f"a={text}", "-o", out)
+    one_line_error(res, "--bind a=", "not a float", "largest finite value")
+    assert "overflow" not in res.output and not out.exists()
+    with pytest.raises(lumc.InputError, match="largest finite value"):
+        lumc.compile(str(model), budget="10s", device="sim:h200", bind={"a": value})
+    ok = [2.0, -0.5] if n else float("inf")       # a value the type holds, inf included
+    f = lumc.compile(str(model), budget="10s", device="sim:h200", bind={"a": ok})
+    np_t = np.float16 if n else np.float32
+    x = np.array([1.0, -2.0] if n else [1.0, -2.0, 0.5], np_t)
+    np.testing.assert_array_equal(f(x), np.asarray(ok, np_t) * x)

@@ -210,7 +210,12 @@ def bind_inputs(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
                              f"{', '.join(real) or 'none'}", node=name)
         spec = value_spec(real[name])
         try:
-            a = np.asarray(v, dtype=spec.dtype.np)
+            with np.errstate(over="raise"):    # 1e40 into a float32 input: not silently inf
+                a = np.asarray(v, dtype=spec.dtype.np)
+        except FloatingPointError:
+            raise InputError(f"--bind {name}={v!r}: not a {spec.dtype.np} value (beyond its "
+                             f"largest finite value, {float(np.finfo(spec.dtype.np).max):g}; "
+                             "an infinity is given as inf)", node=name) from None
         except (TypeError, ValueError, OverflowError):
             raise InputError(f"--bind {name}={v!r}: not a {spec.dtype.np} value", node=name) from None
         src = np.asarray(v)
