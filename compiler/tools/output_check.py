@@ -230,7 +230,7 @@ def print_outputs(outputs: dict, ref: dict | None, rtol: float | None, atol: flo
                 r = output_rtol(half, r)
                 a = output_atol(half, a)
             c = compare_output(got, ref[name], r, a)
-            if not c.ok and float64 is not None and not c.note and got.dtype.kind == "f":
+            if not c.ok and float64 is not None and not c.note and got.dtype.kind in "fiub":
                 judge = judge if judge is not None else float64()
                 if name in judge:
                     c = judge_by_float64(got, ref[name], judge[name], r, a)

@@ -246,3 +246,34 @@ def test_bind_refuses_a_float_its_input_cannot_hold(tmp_path, dtype, value, text
     np_t = np.float16 if n else np.float32
     x = np.array([1.0, -2.0] if n else [1.0, -2.0, 0.5], np_t)
     np.testing.assert_array_equal(f(x), np.asarray(ok, np_t) * x)
+
+
+def test_check_judges_an_integer_output_by_float64_where_onnxruntime_is_undefined(tmp_path):
+    """A float Cast to int32 of inf and NaN (ONNX leaves it undefined; lumc saturates, and gives 0
+    for NaN; onnxruntime on x86 gives INT32_MIN): ``lumc run --check`` failed it (status 1),
+    though README says the float64 evaluation judges where the two disagree; it judged float
+    outputs only. And that judge printed numpy's 'overflow encountered in cast' warning where
+    a float64 value rounds to inf at a float32 output."""
+    import warnings
+    import numpy as np
+    from onnx import TensorProto, helper
+    from hostile import lumc_cli
+    model = _onnx(tmp_path, "cast", [helper.make_node("Cast", ["x"], ["i"], name="c",
+                                                      to=TensorProto.INT32),
+                                     helper.make_node("Exp", ["x"], ["e"], name="exp")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])],
+                  [helper.make_tensor_value_info("i", TensorProto.INT32, [5]),
+                   helper.make_tensor_value_info("e", TensorProto.FLOAT, [5])])
+    x = np.array([1.5, -2.5, np.inf, np.nan, 100.0], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = lumc_cli("run", model, "--input", f"x={tmp_path / 'x.npy'}", "--check",
+                       "-o", tmp_path / "y.npz")
+    assert res.exit_code == 0, res.output
+    assert "lumc is closer" in res.output and "Warning" not in res.output
+    assert not [w for w in seen if "overflow" in str(w.message)], [str(w.message) for w in seen]
+    y = np.load(tmp_path / "y.npz")
+    np.testing.assert_array_equal(y["i"], np.array([1, -2, 2**31 - 1, 0, 100], np.int32))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(y["e"], np.exp(x.astype(np.float64)).astype(np.float32))
