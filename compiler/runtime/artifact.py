@@ -77,18 +77,29 @@ def refuse_unregular_input(path: str, what: str, kind: str) -> None:
         raise InputError(f"{what}: {path} is {_kind(st.st_mode)}, not {kind} (a regular file)")
 
 
+def names_a_folder(path: str | os.PathLike) -> bool:
+    """Whether the text of ``path`` ends in a path separator (``out/``): a folder, never a file
+    to write (``pathlib.Path`` and ``realpath`` drop the separator)."""
+    text = os.fspath(path)
+    return isinstance(text, str) and text.endswith((os.sep, os.altsep or os.sep))
+
+
 def output_target(path: str | os.PathLike) -> Path:
     """The file a write to ``path`` replaces: ``path`` with symlinks resolved (a dangling link
     names the file to create).
 
     Raises:
-        OutputError: the target exists and is not a regular file (a device, FIFO, directory).
+        OutputError: the target exists and is not a regular file (a device, FIFO, directory), or
+            ``path`` ends in a separator (it names a folder).
     """
     if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
         raise OutputError(f"cannot write {path!r}: expected a file path (a str or pathlib.Path), "
                           f"got a {type(path).__name__}")
     if not os.fspath(path):
         raise OutputError("cannot write to an empty path: name the output file")
+    if names_a_folder(path):    # realpath drops the slash: 'out/' wrote a file named 'out'
+        raise OutputError(f"cannot write {os.fspath(path)}: it ends in '/', which names a folder; "
+                          "give a file name in it")
     target = Path(os.path.realpath(os.fspath(path)))
     try:
         st = os.stat(target)

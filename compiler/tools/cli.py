@@ -42,8 +42,8 @@ import numpy as np  # noqa: E402
 
 from lumc.compiler.frontends import models  # noqa: E402
 from lumc.compiler.runtime.artifact import (  # noqa: E402
-    check_writable, looks_like_artifact, model_files, refuse_same_file, refuse_unregular_input,
-    write_atomic)
+    check_writable, looks_like_artifact, model_files, names_a_folder, refuse_same_file,
+    refuse_unregular_input, write_atomic)
 from lumc.ir.errors import InputError, LumcError  # noqa: E402
 
 _DIMS = re.compile(r"^\d+(x\d+)*$", re.ASCII)   # ASCII digits only: no '١x٢'
@@ -106,9 +106,13 @@ def caused_by_interrupt(err: BaseException) -> bool:
 
 
 def nonempty_path(ctx, param, value):
-    """click callback: a path option given as ``''`` is refused (instead of meaning 'not given')."""
+    """click callback: a path option given as ``''`` (it meant 'not given') or ending in ``/`` (a
+    folder) is refused."""
     if value is not None and not str(value).strip():
         raise click.BadParameter("an empty path; give a file name", ctx=ctx, param=param)
+    if value is not None and names_a_folder(value):    # 'out/' wrote a file named 'out'
+        raise click.BadParameter(f"{value} ends in '/', which names a folder; give a file name "
+                                 "in it", ctx=ctx, param=param)
     return value
 
 

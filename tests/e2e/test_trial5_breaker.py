@@ -277,3 +277,30 @@ def test_check_judges_an_integer_output_by_float64_where_onnxruntime_is_undefine
     np.testing.assert_array_equal(y["i"], np.array([1, -2, 2**31 - 1, 0, 100], np.int32))
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(y["e"], np.exp(x.astype(np.float64)).astype(np.float32))
+
+
+def test_an_output_path_ending_in_a_slash_is_refused(tmp_path):
+    """``lumc compile m.onnx -o out/`` wrote the artifact as a file named ``out`` (the slash
+    dropped), as did ``f.save("out/")``; a later ``-o out/m.lumc`` then failed ('Not a
+    directory'). Every output option and ``save`` refuse it in one line, writing nothing."""
+    from onnx import TensorProto, helper
+    import lumc
+    from hostile import lumc_cli, one_line_error
+    model = _onnx(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="r")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    d = f"{tmp_path / 'out'}/"
+    for args in (("compile", model, "--budget", "10s", "-o", d),
+                 ("compile", model, "--budget", "10s", "--report", d)):
+        one_line_error(lumc_cli(*args), "ends in '/', which names a folder")
+        assert not (tmp_path / "out").exists()
+    f = lumc.compile(str(model), budget="10s", device="sim:h200")
+    with pytest.raises(lumc.LumcError, match="ends in '/', which names a folder"):
+        f.save(d)
+    assert not (tmp_path / "out").exists()
+    f.save(tmp_path / "m.lumc")
+    for args in (("run", tmp_path / "m.lumc", "--random", "-o", d),
+                 ("bench", tmp_path / "m.lumc", "--json", d),
+                 ("inspect", tmp_path / "m.lumc", "--plot", d)):
+        one_line_error(lumc_cli(*args), "ends in '/', which names a folder")
+        assert not (tmp_path / "out").exists()
