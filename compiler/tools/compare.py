@@ -69,6 +69,11 @@ def load_baseline(path) -> dict:
     try:
         doc = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        from lumc.compiler.runtime.artifact import looks_like_artifact
+        if looks_like_artifact(p):      # the artifact itself, not its bench document
+            raise BaselineMismatchError(
+                f"baseline {path} is a compiled .lumc artifact, not a bench document; write "
+                f"one with lumc bench {path} --json BASELINE.json and compare with that") from None
         raise BaselineMismatchError(f"baseline {path}: not a JSON file ({type(e).__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != BENCH_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__

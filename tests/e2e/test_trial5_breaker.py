@@ -304,3 +304,18 @@ def test_an_output_path_ending_in_a_slash_is_refused(tmp_path):
                  ("inspect", tmp_path / "m.lumc", "--plot", d)):
         one_line_error(lumc_cli(*args), "ends in '/', which names a folder")
         assert not (tmp_path / "out").exists()
+
+
+def test_bench_compare_given_an_artifact_says_so(tmp_path):
+    """``lumc bench a.lumc --compare b.lumc`` (the other model's artifact, not its bench JSON)
+    said "not a JSON file (UnicodeDecodeError)"."""
+    from onnx import TensorProto, helper
+    import lumc
+    from hostile import lumc_cli, one_line_error
+    model = _onnx(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"], name="r")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    lumc.compile(str(model), budget="10s", device="sim:h200").save(tmp_path / "a.lumc")
+    res = lumc_cli("bench", tmp_path / "a.lumc", "--compare", tmp_path / "a.lumc")
+    one_line_error(res, "is a compiled .lumc artifact, not a bench document",
+                   f"lumc bench {tmp_path / 'a.lumc'} --json")
