@@ -25,8 +25,8 @@ from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_s
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
 from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
-from lumc.compiler.core.onnx_stage import (Frontend, bind_model, input_shapes_as_tuples,
-                                          stage_frontend, with_ranges)
+from lumc.compiler.core.onnx_stage import (Frontend, bind_model, check_example_names,
+                                          input_shapes_as_tuples, stage_frontend, with_ranges)
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, integer_error,
                                           precision_report, store_weights)
 from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
@@ -300,6 +300,11 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                              example_inputs=None if size_lists(shapes) or ranges_in(shapes)
                              else example_inputs)
     lists = size_lists(shapes)
+    if example_inputs and (lists or ranges_in(with_ranges(model, shapes))):
+        # the per-size compiles take none of them (a range, only its integer values): a name
+        # that is no input was ignored there
+        from lumc.compiler.frontends.onnx_frontend import load_model
+        check_example_names(load_model(model), example_inputs)
     ranges = ranges_in(with_ranges(model, shapes)) if lists else {}
     if ranges:   # each listed size's compile takes one size per dim: a range there is no size
         listed = ", ".join(f"{k}=" + ",".join("x".join(map(str, x)) if isinstance(x, tuple)

@@ -92,6 +92,10 @@ def test_example_inputs_naming_no_input_are_refused_as_such(tmp_path):
         with pytest.raises(lumc.InputError) as e:
             lumc.compile(str(model), budget="10s", device="sim:h200", example_inputs=ex)
         assert str(e.value).startswith(words) and "\n" not in str(e.value), str(e.value)
+    for shapes in ({"n": [2, 5]}, {"n": (1, 8)}):     # per-size compiles ignored any name
+        with pytest.raises(lumc.InputError, match="example_inputs={'z': ...}: no input"):
+            lumc.compile(str(dyn), budget="10s", device="sim:h200", shapes=shapes,
+                         example_inputs={"z": one})
     x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5      # a real name still compiles
     f = lumc.compile(str(dyn), budget="10s", device="sim:h200", example_inputs={"x": x})
     np.testing.assert_array_equal(f(x), np.maximum(x, 0))
