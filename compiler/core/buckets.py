@@ -137,12 +137,20 @@ def _probe_sizes(model, frontend, fixed, ranges):
     # (1e-6 = 1 / (2^6 5^6), a slope of 0.2 = 1 / 5), which the probe import re-sizes as a count
     # of the dim (b = 1..5 probed at 5 refused any model with an epsilon of 1e-k); the check
     # prime reads it as the constant it is. 5 first still reads a static 3 (RGB) as static
-    assignments += [(c, p, t) for p, c, t in assignments if 5 in p.values()]
-    n_inside = len(assignments)
+    kinds = [(a, "inside") for a in assignments]
+    kinds += [((c, p, t), "inside") for p, c, t in assignments if 5 in p.values()]
+    if not assignments:
+        # only the narrow dims above, the others inside: a batch of 1..4 beside a sequence
+        # whose position table ends at 512 (all dims above, the sequence too, do not import)
+        try:
+            kinds += [(a, "narrow") for a in probe_assignments(ranges, 1, above="narrow")]
+        except InputError:
+            pass
+    kinds += [(a, "above") for a in probe_assignments(ranges, above=True)]
     first = inside = None
     err = ""
-    for i, (probe, check, third) in enumerate(assignments + probe_assignments(ranges, above=True)):
-        above = i >= n_inside
+    for (probe, check, third), kind in kinds:
+        above = kind == "above"
         # the primes whose multiples the imports hold unfolded (lumc.ir.symbolic.probing); the
         # third is imported only above the range
         primes = tuple(probe.values()) + tuple(check.values()) + (
@@ -154,31 +162,35 @@ def _probe_sizes(model, frontend, fixed, ranges):
                 at = check
                 fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
         except (InputError, ShapeError) as e:
-            if not above:       # a size of the range: the model does not take it
+            if kind == "inside":    # a size of the range: the model does not take it
                 raise (not_taken(ranges, at, e) if e.node is not None else e) from None
             err = e.reason if hasattr(e, "reason") else str(e)
-            break          # the frontend imports no size outside the range (a position table)
+            if above:
+                break      # the frontend imports no size outside the range (a position table)
+            continue
         diff = _resizes_to(fe_p, {probe[k]: check[k] for k in ranges}, {}, fe_c)
         table: dict = {}
         if diff is not None:
-            if not above:
+            if kind == "inside":
                 # affine values are learned at probes above the range only (probe_assignments)
                 first, inside = first or diff, inside or [(probe, fe_p), (check, fe_c)]
                 continue
+            if kind == "narrow":
+                continue   # affine sizes: learned at probes all above the range, next
             first = first or diff
             table, diff = _affine_table(model, frontend, fixed, ranges, probe, check, third,
                                         primes, fe_p, fe_c)
             if not table:
                 break      # nothing affine to learn: moving the probes cannot help
-        if diff is None and above:
+        if diff is None and kind != "inside":
             diff = _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside)
-            first = first or diff
+            first = first or (diff if above else None)
         if diff is None:
             diff = _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table)
             if diff is None:
                 return probe, check, fe_p, table
-            first = first or diff
-            if not above:       # the next assignments are checked at these imports too
+            first = first or (diff if kind != "narrow" else None)
+            if kind == "inside":       # the next assignments are checked at these imports too
                 inside = inside or [(probe, fe_p), (check, fe_c)]
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
     if first is None:       # too narrow inside, and no import above it

@@ -26,7 +26,7 @@ ABOVE_UNITS = 1000  # affine values are learned at probes above this many units 
 
 
 def probe_assignments(ranges: dict[str, DimRange], tries: int = PROBE_TRIES,
-                      above: bool = False):
+                      above: bool | str = False):
     """Up to ``tries`` assignments ``(probe, check, third)`` of primes per ranged dim (in units of
     its step, all distinct). Inside the range, the probes largest first (``above=False``: sizes
     that are products of the dims need nothing else); else the primes above the range and above
@@ -35,14 +35,21 @@ def probe_assignments(ranges: dict[str, DimRange], tries: int = PROBE_TRIES,
     can equal a static one, a 3 x 3 x 3 kernel's stride 27, and a context-free re-size cannot
     tell them apart; and factors ``m p + a`` distinct for distinct ``(m, a)``, ``p > 2 |a|``).
     The third prime verifies such a table (:func:`_affine_table`); it is None where there are
-    too few. A later assignment moves the probes.
+    too few. A later assignment moves the probes. ``above="narrow"``: only the dims with fewer
+    than two odd primes inside are probed above (a batch of 1..4 beside a sequence of 1..64: a
+    model with a 512-row position table imports at no sequence above the range, but at a batch
+    of 1009); it raises InputError where no dim is narrow, or every one is.
 
     Raises:
         InputError: a range with fewer than two odd primes to probe it.
     """
     cands = {}
+    narrow = {k for k, r in ranges.items()
+              if len([p for p in _primes_in(r.lo // r.step, r.hi // r.step) if p > 2]) < 2}
+    if above == "narrow" and not 0 < len(narrow) < len(ranges):
+        raise InputError("no mixed probes: " + ("every" if narrow else "no") + " dim is narrow")
     for i, (k, r) in enumerate(ranges.items()):
-        if above:
+        if above is True or (above == "narrow" and k in narrow):
             # each dim its own band, 1.5x apart: two dims' probes never within a pad of each
             # other (H' + 6 = W' would make a padded H and W one value) nor of twice it
             base = int(max(r.hi // r.step, ABOVE_UNITS) * 1.5 ** i)

@@ -282,14 +282,15 @@ def test_a_rounded_count_is_read_and_an_epsilon_is_not():
     assert _resize_float(768.0, sub, np.dtype(np.float32)) is None
 
 
-def _table_sliced(rows: int = 8, d: int = 4) -> onnx.ModelProto:
-    """x [1, L, d] plus the first L rows of a [rows, d] table: it imports only for L <= rows."""
+def _table_sliced(rows: int = 8, d: int = 4, batch: int | str = 1) -> onnx.ModelProto:
+    """x [batch, L, d] plus the first L rows of a [rows, d] table: it imports only for
+    L <= rows."""
     table = nh.from_array(np.arange(rows * d, dtype=np.float32).reshape(rows, d), "table")
     nodes = [oh.make_node("Shape", ["x"], ["s"]),
              oh.make_node("Gather", ["s", "one"], ["n"], axis=0),
              oh.make_node("Slice", ["table", "zero", "n", "zero"], ["rows"]),
              oh.make_node("Add", ["x", "rows"], ["y"])]
-    g = oh.make_graph(nodes, "tbl", [oh.make_tensor_value_info("x", TP.FLOAT, [1, "L", d])],
+    g = oh.make_graph(nodes, "tbl", [oh.make_tensor_value_info("x", TP.FLOAT, [batch, "L", d])],
                       [oh.make_tensor_value_info("y", TP.FLOAT, None)],
                       [table, nh.from_array(np.array([1], np.int64), "one"),
                        nh.from_array(np.array([0], np.int64), "zero")])
@@ -321,6 +322,22 @@ def test_a_range_that_imports_only_inside(db):
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("size range L=1..12: the model does not take L=")
 
+
+
+def test_a_narrow_batch_beside_a_sliced_position_table(db):
+    """B=1..4 holds one odd prime, so it is probed above its range; L=1..16 holds six. Every dim
+    was probed above then, L too, where the table of 20 rows sliced to L does not import, and the
+    compile was refused ('too narrow to probe inside ... imports at no size above it'), as
+    MiniLM-L3 (position ids sliced from a [1, 512] table) was with batch_size=1..4,
+    sequence_length=1..64. Only B is probed above now, L inside: one plan per bucket, exact at
+    every size tried."""
+    m = _table_sliced(rows=20, batch="B")
+    f = lumc.compile(m, budget="30s", device="sim:h200", db=db,
+                     shapes={"B": (1, 4), "L": (1, 16)}, use_egraph=False)
+    assert isinstance(f, VariantModel)
+    for b, n in [(1, 1), (4, 16), (3, 7), (2, 13), (1, 2)]:
+        x = RNG.standard_normal((b, n, 4)).astype(np.float32)
+        np.testing.assert_array_equal(f(x), _ort(m, {"x": x})[0])
 
 def _clipped_positions(d: int = 4) -> onnx.ModelProto:
     """x [B, L, d] plus rows of an [8, d] table gathered at min(0..L-1, 7) (T5's relative
