@@ -45,8 +45,8 @@ from lumc.ir.errors import BudgetError, InputError, ShapeError
 from lumc.ir.symbolic import NotSymbolic, Resizer, probing
 # the primes that probe a range (choose_probes is this module's API too)
 from lumc.compiler.core.probes import choose_probes, probe_assignments  # noqa: F401
-from lumc.compiler.core.resize_checks import resizes_to as _resizes_to
-from lumc.compiler.core.resize_checks import values_differ as _values_differ
+from lumc.compiler.core.resize_checks import (grows_with_size, resizes_to as _resizes_to,
+                                               values_differ as _values_differ)
 
 DEFAULT_BUCKETS = 4     # buckets per ranged dim (two ranged dims: 2 each)
 MIN_BUCKET_S = 2.0      # the least search budget one bucket is given
@@ -147,7 +147,7 @@ def _probe_sizes(model, frontend, fixed, ranges):
         except InputError:
             pass
     kinds += [(a, "above") for a in probe_assignments(ranges, above=True)]
-    first = inside = None
+    first = inside = grown = None
     err = ""
     for (probe, check, third), kind in kinds:
         above = kind == "above"
@@ -171,6 +171,10 @@ def _probe_sizes(model, frontend, fixed, ranges):
         diff = _resizes_to(fe_p, {probe[k]: check[k] for k in ranges}, {}, fe_c)
         table: dict = {}
         if diff is not None:
+            grows = grows_with_size(fe_p, probe, fe_c, check, ranges)
+            grown = grown or grows
+            if grows and above:
+                break      # a graph that grows with the size: no table of sizes re-sizes it
             if kind == "inside":
                 # affine values are learned at probes above the range only (probe_assignments)
                 first, inside = first or diff, inside or [(probe, fe_p), (check, fe_c)]
@@ -195,9 +199,13 @@ def _probe_sizes(model, frontend, fixed, ranges):
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
     if first is None:       # too narrow inside, and no import above it
         _edges_taken(model, frontend, fixed, ranges)     # a size inside it the model refuses?
-        raise NarrowRangeError(f"size range {spec}: too narrow to probe inside (two odd primes "
-                               f"per dim) and the model imports at no size above it ({err}); give "
-                               "explicit sizes (a list) instead")
+        raise NarrowRangeError(f"size range {spec}: " + (
+            f"the model is not one graph at every size ({grown})" if grown else
+            f"too narrow to probe inside (two odd primes per dim) and the model imports at no "
+            f"size above it ({err})") + "; give explicit sizes (a list) instead")
+    if grown:
+        raise InputError(f"size range {spec}: the model is not one graph at every size ({grown}), "
+                         "which one plan per range needs; give explicit sizes (a list) instead")
     why = first if len(first) <= 200 else first[:197] + "..."
     raise InputError(f"size range {spec}: the model's sizes are not products of "
                      f"{' and '.join(ranges)} or of such sizes padded ({why}), which one plan per "
