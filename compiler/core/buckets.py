@@ -129,23 +129,21 @@ def _probe_sizes(model, frontend, fixed, ranges):
     Raises:
         InputError: sizes that no assignment re-sizes (one line, the first difference).
     """
-    try:
-        assignments = probe_assignments(ranges, 1)
-    except InputError:
-        assignments = []     # too narrow for primes inside: probes above it, checked inside
-    # a probe of 5 also the other way round: 5 divides every decimal constant's denominator
-    # (1e-6 = 1 / (2^6 5^6), a slope of 0.2 = 1 / 5), which the probe import re-sizes as a count
-    # of the dim (b = 1..5 probed at 5 refused any model with an epsilon of 1e-k); the check
-    # prime reads it as the constant it is. 5 first still reads a static 3 (RGB) as static
-    kinds = [(a, "inside") for a in assignments]
-    kinds += [((c, p, t), "inside") for p, c, t in assignments if 5 in p.values()]
-    if not assignments:
-        # only the narrow dims above, the others inside: a batch of 1..4 beside a sequence
-        # whose position table ends at 512 (all dims above, the sequence too, do not import)
+    kinds = []
+    # probes inside the range, else (a dim too narrow for two odd primes) the narrow dims above
+    # and the others inside (a sequence beside it may slice a 512-row table), then all above
+    for kind in ("inside", "narrow"):
         try:
-            kinds += [(a, "narrow") for a in probe_assignments(ranges, 1, above="narrow")]
+            got = probe_assignments(ranges, 1, above=kind == "narrow" and "narrow")
         except InputError:
-            pass
+            continue
+        # a probe of 5 also the other way round: 5 divides every decimal constant's denominator
+        # (1e-6 = 1 / (2^6 5^6), a slope of 0.2 = 1 / 5), which the probe import re-sizes as a
+        # count of the dim (b = 1..5 probed at 5 refused any model with an epsilon of 1e-k); the
+        # check prime reads it as the constant it is. 5 first still reads a static 3 as static
+        kinds += [(a, kind) for a in got] + [((c, p, t), kind) for p, c, t in got
+                                             if 5 in p.values()]
+        break
     kinds += [(a, "above") for a in probe_assignments(ranges, above=True)]
     first = inside = grown = None
     err = ""

@@ -379,3 +379,20 @@ def test_a_batch_range_probed_at_5_keeps_decimal_constants(tmp_path, monkeypatch
             x = torch.randn(b, s, 16)
             want = m(x)
             assert rel_err(f(x), want) <= 1e-5, (b, s)
+
+
+def test_a_narrow_batch_beside_a_sequence_probed_at_5_keeps_decimal_constants(tmp_path,
+                                                                                monkeypatch):
+    """Batch 1..4 (one odd prime) is probed above its range alone, the sequence 2..6 inside, at
+    5 checked at 3: there the decimal constants re-size as counts of the sequence, and above the
+    range the 64-row table stops the probes. The narrow-dim probes the other way round (3,
+    checked at 5) read them as constants, as the all-inside probes do."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = _DecimalConstants().eval()
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(torch.randn(2, 4, 16),),
+                     dynamic_shapes=({0: Dim("b", max=4), 1: Dim("seq", min=2, max=6)},))
+    with torch.no_grad():
+        for b, s in ((4, 6), (1, 2), (3, 5), (2, 3)):
+            x = torch.randn(b, s, 16)
+            assert rel_err(f(x), m(x)) <= 1e-5, (b, s)
