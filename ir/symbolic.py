@@ -61,6 +61,11 @@ def probing_active() -> bool:
     return bool(_PROBES.get())
 
 
+def active_probes() -> tuple[int, ...]:
+    """The probe primes of the enclosing :func:`probing` block (empty outside one)."""
+    return _PROBES.get()
+
+
 def held(shape) -> bool:
     """True when a probe is active and divides a dim of ``shape`` (see :func:`probing`)."""
     probes = _PROBES.get()

@@ -30,7 +30,8 @@ import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.graph import Graph, Node, const_node
-from lumc.ir.symbolic import held
+from lumc.ir.symbolic import active_probes, held
+from lumc.compiler.core.iota_facts import index_value, rebuild
 from lumc.ir.tensor import Tensor
 from lumc.ir.provenance import rebuilt
 
@@ -81,9 +82,14 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
     # 2: computed from iotas (and scalars) alone; 1: scalars alone; 0: reads an array or an input
     # (a weight dequantized in a contraction's prologue stays there: only index values fold)
     iota_only: dict[int, int] = {}
+    # at probe sizes: index values proved the same form at every size (iota_facts)
+    probes = active_probes()
+    facts: dict[int, tuple | None] = {}
     changed = False
     for n in order:
         srcs = tuple(new[id(s)] for s in n.srcs)
+        if probes:
+            facts[id(n)] = index_value(n, [facts.get(id(s)) for s in n.srcs], probes)
         if n.op in ("Constant", "Iota"):
             constant[id(n)] = True
             iota_only[id(n)] = 2 if n.op == "Iota" else (1 if n.numel == 1 else 0)
@@ -98,7 +104,11 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
         kinds = [iota_only[id(s)] for s in n.srcs]
         iota_only[id(n)] = 0 if not kinds or 0 in kinds else max(kinds)
         x = rebuilt(n, srcs)
-        if is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
+        proved = (facts.get(id(n)) is not None and held(n.shape) and
+                  n.op not in ("Iota", "Constant", "View", "Contiguous"))
+        if proved and (r := rebuild(n, facts[id(n)], probes)) is not None:
+            x = r
+        elif is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
                 t.dtype.is_float for t in (n, *n.srcs)) and not held(n.shape):
             x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
         elif iota_only[id(n)] == 2 and id(n) in operand and n.op not in ("View", "Contiguous") and \
