@@ -31,7 +31,7 @@ import numpy as np
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.graph import Graph, Node, const_node
 from lumc.ir.symbolic import active_probes, held
-from lumc.compiler.core.iota_facts import index_value, rebuild
+from lumc.compiler.core.iota_facts import empty_at_zero, index_value, rebuild, used_probes
 from lumc.ir.tensor import Tensor
 from lumc.ir.provenance import rebuilt
 
@@ -85,11 +85,15 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
     # at probe sizes: index values proved the same form at every size (iota_facts)
     probes = active_probes()
     facts: dict[int, tuple | None] = {}
+    used: dict[int, frozenset] = {}      # the probes each fact was decided over
     changed = False
     for n in order:
         srcs = tuple(new[id(s)] for s in n.srcs)
         if probes:
             facts[id(n)] = index_value(n, [facts.get(id(s)) for s in n.srcs], probes)
+            if facts[id(n)] is not None:
+                used[id(n)] = used_probes(facts[id(n)], n.shape,
+                                          [used.get(id(s), frozenset()) for s in n.srcs], probes)
         if n.op in ("Constant", "Iota"):
             constant[id(n)] = True
             iota_only[id(n)] = 2 if n.op == "Iota" else (1 if n.numel == 1 else 0)
@@ -105,7 +109,8 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
         iota_only[id(n)] = 0 if not kinds or 0 in kinds else max(kinds)
         x = rebuilt(n, srcs)
         proved = (facts.get(id(n)) is not None and held(n.shape) and
-                  n.op not in ("Iota", "Constant", "View", "Contiguous"))
+                  n.op not in ("Iota", "Constant", "View", "Contiguous") and
+                  empty_at_zero(n.shape, used[id(n)]))
         if proved and (r := rebuild(n, facts[id(n)], probes)) is not None:
             x = r
         elif is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(

@@ -31,6 +31,7 @@ from lumc.ir.tensor import Tensor
 
 MAX_PIECES = 16        # boxes per value; past it the value is not analysed
 NEAR = 8               # an extent m * p + a with |a|, m <= NEAR is read as affine in the probe p
+BOUND = 1 << 20        # |coefficients| analysed: no int64 arithmetic of sizes up to 2^40 overflows
 NEAR_MIN_PROBE = 64    # ... where p is at least this (a static extent that near a probe is taken
                        # for a padded one, as ``lumc.ir.symbolic`` takes a multiple for a size)
 
@@ -57,8 +58,12 @@ class Lin:
         return Lin(self.a * k, tuple((p, b * k) for p, b in self.terms if b * k))
 
     def nonneg(self) -> bool:
-        """True when ``>= 0`` for every value ``>= 1`` of every probe (sufficient, not necessary)."""
+        """True when ``>= 0`` for every size ``>= 1`` of every probe (sufficient, not necessary;
+        size 0: :func:`empty_at_zero`)."""
         return all(b >= 0 for _, b in self.terms) and self.a + sum(b for _, b in self.terms) >= 0
+
+    def small(self) -> bool:
+        return abs(self.a) <= BOUND and all(abs(b) <= BOUND for _, b in self.terms)
 
     def value(self) -> int:
         """The value at the probe sizes themselves."""
@@ -68,10 +73,10 @@ class Lin:
 ZERO = Lin(0)
 
 
-def lin_of(v: int, probes) -> Lin | None:
+def lin_of(v: int, probes, near: bool = True) -> Lin | None:
     """``v`` (an extent, offset or literal at the probe sizes) as a :class:`Lin`: ``c * p`` by the
     probes' factorization (``lumc.ir.symbolic.decompose``), ``m * p + a`` for a small ``a`` (a
-    padded extent), else a size-independent constant; None for a power or product of probes."""
+    padded extent; only with ``near``: never for a literal of the model), else a size-independent constant; None for a power or product of probes."""
     v = int(v)
     if v == 0:
         return ZERO
@@ -81,7 +86,7 @@ def lin_of(v: int, probes) -> Lin | None:
         return Lin(0, ((fs[0][0], sign * c),))
     if fs:
         return None
-    for p in probes:     # a padded extent m * p + a (a probe is a large prime: NEAR_MIN_PROBE)
+    for p in probes if near else ():     # a padded extent m * p + a (a probe is a large prime: NEAR_MIN_PROBE)
         for a in range(-NEAR, NEAR + 1):
             m = (v - a) // p
             if p >= NEAR_MIN_PROBE and a and (v - a) % p == 0 and 1 <= m <= NEAR:
@@ -195,6 +200,8 @@ def _binary(op: str, x: Value, y: Value) -> Value | None:
             else:
                 return None
             coef = (0,) * len(box.lo)
+        if not (c0.small() and all(abs(c) <= BOUND for c in coef)):
+            return None
         out.append(Piece(box.lo, box.hi, c0, coef))
     return tuple(out)
 
@@ -319,8 +326,8 @@ def index_value(n: Node, srcs: list, probes) -> Value | None:
     """The abstract value of ``n`` (see the module docstring) from its sources' (``srcs``, None
     for a source not analysed); None when ``n`` is not an integer or bool value of iotas and
     scalars whose form the rules here prove."""
-    if not (n.dtype.is_int or n.dtype.is_bool):
-        return None
+    if not ((n.dtype.is_int and n.dtype.itemsize == 8) or n.dtype.is_bool):
+        return None         # int64 and bool alone: a narrower integer could wrap
     op = n.op
     if op == "Iota":
         box = _full(n.shape, probes)
@@ -330,7 +337,7 @@ def index_value(n: Node, srcs: list, probes) -> Value | None:
     if op == "Constant":
         if n.shape != () and n.numel != 1:
             return None
-        c = lin_of(int(n.arg.value.reshape(-1)[0]), probes)
+        c = lin_of(int(n.arg.value.reshape(-1)[0]), probes, near=False)
         return None if c is None else _const(n.shape, c, probes)
     if op == "Mul" and n.dtype.is_int and (_is_zero(srcs[0]) or _is_zero(srcs[1])):
         return _const(n.shape, ZERO, probes)          # 0 * x == 0 for any integer x
@@ -353,6 +360,23 @@ def index_value(n: Node, srcs: list, probes) -> Value | None:
         if src.is_bool or n.dtype.itemsize >= src.itemsize:
             return srcs[0]
     return None
+
+
+def used_probes(value: Value, shape, srcs_used, probes) -> frozenset:
+    """The probes a value's facts were decided over: its sources', and those of its own forms,
+    boxes and extents (a decision compares bounds and forms of its sources or of itself)."""
+    out = set().union(*srcs_used) if srcs_used else set()
+    for pc in value:
+        for x in (pc.c0, *pc.lo, *pc.hi):
+            out.update(p for p, _ in x.terms)
+    out.update(p for d in shape for p in probes if d and d % p == 0)
+    return frozenset(out)
+
+
+def empty_at_zero(shape, used) -> bool:
+    """True when ``shape`` has no element once any probe in ``used`` is 0 (each divides one of its
+    dims): the facts, decided for sizes >= 1, then hold vacuously at 0 too."""
+    return all(any(d and d % p == 0 for d in shape) for p in used)
 
 
 def rebuild(n: Node, value: Value, probes) -> Node | None:

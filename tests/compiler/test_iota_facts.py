@@ -97,4 +97,6 @@ def test_lin_reads_probe_multiples_padded_extents_and_literals():
     assert lin_of(P + 1, (P,)) == Lin(1, ((P, 1),))
     assert lin_of(-P, (P,)) == Lin(0, ((P, -1),))
     assert lin_of(256, (P,)) == Lin(256) and lin_of(P * P, (P,)) is None
-    assert Lin(0, ((P, 1),)).nonneg() and not (Lin(0, ((P, 1),)) - Lin(2)).nonneg()
+    assert lin_of(P + 1, (P,), near=False) == Lin(P + 1)      # a literal is never read as padded
+    # decided for every size >= 1: L >= 1 is, L >= 2 is not (false at L = 1)
+    assert (Lin(0, ((P, 1),)) - Lin(1)).nonneg() and not (Lin(0, ((P, 1),)) - Lin(2)).nonneg()
