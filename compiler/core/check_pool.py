@@ -70,15 +70,17 @@ def _die_with_parent(read_fd: int, write_fd: int, parent: int) -> None:
 
 
 def _run_kernel(form: str, attrs: tuple, doc: bytes, npz: bytes, cfg: dict,
-                ins: list[np.ndarray]) -> list[np.ndarray]:
-    """Worker: rebuild the kernel, run it at ``cfg`` on ``ins``, return its outputs."""
+                ins: list[np.ndarray]) -> tuple[list[np.ndarray], list | None, str]:
+    """Worker: rebuild the kernel, run it at ``cfg`` on ``ins`` (in the interpreter: a large
+    grid on a sample of its programs, ``lumc.backends.triton.sampled``); returns its outputs,
+    the elements the sampled programs wrote (None: all ran) and what ran."""
     from lumc.backends.triton.configs import make
-    from lumc.backends.triton.launch import TritonKernel, to_numpy
+    from lumc.backends.triton.launch import TritonKernel
+    from lumc.backends.triton.sampled import run_sampled
     meaning, _ = graph_from_bytes(doc, npz)
     tk = TritonKernel(Kernel(form, meaning, attrs))
     c = dict(cfg)
-    outs = tk(*ins, config=make(c.pop("num_warps", 4), c.pop("num_stages", 2), **c))
-    return [to_numpy(o) for o in outs]
+    return run_sampled(tk, ins, make(c.pop("num_warps", 4), c.pop("num_stages", 2), **c))
 
 
 class CheckPool:

@@ -182,6 +182,8 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         self.log = log if log is not None else []
         self.entries: dict[str, KernelEntry] = {}
         self.checked: dict[tuple[str, int], float] = {}
+        # kernel key -> "on K of N programs": checked in the interpreter on a sample of its grid
+        self.sampled: dict[str, str] = {}
         self._verdicts: dict[str, tuple[bool, str]] = {}
         self.deadline = None             # set by the pipeline: checks are not started past it
         self._check_s = 1.0              # running estimate of one numerics check, seconds
@@ -481,6 +483,9 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         except Exception as err:
             return False, f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         from lumc.backends.triton.launch import to_numpy
+        written, ran = None, ""
+        if isinstance(outs, tuple):     # the interpreter's: a large grid runs a sample of programs
+            outs, written, ran = outs
         worst = 0.0
         rounding = dot_rounding(cfg.kwargs() if cfg is not None else None)
         if rounding is not None and (self.target.simulated or extern) and \
@@ -496,8 +501,13 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             prec = cfg.kwargs()["PRECISION"]
             p_tol = PRECISION_CHECK_RTOL[prec] + (STORED_HALF_RTOL[prec] if kw.get("rounded")
                                                   else 0.0)
-        for o, r, n in zip(outs, refs, call.outputs):
+        for i, (o, r, n) in enumerate(zip(outs, refs, call.outputs)):
             got = o if isinstance(o, np.ndarray) else to_numpy(o)   # pool results are numpy
+            if written is not None:     # judged where the sampled programs wrote
+                if got.size and not written[i].any():
+                    return False, f"rejected: its sampled programs ({ran}) wrote no element " \
+                                  f"of output {i}"
+                got = np.where(written[i], got, np.asarray(r).astype(got.dtype, copy=False))
             if n.dtype.is_float:
                 err = max_rel_error(got, r)
                 tol = max(dt.rtol_for(n.dtype), p_tol)
@@ -521,13 +531,18 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                     " (on drawn inputs)" if drawn else "")
         e.max_error = max(e.max_error, worst)
         self.checked[(e.key, index)] = worst
-        return True, f"checked: max rel error {worst:.3g}" + (
+        if ran:
+            self.sampled[e.key] = ran
+        return True, f"checked: max rel error {worst:.3g}" + (f" ({ran}, sampled)" if ran else "") + (
             " (on drawn inputs: the example's gave no finite value here)" if drawn else "")
 
     def _launch_counting_spills(self, e: KernelEntry, index: int, cfg, ins: list):
         """Run the Triton kernel; on a GPU, note the register spills of what that launch compiled
         (``backends/triton/resources.py``) in ``self.spills[(key, index)]``."""
-        if self.target.simulated or index < 0:
+        if self.target.simulated:       # the CPU interpreter: a large grid on a sample of programs
+            from lumc.backends.triton.sampled import run_sampled
+            return run_sampled(e.triton, ins, cfg)
+        if index < 0:
             return e.triton(*ins, config=cfg)
         if self._gpu_workers():        # compiled and run on a GPU worker, timed there too
             r = self._gpu_unit(e, index, cfg)

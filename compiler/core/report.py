@@ -31,6 +31,8 @@ def build_report(fe, graph, programs, chosen, ck, configs, result: SearchResult,
             "workspace_bytes": workspace_bytes(c.kernel, cfg or {}),
             "pct_of_bound": (100.0 * bounds[k] / t) if t else None, "config": cfg,
             "arithmetic_intensity": c.kernel.arithmetic_intensity()})
+        if k in measurer.sampled:   # its interpreter check ran a sample of its programs
+            per_kernel[-1]["checked_on"] = measurer.sampled[k]
     ideal = ideal_bytes(graph, chosen)
     st = result.stats
     return {

@@ -242,9 +242,11 @@ def unit_args(kernel: Kernel, cfg: dict | None) -> tuple:
 
 
 def run_check_unit(form: str, attrs: tuple, doc: bytes, npz: bytes, cfg: dict,
-                   ins: list[np.ndarray]) -> list[np.ndarray]:
+                   ins: list[np.ndarray]) -> tuple[list[np.ndarray], list | None, str]:
     """Unit for a ``sim:*`` numerics check: the kernel at Triton config ``cfg`` on ``ins``, in the
-    CPU interpreter; returns its output arrays (the driver compares them with the reference)."""
+    CPU interpreter (a large grid on a sample of its programs); returns its output arrays, the
+    elements the sampled programs wrote (None: all ran) and what ran
+    (``lumc.backends.triton.sampled.run_sampled``); the driver compares them with the reference."""
     from lumc.compiler.core.check_pool import _run_kernel
     return _run_kernel(form, attrs, doc, npz, cfg, ins)
 

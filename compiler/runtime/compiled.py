@@ -299,7 +299,9 @@ class CompiledModel:
         lines.append(f"total: {nk} kernel{'s' * (nk != 1)}, "
                      f"time {bt * 1e6:.2f} us" if bt is not None else "total: untimed")
         lines[-1] += f", bound {r.get('bound_time_s', 0) * 1e6:.2f} us"
-        from lumc.compiler.runtime.report_text import precision_lines
+        from lumc.compiler.runtime.report_text import precision_lines, sampled_text
+        if sampled_text(r):
+            lines.append(sampled_text(r)[2:])
         lines += precision_lines(r, exact=True)
         if r.get("unused_inputs"):
             lines.append("unused inputs (accepted, read by nothing): " + ", ".join(r["unused_inputs"]))

@@ -138,3 +138,14 @@ def eager_text(ec: dict | None) -> str | None:
     if ec.get("skipped_sizes"):
         line += "; not run at " + "; ".join(ec["skipped_sizes"])
     return line
+
+
+def sampled_text(r: dict) -> str:
+    """``"; K of N kernels checked on a sample of their programs ..."``, or "" (each chosen kernel
+    whose interpreter check ran a sample of its grid: ``lumc.backends.triton.sampled``)."""
+    rows = r.get("per_kernel") or []
+    k = sum(1 for row in rows if row.get("checked_on"))
+    if not k:
+        return ""
+    return (f"; {k} of {len(rows)} kernels checked on a sample of their programs (the CPU "
+            f"interpreter's large grids: corners and a seeded draw, 'checked_on' in the report)")

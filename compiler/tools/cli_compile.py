@@ -19,8 +19,8 @@ from lumc.compiler.runtime.artifact import (PYTORCH_HINT, check_writable, looks_
                                             write_atomic)
 from lumc.compiler.core.budget import parse_duration
 from lumc.compiler.runtime.compiled import unknown_input_note
-from lumc.compiler.runtime.report_text import (precision_lines, search_text, user_notes,
-                                                workspace_text)
+from lumc.compiler.runtime.report_text import (precision_lines, sampled_text, search_text,
+                                                user_notes, workspace_text)
 from lumc.compiler.tools.cli import _parse_shapes, cli, nonempty_path
 from lumc.ir.errors import InputError, LumcError
 
@@ -285,7 +285,8 @@ def _compile(model, budget, out, device, shape_items, report_path, no_egraph, qu
     earlier = " (the earlier compile's, whose plan this reuses)" if r.get("reused_plan") else ""
     click.echo(f"  search{earlier}: {search_text(r)}")
     click.echo(f"  numerics checks (each chosen kernel, and the plan end "
-               f"to end, against the search's reference): max rel error " + _max_rel_text(r))
+               f"to end, against the search's reference): max rel error " + _max_rel_text(r)
+               + sampled_text(r))
     for line in precision_lines(r):     # the wording CompiledModel.report() shares
         click.echo(f"  {line}")
     w = r.get("workers")

@@ -1,0 +1,158 @@
+"""A numerics check of a large kernel on a sample of its programs, in Triton's CPU interpreter.
+
+The interpreter runs a kernel's programs one after another in numpy: a 224x224 convolution's
+matmul has hundreds of programs and takes 5-10 s to check, so a ResNet-50 on ``sim:*`` spent its
+whole budget in checks. Every program of a generated kernel runs the same code on another tile;
+what differs between them is the tile's offsets, its masks (the last tile of a ragged axis) and the
+group swizzle that maps a program id to a tile. :func:`run_sampled` therefore runs, of a grid of
+more than :data:`SAMPLE_ABOVE` programs, the corners of the grid (the first and last program along
+each axis, so every ragged edge and the last swizzle group), the programs next to them, and a
+seeded draw of the rest, :data:`SAMPLE` in all, and says which output elements they wrote.
+
+Which elements a program wrote is found without knowing its tile: the sampled programs run twice,
+once over outputs filled with zero bytes and once over outputs filled with ``0xFF`` bytes (NaN
+for floats, -1 for integers; True for bools). An element whose bytes agree between the two runs
+was written (a kernel is deterministic: no atomics); one that differs was not. The caller compares
+the written elements with the reference and takes the reference's values for the rest
+(``lumc.compiler.core.measure``).
+
+A kernel with more than one launch (a split-K reduction reading its partials) is run whole: a
+later launch reads what unsampled programs of the first would have written.
+
+The sampling patches the interpreter only while :func:`run_sampled` runs (one at a time: the
+interpreter's grid state is a module global), and only in the process that runs the check. A GPU
+check never samples.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from math import prod
+
+import numpy as np
+
+SAMPLE_ABOVE = 64     # a grid of at most this many programs runs whole
+SAMPLE = 32           # programs run of a larger grid
+
+_LOCK = threading.Lock()
+
+
+class _Sampler:
+    """Picks the programs of each launch's grid and maps the interpreter's loop onto them."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.real: tuple[int, int, int] | None = None
+        self.picked: list[tuple[int, int, int]] = []
+        self.ran = 0
+        self.total = 0
+        self.launches = 0
+
+    def wrap(self, grid):
+        def resolved(args):
+            g = grid(args) if callable(grid) else grid
+            g = tuple(int(v) for v in g) + (1,) * (3 - len(g))
+            n = prod(g)
+            self.total += n
+            self.launches += 1
+            if n <= SAMPLE_ABOVE:
+                self.real, self.picked = None, []
+                self.ran += n
+                return g
+            self.real, self.picked = g, pick_programs(g, SAMPLE, self.seed)
+            self.ran += len(self.picked)
+            return (len(self.picked), 1, 1)
+        return resolved
+
+
+def pick_programs(grid: tuple[int, int, int], n: int, seed: int) -> list[tuple[int, int, int]]:
+    """About ``n`` program ids ``(x, y, z)`` of ``grid`` in the interpreter's loop order: every
+    corner (first and last along each axis), the programs next to the first and last ones, then a
+    draw seeded by ``seed`` of the rest. Ids are unique; fewer than ``n`` only for a small grid."""
+    gx, gy, gz = grid
+    total = gx * gy * gz
+    lin = set()
+    for x in {0, gx - 1}:
+        for y in {0, gy - 1}:
+            for z in {0, gz - 1}:
+                lin.add((x * gy + y) * gz + z)
+    lin |= {i for i in (1, 2, total - 2, total - 3) if 0 <= i < total}
+    rest = n - len(lin)
+    if rest > 0:
+        draw = np.random.default_rng(seed).choice(total, size=min(total, rest + len(lin)),
+                                                  replace=False)
+        for i in draw.tolist():
+            if len(lin) >= n:
+                break
+            lin.add(int(i))
+    return [(i // (gy * gz), (i // gz) % gy, i % gz) for i in sorted(lin)]
+
+
+@contextmanager
+def _sampling(sampler: _Sampler):
+    from triton.runtime import interpreter as itp
+    b = itp.interpreter_builder
+    init, set_dim, set_idx = itp.GridExecutor.__init__, b.set_grid_dim, b.set_grid_idx
+
+    def grid_init(self, fn, arg_names, grid, *args, **kwargs):
+        init(self, fn, arg_names, sampler.wrap(grid), *args, **kwargs)
+
+    def grid_dim(nx, ny, nz):
+        set_dim(*(sampler.real or (nx, ny, nz)))
+
+    def grid_idx(x, y, z):
+        set_idx(*(sampler.picked[x] if sampler.real else (x, y, z)))
+
+    with _LOCK:
+        itp.GridExecutor.__init__ = grid_init
+        b.set_grid_dim, b.set_grid_idx = grid_dim, grid_idx
+        try:
+            yield
+        finally:
+            itp.GridExecutor.__init__ = init
+            del b.set_grid_dim, b.set_grid_idx      # the class's methods again
+
+
+def _filled(shape, dtype, ones: bool):
+    import torch
+    o = torch.empty(shape, dtype=dtype)
+    if dtype == torch.bool:
+        o.fill_(ones)
+    elif o.numel():
+        o.view(torch.uint8).fill_(0xFF if ones else 0)
+    return o
+
+
+def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarray] | None, str]:
+    """Run Triton kernel ``tk`` (a :class:`~lumc.backends.triton.launch.TritonKernel` in the
+    interpreter) on ``ins`` at ``config``, whole or on a sample of its programs.
+
+    Returns:
+        ``(outputs, written, note)``: the output arrays (numpy, in ``out0, out1, ...`` order);
+        ``written``, None where every program ran, else one bool array per output, True where a
+        sampled program wrote the element (elsewhere the output holds no value); ``note``: ""
+        or ``"on K of N programs"``.
+    Raises:
+        whatever the launch raises (a kernel error, an :class:`InputError` on wrong inputs).
+    """
+    from lumc.backends.triton.launch import to_numpy, torch_dtype
+    if not tk.interpret:
+        return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
+    runs = []
+    sampler = None
+    for ones in (False, True):
+        outs = [_filled(tuple(p.shape), torch_dtype(p.dtype), ones) for p in tk.rendered.outputs]
+        sampler = _Sampler(seed=int(tk.rendered.name.encode().hex()[-8:], 16))
+        with _sampling(sampler):
+            got = tk(*ins, outputs=outs, config=config)
+        runs.append([to_numpy(o) for o in got])
+        if sampler.ran == sampler.total:        # no grid was sampled: the first run is whole
+            return runs[0], None, ""
+        if sampler.launches > 1:      # a later launch reads what the first wrote: run it whole
+            return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
+    written = []
+    for a, b in zip(*runs):
+        ab = np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (-1,)) if a.size else a
+        bb = np.ascontiguousarray(b).view(np.uint8).reshape(b.shape + (-1,)) if b.size else b
+        written.append((ab == bb).all(axis=-1) if a.size else np.zeros(a.shape, bool))
+    return runs[0], written, f"on {sampler.ran} of {sampler.total} programs"

@@ -1,0 +1,110 @@
+"""The interpreter check of a large kernel on a sample of its programs (``backends/triton/sampled.py``).
+
+A ResNet-50 at 224x224 on ``sim:h200`` spent its whole 120 s budget in interpreter checks of
+convolutions with hundreds of programs each and returned no program. The sampled run must say
+exactly which elements its programs wrote, include the grid's corners (the ragged tiles), and a
+wrong value in a sampled tile must still reject the kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from lumc.backends.triton import TritonKernel
+from lumc.backends.triton import configs as tc
+from lumc.backends.triton import sampled
+from lumc.backends.triton.sampled import SAMPLE, SAMPLE_ABOVE, pick_programs, run_sampled
+
+from triton_cases import dt, matmul_kernel, random_inputs
+
+
+def test_pick_programs_takes_every_corner_once_in_loop_order():
+    for grid in [(50, 3, 1), (7, 11, 2), (100, 1, 1), (1, 1, 90)]:
+        got = pick_programs(grid, 32, seed=7)
+        gx, gy, gz = grid
+        corners = {(x, y, z) for x in (0, gx - 1) for y in (0, gy - 1) for z in (0, gz - 1)}
+        assert corners <= set(got)
+        assert len(got) == len(set(got)) == min(32, gx * gy * gz)
+        assert all(0 <= x < gx and 0 <= y < gy and 0 <= z < gz for x, y, z in got)
+        lin = [(x * gy + y) * gz + z for x, y, z in got]
+        assert lin == sorted(lin)
+        assert got == pick_programs(grid, 32, seed=7)       # seeded: both runs take the same
+
+
+def _matmul(m=300, k=16, n=96):
+    kern = matmul_kernel(m, k, n, dt.f32)
+    ins = random_inputs(kern, seed=3)
+    a, b = ins["in0"], ins["in1"]
+    cfg = tc.make(4, 2, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8, PRECISION="ieee")
+    return kern, [a, b], a.astype(np.float64) @ b.astype(np.float64), cfg
+
+
+def test_a_large_grid_runs_a_sample_and_says_which_elements_it_wrote():
+    kern, ins, ref, cfg = _matmul()           # 19 x 6 = 114 programs of 16 x 16
+    outs, written, note = run_sampled(TritonKernel(kern), ins, cfg)
+    assert note == f"on {SAMPLE} of 114 programs"
+    w = written[0]
+    assert w.sum() == SAMPLE * 16 * 16 - (16 - 300 % 16) * 16 * 2   # two tiles in the ragged rows
+    assert w[:16, :16].all() and w[288:, 80:].all()      # the first tile and the ragged last one
+    assert not w[288:, :].all() or not w.all()
+    np.testing.assert_allclose(outs[0][w], ref[w], rtol=1e-5, atol=1e-5)
+
+
+def test_a_small_grid_runs_whole():
+    kern, ins, ref, cfg = _matmul(m=64, n=64)     # 16 programs <= SAMPLE_ABOVE
+    assert 16 <= SAMPLE_ABOVE
+    outs, written, note = run_sampled(TritonKernel(kern), ins, cfg)
+    assert written is None and note == ""
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def _mlp_model(path, b=96, m=8, k=16, n=8):
+    """A batched MatMul: the interpreter's big tiles still leave one program per batch."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((b, k, n)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, m, n])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return w
+
+
+def _compile(path, tmp_path):
+    import lumc
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    return lumc.compile(str(path), budget="60s", device="sim:h200",
+                        db=TuningDatabase(tmp_path / "db.sqlite"))
+
+
+def test_a_compile_reports_the_kernels_checked_on_a_sample(tmp_path):
+    path = tmp_path / "mm.onnx"
+    w = _mlp_model(path)
+    cm = _compile(path, tmp_path)
+    r = cm.report_dict()
+    rows = [row for row in r["per_kernel"] if row.get("checked_on")]
+    assert rows and rows[0]["checked_on"].startswith(f"on {SAMPLE} of ")
+    assert "checked on a sample of their programs" in cm.report()
+    x = np.random.default_rng(1).standard_normal((96, 8, 16)).astype(np.float32)
+    y = np.asarray(cm(x))
+    ref = x.astype(np.float64) @ numpy_helper.to_array(w).astype(np.float64)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_a_wrong_value_in_a_sampled_tile_rejects_the_kernel(tmp_path, monkeypatch):
+    path = tmp_path / "mm.onnx"
+    _mlp_model(path)
+    real = sampled.run_sampled
+
+    def corrupt(tk, ins, config):
+        outs, written, note = real(tk, ins, config)
+        if written is not None:
+            i = np.flatnonzero(written[0])[-1]          # an element of the last sampled tile
+            outs[0].reshape(-1)[i] += 1.0 + abs(outs[0].reshape(-1)[i])
+        return outs, written, note
+
+    monkeypatch.setattr(sampled, "run_sampled", corrupt)
+    r = _compile(path, tmp_path).report_dict()
+    assert r["candidates_rejected"] >= 1
+    assert not any(row.get("checked_on") for row in r["per_kernel"])
