@@ -176,8 +176,8 @@ class FakeGpuWorkers:
         from lumc.backends.extern import is_extern
         from lumc.compiler.core.workers import run_check_unit, unit_args
         self.units.append((dict(cfg), pin))
-        outs = None if is_extern(cfg) else [o * self.scale
-                                            for o in run_check_unit(*unit_args(kernel, cfg), ins)]
+        outs = None if is_extern(cfg) else [o * self.scale     # (outputs, written, note)
+                                            for o in run_check_unit(*unit_args(kernel, cfg), ins)[0]]
         f = Future()
         f.set_result({"outs": outs, "seconds": 1e-5 * len(self.units), "spills": self.spills,
                       "device": "fake"})
