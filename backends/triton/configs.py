@@ -458,6 +458,45 @@ def interpreter_config(space: str, problem: dict, precision: str | None = None) 
     return with_precision(_interpreter_config(space, problem), problem, precision)
 
 
+CHECK_SHRINK_ABOVE = 1 << 20   # output elements from which a check's contraction tiles shrink
+CHECK_SHRINK_MACS = 1 << 25    # ... or multiply-adds (a classifier's 9216 x 4096 weight, M = 1)
+CHECK_PROGRAMS = 128           # ... until its grid has this many programs (4x the sample)
+CHECK_SAMPLE_MACS = 1 << 25    # ... and 32 of its tiles at most this many multiply-adds
+
+
+def check_config(space: str, problem: dict, precision: str | None = None) -> Config:
+    """The config of a ``sim:*`` numerics check in the interpreter: :func:`interpreter_config`,
+    except for a ``matmul`` with at least :data:`CHECK_SHRINK_ABOVE` output elements or
+    :data:`CHECK_SHRINK_MACS` multiply-adds, whose
+    ``BLOCK_M`` and then ``BLOCK_N`` halve (not below 32) until its grid has
+    :data:`CHECK_PROGRAMS` programs and 32 of its tiles at most :data:`CHECK_SAMPLE_MACS`
+    multiply-adds, ``BLOCK_K`` growing back to the :data:`INTERP_TILE` operand tile: the check
+    runs 32 of a large grid's programs (``lumc.backends.triton.sampled``), so a 224x224
+    convolution's check runs a few of its tiles, not a few tiles of all its rows. The generated
+    source is the same at every tile (tiles are compile-time constants)."""
+    cfg = _interpreter_config(space, problem)
+    M, N, B = problem.get("M"), problem.get("N"), problem.get("batch", 1)
+    K = problem.get("K")
+    if space != "matmul" or not all(isinstance(v, int) for v in (M, N, K, B)) or \
+            (M * N * B < CHECK_SHRINK_ABOVE and M * N * K * B < CHECK_SHRINK_MACS):
+        return with_precision(cfg, problem, precision)
+    b = dict(cfg.blocks)
+
+    def programs():
+        return cdiv(M, b["BLOCK_M"]) * cdiv(N, b["BLOCK_N"]) * B
+
+    def heavy():
+        return programs() < CHECK_PROGRAMS or \
+            32 * b["BLOCK_M"] * b["BLOCK_N"] * K > CHECK_SAMPLE_MACS
+
+    for axis in ("BLOCK_M", "BLOCK_N"):
+        while heavy() and b[axis] > 32:
+            b[axis] //= 2
+    b["BLOCK_K"] = min(16384, max(16, next_pow2(K)),
+                       max(16, INTERP_TILE // max(b["BLOCK_M"], b["BLOCK_N"])))
+    return with_precision(make(cfg.num_warps, cfg.num_stages, **b), problem, precision)
+
+
 def _interpreter_config(space: str, problem: dict) -> Config:
     if space == "matmul_rows":
         base = _interpreter_config("matmul", problem)

@@ -139,6 +139,15 @@ class TritonKernel:
             return configs.interpreter_config(self.rendered.config_space, self.rendered.problem)
         return self.default_config()
 
+    def check_config(self, precision: str | None = None) -> configs.Config:
+        """The config of a numerics check at ``precision`` (default: the problem's): under the
+        interpreter :func:`~lumc.backends.triton.configs.check_config` (big tiles; a large
+        contraction's tiles sized for a sampled check), else the GPU default."""
+        if self.interpret:
+            return configs.check_config(self.rendered.config_space, self.rendered.problem,
+                                        precision)
+        return configs.with_precision(self.default_config(), self.rendered.problem, precision)
+
     def _const(self, name: str, device: str):
         key = f"{name}@{device}"
         t = self._consts.get(key)

@@ -9,11 +9,14 @@ more than :data:`SAMPLE_ABOVE` programs, the corners of the grid (the first and 
 each axis, so every ragged edge and the last swizzle group), the programs next to them, and a
 seeded draw of the rest, :data:`SAMPLE` in all, and says which output elements they wrote.
 
-Which elements a program wrote is found without knowing its tile: the sampled programs run twice,
-once over outputs filled with zero bytes and once over outputs filled with ``0xFF`` bytes (NaN
-for floats, -1 for integers; True for bools). An element whose bytes agree between the two runs
-was written (a kernel is deterministic: no atomics); one that differs was not. The caller compares
-the written elements with the reference and takes the reference's values for the rest
+Which elements a program wrote is found without knowing its tile: the sampled programs run over
+outputs filled with a sentinel, the bytes ``0xA5`` repeated (a NaN with a payload no arithmetic
+makes, for floats; -0x5A5A..5B for integers), and an element that no longer holds it was written.
+A written element equal to the sentinel would be taken as unwritten and judged equal to the
+reference: an integer kernel's wrong value would have to be exactly that number. A kernel with a
+bool output (two values, no sentinel) runs twice instead, over zero bytes and over True: an element
+whose bytes agree between the runs was written (a kernel is deterministic: no atomics). The caller
+compares the written elements with the reference and takes the reference's values for the rest
 (``lumc.compiler.core.measure``).
 
 A kernel with more than one launch (a split-K reduction reading its partials) is run whole: a
@@ -113,14 +116,22 @@ def _sampling(sampler: _Sampler):
             del b.set_grid_dim, b.set_grid_idx      # the class's methods again
 
 
-def _filled(shape, dtype, ones: bool):
+SENTINEL = 0xA5
+
+
+def _filled(shape, dtype, byte: int):
     import torch
     o = torch.empty(shape, dtype=dtype)
     if dtype == torch.bool:
-        o.fill_(ones)
+        o.fill_(bool(byte))
     elif o.numel():
-        o.view(torch.uint8).fill_(0xFF if ones else 0)
+        o.view(torch.uint8).fill_(byte)
     return o
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """``a``'s bytes, one row per element (shape ``a.shape + (itemsize,)``)."""
+    return np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (a.dtype.itemsize,))
 
 
 def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarray] | None, str]:
@@ -135,13 +146,17 @@ def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarra
     Raises:
         whatever the launch raises (a kernel error, an :class:`InputError` on wrong inputs).
     """
+    import torch
+
     from lumc.backends.triton.launch import to_numpy, torch_dtype
     if not tk.interpret:
         return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
+    dtypes = [torch_dtype(p.dtype) for p in tk.rendered.outputs]
+    fills = (0, 1) if torch.bool in dtypes else (SENTINEL,)
     runs = []
     sampler = None
-    for ones in (False, True):
-        outs = [_filled(tuple(p.shape), torch_dtype(p.dtype), ones) for p in tk.rendered.outputs]
+    for byte in fills:
+        outs = [_filled(tuple(p.shape), d, byte) for p, d in zip(tk.rendered.outputs, dtypes)]
         sampler = _Sampler(seed=int(tk.rendered.name.encode().hex()[-8:], 16))
         with _sampling(sampler):
             got = tk(*ins, outputs=outs, config=config)
@@ -150,9 +165,10 @@ def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarra
             return runs[0], None, ""
         if sampler.launches > 1:      # a later launch reads what the first wrote: run it whole
             return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
-    written = []
-    for a, b in zip(*runs):
-        ab = np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (-1,)) if a.size else a
-        bb = np.ascontiguousarray(b).view(np.uint8).reshape(b.shape + (-1,)) if b.size else b
-        written.append((ab == bb).all(axis=-1) if a.size else np.zeros(a.shape, bool))
+    if len(runs) == 1:
+        written = [(_bytes(a) != SENTINEL).any(axis=-1) if a.size else np.zeros(a.shape, bool)
+                   for a in runs[0]]
+    else:
+        written = [(_bytes(a) == _bytes(b)).all(axis=-1) if a.size else np.zeros(a.shape, bool)
+                   for a, b in zip(*runs)]
     return runs[0], written, f"on {sampler.ran} of {sampler.total} programs"

@@ -244,7 +244,7 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             ins = self._inputs(e)
             if ins is None or sum(int(np.prod(n.shape)) for n in e.call.outputs) > INTERPRETER_MAX_ELEMENTS:
                 continue
-            fut = self.pool.submit(e.kernel, e.triton.run_config().kwargs(), ins)
+            fut = self.pool.submit(e.kernel, e.triton.check_config().kwargs(), ins)
             if fut is not None:           # None: the pool is broken, the check runs here
                 self._pending[key] = fut
 
@@ -398,7 +398,7 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             e.max_error = hit.seconds        # the row keeps the check's max rel error
         else:
             # the interpreter's cost is per program and per op: check at its big-tile config
-            cfg = cf.with_precision(e.triton.run_config(), problem, p)
+            cfg = e.triton.check_config(p)
             ok, note = self._check(e, -1 if p == default else -2, cfg)
             verdict = (ok, note + f" (at {cfg}, CPU interpreter)")
             if note.startswith("error: no budget"):
