@@ -10,10 +10,11 @@ each axis, so every ragged edge and the last swizzle group), the programs next t
 seeded draw of the rest, :data:`SAMPLE` in all, and says which output elements they wrote.
 
 Which elements a program wrote is found without knowing its tile: the sampled programs run over
-outputs filled with a sentinel, the bytes ``0xA5`` repeated (a NaN with a payload no arithmetic
-makes, for floats; -0x5A5A..5B for integers), and an element that no longer holds it was written.
-A written element equal to the sentinel would be taken as unwritten and judged equal to the
-reference: an integer kernel's wrong value would have to be exactly that number. A kernel with a
+outputs filled with a sentinel, and an element that no longer holds it was written: for f16, bf16,
+f32 and f64 a NaN whose payload no arithmetic makes (0x7DA5, 0x7FA5, 0x7FA5A5A5,
+0x7FF5A5A5A5A5A5A5: an arithmetic NaN is the quiet one with an empty payload); for integers and
+fp8 the byte ``0xA5`` repeated. A written element equal to the sentinel would be taken as unwritten
+and judged equal to the reference: a wrong value would have to be exactly that number. A kernel with a
 bool output (two values, no sentinel) runs twice instead, over zero bytes and over True: an element
 whose bytes agree between the runs was written (a kernel is deterministic: no atomics). The caller
 compares the written elements with the reference and takes the reference's values for the rest
@@ -119,11 +120,20 @@ def _sampling(sampler: _Sampler):
 SENTINEL = 0xA5
 
 
+_NAN_BITS = {"float16": 0x7DA5, "bfloat16": 0x7FA5, "float32": 0x7FA5A5A5,
+             "float64": 0x7FF5A5A5A5A5A5A5}     # NaNs with a payload, by torch dtype name
+
+
 def _filled(shape, dtype, byte: int):
+    """A tensor of ``shape`` filled with ``byte`` (the :data:`SENTINEL`: a float's NaN pattern)."""
     import torch
     o = torch.empty(shape, dtype=dtype)
+    name = str(dtype).replace("torch.", "")
     if dtype == torch.bool:
         o.fill_(bool(byte))
+    elif o.numel() and byte == SENTINEL and name in _NAN_BITS:
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[o.element_size()]
+        o.view(ints).fill_(_NAN_BITS[name])
     elif o.numel():
         o.view(torch.uint8).fill_(byte)
     return o
@@ -166,8 +176,9 @@ def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarra
         if sampler.launches > 1:      # a later launch reads what the first wrote: run it whole
             return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
     if len(runs) == 1:
-        written = [(_bytes(a) != SENTINEL).any(axis=-1) if a.size else np.zeros(a.shape, bool)
-                   for a in runs[0]]
+        marks = [_bytes(to_numpy(_filled((1,), d, SENTINEL)))[0] for d in dtypes]
+        written = [(_bytes(a) != m).any(axis=-1) if a.size else np.zeros(a.shape, bool)
+                   for a, m in zip(runs[0], marks)]
     else:
         written = [(_bytes(a) == _bytes(b)).all(axis=-1) if a.size else np.zeros(a.shape, bool)
                    for a, b in zip(*runs)]

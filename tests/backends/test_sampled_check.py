@@ -110,18 +110,19 @@ def test_a_wrong_value_in_a_sampled_tile_rejects_the_kernel(tmp_path, monkeypatc
     assert not any(row.get("checked_on") for row in r["per_kernel"])
 
 
-@pytest.mark.parametrize("out", ["bool", "int32"])
-def test_bool_and_integer_outputs_find_what_the_sample_wrote(out):
+@pytest.mark.parametrize("out", ["bool", "int32", "float16"])
+def test_bool_integer_and_half_outputs_find_what_the_sample_wrote(out):
     """A bool output has no sentinel value: its sample runs twice (over False and over True); an
-    integer output's sentinel is the repeated byte 0xA5."""
+    integer output's sentinel is the repeated byte 0xA5, a half's a NaN with a payload."""
     from triton_cases import make_kernel
     n = 70 * 16384 + 5                             # 71 programs of the interpreter's 16384
     if out == "bool":
         kern = make_kernel("pointwise", lambda a: a.gt(a.scalar_like(0.0)), [((n,), dt.f32)])
     else:
-        kern = make_kernel("pointwise", lambda a: a.cast(dt.i32), [((n,), dt.f32)])
+        kern = make_kernel("pointwise", lambda a: a.cast(getattr(dt, out[0] + out[-2:])),
+                           [((n,), dt.f32)])
     x = (np.random.default_rng(0).standard_normal(n) * 100).astype(np.float32)
-    ref = x > 0 if out == "bool" else x.astype(np.int32)
+    ref = x > 0 if out == "bool" else x.astype(out)
     tk = TritonKernel(kern)
     outs, written, note = run_sampled(tk, [x], tk.check_config())
     assert note == f"on {SAMPLE} of 71 programs"
