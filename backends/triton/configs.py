@@ -461,12 +461,14 @@ def interpreter_config(space: str, problem: dict, precision: str | None = None) 
 CHECK_SHRINK_ABOVE = 1 << 20   # output elements from which a check's contraction tiles shrink
 CHECK_SHRINK_MACS = 1 << 25    # ... or multiply-adds (a classifier's 9216 x 4096 weight, M = 1)
 CHECK_PROGRAMS = 128           # ... until its grid has this many programs (4x the sample)
-CHECK_SAMPLE_MACS = 1 << 25    # ... and 32 of its tiles at most this many multiply-adds
+CHECK_SAMPLE_MACS = 1 << 22    # ... and 32 of its tiles at most this many multiply-adds
 
 
 def check_config(space: str, problem: dict, precision: str | None = None) -> Config:
     """The config of a ``sim:*`` numerics check in the interpreter: :func:`interpreter_config`,
-    except for a ``matmul`` with at least :data:`CHECK_SHRINK_ABOVE` output elements or
+    except for a ``row`` reduction over at least :data:`CHECK_SHRINK_ABOVE` elements, whose
+    ``BLOCK_M`` halves on the same terms (32 row blocks at most :data:`CHECK_SAMPLE_MACS`
+    elements), and a ``matmul`` with at least :data:`CHECK_SHRINK_ABOVE` output elements or
     :data:`CHECK_SHRINK_MACS` multiply-adds, whose
     ``BLOCK_M`` and then ``BLOCK_N`` halve (not below 32) until its grid has
     :data:`CHECK_PROGRAMS` programs and 32 of its tiles at most :data:`CHECK_SAMPLE_MACS`
@@ -477,6 +479,13 @@ def check_config(space: str, problem: dict, precision: str | None = None) -> Con
     cfg = _interpreter_config(space, problem)
     M, N, B = problem.get("M"), problem.get("N"), problem.get("batch", 1)
     K = problem.get("K")
+    if space == "row" and isinstance(M, int) and isinstance(K, int) and \
+            M * K >= CHECK_SHRINK_ABOVE:    # a reduction's rows: BLOCK_M alone
+        b = dict(cfg.blocks)
+        while (cdiv(M, b["BLOCK_M"]) < CHECK_PROGRAMS or 32 * b["BLOCK_M"] * K > CHECK_SAMPLE_MACS) \
+                and b["BLOCK_M"] > 1:
+            b["BLOCK_M"] //= 2
+        return with_precision(make(cfg.num_warps, cfg.num_stages, **b), problem, precision)
     if space != "matmul" or not all(isinstance(v, int) for v in (M, N, K, B)) or \
             (M * N * B < CHECK_SHRINK_ABOVE and M * N * K * B < CHECK_SHRINK_MACS):
         return with_precision(cfg, problem, precision)
