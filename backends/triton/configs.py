@@ -482,8 +482,8 @@ def check_config(space: str, problem: dict, precision: str | None = None) -> Con
     if space == "row" and isinstance(M, int) and isinstance(K, int) and \
             M * K >= CHECK_SHRINK_ABOVE:    # a reduction's rows: BLOCK_M alone
         b = dict(cfg.blocks)
-        while (cdiv(M, b["BLOCK_M"]) < CHECK_PROGRAMS or 32 * b["BLOCK_M"] * K > CHECK_SAMPLE_MACS) \
-                and b["BLOCK_M"] > 1:
+        while b["BLOCK_M"] > 1 and (cdiv(M, b["BLOCK_M"]) < CHECK_PROGRAMS
+                                    or 32 * b["BLOCK_M"] * K > CHECK_SAMPLE_MACS):
             b["BLOCK_M"] //= 2
         return with_precision(make(cfg.num_warps, cfg.num_stages, **b), problem, precision)
     if space != "matmul" or not all(isinstance(v, int) for v in (M, N, K, B)) or \

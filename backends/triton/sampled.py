@@ -14,11 +14,11 @@ outputs filled with a sentinel, and an element that no longer holds it was writt
 f32 and f64 a NaN whose payload no arithmetic makes (0x7DA5, 0x7FA5, 0x7FA5A5A5,
 0x7FF5A5A5A5A5A5A5: an arithmetic NaN is the quiet one with an empty payload); for integers and
 fp8 the byte ``0xA5`` repeated. A written element equal to the sentinel would be taken as unwritten
-and judged equal to the reference: a wrong value would have to be exactly that number. A kernel with a
-bool output (two values, no sentinel) runs twice instead, over zero bytes and over True: an element
-whose bytes agree between the runs was written (a kernel is deterministic: no atomics). The caller
-compares the written elements with the reference and takes the reference's values for the rest
-(``lumc.compiler.core.measure``).
+and judged equal to the reference: a wrong value would have to be exactly that number. A kernel
+with a bool output (two values, no sentinel) runs twice instead, over zero bytes and over True: an
+element whose bytes agree between the runs was written (a kernel is deterministic: no atomics).
+The caller compares the written elements with the reference and takes the reference's values for
+the rest (``lumc.compiler.core.measure``).
 
 A kernel with more than one launch (a split-K reduction reading its partials) is run whole: a
 later launch reads what unsampled programs of the first would have written.

@@ -533,7 +533,8 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         self.checked[(e.key, index)] = worst
         if ran:
             self.sampled[e.key] = ran
-        return True, f"checked: max rel error {worst:.3g}" + (f" ({ran}, sampled)" if ran else "") + (
+        sample = f" ({ran}, sampled)" if ran else ""
+        return True, f"checked: max rel error {worst:.3g}{sample}" + (
             " (on drawn inputs: the example's gave no finite value here)" if drawn else "")
 
     def _launch_counting_spills(self, e: KernelEntry, index: int, cfg, ins: list):

@@ -1,4 +1,4 @@
-"""The interpreter check of a large kernel on a sample of its programs (``backends/triton/sampled.py``).
+"""The interpreter check of a large kernel on a sample of its programs (``triton/sampled.py``).
 
 A ResNet-50 at 224x224 on ``sim:h200`` spent its whole 120 s budget in interpreter checks of
 convolutions with hundreds of programs each and returned no program. The sampled run must say
@@ -130,3 +130,27 @@ def test_bool_integer_and_half_outputs_find_what_the_sample_wrote(out):
     assert w[:16384].all() and w[-5:].all() and w.sum() == (SAMPLE - 1) * 16384 + 5
     np.testing.assert_array_equal(outs[0][w], ref[w])
     assert w.sum() < n
+
+
+def test_check_config_sizes_large_problems_for_the_sample_and_leaves_small_ones():
+    from math import ceil
+    small = {"M": 64, "N": 64, "K": 32, "batch": 1, "itemsize": 4}
+    assert tc.check_config("matmul", small) == tc.interpreter_config("matmul", small)
+    conv = {"M": 112 * 112, "N": 64, "K": 147, "batch": 1, "itemsize": 4}  # a 224x224 stem
+    big = tc.interpreter_config("matmul", conv).kwargs()
+    c = tc.check_config("matmul", conv).kwargs()
+    programs = ceil(conv["M"] / c["BLOCK_M"]) * ceil(conv["N"] / c["BLOCK_N"])
+    assert programs >= tc.CHECK_PROGRAMS > SAMPLE_ABOVE
+    assert ceil(conv["M"] / big["BLOCK_M"]) * ceil(conv["N"] / big["BLOCK_N"]) <= SAMPLE_ABOVE
+    assert SAMPLE * c["BLOCK_M"] * c["BLOCK_N"] * conv["K"] <= tc.CHECK_SAMPLE_MACS or \
+        c["BLOCK_M"] == c["BLOCK_N"] == 32
+    fc = {"M": 1, "N": 4096, "K": 9216, "batch": 1, "itemsize": 4}       # a classifier, M = 1
+    c = tc.check_config("matmul", fc).kwargs()
+    assert ceil(4096 / c["BLOCK_N"]) >= tc.CHECK_PROGRAMS
+    rows = {"M": 93312, "K": 864, "one_pass": True, "BLOCK_K_FIXED": 1024}
+    c = tc.check_config("row", rows).kwargs()
+    assert ceil(93312 / c["BLOCK_M"]) >= tc.CHECK_PROGRAMS
+    assert SAMPLE * c["BLOCK_M"] * 864 <= tc.CHECK_SAMPLE_MACS
+    splitk = dict(conv, K=1 << 16)       # two launches: run whole, its tiles unchanged
+    assert tc.check_config("matmul_splitk", splitk) == \
+        tc.interpreter_config("matmul_splitk", splitk)
