@@ -12,20 +12,23 @@ seeded draw of the rest, :data:`SAMPLE` in all, and says which output elements t
 Which elements a program wrote is found without knowing its tile: the sampled programs run over
 outputs filled with a sentinel, and an element that no longer holds it was written: for f16, bf16,
 f32 and f64 a NaN whose payload no arithmetic makes (0x7DA5, 0x7FA5, 0x7FA5A5A5,
-0x7FF5A5A5A5A5A5A5: an arithmetic NaN is the quiet one with an empty payload); for integers and
-fp8 the byte ``0xA5`` repeated. A written element equal to the sentinel would be taken as unwritten
+0x7FF5A5A5A5A5A5A5: an arithmetic NaN is the quiet one with an empty payload); for wider integers
+the byte ``0xA5`` repeated. A written element equal to the sentinel would be taken as unwritten
 and judged equal to the reference: a wrong value would have to be exactly that number. A kernel
-with a bool output (two values, no sentinel) runs twice instead, over zero bytes and over True: an
-element whose bytes agree between the runs was written (a kernel is deterministic: no atomics).
-The caller compares the written elements with the reference and takes the reference's values for
-the rest (``lumc.compiler.core.measure``).
+with a one-byte output (bool, int8, uint8, fp8: every byte is a value) runs twice instead, over
+zero bytes and over ones: an element whose bytes agree between the runs was written (a kernel is
+deterministic: no atomics). The caller compares the written elements with the reference and takes
+the reference's values for the rest (``lumc.compiler.core.measure``).
 
 A kernel with more than one launch (a split-K reduction reading its partials) is run whole: a
-later launch reads what unsampled programs of the first would have written.
+later launch reads what unsampled programs of the first would have written. So is one whose
+sample left an output's first or last element unwritten: the first and last programs always run,
+and in the tile orders lumc generates they write those corners, so an edge written short (a mask
+one row too tight), or a tile order the sample cannot judge, is judged by the whole run.
 
-The sampling patches the interpreter only while :func:`run_sampled` runs (one at a time: the
-interpreter's grid state is a module global), and only in the process that runs the check. A GPU
-check never samples.
+The interpreter's grid set-up is wrapped once, in the process that runs a check; it samples only a
+launch from the thread of a running :func:`run_sampled` (one at a time: the interpreter's grid
+state is a module global). A GPU check never samples.
 """
 from __future__ import annotations
 
@@ -92,29 +95,48 @@ def pick_programs(grid: tuple[int, int, int], n: int, seed: int) -> list[tuple[i
     return [(i // (gy * gz), (i // gz) % gy, i % gz) for i in sorted(lin)]
 
 
-@contextmanager
-def _sampling(sampler: _Sampler):
+_ACTIVE: dict[int, _Sampler] = {}     # thread id -> the sampler of its running check
+_INSTALLED = False
+
+
+def _install() -> None:
+    """Wrap the interpreter's grid set-up once, for good: a launch from a thread with an active
+    sampler runs that sampler's programs; every other launch runs as before (so nothing is left
+    patched half-way by a signal, and another thread's launch is never sampled)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
     from triton.runtime import interpreter as itp
     b = itp.interpreter_builder
     init, set_dim, set_idx = itp.GridExecutor.__init__, b.set_grid_dim, b.set_grid_idx
 
     def grid_init(self, fn, arg_names, grid, *args, **kwargs):
-        init(self, fn, arg_names, sampler.wrap(grid), *args, **kwargs)
+        s = _ACTIVE.get(threading.get_ident())
+        init(self, fn, arg_names, grid if s is None else s.wrap(grid), *args, **kwargs)
 
     def grid_dim(nx, ny, nz):
-        set_dim(*(sampler.real or (nx, ny, nz)))
+        s = _ACTIVE.get(threading.get_ident())
+        set_dim(*((s.real if s is not None else None) or (nx, ny, nz)))
 
     def grid_idx(x, y, z):
-        set_idx(*(sampler.picked[x] if sampler.real else (x, y, z)))
+        s = _ACTIVE.get(threading.get_ident())
+        set_idx(*(s.picked[x] if s is not None and s.real else (x, y, z)))
 
-    with _LOCK:
-        itp.GridExecutor.__init__ = grid_init
-        b.set_grid_dim, b.set_grid_idx = grid_dim, grid_idx
+    itp.GridExecutor.__init__ = grid_init
+    b.set_grid_dim, b.set_grid_idx = grid_dim, grid_idx
+    _INSTALLED = True
+
+
+@contextmanager
+def _sampling(sampler: _Sampler):
+    with _LOCK:     # one sampled run at a time: the interpreter's grid state is a module global
+        _install()
+        me = threading.get_ident()
         try:
+            _ACTIVE[me] = sampler
             yield
         finally:
-            itp.GridExecutor.__init__ = init
-            del b.set_grid_dim, b.set_grid_idx      # the class's methods again
+            _ACTIVE.pop(me, None)
 
 
 SENTINEL = 0xA5
@@ -162,7 +184,8 @@ def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarra
     if not tk.interpret:
         return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
     dtypes = [torch_dtype(p.dtype) for p in tk.rendered.outputs]
-    fills = (0, 1) if torch.bool in dtypes else (SENTINEL,)
+    one_byte = any(torch.empty((), dtype=d).element_size() == 1 for d in dtypes)
+    fills = (0, 1) if one_byte else (SENTINEL,)     # a byte-wide sentinel is a value too
     runs = []
     sampler = None
     for byte in fills:
@@ -182,4 +205,9 @@ def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarra
     else:
         written = [(_bytes(a) == _bytes(b)).all(axis=-1) if a.size else np.zeros(a.shape, bool)
                    for a, b in zip(*runs)]
+    if any(w.size and not (w.reshape(-1)[0] and w.reshape(-1)[-1]) for w in written):
+        # the first and last programs always run and write an output's first and last elements
+        # (its corners): one left unwritten is a kernel that writes too little at an edge, or a
+        # tile order the sample cannot judge; the whole run judges every element
+        return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
     return runs[0], written, f"on {sampler.ran} of {sampler.total} programs"

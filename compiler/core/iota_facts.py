@@ -86,11 +86,21 @@ def lin_of(v: int, probes, near: bool = True) -> Lin | None:
         return Lin(0, ((fs[0][0], sign * c),))
     if fs:
         return None
-    for p in probes if near else ():     # a padded extent m * p + a (a probe is a large prime: NEAR_MIN_PROBE)
+    # a padded extent m * p + a (a probe is a large prime: NEAR_MIN_PROBE), read against the
+    # nearest probe: at a check import the probe and check primes are both active, and 502 is
+    # the check prime 503 less one, not the probe 509 less 7; a tie between two probes is not read
+    found = []
+    for p in probes if near else ():
         for a in range(-NEAR, NEAR + 1):
             m = (v - a) // p
             if p >= NEAR_MIN_PROBE and a and (v - a) % p == 0 and 1 <= m <= NEAR:
-                return Lin(a, ((p, m),))
+                found.append((abs(a), a, p, m))
+    if found:
+        found.sort()
+        if len(found) > 1 and found[1][0] == found[0][0] and found[1][2] != found[0][2]:
+            return None
+        _, a, p, m = found[0]
+        return Lin(a, ((p, m),))
     return Lin(v)
 
 
@@ -326,8 +336,8 @@ def index_value(n: Node, srcs: list, probes) -> Value | None:
     """The abstract value of ``n`` (see the module docstring) from its sources' (``srcs``, None
     for a source not analysed); None when ``n`` is not an integer or bool value of iotas and
     scalars whose form the rules here prove."""
-    if not ((n.dtype.is_int and n.dtype.itemsize == 8) or n.dtype.is_bool):
-        return None         # int64 and bool alone: a narrower integer could wrap
+    if not ((n.dtype.kind == "int" and n.dtype.itemsize == 8) or n.dtype.is_bool):
+        return None         # int64 and bool alone: a narrower or unsigned integer could wrap
     op = n.op
     if op == "Iota":
         box = _full(n.shape, probes)

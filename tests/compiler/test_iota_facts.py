@@ -100,3 +100,35 @@ def test_lin_reads_probe_multiples_padded_extents_and_literals():
     assert lin_of(P + 1, (P,), near=False) == Lin(P + 1)      # a literal is never read as padded
     # decided for every size >= 1: L >= 1 is, L >= 2 is not (false at L = 1)
     assert (Lin(0, ((P, 1),)) - Lin(1)).nonneg() and not (Lin(0, ((P, 1),)) - Lin(2)).nonneg()
+
+
+def test_a_padded_extent_is_read_against_the_nearest_probe():
+    """At a check import the probe and check primes are both active: 502 is the check prime 503
+    less one (not the probe 509 less 7, which made the probe and check imports fold differently
+    and a range whose top primes are close, seq 2..512, unprobeable); a tie is not read."""
+    assert lin_of(502, (509, 503)) == Lin(-1, ((503, 1),))
+    assert lin_of(504, (509, 503)) == Lin(1, ((503, 1),))
+    assert lin_of(508, (509, 503)) == Lin(-1, ((509, 1),))
+    assert lin_of(506, (509, 503)) is None
+
+
+def test_unsigned_integers_are_not_analysed():
+    """A cast to uint64 wraps a negative value: ``(arange - 1).cast(u64) < ... + 1`` is False at
+    element 0; the analysis takes signed int64 and bool alone, so nothing folds (and nothing
+    crashes on a negative value it cannot hold)."""
+    from lumc.compiler.core.iota_facts import index_value
+    L = P
+    i = Tensor.iota((L,), 0).add(Tensor.full((L,), -1, dt.i64))
+    u = i.cast(dt.u64)
+    assert index_value(u.node, [None], (P,)) is None
+    x = input_node("x", (L,), dt.f32)
+    keep = u.lt(u.add(Tensor.full((L,), 1, dt.u64)))
+    y = keep.where(Tensor(x), Tensor(x).scalar_like(0.0))
+    g = Graph({"x": x}, {"y": y.node})
+    with probing((P,)):
+        folded = fold_constants(g)
+    for n in (1, 2, 3):
+        a = np.arange(n, dtype=np.float32) + 1
+        got = ReferenceExecutor(_at(folded, n))({"x": a})["y"]
+        want = np.where((np.arange(n) - 1).astype(np.uint64) < (np.arange(n) - 1).astype(np.uint64) + np.uint64(1), a, 0)
+        np.testing.assert_array_equal(got, want)
