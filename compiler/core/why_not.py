@@ -104,14 +104,20 @@ def _as_operand(call, value) -> bool:
         return False
     ph = call.kernel.meaning.inputs.get(f"in{k}")
     nodes = call.kernel.meaning.nodes()
-    inside, stack = set(), [c.a for c in find_contractions(nodes)]
+    inside = _upstream([c.a for c in find_contractions(nodes)])
+    readers = [n for n in nodes if any(s is ph for s in n.srcs)]
+    return bool(readers) and all(id(n) in inside for n in readers)
+
+
+def _upstream(roots) -> set[int]:
+    """The ids of ``roots`` and of every node they read, transitively."""
+    inside, stack = set(), list(roots)
     while stack:
         x = stack.pop()
         if id(x) not in inside:
             inside.add(id(x))
             stack.extend(x.srcs)
-    readers = [n for n in nodes if any(s is ph for s in n.srcs)]
-    return bool(readers) and all(id(n) in inside for n in readers)
+    return inside
 
 
 def _read_in_epilogue(call, value) -> bool:
@@ -122,12 +128,7 @@ def _read_in_epilogue(call, value) -> bool:
         return False
     ph = call.kernel.meaning.inputs.get(f"in{k}")
     nodes = call.kernel.meaning.nodes()
-    inside, stack = set(), [x for c in tensor_core_contractions(nodes) for x in (c.a, c.b)]
-    while stack:
-        x = stack.pop()
-        if id(x) not in inside:
-            inside.add(id(x))
-            stack.extend(x.srcs)
+    inside = _upstream([x for c in tensor_core_contractions(nodes) for x in (c.a, c.b)])
     readers = [n for n in nodes if any(s is ph for s in n.srcs)]
     return bool(readers) and not any(id(n) in inside for n in readers)
 
