@@ -30,10 +30,11 @@ BUDGET_KNOBS = "lumc compile --budget, lumc.compile(budget=...), torch.compile o
 def parse_duration(text: str | float | int) -> float:
     """Seconds in a DURATION such as ``30m``, ``90s``, ``1h``, ``1.5m`` or a bare number of seconds.
 
-    Compound forms (``1h30m``) are accepted too.
+    Compound forms (``1h30m``, ``2m30s``) are accepted too, each unit once, largest first.
 
     Raises:
-        BudgetError: for an unparseable, zero or negative budget (``banana``, ``0``, ``-5s``),
+        BudgetError: for an unparseable, zero or negative budget (``banana``, ``0``, ``-5s``,
+            ``10s10s``),
             or one over a year (:data:`MAX_BUDGET_S`).
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
@@ -47,6 +48,9 @@ def parse_duration(text: str | float | int) -> float:
         rebuilt = "".join(a + (u or "") for a, u in parts)
         if not parts or rebuilt != s.replace(" ", "") or (len(parts) > 1 and not all(u for _, u in parts)):
             raise BudgetError(f"budget {text!r} is not a duration; write e.g. 90s, 30m or 1h")
+        rank = [{"h": 0, "min": 1, "m": 1, "s": 2, "ms": 3}[u or "s"] for _, u in parts]
+        if any(b <= a for a, b in zip(rank, rank[1:])):     # 1h30m, not 10s10s or 30m1h
+            raise BudgetError(f"budget {text!r} repeats or reorders a unit; write e.g. 1h30m")
         seconds = sum(float(a) * _UNITS[u or "s"] for a, u in parts)
     if not seconds > 0:
         raise BudgetError(f"budget {text!r} must be positive")

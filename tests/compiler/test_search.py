@@ -106,13 +106,16 @@ def test_retime_makes_choice_deterministic():
 
 
 @pytest.mark.parametrize("text,seconds", [("30m", 1800), ("90s", 90), ("1h", 3600), ("1h30m", 5400),
-                                          ("2", 2), ("1.5m", 90)])
+                                          ("2", 2), ("1.5m", 90), ("2m30s", 150),
+                                          ("1h 2min 3s", 3723)])
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["banana", "0", "-5s", "", "10x", "0s", "nan"])
+@pytest.mark.parametrize("text", ["banana", "0", "-5s", "", "10x", "0s", "nan", "10s10s", "30m1h",
+                                  "1m2min"])
 def test_bad_budgets(text):
+    """A compound budget takes each unit once, largest first: '10s10s' read as 20 s."""
     with pytest.raises(BudgetError):
         parse_duration(text)
 
