@@ -4,7 +4,7 @@
 ``64..640:32`` one in steps of 32; ``1..512@128`` one whose traffic is around 128 (that bucket gets
 twice the search budget and a bucket edge at 128). The compile:
 
-1. **Probes the sizes** (``lumc.ir.symbolic``): the model is imported with each ranged dim at a
+1. **Probes the sizes** (``lumc.compiler.core.range_probing``, ``lumc.ir.symbolic``): the model is imported with each ranged dim at a
    prime inside its range and, to check, at a second prime; the first graph re-sized to the
    second sizes must be the second graph, node for node. Sizes that are products of the dims
    need nothing more. A padded convolution's sizes are not (``H + 2``, its strides
@@ -38,15 +38,13 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from lumc.backends.reference import TooLargeError
 from lumc.compiler.core.budget import BUDGET_KNOBS, Deadline, hard_deadline, parse_duration
 from lumc.compiler.runtime.variants import VariantKey, VariantModel
-from lumc.ir.errors import BudgetError, InputError, ShapeError
+from lumc.ir.errors import BudgetError, InputError
 from lumc.ir.symbolic import NotSymbolic, Resizer, probing
 # the primes that probe a range (choose_probes is this module's API too)
-from lumc.compiler.core.probes import choose_probes, probe_assignments  # noqa: F401
-from lumc.compiler.core.resize_checks import (grows_with_size, resizes_to as _resizes_to,
-                                               values_differ as _values_differ)
+from lumc.compiler.core.probes import choose_probes  # noqa: F401
+from lumc.compiler.core.range_probing import NarrowRangeError, probe_sizes  # noqa: F401
 
 DEFAULT_BUCKETS = 4     # buckets per ranged dim (two ranged dims: 2 each)
 MIN_BUCKET_S = 2.0      # the least search budget one bucket is given
@@ -121,146 +119,11 @@ def bucket_edges(r: DimRange, n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _probe_sizes(model, frontend, fixed, ranges):
-    """``(probe, check, probe frontend, table)``: the model imported at probe sizes that re-size
-    to every size of the range (checked at the check primes, and at the third ones where affine
-    values were needed), trying :func:`probe_assignments` in turn.
-
-    Raises:
-        InputError: sizes that no assignment re-sizes (one line, the first difference).
-    """
-    kinds = []
-    # probes inside the range, else (a dim too narrow for two odd primes) the narrow dims above
-    # and the others inside (a sequence beside it may slice a 512-row table), then all above
-    for kind in ("inside", "narrow"):
-        try:
-            got = probe_assignments(ranges, 1, above=kind == "narrow" and "narrow")
-        except InputError:
-            continue
-        # a probe of 5 also the other way round: 5 divides every decimal constant's denominator
-        # (1e-6 = 1 / (2^6 5^6), a slope of 0.2 = 1 / 5), which the probe import re-sizes as a
-        # count of the dim (b = 1..5 probed at 5 refused any model with an epsilon of 1e-k); the
-        # check prime reads it as the constant it is. 5 first still reads a static 3 as static
-        kinds += [(a, kind) for a in got] + [((c, p, t), kind) for p, c, t in got
-                                             if 5 in p.values()]
-        break
-    kinds += [(a, "above") for a in probe_assignments(ranges, above=True)]
-    first = inside = grown = None
-    err = ""
-    for (probe, check, third), kind in kinds:
-        above = kind == "above"
-        # the primes whose multiples the imports hold unfolded (lumc.ir.symbolic.probing); the
-        # third is imported only above the range
-        primes = tuple(probe.values()) + tuple(check.values()) + (
-            tuple(p for p in third.values() if p is not None) if above else ())
-        try:
-            with probing(primes):
-                at = probe
-                fe_p = frontend(model, _dims_shapes(fixed, ranges, probe))
-                at = check
-                fe_c = frontend(model, _dims_shapes(fixed, ranges, check))
-        except (InputError, ShapeError) as e:
-            if kind == "inside":    # a size of the range: the model does not take it
-                raise (not_taken(ranges, at, e) if e.node is not None else e) from None
-            err = e.reason if hasattr(e, "reason") else str(e)
-            if above:
-                break      # the frontend imports no size outside the range (a position table)
-            continue
-        diff = _resizes_to(fe_p, {probe[k]: check[k] for k in ranges}, {}, fe_c)
-        table: dict = {}
-        if diff is not None:
-            grows = grows_with_size(fe_p, probe, fe_c, check, ranges)
-            grown = grown or grows
-            if grows and above:
-                break      # a graph that grows with the size: no table of sizes re-sizes it
-            if kind == "inside":
-                # affine values are learned at probes above the range only (probe_assignments)
-                first, inside = first or diff, inside or [(probe, fe_p), (check, fe_c)]
-                continue
-            if kind == "narrow":
-                continue   # affine sizes: learned at probes all above the range, next
-            first = first or diff
-            table, diff = _affine_table(model, frontend, fixed, ranges, probe, check, third,
-                                        primes, fe_p, fe_c)
-            if not table:
-                break      # nothing affine to learn: moving the probes cannot help
-        if diff is None and kind != "inside":
-            diff = _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside)
-            first = first or (diff if above else None)
-        if diff is None:
-            diff = _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table)
-            if diff is None:
-                return probe, check, fe_p, table
-            first = first or (diff if kind != "narrow" else None)
-            if kind == "inside":       # the next assignments are checked at these imports too
-                inside = inside or [(probe, fe_p), (check, fe_c)]
-    spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
-    if first is None:       # too narrow inside, and no import above it
-        _edges_taken(model, frontend, fixed, ranges)     # a size inside it the model refuses?
-        raise NarrowRangeError(f"size range {spec}: " + (
-            f"the model is not one graph at every size ({grown})" if grown else
-            f"too narrow to probe inside (two odd primes per dim) and the model imports at no "
-            f"size above it ({err})") + "; give explicit sizes (a list) instead")
-    if grown:
-        raise InputError(f"size range {spec}: the model is not one graph at every size ({grown}), "
-                         "which one plan per range needs; give explicit sizes (a list) instead")
-    why = first if len(first) <= 200 else first[:197] + "..."
-    raise InputError(f"size range {spec}: the model's sizes are not products of "
-                     f"{' and '.join(ranges)} or of such sizes padded ({why}), which one plan per "
-                     "range needs; give explicit sizes (a list) instead")
-
-
-class NarrowRangeError(InputError):
-    """A range too narrow to probe inside (fewer than two odd primes per dim) whose probes above
-    it do not import, though the model takes its edge sizes: ``compile_model`` compiles its few
-    sizes as a list instead (:func:`range_sizes`)."""
-
-
 def range_sizes(ranges: dict, most: int) -> dict[str, list[int]] | None:
     """``{dim: [its sizes]}`` of ``ranges``, or None when their combinations are more than
     ``most`` plans."""
     sizes = {k: list(range(r.lo, r.hi + 1, r.step)) for k, r in ranges.items()}
     return sizes if math.prod(len(v) for v in sizes.values()) <= most else None
-
-
-def not_taken(ranges: dict, units: dict, e: Exception) -> InputError:
-    """The one-line refusal of a range holding a size the model does not import at (a Split in
-    two halves at an odd size, a position table shorter than the range): it names that size, in
-    the user's units, and the model's own reason. Only for an error a model node raised
-    (``e.node``): a bad ``shapes=`` name is the user's, said as it is."""
-    spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
-    where = ", ".join(f"{k}={ranges[k].step * units[k]}" for k in ranges)
-    why = str(e)
-    why = why if len(why) <= 300 else why[:297] + "..."
-    return InputError(f"size range {spec}: the model does not take {where}, a size of the range "
-                      f"({why}); declare only sizes it takes (a narrower range, or one in steps: "
-                      "A..B:STEP) or give explicit sizes (a list)")
-
-
-def _edge_units(ranges: dict) -> list[dict]:
-    """The range's two smallest and two largest sizes (in units of each dim's step), each
-    once."""
-    lo = {k: -(-r.lo // r.step) for k, r in ranges.items()}
-    top = {k: r.hi // r.step for k, r in ranges.items()}
-    pts = [lo, {k: min(lo[k] + 1, top[k]) for k in ranges},
-           {k: max(top[k] - 1, lo[k]) for k in ranges}, top]
-    return [p for i, p in enumerate(pts) if p not in pts[:i]]
-
-
-def _edges_taken(model, frontend, fixed, ranges) -> None:
-    """Import the model at the range's edge sizes; raise :func:`not_taken` for the first that a
-    model node refuses (a range too narrow to probe inside whose probes above it do not import:
-    the reason may be a size of the range itself, an odd L that a reshape halves)."""
-    for at in _edge_units(ranges):
-        try:
-            frontend(model, _dims_shapes(fixed, ranges, at))
-        except (InputError, ShapeError) as e:
-            if e.node is not None:
-                raise not_taken(ranges, at, e) from None
-
-
-def _dims_shapes(fixed: dict, ranges: dict, units: dict) -> dict:
-    return {**fixed, **{k: r.step * units[k] for k, r in ranges.items()}}
 
 
 def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_bucket, frontend,
@@ -298,86 +161,11 @@ def compile_ranges(model, *, budget, shapes: dict, policy, candidates, compile_b
 BUCKET_SEARCH_SHARE = 0.8
 
 
-def _inside(model, frontend, fixed, ranges, probe, primes, fe_p, table, inside):
-    """None when the graph probed above the range re-sizes to the model imported inside it (at
-    the first assignment's probe and check imports, ``inside``, or at sizes near the range's top
-    for a range too narrow to hold two primes), else the first difference: a frontend may lower
-    a size outside the declared range differently (``torch.export``'s range guards). A size
-    inside that does not import is refused (:func:`not_taken`)."""
-    if inside is None:
-        top = {k: r.hi // r.step for k, r in ranges.items()}
-        mid = {k: (r.lo + r.hi) // (2 * r.step) for k, r in ranges.items()}
-        # (top, mid) and (mid, top): two sizes inside, each dim at two values
-        pts = [{k: (top if i % 2 == j else mid)[k] for i, k in enumerate(ranges)} for j in (0, 1)]
-        inside = []
-        for pt in pts:
-            try:
-                with probing(primes):
-                    inside.append((pt, frontend(model, _dims_shapes(fixed, ranges, pt))))
-            except (InputError, ShapeError) as e:
-                if e.node is not None:
-                    raise not_taken(ranges, pt, e) from None
-                return str(e)
-    for at, fe in inside:
-        # node for node, else by value: an import away from the probes folds what the probed one
-        # holds (a position table gathered at indices computed from the size: T5's buckets)
-        if _resizes_to(fe_p, {probe[k]: at[k] for k in ranges}, table, fe) is not None:
-            diff = _values_differ(fe_p, probe, at, table, fe, ranges)
-            if diff is not None:
-                return diff
-    return None
-
-
-def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> str | None:
-    """None when the probed graph re-sized to the range's two smallest and two largest sizes
-    computes what the model imported there computes (the same outputs on the same inputs), else
-    the first difference. A size the model floor-divides (a strided conv's or pool's output,
-    ``floor((H - k) / s) + 1``) agrees with products of the probe at the probes' residue mod ``s``
-    only, and two primes can share it (H = 3..20 probed at 17 and 19: 6 windows at both for
-    ``s = 3, k = 2``, and the plan then read 6 windows at every size): such a count is monotone in
-    the size, so it is right over the whole range only if it is at both ends, and a size that
-    cycles with the residue (SAME padding) differs at one of two consecutive sizes. Compared by
-    value, not node for node: an import away from the probes folds what the probed one holds (a
-    position table)."""
-    for at in _edge_units(ranges):
-        where = ", ".join(f"{k}={ranges[k].step * at[k]}" for k in ranges)
-        try:
-            with probing(primes):
-                fe = frontend(model, _dims_shapes(fixed, ranges, at))
-        except TooLargeError:
-            raise
-        except (InputError, ShapeError) as e:
-            if e.node is not None:
-                raise not_taken(ranges, at, e) from None
-            return f"at {where}: {e}"
-        diff = _values_differ(fe_p, probe, at, table, fe, ranges)
-        if diff is not None:
-            return diff
-    return None
-
-
-def _affine_table(model, frontend, fixed, ranges, probe, check, third, primes, fe_p, fe_c):
-    """``(table, diff)``: the affine values (``lumc.ir.symbolic.learn_table``) learned from the
-    checked import and one at the third primes (above the range: there are always three), and
-    None when the probed graph re-sized with them is both, node for node, else the first
-    difference (an empty table: nothing affine to learn)."""
-    from lumc.ir.symbolic import learn_table
-    with probing(primes):
-        fe_t = frontend(model, _dims_shapes(fixed, ranges, third))
-    subs = [{probe[k]: check[k] for k in ranges}, {probe[k]: third[k] for k in ranges}]
-    table = learn_table(fe_p.graph, [fe_c.graph, fe_t.graph], subs)
-    for sub, fe in zip(subs, (fe_c, fe_t)):
-        diff = _resizes_to(fe_p, sub, table, fe)
-        if diff is not None:
-            return table, diff
-    return table, None
-
-
 def _compile_ranges(model, budget_s, shapes, policy, candidates, compile_bucket, frontend, clock):
     t0 = clock()
     ranges = ranges_in(shapes)
     fixed = {k: v for k, v in shapes.items() if k not in ranges}
-    probe, check, fe_p, table = _probe_sizes(model, frontend, fixed, ranges)
+    probe, check, fe_p, table = probe_sizes(model, frontend, fixed, ranges)
     # the input axes that are the dim itself (a derived axis, 2 * L, is checked by the plan's
     # own input shapes at call time instead)
     axes = {k: [[name, ax] for name, n in fe_p.graph.inputs.items()
@@ -457,7 +245,7 @@ def _compile_bucket(bi, box, boxes, weights, budget_s, t0, clock, ranges, probe,
     """One size bucket: its search at the representative size, its plan checked at both ends."""
     from lumc.compiler.core.pipeline import example_inputs_for
     from lumc.compiler.runtime.program import resize_program, run_program_reference
-    from lumc.compiler.core.measure import max_rel_error
+    from lumc.compiler.core.errors import max_rel_error
     from lumc.compiler.core.precision import integer_error
     from lumc.compiler.core.precision_gate import reference_outputs
     share, short = bucket_share(budget_s - (clock() - t0), weights[bi:])

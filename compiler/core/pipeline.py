@@ -24,7 +24,8 @@ from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_sizes, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import greedy_program
-from lumc.compiler.core.measure import KernelMeasurer, max_rel_error
+from lumc.compiler.core.errors import max_rel_error
+from lumc.compiler.core.measure import KernelMeasurer
 from lumc.compiler.core.onnx_stage import (Frontend, bind_model, check_example_names,
                                           input_shapes_as_tuples, stage_frontend, with_ranges)
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, integer_error,

@@ -352,7 +352,7 @@ def output_quality(got: np.ndarray, ref: np.ndarray, logits: bool = False) -> di
     Returns ``{max_abs, max_rel, cosine}`` plus ``{kl_mean, kl_max, top1}`` when the reference is a
     probability output or ``logits`` is set (KL(ref || got) per row over the last axis, natural log).
     """
-    from lumc.compiler.core.measure import max_abs_error, max_rel_error
+    from lumc.compiler.core.errors import max_abs_error, max_rel_error
     g = np.asarray(got, dtype=np.float64)
     r = np.asarray(ref, dtype=np.float64)
     out = {"max_abs": max_abs_error(g, r), "max_rel": max_rel_error(g, r)}

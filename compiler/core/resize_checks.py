@@ -17,7 +17,7 @@ def values_differ(fe_p, probe, at, table, fe, ranges) -> str | None:
     """None when the probed graph re-sized to ``at`` (units of each dim's step) computes what
     ``fe``, the model imported there, computes (the same outputs on the same drawn inputs), else
     the difference in words."""
-    from lumc.compiler.core.measure import max_rel_error
+    from lumc.compiler.core.errors import max_rel_error
     from lumc.compiler.core.pipeline import example_inputs_for
     where = ", ".join(f"{k}={ranges[k].step * at[k]}" for k in ranges)
     try:

@@ -84,7 +84,7 @@ def _check(cm, inputs: dict) -> float:
     """Max relative error of the plan's GPU outputs against the float64 reference (CPU)."""
     import numpy as np
     from lumc.backends.reference import ReferenceExecutor
-    from lumc.compiler.core.measure import max_rel_error
+    from lumc.compiler.core.errors import max_rel_error
     got = cm.run(inputs)                      # the GPU plan: buffers, CUDA graph replay
     ref = ReferenceExecutor(cm.graph, "float64")(inputs)
     worst = 0.0

@@ -133,7 +133,7 @@ def test_padded_convolutions_serve_every_size_through_the_table():
     from lumc.compiler.core.pipeline import stage_frontend
     from test_ranges import _cnn
     ranges = {"H": B.DimRange(32, 256, 32), "W": B.DimRange(32, 256, 32)}
-    probe, _, fe_p, table = B._probe_sizes(_cnn(), lambda m, s: stage_frontend(m, s, None), {},
+    probe, _, fe_p, table = B.probe_sizes(_cnn(), lambda m, s: stage_frontend(m, s, None), {},
                                            ranges)
     assert table
     names = {probe["H"]: "L0", probe["W"]: "L1"}

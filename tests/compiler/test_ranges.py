@@ -252,7 +252,7 @@ def test_padded_convolutions_resize_through_a_learned_table():
     from lumc.ir.symbolic import learn_table
     ranges = {"H": DimRange(32, 256, 32), "W": DimRange(32, 256, 32)}
     fe = lambda m, s: stage_frontend(m, s, None)      # noqa: E731
-    probe, check, fe_p, table = B._probe_sizes(_cnn(), fe, {}, ranges)
+    probe, check, fe_p, table = B.probe_sizes(_cnn(), fe, {}, ranges)
     assert table and all(p > 256 for p in probe.values())
     assert any(a for _, fs in table.values() for _, _, a in fs)       # an offset was learned
     for h, w in ((1, 1), (3, 8), (8, 5)):
