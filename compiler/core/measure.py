@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.runtime.program import KernelCall
 from lumc.compiler.core.check_inputs import drawn_check_inputs, vacuous
-from lumc.compiler.core.errors import max_abs_error, max_rel_error  # noqa: F401 (also re-exported)
+from lumc.compiler.core.errors import max_rel_error  # noqa: F401 (also re-exported)
 from lumc.compiler.core.config_order import ordered_configs, precision_variants
 from lumc.compiler.core.search import Measurement
 from lumc.compiler.core.workers import NoBudget, PrecompileUnits, WorkerLost, WorkerUnits
@@ -201,9 +202,7 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             shared, fkey = self._family(e, None)
             if fkey in shared:            # judged at another size of the range already
                 continue
-            dbk = TimingKey(key, "numerics-check", self.target.name, self.versions["lumc"],
-                            self.versions["triton"], self.versions["driver"])
-            if self.db.get(dbk) is not None:
+            if self.db.get(self._verdict_key(key, "numerics-check")) is not None:
                 continue
             ins = self._inputs(e)
             if ins is None or sum(int(np.prod(n.shape)) for n in e.call.outputs) > INTERPRETER_MAX_ELEMENTS:
@@ -273,6 +272,10 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             if not hit.ok:
                 return Measurement(None, "rejected" if hit.note.startswith("rejected") else "error",
                                    hit.note, from_db=True)
+            if self.target.simulated:    # its stored check's verdict: was it on a sample?
+                verdict = self.db.get(self._verdict_key(key, "numerics-check"))
+                if verdict is not None:
+                    self._note_sampled(key, verdict.note)
             return Measurement(hit.seconds, from_db=True)
         cfg_obj = e.configs[index]
         extern = cfg_obj is not None and is_extern(cfg_obj.kwargs())
@@ -353,15 +356,15 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             self._verdicts[vkey] = (verdict[0], verdict[1] + " [shared: this structure's "
                                     "generated code was checked at another size of the range]")
             return self._verdicts[vkey]
-        dbk = TimingKey(e.key, "numerics-check" if p == default else f"numerics-check:{p}",
-                        self.target.name, self.versions["lumc"], self.versions["triton"],
-                        self.versions["driver"])
+        dbk = self._verdict_key(e.key, "numerics-check" if p == default else f"numerics-check:{p}")
         hit = self.db.get(dbk)
         if hit is not None:
             verdict = (hit.ok, hit.note)
             e.max_error = hit.seconds        # the row keeps the check's max rel error
+            self._note_sampled(e.key, hit.note)
         else:
-            # the interpreter's cost is per program and per op: check at its big-tile config
+            # the interpreter's cost is per program and per op: big tiles, or a large kernel's
+            # tiles sized for a sampled check (configs.check_config)
             cfg = e.triton.check_config(p)
             ok, note = self._check(e, -1 if p == default else -2, cfg)
             verdict = (ok, note + f" (at {cfg}, CPU interpreter)")
@@ -373,6 +376,17 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
             shared[fkey] = (verdict, e.max_error)
         self._verdicts[vkey] = verdict
         return verdict
+
+    def _verdict_key(self, key: str, what: str) -> TimingKey:
+        return TimingKey(key, what, self.target.name, self.versions["lumc"],
+                         self.versions["triton"], self.versions["driver"])
+
+    def _note_sampled(self, key: str, note: str) -> None:
+        """A stored verdict judged on a sample of programs (its note says ``(on K of N programs,
+        sampled)``) is reported so again (``self.sampled``)."""
+        m = re.search(r"\((on \d+ of \d+ programs), sampled\)", note)
+        if m:
+            self.sampled[key] = m.group(1)
 
     def _family(self, e: KernelEntry, precision: str | None) -> tuple[dict, tuple | None]:
         """The range compile's shared verdicts (:func:`sharing_checks`) and this kernel's key
@@ -467,10 +481,8 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                                                   else 0.0)
         for i, (o, r, n) in enumerate(zip(outs, refs, call.outputs)):
             got = o if isinstance(o, np.ndarray) else to_numpy(o)   # pool results are numpy
-            if written is not None:     # judged where the sampled programs wrote
-                if got.size and not written[i].any():
-                    return False, f"rejected: its sampled programs ({ran}) wrote no element " \
-                                  f"of output {i}"
+            if written is not None:     # judged where the sampled programs wrote (run_sampled
+                # ran it whole where they left an output's first or last element unwritten)
                 got = np.where(written[i], got, np.asarray(r).astype(got.dtype, copy=False))
             if n.dtype.is_float:
                 err = max_rel_error(got, r)

@@ -73,11 +73,11 @@ def _mlp_model(path, b=96, m=8, k=16, n=8):
     return w
 
 
-def _compile(path, tmp_path):
-    import lumc
+def _compile(path, tmp_path, **kw):
+    from lumc.compiler.core.pipeline import compile_model
     from lumc.compiler.runtime.tuning_db import TuningDatabase
-    return lumc.compile(str(path), budget="60s", device="sim:h200",
-                        db=TuningDatabase(tmp_path / "db.sqlite"))
+    return compile_model(str(path), budget="60s", device="sim:h200",
+                         db=TuningDatabase(tmp_path / "db.sqlite"), **kw)
 
 
 def test_a_compile_reports_the_kernels_checked_on_a_sample(tmp_path):
@@ -88,6 +88,11 @@ def test_a_compile_reports_the_kernels_checked_on_a_sample(tmp_path):
     rows = [row for row in r["per_kernel"] if row.get("checked_on")]
     assert rows and rows[0]["checked_on"].startswith(f"on {SAMPLE} of ")
     assert "checked on a sample of their programs" in cm.report()
+    # a second compile judges by the stored verdict (the tuning database) and still says so
+    again = _compile(path, tmp_path, reuse_plan=False).report_dict()
+    assert again["measured"] == 0 and again["db_hits"] > 0
+    assert [row.get("checked_on") for row in again["per_kernel"]] == \
+        [row.get("checked_on") for row in r["per_kernel"]]
     x = np.random.default_rng(1).standard_normal((96, 8, 16)).astype(np.float32)
     y = np.asarray(cm(x))
     ref = x.astype(np.float64) @ numpy_helper.to_array(w).astype(np.float64)
