@@ -5,7 +5,7 @@ carries), and without it a compile searches only the greedy program. So the e-gr
 machine, and what it decided travels as data: for each candidate program, the decoded graph the
 e-graph chose (its rewritten expressions: attention, layer norm and horizontal forms), the form
 records, and the fusion flags (``+norm-prologue``, ``+norm-on-load``, ``+kv-prologue``,
-``+attention``). The machine with the GPU rebuilds each program with the same greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`,
+``+attention``, ``+mlp``, ``+rows``). The machine with the GPU rebuilds each program with the same greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`,
 pure Python) and searches them as if its own e-graph had produced them.
 
 The file holds no weights. Leaves are bound on the receiving machine:
@@ -288,11 +288,12 @@ def load(graph: Graph, directory: str | Path) -> tuple[list[Program], str]:
                 root = _rebuild(nodes[r], memo, leaf)
                 forms[id(root)] = FormRecord(form, _from_json_attrs(attrs),
                                              [_rebuild(nodes[i], memo, leaf) for i in ins])
-            # files before +kv-prologue hold 2 flags, before +attention 3, before +mlp 4
-            pro, epi, kv, att, mlp = (list(c["flags"]) + [False, False, False])[:5]
+            # files before +kv-prologue hold 2 flags, before +attention 3, before +mlp 4,
+            # before +rows 5
+            pro, epi, kv, att, mlp, rows = (list(c["flags"]) + [False] * 4)[:6]
             p = greedy_program(Graph(dict(graph.inputs), outs), label=c["label"], forms=forms,
                                norm_prologue=pro, norm_epilogue=epi, kv_prologue=kv,
-                               attention=att, mlp=mlp)
+                               attention=att, mlp=mlp, rows=rows)
             p.validate()
         except Exception:  # noqa: BLE001 - a candidate that does not bind here is dropped
             dropped += 1

@@ -29,7 +29,7 @@ from lumc.compiler.core.extract import (CostModel, EGraphView, FormRecord, alter
                                    decode)
 from lumc.compiler.core import egraph_engines
 from lumc.compiler.core.constfold import fold_constants
-from lumc.compiler.core.fusion import KV_PROLOGUE_REFUSAL, greedy_program
+from lumc.compiler.core.fusion import KV_PROLOGUE_REFUSAL, ROWS_REFUSAL, greedy_program
 from lumc.compiler.core.fusion_attention import ATTENTION_REFUSAL
 from lumc.compiler.core.fusion_chain import MLP_REFUSAL
 from lumc.compiler.core.partition import Region, partition
@@ -308,22 +308,33 @@ def _wide_forced(view: EGraphView) -> dict[str, int] | None:
     return forced
 
 
-def fusion_flags(label: str) -> tuple[bool, bool, bool, bool, bool]:
-    """``(norm_prologue, norm_epilogue, kv_prologue, attention, mlp)`` of a candidate's label: its
-    suffixes ``+norm-prologue`` or ``+norm-on-load``, then ``+kv-prologue``, ``+attention`` and
-    ``+mlp`` (the twins, in the order they were made)."""
+def fusion_flags(label: str) -> tuple[bool, bool, bool, bool, bool, bool]:
+    """``(norm_prologue, norm_epilogue, kv_prologue, attention, mlp, rows)`` of a candidate's
+    label: its suffixes ``+norm-prologue`` or ``+norm-on-load``, then ``+kv-prologue``,
+    ``+attention``, ``+mlp`` and ``+rows`` (the twins, in the order they were made)."""
     tail = label.split("+")[1:]
     return ("norm-prologue" in tail, "norm-on-load" in tail, "kv-prologue" in tail,
-            "attention" in tail, "mlp" in tail)
+            "attention" in tail, "mlp" in tail, "rows" in tail)
 
 
 def mlp_twin(label: str, notes: list[str]) -> bool:
     """Whether the candidate ``label`` (its fusion's ``notes``) gets a ``+mlp`` twin
     (``fusion_chain``): its fusion noted chained contractions it could compute in one kernel, and
-    it is not a twin already nor a single region's flip (one more decode of the whole program
-    each)."""
-    return (not fusion_flags(label)[4] and not label.startswith("flip:")
+    it is not a twin already (of ``+mlp``, or ``+rows``: the last twin made) nor a single
+    region's flip (one more decode of the whole program each)."""
+    flags = fusion_flags(label)
+    return (not flags[4] and not flags[5] and not label.startswith("flip:")
             and any(MLP_REFUSAL in x for x in notes))
+
+
+def rows_twin(label: str, notes: list[str]) -> bool:
+    """Whether the candidate ``label`` (its fusion's ``notes``) gets a ``+rows`` twin
+    (``fusion_rows``): its fusion noted a row value read back over its rows that one row kernel
+    could keep on chip, and it is not a ``+rows`` twin already nor a single region's flip (one
+    more decode of the whole program each). Every other twin is made before it (a ``+rows``
+    label gets none), so each combination is decoded once."""
+    return (not fusion_flags(label)[5] and not label.startswith("flip:")
+            and any(ROWS_REFUSAL in x for x in notes))
 
 
 def attention_twin(label: str, notes: list[str]) -> bool:
@@ -331,7 +342,8 @@ def attention_twin(label: str, notes: list[str]) -> bool:
     (``fusion_attention``): its fusion noted a softmax it could assemble, it is not a twin
     already, and its plan did not choose against the e-graph's attention forms (``all:Attention
     Masked->MatMul``: the twin would put one back)."""
-    return (not fusion_flags(label)[3] and "Attention" not in label.split("+")[0]
+    flags = fusion_flags(label)
+    return (not flags[3] and not flags[5] and "Attention" not in label.split("+")[0]
             and any(ATTENTION_REFUSAL in x for x in notes))
 
 
@@ -339,13 +351,14 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
                      tables: Tables, label: str, norm_prologue: bool = False,
                      memo: dict | None = None, norm_epilogue: bool = False,
                      kv_prologue: bool = False, attention: bool = False,
-                     mlp: bool = False) -> Program:
+                     mlp: bool = False, rows: bool = False) -> Program:
     """The program of one choice per region: decode regions in order, then fuse greedily around
     the chosen forms (``norm_prologue``: normalizations read only by contractions are formed on
     load inside them; ``norm_epilogue``: also where a contraction's epilogue reads them,
     ``lumc.compiler.core.fusion``; ``kv_prologue``: attention computes its elementwise keys and
     values itself; ``attention``: attention assembled around score functions no rule spells,
-    ``fusion_attention``; ``mlp``: chained contractions in one kernel, ``fusion_chain``). ``memo``
+    ``fusion_attention``; ``mlp``: chained contractions in one kernel, ``fusion_chain``; ``rows``:
+    reductions over the same rows and their readers in one row kernel, ``fusion_rows``). ``memo``
     (shared by the candidates of one
     e-graph run) keeps each region's decode by its choice and the nodes it reads, so a region
     that the candidates choose alike over the same inputs is decoded once (the same nodes)."""
@@ -373,10 +386,10 @@ def decode_candidate(graph: Graph, results: list[RegionResult], picks: list[dict
     new = Graph(graph.inputs, outs)
     prog = greedy_program(new, label=label, forms=forms, norm_prologue=norm_prologue,
                           norm_epilogue=norm_epilogue, kv_prologue=kv_prologue,
-                          attention=attention, mlp=mlp)
+                          attention=attention, mlp=mlp, rows=rows)
     prog.value_keys = keys
     # what the fusion was given: enough to build the program again elsewhere (carried.py)
-    prog.decoded = (new, forms, (norm_prologue, norm_epilogue, kv_prologue, attention, mlp))
+    prog.decoded = (new, forms, (norm_prologue, norm_epilogue, kv_prologue, attention, mlp, rows))
     return prog
 
 
@@ -485,16 +498,20 @@ def egraph_candidates(graph: Graph, device: DeviceSpec | str = "h100", k: int = 
         if progs and deadline is not None and time.monotonic() > deadline:
             break                       # out of time: the candidates decoded so far
         try:
-            pro, epi, kv, att, mlp = fusion_flags(label)
+            pro, epi, kv, att, mlp, rows = fusion_flags(label)
             p = decode_candidate(graph, results, picks, tables, label, norm_prologue=pro,
                                  memo=decoded, norm_epilogue=epi, kv_prologue=kv, attention=att,
-                                 mlp=mlp)
+                                 mlp=mlp, rows=rows)
             p.validate()
         except Exception as e:   # a bad alternative must not sink the compile
             log.warning("candidate %s failed to decode: %r", label, e, exc_info=log.isEnabledFor(
                 logging.DEBUG))
             continue
-        if not kv and any(KV_PROLOGUE_REFUSAL in x for x in p.notes):
+        if rows_twin(label, p.notes):
+            # decoded last: on a tie of bounds a named form (RMSNorm) stays ahead of its spelling
+            # as a generic row kernel
+            queue.append((f"{label}+rows", picks))
+        if not kv and not rows and any(KV_PROLOGUE_REFUSAL in x for x in p.notes):
             queue.appendleft((f"{label}+kv-prologue", picks))
         if attention_twin(label, p.notes):
             queue.appendleft((f"{label}+attention", picks))

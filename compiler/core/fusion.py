@@ -38,6 +38,10 @@ that reads it:
   several outputs (horizontal fusion: a decoding step's key and value cache concatenations), when
   every input of the later one is written before the first
   (:meth:`GreedyFusion._pointwise_partners`).
+* With ``rows`` (the ``+rows`` candidates), a reduction whose row values are read back over its
+  rows (``x - max(x)``), the later reductions of the same rows that read them and the readers of
+  one value per row or per element are one row kernel (``lumc.compiler.core.fusion_rows``):
+  LogSoftmax, an L2 normalization, a layer norm no rule spells.
 
 Each refused fusion is logged once, naming both nodes and the reason (Inductor's ``WhyNoFuse``).
 """
@@ -54,6 +58,7 @@ from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_chain import ChainFusion
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
+from lumc.compiler.core.fusion_rows import ROWS_REFUSAL, RowFusion, launch_order  # noqa: F401
 from lumc.compiler.core.kernel_builder import build_call, is_buffer_leaf
 from lumc.compiler.runtime.program import Program
 
@@ -66,19 +71,22 @@ MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its e
 HORIZONTAL_LOOKAHEAD = 4  # later kernels a pointwise kernel looks at for independent partners
 
 
-class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusion):
+class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusion, RowFusion):
     """Realization decisions for one graph; :meth:`program` cuts the kernels.
 
     Attributes:
         realized: ids of nodes a kernel writes.
         group: ``{id(node): id(reduce)}`` for a reduction and the epilogue fused onto it.
+        row_groups: ``{id(root): member ids}`` of the row groups claimed (``fusion_rows``).
         refusals: one line per refused fusion.
     """
 
     def __init__(self, graph: Graph, realize: set[int] | None = None, forms: dict | None = None,
                  norm_prologue: bool = False, norm_epilogue: bool = False,
-                 kv_prologue: bool = False, attention: bool = False, mlp: bool = False):
+                 kv_prologue: bool = False, attention: bool = False, mlp: bool = False,
+                 rows: bool = False):
         self.graph = graph
+        self.rows = rows
         self.attention = attention
         self.mlp = mlp
         self.chain_root: dict[int, int] = {}    # chained contractions (fusion_chain)
@@ -110,6 +118,9 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         self.refusals: list[str] = []
         self._closed: dict[int, tuple] = {}
         self.forms = self._form_groups(self._with_attention(forms or {}))
+        self.row_groups: dict[int, set[int]] = {}
+        if not realize:          # the unfused program cuts every op
+            self._row_groups()
         self._decide()
 
     # ---- analysis --------------------------------------------------------------------------
@@ -416,6 +427,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                         self._realize(b, n, "a gather table must be in memory")
                 if n.op == "Contiguous":
                     self._realize(n, None, "Contiguous materializes")
+                if id(n) in self.row_groups:
+                    exits[id(n)] = n       # a row group's root: the kernel's (first) output
             if id(n) in self.outputs:
                 self._realize(n, None, "model output")
         self._exits = exits
@@ -453,13 +466,14 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                 continue
             # consumers inside one form kernel (a layer norm's mean and x - mean) read it in one
             # kernel: recomputed there per pass, not per kernel
-            consumers = {self.group.get(id(u), id(u)) if self.group.get(id(u)) in self.forms
-                         else id(u) for u, _ in uses}
+            consumers = {self.group[id(u)] if self.group.get(id(u)) in self.forms
+                         or self.group.get(id(u)) in self.row_groups else id(u) for u, _ in uses}
             if len(consumers) > 1 and (len(big) > 1 or ops > MAX_RECOMPUTE_OPS):
                 self._realize(n, uses[0][0], f"{len(consumers)} consumers and recompute reads "
                                              f"{len(big)} large buffers / {ops} ops")
         self._fuse_head_norms(exits)
         self._write_attention_row_values(exits)
+        self._row_writes()
 
     # ---- kernels ---------------------------------------------------------------------------
     def program(self, label: str = "greedy") -> Program:
@@ -468,7 +482,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         done: set[int] = set()
 
         def boundary(x: Node) -> bool:
-            return id(x) in done
+            # a row value a later kernel writes (a row group's, a norm's) is read, not recomputed
+            return id(x) in done or id(x) in self.row_owned
 
         form_of = {}
         for rid, rec in self.forms.items():
@@ -490,6 +505,9 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                     calls.append(build_call([n] + rows, boundary, "mlp",
                                             (("axes", tuple(r2.arg)), ("reduce", "sum")),
                                             push_views=False))
+                elif id(n) in self.row_groups:
+                    # the row group as written: views over row values stay broadcasts of rows
+                    calls.append(build_call([n] + rows, boundary, push_views=False))
                 elif self.group.get(id(n)) in self.norm_consumers:
                     # the normalization stays as written: its renderer reads the rows of its input
                     # (and writes the row values other kernels read)
@@ -505,7 +523,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         outputs = {}
         for name, n in self.graph.outputs.items():
             outputs[name] = n
-        prog = Program(calls, outputs, label=label, notes=list(self.refusals), graph=self.graph)
+        prog = Program(launch_order(calls), outputs, label=label, notes=list(self.refusals),
+                       graph=self.graph)
         return prog
 
 
@@ -522,6 +541,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                 continue
             seen += 1
             if id(m) in form_of or self.group.get(id(m)) in self.norm_consumers \
+                    or self.group.get(id(m)) in self.row_groups \
                     or self.row_outputs.get(id(m)) or m.numel != n.numel:
                 continue
             trial = build_call([m], lambda x: id(x) in self.realized and x is not m)
@@ -545,7 +565,7 @@ def _alias_output(n: Node) -> bool:
 def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = None,
                    norm_prologue: bool = False, norm_epilogue: bool = False,
                    kv_prologue: bool = False, attention: bool = False,
-                   mlp: bool = False) -> Program:
+                   mlp: bool = False, rows: bool = False) -> Program:
     """Greedy fusion of ``graph`` into a :class:`Program` (see the module docstring).
 
     Model outputs that are model inputs, constants, or free reshapes of a realized node are not
@@ -559,8 +579,12 @@ def greedy_program(graph: Graph, label: str = "greedy", forms: dict | None = Non
     ``kv_prologue`` computes elementwise key and value operands of attention inside it (the query's
     always is); ``attention`` assembles attention forms around score functions no rule spells
     (``fusion_attention``); ``mlp`` computes a contraction's epilogue that only the next
-    contraction reads in that contraction's kernel (``fusion_chain``).
+    contraction reads in that contraction's kernel (``fusion_chain``); ``rows`` computes chains of
+    reductions over the same rows and their readers in one row kernel (``fusion_rows``).
+
+    Raises:
+        ValueError: the kernels read each other's outputs in a cycle (``fusion_rows.launch_order``).
     """
     return GreedyFusion(graph, forms=forms, norm_prologue=norm_prologue,
                         norm_epilogue=norm_epilogue, kv_prologue=kv_prologue,
-                        attention=attention, mlp=mlp).program(label)
+                        attention=attention, mlp=mlp, rows=rows).program(label)

@@ -60,7 +60,8 @@ class ChainFusion:
         """``C2`` (the sum over ``mul``) when ``b`` may be computed in its kernel, else None."""
         g = self.group.get(id(b))
         r1 = self.byid.get(g) if g is not None else None
-        if r1 is None or g in self.forms or exits.get(g) is not b or id(b) in self.outputs:
+        if r1 is None or g in self.forms or g in self.row_groups or exits.get(g) is not b \
+                or id(b) in self.outputs:
             return None
         if r1.op != "SumReduce" or g in self.chain_root.values() or g in self.chain_root:
             return None

@@ -23,7 +23,7 @@ from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activa
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_sizes, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
-from lumc.compiler.core.fusion import greedy_program
+from lumc.compiler.core.fusion import ROWS_REFUSAL, greedy_program
 from lumc.compiler.core.errors import max_rel_error
 from lumc.compiler.core.measure import KernelMeasurer
 from lumc.compiler.core.onnx_stage import (Frontend, bind_model, check_example_names,
@@ -72,12 +72,19 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
 
     With ``use_egraph`` the e-graph (``lumc.compiler.core.egraph_pipeline``) saturates under limits that fit
     the deadline and extraction returns up to :data:`MAX_CANDIDATES` distinct programs; the greedy
-    program is always a candidate too (it is the ``--no-egraph`` pipeline).
+    program is always a candidate too (it is the ``--no-egraph`` pipeline), with its ``+rows``
+    twin where it cut a chain of row reductions (``fusion_rows``).
     """
     stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
     greedy = greedy_program(graph)
     unfused = unfused_program(graph)
     programs = [greedy, unfused]
+    if any(ROWS_REFUSAL in x for x in greedy.notes):    # its row groups in one kernel each
+        try:
+            programs.append(greedy_program(graph, label="greedy+rows", rows=True))
+        except ValueError:      # kernels reading each other in a cycle: the twin is not made
+            pass
+    own = list(programs)
     if use_egraph:
         try:
             from lumc.compiler.core import egraph_pipeline
@@ -136,7 +143,7 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
         # reference run's values serve every candidate's nodes of those e-classes
         in_model = {id(n) for n in graph.nodes()}
         keys = {k: v for k, v in res.model_keys.items() if k in in_model}
-        for p in (greedy, unfused):
+        for p in own:
             p.value_keys = keys
     seen, out = set(), []
     for p in programs:

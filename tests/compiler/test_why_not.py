@@ -1,5 +1,7 @@
 """``lumc inspect ART --why-not``: every producer -> consumer pair of the chosen program is named
 with the fusion decision and the rule that would be needed; the artifact carries it."""
+import re
+
 import numpy as np
 from click.testing import CliRunner
 
@@ -95,7 +97,10 @@ def test_a_norm_with_a_reader_no_contraction_forms_it_in_is_named(tmp_path, monk
     pairs = [e for e in doc["pairs"] if (e["producer_form"], e["consumer_form"])
              == ("layernorm", "matmul")]
     assert pairs, doc["pairs"]
-    assert "(softmax) also reads it, so it is written" in pairs[0]["rule"]
+    # the softmax's kernel: its form, or (the +rows candidates) a row kernel that also adds the
+    # projection, which then writes no epilogue input (faster on sim:h200)
+    assert re.search(r"#\d \((softmax|reduction)\) also reads it, so it is written",
+                     pairs[0]["rule"]), pairs[0]["rule"]
 
 
 def test_post_ln_ffn_pairs_name_the_sum_and_the_row_values(tmp_path, monkeypatch):

@@ -1,0 +1,274 @@
+"""Row groups: a chain of reductions over the same rows, and the values that read them back over
+those rows, in one row kernel (the part of greedy fusion, ``lumc.compiler.core.fusion``, that
+decides them).
+
+Greedy fusion cuts a kernel at every reduction whose result is read back through a broadcast
+(``x - max(x)``): LogSoftmax is three kernels, an L2 normalization ``x / sqrt(sum(x * x))`` two, a
+layer norm no e-graph rule spells three, where one row kernel (``lumc.backends.triton.rowplan``:
+reductions of one operand shape ``S`` and axes, by levels, looped per level when a row does not fit
+in registers) reads the rows once and writes only the results. A *row group* is claimed here, the
+way a form's inside is (``GreedyFusion._form_groups``), from the model's primitives alone:
+
+* a *seed*: a ``SumReduce``/``MaxReduce`` outside any form, not a tensor-core contraction, whose
+  rows have at least 2 elements and that has at least one row;
+* grown forward (:meth:`RowFusion._row_edge`) through its readers: elementwise ops of one value per
+  row (``M`` values, read through free reshapes), elementwise ops of one value per element of ``S``
+  (``M x K``, reading row values through a broadcast back over the reduced axes, full values
+  through free reshapes), and further reductions of the same operand shape and axes; a reader
+  outside these (a contraction, a gather, another shape) reads what the kernel writes;
+* seeds whose groups meet (a layer norm spelled ``E[x^2] - E[x]^2``: two sums, one reader) are one
+  group; a group must read at least one row value back over its rows (else it is a reduction with
+  an epilogue, which greedy fusion already makes one kernel);
+* accepted when the kernel it would be plans as rows (``plan_rows`` of the kernel cut at the
+  group's edge: every output one value per row or per element) and no value leaves the group and
+  is read back in it (the kernels would wait on each other).
+
+Members read outside the group (a row statistic that is also a model output) are written by the
+group's kernel as more outputs (``row_outputs``), which the launch order (:func:`launch_order`)
+places before their readers.
+
+Whether one kernel is faster is the search's to judge: a looped kernel reads its rows once per
+reduction level (``lumc.backends.simulator`` prices each pass), the kernels it replaces write and
+read back only row values. So the decision is a flag, ``rows``: without it the groups are noted
+(:data:`ROWS_REFUSAL`), which makes ``egraph_pipeline`` decode the ``+rows`` twin of the candidate,
+and the search times both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lumc.ir.graph import Node
+from lumc.ir.ops import ELEMENTWISE, REDUCE
+from lumc.ir.movement import compose_view
+from lumc.ir.views import prod
+
+from lumc.backends.triton.codegen import RenderError
+from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core
+from lumc.backends.triton.rowplan import RowPlan, plan_rows
+from lumc.compiler.core.kernel_builder import build_call
+
+# the note a fusion without ``rows`` leaves on each row value a row group would keep on chip
+ROWS_REFUSAL = ("a row value read back over its rows: one row kernel computes it with its readers "
+                "(the +rows candidate)")
+# the note where a group is found but cannot be one row kernel (the reason follows)
+ROWS_UNPLANNED = "no row kernel for this row value and its readers: "
+
+
+@dataclass
+class RowGroup:
+    """One row group: its key (operand shape, reduced axes), members by id, and the row values
+    read back through a broadcast (``bcast``)."""
+    key: tuple
+    members: dict = field(default_factory=dict)
+    bcast: list = field(default_factory=list)
+
+
+def _row_key(r: Node) -> tuple | None:
+    """``(S, axes, M, K)`` of a seed reduction ``r``, or None when it seeds no row group (a
+    tensor-core contraction, rows of fewer than 2 elements, no rows)."""
+    c = as_contraction_squeezed(r)
+    if c is not None and is_tensor_core(c):
+        return None
+    shape, axes = tuple(r.srcs[0].shape), tuple(sorted(r.arg))
+    k = prod(shape[a] for a in axes)
+    if k < 2 or prod(shape) == 0:
+        return None
+    return shape, axes, prod(shape) // k, k
+
+
+def _composed(views: list):
+    """The one view equal to reading ``views`` (inner first) in turn, or None."""
+    v = views[0]
+    for w in views[1:]:
+        v = compose_view(v, w)
+        if v is None:
+            return None
+    return v
+
+
+class RowFusion:
+    """Row-group decisions for :class:`~lumc.compiler.core.fusion.GreedyFusion` (module
+    docstring). State: ``row_groups`` (``{id(root): member ids}``; the root is the member last in
+    topological order, the kernel's first output)."""
+
+    def _row_groups(self) -> None:
+        """Find the row groups; with ``rows`` claim them (``group``), else note them."""
+        self.row_groups: dict[int, set[int]] = {}
+        for g in self._find_row_groups():
+            if not g.bcast:
+                continue
+            root = max(g.members.values(), key=lambda n: self.pos[id(n)])
+            why = self._row_refusal(g, root)
+            srcs = list({id(d): d for d in g.bcast}.values())
+            if why is not None:
+                for d in srcs:
+                    self._refuse(d, None, ROWS_UNPLANNED + why)
+                continue
+            if not self.rows:
+                for d in srcs:
+                    self._refuse(d, None, ROWS_REFUSAL)
+                continue
+            self.row_groups[id(root)] = set(g.members)
+            for k in g.members:
+                self.group[k] = id(root)
+
+    def _find_row_groups(self) -> list[RowGroup]:
+        """Row groups grown from each seed in topological order; a group that reaches a node of
+        an earlier group of the same key joins it (module docstring)."""
+        owner: dict[int, int] = {}
+        groups: list[RowGroup | None] = []
+        for r in self.order:
+            if r.op not in REDUCE or id(r) in self.group or id(r) in owner:
+                continue
+            key = _row_key(r)
+            if key is None:
+                continue
+            g, meets, stack = RowGroup(key, {id(r): r}), set(), [r]
+            while stack:
+                d = stack.pop()
+                for u, views in self.uses.get(id(d), []):
+                    if id(u) in g.members:
+                        continue
+                    edge = self._row_edge(d, u, views, key)
+                    if edge is None:
+                        continue
+                    o = owner.get(id(u))
+                    if o is not None and groups[o].key != key:
+                        continue
+                    if edge == "bcast":
+                        g.bcast.append(d)
+                    if o is not None:
+                        meets.add(o)
+                        continue
+                    g.members[id(u)] = u
+                    stack.append(u)
+            gid = min(meets) if meets else len(groups)
+            if not meets:
+                groups.append(g)
+            for o in sorted(meets | {-1}):
+                src = g if o == -1 else groups[o]
+                if o == gid:
+                    continue
+                groups[gid].members.update(src.members)
+                groups[gid].bcast += src.bcast
+                if o != -1:
+                    groups[o] = None
+            for k in groups[gid].members:
+                owner[k] = gid
+        return [g for g in groups if g is not None]
+
+    def _row_edge(self, d: Node, u: Node, views: list, key: tuple) -> str | None:
+        """How ``u`` may read group member ``d`` through ``views`` inside one row kernel of
+        ``key``: ``"same"`` (a free reshape of a row or full value), ``"bcast"`` (a row value
+        broadcast back over the reduced axes), or None (``u`` stays outside the group)."""
+        shape, axes, m, k = key
+        if id(u) in self.group or u.op == "View":
+            return None
+        if u.op in REDUCE:
+            if (tuple(u.srcs[0].shape), tuple(sorted(u.arg))) != (shape, axes):
+                return None
+            c = as_contraction_squeezed(u)
+            if c is not None and is_tensor_core(c):
+                return None
+        elif u.op not in ELEMENTWISE or u.numel not in (m, m * k):
+            return None
+        full = u.numel == m * k if u.op not in REDUCE else True
+        if d.numel == m * k and full:
+            return "same" if self._free_reshape(views) else None
+        if d.numel != m:
+            return None
+        if not full:
+            return "same" if self._free_reshape(views) else None
+        v = _composed(views) if views else None
+        if v is None or tuple(v.shape) != shape:
+            return None
+        kept = tuple(j for j in range(len(shape)) if j not in axes)
+        plan = RowPlan(shape, axes, kept, m, k, [], {}, {})
+        return "bcast" if plan.is_row_broadcast(v) else None
+
+    def _row_outputs_of(self, members: dict, root: Node) -> list[Node]:
+        """The root, then the members read outside the group (or model outputs), in order."""
+        out = [root]
+        for n in sorted(members.values(), key=lambda n: self.pos[id(n)]):
+            if n is not root and (id(n) in self.outputs or any(
+                    id(u) not in members for u, _ in self.uses[id(n)])):
+                out.append(n)
+        return out
+
+    def _row_refusal(self, g: RowGroup, root: Node) -> str | None:
+        """Why group ``g`` cannot be one row kernel, or None: a value that leaves the group and
+        is read back in it, or a kernel ``plan_rows`` refuses (module docstring)."""
+        outs = self._row_outputs_of(g.members, root)
+        limit = self.pos[id(root)]
+        # readers seen through views (a view is a read, not a value leaving the kernel)
+        stack = [u for n in outs[1:] for u, _ in self.uses[id(n)] if id(u) not in g.members]
+        seen: set[int] = set()
+        while stack:
+            x = stack.pop()
+            if id(x) in seen or self.pos.get(id(x), limit + 1) > limit:
+                continue
+            seen.add(id(x))
+            if id(x) in g.members:
+                return f"%{x.id} reads it back through a value computed outside the kernel"
+            stack.extend(u for u, _ in self.uses.get(id(x), []))
+        members = g.members
+        try:
+            call = build_call(outs, lambda x: x.op not in ("View", "Constant", "Iota")
+                              and id(x) not in members, push_views=False)
+            plan = plan_rows(call.kernel)
+        except RenderError as e:
+            return str(e)
+        _, _, m, k = g.key
+        if call.kernel.form != "reduction" or plan is None:
+            return f"it plans as a {call.kernel.form} kernel"
+        for o in call.kernel.meaning.outputs.values():
+            if o.numel not in (m, m * k):
+                return f"an output of shape {o.shape} is neither per row nor per element"
+        return None
+
+    def _row_writes(self) -> None:
+        """After the walk: each group's members read outside it are written by its kernel
+        (``row_outputs`` of its root, ``row_owned``)."""
+        for rid, ids in self.row_groups.items():
+            members = {k: self.byid[k] for k in ids}
+            for n in self._row_outputs_of(members, self.byid[rid])[1:]:
+                self._realize(n, None, "read outside its row kernel, which writes it too")
+            extra = sorted((self.byid[k] for k in ids if k != rid and k in self.realized),
+                           key=lambda n: self.pos[id(n)])
+            if extra:
+                self.row_outputs.setdefault(rid, []).extend(extra)
+                self.row_owned.update(id(n) for n in extra)
+
+
+def launch_order(calls: list) -> list:
+    """``calls`` in an order where each runs after the calls that write its inputs, the given
+    order kept wherever it already is one (a row group's kernel may write a row value that a
+    kernel cut earlier in node order reads).
+
+    Raises:
+        ValueError: the kernels read each other's outputs in a cycle.
+    """
+    import heapq
+    writer = {id(n): i for i, c in enumerate(calls) for n in c.outputs}
+    deps = [{writer[id(n)] for n in c.inputs if id(n) in writer} - {i}
+            for i, c in enumerate(calls)]
+    if all(j < i for i, d in enumerate(deps) for j in d):
+        return calls
+    readers: dict[int, list[int]] = {}
+    for i, d in enumerate(deps):
+        for j in d:
+            readers.setdefault(j, []).append(i)
+    left = [len(d) for d in deps]
+    ready = [i for i, n in enumerate(left) if n == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        i = heapq.heappop(ready)
+        out.append(calls[i])
+        for j in readers.get(i, []):
+            left[j] -= 1
+            if left[j] == 0:
+                heapq.heappush(ready, j)
+    if len(out) != len(calls):
+        raise ValueError("kernels read each other's outputs in a cycle (row groups)")
+    return out
