@@ -27,6 +27,11 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
   program finishes sooner, however many share the grid.
 * **Launch overhead** per kernel (the device's ``launch_overhead_s``), plus one HBM round trip per
   wave.
+* **Row passes**: a looped row kernel (a row longer than its ``BLOCK_K``) reads its rows once per
+  loop (:func:`row_passes`: one per reduction level, one for an online pair, one more for values per
+  element). Each pass after the first re-reads what the programs in flight read: from L2 at
+  ``L2_HIT`` while that fits in ``L2_BYTES``, from HBM beyond; L2 reads take their time at
+  ``L2_BANDWIDTH`` too, so a three-level row is never priced as one read.
 * **Row statistics** of a normalization formed on load (``norm_prologue``, ``norm_epilogue``): their
   loops run before the main loop, on CUDA cores, re-reading each program's rows once per statistic
   from L2 (``L2_BANDWIDTH``; the misses from HBM); the time adds to the body.
@@ -67,6 +72,7 @@ L2_HIT = 0.85            # share of tile re-reads served by L2 (50 MB on Hopper)
 # even share (estimate)
 L2_BANDWIDTH = 5.5e12
 L2_SM_HEADROOM = 2.0
+L2_BYTES = 50 * 1024 * 1024   # Hopper's L2 (H100 SXM, H200: 50 MB; [H100-WP])
 BW_EFFICIENCY = 0.92     # best achievable share of HBM bandwidth for a streaming kernel
 DRAM_LATENCY_S = 0.6e-6  # one HBM round trip: the least a wave of programs takes
 BYTES_IN_FLIGHT_PER_SM = 24 * 1024   # bandwidth x latency / SMs: 4.8 TB/s x 0.6 us / 132 (Little's law)
@@ -338,6 +344,18 @@ def row_prologue_ops(kernel: Kernel) -> int:
     return ops + len(stats)
 
 
+def row_passes(kernel: Kernel) -> int:
+    """Loops over its rows a looped row kernel runs (``rowplan.looped_passes``); 1 for a kernel
+    the row engine does not plan."""
+    from lumc.backends.triton.codegen import RenderError
+    from lumc.backends.triton.rowplan import looped_passes, plan_rows
+    try:
+        plan = plan_rows(kernel)
+    except (RenderError, ValueError):
+        return 1
+    return 1 if plan is None else looped_passes(plan)
+
+
 def _smem_bytes(kernel: Kernel, cfg: dict, itemsize: int, operands_b: int = 1) -> int:
     """Shared memory one program takes: attention's fitted bound (``configs``), a contraction's
     pipelined operand tiles (``operands_b`` right tiles: 2 for a paired matmul), a row kernel's
@@ -366,7 +384,7 @@ def _static(kernel: Kernel) -> tuple:
         c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
         prologue = row_statistics_work(kernel, c) if c is not None and kernel.form == "matmul" \
             else RowWork()
-        rows = (*row_dims(kernel), row_prologue_ops(kernel)) \
+        rows = (*row_dims(kernel), row_prologue_ops(kernel), row_passes(kernel)) \
             if c is None and kernel.form not in ("pointwise", "gather", "mlp") else None
         hit = (sum(kernel.read_bytes()), sum(n.nbytes for n in kernel.outputs), dtype,
                kernel.flops(), c, prologue, rows)
@@ -385,6 +403,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
         return simulator_mlp.simulate_mlp_time(kernel, cfg, dev, in_bytes, out_bytes, dtype.name)
     warps = int(cfg.get("num_warps", 4))
     stages = int(cfg.get("num_stages", 2))
+    l2_reread = 0.0     # bytes a looped row kernel's later passes read again from L2
     smem = _smem_bytes(kernel, cfg, dtype.itemsize, c.operands_b if c is not None else 1)
     if smem > dev.smem_per_block:
         raise ValueError(f"config {cfg} needs {smem} B of shared memory > {dev.smem_per_block} B")
@@ -440,7 +459,7 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             flops = flops * issued / out_elems
         else:
             # row kernels: BLOCK_M rows per program, each row read in BLOCK_K-wide chunks
-            rows, row, pro_ops = rows
+            rows, row, pro_ops, passes = rows
             rows_pp = int(cfg.get("BLOCK_M", 1))
             chunk = int(cfg.get("BLOCK_K", cfg.get("BLOCK", 1024)))
             split = int(cfg.get("SPLIT", 1))      # a split reduction: SPLIT programs per row group
@@ -448,9 +467,13 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             tile_bytes = rows_pp * min(chunk, math.ceil(row / split)) * dtype.itemsize
             issued = programs * rows_pp * math.ceil(row / chunk) * chunk
             flops = flops * max(issued / (rows * row), 1.0) + issued * pro_ops
-            # a looped row kernel that normalizes re-reads its row once more
-            if row > chunk and kernel.form in ("softmax", "layernorm", "rmsnorm"):
-                hbm += in_bytes * (1 - L2_HIT)
+            # a looped row kernel re-reads its rows once per further pass: what the programs
+            # in flight read stays in L2 while it fits (the rest of the share from HBM)
+            if row > chunk and passes > 1:
+                live = in_bytes * min(1.0, slots / max(programs, 1))
+                hit = L2_HIT * min(1.0, L2_BYTES / max(live, 1.0))
+                hbm += (passes - 1) * in_bytes * (1 - hit)
+                l2_reread = (passes - 1) * in_bytes * hit
         tile_eff = 1.0
         peak = dev.vector_flops.get(dtype.name, min(dev.vector_flops.values()))
     if programs == 0:       # an empty output (a zero-size batch): a grid of no programs
@@ -468,7 +491,8 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     quant = waves * slots / max(programs, 1) if programs >= slots else 1.0
     # a grid of fewer programs than SMs leaves the other SMs' cores idle
     sm_fill = min(1.0, programs / dev.sm_count)
-    body = max(flops / (peak * tile_eff * sm_fill), hbm / (dev.hbm_bandwidth * bw_eff))
+    body = max(flops / (peak * tile_eff * sm_fill), hbm / (dev.hbm_bandwidth * bw_eff)
+               + l2_reread / (L2_BANDWIDTH * min(1.0, L2_SM_HEADROOM * programs / dev.sm_count)))
     if c is not None and cfg.get("PRECISION") == "fp8":
         body += fp8_scaling_seconds(c, cfg, dev)
     if kernel.form == "attention":
@@ -541,7 +565,7 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             lanes = math.ceil(out_elems / block) * block
             flops = flops * lanes / out_elems
         else:
-            rows, row, pro_ops = rows
+            rows, row, pro_ops, _ = rows
             rows_pp = int(cfg.get("BLOCK_M", 1))
             issued = math.ceil(rows / rows_pp) * rows_pp * math.ceil(row / block) * block
             flops = flops * max(issued / (rows * row), 1.0) + issued * pro_ops

@@ -79,6 +79,17 @@ class RowPlan:
         return all(v.strides[k] == 0 for k in self.axes)
 
 
+def looped_passes(plan: RowPlan) -> int:
+    """Loops over its rows the looped variant of ``plan``'s kernel runs
+    (``render_reduction.RowKernel.write_looped``): one per prologue statistic, one per reduction
+    (one for a pair an online form merges: softmax's max and sum, layer norm's moments;
+    ``render_norm``), and one more where it writes values per element."""
+    from lumc.backends.triton.render_norm import find_online_merges
+    merges = {id(m) for m in find_online_merges(plan).values()}
+    return max(1, len(plan.prologue) + len(plan.reduces) - len(merges)
+               + ("full" in plan.outputs.values()))
+
+
 def plan_rows(kernel: Kernel) -> RowPlan | None:
     """The row structure of ``kernel``'s meaning, or None when it has no reduction.
 

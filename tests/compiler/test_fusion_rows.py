@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lumc.backends.devices import H200
 from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton import configs
 from lumc.compiler.core.fusion import ROWS_REFUSAL, greedy_program
@@ -129,6 +130,25 @@ def test_a_value_that_leaves_the_group_and_comes_back_is_not_one_kernel():
     xv = RNG.standard_normal((8, 8)).astype(np.float32)
     want = ReferenceExecutor(g)({"x": xv})["y"]
     np.testing.assert_array_equal(run_program_reference(p, g, {"x": xv})["y"], want)
+
+
+def test_a_looped_row_kernel_is_priced_one_pass_per_level():
+    """A 1 GiB row kernel of three levels (max, a sum of ``x - max``, the output) reads its rows
+    three times: its rows in flight do not fit in L2, so the simulator charges about three reads
+    from HBM plus the write, not one read."""
+    from lumc.backends.simulator import row_passes, simulate_kernel_time
+    fn = SPELLINGS["centered_then_scaled"][0]
+    g = _graph(fn, (4096, 65536))
+    (call,) = greedy_program(g, rows=True).calls
+    k = call.kernel
+    assert row_passes(k) == 3
+    in_b, out_b = sum(k.read_bytes()), sum(n.nbytes for n in k.outputs)
+    t = simulate_kernel_time(k, {"BLOCK_M": 1, "BLOCK_K": 4096, "num_warps": 8, "num_stages": 1},
+                             H200)
+    assert t >= (2.5 * in_b + out_b) / H200.hbm_bandwidth, t
+    # the online pair (LogSoftmax's max and sum) is one loop: two passes
+    (ls,) = greedy_program(_graph(SPELLINGS["log_softmax"][0], (64, 32768)), rows=True).calls
+    assert row_passes(ls.kernel) == 2
 
 
 def _log_softmax_model(shape, axis, elem):
