@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from lumc.compiler.core.fusion import CHEAP_OPERAND_OPS
+from lumc.compiler.core.fusion_rows import ROWS_REFUSAL, ROWS_UNPLANNED
 from lumc.backends.triton.contraction import same_iteration, tensor_core_contractions
 from lumc.ir.graph import Node
 
@@ -75,9 +76,13 @@ NO_RULE = {
 
 _REASONS = {
     "read through a view (broadcast back)":
-        "the consumer reads it through a broadcast view (a contraction operand or a row "
-        f"statistic): an operand must be in memory or a prologue of at most {CHEAP_OPERAND_OPS} "
+        "the consumer reads it through a broadcast view (a row value read back over its rows, or "
+        "a contraction operand): a reduction kernel's epilogue is elementwise over its own "
+        f"result, and an operand must be in memory or a prologue of at most {CHEAP_OPERAND_OPS} "
         "elementwise ops",
+    ROWS_REFUSAL:
+        "the '+rows' candidates compute this row value and the values that read it back over "
+        "its rows in one row kernel",
     "SumReduce is not an elementwise epilogue":
         "its consumer is a reduction over it, and an epilogue is elementwise only",
     "contraction operand is not a cheap prologue":
@@ -245,6 +250,23 @@ def _row_values_rule(program, i: int, v) -> str | None:
     return None
 
 
+def _rows_rule(reasons: list[str], rows_built: bool) -> str | None:
+    """Why a row value read back over its rows was written (``fusion_rows``): the '+rows'
+    candidates lost, were not kept, or no row kernel plans the group (its reason)."""
+    for r in reasons:
+        if r.startswith(ROWS_UNPLANNED):
+            return ("no row kernel computes the reductions over these rows with their readers: "
+                    + r[len(ROWS_UNPLANNED):])
+    if any(ROWS_REFUSAL in r for r in reasons):
+        if rows_built:
+            return ("the '+rows' candidates compute the reductions over these rows and the "
+                    "values that read them back in one row kernel: they lost on bound or time "
+                    "(candidates below)")
+        return ("a '+rows' twin of this program computes the reductions over these rows and "
+                "their readers in one row kernel; it was not among the candidates searched")
+    return None
+
+
 def why_not(program, candidates: list | None = None, bounds: list | None = None) -> dict:
     """``{"pairs": [...], "candidates": [...]}`` for a chosen ``program`` (see the module
     docstring); ``candidates``/``bounds``: the e-graph's programs and roofline bounds (seconds)."""
@@ -260,6 +282,7 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
     pairs = []
     on_load_built = any(p is not program and p.label.endswith("+norm-on-load")
                         for p in candidates or [])
+    rows_built = any(p is not program and p.label.endswith("+rows") for p in candidates or [])
     for j, c in enumerate(program.calls):
         # one entry per producer and kind of value: its main output, or row values it writes
         read: dict[tuple[int, bool], Node] = {}
@@ -275,7 +298,8 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
                                        "that reads it")
             if b == "matmul" and a in ("layernorm", "rmsnorm"):
                 rule = _norm_rule(program, i, v, rule, on_load_built)
-            rule = _row_values_rule(program, i, v) or rule
+            rule = _row_values_rule(program, i, v) or _rows_rule(notes.get(v.id, []),
+                                                                  rows_built) or rule
             fusion = _fusion_reason(v, notes)
             if a == "matmul" and _normalizes_on_load(c, v):
                 rule, fusion = POST_LN_SUM, "written: the consumer computes its row statistics"

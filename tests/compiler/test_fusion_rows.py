@@ -12,7 +12,7 @@ from lumc.backends.reference import ReferenceExecutor
 from lumc.backends.triton import configs
 from lumc.compiler.core.fusion import ROWS_REFUSAL, greedy_program
 from lumc.compiler.core.fusion_rows import ROWS_UNPLANNED
-from lumc.compiler.runtime.program import run_program_reference
+from lumc.compiler.runtime.program import program_time_bound, run_program_reference
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.library.norm import log_softmax
@@ -149,6 +149,26 @@ def test_a_looped_row_kernel_is_priced_one_pass_per_level():
     # the online pair (LogSoftmax's max and sum) is one loop: two passes
     (ls,) = greedy_program(_graph(SPELLINGS["log_softmax"][0], (64, 32768)), rows=True).calls
     assert row_passes(ls.kernel) == 2
+
+
+def test_why_not_names_the_rows_candidate_the_split_lost_to():
+    """A program that kept the split (the +rows twin lost) says which values a row kernel would
+    have kept on chip and that the '+rows' candidate lost; a plan's reader of the row values is
+    named once per pair."""
+    from lumc.compiler.core.why_not import why_not, why_not_lines
+    g = _graph(SPELLINGS["log_softmax"][0], (64, 1000))
+    split, fused = greedy_program(g), greedy_program(g, label="greedy+rows", rows=True)
+    bounds = [program_time_bound(p, H200) for p in (split, fused)]
+    doc = why_not(split, [split, fused], bounds)
+    assert len(doc["pairs"]) == 3
+    for e in doc["pairs"]:
+        assert "'+rows' candidates" in e["rule"] and "lost on bound or time" in e["rule"], e
+        assert "'+rows' candidates compute this row value" in e["fusion"], e
+    assert [c["label"] for c in doc["candidates"]] == ["greedy+rows"]
+    assert any("candidate greedy+rows (1 kernel)" in line for line in why_not_lines(doc))
+    # without the twin among the candidates, it says so instead of 'lost'
+    doc = why_not(split, [split], bounds[:1])
+    assert all("not among the candidates" in e["rule"] for e in doc["pairs"]), doc["pairs"]
 
 
 def _log_softmax_model(shape, axis, elem):
