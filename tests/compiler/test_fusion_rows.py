@@ -230,3 +230,24 @@ def test_log_softmax_compiles_to_one_row_kernel_and_matches_onnxruntime(shape, a
         r = f.report_dict()
         assert r["kernels"] == kernels, (r["candidate_label"], r["per_kernel"])
         assert r["candidate_label"].endswith("+rows")
+
+
+def test_the_egraph_offers_a_rows_twin_and_carries_its_flag(tmp_path):
+    """The e-graph decodes a ``+rows`` twin of its plan (not of single-region flips), one kernel
+    for LogSoftmax, and a carried candidate file (for a machine without egglog) rebuilds it with
+    its flag."""
+    from lumc.compiler.core import carried
+    from lumc.compiler.core.egraph_pipeline import egraph_candidates
+    g = _graph(SPELLINGS["log_softmax"][0], (64, 1000))
+    res = egraph_candidates(g, "h200", k=16)
+    labels = [p.label for p in res.candidates]
+    assert "egraph-argmin+rows" in labels and not any(
+        lab.startswith("flip:") and lab.endswith("+rows") for lab in labels), labels
+    twin = res.candidates[labels.index("egraph-argmin+rows")]
+    assert twin.form_counts() == {"reduction": 1}
+    assert len(res.candidates[labels.index("egraph-argmin")].calls) == 3
+    path = carried.dump(g, res.candidates, tmp_path, "ls")
+    got, _ = carried.load(_graph(SPELLINGS["log_softmax"][0], (64, 1000)), tmp_path)
+    back = {p.label: p for p in got}
+    assert back["egraph-argmin+rows"].form_counts() == {"reduction": 1}, path
+    assert len(back["egraph-argmin"].calls) == 3
