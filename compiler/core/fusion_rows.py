@@ -9,16 +9,17 @@ reductions of one operand shape ``S`` and axes, by levels, looped per level when
 in registers) reads the rows once and writes only the results. A *row group* is claimed here, the
 way a form's inside is (``GreedyFusion._form_groups``), from the model's primitives alone:
 
-* a *seed*: a ``SumReduce``/``MaxReduce`` outside any form, not a tensor-core contraction, whose
-  rows have at least 2 elements and that has at least one row;
+* a *seed*: a ``SumReduce``/``MaxReduce`` outside any form, not a tensor-core contraction, with
+  at least one row of at least one element (rows of one element make an elementwise kernel);
 * grown forward (:meth:`RowFusion._row_edge`) through its readers: elementwise ops of one value per
   row (``M`` values, read through free reshapes), elementwise ops of one value per element of ``S``
   (``M x K``, reading row values through a broadcast back over the reduced axes, full values
   through free reshapes), and further reductions of the same operand shape and axes; a reader
   outside these (a contraction, a gather, another shape) reads what the kernel writes;
 * seeds whose groups meet (a layer norm spelled ``E[x^2] - E[x]^2``: two sums, one reader) are one
-  group; a group must read at least one row value back over its rows (else it is a reduction with
-  an epilogue, which greedy fusion already makes one kernel);
+  group; a group must read at least one row value back over its rows, or hold two reductions
+  (rows of one element need no broadcast): else it is a reduction with an epilogue, which greedy
+  fusion already makes one kernel;
 * accepted when the kernel it would be plans as rows (``plan_rows`` of the kernel cut at the
   group's edge: every output one value per row or per element) and no value leaves the group and
   is read back in it (the kernels would wait on each other).
@@ -65,13 +66,13 @@ class RowGroup:
 
 def _row_key(r: Node) -> tuple | None:
     """``(S, axes, M, K)`` of a seed reduction ``r``, or None when it seeds no row group (a
-    tensor-core contraction, rows of fewer than 2 elements, no rows)."""
+    tensor-core contraction, no rows or empty rows)."""
     c = as_contraction_squeezed(r)
     if c is not None and is_tensor_core(c):
         return None
     shape, axes = tuple(r.srcs[0].shape), tuple(sorted(r.arg))
     k = prod(shape[a] for a in axes)
-    if k < 2 or prod(shape) == 0:
+    if k == 0 or prod(shape) == 0:
         return None
     return shape, axes, prod(shape) // k, k
 
@@ -95,11 +96,14 @@ class RowFusion:
         """Find the row groups; with ``rows`` claim them (``group``), else note them."""
         self.row_groups: dict[int, set[int]] = {}
         for g in self._find_row_groups():
-            if not g.bcast:
+            # a row value read back over its rows, or (rows of one element, where that needs no
+            # broadcast) a reduction reading another: else greedy fusion already makes it one
+            if not g.bcast and sum(n.op in REDUCE for n in g.members.values()) < 2:
                 continue
             root = max(g.members.values(), key=lambda n: self.pos[id(n)])
             why = self._row_refusal(g, root)
-            srcs = list({id(d): d for d in g.bcast}.values())
+            srcs = list({id(d): d for d in g.bcast}.values()) or [
+                n for n in g.members.values() if n.op in REDUCE]
             if why is not None:
                 for d in srcs:
                     self._refuse(d, None, ROWS_UNPLANNED + why)
@@ -173,18 +177,15 @@ class RowFusion:
         elif u.op not in ELEMENTWISE or u.numel not in (m, m * k):
             return None
         full = u.numel == m * k if u.op not in REDUCE else True
-        if d.numel == m * k and full:
-            return "same" if self._free_reshape(views) else None
-        if d.numel != m:
-            return None
-        if not full:
-            return "same" if self._free_reshape(views) else None
-        v = _composed(views) if views else None
-        if v is None or tuple(v.shape) != shape:
-            return None
-        kept = tuple(j for j in range(len(shape)) if j not in axes)
-        plan = RowPlan(shape, axes, kept, m, k, [], {}, {})
-        return "bcast" if plan.is_row_broadcast(v) else None
+        v = _composed(views) if views and d.numel == m and full else None
+        if v is not None and tuple(v.shape) == shape:   # a row value read back over its rows
+            kept = tuple(j for j in range(len(shape)) if j not in axes)
+            if RowPlan(shape, axes, kept, m, k, [], {}, {}).is_row_broadcast(v):
+                return "bcast"
+        # else a value per element (or per row) read as it is (rows of one element, K = 1, are
+        # both: their kernel is elementwise, ``render_row``)
+        same = d.numel == m * k if u.op in REDUCE else d.numel == u.numel
+        return "same" if same and self._free_reshape(views) else None
 
     def _row_outputs_of(self, members: dict, root: Node) -> list[Node]:
         """The root, then the members read outside the group (or model outputs), in order."""

@@ -197,7 +197,7 @@ def _special(shape, dtype=np.float32):
 ORT_CASES = [((6, 1000), -1, np.float32, 1), ((6, 1000), 1, np.float32, 1),
              ((8, 6), 0, np.float32, 1), ((7, 33, 5), -2, np.float32, 1),
              ((6, 1000), -1, np.float16, 1), ((6, 20000), -1, np.float32, 1),
-             ((6, 1), -1, np.float32, None), ((0, 1000), -1, np.float32, None),
+             ((6, 1), -1, np.float32, 1), ((0, 1000), -1, np.float32, None),
              ((6, 0), -1, np.float32, None)]
 
 
@@ -207,8 +207,8 @@ ORT_CASES = [((6, 1000), -1, np.float32, 1), ((6, 1000), 1, np.float32, 1),
 def test_log_softmax_compiles_to_one_row_kernel_and_matches_onnxruntime(shape, axis, dtype,
                                                                         kernels, tmp_path,
                                                                         monkeypatch):
-    """ONNX LogSoftmax through the compile path (sim:h200): one row kernel where its rows have
-    two or more elements (numerics checked by the compile on these very inputs: the generated
+    """ONNX LogSoftmax through the compile path (sim:h200): one row kernel (an elementwise one
+    for rows of one element; numerics checked by the compile on these very inputs: the generated
     kernel, looped for the 20000-long rows, against the reference), the values of onnxruntime
     (rows all -inf, +inf, NaN, half -inf; -0.0; f16; any axis; length-1 and empty rows)."""
     import onnxruntime as ort
