@@ -146,16 +146,15 @@ class RowFusion:
                         continue
                     g.members[id(u)] = u
                     stack.append(u)
-            gid = min(meets) if meets else len(groups)
             if not meets:
+                gid = len(groups)
                 groups.append(g)
-            for o in sorted(meets | {-1}):
-                src = g if o == -1 else groups[o]
-                if o == gid:
-                    continue
-                groups[gid].members.update(src.members)
-                groups[gid].bcast += src.bcast
-                if o != -1:
+            else:                   # g and the earlier groups it reached are one
+                gid = min(meets)
+                for src in [g] + [groups[o] for o in sorted(meets) if o != gid]:
+                    groups[gid].members.update(src.members)
+                    groups[gid].bcast += src.bcast
+                for o in meets - {gid}:
                     groups[o] = None
             for k in groups[gid].members:
                 owner[k] = gid
