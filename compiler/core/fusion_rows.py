@@ -22,7 +22,8 @@ way a form's inside is (``GreedyFusion._form_groups``), from the model's primiti
   fusion already makes one kernel;
 * accepted when the kernel it would be plans as rows (``plan_rows`` of the kernel cut at the
   group's edge: every output one value per row or per element) and no value leaves the group and
-  is read back in it (the kernels would wait on each other).
+  is read back in it, directly or through a kernel claimed before it (a form, another row group:
+  the kernels would wait on each other).
 
 Members read outside the group (a row statistic that is also a model output) are written by the
 group's kernel as more outputs (``row_outputs``), which the launch order (:func:`launch_order`)
@@ -197,11 +198,20 @@ class RowFusion:
 
     def _row_refusal(self, g: RowGroup, root: Node) -> str | None:
         """Why group ``g`` cannot be one row kernel, or None: a value that leaves the group and
-        is read back in it, or a kernel ``plan_rows`` refuses (module docstring)."""
+        is read back in it (also through a kernel claimed before: a form, an earlier row group),
+        or a kernel ``plan_rows`` refuses (module docstring)."""
         outs = self._row_outputs_of(g.members, root)
-        limit = self.pos[id(root)]
+        # kernels claimed so far (forms, earlier row groups): a value that reaches one member
+        # reaches the whole kernel, so the readers of all its members come after it too (two
+        # groups that each read the other's written value wait on each other with no path
+        # between the nodes); past the last node of any of them, nothing leads back
+        kernels: dict[int, list[Node]] = {}
+        for k, gid in self.group.items():
+            kernels.setdefault(gid, []).append(self.byid[k])
+        limit = max([self.pos[id(root)]] + [self.pos[id(n)] for ms in kernels.values()
+                                              for n in ms])
         # readers seen through views (a view is a read, not a value leaving the kernel)
-        stack = [u for n in outs[1:] for u, _ in self.uses[id(n)] if id(u) not in g.members]
+        stack = [u for n in outs for u, _ in self.uses[id(n)] if id(u) not in g.members]
         seen: set[int] = set()
         while stack:
             x = stack.pop()
@@ -211,6 +221,7 @@ class RowFusion:
             if id(x) in g.members:
                 return f"%{x.id} reads it back through a value computed outside the kernel"
             stack.extend(u for u, _ in self.uses.get(id(x), []))
+            stack.extend(kernels.pop(self.group.get(id(x)), []))
         members = g.members
         try:
             call = build_call(outs, lambda x: x.op not in ("View", "Constant", "Iota")

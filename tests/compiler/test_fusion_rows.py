@@ -132,6 +132,31 @@ def test_a_value_that_leaves_the_group_and_comes_back_is_not_one_kernel():
     np.testing.assert_array_equal(run_program_reference(p, g, {"x": xv})["y"], want)
 
 
+def test_two_groups_that_read_each_other_are_not_both_one_kernel():
+    """Group A (rows of ``x``) reads ``mB``, a row value group B (rows of ``z``) writes; group B
+    reads ``g``, computed from ``mA``, which group A writes. No node path leads from either group
+    back into itself, but as two kernels each waits on the other: the second group claimed is
+    refused (named in the notes) instead of the whole ``+rows`` program failing in its launch
+    order, and the program computes the graph."""
+    x = Tensor(input_node("x", (6, 8), dt.f32))
+    z = Tensor(input_node("z", (8, 5), dt.f32))
+    m_a, m_b = x.max(1, keepdims=True), z.max(1, keepdims=True)
+    b1 = (z - m_b) * m_a.sum()
+    a2 = (x - m_a) + m_b.reshape((1, 8))
+    g = Graph({"x": x.node, "z": z.node}, {"a2": a2.node, "b1": b1.node})
+    p = greedy_program(g, rows=True)
+    p.validate()
+    assert any(ROWS_UNPLANNED in n and "computed outside the kernel" in n for n in p.notes), p.notes
+    assert len(p.calls) == len(greedy_program(g).calls) - 1, p.dump()   # the other: one kernel
+    xv = RNG.standard_normal((6, 8)).astype(np.float32)
+    zv = RNG.standard_normal((8, 5)).astype(np.float32)
+    x64, z64 = xv.astype(np.float64), zv.astype(np.float64)
+    ma, mb = x64.max(1, keepdims=True), z64.max(1, keepdims=True)
+    got = run_program_reference(p, g, {"x": xv, "z": zv})
+    np.testing.assert_allclose(got["a2"], x64 - ma + mb.reshape(1, 8), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got["b1"], (z64 - mb) * ma.sum(), rtol=1e-5, atol=1e-5)
+
+
 def test_a_looped_row_kernel_is_priced_one_pass_per_level():
     """A 1 GiB row kernel of three levels (max, a sum of ``x - max``, the output) reads its rows
     three times: its rows in flight do not fit in L2, so the simulator charges about three reads
