@@ -29,7 +29,8 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
   wave.
 * **Row passes**: a looped row kernel (a row longer than its ``BLOCK_K``) reads its rows once per
   loop (:func:`row_passes`: one per reduction level, one for an online pair, one more for values per
-  element). Each pass after the first re-reads what the programs in flight read: from L2 at
+  element; a split one, ``SPLIT`` programs per row, reduces all its reductions in one pass).
+  Each pass after the first re-reads what the programs in flight read: from L2 at
   ``L2_HIT`` while that fits in ``L2_BYTES``, from HBM beyond; L2 reads take their time at
   ``L2_BANDWIDTH`` too, so a three-level row is never priced as one read.
 * **Row statistics** of a normalization formed on load (``norm_prologue``, ``norm_epilogue``): their
@@ -468,8 +469,9 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             issued = programs * rows_pp * math.ceil(row / chunk) * chunk
             flops = flops * max(issued / (rows * row), 1.0) + issued * pro_ops
             # a looped row kernel re-reads its rows once per further pass: what the programs
-            # in flight read stays in L2 while it fits (the rest of the share from HBM)
-            if row > chunk and passes > 1:
+            # in flight read stays in L2 while it fits (the rest of the share from HBM); a split
+            # one (level-0 reductions only, ``render_split``) reduces them all in one pass
+            if row > chunk and passes > 1 and split == 1:
                 live = in_bytes * min(1.0, slots / max(programs, 1))
                 hit = L2_HIT * min(1.0, L2_BYTES / max(live, 1.0))
                 hbm += (passes - 1) * in_bytes * (1 - hit)

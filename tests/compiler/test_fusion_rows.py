@@ -176,6 +176,25 @@ def test_a_looped_row_kernel_is_priced_one_pass_per_level():
     assert row_passes(ls.kernel) == 2
 
 
+def test_a_split_row_kernel_is_priced_one_pass():
+    """Two sums over 16 rows of 2^24 (a variance by moments): the row kernel renders split (both
+    partial sums in one loop over the row, ``render_split``), so the simulator charges one read of
+    the rows, as for one sum, not one per reduction (it charged about 3x before)."""
+    from lumc.backends.simulator import row_passes, simulate_kernel_time
+    from lumc.backends.triton import TritonKernel
+    x = Tensor(input_node("x", (16, 1 << 24), dt.f32))
+    mean = x.mean(-1, keepdims=True)
+    times, passes = [], []
+    for y in ((x * x).mean(-1, keepdims=True) - mean * mean, x.sum(-1, keepdims=True)):
+        (call,) = greedy_program(Graph({"x": x.node}, {"y": y.node}), rows=True).calls
+        assert TritonKernel(call.kernel).rendered.variant == "split"
+        cfg = {"BLOCK_K": 4096, "BLOCK_M": 1, "SPLIT": 16, "num_warps": 8, "num_stages": 2}
+        times.append(simulate_kernel_time(call.kernel, cfg, H200))
+        passes.append(row_passes(call.kernel))
+    assert passes == [2, 1]     # as looped kernels
+    assert times[0] <= 1.2 * times[1], times    # memory-bound at SPLIT 16: one read each
+
+
 def test_why_not_names_the_rows_candidate_the_split_lost_to():
     """A program that kept the split (the +rows twin lost) says which values a row kernel would
     have kept on chip and that the '+rows' candidate lost; a plan's reader of the row values is
