@@ -119,6 +119,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         self._closed: dict[int, tuple] = {}
         self.forms = self._form_groups(self._with_attention(forms or {}))
         self.row_groups: dict[int, set[int]] = {}
+        self.row_groups_found: list[frozenset[int]] = []   # Node.ids of each group's members
         if not realize:          # the unfused program cuts every op
             self._row_groups()
         self._decide()
@@ -524,7 +525,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         for name, n in self.graph.outputs.items():
             outputs[name] = n
         prog = Program(launch_order(calls), outputs, label=label, notes=list(self.refusals),
-                       graph=self.graph)
+                       graph=self.graph, row_groups=list(self.row_groups_found))
         return prog
 
 

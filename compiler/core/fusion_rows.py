@@ -102,6 +102,7 @@ class RowFusion:
             if not g.bcast and sum(n.op in REDUCE for n in g.members.values()) < 2:
                 continue
             root = max(g.members.values(), key=lambda n: self.pos[id(n)])
+            self.row_groups_found.append(frozenset(n.id for n in g.members.values()))
             why = self._row_refusal(g, root)
             srcs = list({id(d): d for d in g.bcast}.values()) or [
                 n for n in g.members.values() if n.op in REDUCE]

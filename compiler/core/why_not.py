@@ -267,6 +267,17 @@ def _rows_rule(reasons: list[str], rows_built: bool) -> str | None:
     return None
 
 
+def _in_row_group(program, value, call) -> bool:
+    """``call`` writes a member of a row group that holds ``value`` (``fusion_rows``): a '+rows'
+    candidate computes both in one row kernel. True where the program does not record its row
+    groups (``Program.row_groups`` None)."""
+    groups = program.row_groups
+    if groups is None:
+        return True
+    outs = {n.id for n in call.outputs}
+    return any(value.id in g and not outs.isdisjoint(g) for g in groups)
+
+
 def why_not(program, candidates: list | None = None, bounds: list | None = None) -> dict:
     """``{"pairs": [...], "candidates": [...]}`` for a chosen ``program`` (see the module
     docstring); ``candidates``/``bounds``: the e-graph's programs and roofline bounds (seconds)."""
@@ -298,9 +309,13 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
                                        "that reads it")
             if b == "matmul" and a in ("layernorm", "rmsnorm"):
                 rule = _norm_rule(program, i, v, rule, on_load_built)
-            rule = _row_values_rule(program, i, v) or _rows_rule(notes.get(v.id, []),
+            vnotes = notes
+            if not _in_row_group(program, v, c):   # a '+rows' candidate does not join these two
+                vnotes = {v.id: [r for r in notes.get(v.id, []) if ROWS_REFUSAL not in r
+                                 and not r.startswith(ROWS_UNPLANNED)]}
+            rule = _row_values_rule(program, i, v) or _rows_rule(vnotes.get(v.id, []),
                                                                   rows_built) or rule
-            fusion = _fusion_reason(v, notes)
+            fusion = _fusion_reason(v, vnotes)
             if a == "matmul" and _normalizes_on_load(c, v):
                 rule, fusion = POST_LN_SUM, "written: the consumer computes its row statistics"
             elif a == "matmul" and v is program.calls[i].outputs[0] and _reads_row_values(

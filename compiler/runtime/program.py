@@ -62,6 +62,10 @@ class Program:
     # {id(node): key} for nodes decoded from an e-class: two candidates' nodes with one key hold
     # the same value up to rounding (``lumc.compiler.core.reference_values`` shares them)
     value_keys: dict = field(default_factory=dict)
+    # the row groups its fusion found (``lumc.compiler.core.fusion_rows``), each the ``Node.id``s
+    # of its members, for ``why_not``: which consumers a '+rows' candidate computes with a row
+    # value (None: not recorded, e.g. a re-sized program)
+    row_groups: list | None = None
 
     def __len__(self) -> int:
         return len(self.calls)

@@ -215,6 +215,27 @@ def test_why_not_names_the_rows_candidate_the_split_lost_to():
     assert all("not among the candidates" in e["rule"] for e in doc["pairs"]), doc["pairs"]
 
 
+def test_why_not_names_the_rows_candidate_only_for_readers_it_joins():
+    """``lse`` is read back over its rows (``x - lse``) and by a contraction: the '+rows' twin
+    computes the first reader in the row kernel, the contraction still reads ``lse`` from memory.
+    So the pair to the contraction names no '+rows' candidate (it said the twin computed it in
+    one row kernel and lost), the pairs inside the chain do."""
+    from lumc.compiler.core.why_not import why_not
+    x = Tensor(input_node("x", (64, 1000), dt.f32))
+    w = Tensor.const(RNG.standard_normal((1, 3)).astype(np.float32))
+    lse = _lse(x)
+    g = Graph({"x": x.node}, {"z": (lse @ w).node, "y": (x - lse).node})
+    split, fused = greedy_program(g), greedy_program(g, label="greedy+rows", rows=True)
+    doc = why_not(split, [split, fused], [program_time_bound(p, H200) for p in (split, fused)])
+    forms = [(e["producer_form"], e["consumer_form"]) for e in doc["pairs"]]
+    to_mm = [e for e in doc["pairs"] if e["consumer_form"] == "matmul"]
+    inside = [e for e in doc["pairs"] if e["consumer_form"] != "matmul"]
+    assert len(to_mm) == 1 and len(inside) >= 2, forms
+    assert "+rows" not in to_mm[0]["rule"] + to_mm[0]["fusion"], to_mm[0]
+    for e in inside:
+        assert "'+rows' candidates" in e["rule"] and "lost on bound or time" in e["rule"], e
+
+
 def _log_softmax_model(shape, axis, elem):
     from onnx import helper
     n = helper.make_node("LogSoftmax", ["x"], ["y"], axis=axis)
