@@ -96,6 +96,9 @@ class RowFusion:
     def _row_groups(self) -> None:
         """Find the row groups; with ``rows`` claim them (``group``), else note them."""
         self.row_groups: dict[int, set[int]] = {}
+        # {id(member): id(root)} of the groups accepted so far, claimed or (without ``rows``)
+        # noted: a later group that would wait on one is refused alike in both programs
+        self._row_owner: dict[int, int] = {}
         for g in self._find_row_groups():
             # a row value read back over its rows, or (rows of one element, where that needs no
             # broadcast) a reduction reading another: else greedy fusion already makes it one
@@ -110,6 +113,7 @@ class RowFusion:
                 for d in srcs:
                     self._refuse(d, None, ROWS_UNPLANNED + why)
                 continue
+            self._row_owner.update((k, id(root)) for k in g.members)
             if not self.rows:
                 for d in srcs:
                     self._refuse(d, None, ROWS_REFUSAL)
@@ -206,8 +210,9 @@ class RowFusion:
         # reaches the whole kernel, so the readers of all its members come after it too (two
         # groups that each read the other's written value wait on each other with no path
         # between the nodes); past the last node of any of them, nothing leads back
+        owner = {**self.group, **self._row_owner}
         kernels: dict[int, list[Node]] = {}
-        for k, gid in self.group.items():
+        for k, gid in owner.items():
             kernels.setdefault(gid, []).append(self.byid[k])
         limit = max([self.pos[id(root)]] + [self.pos[id(n)] for ms in kernels.values()
                                               for n in ms])
@@ -222,7 +227,7 @@ class RowFusion:
             if id(x) in g.members:
                 return f"%{x.id} reads it back through a value computed outside the kernel"
             stack.extend(u for u, _ in self.uses.get(id(x), []))
-            stack.extend(kernels.pop(self.group.get(id(x)), []))
+            stack.extend(kernels.pop(owner.get(id(x)), []))
         members = g.members
         try:
             call = build_call(outs, lambda x: x.op not in ("View", "Constant", "Iota")

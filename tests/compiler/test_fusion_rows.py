@@ -136,8 +136,9 @@ def test_two_groups_that_read_each_other_are_not_both_one_kernel():
     """Group A (rows of ``x``) reads ``mB``, a row value group B (rows of ``z``) writes; group B
     reads ``g``, computed from ``mA``, which group A writes. No node path leads from either group
     back into itself, but as two kernels each waits on the other: the second group claimed is
-    refused (named in the notes) instead of the whole ``+rows`` program failing in its launch
-    order, and the program computes the graph."""
+    refused (named in the notes, of the split program too, whose why-not would else name a
+    '+rows' twin that does not fuse it) instead of the whole ``+rows`` program failing in its
+    launch order, and the program computes the graph."""
     x = Tensor(input_node("x", (6, 8), dt.f32))
     z = Tensor(input_node("z", (8, 5), dt.f32))
     m_a, m_b = x.max(1, keepdims=True), z.max(1, keepdims=True)
@@ -147,7 +148,10 @@ def test_two_groups_that_read_each_other_are_not_both_one_kernel():
     p = greedy_program(g, rows=True)
     p.validate()
     assert any(ROWS_UNPLANNED in n and "computed outside the kernel" in n for n in p.notes), p.notes
-    assert len(p.calls) == len(greedy_program(g).calls) - 1, p.dump()   # the other: one kernel
+    split = greedy_program(g)
+    assert len(p.calls) == len(split.calls) - 1, p.dump()   # the other: one kernel
+    refused = [n for n in p.notes if ROWS_UNPLANNED in n]
+    assert refused and refused == [n for n in split.notes if ROWS_UNPLANNED in n], split.notes
     xv = RNG.standard_normal((6, 8)).astype(np.float32)
     zv = RNG.standard_normal((8, 5)).astype(np.float32)
     x64, z64 = xv.astype(np.float64), zv.astype(np.float64)
