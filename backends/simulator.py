@@ -466,7 +466,9 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             split = int(cfg.get("SPLIT", 1))      # a split reduction: SPLIT programs per row group
             programs = math.ceil(rows / rows_pp) * split
             tile_bytes = rows_pp * min(chunk, math.ceil(row / split)) * dtype.itemsize
-            issued = programs * rows_pp * math.ceil(row / chunk) * chunk
+            # each program steps over its share of the row (a split one: CHUNK = ceil(ceil(K /
+            # SPLIT) / BLOCK_K) * BLOCK_K elements, ``render_split``) in BLOCK_K-wide chunks
+            issued = programs * rows_pp * math.ceil(math.ceil(row / split) / chunk) * chunk
             flops = flops * max(issued / (rows * row), 1.0) + issued * pro_ops
             # a looped row kernel re-reads its rows once per further pass: what the programs
             # in flight read stays in L2 while it fits (the rest of the share from HBM); a split

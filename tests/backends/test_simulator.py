@@ -113,3 +113,20 @@ def test_an_empty_product_costs_a_launch_not_a_zero_division(m, k, n):
     for t in (simulate_kernel_time(kern, cfg, dev),
               simulate_extern_time(kern, {"IMPL": "cublas", "PRECISION": "ieee"}, dev)):
         assert dev.launch_overhead_s <= t < 1e-3
+
+
+def test_a_split_row_kernel_counts_each_programs_share_of_the_row_once():
+    """A sum over 4 rows of 2^24 at SPLIT 256: each of the 1024 programs steps over its
+    ceil(K / SPLIT) share (``render_split``), so the kernel is memory-bound at about one read of its
+    256 MiB. The work count took each program to read the whole row (SPLIT times the work) and
+    priced it compute-bound at 4.7x that read, steering the search off large splits."""
+    from lumc.compiler.core.fusion import greedy_program
+    H200 = get_device("h200")
+    x = Tensor(input_node("x", (4, 1 << 24), dt.f32))
+    (call,) = greedy_program(Graph({"x": x.node}, {"y": x.sum(-1, keepdims=True).node})).calls
+    read_s = 4 * (1 << 24) * 4 / H200.hbm_bandwidth
+    times = {s: simulate_kernel_time(call.kernel, {"BLOCK_K": 4096, "BLOCK_M": 1, "SPLIT": s,
+                                                   "num_warps": 8, "num_stages": 2}, H200)
+             for s in (64, 256)}
+    for s, t in times.items():
+        assert read_s <= t <= 1.3 * read_s, (s, t, read_s)
