@@ -57,6 +57,7 @@ from lumc.backends.devices import H200, DeviceSpec
 from lumc.backends.extern import extern_bytes, is_extern
 from lumc.backends.row_moments import moment_pairs
 import lumc.backends.simulator_mlp as simulator_mlp   # the mlp form (it reads this module's terms)
+import lumc.backends.simulator_scan as simulator_scan   # the scan form (the same)
 from lumc.backends.simulator_attention import (SFU_OPS, attention_problem,  # noqa: F401
                                                attention_prologue_seconds, attention_prologues,
                                                attention_score_seconds)
@@ -386,7 +387,7 @@ def _static(kernel: Kernel) -> tuple:
         prologue = row_statistics_work(kernel, c) if c is not None and kernel.form == "matmul" \
             else RowWork()
         rows = (*row_dims(kernel), row_prologue_ops(kernel), row_passes(kernel)) \
-            if c is None and kernel.form not in ("pointwise", "gather", "mlp") else None
+            if c is None and kernel.form not in ("pointwise", "gather", "mlp", "scan") else None
         hit = (sum(kernel.read_bytes()), sum(n.nbytes for n in kernel.outputs), dtype,
                kernel.flops(), c, prologue, rows)
         _STATIC[kernel] = hit
@@ -402,6 +403,9 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     in_bytes, out_bytes, dtype, flops, c, prologue, rows = _static(kernel)
     if kernel.form == "mlp":
         return simulator_mlp.simulate_mlp_time(kernel, cfg, dev, in_bytes, out_bytes, dtype.name)
+    if kernel.form == "scan":
+        return simulator_scan.simulate_scan_time(kernel, cfg, dev, in_bytes + out_bytes, flops,
+                                                 dtype.itemsize, dtype.name)
     warps = int(cfg.get("num_warps", 4))
     stages = int(cfg.get("num_stages", 2))
     l2_reread = 0.0     # bytes a looped row kernel's later passes read again from L2
@@ -554,6 +558,8 @@ def config_bound(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
     in_bytes, out_bytes, dtype, flops, c, _, rows = _static(kernel)   # per kernel, not per config
     if kernel.form == "mlp":     # its padded FLOPs are at least the meaning's
         return simulator_mlp.mlp_bound(kernel, cfg, dev, in_bytes, out_bytes, dtype.name)
+    if kernel.form == "scan":
+        return simulator_scan.scan_bound(kernel, cfg, dev, in_bytes + out_bytes, flops, dtype.name)
     if c is not None:
         bm, bn, bk = cfg.get("BLOCK_M", 16), cfg.get("BLOCK_N", 16), cfg.get("BLOCK_K", 16)
         sk = max(int(cfg.get("SPLIT_K", 1)), 1)

@@ -27,7 +27,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import OPS
 
 FORMS = ("pointwise", "reduction", "matmul", "softmax", "layernorm", "rmsnorm", "attention",
-         "gather", "mlp")
+         "gather", "mlp", "scan")
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,11 +77,33 @@ class Kernel:
         return h.hexdigest()[:32]
 
     def flops(self) -> int:
-        """Arithmetic work in FLOP (a multiply-add counts 2)."""
+        """Arithmetic work in FLOP (a multiply-add counts 2). A ``scan`` kernel's triangular
+        contraction counts one add per element of its result (a prefix sum), and its index mask
+        (nodes that read no input) nothing: the scan never forms it."""
+        if self.form == "scan":
+            return self._scan_flops()
         total = 0
         for n in self.meaning.nodes():
             row = OPS[n.op]
             total += row.flops(tuple(s.shape for s in n.srcs), n.shape, n.arg)
+        return total
+
+    def _scan_flops(self) -> int:
+        data: set[int] = set()     # nodes that read an input
+        skip: set[int] = set()     # the contraction's product
+        total = 0
+        for n in self.meaning.nodes():
+            if n.op != "Input" and not any(id(s) in data for s in n.srcs):
+                continue
+            data.add(id(n))
+            if n.op == "SumReduce" and n.srcs[0].op == "Mul" and n.srcs[0].shape != n.shape:
+                skip.add(id(n.srcs[0]))
+                total += n.numel
+            elif n.op != "Input":
+                total += OPS[n.op].flops(tuple(s.shape for s in n.srcs), n.shape, n.arg)
+        for n in self.meaning.nodes():     # the product was counted before its reduction was seen
+            if id(n) in skip:
+                total -= OPS[n.op].flops(tuple(s.shape for s in n.srcs), n.shape, n.arg)
         return total
 
     def min_bytes(self) -> int:

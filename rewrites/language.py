@@ -143,6 +143,25 @@ def fold_steps(src_shape, steps: list) -> list:
     return steps
 
 
+def triangle_kind(value: np.ndarray) -> tuple[bool, int, int] | None:
+    """``(negated, p, q)`` when ``value`` (``[n, n]``, numeric) is the 0/1 mask
+    ``where(c, 1, 0)`` with ``c = iota_p < iota_q`` (``not`` it when ``negated``; ``iota_0`` is
+    the row index ``i``, ``iota_1`` the column ``j``), else None."""
+    if value.ndim != 2 or value.shape[0] != value.shape[1] or value.dtype == np.bool_ or \
+            value.size > (1 << 24):
+        return None
+    n = value.shape[0]
+    if n > 1 and {value[0, -1].item(), value[-1, 0].item()} != {0, 1}:   # cheap: weights
+        return None
+    i, j = np.indices(value.shape)
+    for negated, p, q in ((True, 0, 1), (True, 1, 0), (False, 1, 0), (False, 0, 1)):
+        a, b = (i, j) if p == 0 else (j, i)
+        c = ~(a < b) if negated else a < b
+        if np.array_equal(value, c.astype(value.dtype)):
+            return negated, p, q
+    return None
+
+
 @dataclass
 class Tables:
     """Side tables of an encoding: what the terms name but cannot hold."""
@@ -209,6 +228,37 @@ class Encoder:
             self.var[id(x)] = self._encode_one(x)
         return self.var[id(n)]
 
+    def _scalar_term(self, value, d: dt.DType, shape) -> str:
+        """A scalar of dtype ``d`` broadcast to ``shape``, as the encoder spells it."""
+        if d.is_bool:
+            cv = f"(Flag {'true' if value else 'false'})"
+        elif d.is_float:
+            cv = f'(Scalar {f64_text(float(value))} "{d.name}")'
+        else:
+            c = const_node(np.asarray(value, dtype=d.np))
+            self.tables.blobs[c.arg.digest[:20]] = c
+            cv = f'(Blob "{c.arg.digest[:20]}")'
+        scalar = self._fresh(f"(Const {cv} (vec-empty))", ())
+        return self._fresh(f"(View {scalar} (Expand {ivec(shape)}))", shape)
+
+    def _triangle(self, var: str, x: Node) -> None:
+        """A folded triangular 0/1 mask (a cumsum's, ``lumc.ir.library.reduce``) is also written
+        as the iota comparison it was folded from, in the same e-class (exact: the values were
+        compared), so the scan rules (``lumc.rewrites.spellings``) see it."""
+        kind = triangle_kind(x.arg.value)
+        if kind is None:
+            return
+        negated, p, q = kind
+        shape = tuple(x.shape)
+        cond = self._fresh(f'(LessThan (Iota {ivec(shape)} {p} "i64") (Iota {ivec(shape)} {q} "i64"))',
+                           shape)
+        if negated:
+            cond = self._fresh(f"(Where {cond} {self._scalar_term(False, dt.bool_, shape)} "
+                               f"{self._scalar_term(True, dt.bool_, shape)})", shape)
+        one, zero = (self._scalar_term(v, x.dtype, shape) for v in (1, 0))
+        tri = self._fresh(f"(Where {cond} {one} {zero})", shape)
+        self.lines.append(f"(union {var} {tri})")
+
     def _encode_one(self, x: Node) -> str:
         if id(x) in self.externals:
             name = self.externals[id(x)]
@@ -227,7 +277,9 @@ class Encoder:
             else:
                 key = x.arg.digest[:20]
                 self.tables.blobs[key] = x
-                return self._key(self._fresh(f'(Const (Blob "{key}") {ivec(x.shape)})', x.shape))
+                var = self._key(self._fresh(f'(Const (Blob "{key}") {ivec(x.shape)})', x.shape))
+                self._triangle(var, x)
+                return var
             return self._fresh(f"(Const {cv} {ivec(x.shape)})", x.shape)
         if x.op == "Iota":
             a: IotaArg = x.arg

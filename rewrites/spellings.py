@@ -114,7 +114,52 @@ def _two_sums() -> Rule:
         "reshape(sum(p, ax) + b) + reshape(sum(q, ax)) with shape p = shape q, as written")
 
 
-RULES = [_ln_moments(True), _ln_moments(False), _two_sums()]
+def _scan(mask_view: str, negated: bool) -> Rule:
+    """A contraction with the triangular 0/1 mask of ``lumc.ir.library.reduce.cumsum``
+    (``out[i] = sum_j M[i, j] v[j]``, ``M = j <= i``, ``j < i`` exclusive, mirrored reversed) as a
+    ``scan`` kernel: a prefix sum of ``v`` in ``O(L)`` instead of ``L^2`` multiply-adds. The form's
+    meaning is the contraction as written; the backend (``lumc.backends.triton.scan``) checks the
+    mask's strides and values and that ``v`` is finite by construction (the scan and the
+    contraction differ where ``0 * inf`` is NaN), else the form is dropped. ``mask_view``: how the
+    ``[L, L]`` mask ``?m`` reaches the product's shape (a reshape inserting 1s, then an expand;
+    an expand alone when the scan axis is the last; none for a rank-1 scan)."""
+    iotas = '(LessThan (Iota ?s ?p "i64") (Iota ?s ?q "i64"))'
+    cond = f"(Where {iotas} ?f ?t)" if negated else iotas
+    lhs = f"(SumReduce (Mul {mask_view} ?b) ?ax)"
+    where = (f"(= ?m (Where {cond} ?one ?zero))",)
+    n = 5
+    m_shape = f"(vec-of {n} {n})"
+
+    def fill(v, tag, dt='"f32"'):
+        return f"(View (Const (Scalar {v} {dt}) (vec-empty)) (Expand {m_shape}))"
+    flags = {"f": f"(View (Const (Flag false) (vec-empty)) (Expand {m_shape}))",
+             "t": f"(View (Const (Flag true) (vec-empty)) (Expand {m_shape}))"} if negated else {}
+    base = dict(flags, s=(n, n), p=1 if negated else 0, q=0 if negated else 1,
+                one=fill("1.0", "1"), zero=fill("0.0", "0"))
+    if mask_view == "?m":
+        case = dict(base, b=f"(View (View ?v (Reshape (vec-of 1 {n}))) (Expand {m_shape}))",
+                    v=("in", (n,), "f32"), ax=(1,))
+    elif "Reshape" in mask_view:
+        big = f"(vec-of 3 {n} {n} 2)"
+        case = dict(base, mr=(1, n, n, 1), big=(3, n, n, 2), ax=(2,),
+                    b=f"(View (View ?v (Reshape (vec-of 3 1 {n} 2))) (Expand {big}))",
+                    v=("in", (3, n, 2), "f32"))
+    else:
+        big = f"(vec-of 3 {n} {n})"
+        case = dict(base, big=(3, n, n), ax=(2,),
+                    b=f"(View (View ?v (Reshape (vec-of 3 1 {n}))) (Expand {big}))",
+                    v=("in", (3, n), "f32"))
+    view = {"?m": "none", "(View ?m (Expand ?big))": "expand"}.get(mask_view, "reshape")
+    tag = f"{'inclusive' if negated else 'exclusive'}, mask view {view}"
+    return spelling_rule(
+        f"kernels/SumReduce: sum_j tri(i, j) * v[j] -> prefix sum of v [{tag}]",
+        f"CumSum{'Inclusive' if negated else 'Exclusive'}{view.capitalize()}", "scan", lhs,
+        where, (case,), "sum over j of a triangular 0/1 mask M[i, j] times v[j] (a prefix sum)")
+
+
+SCAN_MASK_VIEWS = ("(View (View ?m (Reshape ?mr)) (Expand ?big))", "(View ?m (Expand ?big))", "?m")
+RULES = [_ln_moments(True), _ln_moments(False), _two_sums()] + [
+    _scan(v, neg) for v in SCAN_MASK_VIEWS for neg in (False, True)]
 
 
 def rules() -> list[Rule]:

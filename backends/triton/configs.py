@@ -89,6 +89,9 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
     "split": {"BLOCK_M": (1, 2, 4, 8), "BLOCK_K": (512, 1024, 2048, 4096),
               "SPLIT": (16, 32, 64, 128, 256, 512, 1024), "num_warps": (4, 8, 16),
               "num_stages": (2,)},
+    # a scan (``render_scan``): one program per row, BLOCK elements of it per step
+    "scan": {"BLOCK": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096), "num_warps": (1, 2, 4, 8),
+             "num_stages": (1,)},
 }
 # a contraction with a normalization formed on load (``norm_prologue``): N_TILES column tiles per
 # program share one computation of the row statistics
@@ -269,6 +272,9 @@ def _legal(space: str, p: dict, c: dict) -> bool:
         n = p["N"]
         return (c["BLOCK"] <= max(128, next_pow2(n)) and c["BLOCK"] >= 32 * w
                 and c["BLOCK"] <= 32 * w * 32)
+    if space == "scan":   # no block past the row, at least one element per thread
+        return (c["BLOCK"] <= max(16, next_pow2(p["K"])) and c["BLOCK"] >= 32 * w // 2
+                and c["BLOCK"] <= 32 * 32 * w)     # at most 32 elements per thread (registers)
     if space == "row":
         bm, bk = c["BLOCK_M"], c["BLOCK_K"]
         if bm > next_pow2(p["M"]):
@@ -393,6 +399,9 @@ def _default_config(space: str, problem: dict) -> Config:
     if space == "pointwise":
         b = min(1024, max(128, next_pow2(problem["N"])))
         return make(4, 1, BLOCK=b)
+    if space == "scan":
+        b = min(1024, max(16, next_pow2(problem["K"])))
+        return make(max(1, min(4, b // 128)), 1, BLOCK=b)
     if space == "row":
         if problem["one_pass"]:
             bk = problem["BLOCK_K_FIXED"]
@@ -518,6 +527,8 @@ def _interpreter_config(space: str, problem: dict) -> Config:
         return make(base.num_warps, base.num_stages, **b, SPLIT_K=sk)
     if space == "pointwise":
         return make(4, 1, BLOCK=min(16384, max(16, next_pow2(problem["N"]))))
+    if space == "scan":   # 1024: a 4097-long row walks five blocks (the carry is checked)
+        return make(4, 1, BLOCK=min(1024, max(16, next_pow2(problem["K"]))))
     if space == "row":
         bk = problem["BLOCK_K_FIXED"] if problem["one_pass"] else min(8192, next_pow2(problem["K"]))
         bm = max(1, min(next_pow2(problem["M"]), INTERP_TILE // bk))

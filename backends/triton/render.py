@@ -51,6 +51,9 @@ def render_parts(kernel: Kernel, variant: str | None = None):
     elif form == "mlp":
         from lumc.backends.triton.render_mlp import render_mlp
         parts = render_mlp(kernel)
+    elif form == "scan":
+        from lumc.backends.triton.render_scan import render_scan
+        parts = render_scan(kernel)
     elif form == "attention":
         parts = render_row(kernel, variant) if variant == "generic" else render_attention(kernel)
     else:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from lumc.backends.simulator import DRAM_LATENCY_S
 from lumc.ir.graph import Node
 from lumc.ir.views import prod
 from lumc.rewrites.language import FORM_KERNEL, FORMS, OP_OF_CTOR, Tables, decode_node
@@ -161,6 +162,14 @@ class CostModel:
             a, b = shp(0), shp(1)
             k = a[-1] if a else 1
             return max(self.flops(2 * out * k, True), self.bw(prod(a) + prod(b) + out)) + launch
+        if FORM_KERNEL.get(ctor) == "scan":   # a prefix sum: its operand read once, an add per
+            # element, and ceil(L / 1024) serial steps per row (``lumc.backends.simulator_scan``)
+            ax = g.values.get(n.args[SPELLINGS[ctor].args.index("ax")], (0,))
+            big = shp(0)
+            length = big[int(ax[0])] if ax and len(big) > int(ax[0]) else 1
+            chain = math.ceil(length / 1024) * DRAM_LATENCY_S
+            return max(self.flops(2 * out, False), self.bw(base_elems(g, n.args[0]) + out),
+                       chain) + launch
         if ctor in SPELLINGS:   # one row kernel (CUDA cores) reading its tensor arguments once
             args = [a for a in n.args if a in g.classes]
             reads = sum(base_elems(g, a) for a in args)

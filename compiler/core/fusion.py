@@ -53,6 +53,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
+from lumc.backends.triton.scan import scan_of
 from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core, same_iteration
 from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_chain import ChainFusion
@@ -252,6 +253,10 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
             if leak or any(m in self.group for m in inside):
                 self._refuse(root, None, f"{rec.form} form dropped: its inside is read elsewhere")
                 continue
+            if rec.form == "scan" and scan_of(root) is None:
+                self._refuse(root, None, "scan form dropped: not a triangular contraction of a "
+                                         "finite operand (lumc.backends.triton.scan)")
+                continue
             for m in inside:
                 self.group[m] = rid
             if rows:
@@ -269,11 +274,27 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
             for s in x.srcs:
                 if id(s) in stop or id(s) in seen or s.op in ("Input", "Constant", "Iota"):
                     continue
+                if rec.form == "scan" and self._data_free(s):
+                    continue    # the scan's mask: never computed, shared by the scans of one row
                 seen.add(id(s))
                 if s.op != "View":
                     out.add(id(s))
                 stack.append(s)
         return out
+
+    def _scan_operand(self, u: Node) -> bool:
+        """Whether ``u`` is the product of a scan form: a scan computes its operand's prologue on
+        load, once per element (not once per output column, as a contraction would)."""
+        rec = self.forms.get(self.group.get(id(u)))
+        return rec is not None and rec.form == "scan"
+
+    def _data_free(self, n: Node) -> bool:
+        """Whether ``n`` reads no tensor (only iotas and scalar constants: an index mask)."""
+        memo = self.__dict__.setdefault("_data_free_memo", {})
+        if id(n) not in memo:
+            memo[id(n)] = (n.op == "Iota" or (n.op == "Constant" and n.numel == 1)) if not n.srcs \
+                else all(self._data_free(s) for s in n.srcs)
+        return memo[id(n)]
 
     # ---- decisions -------------------------------------------------------------------------
     def _free_reshape(self, views: list) -> bool:
@@ -460,7 +481,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                     break
                 if u.op == "Mul" and self._contraction_operand(u) and not weight and not (
                         ops <= CHEAP_OPERAND_OPS and len(big) <= 1 and not gather) and not (
-                        ops <= MAX_RECOMPUTE_OPS and self._attention_prologue(n, u)):
+                        ops <= MAX_RECOMPUTE_OPS and self._attention_prologue(n, u)) and not (
+                        ops <= MAX_RECOMPUTE_OPS and not gather and self._scan_operand(u)):
                     self._realize(n, u, "contraction operand is not a cheap prologue")
                     break
             if id(n) in self.realized:

@@ -217,11 +217,33 @@ def scan_grid(x: Tensor, axis: int, fill) -> tuple[Tensor, Tensor, list[int]]:
     return keep.where(grid, grid.scalar_like(fill)), keep, back
 
 
+def prefix_contraction(v: Tensor, axis: int, exclusive: bool = False,
+                       reverse: bool = False) -> Tensor:
+    """``out[..., i, ...] = sum_j M[i, j] * v[..., j, ...]`` along ``axis`` with the 0/1 mask
+    ``M[i, j] = j <= i`` (``j < i`` when ``exclusive``, ``j >= i`` / ``j > i`` when ``reverse``),
+    of ``v``'s dtype: the primitive meaning of a prefix sum. ``O(n^2)`` as written; the e-graph
+    offers a ``scan`` kernel for it (``lumc.rewrites.spellings``, ``lumc.backends.triton.scan``),
+    equal where ``v`` is finite (a masked ``0 * inf`` is NaN here). Shape and dtype of ``v``."""
+    n = v.shape[axis]
+    i = Tensor.iota((n, n), 0)
+    j = Tensor.iota((n, n), 1)
+    if reverse:
+        i, j = j, i
+    mask = j.lt(i) if exclusive else i.lt(j).logical_not()
+    m = mask.where(Tensor.full((n, n), 1, v.dtype), Tensor.full((n, n), 0, v.dtype))
+    big = v.shape[:axis] + (n, n) + v.shape[axis + 1:]
+    mv = m.reshape((1,) * axis + (n, n) + (1,) * (v.ndim - axis - 1)).expand(big)
+    vv = v.unsqueeze([axis]).expand(big)
+    return mv.mul(vv).sum(axis + 1)
+
+
 def cumsum(x: Tensor, axis: int, exclusive: bool = False, reverse: bool = False) -> Tensor:
     """ONNX ``CumSum`` along ``axis`` as a contraction with a triangular 0/1 mask:
     ``out[..., i, ...] = sum_j M[i, j] * x[..., j, ...]`` with ``M[i, j] = j <= i`` (``j < i`` when
-    ``exclusive``, mirrored when ``reverse``). ``Mul`` + ``SumReduce`` so the reference executor (and
-    the kernel recognizer) see a matmul-like contraction; O(n^2) work along ``axis``.
+    ``exclusive``, mirrored when ``reverse``; :func:`prefix_contraction`). ``Mul`` + ``SumReduce``
+    so the reference executor sees a contraction (O(n^2) as written); the e-graph offers each
+    one as a ``scan`` kernel (a prefix sum, O(n): ``lumc.backends.triton.render_scan``), every
+    operand contracted here being finite.
 
     Floats: the mask products ``0 * x`` would turn an infinity into NaN everywhere, so the finite
     part is contracted with non-finite values zeroed, and two more contractions count the ``+inf``
@@ -240,19 +262,10 @@ def cumsum(x: Tensor, axis: int, exclusive: bool = False, reverse: bool = False)
         raise ShapeError("needs a numeric tensor, got bool", op="CumSum")
     axis = normalize_axis(axis, x.ndim)
     n = x.shape[axis]
-    i = Tensor.iota((n, n), 0)
-    j = Tensor.iota((n, n), 1)
-    if reverse:
-        i, j = j, i
-    mask = j.lt(i) if exclusive else i.lt(j).logical_not()
     xc = x.cast(x.dtype.accumulator)
 
     def contract(v: Tensor) -> Tensor:
-        m = mask.where(Tensor.full((n, n), 1, v.dtype), Tensor.full((n, n), 0, v.dtype))
-        big = x.shape[:axis] + (n, n) + x.shape[axis + 1:]
-        mv = m.reshape((1,) * axis + (n, n) + (1,) * (x.ndim - axis - 1)).expand(big)
-        vv = v.unsqueeze([axis]).expand(big)
-        return mv.mul(vv).sum(axis + 1)
+        return prefix_contraction(v, axis, exclusive, reverse)
 
     if not xc.dtype.is_float:
         return contract(xc).cast(x.dtype)

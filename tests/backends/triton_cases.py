@@ -14,6 +14,7 @@ from lumc.ir.kernels import Kernel
 from lumc.ir.tensor import Tensor
 from lumc.ir.library.conv import conv
 from lumc.ir.library.norm import layer_norm, rms_norm, softmax
+from lumc.ir.library.reduce import prefix_contraction
 
 # (rtol, atol) per output dtype for kernels that reassociate sums; values compared in float64
 TOL = {"f64": (1e-9, 1e-12), "f32": (2e-5, 2e-5), "f16": (2e-2, 2e-2), "bf16": (3e-2, 3e-2),
@@ -201,6 +202,14 @@ def every_form_kernels() -> list[tuple[str, Kernel, str | None]]:
                     "attention", lambda q, k, v, km: softmax(km.where(
                         (q @ k.transpose(-1, -2)) * 0.125, float("-inf")), -1) @ v,
                     [((1, 12, 128, 64), dt.f32)] * 3 + [((1, 1, 1, 128), dt.bool_)]), None),
+                # CumSum as a scan (render_scan): int64, reversed, a carried sum over 4 blocks;
+                # float with the library's finite-operand prologue, exclusive, not the last axis
+                ("scan-i64", make_kernel("scan", lambda a: prefix_contraction(
+                    a, 1, reverse=True), [((64, 4097), dt.i64)]), None),
+                ("scan-f32", make_kernel("scan", lambda a: prefix_contraction(
+                    a.lt(a.scalar_like(np.inf)).where(a.scalar_like(-np.inf).lt(a).where(
+                        a, a.scalar_like(0.0)), a.scalar_like(0.0)), 1, exclusive=True),
+                    [((8, 4096, 16), dt.f32)]), None),
                 # a gated MLP's gate and up in one kernel: two b tiles, two accumulators
                 ("matmul-paired", make_kernel(
                     "matmul", lambda x, wg, wu: (x @ wg).maximum(0.0) * (x @ wu),

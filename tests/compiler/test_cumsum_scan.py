@@ -1,0 +1,133 @@
+"""ONNX CumSum through the compile path: the e-graph offers a ``scan`` kernel (a prefix sum) beside
+the triangular contraction the library writes, and the search takes it where it is faster (long
+rows). Values against onnxruntime and numpy (float64 for floats, exact for integers), through
+the compiled plan on the CPU executor and through its kernels in the Triton interpreter."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lumc
+from lumc.backends.triton.runner import run_program
+from lumc.compiler.core.egraph_pipeline import egraph_candidates
+from lumc.compiler.frontends.onnx_frontend import import_onnx
+
+from tests.compiler.test_onnx_edge_values import onnxruntime_outputs
+
+# (exclusive, reverse, axis) of the model's four CumSum nodes over x [2, L]
+NODES = [(0, 0, 1), (1, 0, -1), (0, 1, -1), (1, 1, 1)]
+ONNX_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64}
+
+
+def cumsum_model(shape, dtype):
+    """x [shape] -> y0..y3, one CumSum per (exclusive, reverse, axis) of :data:`NODES`."""
+    nodes, inits = [], []
+    for k, (exclusive, reverse, axis) in enumerate(NODES):
+        inits.append(numpy_helper.from_array(np.array(axis, np.int64), f"a{k}"))
+        nodes.append(helper.make_node("CumSum", ["x", f"a{k}"], [f"y{k}"], exclusive=exclusive,
+                                      reverse=reverse))
+    t = ONNX_TYPE[np.dtype(dtype)]
+    g = helper.make_graph(nodes, "cumsum", [helper.make_tensor_value_info("x", t, list(shape))],
+                          [helper.make_tensor_value_info(f"y{k}", t, list(shape))
+                           for k in range(len(NODES))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    return m
+
+
+def numpy_cumsum(x: np.ndarray, axis: int, exclusive: int, reverse: int) -> np.ndarray:
+    """ONNX CumSum in numpy: float64 for floats (cast back), exact for integers."""
+    v = x.astype(np.float64) if x.dtype.kind == "f" else x
+    v = np.flip(v, axis) if reverse else v
+    s = np.cumsum(v, axis=axis)
+    if exclusive:
+        s = np.concatenate([np.zeros_like(np.take(s, [0], axis=axis)),
+                            np.delete(s, -1, axis=axis)], axis=axis)
+    s = np.flip(s, axis) if reverse else s
+    return s.astype(x.dtype)
+
+
+def inputs(length: int, dtype) -> np.ndarray:
+    rng = np.random.default_rng(length)
+    if np.dtype(dtype).kind == "f":
+        x = rng.standard_normal((2, length)).astype(np.float32)
+        x[0, length // 2] = np.inf             # the infinity's side of row 0 is inf
+        x[1, : min(3, length)] = -0.0         # a run of -0.0 keeps its sign (onnxruntime's)
+        return x
+    return rng.integers(-2 ** 40, 2 ** 40, (2, length)).astype(np.int64)
+
+
+def assert_values(got: np.ndarray, x: np.ndarray, k: int, ort: np.ndarray, path: str) -> None:
+    exclusive, reverse, axis = NODES[k]
+    want = numpy_cumsum(x, axis, exclusive, reverse)
+    assert got.shape == want.shape and got.dtype == want.dtype, (path, k)
+    if x.dtype.kind == "f":
+        scale = float(np.abs(x[np.isfinite(x)].astype(np.float64)).sum())
+        for ref in (want, ort):
+            np.testing.assert_allclose(got, ref, rtol=0, atol=4e-7 * scale + 1e-6,
+                                       err_msg=f"{path} y{k}")
+        zero = want == 0
+        assert np.signbit(got[zero]).tolist() == np.signbit(ort[zero]).tolist(), (path, k)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=f"{path} y{k}")
+        np.testing.assert_array_equal(got, ort, err_msg=f"{path} y{k}")
+
+
+@pytest.mark.parametrize("length", [1000, 4097])
+@pytest.mark.parametrize("dtype", [np.int64, np.float32])
+def test_compiled_cumsum_is_a_scan_with_the_values_of_onnxruntime(length, dtype):
+    """Every CumSum of the chosen plan is a scan kernel (the contraction reads an L x L mask and
+    does L^2 multiply-adds per row); values of the plan on the CPU executor and of its kernels in
+    the Triton interpreter against numpy and onnxruntime."""
+    x = inputs(length, dtype)
+    m = cumsum_model(x.shape, dtype)
+    f = lumc.compile(m, budget="60s", device="sim:h200", example_inputs={"x": x},
+                     reuse_plan=False)
+    forms = [c.kernel.form for c in f.program.calls]
+    assert forms.count("scan") >= len(NODES) and "matmul" not in forms, forms
+    ort = onnxruntime_outputs(m, {"x": x})
+    plan = f.run({"x": x})
+    triton = run_program(f.program, {"x": x})
+    for k in range(len(NODES)):
+        assert_values(np.asarray(plan[f"y{k}"]), x, k, ort[k], "plan")
+        assert_values(np.asarray(triton[f"y{k}"]), x, k, ort[k], "triton")
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float32])
+def test_short_cumsum_offers_the_scan_and_its_values_hold(dtype):
+    """At L = 7 the contraction may win the search (it does on the simulated H200 for int64),
+    but the e-graph offers the scan too; both programs give onnxruntime's values."""
+    x = inputs(7, dtype)
+    m = cumsum_model(x.shape, dtype)
+    res = egraph_candidates(import_onnx(m, {"x": x.shape}).graph, device="h200")
+    with_scan = [p for p in res.candidates if any(c.kernel.form == "scan" for c in p.calls)]
+    assert with_scan, [[c.kernel.form for c in p.calls] for p in res.candidates]
+    ort = onnxruntime_outputs(m, {"x": x})
+    for p in (with_scan[0], res.candidates[0]):
+        got = run_program(p, {"x": x})
+        for k in range(len(NODES)):
+            assert_values(np.asarray(got[f"y{k}"]), x, k, ort[k], p.label)
+
+
+def test_position_ids_at_4096_use_the_scan():
+    """RoBERTa's position ids, ``cumsum(mask, 1) * mask + pad``, at L = 4096: the chosen program
+    is one scan kernel with the mask product and the offset fused as its epilogue."""
+    nodes = [helper.make_node("Cast", ["mask"], ["mi"], to=TensorProto.INT64),
+             helper.make_node("CumSum", ["mi", "one"], ["c"]),
+             helper.make_node("Mul", ["c", "mi"], ["cm"]),
+             helper.make_node("Add", ["cm", "one"], ["pos"])]
+    g = helper.make_graph(
+        nodes, "pos", [helper.make_tensor_value_info("mask", TensorProto.INT32, [2, 4096])],
+        [helper.make_tensor_value_info("pos", TensorProto.INT64, [2, 4096])],
+        [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    mask = np.ones((2, 4096), np.int32)
+    mask[1, 3000:] = 0
+    f = lumc.compile(m, budget="60s", device="sim:h200", example_inputs={"mask": mask},
+                     reuse_plan=False)
+    assert [c.kernel.form for c in f.program.calls] == ["scan"], f.report()
+    want = np.cumsum(mask, 1) * mask + 1
+    np.testing.assert_array_equal(f.run({"mask": mask})["pos"], want)
+    np.testing.assert_array_equal(onnxruntime_outputs(m, {"mask": mask})[0], want)
