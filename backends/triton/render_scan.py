@@ -81,7 +81,8 @@ def render_scan(kernel: Kernel) -> KernelParts:
     lvl = w.level
     w.line("offs = k0 + tl.arange(0, BLOCK)")
     w.line(f"inb = offs < {n}")
-    pos = w.bind(f"{n - 1} - offs" if spec.reverse else "offs", "p", lvl)
+    # n - 1 - offs, not (n - 1) - offs: a range's probe size n is rewritten into an argument
+    pos = w.bind(f"{n} - 1 - offs" if spec.reverse else "offs", "p", lvl)
     if spec.exclusive:   # the element one step behind (ahead when reversed); none at the start
         src = w.bind(f"{pos} + 1" if spec.reverse else f"{pos} - 1", "p", lvl)
         valid = w.bind("inb & (offs > 0)", "v", lvl)

@@ -125,3 +125,20 @@ def test_simulated_scan_beats_the_contraction_at_4096():
             pass
     t_mm = min(times)
     assert t_scan * 2 < t_mm, (t_scan, t_mm)
+
+
+@pytest.mark.parametrize("exclusive,reverse", COMBOS)
+def test_one_scan_module_serves_every_size_of_a_range(exclusive, reverse):
+    """A range's scan kernel is rendered at the probe prime and its sizes made arguments
+    (``size_generic``): a reversed scan's start ``L - 1`` must follow the size too."""
+    from lumc.backends.triton.size_generic import SizedKernel
+    from lumc.ir.symbolic import probing
+    p = 61
+    with probing([p]):
+        k = scan_kernel((2, p), dt.i64, 1, exclusive, reverse)
+        sk = SizedKernel(k, {p: "L0"})
+    assert sk.rendered.size_args == ("L0",)
+    for n in (1, 6, 64, 1500):
+        x = np.random.default_rng(n).integers(-99, 99, (2, n)).astype(np.int64)
+        got = to_numpy(sk(x, sizes={"L0": n})[0])
+        np.testing.assert_array_equal(got, numpy_scan(x, 1, exclusive, reverse), err_msg=str(n))
