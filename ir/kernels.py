@@ -1,7 +1,7 @@
 """Kernel forms: the units a backend renders, each with its meaning in primitives.
 
 A :class:`Kernel` is one launch: a kernel form (``pointwise``, ``reduction``, ``matmul``, ``softmax``,
-``layernorm``, ``rmsnorm``, ``attention``, ``gather``) plus its *meaning*, a small primitive
+``layernorm``, ``rmsnorm``, ``attention``, ``gather``, ``mlp``, ``scan``) plus its *meaning*, a small primitive
 :class:`~lumc.ir.graph.Graph` whose ``Input`` leaves are the tensors the kernel reads (named
 ``in0, in1, ...``) and whose outputs are the tensors it writes (``out0, ...``). Constants that are
 scalars may live inside the meaning; weight tensors are inputs. ``attrs`` carries form-specific

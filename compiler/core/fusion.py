@@ -118,6 +118,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         self.group: dict[int, int] = {}
         self.refusals: list[str] = []
         self._closed: dict[int, tuple] = {}
+        self._data_free_memo: dict[int, bool] = {}
         self.forms = self._form_groups(self._with_attention(forms or {}))
         self.row_groups: dict[int, set[int]] = {}
         self.row_groups_found: list[frozenset[int]] = []   # Node.ids of each group's members
@@ -290,7 +291,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
 
     def _data_free(self, n: Node) -> bool:
         """Whether ``n`` reads no tensor (only iotas and scalar constants: an index mask)."""
-        memo = self.__dict__.setdefault("_data_free_memo", {})
+        memo = self._data_free_memo
         if id(n) not in memo:
             memo[id(n)] = (n.op == "Iota" or (n.op == "Constant" and n.numel == 1)) if not n.srcs \
                 else all(self._data_free(s) for s in n.srcs)
