@@ -94,3 +94,19 @@ def test_attention_select_mask_bf16(d):
     feed["in4"][1] = False
     feed["in4"][2, ..., L // 3:] = False
     check(k, feed)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 4097])
+@pytest.mark.parametrize("exclusive,reverse", [(False, False), (True, False), (False, True),
+                                               (True, True)])
+def test_scan_on_the_device(n, exclusive, reverse):
+    """CumSum's scan kernel (``render_scan``) compiled for the device: int64 exact and the float
+    cumsum's finite-operand scan, at the default config and at the widest and narrowest blocks."""
+    from lumc.ir.library.reduce import prefix_contraction
+    from test_triton_scan import finite_operand
+    for d, op in ((dt.i64, lambda a: a), (dt.f32, finite_operand)):
+        k = make_kernel("scan", lambda a: prefix_contraction(op(a), 1, exclusive, reverse),
+                        [((3, n), d)])
+        space = configs.config_space("scan", {"M": 3, "K": n})
+        for cfg in (None, space[0], space[-1]):
+            check(k, config=cfg)
