@@ -274,7 +274,7 @@ def _legal(space: str, p: dict, c: dict) -> bool:
                 and c["BLOCK"] <= 32 * w * 32)
     if space == "scan":   # no block past the row, at least one element per thread
         return (c["BLOCK"] <= max(16, next_pow2(p["K"])) and c["BLOCK"] >= 32 * w // 2
-                and c["BLOCK"] <= 32 * 32 * w)     # at most 32 elements per thread (registers)
+                and c["BLOCK"] * p.get("SCANS", 1) <= 32 * 32 * w)   # <= 32 live values/thread
     if space == "row":
         bm, bk = c["BLOCK_M"], c["BLOCK_K"]
         if bm > next_pow2(p["M"]):

@@ -31,20 +31,31 @@ from lumc.backends.triton.scan import ScanSpec, scan_of
 from lumc.backends.triton.source import KernelParts, make_params
 
 
-def kernel_scan(kernel: Kernel) -> ScanSpec:
-    """The scan of a ``scan`` kernel's meaning.
+def kernel_scans(kernel: Kernel) -> list[ScanSpec]:
+    """The scans of a ``scan`` kernel's meaning: one or more triangular contractions over the
+    same rows (axis, length, direction and result shape), in meaning order. Attr
+    ``finite_operand``: the operands were checked finite on the model graph (a realized operand
+    is a placeholder here).
 
     Raises:
-        RenderError: when the meaning holds no triangular contraction of a finite operand, or
-            another reduction.
+        RenderError: when a reduction of the meaning is not such a scan.
     """
-    nodes = kernel.meaning.nodes()
-    reds = [n for n in nodes if n.op in ("SumReduce", "MaxReduce")]
-    spec = scan_of(reds[0]) if len(reds) == 1 else None
-    if spec is None:
-        raise RenderError(f"scan kernel: expected one triangular contraction of a finite operand, "
-                          f"found reductions {reds!r}")
-    return spec
+    reds = [n for n in kernel.meaning.nodes() if n.op in ("SumReduce", "MaxReduce")]
+    specs = [scan_of(r, bool(kernel.attr("finite_operand"))) for r in reds]
+    if not specs or any(sp is None for sp in specs) or len({
+            (sp.k, sp.n, sp.exclusive, sp.reverse, sp.red.shape) for sp in specs}) != 1:
+        raise RenderError(f"scan kernel: expected triangular contractions of finite operands "
+                          f"over the same rows, found reductions {reds!r}")
+    return specs
+
+
+def kernel_scan(kernel: Kernel) -> ScanSpec:
+    """The first scan of a ``scan`` kernel (its rows, length and direction are every scan's).
+
+    Raises:
+        RenderError: as :func:`kernel_scans`.
+    """
+    return kernel_scans(kernel)[0]
 
 
 def render_scan(kernel: Kernel) -> KernelParts:
@@ -53,7 +64,8 @@ def render_scan(kernel: Kernel) -> KernelParts:
     Raises:
         RenderError: when the meaning is not a scan with an elementwise epilogue of its size.
     """
-    spec = kernel_scan(kernel)
+    specs = kernel_scans(kernel)
+    spec = specs[0]
     red, k, n = spec.red, spec.k, spec.n
     outs = kernel.meaning.outputs
     for name, o in outs.items():
@@ -65,18 +77,21 @@ def render_scan(kernel: Kernel) -> KernelParts:
     params, ptrs, consts = make_params(kernel, reads)
     # the [..., L, L, ...] product and the [L, L] mask are never formed: addresses only
     big = needs_int64(nodes, (red.numel,), (tuple(red.srcs[0].shape), (n, n)))
-    acc = acc_dtype(red)
-    tacc = exprs.tl_dtype(acc)
     w = SourceWriter()
     rows = spec.rows
     pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
     r = w.bind(pid, "row") if rows else "0"
     ridx = [e if e == "0" else w.bind(e, "r") for e in unravel(r, rows)] if rows else []
-    ev = Evaluator(w, ptrs, lambda ev_, x, idx, mask, level: scanned if x is red else None,
+    scanned: dict = {}      # reduction node -> its prefix sums in this block
+    ev = Evaluator(w, ptrs, lambda ev_, x, idx, mask, level: scanned.get(x),
                    "tl.int64" if big else "tl.int32")
     ev.scalar_names.update(i for i in ridx if i.isidentifier())
-    start = "-0.0" if acc.is_float and not spec.exclusive else "0"
-    w.line(f"carry = tl.full((), {start}, {tacc})")
+    carries = []
+    for j, sp in enumerate(specs):
+        acc = acc_dtype(sp.red)
+        start = "-0.0" if acc.is_float and not spec.exclusive else "0"
+        carries.append(f"carry{j}")
+        w.line(f"carry{j} = tl.full((), {start}, {exprs.tl_dtype(acc)})")
     w.open(f"for k0 in range(0, {n}, BLOCK):")
     lvl = w.level
     w.line("offs = k0 + tl.arange(0, BLOCK)")
@@ -91,13 +106,16 @@ def render_scan(kernel: Kernel) -> KernelParts:
 
     def big_index(j: str) -> list[str]:
         it = iter(ridx)
-        return [j if a == k else "0" if a == k - 1 else next(it) for a in range(len(red.srcs[0].shape))]
+        return [j if a == k else "0" if a == k - 1 else next(it)
+                for a in range(len(red.srcs[0].shape))]
 
-    x = ev.value(spec.operand, big_index(src), valid, lvl)
-    zero = exprs.render_scalar(0, acc)
-    x = w.bind(f"tl.where({valid}, ({x}).to({tacc}), {zero})", "t", lvl)
-    scanned = w.bind(f"tl.cumsum({x}, axis=0) + carry", "s", lvl)
-    w.line(f"carry = carry + tl.sum({x}, axis=0)")
+    for sp, carry in zip(specs, carries):
+        tacc = exprs.tl_dtype(acc_dtype(sp.red))
+        x = ev.value(sp.operand, big_index(src), valid, lvl)
+        zero = exprs.render_scalar(0, acc_dtype(sp.red))
+        x = w.bind(f"tl.where({valid}, ({x}).to({tacc}), {zero})", "t", lvl)
+        scanned[sp.red] = w.bind(f"tl.cumsum({x}, axis=0) + {carry}", "s", lvl)
+        w.line(f"{carry} = {carry} + tl.sum({x}, axis=0)")
     it = iter(ridx)
     sidx = [pos if a == k - 1 else "0" if a == k else next(it) for a in range(len(red.shape))]
     for name, o in outs.items():
@@ -108,7 +126,7 @@ def render_scan(kernel: Kernel) -> KernelParts:
             flat = f"{flat} + 0 * offs"
         w.line(f"tl.store({name}_ptr + ({flat}), {v}, mask=inb)")
     w.close()
-    problem = {"M": prod(rows), "K": n, "itemsize": acc.itemsize}
+    problem = {"M": prod(rows), "K": n, "itemsize": acc_dtype(red).itemsize, "SCANS": len(specs)}
     variant = ("exclusive" if spec.exclusive else "inclusive") + ("-reverse" if spec.reverse else "")
     return KernelParts(
         form=kernel.form, variant=variant, params=params, constexprs=("BLOCK",), body=w.body(),

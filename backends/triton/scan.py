@@ -119,9 +119,11 @@ def finite_by_construction(v: Node, depth: int = 8) -> bool:
     return False
 
 
-def scan_of(red: Node) -> ScanSpec | None:
+def scan_of(red: Node, finite: bool = False) -> ScanSpec | None:
     """The scan a ``SumReduce`` node computes, or None when it is not a triangular contraction
-    of a finite operand (see the module docstring)."""
+    of a finite operand (see the module docstring). ``finite``: the operand is known finite (a
+    kernel's meaning reads it from memory when another kernel computed it; the form was checked
+    on the model graph, ``lumc.compiler.core.fusion``)."""
     if red.op != "SumReduce" or len(red.arg) != 1 or red.srcs[0].op != "Mul":
         return None
     prod = red.srcs[0]
@@ -143,7 +145,7 @@ def scan_of(red: Node) -> ScanSpec | None:
             return None
         if v_side.op != "View" or v_side.shape != big or (v_side.arg.strides[k - 1] != 0 and n > 1):
             return None
-        if not finite_by_construction(v_side.srcs[0]):
+        if not finite and not finite_by_construction(v_side.srcs[0]):
             return None
         return ScanSpec(red, v_side, k, n, kind[0], kind[1])
     return None

@@ -47,6 +47,7 @@ Each refused fusion is logged once, naming both nodes and the reason (Inductor's
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from lumc.ir.graph import Graph, Node
@@ -57,6 +58,7 @@ from lumc.backends.triton.scan import scan_of
 from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core, same_iteration
 from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_chain import ChainFusion
+from lumc.compiler.core.fusion_scan import ScanFusion
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
 from lumc.compiler.core.fusion_rows import ROWS_REFUSAL, RowFusion, launch_order  # noqa: F401
@@ -72,7 +74,8 @@ MAX_EPILOGUE_OPS = 256   # fusible descendants of a reduction searched for its e
 HORIZONTAL_LOOKAHEAD = 4  # later kernels a pointwise kernel looks at for independent partners
 
 
-class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusion, RowFusion):
+class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusion, RowFusion,
+                   ScanFusion):
     """Realization decisions for one graph; :meth:`program` cuts the kernels.
 
     Attributes:
@@ -258,6 +261,9 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                 self._refuse(root, None, "scan form dropped: not a triangular contraction of a "
                                          "finite operand (lumc.backends.triton.scan)")
                 continue
+            if rec.form == "scan":    # checked here, where the operand's expression is visible
+                rec = dataclasses.replace(rec, attrs=tuple(sorted(rec.attrs + (
+                    ("finite_operand", True),))))
             for m in inside:
                 self.group[m] = rid
             if rows:
@@ -282,20 +288,6 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                     out.add(id(s))
                 stack.append(s)
         return out
-
-    def _scan_operand(self, u: Node) -> bool:
-        """Whether ``u`` is the product of a scan form: a scan computes its operand's prologue on
-        load, once per element (not once per output column, as a contraction would)."""
-        rec = self.forms.get(self.group.get(id(u)))
-        return rec is not None and rec.form == "scan"
-
-    def _data_free(self, n: Node) -> bool:
-        """Whether ``n`` reads no tensor (only iotas and scalar constants: an index mask)."""
-        memo = self._data_free_memo
-        if id(n) not in memo:
-            memo[id(n)] = (n.op == "Iota" or (n.op == "Constant" and n.numel == 1)) if not n.srcs \
-                else all(self._data_free(s) for s in n.srcs)
-        return memo[id(n)]
 
     # ---- decisions -------------------------------------------------------------------------
     def _free_reshape(self, views: list) -> bool:
@@ -344,7 +336,8 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                     frontier.append(u)
         return order
 
-    def _epilogue_region(self, r: Node, partner: Node | None = None) -> tuple[set[int], Node]:
+    def _epilogue_region(self, r: Node, partner: Node | list | None = None
+                         ) -> tuple[set[int], Node]:
         """The elementwise epilogue of reduction ``r``: the largest set of same-size elementwise
         consumers in which every node but one (the exit, which the kernel writes) has all its
         consumers inside the set. Returns ``(member ids, exit)``.
@@ -353,8 +346,10 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         read through free reshapes) defines the region of the nodes between ``r`` and ``e``; the
         largest valid one wins. A descendant that feeds something else (``x * x`` for a second
         reduction) is simply left out, instead of stopping the growth. With a ``partner`` (a paired
-        contraction, :meth:`_pairs`) the region must hold both."""
-        roots = [r] if partner is None else [r, partner]
+        contraction, :meth:`_pairs`; or a list: scans of one row, :meth:`_scan_partners`) the
+        region must hold them all."""
+        roots = [r] if partner is None else [r, *partner] if isinstance(partner, list) \
+            else [r, partner]
         order = sorted(self._fusible_descendants(roots), key=lambda n: self.pos[id(n)])
         best = ({id(r)}, r)
         # region(e): everything in desc that e depends on, built once per node in topological order
@@ -407,7 +402,12 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                 continue
             mine = self.group.get(id(n))
             if id(n) in self.forms:
-                members, exit_ = self._epilogue_region(n)
+                partners = self._scan_partners(n)
+                members, exit_ = self._epilogue_region(n, partners or None)
+                if partners and not all(id(p) in members for p in partners):
+                    members, exit_ = self._epilogue_region(n)     # no epilogue closes over all
+                elif partners:
+                    self._merge_scans(n, partners)
                 for k in members:
                     self.group[k] = id(n)
                 exits[id(n)] = exit_

@@ -82,7 +82,7 @@ def test_compiled_cumsum_is_a_scan_with_the_values_of_onnxruntime(length, dtype)
     the Triton interpreter against numpy and onnxruntime."""
     x = inputs(length, dtype)
     m = cumsum_model(x.shape, dtype)
-    f = lumc.compile(m, budget="60s", device="sim:h200", example_inputs={"x": x},
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs={"x": x},
                      reuse_plan=False)
     forms = [c.kernel.form for c in f.program.calls]
     assert forms.count("scan") >= len(NODES) and "matmul" not in forms, forms
@@ -125,9 +125,28 @@ def test_position_ids_at_4096_use_the_scan():
     m.ir_version = 8
     mask = np.ones((2, 4096), np.int32)
     mask[1, 3000:] = 0
-    f = lumc.compile(m, budget="60s", device="sim:h200", example_inputs={"mask": mask},
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs={"mask": mask},
                      reuse_plan=False)
     assert [c.kernel.form for c in f.program.calls] == ["scan"], f.report()
     want = np.cumsum(mask, 1) * mask + 1
     np.testing.assert_array_equal(f.run({"mask": mask})["pos"], want)
     np.testing.assert_array_equal(onnxruntime_outputs(m, {"mask": mask})[0], want)
+
+
+def test_float_cumsum_scans_its_row_once():
+    """The library's float CumSum contracts three operands of one row (the finite part and the
+    counts of +inf and -inf seen); their scans are one kernel, one carried sum each, with the
+    combination as its epilogue (and a row reduction before it for the sign of zero), not three
+    kernels writing and re-reading two intermediates."""
+    x = inputs(4096, np.float32)
+    m = cumsum_model(x.shape, np.float32)
+    del m.graph.node[1:]
+    del m.graph.output[1:]
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs={"x": x},
+                     reuse_plan=False)
+    forms = sorted(c.kernel.form for c in f.program.calls)
+    assert forms == ["reduction", "scan"], f.report()
+    scan = next(c.kernel for c in f.program.calls if c.kernel.form == "scan")
+    assert sum(n.op == "SumReduce" for n in scan.meaning.nodes()) == 3
+    got = run_program(f.program, {"x": x})["y0"]
+    assert_values(np.asarray(got), x, 0, onnxruntime_outputs(m, {"x": x})[0], "triton")
