@@ -33,7 +33,7 @@ that reads it:
   (through an elementwise score function no attention rule spells: Gemma-2's soft cap) and the
   value contraction is assembled into one attention form (``lumc.compiler.core.fusion_attention``).
 * Two contractions of one left operand whose epilogues meet (a gated MLP's ``silu(g) * u``) are one
-  *paired* matmul kernel with two accumulators (:meth:`GreedyFusion._pairs`).
+  *paired* matmul kernel with two accumulators (``fusion_chain``, :meth:`ChainFusion._pairs`).
 * Independent pointwise kernels of one element count, close in launch order, are one kernel with
   several outputs (horizontal fusion: a decoding step's key and value cache concatenations), when
   every input of the later one is written before the first
@@ -55,7 +55,6 @@ from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
 from lumc.backends.triton.scan import scan_of
-from lumc.backends.triton.contraction import as_contraction_squeezed, is_tensor_core, same_iteration
 from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_chain import ChainFusion
 from lumc.compiler.core.fusion_scan import ScanFusion
@@ -292,34 +291,6 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
     # ---- decisions -------------------------------------------------------------------------
     def _free_reshape(self, views: list) -> bool:
         return all(v.is_contiguous for v in views)
-
-    def _pairs(self) -> dict[int, Node]:
-        """``{id(first): second}`` for contractions that one paired matmul kernel computes: the same
-        left operand over the same iteration space (``same_iteration``: a gated MLP's gate and up
-        projections of one normalized input) whose elementwise epilogues meet (``silu(g) * u``).
-        The kernel loads each left tile once for both products and never writes either one; the
-        first in topological order claims the second when its epilogue closes over both."""
-        by_key: dict[tuple, list] = {}
-        for n in self.order:
-            c = as_contraction_squeezed(n) if id(n) not in self.group else None
-            if c is not None and is_tensor_core(c) and id(n) not in self.outputs:
-                by_key.setdefault((id(c.a), c.full), []).append(c)
-        pairs: dict[int, Node] = {}
-        for cs in by_key.values():
-            if len(cs) < 2:
-                continue
-            reach = {id(c.node): {id(u) for u in self._fusible_descendants([c.node])} for c in cs}
-            taken: set[int] = set()
-            for i, c in enumerate(cs):
-                for c2 in cs[i + 1:]:
-                    if taken & {id(c.node), id(c2.node)} or not same_iteration(c, c2):
-                        continue
-                    if c.M == 1 and not _same_row_spelling(c.node, c2.node):
-                        continue     # one GEMV row kernel needs one operand shape and axes
-                    if reach[id(c.node)] & reach[id(c2.node)]:
-                        pairs[id(c.node)] = c2.node
-                        taken |= {id(c.node), id(c2.node)}
-        return pairs
 
     def _fusible_descendants(self, roots: list[Node]) -> list[Node]:
         """The elementwise nodes of the first root's size reached from ``roots`` through free
@@ -573,13 +544,6 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                     id(x) in done or x.op in ("Input", "Constant") for x in trial.inputs):
                 out.append(m)
         return out
-
-
-def _same_row_spelling(r1: Node, r2: Node) -> bool:
-    """Two sums reduce operands of one shape over the same axes (what a row kernel computing
-    both needs, ``rowplan.plan_rows``)."""
-    return tuple(r1.srcs[0].shape) == tuple(r2.srcs[0].shape) and \
-        tuple(sorted(r1.arg)) == tuple(sorted(r2.arg))
 
 
 def _alias_output(n: Node) -> bool:

@@ -1,4 +1,6 @@
-"""Back-to-back contractions in one kernel: an MLP's up-projection, activation and down-projection.
+"""Back-to-back contractions in one kernel: an MLP's up-projection, activation and down-projection;
+and side-by-side ones: two contractions of one left operand as one paired kernel
+(:meth:`ChainFusion._pairs`).
 
 A transformer's feed-forward block is ``act(LN(x) @ W1 + b1) @ W2 + b2 + r``. Fused greedily it is
 two kernels, and the intermediate ``h = act(x @ W1 + b1)`` (``M x F``, four times the hidden size in
@@ -29,7 +31,8 @@ from __future__ import annotations
 from lumc.ir.graph import Node
 
 from lumc.backends.triton.configs import MLP_MAX_N
-from lumc.backends.triton.contraction import as_contraction, is_tensor_core
+from lumc.backends.triton.contraction import (as_contraction, as_contraction_squeezed,
+                                              is_tensor_core, same_iteration)
 from lumc.backends.triton.norm_prologue import reads_operand_rows
 from lumc.backends.triton.render_matmul import DOT_DTYPES
 from lumc.compiler.core.fusion_norms import _chain, _row_plannable
@@ -102,3 +105,38 @@ class ChainFusion:
     def _kernel_root(self, g: int) -> int:
         """The group whose kernel computes group ``g``: ``C2`` for a chained ``C1``."""
         return self.chain_root.get(g, g)
+
+    def _pairs(self) -> dict[int, Node]:
+        """``{id(first): second}`` for contractions that one paired matmul kernel computes: the same
+        left operand over the same iteration space (``same_iteration``: a gated MLP's gate and up
+        projections of one normalized input) whose elementwise epilogues meet (``silu(g) * u``).
+        The kernel loads each left tile once for both products and never writes either one; the
+        first in topological order claims the second when its epilogue closes over both."""
+        by_key: dict[tuple, list] = {}
+        for n in self.order:
+            c = as_contraction_squeezed(n) if id(n) not in self.group else None
+            if c is not None and is_tensor_core(c) and id(n) not in self.outputs:
+                by_key.setdefault((id(c.a), c.full), []).append(c)
+        pairs: dict[int, Node] = {}
+        for cs in by_key.values():
+            if len(cs) < 2:
+                continue
+            reach = {id(c.node): {id(u) for u in self._fusible_descendants([c.node])} for c in cs}
+            taken: set[int] = set()
+            for i, c in enumerate(cs):
+                for c2 in cs[i + 1:]:
+                    if taken & {id(c.node), id(c2.node)} or not same_iteration(c, c2):
+                        continue
+                    if c.M == 1 and not _same_row_spelling(c.node, c2.node):
+                        continue     # one GEMV row kernel needs one operand shape and axes
+                    if reach[id(c.node)] & reach[id(c2.node)]:
+                        pairs[id(c.node)] = c2.node
+                        taken |= {id(c.node), id(c2.node)}
+        return pairs
+
+
+def _same_row_spelling(r1: Node, r2: Node) -> bool:
+    """Two sums reduce operands of one shape over the same axes (what a row kernel computing
+    both needs, ``rowplan.plan_rows``)."""
+    return tuple(r1.srcs[0].shape) == tuple(r2.srcs[0].shape) and \
+        tuple(sorted(r1.arg)) == tuple(sorted(r2.arg))
