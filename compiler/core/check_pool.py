@@ -9,7 +9,8 @@ serialized meaning (``lumc.ir.serialize``), inputs and outputs as numpy arrays.
 Workers die with their parent: each watches a pipe whose only write end the parent holds (EOF when
 the parent exits, however it exits: ``kill -9`` included) and its parent pid, and ends itself at
 once; they ignore SIGINT, so a Ctrl-C at the terminal reaches the parent alone (which closes the
-pool) and no worker prints a ``KeyboardInterrupt`` traceback.
+pool) and no worker prints a ``KeyboardInterrupt`` traceback. They run torch on one intra-op thread:
+a process forked after its parent used torch's OpenMP pool hangs in its first parallel region.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import multiprocessing
 import os
 import select
 import signal
+import sys
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -57,6 +59,13 @@ def _die_with_parent(read_fd: int, write_fd: int, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # not the CLI's handler, inherited by the fork
     os.close(write_fd)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # torch's intra-op pool is GNU OpenMP, which is not fork-safe: a child forked after the
+        # parent ran a parallel region (a large fill or copy) hangs in its first one, waiting on
+        # threads it does not have. One intra-op thread never enters a region (``parallel_for``
+        # runs inline); a worker is one of N processes on N cores anyway.
+        torch.set_num_threads(1)
 
     def watch():
         while True:
