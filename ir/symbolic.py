@@ -37,7 +37,7 @@ import contextvars
 import numpy as np
 
 from lumc.ir.graph import ConstArg, Graph, InputArg, IotaArg, Node, node, toposort
-from lumc.ir.views import View
+from lumc.ir.views import View, contiguous_strides
 from lumc.ir.provenance import carry
 
 _PROBES: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("lumc_probes", default=())
@@ -220,6 +220,9 @@ def resize_arg(n: Node, sub: dict[int, int]):
     """The arg of node ``n`` re-sized (see the module docstring)."""
     a = n.arg
     if isinstance(a, View):
+        if a.is_contiguous:     # row-major at the probe stays row-major: at sizes 0 and 1 the
+            shape = _resize_tuple(a.shape, sub)     # affine strides (0 for L = 0) are not
+            return View._make(shape, contiguous_strides(shape), 0, None)    # the canonical ones
         mask = None if a.mask is None else tuple((resize_int(lo, sub), resize_int(hi, sub))
                                                  for lo, hi in a.mask)
         return View._make(_resize_tuple(a.shape, sub), _resize_tuple(a.strides, sub),

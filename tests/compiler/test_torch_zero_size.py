@@ -71,3 +71,29 @@ def test_size_zero_that_does_not_check_is_said_and_refused(monkeypatch):
     with pytest.raises(lumc.InputError, match=r"dim 'b' \(input 'x' axis 0\) is 0; compiled for "
                                               r"1\.\.8"):
         f(torch.zeros(0, 4))
+
+
+class SeqProjection(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        # (2, L, 8) -> (2 L, 8) @ W -> (2, L, 4): the output is a reshape of a kernel's
+        return self.lin(x), self.lin(x).argmax(-1)
+
+
+def test_size_zero_inside_a_reshape_is_served(recwarn):
+    # a row-major view re-sized from the probe to L = 0 kept its affine strides (0 for L = 0),
+    # was no longer read as a reshape, and the plan at 0 failed ('%N (View) has no value yet'):
+    # size 0 was refused with a warning
+    torch.manual_seed(0)
+    m = SeqProjection().eval()
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(torch.randn(2, 5, 8),),
+                     dynamic_shapes=({1: Dim("seq", max=16)},))
+    assert not [w for w in recwarn if "size 0" in str(w.message)]
+    assert f.spans() == {"seq": "0..16"}
+    with torch.no_grad():
+        for n in (0, 1, 2, 16):
+            xn = torch.randn(2, n, 8)
+            assert_eager(f(xn), m(xn))
