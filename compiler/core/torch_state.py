@@ -182,6 +182,9 @@ def _stamp(t: torch.Tensor) -> tuple:
 # registration hooks, installed by the first ModuleWatch): a watch whose count is unchanged needs
 # no walk of its module's tree to know that nothing was replaced
 _REGISTRATIONS = [0]
+# optimizer steps taken in this process (torch.optim's global step hook): a fused step
+# (Adam(fused=True)) writes the parameters without bumping their version counters
+_STEPS = [0]
 _HOOKED = []
 
 
@@ -197,10 +200,35 @@ def _count_registrations() -> None:
                  "register_module_module_registration_hook"):
         _HOOKED.append(getattr(nn_module, name)(bump))
 
+    def stepped(*_):
+        _STEPS[0] += 1
+    from torch.optim import optimizer
+    _HOOKED.append(optimizer.register_optimizer_step_post_hook(stepped))
+
 
 _VERSION = operator.attrgetter("_version")
 _DATA_PTR = operator.methodcaller("data_ptr")
 _TRAINING = operator.attrgetter("training")
+
+
+def _slots(module: torch.nn.Module) -> tuple[list[dict], list[str], list[torch.Tensor]]:
+    """``(dicts, keys, tensors)``: the ``_parameters`` or ``_buffers`` dict and key each of the
+    module's tensors sits in (those whose name leads to it: a module overriding
+    ``named_parameters`` may name others)."""
+    dicts, keys, tensors = [], [], []
+    for attr, named in (("_parameters", module.named_parameters()),
+                        ("_buffers", module.named_buffers())):
+        for name, t in named:
+            prefix, _, key = name.rpartition(".")
+            try:
+                d = getattr(module.get_submodule(prefix), attr)
+            except AttributeError:
+                continue
+            if isinstance(d, dict) and d.get(key) is t:
+                dicts.append(d)
+                keys.append(key)
+                tensors.append(t)
+    return dicts, keys, tensors
 
 
 class ModuleWatch:
@@ -208,14 +236,20 @@ class ModuleWatch:
 
     ``lumc.compile`` compiles the module's weights into its plan and keeps no reference to the
     module (only weak ones here): a weight written in place (``load_state_dict``, an optimizer
-    step, ``w.mul_(2)``), replaced, converted (``.half()``) or a submodule put in training mode
-    after the compile would leave the compiled callable computing the old module without a word.
-    :meth:`check` raises instead, naming what changed. A call compares each parameter's and
-    buffer's version counter and storage and each submodule's training flag (some 50 us for BERT-base's
-    199 tensors and 225 submodules on a CPU core); after a parameter, buffer or submodule was assigned anywhere (torch's
-    global registration hooks count them) or where a stamp differs, the whole tree is compared by
-    name, identity, dtype and shape, and a tensor whose stamp differs by its bytes (digest: a
-    round trip through ``.double()`` and back changes nothing). The plain Python attributes of
+    step, ``w.mul_(2)``), replaced, set to None, converted (``.half()``), a submodule put in
+    training mode or replaced by one of another class after the compile would leave the compiled
+    callable computing the old module without a word. :meth:`check` raises instead, naming what
+    changed. A call compares each parameter's and buffer's version counter and storage, that
+    each still sits where it was (``m.bias = None`` and ``del`` call no registration hook), the
+    number of each module's submodules and each one's training flag (some 60 us for BERT-base's
+    199 tensors and 225 submodules on a CPU core); after a parameter, buffer or submodule was
+    assigned anywhere (torch's global registration hooks count them) or where a stamp differs,
+    the whole tree is compared by name, identity, class, dtype and shape, and a tensor whose
+    stamp differs by its bytes (digest: a round trip through ``.double()`` and back changes
+    nothing). After an optimizer step anywhere in the process (torch.optim's global step hook),
+    every tensor is compared by its bytes, once: a fused step (``Adam(fused=True)``) leaves the
+    version counters as they were. Not seen: a write through ``.data`` (``p.data -= lr *
+    p.grad``), which moves no version counter and calls no hook. The plain Python attributes of
     the tree (``self.scale``, ``self.eps``, a config's values), which the trace baked into the
     graph, are compared with their compiled values too (``module_attrs.AttrWatch``). A module
     that is gone is not checked.
@@ -235,6 +269,7 @@ class ModuleWatch:
         self._tensors = {name: (_stamp(t), digests.get(id(t)) or tensor_digest(t))
                          for name, t in self._named(module)}
         self._flags = self._training(module)
+        self._kinds = [(n, type(sub)) for n, sub in module.named_modules()]
         from lumc.compiler.core.module_attrs import AttrWatch
         self._attrs = AttrWatch(module)     # plain attributes forward may read (self.scale)
         self._snapshot(module)
@@ -247,26 +282,34 @@ class ModuleWatch:
         for BERT-base's 199 tensors and 225 submodules on a CPU core, where a Python loop over
         weak references took 100."""
         import weakref
-        self._generation = _REGISTRATIONS[0]
+        self._generation, self._steps = _REGISTRATIONS[0], _STEPS[0]
         tensors = [t for _, t in self._named(module)]
         plain = [t for t in tensors if not t.is_inference()]
         subs = list(module.modules())[1:]      # not the module itself: it is weakly held
+        # where each tensor sits ({name: tensor} dict and key: ``m.bias = None`` and ``del``
+        # call no registration hook) and how many submodules each module holds (``del seq[1]``)
+        slots = _slots(module)
+        trees = [m._modules for m in (module, *subs) if m._modules]
         if getattr(self, "_held", None) is None:
             self._held: list = []
             weakref.finalize(module, self._held.clear)
             weakref.finalize(module, self.__dict__.pop, "_attrs", None)   # it holds the dicts
-        self._held[:] = [plain, tensors, subs]
+        self._held[:] = [plain, tensors, subs, slots, trees]
         self._seen = (list(map(_VERSION, plain)), list(map(_DATA_PTR, tensors)),
-                      list(map(_TRAINING, subs)), module.training)
+                      list(map(_TRAINING, subs)), module.training, list(map(len, trees)))
 
     def _unchanged(self, module: torch.nn.Module) -> bool:
-        if _REGISTRATIONS[0] != self._generation or not self._held:
+        if _REGISTRATIONS[0] != self._generation or _STEPS[0] != self._steps or not self._held:
             return False
-        plain, tensors, subs = self._held
-        versions, ptrs, flags, training = self._seen
-        return (module.training == training and list(map(_VERSION, plain)) == versions
+        plain, tensors, subs, (dicts, keys, placed), trees = self._held
+        versions, ptrs, flags, training, sizes = self._seen
+        try:
+            held = all(map(operator.is_, map(operator.getitem, dicts, keys), placed))
+        except KeyError:                        # deleted
+            return False
+        return (held and module.training == training and list(map(_VERSION, plain)) == versions
                 and list(map(_DATA_PTR, tensors)) == ptrs and list(map(_TRAINING, subs)) == flags
-                and self._attrs.unchanged())
+                and list(map(len, trees)) == sizes and self._attrs.unchanged())
 
     @staticmethod
     def _named(module: torch.nn.Module) -> list:
@@ -280,24 +323,30 @@ class ModuleWatch:
 
     def check(self) -> None:
         """Raises:
-            InputError: the module's parameters, buffers or training flags are not those compiled
-                (one line naming the first that differs)."""
+            InputError: the module's parameters, buffers, submodules' classes or training flags
+                are not those compiled (one line naming the first that differs)."""
         module = self._module()
         if module is None or self._unchanged(module):
             return
         named = self._named(module)
         if len(named) != len(self._tensors):
             self._refuse("its set of parameters and buffers")
+        stepped = _STEPS[0] != self._steps       # a fused step bumps no version counter
         for what, t in named:
             was = self._tensors.get(what)
             if was is None:
                 self._refuse("its set of parameters and buffers")
             stamp = _stamp(t)
-            if stamp != was[0]:
+            if stamp != was[0] or stepped:
                 from lumc.compiler.core.torch_plan_cache import tensor_digest
                 if tensor_digest(t) != was[1]:
                     self._refuse(what)
                 self._tensors[what] = (stamp, was[1])    # touched, not changed
+        kinds = [(n, type(sub)) for n, sub in module.named_modules()]
+        if kinds != self._kinds:             # Tanh replaced by Sigmoid: no tensor, no attribute
+            self._refuse(next((f"submodule {a[0]!r}: {b[1].__name__} -> {a[1].__name__}"
+                               for a, b in zip(kinds, self._kinds) if a != b and a[0] == b[0]),
+                              "its set of submodules"))
         flags = self._training(module)
         if flags != self._flags:
             self._refuse(next((a[0] for a, b in zip(flags, self._flags) if a != b),

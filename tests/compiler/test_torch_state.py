@@ -123,6 +123,18 @@ def _replace_keeping_the_old(m):
     m[0].weight = nn.Parameter(m[0].weight.detach() * 2)
 
 
+def _fused_adam_step(m, params=None):
+    """A fused optimizer step writes the parameters without bumping their version counters."""
+    opt = torch.optim.Adam(params or m.parameters(), lr=0.1, fused=True)
+    for p in params or m.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+
+
+def _step_another_module():
+    _fused_adam_step(None, list(nn.Linear(2, 2).parameters()))
+
+
 def test_torch_compile_outputs_need_a_gradient_where_eager_s_do(tmp_path, monkeypatch):
     """Through torch.compile, every output of a graph with an input needing gradients required
     them: ``y * 2`` of a y that needs none too (eager: not), so its ``.numpy()`` failed. Each
@@ -150,6 +162,9 @@ def test_torch_compile_outputs_need_a_gradient_where_eager_s_do(tmp_path, monkey
     (lambda m: m.half(), "parameter '0.weight'"),
     (_replace_keeping_the_old, "parameter '0.weight'"),
     (lambda m: m.train(), "its training flag"),
+    (_fused_adam_step, "parameter '0.weight'"),
+    (lambda m: setattr(m[0], "bias", None), "its set of parameters and buffers"),
+    (lambda m: m.__setitem__(1, nn.Tanh().eval()), "submodule '1': Dropout -> Tanh"),
 ])
 @pytest.mark.parametrize("how", ["reference", "range"])
 def test_lumc_compile_refuses_a_call_after_the_module_changed(change, what, how, tmp_path,
@@ -157,7 +172,9 @@ def test_lumc_compile_refuses_a_call_after_the_module_changed(change, what, how,
     """``lumc.compile`` copies the weights into the plan; a weight changed in place after it (an
     optimizer step, ``load_state_dict``), replaced, converted or the module put in training mode
     left the compiled callable computing the old module, silently (``w.mul_(2)``: max error 0.94
-    against eager). A call now says so in one line."""
+    against eager). A call now says so in one line. So does a fused optimizer step (no version
+    counter moves), a parameter set to None (no registration hook runs) and a parameterless
+    submodule replaced by another class; an optimizer step of another module changes nothing."""
     from lumc.compiler.core.torch_compile import compile_module
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
     m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).eval()
@@ -172,6 +189,7 @@ def test_lumc_compile_refuses_a_call_after_the_module_changed(change, what, how,
     m.double().float()                             # touched, not changed: still runs
     m.load_state_dict(m.state_dict())
     nn.Linear(2, 2)                                # a module made elsewhere: still runs
+    _step_another_module()                         # another module's optimizer step: runs
     with torch.no_grad():
         torch.testing.assert_close(f(x), m(x))
         torch.testing.assert_close(f(x), m(x))
@@ -434,3 +452,18 @@ def test_the_attribute_watch_takes_the_stored_plan_path_too(tmp_path, monkeypatc
             g(x)
         m.scale = 2.0                              # back as compiled: runs again
         torch.testing.assert_close(g(x), m(x))
+
+
+def test_a_submodule_replaced_by_another_class_is_refused(tmp_path, monkeypatch):
+    """``m[1] = nn.Sigmoid()`` in place of an ``nn.Tanh()``: no tensor, flag or attribute
+    differs, and the compiled callable went on computing tanh silently."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    m = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).eval()
+    x = torch.randn(3, 4)
+    f = lumc.compile(m, budget="10s", device="sim:h200", example_inputs=(x,))
+    m[1] = nn.Sigmoid().eval()
+    with torch.no_grad():
+        assert not torch.allclose(m(x), torch.tanh(m[0](x)))     # what the plan computes
+    with pytest.raises(lumc.InputError, match=r"module changed after lumc.compile copied it "
+                                              r"\(submodule '1': Tanh -> Sigmoid\)"):
+        f(x)
