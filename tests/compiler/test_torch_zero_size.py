@@ -97,3 +97,38 @@ def test_size_zero_inside_a_reshape_is_served(recwarn):
         for n in (0, 1, 2, 16):
             xn = torch.randn(2, n, 8)
             assert_eager(f(xn), m(xn))
+
+
+class Extremes(nn.Module):
+    def forward(self, x):
+        return x.amax(0), x.amin(-1)
+
+
+class LogSumExp(nn.Module):
+    def forward(self, x):
+        return x.logsumexp(0)                     # decomposed with an amax: eager gives -inf
+
+
+def test_an_extreme_over_the_zero_dim_is_not_served_where_eager_raises():
+    # eager raises for amax/amin over an empty dim ('Expected reduction dim 0 to have non-zero
+    # size'); the lowering gave ONNX's -inf, and a call at size 0 returned it silently
+    x = torch.randn(3, 4)
+    with pytest.raises(IndexError, match="non-zero size"):
+        Extremes()(torch.zeros(0, 4))
+    with pytest.warns(UserWarning, match=r"dim 'b': size 0 \(the Dim's min\) is not compiled "
+                                         r"\(.*cannot take the max over empty dim 0"):
+        f = lumc.compile(Extremes(), budget="20s", device="sim:h200", example_inputs=(x,),
+                         dynamic_shapes=({0: Dim("b", max=8)},))
+    with pytest.raises(lumc.InputError, match=r"dim 'b' \(input 'x' axis 0\) is 0"):
+        f(torch.zeros(0, 4))
+    for n in (1, 5):
+        xn = torch.randn(n, 4)
+        assert_eager(f(xn), Extremes()(xn))
+    # logsumexp's own amax (its decomposition's) still serves size 0, with eager's -inf
+    g = lumc.compile(LogSumExp(), budget="20s", device="sim:h200", example_inputs=(x,),
+                     dynamic_shapes=({0: Dim("b", max=8)},))
+    assert g.spans() == {"b": "0..8"}
+    for n in (0, 1, 5):
+        xn = torch.randn(n, 4)
+        assert_eager((g(xn),), (LogSumExp()(xn),))
+    assert torch.isneginf(g(torch.zeros(0, 4))).all()

@@ -362,12 +362,16 @@ def _device_of(module: torch.nn.Module, leaves) -> torch.device:
 
 
 def _strip_meta(graph: torch.fx.Graph) -> None:
-    """Keep only the traced values in node metadata (the rest can refer to module classes/code)."""
+    """Keep only the traced values in node metadata (the rest can refer to module classes/code),
+    and the name of the op a decomposition node came from (``original_aten``: the ``amax`` of a
+    decomposed ``logsumexp`` is not the user's)."""
     for n in graph.nodes:
-        val = n.meta.get("val")
+        val, orig = n.meta.get("val"), n.meta.get("original_aten")
         n.meta.clear()
         if val is not None:
             n.meta["val"] = val
+        if orig is not None:
+            n.meta["original_aten"] = str(orig)
 
 
 _BN_STATS = ("running_mean", "running_var", "num_batches_tracked")

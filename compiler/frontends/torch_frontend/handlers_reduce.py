@@ -70,14 +70,31 @@ def _prod_all(ctx, x, *, dtype=None):
     return _reduce(_sum_dtype(x, dtype), "prod", None, False)
 
 
+_EXTREMES = ("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
+
+
+def _extreme(ctx, x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
+    """``amax``/``amin`` (``max``/``min`` of every element). Over an empty dim eager has no value
+    and raises, where ONNX's -inf / +inf would be served silently (a Dim from 0): refused, unless
+    the node comes from a decomposition that handles it (``logsumexp``'s, whose eager gives
+    -inf; the trace's ``original_aten``)."""
+    axes = _axes(x, dim) or range(x.ndim)
+    empty = [a for a in axes if x.shape[a] == 0]
+    orig = ctx.node.meta.get("original_aten")
+    if empty and orig is not None and str(orig) in _EXTREMES:
+        raise ShapeError(f"cannot take the {kind} over empty dim {empty[0]} of a tensor of shape "
+                         f"{list(x.shape)} (eager raises there too)", op=ctx.op)
+    return _reduce(x, kind, dim, keepdim)
+
+
 @aten("amax.default", "max.default", requires=["reduce.reduce"])
 def _amax(ctx, x, dim=(), keepdim=False):
-    return _reduce(x, "max", dim, keepdim)
+    return _extreme(ctx, x, "max", dim, keepdim)
 
 
 @aten("amin.default", "min.default", requires=["reduce.reduce"])
 def _amin(ctx, x, dim=(), keepdim=False):
-    return _reduce(x, "min", dim, keepdim)
+    return _extreme(ctx, x, "min", dim, keepdim)
 
 
 @aten("logsumexp.default", requires=["reduce.reduce"])
