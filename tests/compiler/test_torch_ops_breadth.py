@@ -299,3 +299,35 @@ def test_dim_ops_read_a_0d_tensor_as_one_element(name, f):
     m = M().eval()
     ref = m(x, i)
     _close(compile_module(m, (x, i))(x, i), ref, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_mul_and_div_take_a_scalar_at_f32_as_eager(dtype):
+    """Eager multiplies and divides a 16-bit tensor by a scalar (a Python number, a 0-d f32
+    tensor) at f32 and rounds once; lumc rounded the scalar to the tensor's dtype first:
+    ``h * 70000.0`` was inf (70000 overflows f16), ``h / 70000.0`` 0, ``h * 1e-8 * 1e8`` NaN,
+    ``h * (1/3)`` an ulp off. ``add``/``sub`` round the scalar first in eager too (unchanged)."""
+    x = (torch.randn(4, 6, generator=G) * 3).to(dtype)
+    big = 70000.0 if dtype == torch.float16 else 3.0e38
+    cases = {
+        "mul_big": lambda h: h * big,
+        "div_big": lambda h: h / big,
+        "tiny_then_huge": lambda h: h * 1e-8 * 1e8,
+        "third": lambda h: h * (1 / 3),
+        "rdiv": lambda h: 0.1 / h,
+        "add_third": lambda h: h + 1 / 3,
+    }
+    for name, f in cases.items():
+        m = Fn(f)
+        got, want = compile_module(m, (x,))(x), m(x)
+        assert got.dtype == want.dtype, name
+        assert torch.equal(got.float().nan_to_num(7.0), want.float().nan_to_num(7.0)), \
+            (name, got, want)
+    s = torch.tensor(big)                         # a 0-d f32 tensor: the same
+    got = compile_module(Fn2(), (x, s))(x, s)
+    assert torch.equal(got.float(), (x * s).float())
+
+
+class Fn2(nn.Module):
+    def forward(self, h, c):
+        return h * c

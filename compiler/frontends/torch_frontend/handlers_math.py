@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from lumc.compiler.frontends.torch_frontend.registry import (aten, arg, float_of, lib, lumc_dtype, promote,
@@ -20,6 +21,35 @@ from lumc.ir.tensor import Tensor
 
 def _scaled(b: Tensor, alpha) -> Tensor:
     return b if alpha == 1 else b.mul(to_tensor(alpha, b.dtype))
+
+
+def _in_opmath(d: dt.DType, operands) -> bool:
+    """Whether eager's 16-bit float ``mul``/``div`` differs from the op in ``d``: it takes a
+    scalar operand (a Python number, a 0-d tensor) at f32, its opmath, and rounds the result
+    once, so a scalar ``d`` does not hold (``70000.0``, ``1/3``, ``1e-8``, a 0-d f32 tensor, whose
+    value the trace does not know) is not rounded to ``d`` first (``h * 70000.0``: inf;
+    ``h / 70000.0``: 0). Its ``add``/``sub`` round the scalar to ``d`` first, as lumc does."""
+    if d not in (dt.f16, dt.bf16):
+        return False
+    for x in operands:
+        if isinstance(x, Tensor):
+            if x.dtype != d:
+                return True
+        else:
+            with np.errstate(over="ignore"):
+                if float(np.array(x, dtype=d.np)) != float(x):
+                    return True
+    return False
+
+
+def _in_result_dtype(a, b, fn) -> Tensor:
+    """``fn(a, b)`` in PyTorch's result dtype of ``a`` and ``b``, at f32 and rounded once where
+    eager computes it so (:func:`_in_opmath`)."""
+    d = result_dtype(a, b)
+    if _in_opmath(d, (a, b)):
+        return fn(to_tensor(a, dt.f32), to_tensor(b, dt.f32)).cast(d)
+    a, b = promote(a, b)
+    return fn(float_of(a), float_of(b)) if fn is Tensor.div else fn(a, b)
 
 
 # ---- arithmetic ------------------------------------------------------------------------------------
@@ -45,16 +75,15 @@ def _rsub(ctx, a, b, alpha=1):
 
 @aten("mul.Tensor", "mul.Scalar")
 def _mul(ctx, a, b):
-    a, b = promote(a, b)
-    if a.dtype.is_bool:
+    if result_dtype(a, b).is_bool:
+        a, b = promote(a, b)
         return a.logical_and(b)
-    return a.mul(b)
+    return _in_result_dtype(a, b, Tensor.mul)
 
 
 @aten("div.Tensor", "div.Scalar")
 def _div(ctx, a, b):
-    a, b = promote(a, b)
-    return float_of(a).div(float_of(b))
+    return _in_result_dtype(a, b, Tensor.div)
 
 
 def _floor_div_float(a: Tensor, b: Tensor) -> Tensor:
