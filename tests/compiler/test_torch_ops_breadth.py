@@ -306,7 +306,9 @@ def test_16_bit_mul_and_div_take_a_scalar_at_f32_as_eager(dtype):
     """Eager multiplies and divides a 16-bit tensor by a scalar (a Python number, a 0-d f32
     tensor) at f32 and rounds once; lumc rounded the scalar to the tensor's dtype first:
     ``h * 70000.0`` was inf (70000 overflows f16), ``h / 70000.0`` 0, ``h * 1e-8 * 1e8`` NaN,
-    ``h * (1/3)`` an ulp off. ``add``/``sub`` round the scalar first in eager too (unchanged)."""
+    ``h * (1/3)`` an ulp off; so did ``div`` with a rounding mode (``trunc(h / 0.7)`` a whole 1
+    off in bf16) and ``leaky_relu``'s slope. ``add``/``sub`` round the scalar first in eager too
+    (unchanged)."""
     x = (torch.randn(4, 6, generator=G) * 3).to(dtype)
     big = 70000.0 if dtype == torch.float16 else 3.0e38
     cases = {
@@ -316,6 +318,9 @@ def test_16_bit_mul_and_div_take_a_scalar_at_f32_as_eager(dtype):
         "third": lambda h: h * (1 / 3),
         "rdiv": lambda h: 0.1 / h,
         "add_third": lambda h: h + 1 / 3,
+        "trunc_div": lambda h: torch.div(h, 0.7, rounding_mode="trunc"),
+        "floor_div": lambda h: torch.div(h, 1 / 3, rounding_mode="floor"),
+        "leaky_relu": lambda h: F.leaky_relu(h, 1 / 3),
     }
     for name, f in cases.items():
         m = Fn(f)

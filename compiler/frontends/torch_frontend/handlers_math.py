@@ -24,11 +24,12 @@ def _scaled(b: Tensor, alpha) -> Tensor:
 
 
 def _in_opmath(d: dt.DType, operands) -> bool:
-    """Whether eager's 16-bit float ``mul``/``div`` differs from the op in ``d``: it takes a
-    scalar operand (a Python number, a 0-d tensor) at f32, its opmath, and rounds the result
-    once, so a scalar ``d`` does not hold (``70000.0``, ``1/3``, ``1e-8``, a 0-d f32 tensor, whose
-    value the trace does not know) is not rounded to ``d`` first (``h * 70000.0``: inf;
-    ``h / 70000.0``: 0). Its ``add``/``sub`` round the scalar to ``d`` first, as lumc does."""
+    """Whether eager's 16-bit float ``mul``/``div`` (with a rounding mode too) differs from the
+    op in ``d``: it takes a scalar operand (a Python number, a 0-d tensor) at f32, its opmath,
+    and rounds the result once, so a scalar ``d`` does not hold (``70000.0``, ``1/3``, ``1e-8``,
+    a 0-d f32 tensor, whose value the trace does not know) is not rounded to ``d`` first
+    (``h * 70000.0``: inf; ``h / 70000.0``: 0). Its ``add``/``sub`` round the scalar to ``d``
+    first, as lumc does."""
     if d not in (dt.f16, dt.bf16):
         return False
     for x in operands:
@@ -111,6 +112,10 @@ def _trunc(x: Tensor) -> Tensor:
 
 @aten("div.Tensor_mode", "div.Scalar_mode")
 def _div_mode(ctx, a, b, *, rounding_mode=None):
+    d = result_dtype(a, b)
+    if rounding_mode is not None and _in_opmath(d, (a, b)):     # a 16-bit float by a scalar
+        return _div_mode(ctx, to_tensor(a, dt.f32), to_tensor(b, dt.f32),
+                         rounding_mode=rounding_mode).cast(d)
     a, b = promote(a, b)
     if rounding_mode is None:
         return float_of(a).div(float_of(b))
@@ -289,8 +294,10 @@ def _gelu(ctx, x, *, approximate="none"):
 def _leaky_relu(ctx, x, negative_slope=0.01):
     """Eager's ``x > 0 ? x : slope x``: with a negative slope -0.0 gives +0.0 and +0.0 gives
     -0.0 (ONNX ``LeakyRelu`` tests ``x < 0`` and keeps both zeros, as onnxruntime); NaN stays
-    NaN. Same float dtype out as in."""
+    NaN. Same float dtype out as in; a 16-bit float's ``slope x`` at f32, as eager."""
     x = float_of(x)
+    if x.dtype in (dt.f16, dt.bf16):
+        return _leaky_relu(ctx, x.cast(dt.f32), negative_slope).cast(x.dtype)
     return x.gt(x.scalar_like(0.0)).where(x, x.mul(float(negative_slope)))
 
 
