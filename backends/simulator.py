@@ -28,8 +28,9 @@ The model (all terms >= the pure roofline, so a simulated time is never below th
 * **Launch overhead** per kernel (the device's ``launch_overhead_s``), plus one HBM round trip per
   wave.
 * **Row passes**: a looped row kernel (a row longer than its ``BLOCK_K``) reads its rows once per
-  loop (``simulator_rows.row_passes``: one per reduction level, one for an online pair, one more for values per
-  element; a split one, ``SPLIT`` programs per row, reduces all its reductions in one pass).
+  loop (``simulator_rows.row_passes``: one per reduction level, one for an online pair, one more
+  for values per element; a split one, ``SPLIT`` programs per row, reduces all its reductions in
+  one pass).
   Each pass after the first re-reads what the programs in flight read: from L2 at
   ``L2_HIT`` while that fits in ``L2_BYTES``, from HBM beyond; L2 reads take their time at
   ``L2_BANDWIDTH`` too, so a three-level row is never priced as one read.
