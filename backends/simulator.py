@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from lumc.backends.devices import H200, DeviceSpec
 from lumc.backends.extern import extern_bytes, is_extern
-from lumc.backends.simulator_rows import (RowWork, row_dims, row_passes,  # noqa: F401
+from lumc.backends.simulator_rows import (RowWork, _prologue_views, row_dims, row_passes,  # noqa: F401
                                           row_prologue_ops, row_statistics_work)
 import lumc.backends.simulator_mlp as simulator_mlp   # the mlp form (it reads this module's terms)
 import lumc.backends.simulator_scan as simulator_scan   # the scan form (the same)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lumc.backends.devices import get_device
-from lumc.backends.simulator import row_dims, row_prologue_ops, simulate_kernel_time
+from lumc.backends.simulator import row_dims, row_passes, row_prologue_ops, simulate_kernel_time
 from lumc.backends.triton import configs
 from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.render import render_parts
@@ -83,7 +83,7 @@ def test_simulator_prices_the_statistics_per_tile_element():
                                                           ((512, 1024), dt.f32)])
     assert row_dims(k) == (1024, 512)
     assert row_prologue_ops(k) >= 4 and row_prologue_ops(plain) == 0
-    assert _static(k)[6] == (1024, 512, row_prologue_ops(k))
+    assert _static(k)[6] == (1024, 512, row_prologue_ops(k), row_passes(k))
 
 
 def test_decoding_mlp_is_two_kernels():

@@ -95,7 +95,8 @@ def test_horizontal_candidate_is_one_contraction_with_constant_weights(bias, fla
     assert b_in, [i.shape for i in mats[0].kernel.inputs]
     bound = dict(zip((p.label for p in res.candidates), res.bounds))
     assert bound["egraph-horizontal"] < bound["egraph-argmin"]
-    assert res.best.label == "egraph-horizontal"
+    # its "+rows" twin also sums the three parts in one row kernel (fusion_rows)
+    assert res.best.label in ("egraph-horizontal", "egraph-horizontal+rows"), res.best.label
     feed = {"x": rng.standard_normal((1, 16, 32)).astype(np.float32)}
     ref = ReferenceExecutor(g, "float64")(feed)["y"]
     got = run_program_reference(wide, g, feed)["y"]
