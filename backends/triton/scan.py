@@ -11,14 +11,17 @@ multiply-adds.
 The mask is read at ``(i, j)`` (strides ``n`` and ``1`` into the contiguous ``[n, n]`` mask, 0
 elsewhere) and ``v`` is broadcast along ``i`` (stride 0). A scan equals the contraction only where
 ``v`` is finite: a masked product ``0 * inf`` is NaN in the contraction (and ``0 * -x`` a ``-0.0``
-term), so a float ``v`` must be finite by construction (integers, finite constants, ``Where``
-selections of them, and the library's ``where(x < inf, where(-inf < x, x, 0), 0)``), which the
-library's float ``cumsum`` contracts (it counts infinities in two more scans of 0/1 indicators).
+term), so a float ``v`` must be finite by construction (integers cast to a float whose range
+holds them, not int32 to f16; finite constants, ``Where`` selections of them, and the library's
+``where(x < inf, where(-inf < x, x, 0), 0)``), which the library's float ``cumsum`` contracts (it
+counts infinities in two more scans of 0/1 indicators).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import ml_dtypes
 
 from lumc.ir.graph import Node
 
@@ -92,6 +95,11 @@ def _reads_at(view: Node, k: int, n: int, along: dict[int, int]) -> bool:
     return all(d == 1 or s == along.get(a, 0) for a, (s, d) in enumerate(zip(v.strides, v.shape)))
 
 
+def _float_max(d) -> float:
+    """The largest finite value of float dtype ``d``."""
+    return float(ml_dtypes.finfo(d.np).max)
+
+
 def finite_by_construction(v: Node, depth: int = 8) -> bool:
     """Whether every value of ``v`` is finite whatever its inputs (see the module docstring)."""
     if not v.dtype.is_float:
@@ -102,8 +110,9 @@ def finite_by_construction(v: Node, depth: int = 8) -> bool:
         return finite_by_construction(v.srcs[0], depth - 1)
     if v.op == "Constant" and v.numel == 1:
         return math.isfinite(float(v.arg.value.reshape(-1)[0]))
-    if v.op == "Cast":
-        return not v.srcs[0].dtype.is_float
+    if v.op == "Cast":     # an integer the float's range holds (int32 -> f16 overflows to inf)
+        src = v.srcs[0].dtype
+        return src.is_bool or (src.is_int and float(src.max_value()) <= _float_max(v.dtype))
     if v.op == "Where":
         c, a, b = v.srcs
         if not finite_by_construction(b, depth - 1):

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from lumc.backends.devices import H200
+from lumc.backends.reference import run_reference
 from lumc.backends.simulator import simulate_kernel_time
 from lumc.backends.triton import TritonKernel, configs
 from lumc.backends.triton.launch import to_numpy
 from lumc.backends.triton.scan import scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.library.reduce import prefix_contraction
+from lumc.ir.tensor import Tensor
 
 from triton_cases import make_kernel
 
@@ -142,3 +144,23 @@ def test_one_scan_module_serves_every_size_of_a_range(exclusive, reverse):
         x = np.random.default_rng(n).integers(-99, 99, (2, n)).astype(np.int64)
         got = to_numpy(sk(x, sizes={"L0": n})[0])
         np.testing.assert_array_equal(got, numpy_scan(x, 1, exclusive, reverse), err_msg=str(n))
+
+
+def _red(kernel):
+    return next(n for n in kernel.meaning.nodes() if n.op == "SumReduce")
+
+
+@pytest.mark.parametrize("src,dst,finite", [(dt.i32, dt.f16, False), (dt.u16, dt.f16, False),
+                                            (dt.i16, dt.f16, True), (dt.i64, dt.f32, True),
+                                            (dt.u64, dt.bf16, True)])
+def test_an_integer_cast_is_finite_only_where_the_float_holds_its_range(src, dst, finite):
+    """int32 70000 cast to f16 is inf (so is uint16 65535): the contraction's ``0 * inf`` is NaN
+    before it, a scan would skip it. Such a cast is not a finite operand; int16 to f16 and any
+    integer to f32/bf16 are."""
+    k = make_kernel("scan", lambda a: prefix_contraction(a.cast(dst), 1), [((2, 5), src)])
+    assert (scan_of(_red(k)) is not None) is finite
+    if not finite:
+        x = np.array([[1, 2, 65535, 3, 4]] * 2).astype(src.np)
+        got = run_reference(k.meaning, {"in0": x})["out0"].astype(np.float64)
+        assert np.isnan(got[:, :2]).all() and np.isinf(got[:, 2:]).all(), got
+
