@@ -52,8 +52,11 @@ class ScanSpec:
 
 
 def _scalar(n: Node):
-    """The value of a scalar constant, seen through broadcast views, else None."""
+    """The value of a scalar constant, seen through broadcast views, else None (a masked view,
+    padding, reads 0 outside its mask: not that scalar everywhere)."""
     while n.op == "View":
+        if n.arg.mask is not None:
+            return None
         n = n.srcs[0]
     if n.op == "Constant" and n.numel == 1:
         return n.arg.value.reshape(-1)[0].item()

@@ -164,3 +164,24 @@ def test_an_integer_cast_is_finite_only_where_the_float_holds_its_range(src, dst
         got = run_reference(k.meaning, {"in0": x})["out0"].astype(np.float64)
         assert np.isnan(got[:, :2]).all() and np.isinf(got[:, 2:]).all(), got
 
+
+def test_a_padded_one_is_not_a_triangular_mask():
+    """A mask ``where(j <= i, pad(ones[n, n - 1]), 0)`` has a zero last column: its contraction
+    drops ``v[n - 1]`` from the last row, a prefix sum would not. A masked (padded) view of a
+    scalar is not that scalar everywhere, so this is no scan."""
+    n = 6
+
+    def build(a):
+        i, j = Tensor.iota((n, n), 0), Tensor.iota((n, n), 1)
+        ones = Tensor.full((n, n - 1), 1, dt.i64).pad([(0, 0), (0, 1)])
+        m = i.lt(j).logical_not().where(ones, Tensor.full((n, n), 0, dt.i64))
+        big = (2, n, n)
+        return m.reshape((1, n, n)).expand(big).mul(a.unsqueeze([1]).expand(big)).sum(2)
+
+    k = make_kernel("scan", build, [((2, n), dt.i64)])
+    assert scan_of(_red(k)) is None
+    x = np.arange(1, 2 * n + 1, dtype=np.int64).reshape(2, n)
+    got = run_reference(k.meaning, {"in0": x})["out0"].reshape(2, n)
+    want = np.cumsum(x, 1)
+    want[:, -1] -= x[:, -1]
+    np.testing.assert_array_equal(got, want)
