@@ -146,7 +146,8 @@ def fold_steps(src_shape, steps: list) -> list:
 def triangle_kind(value: np.ndarray) -> tuple[bool, int, int] | None:
     """``(negated, p, q)`` when ``value`` (``[n, n]``, numeric) is the 0/1 mask
     ``where(c, 1, 0)`` with ``c = iota_p < iota_q`` (``not`` it when ``negated``; ``iota_0`` is
-    the row index ``i``, ``iota_1`` the column ``j``), else None."""
+    the row index ``i``, ``iota_1`` the column ``j``), bit for bit (a ``-0.0`` is not its ``0``),
+    else None."""
     if value.ndim != 2 or value.shape[0] != value.shape[1] or value.dtype == np.bool_ or \
             value.size > (1 << 24):
         return None
@@ -157,7 +158,9 @@ def triangle_kind(value: np.ndarray) -> tuple[bool, int, int] | None:
     for negated, p, q in ((True, 0, 1), (True, 1, 0), (False, 1, 0), (False, 0, 1)):
         a, b = (i, j) if p == 0 else (j, i)
         c = ~(a < b) if negated else a < b
-        if np.array_equal(value, c.astype(value.dtype)):
+        want = c.astype(value.dtype)
+        # bit for bit: a -0.0 where the mask has 0 compares equal but is not its +0.0 (0 * v)
+        if np.array_equal(value, want) and np.array_equal(np.signbit(value), np.signbit(want)):
             return negated, p, q
     return None
 

@@ -1,4 +1,5 @@
 """The egglog language: generated from the op table, and a faithful IR <-> term round trip."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -10,7 +11,8 @@ from lumc.ir.graph import Graph, input_node, node
 from lumc.ir.ops import OPS
 from lumc.ir.tensor import Tensor, concat
 from lumc.ir.views import View
-from lumc.rewrites.language import FORMS, Encoder, Tables, constructors, declarations
+from lumc.rewrites.language import (FORMS, Encoder, Tables, constructors, declarations,
+                                    triangle_kind)
 from lumc.ir.movement import (apply_steps, decompose_refined, decompose_sliced, decompose_view,
                               refine_shape)
 from lumc.rewrites.schedule import Limits, Saturator
@@ -112,3 +114,18 @@ def test_decompositions_replay_the_view(shape, fn):
     else:
         box, steps = decompose_sliced(shape, v)
         assert apply_steps(box, steps) == v
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_a_triangular_mask_with_negative_zeros_is_not_the_iota_mask(dtype):
+    """The encoder writes a folded 0/1 triangular constant as its iota comparison in the same
+    e-class; a mask whose zeros are -0.0 compares equal to it but is not it: ``-0.0 * v`` and
+    ``0.0 * v`` differ in sign (a contraction of such a mask sums to -0.0 where the iota mask's
+    gives +0.0). Bit for bit, only the +0.0 mask is the iota's."""
+    tri = np.tril(np.ones((5, 5))).astype(dtype)
+    assert triangle_kind(tri) == (True, 0, 1)
+    neg = tri.copy()
+    neg[neg == 0] = -0.0
+    assert np.array_equal(neg, tri)
+    assert triangle_kind(neg) is None
+    assert triangle_kind(np.tril(np.ones((5, 5), np.int64), -1)) == (False, 1, 0)
