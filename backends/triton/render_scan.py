@@ -13,9 +13,9 @@ per row (``lumc.backends.simulator_scan``).
 
 Sums: integers in their dtype (int8/int16 in int32, as the reference), exact and wrapping; floats
 in the sum's dtype (fp16/bf16 operands arrive widened to fp32 by the library), in the tree order of
-``tl.cumsum`` (reassociated against a sequential scan, as the contraction is). An inclusive float
-scan starts from -0.0, the identity of IEEE addition, so a run of -0.0 stays -0.0; an exclusive
-one from +0.0, as onnxruntime's.
+``tl.cumsum`` (reassociated against a sequential scan, as the contraction is). Every scan starts
+from +0.0, as the contraction's sum (and the reference's): a zero sum is +0.0, never -0.0, whatever
+the signs of the zero terms (the library's float ``cumsum`` gives a run of -0.0 its sign itself).
 """
 from __future__ import annotations
 
@@ -89,9 +89,8 @@ def render_scan(kernel: Kernel) -> KernelParts:
     carries = []
     for j, sp in enumerate(specs):
         acc = acc_dtype(sp.red)
-        start = "-0.0" if acc.is_float and not spec.exclusive else "0"
         carries.append(f"carry{j}")
-        w.line(f"carry{j} = tl.full((), {start}, {exprs.tl_dtype(acc)})")
+        w.line(f"carry{j} = tl.full((), 0, {exprs.tl_dtype(acc)})")
     w.open(f"for k0 in range(0, {n}, BLOCK):")
     lvl = w.level
     w.line("offs = k0 + tl.arange(0, BLOCK)")

@@ -90,13 +90,17 @@ def test_scan_kernel_any_axis_rank_one_and_empty(shape, axis, exclusive, reverse
 
 
 def test_scan_kernel_sign_of_zero_and_infinities():
-    """The scan of the finite part: -0.0 stays -0.0 (inclusive starts from -0.0), an infinity
-    reads as 0 (the library counts infinities in separate scans)."""
+    """The scan of the finite part: a zero sum is +0.0, as the contraction it computes (the
+    reference's sum starts from +0.0; the library's cumsum gives a run of -0.0 its sign itself),
+    an infinity reads as 0 (the library counts infinities in separate scans)."""
     x = np.array([[-0.0, -0.0, 1.0, -1.0], [np.inf, -0.0, 2.0, -np.inf]], np.float32)
-    got = run_interpreted(scan_kernel(x.shape, dt.f32, 1, False, False), x)
-    want = np.array([[-0.0, -0.0, 1.0, 0.0], [0.0, 0.0, 2.0, 2.0]], np.float32)
+    k = scan_kernel(x.shape, dt.f32, 1, False, False)
+    got = run_interpreted(k, x)
+    want = np.array([[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 2.0, 2.0]], np.float32)
     np.testing.assert_array_equal(got, want)
     assert np.signbit(got).tolist() == np.signbit(want).tolist()
+    ref = run_reference(k.meaning, {"in0": x})["out0"].reshape(x.shape)
+    assert np.signbit(got).tolist() == np.signbit(ref).tolist()
 
 
 def test_scan_needs_a_finite_operand():

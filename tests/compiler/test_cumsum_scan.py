@@ -150,3 +150,34 @@ def test_float_cumsum_scans_its_row_once():
     assert sum(n.op == "SumReduce" for n in scan.meaning.nodes()) == 3
     got = run_program(f.program, {"x": x})["y0"]
     assert_values(np.asarray(got), x, 0, onnxruntime_outputs(m, {"x": x})[0], "triton")
+
+
+def test_a_contraction_of_signed_zeros_keeps_its_sign_as_a_scan():
+    """``y[i] = sum_j tril[i, j] * v[j]`` written out (Mul + ReduceSum) with ``v`` finite by
+    construction but holding -0.0 (``where(x == 0, -0.0, x)``): the sum of a row starts from +0.0
+    (onnxruntime's, the reference's), so a zero row sum is +0.0 (``-0.0 + 0.0 * 5``). The scan
+    form computes that contraction, so it gives +0.0 too, not a sequential scan's -0.0."""
+    n = 6
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+             helper.make_node("Equal", ["x", "zi"], ["isz"]),
+             helper.make_node("Where", ["isz", "nz", "xf"], ["v"]),
+             helper.make_node("Unsqueeze", ["v", "ax1"], ["vu"]),
+             helper.make_node("Mul", ["U", "vu"], ["p"]),
+             helper.make_node("ReduceSum", ["p", "ax2"], ["y"], keepdims=1)]
+    inits = [numpy_helper.from_array(np.tril(np.ones((n, n), np.float32)), "U"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+             numpy_helper.from_array(np.array([2], np.int64), "ax2"),
+             numpy_helper.from_array(np.array(0, np.int32), "zi"),
+             numpy_helper.from_array(np.array(-0.0, np.float32), "nz")]
+    g = helper.make_graph(nodes, "tri", [helper.make_tensor_value_info("x", TensorProto.INT32, [2, n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n, 1])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    x = np.array([[0, 5, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], np.int32)
+    ort = onnxruntime_outputs(m, {"x": x})[0]
+    res = egraph_candidates(import_onnx(m, {"x": x.shape}).graph, device="h200")
+    assert any(c.kernel.form == "scan" for p in res.candidates for c in p.calls)
+    for p in res.candidates:
+        got = np.asarray(run_program(p, {"x": x})["y"])
+        np.testing.assert_array_equal(got, ort)
+        assert np.signbit(got).tolist() == np.signbit(ort).tolist(), p.label
