@@ -6,6 +6,10 @@ real models fast without changing results beyond reassociation:
 * ``SumReduce(Mul(a, b))`` is evaluated with ``numpy.einsum`` over the operands' views, so a matmul or
   convolution written as a broadcast product plus a sum never materializes the product. Broadcast
   (stride-0) dims of each operand are dropped before the contraction.
+* A ``SumReduce(Mul(mask, v))`` that is a prefix sum (a cumsum's triangular 0/1 mask times a
+  finite ``v``, :func:`lumc.backends.scan_structure.scan_of`) is evaluated as ``numpy.cumsum``:
+  ``O(L)`` per row, not the contraction's ``O(L^2)`` (a CumSum over 4096 x 4096 took minutes,
+  past any compile budget); a zero sum is +0.0, as the contraction's.
 * Views are numpy views (``as_strided``), copying only where masked (padding).
 
 With ``precision="float64"`` every floating tensor is carried in float64 and rounded to its declared
@@ -17,6 +21,7 @@ import string
 
 import numpy as np
 
+from lumc.backends.scan_structure import ScanSpec, scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError
 from lumc.ir.provenance import rebuilt, where
@@ -185,6 +190,9 @@ class ReferenceExecutor:
             a, b = (self._factored_operand(s, vals, f64, n.arg) if dots is not None and
                     id(s) in self.factored else vals[id(s)] for s in m.srcs)
             rounded = tuple(dots is not None and id(s) in self.factored for s in m.srcs)
+            spec = scan_of(n) if dots is None else None
+            if spec is not None and spec.n > 0:
+                return _prefix_sum(spec, vals[id(spec.operand)], n.dtype, f64)
             return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64, dots, rounded)
         xs = [vals[id(s)] for s in n.srcs]
         if n.op == "Cast":
@@ -226,6 +234,29 @@ def checked_input(n: Node, inputs: dict) -> np.ndarray:
     if x.dtype != n.dtype.np:
         raise InputError(f"input {name!r} has dtype {x.dtype}, expected {n.dtype.np}", node=name)
     return x
+
+
+def _prefix_sum(spec: ScanSpec, v: np.ndarray, out_dtype: dt.DType, f64: bool) -> np.ndarray:
+    """The value of scan ``spec`` (shape ``spec.red.shape``) from its operand's value ``v`` (shape
+    ``[..., i, j, ...]``, constant along ``i``): a cumsum along ``j`` in the contraction's
+    accumulator (integers wrap as its sum), shifted one when exclusive, flipped when reversed,
+    moved to axis ``i``; a zero sum is +0.0 (the contraction's sum starts from +0.0)."""
+    k = spec.k
+    acc = (np.float64 if f64 else out_dtype.accumulator.np) if out_dtype.is_float else out_dtype.np
+    row = v[(slice(None),) * (k - 1) + (slice(0, 1),)].astype(acc)   # a view: v is a broadcast
+    if spec.reverse:
+        row = np.flip(row, k)
+    with np.errstate(all="ignore"):
+        s = np.cumsum(row, axis=k, dtype=acc)
+        if spec.exclusive:
+            s = s - row if not out_dtype.is_float else np.concatenate(
+                [np.zeros_like(np.take(s, [0], axis=k)), np.delete(s, -1, axis=k)], axis=k)
+        if out_dtype.is_float:
+            s = s + np.zeros((), acc)
+    if spec.reverse:
+        s = np.flip(s, k)
+    target = np.float64 if (f64 and out_dtype.is_float) else out_dtype.np
+    return np.ascontiguousarray(np.swapaxes(s, k - 1, k)).astype(target, copy=False)
 
 
 def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DType,

@@ -189,3 +189,37 @@ def test_a_padded_one_is_not_a_triangular_mask():
     want = np.cumsum(x, 1)
     want[:, -1] -= x[:, -1]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("exclusive,reverse", COMBOS)
+@pytest.mark.parametrize("dtype,shape,axis", [(dt.i64, (3, 1100, 2), 1), (dt.f32, (2, 9), 1),
+                                              (dt.i32, (1, 5), 1)])
+def test_the_reference_sums_a_scan_as_a_cumsum(exclusive, reverse, dtype, shape, axis, monkeypatch):
+    """The reference executor evaluates a prefix-sum contraction with ``numpy.cumsum``, ``O(L)`` a
+    row: as the contraction it took minutes at 4096 x 4096 (``stage_reference`` of a compile,
+    past its budget). Its values are the contraction's: exact (wrapping) integers, a zero float
+    sum +0.0."""
+    import lumc.backends.reference as reference
+
+    def no_einsum(*args, **kwargs):
+        raise AssertionError("the scan was contracted")
+    k = scan_kernel(shape, dtype, axis, exclusive, reverse)
+    rng = np.random.default_rng(3)
+    if dtype.is_float:
+        x = rng.standard_normal(shape).astype(np.float32)
+        x[0, :3] = -0.0
+        x[1, 4] = np.inf
+    else:
+        x = rng.integers(np.iinfo(dtype.np).min, np.iinfo(dtype.np).max, shape, dtype=dtype.np)
+    want = np.asarray(run_reference(k.meaning, {"in0": x})["out0"])
+    monkeypatch.setattr(reference, "_einsum_sum_of_product", no_einsum)
+    got = np.asarray(run_reference(k.meaning, {"in0": x})["out0"])
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if dtype.is_float:
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+        assert not np.signbit(got[got == 0]).any()
+    else:
+        np.testing.assert_array_equal(got, want)
+        xs = np.flip(x, axis) if reverse else x
+        s = np.cumsum(xs, axis, dtype=dtype.np) - (xs if exclusive else 0)
+        np.testing.assert_array_equal(got.reshape(shape), np.flip(s, axis) if reverse else s)
