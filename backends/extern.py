@@ -109,9 +109,14 @@ def _contractions(kernel: Kernel) -> list:
 
 def vendor_contractions(kernel: Kernel) -> list:
     """The contractions of ``kernel``'s meaning a BLAS serves: a matrix (or matrix-vector) product,
-    ``M > 1`` or ``N > 1``, summed over ``K > 1``. A batch of dot products (``M = N = 1``: a sum of
-    squares in a norm, ``x * w`` summed per row) is a row reduction, not a GEMM."""
-    return [c for c in _contractions(kernel) if max(c.M, c.N) > 1 and c.K > 1]
+    ``M > 1`` or ``N > 1``, summed over ``K > 1``, of floating-point operands (after their
+    prologue casts: a weight stored as int8 and widened is one). A batch of dot products (``M = N =
+    1``: a sum of squares in a norm, ``x * w`` summed per row) is a row reduction, not a GEMM; and
+    neither cuBLAS nor cuDNN multiplies integers through torch (CUDA ``matmul``, ``bmm`` and
+    ``conv`` are not implemented for int32/int64), so an integer contraction (a prefix sum's
+    triangular mask, an index arithmetic product) has no vendor implementation."""
+    return [c for c in _contractions(kernel) if max(c.M, c.N) > 1 and c.K > 1
+            and c.a.dtype.is_float and c.b.dtype.is_float]
 
 
 def extern_impls(kernel: Kernel) -> list[str]:

@@ -86,6 +86,18 @@ def test_which_kernels_get_externs():
         ExternKernel(pw)
 
 
+@pytest.mark.parametrize("dtype", [dt.i32, dt.i64])
+def test_integer_contractions_have_no_vendor_call(dtype):
+    """CUDA's matmul, bmm and conv are not implemented for int32/int64 in torch: an integer
+    contraction (an int64 CumSum's triangular mask over 65536 rows of 8, which sim priced as a
+    cuBLAS call) offers no extern config; one whose integer operand is widened to f32 in its
+    prologue (a weight stored as int8) still does."""
+    k = _kernel("matmul", lambda a, b: a @ b, [((64, 32), dtype), ((32, 48), dtype)])
+    assert bx.extern_impls(k) == [] and bx.extern_configs(k, H200) == []
+    w = _kernel("matmul", lambda a, b: a @ b.cast(dt.f32), [((64, 32), dt.f32), ((32, 48), dt.i8)])
+    assert bx.extern_impls(w) == ["cublas"], bx.extern_impls(w)
+
+
 @pytest.mark.parametrize("impl", ["cublas", "cudnn", "sdpa"])
 def test_extern_config_runs_a_contraction_resized_to_k_1(impl):
     """A range plan chose IMPL=cublas for a contraction over the dynamic dim (CumSum over n as a
