@@ -194,3 +194,17 @@ def compose_view(inner: View, outer: View) -> View | None:
     if steps is None:
         return None
     return apply_steps(inner, steps)
+
+
+def compose_views(views: list[View]) -> View | None:
+    """One view equal to reading ``views`` in turn (the innermost first, as a chain of ``View``
+    nodes from a buffer up to its reader lists them), or None when there are none or two do not
+    compose (:func:`compose_view`)."""
+    if not views:
+        return None
+    cur = views[0]
+    for v in views[1:]:
+        cur = compose_view(cur, v)
+        if cur is None:
+            return None
+    return cur

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View, contiguous_strides, prod
-from lumc.ir.movement import compose_view
+from lumc.ir.movement import compose_views
 from lumc.backends.row_moments import moment_pairs
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter
@@ -71,17 +71,6 @@ def _strip(x: Node) -> tuple[Node, list[View]]:
     return x, views[::-1]          # innermost first
 
 
-def _composed(views: list[View]) -> View | None:
-    if not views:
-        return None
-    cur = views[0]
-    for v in views[1:]:
-        cur = compose_view(cur, v)
-        if cur is None:
-            return None
-    return cur
-
-
 def _reads_rows(v: View, c: Contraction, m_size: int, k_size: int) -> bool:
     """``v`` (product space -> ``P``'s contiguous space) reads ``P`` as a row-major ``[M, K]``."""
     if v.mask is not None or v.offset != 0 or tuple(v.shape) != tuple(c.full):
@@ -117,7 +106,7 @@ def reads_operand_rows(c: Contraction, row: int | None = None) -> bool:
     shape = tuple(p.shape)
     split = next((t for t in range(len(shape) + 1)
                   if prod(shape[:t]) == c.M and prod(shape[t:]) == c.K), None)
-    v = _composed(views)
+    v = compose_views(views)
     return split is not None and v is not None and _reads_rows(v, c, c.M, c.K)
 
 
@@ -136,7 +125,7 @@ def plan_row_prologue(c: Contraction, nodes: list[Node]) -> RowPrologue:
     shape = tuple(p.shape)
     split = next((t for t in range(len(shape) + 1)
                   if prod(shape[:t]) == c.M and prod(shape[t:]) == c.K), None)
-    v = _composed(views)
+    v = compose_views(views)
     if split is None or v is None or not _reads_rows(v, c, c.M, c.K):
         raise RenderError(f"node {c.a!r}: the contraction does not read its operand {p!r} as "
                           f"[M={c.M}, K={c.K}] rows")

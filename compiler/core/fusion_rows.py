@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
-from lumc.ir.movement import compose_view
+from lumc.ir.movement import compose_views
 from lumc.ir.views import prod
 
 from lumc.backends.triton.codegen import RenderError
@@ -76,16 +76,6 @@ def _row_key(r: Node) -> tuple | None:
     if k == 0 or prod(shape) == 0:
         return None
     return shape, axes, prod(shape) // k, k
-
-
-def _composed(views: list):
-    """The one view equal to reading ``views`` (inner first) in turn, or None."""
-    v = views[0]
-    for w in views[1:]:
-        v = compose_view(v, w)
-        if v is None:
-            return None
-    return v
 
 
 class RowFusion:
@@ -182,7 +172,7 @@ class RowFusion:
         elif u.op not in ELEMENTWISE or u.numel not in (m, m * k):
             return None
         full = u.numel == m * k if u.op not in REDUCE else True
-        v = _composed(views) if views and d.numel == m and full else None
+        v = compose_views(views) if views and d.numel == m and full else None
         if v is not None and tuple(v.shape) == shape:   # a row value read back over its rows
             kept = tuple(j for j in range(len(shape)) if j not in axes)
             if RowPlan(shape, axes, kept, m, k, [], {}, {}).is_row_broadcast(v):
@@ -265,27 +255,16 @@ def launch_order(calls: list) -> list:
     Raises:
         ValueError: the kernels read each other's outputs in a cycle.
     """
-    import heapq
+    import networkx as nx
     writer = {id(n): i for i, c in enumerate(calls) for n in c.outputs}
     deps = [{writer[id(n)] for n in c.inputs if id(n) in writer} - {i}
             for i, c in enumerate(calls)]
     if all(j < i for i, d in enumerate(deps) for j in d):
         return calls
-    readers: dict[int, list[int]] = {}
-    for i, d in enumerate(deps):
-        for j in d:
-            readers.setdefault(j, []).append(i)
-    left = [len(d) for d in deps]
-    ready = [i for i, n in enumerate(left) if n == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        i = heapq.heappop(ready)
-        out.append(calls[i])
-        for j in readers.get(i, []):
-            left[j] -= 1
-            if left[j] == 0:
-                heapq.heappush(ready, j)
-    if len(out) != len(calls):
-        raise ValueError("kernels read each other's outputs in a cycle (row groups)")
-    return out
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(calls)))
+    g.add_edges_from((j, i) for i, d in enumerate(deps) for j in d)
+    try:     # Kahn's order, the smallest ready index first: the given order where it is one
+        return [calls[i] for i in nx.lexicographical_topological_sort(g)]
+    except nx.NetworkXUnfeasible:
+        raise ValueError("kernels read each other's outputs in a cycle (row groups)") from None

@@ -174,7 +174,7 @@ def sort_nodes(graph: onnx.GraphProto) -> None:
     nodes and ``onnx.checker`` refuses others, but onnxruntime sorts them itself, and tools write
     such graphs (onnxruntime's ``convert_float_to_float16(keep_io_types=True)`` appends its input
     casts last). A cycle is left as it is, for the checker to name."""
-    import heapq
+    import networkx as nx
     for g in _subgraphs(graph):
         sort_nodes(g)
     if _is_sorted(graph):
@@ -183,22 +183,12 @@ def sort_nodes(graph: onnx.GraphProto) -> None:
     producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     needs = [{producer[i] for i in _node_reads(n) if i in producer and producer[i] != k}
              for k, n in enumerate(nodes)]
-    users: dict[int, list[int]] = {}
-    for k, deps in enumerate(needs):
-        for d in deps:
-            users.setdefault(d, []).append(k)
-    left = [len(d) for d in needs]
-    ready = [k for k, c in enumerate(left) if c == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        k = heapq.heappop(ready)
-        order.append(k)
-        for u in users.get(k, ()):
-            left[u] -= 1
-            if left[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != len(nodes):
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(nodes)))
+    dag.add_edges_from((d, k) for k, deps in enumerate(needs) for d in deps)
+    try:     # Kahn's order, the smallest ready index first: the given order where it is one
+        order = list(nx.lexicographical_topological_sort(dag))
+    except nx.NetworkXUnfeasible:
         return
     del graph.node[:]
     graph.node.extend(nodes[k] for k in order)
