@@ -132,3 +132,26 @@ def test_an_extreme_over_the_zero_dim_is_not_served_where_eager_raises():
         xn = torch.randn(n, 4)
         assert_eager((g(xn),), (LogSumExp()(xn),))
     assert torch.isneginf(g(torch.zeros(0, 4))).all()
+
+
+class InfNorms(nn.Module):
+    def forward(self, x):
+        return (torch.linalg.vector_norm(x, ord=float("inf"), dim=0),
+                torch.linalg.vector_norm(x, ord=float("-inf"), dim=0))
+
+
+def test_an_inf_norm_over_the_zero_dim_is_not_served_where_eager_raises():
+    # eager: 'linalg.vector_norm cannot compute the inf norm on the dimension 0 because this
+    # dimension is empty'; the lowering (max/min of |x|) served ONNX's -inf / +inf at size 0
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="cannot compute the inf norm"):
+        InfNorms()(torch.zeros(0, 4))
+    with pytest.warns(UserWarning, match=r"dim 'b': size 0 \(the Dim's min\) is not compiled "
+                                         r"\(.*cannot compute the inf norm over empty dim 0"):
+        f = lumc.compile(InfNorms(), budget="20s", device="sim:h200", example_inputs=(x,),
+                         dynamic_shapes=({0: Dim("b", max=8)},))
+    with pytest.raises(lumc.InputError, match=r"dim 'b' \(input 'x' axis 0\) is 0"):
+        f(torch.zeros(0, 4))
+    for n in (1, 5):
+        xn = torch.randn(n, 4)
+        assert_eager(f(xn), InfNorms()(xn))

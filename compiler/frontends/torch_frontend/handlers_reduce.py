@@ -310,10 +310,15 @@ def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
         return _reduce(x, "l2", dim, keepdim)
     if ord == 1:
         return _reduce(x, "l1", dim, keepdim)
-    if ord == float("inf"):
-        return _reduce(x.abs(), "max", dim, keepdim)
-    if ord == float("-inf"):
-        return _reduce(x.abs(), "min", dim, keepdim)
+    if abs(ord) == float("inf"):
+        # eager raises over an empty dim (max/min have no identity); the lowering would serve
+        # ONNX's -inf / +inf at a Dim's size 0 (as for amax, :func:`_extreme`)
+        empty = [a for a in (_axes(x, dim) or range(x.ndim)) if x.shape[a] == 0]
+        if empty:
+            raise ShapeError(f"cannot compute the {ord:g} norm over empty dim {empty[0]} of a "
+                             f"tensor of shape {list(x.shape)} (eager raises there too)",
+                             op=ctx.op)
+        return _reduce(x.abs(), "max" if ord > 0 else "min", dim, keepdim)
     if ord == 0:
         return _reduce(x.ne(x.scalar_like(0.0)).cast(x.dtype), "sum", dim, keepdim)
     return _reduce(x.abs().pow(ord), "sum", dim, keepdim).pow(1.0 / ord)
