@@ -1,9 +1,9 @@
 """Kernel forms: the units a backend renders, each with its meaning in primitives.
 
 A :class:`Kernel` is one launch: a kernel form (``pointwise``, ``reduction``, ``matmul``, ``softmax``,
-``layernorm``, ``rmsnorm``, ``attention``, ``gather``, ``mlp``, ``scan``) plus its *meaning*, a small primitive
-:class:`~lumc.ir.graph.Graph` whose ``Input`` leaves are the tensors the kernel reads (named
-``in0, in1, ...``) and whose outputs are the tensors it writes (``out0, ...``). Constants that are
+``layernorm``, ``rmsnorm``, ``attention``, ``gather``, ``mlp``, ``scan``) plus its *meaning*, a
+small primitive :class:`~lumc.ir.graph.Graph` whose ``Input`` leaves are the tensors the kernel
+reads (named ``in0, in1, ...``) and whose outputs are the tensors it writes (``out0, ...``). Constants that are
 scalars may live inside the meaning; weight tensors are inputs. ``attrs`` carries form-specific
 structure a renderer needs and cannot cheaply re-derive (reduction axes, the matmul's A/B input
 positions, norm epsilon...).
@@ -89,21 +89,20 @@ class Kernel:
         return total
 
     def _scan_flops(self) -> int:
-        data: set[int] = set()     # nodes that read an input
-        skip: set[int] = set()     # the contraction's product
+        nodes = self.meaning.nodes()
+        products = {id(n.srcs[0]) for n in nodes      # the contractions' [.., L, L, ..] products
+                    if n.op == "SumReduce" and n.srcs[0].op == "Mul" and n.srcs[0].shape != n.shape}
+        data: set[int] = set()     # nodes that read an input (the mask reads none)
         total = 0
-        for n in self.meaning.nodes():
+        for n in nodes:
             if n.op != "Input" and not any(id(s) in data for s in n.srcs):
                 continue
             data.add(id(n))
-            if n.op == "SumReduce" and n.srcs[0].op == "Mul" and n.srcs[0].shape != n.shape:
-                skip.add(id(n.srcs[0]))
-                total += n.numel
-            elif n.op != "Input":
-                total += OPS[n.op].flops(tuple(s.shape for s in n.srcs), n.shape, n.arg)
-        for n in self.meaning.nodes():     # the product was counted before its reduction was seen
-            if id(n) in skip:
-                total -= OPS[n.op].flops(tuple(s.shape for s in n.srcs), n.shape, n.arg)
+            if n.op == "Input" or id(n) in products:
+                continue
+            scan = n.op == "SumReduce" and id(n.srcs[0]) in products
+            total += n.numel if scan else OPS[n.op].flops(tuple(s.shape for s in n.srcs),
+                                                          n.shape, n.arg)
         return total
 
     def min_bytes(self) -> int:

@@ -118,7 +118,7 @@ def _scan(mask_view: str, negated: bool) -> Rule:
     """A contraction with the triangular 0/1 mask of ``lumc.ir.library.reduce.cumsum``
     (``out[i] = sum_j M[i, j] v[j]``, ``M = j <= i``, ``j < i`` exclusive, mirrored reversed) as a
     ``scan`` kernel: a prefix sum of ``v`` in ``O(L)`` instead of ``L^2`` multiply-adds. The form's
-    meaning is the contraction as written; the backend (``lumc.backends.triton.scan``) checks the
+    meaning is the contraction as written; the backend (``lumc.backends.scan_structure``) checks the
     mask's strides and values and that ``v`` is finite by construction (the scan and the
     contraction differ where ``0 * inf`` is NaN), else the form is dropped. ``mask_view``: how the
     ``[L, L]`` mask ``?m`` reaches the product's shape (a reshape inserting 1s, then an expand;

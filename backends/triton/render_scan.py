@@ -1,4 +1,5 @@
-"""Scan kernels: a triangular contraction (``lumc.backends.triton.scan``) rendered as a prefix sum.
+"""Scan kernels: a triangular contraction (``lumc.backends.scan_structure``) rendered as a prefix
+sum.
 
 One program per row (every dim of the result but the scan axis); it walks the scan axis in
 ``BLOCK``-wide chunks (backwards when reversed), computes the operand's pointwise prologue on load,
@@ -27,7 +28,7 @@ from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
 from lumc.backends.triton.render_reduction import acc_dtype
-from lumc.backends.triton.scan import ScanSpec, scan_of
+from lumc.backends.scan_structure import ScanSpec, scan_of
 from lumc.backends.triton.source import KernelParts, make_params
 
 

@@ -54,7 +54,7 @@ from lumc.ir.graph import Graph, Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import prod
 
-from lumc.backends.triton.scan import scan_of
+from lumc.backends.scan_structure import scan_of
 from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_chain import ChainFusion
 from lumc.compiler.core.fusion_scan import ScanFusion
@@ -258,7 +258,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                 continue
             if rec.form == "scan" and scan_of(root) is None:
                 self._refuse(root, None, "scan form dropped: not a triangular contraction of a "
-                                         "finite operand (lumc.backends.triton.scan)")
+                                         "finite operand (lumc.backends.scan_structure)")
                 continue
             if rec.form == "scan":    # checked here, where the operand's expression is visible
                 rec = dataclasses.replace(rec, attrs=tuple(sorted(rec.attrs + (

@@ -1,5 +1,6 @@
 """Scan forms in greedy fusion (``lumc.compiler.core.fusion``): a cumsum's triangular contraction
-named a ``scan`` form by the e-graph (``lumc.rewrites.spellings``, ``lumc.backends.triton.scan``).
+named a ``scan`` form by the e-graph (``lumc.rewrites.spellings``,
+``lumc.backends.scan_structure``).
 
 * Its operand's elementwise prologue is computed on load, once per element (a contraction would
   recompute it per output column, so fusion realizes a long one there).
@@ -12,7 +13,7 @@ named a ``scan`` form by the e-graph (``lumc.rewrites.spellings``, ``lumc.backen
 from __future__ import annotations
 
 from lumc.ir.graph import Node
-from lumc.backends.triton.scan import scan_of
+from lumc.backends.scan_structure import scan_of
 
 
 class ScanFusion:

@@ -22,9 +22,10 @@ Meaning contract per form (what a renderer may rely on):
   value product through a reshape/expand view), plus any elementwise epilogue; attrs: ``axis`` and
   ``eps`` for norms, ``axis`` for softmax, ``masked`` and ``mask`` (``none``/``add``/``select``)
   for attention.
-* ``scan``: one triangular-mask contraction (a cumsum's prefix sum, ``lumc.backends.triton.scan``)
-  as written, its operand's elementwise prologue under it and an elementwise epilogue of its size
-  above it; no attrs (the renderer reads the axis, ``exclusive`` and ``reverse`` off the mask).
+* ``scan``: one triangular-mask contraction (a cumsum's prefix sum,
+  ``lumc.backends.scan_structure``) as written, its operand's elementwise prologue under it and an
+  elementwise epilogue of its size above it; no attrs (the renderer reads the axis, ``exclusive``
+  and ``reverse`` off the mask).
 """
 from __future__ import annotations
 

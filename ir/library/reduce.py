@@ -222,8 +222,10 @@ def prefix_contraction(v: Tensor, axis: int, exclusive: bool = False,
     """``out[..., i, ...] = sum_j M[i, j] * v[..., j, ...]`` along ``axis`` with the 0/1 mask
     ``M[i, j] = j <= i`` (``j < i`` when ``exclusive``, ``j >= i`` / ``j > i`` when ``reverse``),
     of ``v``'s dtype: the primitive meaning of a prefix sum. ``O(n^2)`` as written; the e-graph
-    offers a ``scan`` kernel for it (``lumc.rewrites.spellings``, ``lumc.backends.triton.scan``),
-    equal where ``v`` is finite (a masked ``0 * inf`` is NaN here). Shape and dtype of ``v``."""
+    offers a ``scan`` kernel for it (``lumc.rewrites.spellings``, ``lumc.backends.scan_structure``),
+    equal where ``v`` is finite (a masked ``0 * inf`` is NaN here). ``axis`` may be negative.
+    Shape and dtype of ``v``."""
+    axis = normalize_axis(axis, v.ndim)
     n = v.shape[axis]
     i = Tensor.iota((n, n), 0)
     j = Tensor.iota((n, n), 1)

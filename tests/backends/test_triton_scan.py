@@ -13,7 +13,7 @@ from lumc.backends.reference import run_reference
 from lumc.backends.simulator import simulate_kernel_time
 from lumc.backends.triton import TritonKernel, configs
 from lumc.backends.triton.launch import to_numpy
-from lumc.backends.triton.scan import scan_of
+from lumc.backends.scan_structure import scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.library.reduce import prefix_contraction
 from lumc.ir.tensor import Tensor
