@@ -130,12 +130,12 @@ def _scan(mask_view: str, negated: bool) -> Rule:
     n = 5
     m_shape = f"(vec-of {n} {n})"
 
-    def fill(v, tag, dt='"f32"'):
-        return f"(View (Const (Scalar {v} {dt}) (vec-empty)) (Expand {m_shape}))"
+    def fill(v):
+        return f"(View (Const (Scalar {v} \"f32\") (vec-empty)) (Expand {m_shape}))"
     flags = {"f": f"(View (Const (Flag false) (vec-empty)) (Expand {m_shape}))",
              "t": f"(View (Const (Flag true) (vec-empty)) (Expand {m_shape}))"} if negated else {}
     base = dict(flags, s=(n, n), p=1 if negated else 0, q=0 if negated else 1,
-                one=fill("1.0", "1"), zero=fill("0.0", "0"))
+                one=fill("1.0"), zero=fill("0.0"))
     if mask_view == "?m":
         case = dict(base, b=f"(View (View ?v (Reshape (vec-of 1 {n}))) (Expand {m_shape}))",
                     v=("in", (n,), "f32"), ax=(1,))

@@ -5,8 +5,9 @@ carries), and without it a compile searches only the greedy program. So the e-gr
 machine, and what it decided travels as data: for each candidate program, the decoded graph the
 e-graph chose (its rewritten expressions: attention, layer norm and horizontal forms), the form
 records, and the fusion flags (``+norm-prologue``, ``+norm-on-load``, ``+kv-prologue``,
-``+attention``, ``+mlp``, ``+rows``). The machine with the GPU rebuilds each program with the same greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`,
-pure Python) and searches them as if its own e-graph had produced them.
+``+attention``, ``+mlp``, ``+rows``). The machine with the GPU rebuilds each program with the same
+greedy fusion (:func:`lumc.compiler.core.fusion.greedy_program`, pure Python) and searches them as
+if its own e-graph had produced them.
 
 The file holds no weights. Leaves are bound on the receiving machine:
 

@@ -331,6 +331,12 @@ def test_16_bit_mul_and_div_take_a_scalar_at_f32_as_eager(dtype):
     s = torch.tensor(big)                         # a 0-d f32 tensor: the same
     got = compile_module(Fn2(), (x, s))(x, s)
     assert torch.equal(got.float(), (x * s).float())
+    # an integer tensor of more dims is cast to the 16-bit dtype first (2049 -> 2048 in f16),
+    # then multiplied: not at f32 (6147 * 1 rounds to 6144 in f16, 6148 from f32)
+    h = torch.tensor([[1.0, 3.0, -1.0]], dtype=dtype)
+    i = torch.tensor([[2049, 2049, 4097]])
+    got = compile_module(Fn2(), (h, i))(h, i)
+    assert got.dtype == (h * i).dtype and torch.equal(got.float(), (h * i).float()), (got, h * i)
 
 
 class Fn2(nn.Module):

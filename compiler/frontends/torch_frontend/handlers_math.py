@@ -34,7 +34,7 @@ def _in_opmath(d: dt.DType, operands) -> bool:
         return False
     for x in operands:
         if isinstance(x, Tensor):
-            if x.dtype != d:
+            if x.ndim == 0 and x.dtype != d:     # a tensor of more dims is cast to ``d`` first
                 return True
         else:
             with np.errstate(over="ignore"):
@@ -43,12 +43,21 @@ def _in_opmath(d: dt.DType, operands) -> bool:
     return False
 
 
+def _at_opmath(x, d: dt.DType) -> Tensor:
+    """Operand ``x`` of a 16-bit op computed at f32 (:func:`_in_opmath`): a scalar (a Python
+    number, a 0-d tensor) as it is, a tensor of more dims rounded to ``d`` first, as eager casts
+    it to the result dtype (``h * int_tensor``: 2049 is 2048 in f16)."""
+    if isinstance(x, Tensor) and x.ndim > 0:
+        return x.cast(d).cast(dt.f32)
+    return to_tensor(x, dt.f32)
+
+
 def _in_result_dtype(a, b, fn) -> Tensor:
     """``fn(a, b)`` in PyTorch's result dtype of ``a`` and ``b``, at f32 and rounded once where
     eager computes it so (:func:`_in_opmath`)."""
     d = result_dtype(a, b)
     if _in_opmath(d, (a, b)):
-        return fn(to_tensor(a, dt.f32), to_tensor(b, dt.f32)).cast(d)
+        return fn(_at_opmath(a, d), _at_opmath(b, d)).cast(d)
     a, b = promote(a, b)
     return fn(float_of(a), float_of(b)) if fn is Tensor.div else fn(a, b)
 
@@ -114,7 +123,7 @@ def _trunc(x: Tensor) -> Tensor:
 def _div_mode(ctx, a, b, *, rounding_mode=None):
     d = result_dtype(a, b)
     if rounding_mode is not None and _in_opmath(d, (a, b)):     # a 16-bit float by a scalar
-        return _div_mode(ctx, to_tensor(a, dt.f32), to_tensor(b, dt.f32),
+        return _div_mode(ctx, _at_opmath(a, d), _at_opmath(b, d),
                          rounding_mode=rounding_mode).cast(d)
     a, b = promote(a, b)
     if rounding_mode is None:
