@@ -184,7 +184,7 @@ def run_sampled(tk, ins: list, config) -> tuple[list[np.ndarray], list[np.ndarra
     if not tk.interpret:
         return [to_numpy(o) for o in tk(*ins, config=config)], None, ""
     dtypes = [torch_dtype(p.dtype) for p in tk.rendered.outputs]
-    one_byte = any(torch.empty((), dtype=d).element_size() == 1 for d in dtypes)
+    one_byte = any(d.itemsize == 1 for d in dtypes)
     fills = (0, 1) if one_byte else (SENTINEL,)     # a byte-wide sentinel is a value too
     runs = []
     sampler = None

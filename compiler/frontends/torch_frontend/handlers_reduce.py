@@ -73,17 +73,26 @@ def _prod_all(ctx, x, *, dtype=None):
 _EXTREMES = ("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
 
 
-def _extreme(ctx, x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
-    """``amax``/``amin`` (``max``/``min`` of every element). Over an empty dim eager has no value
-    and raises, where ONNX's -inf / +inf would be served silently (a Dim from 0): refused, unless
-    the node comes from a decomposition that handles it (``logsumexp``'s, whose eager gives
-    -inf; the trace's ``original_aten``)."""
-    axes = _axes(x, dim) or range(x.ndim)
-    empty = [a for a in axes if x.shape[a] == 0]
-    orig = ctx.node.meta.get("original_aten")
-    if empty and orig is not None and str(orig) in _EXTREMES:
-        raise ShapeError(f"cannot take the {kind} over empty dim {empty[0]} of a tensor of shape "
+def _refuse_empty(ctx, x: Tensor, dim, what: str) -> None:
+    """Eager raises where a max or a min (no identity) reduces an empty dim, where ONNX's -inf /
+    +inf would be served silently (a Dim from 0).
+
+    Raises:
+        ShapeError: a dim of ``x`` that ``dim`` reduces (every dim for None) is empty; ``what``
+            names the reduction (``take the max``)."""
+    empty = [a for a in (_axes(x, dim) or range(x.ndim)) if x.shape[a] == 0]
+    if empty:
+        raise ShapeError(f"cannot {what} over empty dim {empty[0]} of a tensor of shape "
                          f"{list(x.shape)} (eager raises there too)", op=ctx.op)
+
+
+def _extreme(ctx, x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
+    """``amax``/``amin`` (``max``/``min`` of every element), refused over an empty dim
+    (:func:`_refuse_empty`) unless the node comes from a decomposition that handles it
+    (``logsumexp``'s, whose eager gives -inf; the trace's ``original_aten``)."""
+    orig = ctx.node.meta.get("original_aten")
+    if orig is not None and str(orig) in _EXTREMES:
+        _refuse_empty(ctx, x, dim, f"take the {kind}")
     return _reduce(x, kind, dim, keepdim)
 
 
@@ -310,14 +319,8 @@ def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
         return _reduce(x, "l2", dim, keepdim)
     if ord == 1:
         return _reduce(x, "l1", dim, keepdim)
-    if abs(ord) == float("inf"):
-        # eager raises over an empty dim (max/min have no identity); the lowering would serve
-        # ONNX's -inf / +inf at a Dim's size 0 (as for amax, :func:`_extreme`)
-        empty = [a for a in (_axes(x, dim) or range(x.ndim)) if x.shape[a] == 0]
-        if empty:
-            raise ShapeError(f"cannot compute the {ord:g} norm over empty dim {empty[0]} of a "
-                             f"tensor of shape {list(x.shape)} (eager raises there too)",
-                             op=ctx.op)
+    if abs(ord) == float("inf"):        # a max or min of |x|: refused over an empty dim
+        _refuse_empty(ctx, x, dim, f"compute the {ord:g} norm")
         return _reduce(x.abs(), "max" if ord > 0 else "min", dim, keepdim)
     if ord == 0:
         return _reduce(x.ne(x.scalar_like(0.0)).cast(x.dtype), "sum", dim, keepdim)
