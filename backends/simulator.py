@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from lumc.backends.devices import H200, DeviceSpec
 from lumc.backends.extern import extern_bytes, is_extern
-from lumc.backends.simulator_rows import (RowWork, _prologue_views, row_dims, row_passes,  # noqa: F401
+from lumc.backends.simulator_rows import (RowWork, row_dims, row_passes,  # noqa: F401
                                           row_prologue_ops, row_statistics_work)
 import lumc.backends.simulator_mlp as simulator_mlp   # the mlp form (it reads this module's terms)
 import lumc.backends.simulator_scan as simulator_scan   # the scan form (the same)
@@ -172,6 +172,23 @@ def fp8_scaling_seconds(c: "Contraction", cfg: dict, dev: DeviceSpec) -> float:
     # a paired matmul scales its a tile again for the second product (the renderer's branch)
     ops = c.operands_b * programs * steps * (FP8_SCALE_OPS * (bm + bn) * bk + 2 * bm * bn)
     return ops / dev.vector_flops["f32"]
+
+
+def _prologue_views(x, depth: int = 4) -> list:
+    """The full-shape ``View`` reads under an operand's elementwise prologue (scalars skipped)."""
+    if x.op == "View":
+        return [x]
+    if depth == 0 or not x.srcs or x.op in ("SumReduce", "MaxReduce", "Gather"):
+        return []
+    out = []
+    for s in x.srcs:
+        if s.shape != x.shape:
+            continue
+        got = _prologue_views(s, depth - 1)
+        if not got and s.numel > 1:
+            return []
+        out += got
+    return out
 
 
 def contraction_dims(kernel: Kernel) -> Contraction | None:

@@ -103,23 +103,6 @@ def _buffers_read(x, size: int) -> set[int]:
     return out
 
 
-def _prologue_views(x, depth: int = 4) -> list:
-    """The full-shape ``View`` reads under an operand's elementwise prologue (scalars skipped)."""
-    if x.op == "View":
-        return [x]
-    if depth == 0 or not x.srcs or x.op in ("SumReduce", "MaxReduce", "Gather"):
-        return []
-    out = []
-    for s in x.srcs:
-        if s.shape != x.shape:
-            continue
-        got = _prologue_views(s, depth - 1)
-        if not got and s.numel > 1:
-            return []
-        out += got
-    return out
-
-
 def _row_reductions(kernel: Kernel) -> tuple[list, list]:
     """``(mains, statistics)`` of a row kernel's reductions (``rowplan.main_reductions``: the
     statistics are those of an input normalized on load); all of them main when they do not split

@@ -4,9 +4,9 @@
 ``64..640:32`` one in steps of 32; ``1..512@128`` one whose traffic is around 128 (that bucket gets
 twice the search budget and a bucket edge at 128). The compile:
 
-1. **Probes the sizes** (``lumc.compiler.core.range_probing``, ``lumc.ir.symbolic``): the model is imported with each ranged dim at a
-   prime inside its range and, to check, at a second prime; the first graph re-sized to the
-   second sizes must be the second graph, node for node. Sizes that are products of the dims
+1. **Probes the sizes** (``lumc.compiler.core.range_probing``, ``lumc.ir.symbolic``): the model
+   is imported with each ranged dim at a prime inside its range and, to check, at a second
+   prime; the first graph re-sized to the second sizes must be the second graph, node for node. Sizes that are products of the dims
    need nothing more. A padded convolution's sizes are not (``H + 2``, its strides
    ``(H + 2) (W + 2)``, mask bounds ``H + 1``): they are *affine values*, learned as a table
    (``learn_table``) from imports at three sets of primes above the range (above 1000 units:
