@@ -4,16 +4,15 @@
 ``64..640:32`` one in steps of 32; ``1..512@128`` one whose traffic is around 128 (that bucket gets
 twice the search budget and a bucket edge at 128). The compile:
 
-1. **Probes the sizes** (``lumc.compiler.core.range_probing``, ``lumc.ir.symbolic``): the model
-   is imported with each ranged dim at a prime inside its range and, to check, at a second
-   prime; the first graph re-sized to the second sizes must be the second graph, node for node.
-   Sizes that are products of the dims need nothing more. A padded convolution's sizes are not
-   (``H + 2``, its strides ``(H + 2) (W + 2)``, mask bounds ``H + 1``): they are *affine
-   values*, learned as a table (``learn_table``) from imports at three sets of primes above the range (above 1000 units:
-   there no padded size equals a static one) and checked node for node at all three and at two
-   imports inside the range. A model whose sizes are neither (``L**2 + 1``, a table folded at
-   the size) is refused in one line naming the difference, with the hint to give explicit
-   sizes instead.
+1. **Probes the sizes** (``lumc.compiler.core.range_probing``, ``lumc.ir.symbolic``): the model is
+   imported with each ranged dim at a prime inside its range and, to check, at a second prime; the
+   first graph re-sized to the second sizes must be the second graph, node for node. Sizes that are
+   products of the dims need nothing more. A padded convolution's sizes are not (``H + 2``, its
+   strides ``(H + 2) (W + 2)``, mask bounds ``H + 1``): they are *affine values*, learned as a table
+   (``learn_table``) from imports at three sets of primes above the range (above 1000 units: there
+   no padded size equals a static one) and checked node for node at all three and at two imports
+   inside the range. A model whose sizes are neither (``L**2 + 1``, a table folded at the size) is
+   refused in one line naming the difference, with the hint to give explicit sizes instead.
 2. **Runs the e-graph once**, on the probed graph: saturation and extraction do not depend on
    which size of the range a call has, so every bucket shares the candidates (re-sized).
 3. **Searches per bucket**: the range is cut into :data:`DEFAULT_BUCKETS` buckets (geometric
