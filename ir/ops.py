@@ -243,10 +243,18 @@ def apply_view(x: np.ndarray, v: View) -> np.ndarray:
         _check_extent(v, v.offset, v.shape, flat.size)
         return np.lib.stride_tricks.as_strided(flat[v.offset:], v.shape,
                                                tuple(s * isz for s in v.strides), writeable=False)
+    if any(lo >= hi for lo, hi in v.mask):
+        return np.zeros(v.shape, dtype=x.dtype)
+    # a dim the view broadcasts (stride 0) and the mask keeps whole: read once, broadcast back
+    # (a padded concat's mask over a convolution's product space is not copied per channel)
+    bdims = {d for d, (st, size, (lo, hi)) in enumerate(zip(v.strides, v.shape, v.mask))
+             if st == 0 and size > 1 and (lo, hi) == (0, size)}
+    if bdims:
+        one = View(tuple(1 if d in bdims else size for d, size in enumerate(v.shape)), v.strides,
+                   v.offset, tuple((0, 1) if d in bdims else m for d, m in enumerate(v.mask)))
+        return np.broadcast_to(apply_view(x, one), v.shape)
     out = np.zeros(v.shape, dtype=x.dtype)
     box = tuple(slice(lo, hi) for lo, hi in v.mask)
-    if any(lo >= hi for lo, hi in v.mask):
-        return out
     start = v.offset + sum(lo * st for (lo, _), st in zip(v.mask, v.strides))
     sub_shape = tuple(hi - lo for lo, hi in v.mask)
     _check_extent(v, start, sub_shape, flat.size)

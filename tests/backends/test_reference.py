@@ -7,7 +7,7 @@ from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph, input_node
 from lumc.ir.ops import OPS
-from lumc.ir.tensor import Tensor
+from lumc.ir.tensor import Tensor, concat
 
 
 def naive(graph, inputs):
@@ -84,3 +84,32 @@ def test_intermediates_are_freed():
     ex = ReferenceExecutor(Graph({"x": x.node}, {"y": y.node}))
     out = ex({"x": np.ones((256, 256), np.float32)})["y"]
     np.testing.assert_allclose(out, np.float32(1.0001) ** 50 * np.ones((256, 256)), rtol=1e-5)
+
+
+def test_work_along_a_dim_every_operand_broadcasts_is_done_once():
+    # densenet's BatchNorm + ReLU over a convolution's product space: a concat of channel groups
+    # (masked views), scaled, shifted, clamped and summed over the input channels, every operand
+    # broadcast along the output channels (64). The values are the naive evaluation's; the
+    # elementwise values stay broadcast views (stride 0) along that dim instead of 64 copies
+    rng = np.random.default_rng(1)
+    x1 = Tensor(input_node("x1", (1, 3, 5, 5), dt.f32))
+    x2 = Tensor(input_node("x2", (1, 5, 5, 5), dt.f32))
+    s = Tensor(input_node("s", (8,), dt.f32))
+    wide = [t.reshape((1, 1) + t.shape[1:]).expand((1, 64) + t.shape[1:]) for t in (x1, x2)]
+    xc = concat(wide, 2)                                           # [1, 64, 8, 5, 5]
+    sc = s.reshape((1, 1, 8, 1, 1)).expand((1, 64, 8, 5, 5))
+    r = xc.mul(sc).add(xc.scalar_like(0.5)).maximum(0.0)
+    y = r.sum(2).add(r.max(2))
+    g = Graph({"x1": x1.node, "x2": x2.node, "s": s.node}, {"y": y.node})
+    ins = {"x1": rng.standard_normal((1, 3, 5, 5)).astype(np.float32),
+           "x2": rng.standard_normal((1, 5, 5, 5)).astype(np.float32),
+           "s": rng.standard_normal(8).astype(np.float32)}
+    out, kept = ReferenceExecutor(g).run_keeping(ins, {id(xc.node), id(r.node)})
+    ref = naive(g, ins)["y"]
+    assert out["y"].shape == ref.shape == (1, 64, 5, 5)
+    np.testing.assert_allclose(out["y"], ref, rtol=1e-6, atol=1e-6)
+    whole = np.concatenate([ins["x1"], ins["x2"]], 1)[:, None]      # the numpy spelling
+    want = np.maximum(whole * ins["s"][:, None, None] + np.float32(0.5), 0)
+    np.testing.assert_array_equal(kept[id(r.node)], np.broadcast_to(want, (1, 64, 8, 5, 5)))
+    for v in (kept[id(xc.node)], kept[id(r.node)]):
+        assert v.strides[1] == 0
