@@ -9,7 +9,8 @@ real models fast without changing results beyond reassociation:
 * A ``SumReduce(Mul(mask, v))`` that is a prefix sum (a cumsum's triangular 0/1 mask times a
   finite ``v``, :func:`lumc.backends.scan_structure.scan_of`) is evaluated as ``numpy.cumsum``:
   ``O(L)`` per row, not the contraction's ``O(L^2)`` (a CumSum over 4096 x 4096 took minutes,
-  past any compile budget); a zero sum is +0.0, as the contraction's.
+  past any compile budget); a zero sum is +0.0, as the contraction's. Its ``[L, L]`` mask is
+  never evaluated (36 GiB of int64 iota at L = 70000).
 * Views are numpy views (``as_strided``), copying only where masked (padding).
 * An elementwise op, or a reduction over other dims, whose operands all broadcast along a dim
   (stride 0) is computed once along it and returned as a broadcast view: the same bits, without
@@ -93,6 +94,38 @@ class ReferenceExecutor:
         if self.dot_operands is not None:
             from lumc.backends.triton.contraction import tensor_core_contractions
             self._dots = {id(c.node) for c in tensor_core_contractions(self.order)}
+        self._mask_only = self._scan_masks(graph)
+
+    def _scan_masks(self, graph: Graph) -> set[int]:
+        """Ids of the nodes that only a prefix sum's triangular mask reads (its ``Where``,
+        ``LessThan`` and ``Iota`` nodes, ``[L, L]``): ``numpy.cumsum`` never reads them, and
+        evaluating them would allocate ``L^2`` elements (36 GiB of int64 iota at L = 70000)."""
+        masks: dict[int, Node | None] = {}  # id(fused product) -> its mask, None: read whole
+        for n in self.order:
+            if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul:
+                spec = scan_of(n) if id(n) not in self._dots else None
+                mask = None if spec is None or spec.n == 0 else next(
+                    s for s in n.srcs[0].srcs if s is not spec.operand)
+                if masks.get(id(n.srcs[0]), mask) is not mask:
+                    mask = None                # another reduction of the product reads it whole
+                masks[id(n.srcs[0])] = mask
+        mask_of: dict[int, int] = {}       # id(mask side) -> its reads by prefix sums' products
+        for mask in masks.values():
+            if mask is not None:
+                mask_of[id(mask)] = mask_of.get(id(mask), 0) + 1
+        if not mask_of:
+            return set()
+        outputs = {id(n) for n in graph.outputs.values()}
+        reads: dict[int, int] = {}         # per node, the reads from mask-only nodes
+        only: set[int] = set()
+        for n in reversed(self.order):
+            k = id(n)
+            if k not in outputs and n.op != "Input" and (
+                    mask_of.get(k, 0) + reads.get(k, 0) == self._users.get(k, 0) > 0):
+                only.add(k)
+                for s in n.srcs:
+                    reads[id(s)] = reads.get(id(s), 0) + 1
+        return only
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate every output.
@@ -119,8 +152,10 @@ class ReferenceExecutor:
             x = checked_input(n, inputs)
             vals[id(n)] = x.astype(np.float64) if (f64 and n.dtype.is_float) else x
         kept: dict[int, np.ndarray] = {}
+        # a prefix sum's mask is not evaluated, unless a value asked for reads it
+        skip = self._mask_only if not keep & self._mask_only else set()
         for n in self.order:
-            if id(n) in vals or (id(n) in self._fused_mul and id(n) not in keep):
+            if id(n) in vals or (id(n) in self._fused_mul and id(n) not in keep) or id(n) in skip:
                 continue
             try:
                 vals[id(n)] = self._eval(n, vals, f64, force=id(n) in keep)
@@ -191,12 +226,12 @@ class ReferenceExecutor:
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             dots = self.dot_operands if id(n) in self._dots else None
-            a, b = (self._factored_operand(s, vals, f64, n.arg) if dots is not None and
-                    id(s) in self.factored else vals[id(s)] for s in m.srcs)
-            rounded = tuple(dots is not None and id(s) in self.factored for s in m.srcs)
             spec = scan_of(n) if dots is None else None
             if spec is not None and spec.n > 0:
                 return _prefix_sum(spec, vals[id(spec.operand)], n.dtype, f64)
+            a, b = (self._factored_operand(s, vals, f64, n.arg) if dots is not None and
+                    id(s) in self.factored else vals[id(s)] for s in m.srcs)
+            rounded = tuple(dots is not None and id(s) in self.factored for s in m.srcs)
             return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64, dots, rounded)
         xs = [vals[id(s)] for s in n.srcs]
         if n.op == "Cast":
@@ -337,6 +372,18 @@ def largest_value(graph: Graph) -> Node | None:
     sized = [n for n in ex.order if n.op not in ("Input", "Constant", "Iota", "View", "Cast")
              and id(n) not in ex._fused_mul]
     return max(sized, key=lambda n: n.nbytes, default=None)
+
+
+def unallocated(graph: Graph) -> set[int]:
+    """Ids of the nodes of ``graph`` whose value a reference run never allocates whole: the
+    products a ``SumReduce`` reads as one einsum, the triangular masks of its prefix sums (an
+    artifact of a CumSum at L = 70000 declares a 36 GiB ``[L, L]`` mask no run evaluates), and
+    unmasked views of a node that is not itself a view (numpy views of a value already counted;
+    a view of a view may copy its source)."""
+    ex = ReferenceExecutor(graph)
+    return ex._fused_mul | ex._mask_only | {
+        id(n) for n in ex.order
+        if n.op == "View" and n.arg.mask is None and n.srcs[0].op != "View"}
 
 
 def run_reference(graph: Graph, inputs: dict[str, np.ndarray], precision: str = "native"):

@@ -451,7 +451,9 @@ def from_parts(path, parts: dict[str, bytes], device: str | None = None,
     except ArtifactError as e:
         raise ArtifactError(f"{path}: part '{prefix}graph.json'/'{prefix}consts.npz': "
                             f"{e.reason}") from None
-    _check_node_sizes(path, nodes, sized_at)
+    from lumc.backends.reference import unallocated
+    unread = unallocated(full)        # views, fused products, a prefix sum's [L, L] mask
+    _check_node_sizes(path, [n for n in nodes if id(n) not in unread], sized_at)
     graph = Graph(full.inputs, {k: v for k, v in full.outputs.items() if not k.startswith("__n")})
     try:
         plan = json.loads(parts[prefix + "plan.json"])

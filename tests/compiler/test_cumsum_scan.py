@@ -181,3 +181,46 @@ def test_a_contraction_of_signed_zeros_keeps_its_sign_as_a_scan():
         got = np.asarray(run_program(p, {"x": x})["y"])
         np.testing.assert_array_equal(got, ort)
         assert np.signbit(got).tolist() == np.signbit(ort).tolist(), p.label
+
+
+def test_a_long_cumsum_never_forms_its_mask(monkeypatch):
+    """At L = 70000 a CumSum's triangular mask is ``[L, L]`` (36 GiB of int64 iota, a
+    MemoryError or the OOM killer): the reference run, the compile's oracle and ``--check``'s
+    float64 evaluation, reads the operand as ``numpy.cumsum`` and never evaluates the mask."""
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.ir import ops
+    full = ops.iota_array
+
+    def small_iota(shape, axis, dtype):
+        assert np.prod(shape) < 10 ** 6, f"a {list(shape)} iota evaluated"
+        return full(shape, axis, dtype)
+    monkeypatch.setattr(ops, "iota_array", small_iota)
+    x = inputs(70000, np.float32)
+    m = cumsum_model(x.shape, np.float32)
+    graph = import_onnx(m, {"x": x.shape}).graph
+    ort = onnxruntime_outputs(m, {"x": x})
+    for precision in ("native", "float64"):
+        got = ReferenceExecutor(graph, precision)({"x": x})
+        for k in range(len(NODES)):
+            assert_values(np.asarray(got[f"y{k}"]).astype(np.float32), x, k, ort[k], precision)
+
+
+def test_an_artifact_of_a_cumsum_larger_than_memory_by_its_mask_loads(monkeypatch, tmp_path):
+    """Loading refuses a graph whose values do not fit in memory, but a CumSum's ``[L, L]``
+    mask, its ``[2, L, L]`` broadcast views and product are never allocated: an artifact whose
+    only values past memory are those loads and runs (at L = 70000 the compile wrote an
+    artifact that ``lumc run`` refused)."""
+    from lumc.compiler.runtime import compiled
+    x = inputs(2048, np.float32)
+    m = cumsum_model(x.shape, np.float32)
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs={"x": x})
+    assert "matmul" not in [c.kernel.form for c in f.program.calls], f.report()
+    f.save(tmp_path / "c.lumc")
+    monkeypatch.setattr(compiled, "memory_bytes", lambda: 10 ** 6)   # under 2048 * 2048 * 8
+    g = lumc.load(tmp_path / "c.lumc")
+    ort = onnxruntime_outputs(m, {"x": x})
+    got = g.run({"x": x})
+    triton = run_program(g.program, {"x": x})
+    for k in range(len(NODES)):
+        assert_values(np.asarray(got[f"y{k}"]), x, k, ort[k], "plan")
+        assert_values(np.asarray(triton[f"y{k}"]), x, k, ort[k], "triton")
