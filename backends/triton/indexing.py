@@ -101,6 +101,19 @@ def served_at(sub):
         _SERVED.reset(token)
 
 
+def served_size(v: int) -> int:
+    """Size ``v`` (a dim or a product of dims, at the sizes the kernel is rendered at) at the
+    largest sizes of :func:`served_at`, when set; else ``v``. A size-generic kernel takes the
+    variant (looped or split rows, split-K) that the search chose its config for, at its bucket's
+    largest size: one chosen at the probe sizes takes other knobs (``SPLIT``, ``SPLIT_K``) than
+    the plan's config names."""
+    sub = _SERVED.get()
+    if sub is None:
+        return v
+    from lumc.ir.symbolic import resize_int
+    return abs(resize_int(v, sub))
+
+
 def needs_int64(nodes: list[Node], extra_sizes: tuple[int, ...] = (),
                 virtual_shapes: tuple[tuple[int, ...], ...] = ()) -> bool:
     """True when any tensor, view address or iteration space can pass ``2**31 - 1`` (at the

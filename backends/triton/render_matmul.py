@@ -27,7 +27,7 @@ from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, r
 from lumc.backends.triton.contraction import Contraction, find_contractions, paired_contractions
 from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
-                                           reshape_index, unravel)
+                                           reshape_index, served_size, unravel)
 from lumc.backends.triton.norm_epilogue import aligned_reads, plan_row_epilogue, row_broadcasts
 from lumc.backends.triton.norm_prologue import RowStatistics, plan_row_prologue
 from lumc.backends.triton.configs import splitk_useful
@@ -159,7 +159,10 @@ def render_matmul(kernel: Kernel) -> KernelParts:
 
     M, N, K, B = c.M, c.N, c.K, c.batch
     i64 = ".to(tl.int64)" if big else ""
-    split = not plans and c2 is None and splitk_useful({"M": M, "N": N, "K": K, "batch": B})
+    # split-K by the sizes the kernel serves (a size-generic kernel: its bucket's top, where the
+    # search chose its config)
+    split = not plans and c2 is None and splitk_useful(
+        {"M": served_size(M), "N": served_size(N), "K": served_size(K), "batch": served_size(B)})
     stats: list[RowStatistics] = []
 
     def evaluator(wr: SourceWriter) -> Evaluator:

@@ -27,7 +27,8 @@ from lumc.ir.kernels import Kernel
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.configs import ROW_FIT, next_pow2
-from lumc.backends.triton.indexing import flat_index, needs_int64, reshape_index, unravel
+from lumc.backends.triton.indexing import (flat_index, needs_int64, reshape_index, served_size,
+                                           unravel)
 from lumc.backends.triton.rowplan import RowPlan, plan_rows
 from lumc.backends.triton.source import KernelParts, make_params
 
@@ -266,8 +267,8 @@ def render_row(kernel: Kernel, variant: str | None = None) -> KernelParts:
         if plan.outputs[name] == "full" and o.numel != plan.M * plan.K:
             raise RenderError(f"output {name} ({o.shape}) is neither per row nor per element")
     from lumc.backends.triton.render_split import prefers_split, render_split
-    if variant in (None, "generic"):
-        variant = ("one-pass" if next_pow2(plan.K) <= ROW_FIT else
+    if variant in (None, "generic"):     # by the rows' sizes the kernel serves (a bucket's top)
+        variant = ("one-pass" if next_pow2(served_size(plan.K)) <= ROW_FIT else
                    "split" if prefers_split(kernel, plan) else "looped")
     if variant == "split":
         return render_split(kernel, plan)

@@ -46,8 +46,10 @@ def split_refusal(kernel: Kernel, plan: RowPlan) -> str | None:
 
 
 def prefers_split(kernel: Kernel, plan: RowPlan) -> bool:
-    """The size rule: few rows, each long enough to feed many programs."""
-    return (plan.M < SPLIT_MAX_ROWS and plan.K >= SPLIT_MIN_K
+    """The size rule: few rows, each long enough to feed many programs (at the sizes the kernel
+    serves, ``indexing.served_size``)."""
+    from lumc.backends.triton.indexing import served_size
+    return (served_size(plan.M) < SPLIT_MAX_ROWS and served_size(plan.K) >= SPLIT_MIN_K
             and split_refusal(kernel, plan) is None)
 
 

@@ -211,3 +211,46 @@ def test_a_key_limit_that_moves_with_the_size_is_not_baked_in(tmp_path, monkeypa
         out = sk(*[feed[n.arg.name] for n in call.inputs], sizes={"L0": S},
                  config=C.make(4, 1, BLOCK_M=16, BLOCK_N=16))[0].numpy().reshape(ref.shape)
         assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max(), S
+
+
+def _one_node_model(op: str, x_shape: list, y_shape: list, inits: list):
+    from onnx import TensorProto, helper
+    f = TensorProto.FLOAT
+    g = helper.make_graph([helper.make_node(op, ["x", inits[0].name], ["y"])], op,
+                          [helper.make_tensor_value_info("x", f, x_shape)],
+                          [helper.make_tensor_value_info("y", f, y_shape)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("case", ["reduce", "matmul"])
+def test_a_bucket_kernel_takes_the_variant_its_config_was_chosen_for(case, tmp_path):
+    """A bucket's plan is searched at the bucket's largest size, but its size-generic modules are
+    rendered at the probe sizes: a variant picked there (a split reduction for rows past 65536,
+    a split-K matmul where few output tiles leave SMs idle) named other knobs than the config
+    the search chose (``SPLIT``, ``SPLIT_K``), and ``run --backend triton`` (as ``GpuPlan``)
+    failed with a TypeError in the small buckets. Each bucket runs, values checked."""
+    from onnx import numpy_helper
+    import lumc
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    from lumc.compiler.tools.cli import cli
+    rng = np.random.default_rng(0)
+    if case == "reduce":      # probes past SPLIT_MIN_K, 3 rows: split at the probes
+        m = _one_node_model("ReduceSum", [3, "L"], [3, 1],
+                            [numpy_helper.from_array(np.array([-1], np.int64), "ax")])
+        top, sizes, shape = 70000, (7, 100, 1000), lambda n: (3, n)
+    else:                     # probes with enough tiles: no split-K there, split in 92..861
+        w = (rng.standard_normal((512, 64)) * 0.05).astype(np.float32)
+        m = _one_node_model("MatMul", ["L", 512], ["L", 64], [numpy_helper.from_array(w, "W")])
+        top, sizes, shape = 8192, (50, 100, 861), lambda n: (n, 512)
+    f = lumc.compile(m, budget="60s", device="sim:h200", shapes={"L": (1, top)},
+                     db=TuningDatabase(tmp_path / "db.sqlite"))
+    path = tmp_path / "m.lumc"
+    f.save(path)
+    for n in sizes:
+        np.save(tmp_path / "x.npy", rng.standard_normal(shape(n)).astype(np.float32))
+        res = CliRunner().invoke(cli, ["run", str(path), "--input", f"x={tmp_path / 'x.npy'}",
+                                       "--check", "--backend", "triton"])
+        assert res.exit_code == 0 and res.exception is None, (n, res.output, res.exception)
+        assert "size-generic module per kernel" in res.output
