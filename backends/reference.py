@@ -366,11 +366,12 @@ def _einsum_sum_of_product(a: np.ndarray, b: np.ndarray, axes, out_dtype: dt.DTy
 
 def largest_value(graph: Graph) -> Node | None:
     """The largest value a reference run of ``graph`` allocates whole, a lower bound of the run's
-    peak memory: leaves, views (numpy views), casts (of a broadcast: compact) and the products a
-    ``SumReduce`` reads whole (one einsum) are not counted."""
+    peak memory: leaves, views (numpy views), casts (of a broadcast: compact), the products a
+    ``SumReduce`` reads whole (one einsum) and a prefix sum's mask (never evaluated) are not
+    counted."""
     ex = ReferenceExecutor(graph)
     sized = [n for n in ex.order if n.op not in ("Input", "Constant", "Iota", "View", "Cast")
-             and id(n) not in ex._fused_mul]
+             and id(n) not in ex._fused_mul and id(n) not in ex._mask_only]
     return max(sized, key=lambda n: n.nbytes, default=None)
 
 

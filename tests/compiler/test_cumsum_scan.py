@@ -224,3 +224,15 @@ def test_an_artifact_of_a_cumsum_larger_than_memory_by_its_mask_loads(monkeypatc
     for k in range(len(NODES)):
         assert_values(np.asarray(got[f"y{k}"]), x, k, ort[k], "plan")
         assert_values(np.asarray(triton[f"y{k}"]), x, k, ort[k], "triton")
+
+
+def test_a_cumsum_range_is_not_refused_for_a_mask_no_run_forms():
+    """A size range is refused when the reference run would hold a value past half the machine's
+    memory (``refuse_too_large``); a CumSum's ``[L, L]`` mask is never evaluated (``Where``
+    ``[69999, 69999]``, 18 GiB, refused ``--shape L=1..70000``), so the largest value it holds
+    is a row of the result."""
+    from lumc.backends.reference import largest_value
+    x = inputs(70000, np.float32)
+    graph = import_onnx(cumsum_model(x.shape, np.float32), {"x": x.shape}).graph
+    n = largest_value(graph)
+    assert n.nbytes <= 8 * x.size, (n.op, n.shape)
