@@ -11,6 +11,10 @@ Semantics match the reference executor (``lumc.backends.reference``):
 * ``SumReduce(Mul(a, b))`` becomes ``torch.einsum`` over the operands with their broadcast (stride-0)
   dims dropped, so a matmul or convolution is one contraction (an ``mm`` for Inductor), not a
   materialized broadcast product;
+* a ``SumReduce(Mul(mask, v))`` that is a prefix sum (a cumsum's triangular mask times a finite
+  ``v``, ``lumc.backends.scan_structure.scan_of``) becomes ``torch.cumsum`` (:func:`prefix_sum_op`),
+  and its ``[L, L]`` mask is never formed (19.6 GB of f32 at L = 70000: the replay of a long
+  CumSum's scan kernel, an extern candidate, failed for memory);
 * views are ``torch.as_strided`` over the source's flat row-major elements, with negative strides
   turned into a flip and masks (padding) into ``constant_pad_nd``;
 * ``Cast`` from float to int truncates and saturates to the type's exact min/max (NaN -> 0), as
@@ -26,6 +30,7 @@ import string
 
 import numpy as np
 
+from lumc.backends.scan_structure import scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, Node
 from lumc.ir.provenance import where
@@ -169,6 +174,27 @@ def contraction_op(a, b, spec: str, a_index: tuple, b_index: tuple, scale: int, 
     return r.reshape(tuple(1 if d is None else d for d in out_shape)).to(getattr(torch, out_name))
 
 
+def prefix_sum_op(v, k: int, exclusive: bool, reverse: bool, acc_name: str, out_name: str):
+    """A prefix sum's value (shape ``[..., L, 1, ...]``) from its operand ``v`` (``[..., i, j,
+    ...]`` with ``j`` at axis ``k``, constant along ``i``), as the reference executor's
+    ``_prefix_sum``: a cumsum along ``j`` in the accumulator dtype, shifted one when exclusive,
+    flipped when reversed, a zero sum +0.0 (the contraction's sum starts from +0.0)."""
+    import torch
+    acc = getattr(torch, acc_name)
+    row = v.narrow(k - 1, 0, 1).to(acc)
+    if reverse:
+        row = torch.flip(row, (k,))
+    s = torch.cumsum(row, dim=k, dtype=acc)
+    if exclusive:
+        s = torch.cat([torch.zeros_like(s.narrow(k, 0, 1)), s.narrow(k, 0, s.shape[k] - 1)], dim=k) \
+            if acc.is_floating_point else s - row
+    if acc.is_floating_point:
+        s = s + 0.0
+    if reverse:
+        s = torch.flip(s, (k,))
+    return s.transpose(k - 1, k).contiguous().to(getattr(torch, out_name))
+
+
 def _broadcast_dims(x: Node) -> list[bool]:
     """Dims along which ``x`` repeats one value (a stride-0 unmasked view) — dropped by einsum."""
     if x.op == "View" and x.arg.mask is None:
@@ -232,6 +258,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
     for i, (name, n) in enumerate(graph.inputs.items()):
         env[id(n)] = g.placeholder(f"in{i}")
     nconst = 0
+    scans = False          # a prefix sum leaves its mask's nodes dead
     first = next(iter(env.values()), None)
     for n in order:
         if id(n) in env or id(n) in fused:
@@ -271,7 +298,13 @@ def graph_module(graph: Graph, replace: dict | None = None):
         elif op == "Where":
             r = cf(torch.where, tuple(ins))
         elif op == "SumReduce":
-            if id(n.srcs[0]) in fused:
+            spec = scan_of(n) if id(n.srcs[0]) in fused else None
+            if spec is not None and spec.n > 0:
+                acc = n.dtype.accumulator if n.dtype.is_float else n.dtype
+                r = cf(prefix_sum_op, (env[id(spec.operand)], spec.k, spec.exclusive, spec.reverse,
+                                       _TORCH_NAMES[acc.name], _TORCH_NAMES[n.dtype.name]))
+                scans = True
+            elif id(n.srcs[0]) in fused:
                 a, b = n.srcs[0].srcs
                 r = cf(contraction_op, (env[id(a)], env[id(b)], *_contraction_args(n)))
             else:
@@ -295,7 +328,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
     for name, n in graph.outputs.items():
         outs.append(g.call_function(torch.Tensor.contiguous, (env[id(n)],)))
     g.output(tuple(outs))
-    if replace:
+    if replace or scans:
         g.eliminate_dead_code()
     return fx.GraphModule(root, g, class_name="LumcGraphModule")
 

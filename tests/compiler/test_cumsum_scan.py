@@ -236,3 +236,23 @@ def test_a_cumsum_range_is_not_refused_for_a_mask_no_run_forms():
     graph = import_onnx(cumsum_model(x.shape, np.float32), {"x": x.shape}).graph
     n = largest_value(graph)
     assert n.nbytes <= 8 * x.size, (n.op, n.shape)
+
+
+@pytest.mark.parametrize("length, dtype", [(7, np.float32), (70000, np.float32), (300, np.int64)])
+def test_the_torch_replay_of_a_cumsum_is_a_prefix_sum(length, dtype):
+    """The torch replay of a graph (an extern candidate's kernel, the bench rivals) computes a
+    CumSum as ``torch.cumsum``, forming no ``[L, L]`` mask (19.6 GB of f32 at L = 70000: the
+    replay failed for memory and torch printed its traceback during the compile), with the
+    reference's values: infinities, a run of -0.0, exclusive and reversed scans."""
+    import torch
+    from lumc.compiler.runtime import graph_torch
+    x = inputs(length, dtype)
+    m = cumsum_model(x.shape, dtype)
+    graph = import_onnx(m, {"x": x.shape}).graph
+    mod = graph_torch.graph_module(graph)
+    assert not any(n.target is graph_torch.iota_op and n.args[0] == (length, length)
+                   for n in mod.graph.nodes)
+    got = mod(torch.from_numpy(x))
+    ort = onnxruntime_outputs(m, {"x": x})
+    for k, name in enumerate(graph.outputs):
+        assert_values(got[k].numpy(), x, k, ort[k], f"torch replay {name}")
