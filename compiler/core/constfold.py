@@ -20,6 +20,9 @@ kernel as a view of the model input, and the attention form reads it in its prol
   ``lumc.compiler.frontends.onnx_frontend.folding``): no kernel forms it on load, so unfolded it
   would be a kernel of its own on every call. (A value of constant arrays, a weight dequantized
   from its stored form, stays: the contraction forms it on load, reading the narrow bytes.)
+* A compute node with no elements (a softmax over ``[0, 5]``, the rows of a ``[3, 0]`` input) is
+  an empty constant: a model whose outputs are all empty launches no kernel (it launched one per
+  op, each over nothing).
 * ``Gather(t, idx, 0)`` with ``t`` 1-D and a constant ``idx`` equal to ``arange(len(t))`` along its
   flattened order is ``reshape(t, idx.shape)``.
 All are exact.
@@ -103,6 +106,12 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
             constant[id(n)] = False
             iota_only[id(n)] = 0
             new[id(n)] = n
+            continue
+        if n.numel == 0 and not held(n.shape):   # an empty value: no kernel computes anything
+            constant[id(n)] = True
+            iota_only[id(n)] = 0
+            new[id(n)] = const_node(np.zeros(n.shape, n.dtype.np))
+            changed = True
             continue
         is_const = all(constant[id(s)] for s in n.srcs)
         kinds = [iota_only[id(s)] for s in n.srcs]

@@ -51,3 +51,36 @@ def test_only_small_index_arithmetic_is_folded():
     five = Tensor(const_node(np.array(2, np.int64))).add(Tensor(const_node(np.array(3, np.int64))))
     g2 = Graph({"x": x}, {"y": Tensor(x).mul(five).node})
     assert fold_constants(g2) is g2
+
+
+def test_a_model_whose_outputs_are_empty_launches_no_kernel():
+    """Rows of length 0 (``[3, 0]``) or no rows (``[0, 5]``): a LogSoftmax, a CumSum, a
+    LayerNorm and a Softmax over nothing compiled to one kernel per op (7 and 10 kernels, each
+    launched over no element); every value of these outputs is empty, so none is computed. The
+    outputs keep their shapes and dtypes, and onnxruntime's (empty) values."""
+    from onnx import TensorProto, helper, numpy_helper
+    import lumc
+    from tests.compiler.test_onnx_edge_values import onnxruntime_outputs
+    for shape in [(3, 0), (0, 5)]:
+        f = TensorProto.FLOAT
+        d = shape[-1]
+        nodes = [helper.make_node("LogSoftmax", ["x"], ["y"], axis=-1),
+                 helper.make_node("CumSum", ["y", "ax"], ["z"]),
+                 helper.make_node("Softmax", ["x"], ["s"], axis=0)]
+        inits = [numpy_helper.from_array(np.array(1, np.int64), "ax")]
+        outs = ["y", "z", "s"]
+        if d:
+            nodes.append(helper.make_node("LayerNormalization", ["x", "w", "b"], ["n"], axis=-1))
+            inits += [numpy_helper.from_array(np.ones(d, np.float32), "w"),
+                      numpy_helper.from_array(np.zeros(d, np.float32), "b")]
+            outs.append("n")
+        g = helper.make_graph(nodes, "empty", [helper.make_tensor_value_info("x", f, shape)],
+                              [helper.make_tensor_value_info(o, f, shape) for o in outs], inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        x = np.zeros(shape, np.float32)
+        c = lumc.compile(m, budget="20s", device="sim:h200", reuse_plan=False)
+        assert len(c.program.calls) == 0, (shape, [k.kernel.form for k in c.program.calls])
+        got = c.run({"x": x})
+        for o, ref in zip(outs, onnxruntime_outputs(m, {"x": x})):
+            assert got[o].shape == ref.shape == shape and got[o].dtype == np.float32, o
