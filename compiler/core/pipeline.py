@@ -536,7 +536,9 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         report["fast_math"] = bool(fast_math)   # rewrites that change results were offered
         report["reference_s"] = round(getattr(values, "seconds", 0.0), 3)   # incl. in the stages
         report["why_not"] = why_not(chosen, programs, [program_time_bound(p, target.spec)
-                                                       for p in programs])
+                                                       for p in programs],
+                                    [result.program_times.get(i) for i in range(len(programs))],
+                                    result.time_s)
         report.update(precision_report(policy, quality, weight_stats, report["per_kernel"]))
         return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                              fe.source_onnx, target.torch_device)

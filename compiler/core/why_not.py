@@ -278,9 +278,13 @@ def _in_row_group(program, value, call) -> bool:
     return any(value.id in g and not outs.isdisjoint(g) for g in groups)
 
 
-def why_not(program, candidates: list | None = None, bounds: list | None = None) -> dict:
+def why_not(program, candidates: list | None = None, bounds: list | None = None,
+            times: list | None = None, chosen_time: float | None = None) -> dict:
     """``{"pairs": [...], "candidates": [...]}`` for a chosen ``program`` (see the module
-    docstring); ``candidates``/``bounds``: the e-graph's programs and roofline bounds (seconds)."""
+    docstring); ``candidates``/``bounds``: the e-graph's programs and roofline bounds (seconds);
+    ``times``: each candidate's program time as the search measured it (seconds, the sum of its
+    kernels' best times; None where it was never timed) and ``chosen_time`` the chosen program's
+    (simulated on a ``sim:`` device, as the report's)."""
     notes: dict[int, list[str]] = {}
     for line in program.notes:
         m = _NOTE.match(line)
@@ -336,10 +340,12 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None)
     if candidates and bounds:
         mine = len(program.calls)
         chosen_bound = next((bd for p, bd in zip(candidates, bounds) if p is program), None)
-        for p, bd in zip(candidates, bounds):
+        for i, (p, bd) in enumerate(zip(candidates, bounds)):
             if p is not program and len(p.calls) < mine:
                 cands.append({"label": p.label, "kernels": len(p.calls), "bound_s": bd,
-                              "chosen_bound_s": chosen_bound})
+                              "chosen_bound_s": chosen_bound,
+                              "time_s": times[i] if times is not None else None,
+                              "chosen_time_s": chosen_time})
     # how many candidates were compared (0: none were given, e.g. without the e-graph)
     return {"pairs": pairs, "candidates": cands, "compared": len(candidates or []) if bounds else 0}
 
@@ -358,10 +364,21 @@ def why_not_lines(doc: dict, first: int = 0, last: int | None = None) -> list[st
         out.append(f"candidates: none of the {doc['compared']} e-graph candidates had fewer "
                    "kernels than the chosen program")
     for c in doc.get("candidates", []):
-        cb = c.get("chosen_bound_s")
-        how = "lost on bound" if cb is not None and c["bound_s"] > cb else "lost on time"
-        vs = f" against the chosen {cb * 1e6:.1f} us" if cb is not None else ""
         out.append(f"candidate {c['label']} ({c['kernels']} kernel{'s' * (c['kernels'] != 1)}) "
-                   f"{how}: bound "
-                   f"{c['bound_s'] * 1e6:.1f} us{vs}")
+                   f"{_lost_by(c)}")
     return out
+
+
+def _lost_by(c: dict) -> str:
+    """How a fewer-kernel candidate lost: its measured time against the chosen program's where
+    both were timed, else its bound (a document stored before times were kept has bounds only)."""
+    cb, t, ct = c.get("chosen_bound_s"), c.get("time_s"), c.get("chosen_time_s")
+    bound = f"bound {c['bound_s'] * 1e6:.1f} us" + (
+        f" against the chosen {cb * 1e6:.1f} us" if cb is not None else "")
+    if t is not None and ct is not None:
+        return f"lost on time: {t * 1e6:.1f} us measured against the chosen {ct * 1e6:.1f} us ({bound})"
+    if cb is not None and c["bound_s"] > cb:
+        return f"lost on bound: {bound}"
+    if "time_s" in c:      # stored with times: this one was never timed
+        return f"not timed before the search stopped: {bound}"
+    return f"lost on time: {bound}"

@@ -159,3 +159,50 @@ def test_a_sandwich_norm_written_for_nesting_names_the_norm_reader(tmp_path, mon
     for key, rule in rules.items():
         if key[0] in ("rmsnorm", "layernorm") and key[1] in ("rmsnorm", "layernorm"):
             assert "one deep" in rule, (key, rule)
+
+
+def test_a_fewer_kernel_candidate_names_the_time_it_lost_by(tmp_path, monkeypatch):
+    """A candidate with fewer kernels that the search timed says its measured time against the
+    chosen program's, beside the bounds; one it never timed says so; a document stored before
+    times were kept still reads as before."""
+    from lumc.backends.devices import H200
+    from lumc.compiler.core.fusion import greedy_program
+    from lumc.compiler.core.why_not import why_not, why_not_lines
+    from lumc.compiler.runtime.program import program_time_bound
+    from lumc.ir.library.norm import log_softmax
+    x = Tensor(input_node("x", (64, 1000), dt.f32))
+    g = Graph({"x": x.node}, {"y": log_softmax(x, -1).node})
+    split, fused = greedy_program(g), greedy_program(g, label="greedy+rows", rows=True)
+    assert len(fused.calls) < len(split.calls)
+    bounds = [program_time_bound(p, H200) for p in (split, fused)]
+    assert bounds[1] < bounds[0]
+    doc = why_not(split, [split, fused], bounds, [15.8e-6, 16.4e-6], 15.8e-6)
+    (line,) = [s for s in why_not_lines(doc) if s.startswith("candidate ")]
+    assert line == (f"candidate greedy+rows (1 kernel) lost on time: 16.4 us measured against the "
+                    f"chosen 15.8 us (bound {bounds[1] * 1e6:.1f} us against the chosen "
+                    f"{bounds[0] * 1e6:.1f} us)")
+    doc = why_not(split, [split, fused], bounds, [15.8e-6, None], 15.8e-6)
+    (line,) = [s for s in why_not_lines(doc) if s.startswith("candidate ")]
+    assert line.startswith("candidate greedy+rows (1 kernel) not timed before the search stopped: "
+                           f"bound {bounds[1] * 1e6:.1f} us"), line
+    legacy = {"pairs": [], "compared": 2, "candidates": [
+        {"label": "c", "kernels": 2, "bound_s": 1e-6, "chosen_bound_s": 2e-6}]}
+    assert why_not_lines(legacy) == [
+        "candidate c (2 kernels) lost on time: bound 1.0 us against the chosen 2.0 us"]
+    # a compile stores the times it measured: BERT-base's feed-forward shape (ReLU), where the mlp
+    # form (one kernel) loses to the two contractions (simulated: 31.8 against 27.9 us)
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    x = Tensor(input_node("x", (128, 768), dt.f32))
+    w1, w2 = (Tensor(const_node(rng.standard_normal(s).astype(np.float32)))
+              for s in ((768, 3072), (3072, 768)))
+    cm = compile_graph(Graph({"x": x.node}, {"y": ((x @ w1).maximum(0.0) @ w2).node}),
+                       budget="30s", device="sim:h200")
+    r = cm.report_dict()
+    timed = [c for c in r["why_not"]["candidates"] if c["time_s"] is not None]
+    assert len(cm.program.calls) == 2 and timed, r["why_not"]["candidates"]
+    for c in timed:
+        assert c["chosen_time_s"] == r["best_time_s"] and c["time_s"] > c["chosen_time_s"], c
+        assert any(line.startswith(f"candidate {c['label']} (1 kernel) lost on time: "
+                                   f"{c['time_s'] * 1e6:.1f} us measured")
+                   for line in why_not_lines(r["why_not"]))
