@@ -73,10 +73,13 @@ class Deadline:
     Attributes:
         budget_s: the whole budget in seconds.
         clock: a monotonic clock in seconds (``time.monotonic``; tests pass a fake).
+        doing: what the compile is doing now (``"the search"``), named when the budget runs
+            out (:func:`hard_deadline`); set by the stages.
     """
     budget_s: float
     clock: Callable[[], float] = time.monotonic
     start: float = field(default=-1.0)
+    doing: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self):
         if self.start < 0:
@@ -131,9 +134,11 @@ def hard_deadline(deadline: Deadline, what: str = "the compile") -> Iterator[Non
     try:
         yield
     except _DeadlinePassed:
+        doing = f", in {deadline.doing}," if deadline.doing else ""
         raise BudgetError(f"the budget of {deadline.budget_s:g} s (+{grace_seconds(deadline.budget_s):g}"
-                          f" s grace) ran out after {deadline.elapsed():.1f} s before {what} could "
-                          f"return a program; this graph needs a larger budget ({BUDGET_KNOBS})") from None
+                          f" s grace) ran out after {deadline.elapsed():.1f} s{doing} before {what} "
+                          f"could return a program; this graph needs a larger budget "
+                          f"({BUDGET_KNOBS})") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -199,6 +199,12 @@ def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
                          examples=fe.examples)
 
 
+# what each stage is doing, as a budget error names it ("ran out after 70.0 s, in the search, ...")
+STAGE_TEXT = {"candidates": "the candidate stage (e-graph saturation and extraction)",
+              "reference": "the reference run of the model", "search": "the search",
+              "plan": "the checks of the chosen program"}
+
+
 class Progress:
     """The rich progress display: budget used, candidate counters, best time against its bound."""
 
@@ -219,12 +225,15 @@ class Progress:
             self._task = self._p.add_task("compile", total=budget_s, stage="import", info="")
 
     def stage(self, name: str, deadline: Deadline, info: str = "") -> None:
+        deadline.doing = STAGE_TEXT.get(name, name)     # named if the budget runs out in it
         if self._p is not None:
             self._p.update(self._task, completed=min(deadline.elapsed(), self.budget_s), stage=name,
                            info=info)
 
     def search(self, deadline: Deadline, stats, best: float, bound: float) -> None:
+        doing = f"the search ({stats.measurements} kernel configs measured)"
         if self._p is None:
+            deadline.doing = doing
             return
         unit = "sim" if self.target.simulated else "gpu"
         best_s = f"{best * 1e6:.1f}us" if best != float("inf") else "-"
@@ -237,6 +246,7 @@ class Progress:
             info += (f" | workers {w['busy']} busy {w['idle']} idle, {w['in_flight']} units "
                      "in flight")
         self.stage("search", deadline, info)
+        deadline.doing = doing
 
     def close(self) -> None:
         if self._p is not None:
@@ -487,7 +497,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         chosen = programs[result.candidate]
         ck = keys[result.candidate]
         configs = [measurer.config_of(k, result.configs.get(k, 0)) for k in ck]
-        checked_late = check_untimed(result, ck, measurer, fe.model_name, fe.warnings)
+        checked_late = check_untimed(result, ck, measurer, fe.model_name, fe.warnings, deadline)
         quality = None
         if ref_out is not None:    # reduced precision is never returned unmeasured, even late
             gated, quality = stage_quality(chosen, graph, fe.graph, inputs, ck, configs, measurer,
@@ -549,13 +559,14 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
 
 
 def check_untimed(result: SearchResult, keys: list, measurer: KernelMeasurer, model: str,
-                  warnings: list) -> int:
+                  warnings: list, deadline: Deadline | None = None) -> int:
     """The untimed fallback (nothing was measured within the budget: the best-bound candidate at
     default configs) has its kernels' generated code checked now, past the deadline, within the
     hard deadline's grace (a budget too small for that is a ``BudgetError``): no program is
     returned with kernels nothing ran. A kernel whose code cannot run here (a dtype the Triton
     interpreter lacks: uint2, the fnuz float8s) is named in ``warnings`` as unchecked. Returns how
-    many kernels were checked here (0 when the search measured the program).
+    many kernels were checked here (0 when the search measured the program). ``deadline`` (the
+    compile's) names the checks done and the time they still need, for the budget error.
 
     Raises:
         LumcError: a kernel of the fallback gave wrong values (the search had no time to choose
@@ -566,7 +577,13 @@ def check_untimed(result: SearchResult, keys: list, measurer: KernelMeasurer, mo
     from lumc.ir.errors import LumcError
     measurer.deadline = None          # the hard deadline bounds it
     checked = 0
-    for k in dict.fromkeys(keys):
+    todo = list(dict.fromkeys(keys))
+    t0 = deadline.elapsed() if deadline is not None else 0.0
+    for i, k in enumerate(todo):
+        if deadline is not None and i:   # named if the budget's grace runs out here
+            more = (deadline.elapsed() - t0) / i * (len(todo) - i)
+            deadline.doing = (f"the checks of the untimed fallback program's kernels ({i} of "
+                              f"{len(todo)} done, about {more:.0f} s more needed on this machine)")
         m = measurer(k, result.configs.get(k, 0))
         form = measurer.entries[k].kernel.form
         if m.status == "rejected":

@@ -247,3 +247,36 @@ def test_a_program_below_the_best_time_by_bound_is_tuned_though_not_among_the_to
     r = run_search(cands, {**bounds, "up": 6.0, "down": 6.0}, nconf, measure,
                    Deadline(1000, clock), window=5)
     assert r.candidate == 0 and not any("joins" in line for line in r.stats.log)
+
+
+def test_a_budget_error_names_what_the_compile_was_doing(monkeypatch):
+    """A budget that ran out said only that it ran out. It names the stage now, and in the checks
+    of an untimed fallback program, how many were done and about how long the rest needs (the
+    time per check so far): densenet121's 126 kernels took minutes past a 60 s budget."""
+    import time
+    from types import SimpleNamespace
+    from lumc.compiler.core import budget
+    from lumc.compiler.core.pipeline import check_untimed
+    from lumc.compiler.core.search import Measurement, SearchResult, SearchStats
+    monkeypatch.setattr(budget, "grace_seconds", lambda b: 0.05)
+    d = Deadline(0.01, time.monotonic)
+    d.doing = "the search (12 kernel configs measured)"
+    with pytest.raises(BudgetError, match=r"ran out after [0-9.]+ s, in the search \(12 kernel "
+                                          r"configs measured\), before the test could return"):
+        with budget.hard_deadline(d, "the test"):
+            time.sleep(5)
+    clock = FakeClock()
+    d = Deadline(10.0, clock)
+    seen = []
+
+    def measure(k, ci):           # each check takes 2 s of the fake clock
+        seen.append(d.doing)
+        clock.t += 2.0
+        return Measurement(1e-6)
+    measure.entries = {k: SimpleNamespace(kernel=SimpleNamespace(form="matmul")) for k in "abcd"}
+    measure.deadline = d
+    result = SearchResult(0, {}, None, 1e-6, {}, SearchStats(), {})
+    assert check_untimed(result, list("abcda"), measure, "m", [], d) == 4
+    assert seen[0] == "" and seen[1:] == [
+        f"the checks of the untimed fallback program's kernels ({i} of 4 done, about "
+        f"{2 * (4 - i)} s more needed on this machine)" for i in (1, 2, 3)]
