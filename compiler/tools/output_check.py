@@ -8,7 +8,9 @@ at the same positions; equal infinities are exact.
 
 When lumc and onnxruntime disagree beyond that, both are judged against a float64 evaluation of
 the same graph (the reference executor in float64): the check says which is closer, and passes
-when lumc is within the tolerance of float64 (onnxruntime was the one off).
+when lumc is within the tolerance of float64 (onnxruntime was the one off), or when neither is
+(the output cancels near 0 where its terms do not: a running sum of 40000 floats crossing 0) and
+lumc is the closer, within ``rtol`` of float64 relative to the output's largest magnitude.
 """
 from __future__ import annotations
 
@@ -126,7 +128,16 @@ def judge_by_float64(got: np.ndarray, ort: np.ndarray, f64: np.ndarray, rtol: fl
     closer = "lumc" if ours.max_abs <= theirs.max_abs else "onnxruntime"
     note = (f"vs float64: lumc max_abs {ours.max_abs:.3g}, onnxruntime {theirs.max_abs:.3g}; "
             f"{closer} is closer")
-    return OutputCheck(base.max_abs, base.max_rel, ours.ok, note, base.rtol, base.atol, base.excess)
+    ok = ours.ok
+    if not ok and not theirs.ok and ours.max_abs <= theirs.max_abs and \
+            ours.max_rel <= output_rtol(got.dtype, rtol):
+        # neither meets the per-element rule against float64: the output cancels to near 0 where
+        # its terms do not (a long running sum crossing 0), below what the dtype's arithmetic
+        # resolves; lumc, within rtol of the output's largest magnitude and the closer, passes
+        ok = True
+        note += (f"; neither runtime is within the per-element tolerance of float64 (values "
+                 f"cancelling near 0); lumc's max_rel {ours.max_rel:.3g} vs float64 passes")
+    return OutputCheck(base.max_abs, base.max_rel, ok, note, base.rtol, base.atol, base.excess)
 
 
 def tolerance_note(checks: dict[str, OutputCheck], rtol: float | None, atol: float | None) -> str:

@@ -227,3 +227,27 @@ def test_demo_minilm_check(model_path, record_time):
     assert "(minilm-l3)" in proc.stdout and "check: all 4 outputs match onnxruntime" in proc.stdout
     run_line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("time: "))
     record_time("lumc run minilm-l3 2x16", float(run_line.split("run ")[1].split(" s")[0]))
+
+
+def test_check_passes_a_running_sum_neither_runtime_resolves_where_it_crosses_zero():
+    """A float CumSum over 40000 N(0, 1) values: where the running sum crosses 0 no f32
+    arithmetic is within atol + rtol * |ref| of float64 (its terms are ~200 in size). lumc's
+    blocked scan, closer to float64 than a sequential one, failed --check; it passes now, and a
+    wrong element or a worse run still fails."""
+    from lumc.compiler.tools.output_check import judge_by_float64
+    v = np.random.default_rng(3).standard_normal((1, 40000)).astype(np.float32)
+    f64 = np.cumsum(v.astype(np.float64), axis=1)
+    ort = np.cumsum(v, axis=1, dtype=np.float32)          # sequential, as onnxruntime's
+    blocks = np.cumsum(v.reshape(1, -1, 1000), axis=2, dtype=np.float32)   # a blocked scan
+    carry = np.concatenate([np.zeros((1, 1), np.float32),
+                            np.cumsum(blocks[:, :, -1], axis=1, dtype=np.float32)[:, :-1]], 1)
+    got = (blocks + carry[:, :, None]).reshape(1, -1)
+    assert np.abs(got - f64).max() < np.abs(ort - f64).max()
+    assert not compare_output(got, f64.astype(np.float32)).ok      # the per-element rule fails
+    c = judge_by_float64(got, ort, f64, None, None)
+    assert c.ok and "lumc is closer" in c.note and "cancelling near 0" in c.note, c
+    bad = got.copy()
+    bad[0, 20000] += np.float32(0.05 * np.abs(f64).max())        # one element 5% off
+    assert not judge_by_float64(bad, ort, f64, None, None).ok
+    worse = ort + (ort - f64).astype(np.float32)                 # farther from float64 than ort
+    assert not judge_by_float64(worse, ort, f64, None, None).ok
