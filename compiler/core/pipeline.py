@@ -578,13 +578,17 @@ def check_untimed(result: SearchResult, keys: list, measurer: KernelMeasurer, mo
     measurer.deadline = None          # the hard deadline bounds it
     checked = 0
     todo = list(dict.fromkeys(keys))
-    t0 = deadline.elapsed() if deadline is not None else 0.0
+    ran, ran_s = 0, 0.0          # checks that ran here (not verdicts the tuning database held)
     for i, k in enumerate(todo):
         if deadline is not None and i:   # named if the budget's grace runs out here
-            more = (deadline.elapsed() - t0) / i * (len(todo) - i)
+            more = (f", up to about {ran_s / ran * (len(todo) - i):.0f} s more needed on this "
+                    "machine" if ran else "")
             deadline.doing = (f"the checks of the untimed fallback program's kernels ({i} of "
-                              f"{len(todo)} done, about {more:.0f} s more needed on this machine)")
+                              f"{len(todo)} done{more})")
+        t0 = deadline.elapsed() if deadline is not None else 0.0
         m = measurer(k, result.configs.get(k, 0))
+        if deadline is not None and not m.from_db:
+            ran, ran_s = ran + 1, ran_s + deadline.elapsed() - t0
         form = measurer.entries[k].kernel.form
         if m.status == "rejected":
             raise LumcError(f"{model}: nothing was measured within the budget, and the fallback "
