@@ -315,6 +315,8 @@ def _max_rel_text(r: dict) -> str:
                  else f"{late} kernel{'s' * (late != 1)}")
         return (f"{r['max_rel_error']:.2e} (nothing was measured within the budget: the "
                 f"fallback's {which} checked after it)")
+    if r.get("kernels") == 0:    # every output a constant (empty, or folded): nothing to run
+        return f"{r['max_rel_error']:.2e} (no kernel: every output is a constant)"
     if r.get("candidates_compiled") == 0:
         return "not checked (no candidate compiled within the budget)"
     return f"{r['max_rel_error']:.2e}"

@@ -356,6 +356,10 @@ def test_the_fallbacks_checked_kernels_are_counted_as_distinct_ones():
     assert "15 distinct kernels (of the plan's 57) checked after it" in text, text
     text = _max_rel_text({"max_rel_error": 6.8e-7, "checked_after_budget": 3, "kernels": 3})
     assert "fallback's 3 kernels checked after it" in text, text
+    # a model whose outputs are all constants (empty) has nothing to compile: not "no candidate
+    # compiled within the budget", which read as a budget too small
+    text = _max_rel_text({"max_rel_error": 0.0, "kernels": 0, "candidates_compiled": 0})
+    assert text == "0.00e+00 (no kernel: every output is a constant)", text
 
 
 def test_a_misnamed_input_of_a_range_artifact_is_named_before_its_sizes(ranged, tmp_path):
