@@ -548,7 +548,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         report["why_not"] = why_not(chosen, programs, [program_time_bound(p, target.spec)
                                                        for p in programs],
                                     [result.program_times.get(i) for i in range(len(programs))],
-                                    result.time_s)
+                                    result.time_s, target.simulated)
         report.update(precision_report(policy, quality, weight_stats, report["per_kernel"]))
         return CompiledModel(graph, chosen, configs, target.name, target.simulated, report,
                              fe.source_onnx, target.torch_device)

@@ -279,12 +279,13 @@ def _in_row_group(program, value, call) -> bool:
 
 
 def why_not(program, candidates: list | None = None, bounds: list | None = None,
-            times: list | None = None, chosen_time: float | None = None) -> dict:
+            times: list | None = None, chosen_time: float | None = None,
+            simulated: bool = True) -> dict:
     """``{"pairs": [...], "candidates": [...]}`` for a chosen ``program`` (see the module
     docstring); ``candidates``/``bounds``: the e-graph's programs and roofline bounds (seconds);
     ``times``: each candidate's program time as the search measured it (seconds, the sum of its
-    kernels' best times; None where it was never timed) and ``chosen_time`` the chosen program's
-    (simulated on a ``sim:`` device, as the report's)."""
+    kernels' best times; None where it was never timed) and ``chosen_time`` the chosen program's;
+    ``simulated``: those times come from the simulator (a ``sim:`` device), as the lines say."""
     notes: dict[int, list[str]] = {}
     for line in program.notes:
         m = _NOTE.match(line)
@@ -347,7 +348,8 @@ def why_not(program, candidates: list | None = None, bounds: list | None = None,
                               "time_s": times[i] if times is not None else None,
                               "chosen_time_s": chosen_time})
     # how many candidates were compared (0: none were given, e.g. without the e-graph)
-    return {"pairs": pairs, "candidates": cands, "compared": len(candidates or []) if bounds else 0}
+    return {"pairs": pairs, "candidates": cands, "compared": len(candidates or []) if bounds else 0,
+            "times": "simulated" if simulated else "measured"}
 
 
 def why_not_lines(doc: dict, first: int = 0, last: int | None = None) -> list[str]:
@@ -365,18 +367,19 @@ def why_not_lines(doc: dict, first: int = 0, last: int | None = None) -> list[st
                    "kernels than the chosen program")
     for c in doc.get("candidates", []):
         out.append(f"candidate {c['label']} ({c['kernels']} kernel{'s' * (c['kernels'] != 1)}) "
-                   f"{_lost_by(c)}")
+                   f"{_lost_by(c, doc.get('times', 'measured'))}")
     return out
 
 
-def _lost_by(c: dict) -> str:
+def _lost_by(c: dict, times: str) -> str:
     """How a fewer-kernel candidate lost: its measured time against the chosen program's where
     both were timed, else its bound (a document stored before times were kept has bounds only)."""
     cb, t, ct = c.get("chosen_bound_s"), c.get("time_s"), c.get("chosen_time_s")
     bound = f"bound {c['bound_s'] * 1e6:.1f} us" + (
         f" against the chosen {cb * 1e6:.1f} us" if cb is not None else "")
     if t is not None and ct is not None:
-        return f"lost on time: {t * 1e6:.1f} us measured against the chosen {ct * 1e6:.1f} us ({bound})"
+        return (f"lost on time: {t * 1e6:.1f} us {times} against the chosen {ct * 1e6:.1f} us "
+                f"({bound})")
     if cb is not None and c["bound_s"] > cb:
         return f"lost on bound: {bound}"
     if "time_s" in c:      # stored with times: this one was never timed
