@@ -368,7 +368,9 @@ def largest_value(graph: Graph) -> Node | None:
     """The largest value a reference run of ``graph`` allocates whole, a lower bound of the run's
     peak memory: leaves, views (numpy views), casts (of a broadcast: compact), the products a
     ``SumReduce`` reads whole (one einsum) and a prefix sum's mask (never evaluated) are not
-    counted."""
+    counted. An elementwise value whose operands all broadcast along a dim is counted whole,
+    though the run computes it once along that dim (``_shared_broadcast``): for such a graph the
+    figure can exceed what the run allocates."""
     ex = ReferenceExecutor(graph)
     sized = [n for n in ex.order if n.op not in ("Input", "Constant", "Iota", "View", "Cast")
              and id(n) not in ex._fused_mul and id(n) not in ex._mask_only]
