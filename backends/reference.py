@@ -94,12 +94,14 @@ class ReferenceExecutor:
         if self.dot_operands is not None:
             from lumc.backends.triton.contraction import tensor_core_contractions
             self._dots = {id(c.node) for c in tensor_core_contractions(self.order)}
+        self._scan_products: set[int] = set()   # ids of the products whose mask is skipped
         self._mask_only = self._scan_masks(graph)
 
     def _scan_masks(self, graph: Graph) -> set[int]:
         """Ids of the nodes that only a prefix sum's triangular mask reads (its ``Where``,
         ``LessThan`` and ``Iota`` nodes, ``[L, L]``): ``numpy.cumsum`` never reads them, and
-        evaluating them would allocate ``L^2`` elements (36 GiB of int64 iota at L = 70000)."""
+        evaluating them would allocate ``L^2`` elements (36 GiB of int64 iota at L = 70000).
+        Fills ``_scan_products`` with the fused products that read such a mask."""
         masks: dict[int, Node | None] = {}  # id(fused product) -> its mask, None: read whole
         for n in self.order:
             if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul:
@@ -110,9 +112,10 @@ class ReferenceExecutor:
                     mask = None                # another reduction of the product reads it whole
                 masks[id(n.srcs[0])] = mask
         mask_of: dict[int, int] = {}       # id(mask side) -> its reads by prefix sums' products
-        for mask in masks.values():
+        for product, mask in masks.items():
             if mask is not None:
                 mask_of[id(mask)] = mask_of.get(id(mask), 0) + 1
+                self._scan_products.add(product)
         if not mask_of:
             return set()
         outputs = {id(n) for n in graph.outputs.values()}
@@ -152,8 +155,9 @@ class ReferenceExecutor:
             x = checked_input(n, inputs)
             vals[id(n)] = x.astype(np.float64) if (f64 and n.dtype.is_float) else x
         kept: dict[int, np.ndarray] = {}
-        # a prefix sum's mask is not evaluated, unless a value asked for reads it
-        skip = self._mask_only if not keep & self._mask_only else set()
+        # a prefix sum's mask is not evaluated, unless a value asked for is it or reads it (the
+        # product of a prefix sum, materialized when kept)
+        skip = self._mask_only if not keep & (self._mask_only | self._scan_products) else set()
         for n in self.order:
             if id(n) in vals or (id(n) in self._fused_mul and id(n) not in keep) or id(n) in skip:
                 continue

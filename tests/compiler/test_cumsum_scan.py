@@ -256,3 +256,25 @@ def test_the_torch_replay_of_a_cumsum_is_a_prefix_sum(length, dtype):
     ort = onnxruntime_outputs(m, {"x": x})
     for k, name in enumerate(graph.outputs):
         assert_values(got[k].numpy(), x, k, ort[k], f"torch replay {name}")
+
+
+def test_a_kept_prefix_sum_product_is_evaluated_with_its_mask():
+    """A candidate whose kernel boundary is a prefix sum's product ``mask * v`` asks the reference
+    run to keep it (``run_keeping``): its mask, which the run skips otherwise, is evaluated for
+    it (a KeyError on the skipped mask), and the kept product is the naive ``mask * v``."""
+    from lumc.backends.reference import ReferenceExecutor
+    from lumc.ir.ops import OPS
+    x = inputs(6, np.float32)
+    graph = import_onnx(cumsum_model(x.shape, np.float32), {"x": x.shape}).graph
+    naive = {}
+    for n in graph.nodes():
+        naive[id(n)] = x if n.op == "Input" else OPS[n.op].reference(
+            [naive[id(s)] for s in n.srcs], n.arg)
+    ex = ReferenceExecutor(graph)
+    assert ex._mask_only and ex._fused_mul
+    ort = onnxruntime_outputs(cumsum_model(x.shape, np.float32), {"x": x})
+    for k in ex._fused_mul:       # every product of this graph is a prefix sum's
+        got, kept = ex.run_keeping({"x": x}, {k})
+        np.testing.assert_array_equal(kept[k], naive[k])
+        for j in range(len(NODES)):
+            assert_values(got[f"y{j}"], x, j, ort[j], "kept product")
