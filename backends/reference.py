@@ -18,7 +18,10 @@ real models fast without changing results beyond reassociation:
   channel, took 4 s per kernel of densenet121).
 
 With ``precision="float64"`` every floating tensor is carried in float64 and rounded to its declared
-dtype only at the outputs; use it to measure the rounding error of the native run.
+dtype only at the outputs; use it to measure the rounding error of the native run. With
+``precision="terms"``, the same, with every floating ``SumReduce`` summing its terms' absolute
+values (prefix sums and contractions too, as cheaply): an output's value is the scale of the
+rounding error of its sums, element by element (as :func:`summand_magnitudes`' graph).
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ class ReferenceExecutor:
 
     Args:
         graph: the primitive graph.
-        precision: ``"native"`` (each node in its own dtype) or ``"float64"``.
+        precision: ``"native"`` (each node in its own dtype), ``"float64"`` or ``"terms"``
+            (float64, sums over their terms' absolute values).
         dot_operands: optional ``f(operand, reduced_axes) -> operand`` applied to both operands of
             every tensor-core contraction (``SumReduce(Mul(a, b))`` over a product space with an
             ``M`` or ``N`` dim, :func:`lumc.backends.triton.contraction.tensor_core_contractions`)
@@ -63,8 +67,8 @@ class ReferenceExecutor:
 
     def __init__(self, graph: Graph, precision: str = "native", dot_operands=None,
                  factored: dict | None = None, rounded=()):
-        if precision not in ("native", "float64"):
-            raise ValueError(f"precision must be 'native' or 'float64', got {precision!r}")
+        if precision not in ("native", "float64", "terms"):
+            raise ValueError(f"precision must be 'native', 'float64' or 'terms', got {precision!r}")
         self.graph = graph
         self.precision = precision
         self.dot_operands = dot_operands if precision == "native" else None
@@ -150,7 +154,7 @@ class ReferenceExecutor:
         remaining = dict(self._users)
         for k in keep:
             remaining[k] = remaining.get(k, 0) + 1   # never freed
-        f64 = self.precision == "float64"
+        f64 = self.precision != "native"
         for name, n in self.graph.inputs.items():
             x = checked_input(n, inputs)
             vals[id(n)] = x.astype(np.float64) if (f64 and n.dtype.is_float) else x
@@ -231,13 +235,18 @@ class ReferenceExecutor:
             m = n.srcs[0]
             dots = self.dot_operands if id(n) in self._dots else None
             spec = scan_of(n) if dots is None else None
+            terms = self.precision == "terms" and n.dtype.is_float
             if spec is not None and spec.n > 0:
-                return _prefix_sum(spec, vals[id(spec.operand)], n.dtype, f64)
+                v = vals[id(spec.operand)]
+                return _prefix_sum(spec, _abs(v) if terms else v, n.dtype, f64)
             a, b = (self._factored_operand(s, vals, f64, n.arg) if dots is not None and
-                    id(s) in self.factored else vals[id(s)] for s in m.srcs)
+                    id(s) in self.factored else
+                    _abs(vals[id(s)]) if terms else vals[id(s)] for s in m.srcs)
             rounded = tuple(dots is not None and id(s) in self.factored for s in m.srcs)
             return _einsum_sum_of_product(a, b, n.arg, n.dtype, f64, dots, rounded)
         xs = [vals[id(s)] for s in n.srcs]
+        if n.op == "SumReduce" and self.precision == "terms" and n.dtype.is_float:
+            xs = [_abs(xs[0])]
         if n.op == "Cast":
             # a cast of a broadcast view (a weight expanded over a contraction's product space)
             # converts its distinct elements once and stays a broadcast view
@@ -267,6 +276,13 @@ def _shared_broadcast(xs: list, reduced: set) -> set[int]:
         return set()
     return {d for d, size in enumerate(xs[0].shape)
             if size > 1 and d not in reduced and all(x.strides[d] == 0 for x in xs)}
+
+
+def _abs(x: np.ndarray) -> np.ndarray:
+    """``|x|``, a broadcast (stride-0) view kept one: its distinct elements only."""
+    c, full = _compact_broadcast(x)
+    r = np.abs(c)
+    return r if full is None else np.broadcast_to(r, full)
 
 
 def _compact_broadcast(x: np.ndarray) -> tuple[np.ndarray, tuple | None]:

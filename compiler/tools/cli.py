@@ -178,13 +178,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 
 # the --check judge lives in lumc.compiler.tools.output_check; these names stay importable from here
 from lumc.compiler.tools.output_check import (OutputCheck, _fmt_shape, compare_output,  # noqa: E402,F401
-                                              computed_through,
-                                              run_onnxruntime as _run_onnxruntime,
+                                              computed_through, run_onnxruntime as _run_onnxruntime,
                                               run_onnxruntime_unoptimized as
                                               _run_onnxruntime_unoptimized,
-                                              finish_check, float64_outputs, judge_by_float64,
-                                              output_atol, output_rtol, print_outputs,
-                                              tolerance_note)
+                                              finish_check, float64_outputs, float64_terms,
+                                              judge_by_float64, output_atol, output_rtol,
+                                              print_outputs, tolerance_note)
 
 
 def _check_rtol(ctx, param, value):
@@ -529,7 +528,8 @@ def run_cmd(model, input_pairs, inputs_npz, use_random, seed, shape_items, check
     checks = print_outputs(outputs, _run_onnxruntime(model, inputs) if check else None, rtol,
                            atol, lambda: float64_outputs(imported.graph, inputs),
                            lambda: _run_onnxruntime_unoptimized(model, inputs),
-                           computed_through(imported.graph))
+                           computed_through(imported.graph), terms=lambda: float64_terms(
+                               imported.graph, inputs))
     click.echo(f"time: import {t1 - t0:.3f} s, run {t2 - t1:.3f} s "
                f"({'triton' if backend == 'triton' else 'reference executor'})")
     if out_path:

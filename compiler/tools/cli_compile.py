@@ -570,7 +570,8 @@ def run_artifact(path, arrays, use_random, seed, check, rtol, out_path, backend=
                              None if reduced or by_graph else
                              lambda: c._run_onnxruntime_unoptimized(cm.source_onnx, inputs),
                              None if reduced else c.computed_through(cm.graph),
-                             _ties if how else None)
+                             _ties if how else None,
+                             lambda: c.float64_terms(_judge_graph(cm, reduced, inputs), inputs))
     best = r.get("best_time_s")
     bucket = " (its size bucket's plan, timed at the bucket's largest size)" \
         if getattr(cm, "sized", None) else ""

@@ -113,3 +113,33 @@ def test_work_along_a_dim_every_operand_broadcasts_is_done_once():
     np.testing.assert_array_equal(kept[id(r.node)], np.broadcast_to(want, (1, 64, 8, 5, 5)))
     for v in (kept[id(xc.node)], kept[id(r.node)]):
         assert v.strides[1] == 0
+
+
+@pytest.mark.parametrize("case", ["matmul", "both_broadcast", "conv1d", "shared_mul"])
+def test_terms_precision_sums_absolute_values(case):
+    """``precision="terms"``: every float sum over its terms' absolute values, as the graph of
+    ``summand_magnitudes`` in float64, its contractions still one einsum."""
+    from lumc.backends.reference import summand_magnitudes
+    rng = np.random.default_rng(0)
+    a = Tensor(input_node("a", (3, 4, 5), dt.f32))
+    b = Tensor(input_node("b", (5, 6), dt.f32))
+    if case == "matmul":
+        y = a.reshape((12, 5)).matmul(b).sum(1)
+    elif case == "both_broadcast":
+        x = a.reshape((3, 4, 5, 1)).expand((3, 4, 5, 7))
+        w = b.slice([0], [1], [1]).reshape((1, 1, 5, 1)).expand((3, 4, 5, 7))
+        y = x.mul(w).sum([2, 3])
+    elif case == "conv1d":
+        win = a.pad([(0, 0), (0, 0), (1, 1)]).window(2, 3)
+        k = b.slice([0], [3], [1]).slice([0], [4], [0]).reshape((1, 4, 1, 3)).expand((3, 4, 5, 3))
+        y = win.mul(k).sum([1, 3])
+    else:
+        p = a.mul(a.add(a.scalar_like(-0.5)))          # read by two sums and a max
+        y = p.sum(2).add(p.sum(2)).add(p.max(2))
+    g = Graph({"a": a.node, "b": b.node}, {"y": y.node})
+    ins = {"a": rng.standard_normal((3, 4, 5)).astype(np.float32),
+           "b": rng.standard_normal((5, 6)).astype(np.float32)}
+    got = ReferenceExecutor(g, "terms")(ins)["y"]
+    want = ReferenceExecutor(summand_magnitudes(g), "float64")(ins)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert (got >= np.abs(ReferenceExecutor(g, "float64")(ins)["y"]) - 1e-6).all()

@@ -244,10 +244,46 @@ def test_check_passes_a_running_sum_neither_runtime_resolves_where_it_crosses_ze
     got = (blocks + carry[:, :, None]).reshape(1, -1)
     assert np.abs(got - f64).max() < np.abs(ort - f64).max()
     assert not compare_output(got, f64.astype(np.float32)).ok      # the per-element rule fails
-    c = judge_by_float64(got, ort, f64, None, None)
+    terms = np.cumsum(np.abs(v.astype(np.float64)), axis=1)   # each element's terms' magnitude
+    c = judge_by_float64(got, ort, f64, None, None, terms)
     assert c.ok and "lumc is closer" in c.note and "cancelling near 0" in c.note, c
+    assert not judge_by_float64(got, ort, f64, None, None).ok    # no terms: no leniency
     bad = got.copy()
     bad[0, 20000] += np.float32(0.05 * np.abs(f64).max())        # one element 5% off
-    assert not judge_by_float64(bad, ort, f64, None, None).ok
+    assert not judge_by_float64(bad, ort, f64, None, None, terms).ok
     worse = ort + (ort - f64).astype(np.float32)                 # farther from float64 than ort
-    assert not judge_by_float64(worse, ort, f64, None, None).ok
+    assert not judge_by_float64(worse, ort, f64, None, None, terms).ok
+
+
+def test_check_does_not_lend_a_large_running_sum_its_scale_to_small_rows():
+    """An output with a long running sum crossing 0 (neither runtime within tolerance of float64)
+    beside a row of small values where lumc is off by half: the row's error is below rtol of the
+    output's largest magnitude and below onnxruntime's error in the long row, but far past its
+    own terms' magnitude (the sum of its |terms|), so --check fails; it passed, hiding it.
+    Through ``lumc run``: a CumSum model whose second row is 1e-5 of the first."""
+    from lumc.compiler.tools.output_check import float64_terms, judge_by_float64
+    from lumc.compiler.frontends.onnx_frontend import import_onnx
+    from tests.compiler.test_cumsum_scan import cumsum_model
+    v = np.random.default_rng(4).standard_normal((1, 40000)).astype(np.float32)
+    x = np.concatenate([v, v * np.float32(1e-5)])
+    f64 = np.cumsum(x.astype(np.float64), axis=1)
+    ort = np.cumsum(x, axis=1, dtype=np.float32)
+    blocks = np.cumsum(x.reshape(2, -1, 1000), axis=2, dtype=np.float32)   # a blocked scan
+    carry = np.concatenate([np.zeros((2, 1), np.float32),
+                            np.cumsum(blocks[:, :, -1], axis=1, dtype=np.float32)[:, :-1]], 1)
+    got = (blocks + carry[:, :, None]).reshape(2, -1)
+    graph = import_onnx(cumsum_model(x.shape, np.float32), {"x": x.shape}).graph
+    terms = float64_terms(graph, {"x": x})["y0"]             # the inclusive forward CumSum
+    np.testing.assert_allclose(terms, np.cumsum(np.abs(x.astype(np.float64)), axis=1),
+                               rtol=1e-6)
+    assert judge_by_float64(got, ort, f64, None, None, terms).ok      # the honest blocked scan
+    wrong = got.copy()
+    wrong[1] *= np.float32(0.5)                     # the small row off by half
+    assert np.abs(wrong - f64).max() <= np.abs(ort - f64).max()
+    assert np.abs(wrong - f64).max() <= 1e-4 * np.abs(f64).max()
+    assert not judge_by_float64(wrong, ort, f64, None, None, terms).ok
+    from lumc.compiler.tools.output_check import print_outputs      # as lumc run --check asks
+    for y, ok in ((got, True), (wrong, False)):
+        checks = print_outputs({"y0": y}, {"y0": ort}, None, None, lambda: {"y0": f64},
+                               terms=lambda: float64_terms(graph, {"x": x}))
+        assert checks["y0"].ok is ok, checks
