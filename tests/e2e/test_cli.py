@@ -287,3 +287,21 @@ def test_check_does_not_lend_a_large_running_sum_its_scale_to_small_rows():
         checks = print_outputs({"y0": y}, {"y0": ort}, None, None, lambda: {"y0": f64},
                                terms=lambda: float64_terms(graph, {"x": x}))
         assert checks["y0"].ok is ok, checks
+
+
+def test_check_terms_of_an_index_computed_from_a_float_sum_are_no_error():
+    """The terms run (every sum over |terms|) of an index computed from a float sum can fall
+    outside its table (sum(1, -1) = 0 selects row 0; sum(|1|, |-1|) = 2 is out of [0, 2)):
+    ``float64_terms`` then judges no output by its terms, and --check raises nothing."""
+    from lumc.compiler.tools.output_check import float64_terms
+    from lumc.ir import dtypes as dt
+    from lumc.ir.graph import Graph, const_node, input_node
+    from lumc.ir.tensor import Tensor
+    x = Tensor(input_node("x", (2,), dt.f32))
+    table = Tensor(const_node(np.array([5.0, 7.0], np.float32)))
+    idx = x.sum(0, keepdims=True).cast(dt.i64)
+    y = table._op("Gather", idx, arg=0)
+    g = Graph({"x": x.node}, {"y": y.node})
+    assert float64_terms(g, {"x": np.array([1.0, -1.0], np.float32)}) == {}
+    np.testing.assert_array_equal(
+        float64_terms(g, {"x": np.array([0.25, -0.25], np.float32)})["y"], [5.0])
