@@ -278,3 +278,25 @@ def test_a_kept_prefix_sum_product_is_evaluated_with_its_mask():
         np.testing.assert_array_equal(kept[k], naive[k])
         for j in range(len(NODES)):
             assert_values(got[f"y{j}"], x, j, ort[j], "kept product")
+
+
+def test_an_artifact_whose_output_view_is_larger_than_memory_is_refused(monkeypatch, tmp_path):
+    """The memory check at load skips views (numpy views of a counted value), but not an output:
+    each output is an array of its own, so an Expand of 8 floats to [4096, 8] (128 KiB) is
+    refused on a machine of 100 kB in one line, not run into the OOM killer."""
+    from onnx import numpy_helper
+    from lumc.compiler.runtime import compiled
+    from lumc.ir.errors import ArtifactError
+    f = TensorProto.FLOAT
+    g = helper.make_graph([helper.make_node("Expand", ["x", "s"], ["y"])], "expand",
+                          [helper.make_tensor_value_info("x", f, [1, 8])],
+                          [helper.make_tensor_value_info("y", f, [4096, 8])],
+                          [numpy_helper.from_array(np.array([4096, 8], np.int64), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    lumc.compile(m, budget="20s", device="sim:h200").save(tmp_path / "e.lumc")
+    assert lumc.load(tmp_path / "e.lumc").run({"x": np.ones((1, 8), np.float32)})["y"].shape == \
+        (4096, 8)
+    monkeypatch.setattr(compiled, "memory_bytes", lambda: 10 ** 5)   # under 4096 * 8 * 4
+    with pytest.raises(ArtifactError, match=r"declares a View value of shape \[4096, 8\]"):
+        lumc.load(tmp_path / "e.lumc")
