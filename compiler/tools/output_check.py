@@ -11,7 +11,7 @@ the same graph (the reference executor in float64): the check says which is clos
 when lumc is within the tolerance of float64 (onnxruntime was the one off), or when neither is
 (the output cancels near 0 where its terms do not: a running sum of 40000 floats crossing 0) and
 lumc is the closer, within ``rtol`` of float64 relative to the output's largest magnitude, and
-every element within ``atol + rtol`` times the magnitude of its own sums' terms (float64 with
+each element within ``atol`` plus ``rtol`` times the magnitude of its own sums' terms (float64,
 each sum over absolute values, :func:`float64_terms`): an output mixing scales (a long running
 sum beside rows of small values) does not lend its largest magnitude to its small elements.
 """
@@ -136,7 +136,8 @@ def judge_by_float64(got: np.ndarray, ort: np.ndarray, f64: np.ndarray, rtol: fl
     ok = ours.ok
     if not ok and not theirs.ok and ours.max_abs <= theirs.max_abs and \
             ours.max_rel <= output_rtol(got.dtype, rtol) and \
-            _within_terms(got, f64, terms, output_rtol(got.dtype, rtol), output_atol(got.dtype, atol)):
+            _within_terms(got, f64, terms, output_rtol(got.dtype, rtol),
+                          output_atol(got.dtype, atol)):
         # neither meets the per-element rule against float64: the output cancels to near 0 where
         # its terms do not (a long running sum crossing 0), below what the dtype's arithmetic
         # resolves; lumc, within rtol of the output's largest magnitude and the closer, passes
