@@ -377,6 +377,9 @@ def _lost_by(c: dict, times: str) -> str:
     cb, t, ct = c.get("chosen_bound_s"), c.get("time_s"), c.get("chosen_time_s")
     bound = f"bound {c['bound_s'] * 1e6:.1f} us" + (
         f" against the chosen {cb * 1e6:.1f} us" if cb is not None else "")
+    if t is not None and ct is not None and t < ct:   # the top programs' re-timing (a GPU's)
+        return (f"not chosen: {t * 1e6:.1f} us {times} at its last timing, against the chosen "
+                f"{ct * 1e6:.1f} us when the top 3 were re-timed, which it was not among ({bound})")
     if t is not None and ct is not None:
         return (f"lost on time: {t * 1e6:.1f} us {times} against the chosen {ct * 1e6:.1f} us "
                 f"({bound})")
