@@ -74,6 +74,17 @@ def assert_values(got: np.ndarray, x: np.ndarray, k: int, ort: np.ndarray, path:
         np.testing.assert_array_equal(got, ort, err_msg=f"{path} y{k}")
 
 
+def _plan_and_triton_match(f, m, x) -> None:
+    """The compiled plan's run and its Triton kernels' (interpreter) both match onnxruntime on
+    every output of model ``m``."""
+    ort = onnxruntime_outputs(m, {"x": x})
+    plan = f.run({"x": x})
+    triton = run_program(f.program, {"x": x})
+    for k in range(len(NODES)):
+        assert_values(np.asarray(plan[f"y{k}"]), x, k, ort[k], "plan")
+        assert_values(np.asarray(triton[f"y{k}"]), x, k, ort[k], "triton")
+
+
 @pytest.mark.parametrize("length", [1000, 4097])
 @pytest.mark.parametrize("dtype", [np.int64, np.float32])
 def test_compiled_cumsum_is_a_scan_with_the_values_of_onnxruntime(length, dtype):
@@ -86,12 +97,7 @@ def test_compiled_cumsum_is_a_scan_with_the_values_of_onnxruntime(length, dtype)
                      reuse_plan=False)
     forms = [c.kernel.form for c in f.program.calls]
     assert forms.count("scan") >= len(NODES) and "matmul" not in forms, forms
-    ort = onnxruntime_outputs(m, {"x": x})
-    plan = f.run({"x": x})
-    triton = run_program(f.program, {"x": x})
-    for k in range(len(NODES)):
-        assert_values(np.asarray(plan[f"y{k}"]), x, k, ort[k], "plan")
-        assert_values(np.asarray(triton[f"y{k}"]), x, k, ort[k], "triton")
+    _plan_and_triton_match(f, m, x)
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.float32])
@@ -218,12 +224,7 @@ def test_an_artifact_of_a_cumsum_larger_than_memory_by_its_mask_loads(monkeypatc
     f.save(tmp_path / "c.lumc")
     monkeypatch.setattr(compiled, "memory_bytes", lambda: 10 ** 6)   # under 2048 * 2048 * 8
     g = lumc.load(tmp_path / "c.lumc")
-    ort = onnxruntime_outputs(m, {"x": x})
-    got = g.run({"x": x})
-    triton = run_program(g.program, {"x": x})
-    for k in range(len(NODES)):
-        assert_values(np.asarray(got[f"y{k}"]), x, k, ort[k], "plan")
-        assert_values(np.asarray(triton[f"y{k}"]), x, k, ort[k], "triton")
+    _plan_and_triton_match(g, m, x)
 
 
 def test_a_cumsum_range_is_not_refused_for_a_mask_no_run_forms():
