@@ -2,11 +2,13 @@
 cases (the lowered graph on the reference executor, as ``test_torch_frontend``)."""
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from lumc.compiler.core.torch_compile import compile_module as _compile_module
 from lumc.ir.errors import UnsupportedOpError
@@ -48,6 +50,33 @@ def test_global_pool_of_a_channels_last_input(dtype):
     tol = 1e-6 if dtype == torch.float32 else 2e-3
     assert y.dtype == dtype
     assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_global_pool_of_a_channels_last_input_through_torch_compile(dynamic, tmp_path,
+                                                                    monkeypatch):
+    """torch.compile's functionalization keeps the decomposition's metadata mutation, the in-place
+    ``as_strided_``, which was refused as an unsupported op: a channels_last classifier head or
+    squeeze-excite block failed through ``torch.compile(backend="lumc")``."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.se = SqueezeExcite()
+
+        def forward(self, x):
+            return torch.cat([F.adaptive_avg_pool2d(x, 1).flatten(1), self.se(x).amax((2, 3))], 1)
+    m = Head().eval()
+    f = torch.compile(m, backend="lumc", dynamic=dynamic,
+                      options={"budget": "10s", "device": "sim:h200", "max_size": 16})
+    for shape in ((2, 8, 5, 5), (3, 8, 4, 7)) if dynamic else ((2, 8, 5, 5),):
+        x = torch.randn(shape).to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            y = f(x)
+            ref = copy.deepcopy(m).double()(x.double())
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_as_strided_reads_the_input_storage_in_its_traced_order():

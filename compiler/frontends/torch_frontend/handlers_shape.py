@@ -167,14 +167,17 @@ def _roll(ctx, x, shifts, dims=()):
     return x
 
 
-@aten(*_copies("as_strided.default"), requires=["indexing.take"])
+@aten(*_copies("as_strided.default"), "as_strided_.default", requires=["indexing.take"])
 def _as_strided(ctx, x, size, stride, storage_offset=None):
     """``as_strided`` reads its input's *storage*: PyTorch's decompositions emit it to give a
     result its input's memory format (``adaptive_avg_pool2d`` to 1x1 of a channels_last tensor
-    is ``as_strided(mean, [N, C, 1, 1], [C, 1, C, C])``). The storage offset of each element of
-    the input comes from its strides as traced; the result is the input re-read at the offsets
-    ``size``/``stride`` name: a reshape where that is the input in order, else one gather with a
-    constant index table. Refused where it reads storage the input does not cover."""
+    is ``as_strided(mean, [N, C, 1, 1], [C, 1, C, C])``; through ``torch.compile``, whose
+    functionalization keeps metadata mutations, the in-place ``as_strided_``). The storage offset
+    of each element of the input comes from its strides as traced; the result is the input
+    re-read at the offsets ``size``/``stride`` name: a reshape where that is the input in order,
+    else one gather with a constant index table. Refused where it reads storage the input does
+    not cover, and for ``as_strided_`` that moves elements where a later node reads the input
+    (it would see the new strides)."""
     from lumc.compiler.frontends.torch_frontend.lowering import concrete_int
     val = ctx.node.args[0].meta.get("val") if isinstance(ctx.node.args[0], torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
@@ -206,7 +209,19 @@ def _as_strided(ctx, x, size, stride, storage_offset=None):
     flat = x.reshape((x.numel,))
     if idx.size == x.numel and np.array_equal(idx, np.arange(idx.size)):
         return flat.reshape(size)
+    if ctx.node.target is torch.ops.aten.as_strided_.default and _read_after(ctx.node):
+        raise ctx.unsupported("as_strided_ re-strides a value a later node reads")
     return lib("indexing.take")(flat, Tensor.const(idx), 0).reshape(size)
+
+
+def _read_after(node: torch.fx.Node) -> bool:
+    """Whether a node after ``node`` reads its first argument (an in-place op's ``self``)."""
+    src, seen = node.args[0], False
+    for n in node.graph.nodes:
+        seen = seen or n is node
+        if seen and n is not node and src in n.all_input_nodes:
+            return True
+    return False
 
 
 @aten("constant_pad_nd.default")
