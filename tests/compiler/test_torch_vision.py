@@ -79,6 +79,20 @@ def test_global_pool_of_a_channels_last_input_through_torch_compile(dynamic, tmp
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6)
 
 
+def test_adaptive_max_pool_through_torch_compile(tmp_path, monkeypatch):
+    """make_fx leaves an unread ``getitem`` of adaptive max pooling's indices in the graph, which
+    the check that nothing reads them counted as a reader: ``F.adaptive_max_pool2d`` through
+    ``torch.compile(backend="lumc")`` was refused ("the indices output of adaptive max pooling")."""
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    m = Lambda(lambda x: F.adaptive_max_pool2d(x, (2, 3)) - F.adaptive_max_pool3d(x, (1, 2, 3)))
+    f = torch.compile(m, backend="lumc", options={"budget": "10s", "device": "sim:h200"})
+    x = torch.randn(2, 4, 5, 6)
+    x[0, 1, 4, 5] = float("nan")
+    x[1, 2, 0, 0] = float("inf")
+    torch.testing.assert_close(f(x), m(x), rtol=0, atol=0, equal_nan=True)
+
+
 def test_as_strided_reads_the_input_storage_in_its_traced_order():
     """A transposed read (strides (1, 3) over 12 elements) is a gather; an offset into a sliced
     input counts from the slice's storage; a read past the storage is refused in one line."""

@@ -181,9 +181,11 @@ aten("adaptive_avg_pool1d.default", requires=["indexing.take"])(_adaptive_avg(1)
 
 
 def _indices_unused(node) -> str | None:
-    """Adaptive max pooling is lowered for its values; its indices only where nothing reads them."""
+    """Adaptive max pooling is lowered for its values; its indices only where nothing reads them
+    (``make_fx``, through ``torch.compile``, leaves an unread ``getitem`` of them in the graph)."""
     for u in node.users:
-        if not (u.op == "call_function" and u.target.__name__ == "getitem" and u.args[1] == 0):
+        if not (u.op == "call_function" and u.target.__name__ == "getitem"
+                and (u.args[1] == 0 or not u.users)):
             return "the indices output of adaptive max pooling"
     return None
 
