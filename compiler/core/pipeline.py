@@ -38,6 +38,7 @@ from lumc.compiler.core.reference_values import (MAX_KEPT_BYTES, ReferenceValues
                                                  drawn_inputs_error)
 from lumc.compiler.core.variants import MAX_VARIANTS, compile_variants, size_lists
 from lumc.compiler.core.plan_reuse import _plan_cache_key, _reuse_plan, _store_plan  # noqa: F401
+from lumc.compiler.core.progress import Progress
 from lumc.compiler.core.report import build_report
 from lumc.compiler.core.why_not import why_not
 from lumc.compiler.core.search import SearchResult, run_search
@@ -197,60 +198,6 @@ def example_inputs_for(graph: Graph, fe: Frontend, seed: int = 0) -> dict:
         highs = random_int_highs(index_uses(onnx.load_from_string(fe.source_onnx), shapes))
     return random_inputs(shapes, dtypes, seed=seed, info=fe.known_model, int_high=highs,
                          examples=fe.examples)
-
-
-# what each stage is doing, as a budget error names it ("ran out after 70.0 s, in the search, ...")
-STAGE_TEXT = {"candidates": "the candidate stage (e-graph saturation and extraction)",
-              "reference": "the reference run of the model", "search": "the search",
-              "plan": "the checks of the chosen program"}
-
-
-class Progress:
-    """The rich progress display: budget used, candidate counters, best time against its bound."""
-
-    def __init__(self, budget_s: float, target: Target, quiet: bool):
-        self.quiet = quiet
-        self.budget_s = budget_s
-        self.target = target
-        self._p = None
-        self._task = None
-        self.workers = None     # () -> {count, busy, idle, in_flight} of the search's workers
-        from rich.console import Console
-        if not quiet and Console(stderr=True).is_terminal:    # no display in logs and pipes
-            from rich.progress import BarColumn, Progress as RP, TextColumn, TimeElapsedColumn
-            self._p = RP(TextColumn("[bold]{task.fields[stage]:<11}"), BarColumn(bar_width=24),
-                         TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
-                         console=Console(stderr=True), transient=True)
-            self._p.start()
-            self._task = self._p.add_task("compile", total=budget_s, stage="import", info="")
-
-    def stage(self, name: str, deadline: Deadline, info: str = "") -> None:
-        deadline.doing = STAGE_TEXT.get(name, name)     # named if the budget runs out in it
-        if self._p is not None:
-            self._p.update(self._task, completed=min(deadline.elapsed(), self.budget_s), stage=name,
-                           info=info)
-
-    def search(self, deadline: Deadline, stats, best: float, bound: float) -> None:
-        doing = f"the search ({stats.measurements} kernel configs measured)"
-        if self._p is None:
-            deadline.doing = doing
-            return
-        unit = "sim" if self.target.simulated else "gpu"
-        best_s = f"{best * 1e6:.1f}us" if best != float("inf") else "-"
-        info = (f"programs {stats.programs} pruned {stats.programs_pruned} | (kernel, config) "
-                f"pairs {stats.kernel_configs} pruned {stats.configs_pruned} tried "
-                f"{stats.candidates_compiled} rejected {stats.candidates_rejected} timed "
-                f"{stats.candidates_timed} | best {best_s} ({unit}) bound {bound * 1e6:.1f}us")
-        w = self.workers() if self.workers is not None else None
-        if w is not None:
-            info += (f" | workers {w['busy']} busy {w['idle']} idle, {w['in_flight']} units "
-                     "in flight")
-        self.stage("search", deadline, info)
-        deadline.doing = doing
-
-    def close(self) -> None:
-        if self._p is not None:
-            self._p.stop()
 
 
 # what shapes= and bind= look like, for the error when one is not a dict

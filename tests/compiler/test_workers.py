@@ -286,7 +286,7 @@ def test_torch_entry_points_take_workers(tmp_path, monkeypatch):
 
 def test_progress_shows_workers_busy_idle_and_in_flight():
     from lumc.compiler.core.budget import Deadline
-    from lumc.compiler.core.pipeline import Progress
+    from lumc.compiler.core.progress import Progress
     from lumc.compiler.core.search import SearchStats
     from lumc.compiler.runtime.targets import resolve_target
     p = Progress(10.0, resolve_target("sim:h200"), quiet=True)
