@@ -99,17 +99,22 @@ class ReferenceExecutor:
             from lumc.backends.triton.contraction import tensor_core_contractions
             self._dots = {id(c.node) for c in tensor_core_contractions(self.order)}
         self._scan_products: set[int] = set()   # ids of the products whose mask is skipped
+        self._scans: dict[int, ScanSpec] = {}    # id(SumReduce) -> its prefix sum (scan_of)
         self._mask_only = self._scan_masks(graph)
 
     def _scan_masks(self, graph: Graph) -> set[int]:
         """Ids of the nodes that only a prefix sum's triangular mask reads (its ``Where``,
         ``LessThan`` and ``Iota`` nodes, ``[L, L]``): ``numpy.cumsum`` never reads them, and
         evaluating them would allocate ``L^2`` elements (36 GiB of int64 iota at L = 70000).
-        Fills ``_scan_products`` with the fused products that read such a mask."""
+        Fills ``_scan_products`` with the fused products that read such a mask, and ``_scans``
+        with the prefix sums (:func:`~lumc.backends.scan_structure.scan_of`, once per run's
+        executor, not per evaluation)."""
         masks: dict[int, Node | None] = {}  # id(fused product) -> its mask, None: read whole
         for n in self.order:
             if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul:
                 spec = scan_of(n) if id(n) not in self._dots else None
+                if spec is not None and spec.n > 0:
+                    self._scans[id(n)] = spec
                 mask = None if spec is None or spec.n == 0 else next(
                     s for s in n.srcs[0].srcs if s is not spec.operand)
                 if masks.get(id(n.srcs[0]), mask) is not mask:
@@ -234,9 +239,9 @@ class ReferenceExecutor:
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             dots = self.dot_operands if id(n) in self._dots else None
-            spec = scan_of(n) if dots is None else None
+            spec = self._scans.get(id(n))      # None where a tensor-core contraction (dots)
             terms = self.precision == "terms" and n.dtype.is_float
-            if spec is not None and spec.n > 0:
+            if spec is not None:
                 v = vals[id(spec.operand)]
                 return _prefix_sum(spec, _abs(v) if terms else v, n.dtype, f64)
             a, b = (self._factored_operand(s, vals, f64, n.arg) if dots is not None and
