@@ -85,9 +85,11 @@ def output_atol(dtype: np.dtype, atol: float | None) -> float:
 
 
 def compare_output(got: np.ndarray, ref: np.ndarray, rtol: float | None = None,
-                   atol: float | None = None) -> OutputCheck:
+                   atol: float | None = None, magnitude: np.ndarray | None = None) -> OutputCheck:
     """Compare one output with a reference (see the module docstring); None tolerances take the
-    output dtype's defaults (:func:`output_rtol`, :func:`output_atol`)."""
+    output dtype's defaults (:func:`output_rtol`, :func:`output_atol`). ``magnitude``: what
+    ``rtol`` scales per element instead of ``|ref|`` (the terms of its sums, :func:`float64_terms`;
+    the shape of ``ref``)."""
     if got.shape != ref.shape:
         return OutputCheck(np.inf, np.inf, False, f"shape {got.shape} != onnxruntime {ref.shape}")
     if got.dtype != ref.dtype:
@@ -109,7 +111,8 @@ def compare_output(got: np.ndarray, ref: np.ndarray, rtol: float | None = None,
         return OutputCheck(max_abs, max_abs / scale, max_abs == 0, rtol=0.0, atol=0.0,
                            excess=np.inf if max_abs else 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
-        allowed = atol + rtol * np.where(np.isfinite(b), np.abs(b), 0.0)
+        m = np.abs(b) if magnitude is None else np.abs(np.asarray(magnitude, np.float64))
+        allowed = atol + rtol * np.where(np.isfinite(m), m, 0.0)
         ratio = np.where(same, 0.0, diff / np.maximum(allowed, 1e-300))
     excess = float(ratio.max())
     return OutputCheck(max_abs, max_abs / scale, excess <= 1.0, rtol=rtol, atol=atol, excess=excess)
@@ -136,8 +139,9 @@ def judge_by_float64(got: np.ndarray, ort: np.ndarray, f64: np.ndarray, rtol: fl
     ok = ours.ok
     if not ok and not theirs.ok and ours.max_abs <= theirs.max_abs and \
             ours.max_rel <= output_rtol(got.dtype, rtol) and \
-            _within_terms(got, f64, terms, output_rtol(got.dtype, rtol),
-                          output_atol(got.dtype, atol)):
+            terms is not None and np.shape(terms) == got.shape and \
+            compare_output(got.astype(np.float64), f64, output_rtol(got.dtype, rtol),
+                           output_atol(got.dtype, atol), magnitude=terms).ok:
         # neither meets the per-element rule against float64: the output cancels to near 0 where
         # its terms do not (a long running sum crossing 0), below what the dtype's arithmetic
         # resolves; lumc, within rtol of the output's largest magnitude and the closer, passes
@@ -146,20 +150,6 @@ def judge_by_float64(got: np.ndarray, ort: np.ndarray, f64: np.ndarray, rtol: fl
                  f"cancelling near 0); lumc's max_rel {ours.max_rel:.3g} vs float64, and each "
                  f"element within rtol of its terms' magnitude, passes")
     return OutputCheck(base.max_abs, base.max_rel, ok, note, base.rtol, base.atol, base.excess)
-
-
-def _within_terms(got: np.ndarray, f64: np.ndarray, terms, rtol: float, atol: float) -> bool:
-    """Every element of ``got`` within ``atol + rtol * |terms|`` of ``f64`` (``terms``: the
-    magnitudes of its sums' terms, :func:`float64_terms`; None: no element is); equal values,
-    NaN at NaN included, are exact."""
-    if terms is None or np.shape(terms) != got.shape:
-        return False
-    a = got.astype(np.float64)
-    t = np.abs(np.asarray(terms, np.float64))
-    with np.errstate(invalid="ignore", over="ignore"):
-        same = (a == f64) | (np.isnan(a) & np.isnan(f64))
-        diff = np.where(same, 0.0, np.abs(a - f64))
-        return bool((diff <= atol + rtol * np.where(np.isfinite(t), t, 0.0)).all())
 
 
 def tolerance_note(checks: dict[str, OutputCheck], rtol: float | None, atol: float | None) -> str:
