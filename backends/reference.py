@@ -16,6 +16,9 @@ real models fast without changing results beyond reassociation:
   (stride 0) is computed once along it and returned as a broadcast view: the same bits, without
   the work (a BatchNorm + ReLU written over a convolution's product space, recomputed per output
   channel, took 4 s per kernel of densenet121).
+* The mean of a LayerNorm's statistics pair (``lumc.backends.row_moments``: ``SumReduce(x) *
+  (1/L)`` whose squared deviations are summed too) is the mean on shifted data, as the kernels
+  compute it: exact on a constant row (not with ``precision="terms"``, which sums magnitudes).
 
 With ``precision="float64"`` every floating tensor is carried in float64 and rounded to its declared
 dtype only at the outputs; use it to measure the rounding error of the native run. With
@@ -29,6 +32,7 @@ import string
 
 import numpy as np
 
+from lumc.backends.row_moments import find_moments, shifted_mean
 from lumc.backends.scan_structure import ScanSpec, scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError
@@ -101,6 +105,8 @@ class ReferenceExecutor:
         self._scan_products: set[int] = set()   # ids of the products whose mask is skipped
         self._scans: dict[int, ScanSpec] = {}    # id(SumReduce) -> its prefix sum (scan_of)
         self._mask_only = self._scan_masks(graph)
+        self._means = {} if precision == "terms" else {
+            id(m.mean): m for m in find_moments([n for n in self.order if n.op == "SumReduce"])}
 
     def _scan_masks(self, graph: Graph) -> set[int]:
         """Ids of the nodes that only a prefix sum's triangular mask reads (its ``Where``,
@@ -236,6 +242,10 @@ class ReferenceExecutor:
 
     def _eval(self, n: Node, vals, f64: bool, force: bool = False) -> np.ndarray:
         row = OPS[n.op]
+        if id(n) in self._means:
+            s1 = self._means[id(n)].s1
+            return shifted_mean(vals[id(s1.srcs[0])], tuple(s1.arg),
+                                np.float64 if f64 else n.dtype.np)
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             dots = self.dot_operands if id(n) in self._dots else None

@@ -19,13 +19,38 @@ the pairwise update of Chan, Golub & LeVeque ("Algorithms for computing the samp
 then ``s1 = mean * L`` and ``s2 = M``. The values are the reference's up to rounding (the
 ``reassociating`` class of DESIGN.md); the update is as stable as the two-pass formula (it never
 subtracts two large sums of squares). Only the exact shape above pairs: a scale ``c`` other than
-``1/L`` (fp32-rounded) or another spelling keeps its two loops.
+``1/L`` (rounded to the statistics' dtype) or another spelling keeps its two loops.
+
+**The mean of a pair is computed on shifted data** (Chan, Golub & LeVeque, section 3, "shifted
+data"; the same paper): ``m = K0 + sum(X - K0) / L`` for a shift ``K0`` near the mean. The spelling
+``s1 * fl(1/L)`` rounds twice away from the mean (the sum to ``fl(L * c)``, then the product by a
+rounded ``1/L``), so a constant row of ``c = -3.7`` got ``m - c ~ 1e-7 * c``, and with BERT's
+``eps = 1e-12`` its normalized values ``(x - m) / sqrt(var + eps)`` came out near 0.4 where eager's
+Welford mean gives 0 exactly. With ``K0`` within an ulp or two of ``c``, every ``X - K0`` is exact
+(Sterbenz's lemma), their sum is exact, and ``m == c``. Kernels (``lumc.backends.triton.chan``)
+take ``K0`` = the mean of the row's first chunk (the whole row in a one-pass kernel: a corrected
+two-pass mean), and the result is within an ulp of the correctly rounded mean otherwise too. The
+reference executor (:func:`shifted_mean`) sums in float64 from ``K0`` = the row's first element,
+exact for float32 rows, so the check compares like with like. The sum ``s1`` keeps its spelling.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import ml_dtypes
 import numpy as np
 
 from lumc.ir.graph import Node
+
+
+@dataclass(frozen=True)
+class Moments:
+    """A recognized pair: ``s1 = SumReduce(x)``, ``mean = s1 * (1/L)`` and ``s2 = SumReduce(d * d)``,
+    ``d = x - broadcast(mean)``, over ``length`` elements per row."""
+    s1: Node
+    s2: Node
+    mean: Node
+    length: int
 
 
 def _scalar_value(x: Node) -> float | None:
@@ -78,8 +103,13 @@ def _centered(d: Node, xnode: Node) -> Node | None:
 
 
 def moment_pairs(stats: list[Node]) -> dict[Node, Node]:
-    """``{s1: s2}`` for the statistics (reductions over one row shape, topological) that are a
-    sum and a sum of squared deviations from the mean it gives (see the module docstring)."""
+    """``{s1: s2}`` of :func:`find_moments`."""
+    return {m.s1: m.s2 for m in find_moments(stats)}
+
+
+def find_moments(stats: list[Node]) -> list[Moments]:
+    """The pairs among ``stats`` (reductions, topological; other nodes are skipped) that are a sum
+    and a sum of squared deviations from the mean it gives (see the module docstring)."""
     sums = {}
     for s in stats:
         if s.op != "SumReduce":
@@ -87,22 +117,42 @@ def moment_pairs(stats: list[Node]) -> dict[Node, Node]:
         src = s.srcs[0]
         length = int(np.prod([src.shape[a] for a in s.arg])) if s.arg else 1
         sums[s] = length
-    pairs: dict[Node, Node] = {}
+    pairs: list[Moments] = []
     taken: set[int] = set()
     for s2 in stats:
         sq = s2.srcs[0]
         if s2 not in sums or sq.op != "Mul" or sq.srcs[0] is not sq.srcs[1]:
             continue
         for s1, length in sums.items():
-            if s1 is s2 or id(s1) in taken or sums[s2] != length or length == 0:
+            if (s1 is s2 or id(s1) in taken or sums[s2] != length or length == 0
+                    or tuple(s1.arg) != tuple(s2.arg)):
                 continue
             m = _centered(sq.srcs[0], s1.srcs[0])
             scaled = _scaled(m) if m is not None else None
             if scaled is None or scaled[0] is not s1:
                 continue
-            if np.float32(scaled[1]) != np.float32(1.0 / length):
+            # c is 1/L rounded to the statistics' dtype (an f16 form's means stay f16)
+            if abs(scaled[1] * length - 1.0) > 2 * float(ml_dtypes.finfo(s2.dtype.np).eps):
                 continue
-            pairs[s1] = s2
+            pairs.append(Moments(s1, s2, m, length))
             taken.add(id(s1))
             break
     return pairs
+
+
+def shifted_mean(x: np.ndarray, axes: tuple[int, ...], out: np.dtype) -> np.ndarray:
+    """The mean of ``x`` over ``axes`` (kept as size-1 dims) on shifted data: ``K0 + sum(x - K0) /
+    L`` with ``K0`` the first element along ``axes`` (0 where not finite), summed in float64 and
+    rounded once to ``out``: the correctly rounded mean of a float32 row up to float64's rounding,
+    exact on a constant row of any float dtype; a row holding inf or NaN gives the plain mean's
+    inf or NaN.
+
+    Args:
+        x: float array (float32 or float64); ``axes`` non-empty, of total length ``L >= 1``.
+    """
+    first = x[tuple(slice(0, 1) if d in axes else slice(None) for d in range(x.ndim))]
+    with np.errstate(all="ignore"):
+        k0 = np.where(np.isfinite(first), first, 0).astype(np.float64)
+        length = int(np.prod([x.shape[a] for a in axes]))
+        m = k0 + np.sum(x.astype(np.float64) - k0, axis=axes, keepdims=True) / length
+        return m.astype(out)

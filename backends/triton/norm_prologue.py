@@ -34,8 +34,9 @@ from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View, contiguous_strides, prod
 from lumc.ir.movement import compose_views
-from lumc.backends.row_moments import moment_pairs
+from lumc.backends.row_moments import Moments, find_moments
 from lumc.backends.triton import exprs
+from lumc.backends.triton.chan import ChanLoop, first_chunk_shift
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter
 from lumc.backends.triton.contraction import Contraction
 from lumc.backends.triton.indexing import unravel
@@ -211,11 +212,11 @@ class RowStatistics:
         """One loop per statistic over the row length ``K`` in ``block`` chunks, before the main
         loop (level 0)."""
         w, ev = self.w, self.ev
-        pairs = moment_pairs(self.plan.stats)
-        second = set(pairs.values())
+        pairs = {m.s1: m for m in find_moments(self.plan.stats)}
+        second = {m.s2 for m in pairs.values()}
         for r in self.plan.stats:
             if r in pairs:
-                self._emit_moments(r, pairs[r], K, i64, block)
+                self._emit_moments(pairs[r], K, i64, block)
                 continue
             if r in second:
                 continue
@@ -238,33 +239,26 @@ class RowStatistics:
                 name = w.bind(f"{name}.to({exprs.tl_dtype(r.dtype)})", "stat", 0)
             self.vars[r] = name
 
-    def _emit_moments(self, s1: Node, s2: Node, K: int | str, i64: str, block: str) -> None:
-        """``s1`` (the row sum) and ``s2`` (the sum of squared deviations from its mean) in one loop
-        over the row: each chunk's mean and squared deviations, merged into the row's running
-        values by Chan's pairwise update (``lumc.backends.row_moments``)."""
+    def _emit_moments(self, mo: Moments, K: int | str, i64: str, block: str) -> None:
+        """``mo.s1`` (the row sum), ``mo.s2`` (the sum of squared deviations) and ``mo.mean`` in one
+        loop over the row, on data shifted by the mean of its first chunk (``chan.ChanLoop``)."""
         w, ev = self.w, self.ev
-        mean, m2, cnt = w.fresh("mom_mean"), w.fresh("mom_m2"), w.fresh("mom_n")
-        for v in (mean, m2, cnt):
-            w.line(f"{v} = tl.zeros([BLOCK_M, 1], tl.float32)")
+        x_node = mo.s1.srcs[0]
+        # the first chunk under names of its own (``rs``/``s_mask`` are rebound per chunk)
+        rs, mask = w.fresh("rs_first"), w.fresh("s_mask_first")
+        w.line(f"{rs} = tl.arange(0, {block}){i64}", 0)
+        w.line(f"{mask} = {rs}[None, :] < {K}", 0)
+        first = ev.value(x_node, self.p_index(f"{rs}[None, :]", "skf", 0), mask, 0)
+        first = w.bind(f"tl.where({mask}, {first}.to(tl.float32), 0.0)", "t", 0)
+        loop = ChanLoop(w, "tl.float32", True, first_chunk_shift(w, first, mask, "tl.float32", True))
         w.open(f"for s_start in range(0, {K}, {block}):")
         w.line(f"rs = (s_start + tl.arange(0, {block})){i64}")
         w.line(f"s_mask = rs[None, :] < {K}")
-        x = ev.value(s1.srcs[0], self.p_index("rs[None, :]", "sk", 1), "s_mask", 1)
-        x = w.bind(f"tl.where(s_mask, {x}.to(tl.float32), 0.0)", "t", 1)
-        nb = w.bind("tl.sum(s_mask.to(tl.float32), axis=1)[:, None]", "t", 1)
-        mb = w.bind(f"tl.sum({x}, axis=1)[:, None] / {nb}", "t", 1)
-        d = w.bind(f"tl.where(s_mask, {x} - {mb}, 0.0)", "t", 1)
-        mb2 = w.bind(f"tl.sum({d} * {d}, axis=1)[:, None]", "t", 1)
-        n = w.bind(f"{cnt} + {nb}", "t", 1)
-        delta = w.bind(f"{mb} - {mean}", "t", 1)
-        w.line(f"{mean} = {mean} + {delta} * ({nb} / {n})")
-        # the first chunk (no running count) adds no cross term: 0 * delta^2 would be NaN for a
-        # row whose squares overflow (|x| > 1.8e19), where the two-pass variance is +inf
-        w.line(f"{m2} = {m2} + {mb2} + tl.where({cnt} > 0, {delta} * {delta} * ({cnt} * {nb} / {n}), "
-               "0.0)")
-        w.line(f"{cnt} = {n}")
+        x = ev.value(x_node, self.p_index("rs[None, :]", "sk", 1), "s_mask", 1)
+        loop.update(w.bind(f"tl.where(s_mask, {x}.to(tl.float32), 0.0)", "t", 1), "s_mask")
         w.close()
-        for r, expr in ((s1, f"{mean} * {K}"), (s2, m2)):
+        mean = loop.row_mean()
+        for r, expr in ((mo.s1, f"{mean} * {K}"), (mo.s2, loop.m2), (mo.mean, mean)):
             name = w.bind(expr if r.dtype.name == "f32" else
                           f"({expr}).to({exprs.tl_dtype(r.dtype)})", "stat", 0)
             self.vars[r] = name

@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import ml_dtypes
-
 from lumc.ir.graph import Node
+from lumc.backends.row_moments import Moments, find_moments
 from lumc.backends.triton import exprs
+from lumc.backends.triton.chan import ChanLoop, first_chunk_shift, quotient
 from lumc.backends.triton.rowplan import RowPlan
 
 
@@ -108,47 +108,51 @@ class OnlineSoftmax:
 
 @dataclass
 class ChanMoments:
-    """``s1 = SumReduce(x)``, ``s2 = SumReduce(d * d)`` with ``d = x - bcast(s1 * (1/K))``."""
-    s1: Node
-    s2: Node
+    """``s1 = SumReduce(x)``, ``s2 = SumReduce(d * d)`` with ``d = x - bcast(mean)``, ``mean = s1 *
+    (1/K)``, in one loop (``lumc.backends.row_moments``); the mean on data shifted by the row's
+    first element (``chan.ChanLoop``), ``s1`` Kahan-summed as ``loop_reduce`` sums."""
+    mo: Moments
 
     @property
     def covers(self) -> set[Node]:
-        return {self.s1, self.s2}
+        return {self.mo.s1, self.mo.s2}
 
     def write(self, rk) -> None:
         w = rk.w
-        ad = exprs.tl_dtype(_acc(self.s1))
-        K = rk.plan.K
-        w.line("# Chan/Welford: running sum, mean and centered sum of squares")
+        s1 = self.mo.s1
+        ad = exprs.tl_dtype(_acc(s1))
+        w.line("# Chan/Welford: running mean and centered sum of squares of x - shift, sum of x")
+        first, first_mask = rk.first_chunk(s1.srcs[0])
+        first = w.bind(f"tl.where({first_mask}, {first}.to({ad}), 0.0)", "a", 0)
+        loop = ChanLoop(w, ad, False, first_chunk_shift(w, first, first_mask, ad, False))
         w.line(f"sum_run = tl.zeros([BLOCK_M], {ad})")
-        w.line(f"mean_run = tl.zeros([BLOCK_M], {ad})")
-        w.line(f"m2_run = tl.zeros([BLOCK_M], {ad})")
-        w.line(f"n_run = tl.zeros([BLOCK_M], {ad})")
         w.line(f"sum_comp = tl.zeros([BLOCK_M], {ad})     # Kahan compensation of sum_run")
-        w.open(f"for k_start in range(0, {K}, BLOCK_K):")
+        w.open(f"for k_start in range(0, {rk.plan.K}, BLOCK_K):")
         rk.setup_k("k_start")
-        x = rk.ev.value(self.s1.srcs[0], rk.full_idx, rk.mask2, 1)
+        x = rk.ev.value(s1.srcs[0], rk.full_idx, rk.mask2, 1)
         x = w.bind(f"tl.where(mask2, {x}.to({ad}), 0.0)", "a", 1)
-        w.line(f"n_blk = tl.sum(tl.where(mask2, 1.0, 0.0).to({ad}), axis=1)")
-        w.line(f"b_sum = tl.sum({x}, axis=1)")
-        w.line("b_mean = b_sum / n_blk")
-        w.line(f"b_dev = tl.where(mask2, {x} - b_mean[:, None], 0.0)")
-        w.line("b_m2 = tl.sum(b_dev * b_dev, axis=1)")
-        w.line("delta = b_mean - mean_run")
-        w.line("n_new = n_run + n_blk")
-        w.line("mean_run = mean_run + delta * (n_blk / n_new)")
-        # no cross term for the first block: 0 * delta^2 is NaN where the squares overflow
-        w.line("m2_run = m2_run + b_m2 + tl.where(n_run > 0, delta * delta * (n_run * n_blk / n_new), "
-               "0.0)")
-        w.line("sum_y = b_sum - sum_comp")
+        loop.update(x, "mask2")
+        w.line(f"sum_y = tl.sum({x}, axis=1) - sum_comp")
         w.line("sum_t = sum_run + sum_y")
         w.line("sum_comp = tl.where(tl.abs(sum_t) < float('inf'), (sum_t - sum_run) - sum_y, 0.0)")
         w.line("sum_run = sum_t")
-        w.line("n_run = n_new")
         w.close()
-        rk.finish(self.s1, "sum_run")
-        rk.finish(self.s2, "m2_run")
+        rk.finish(s1, "sum_run")
+        rk.finish(self.mo.s2, loop.m2)
+        rk.finish_value(self.mo.mean, loop.row_mean())
+
+
+def one_pass_mean(rk, mo: Moments) -> None:
+    """The mean of a moments pair in a one-pass row kernel (the whole row in one tile), bound
+    before the sum of squared deviations that reads it: the row's mean ``K0`` corrected by the mean
+    of ``x - K0`` (``lumc.backends.row_moments``; exact on a constant row)."""
+    w = rk.w
+    ad = exprs.tl_dtype(_acc(mo.s1))
+    x = rk.operand_tile(mo.s1, 0)
+    shift = first_chunk_shift(w, x, "mask2", ad, False)
+    y = w.bind(f"tl.where(mask2, {x} - {shift}[:, None], 0.0)", "a", 0)
+    q = quotient(f"tl.sum({y}, axis=1)", f"tl.full([], {mo.length}, {ad})", ad)
+    rk.finish_value(mo.mean, w.bind(f"{shift} + {q}", "a", 0))
 
 
 def _acc(r: Node):
@@ -177,37 +181,26 @@ def _match_softmax(s: Node, plan: RowPlan):
     return OnlineSoftmax(m, s, bcast, c)
 
 
-def _match_moments(s2: Node, plan: RowPlan):
-    if s2.op != "SumReduce" or not s2.dtype.is_float:
-        return None
-    sq = s2.srcs[0]
-    if sq.op != "Mul" or sq.srcs[0] is not sq.srcs[1]:
-        return None
-    xm = _split_minus_row(sq.srcs[0], plan)
-    if xm is None:
-        return None
-    x, mu, _ = xm
-    sc = _split_scaled(mu)
-    if sc is None:
-        return None
-    s1, c0 = sc
-    if s1.op != "SumReduce" or s1.srcs[0] is not x or s1.dtype != s2.dtype:
-        return None
-    # c0 is 1/K rounded to the statistics' dtype: mu differs from the exact mean by an ulp, which
-    # changes the centered sum of squares only at second order
-    if abs(c0 * plan.K - 1.0) > 2 * float(ml_dtypes.finfo(s2.dtype.np).eps):
-        return None
-    return ChanMoments(s1, s2)
+def pair_moments(plan: RowPlan) -> dict[Node, Moments]:
+    """``{s1: pair}`` for the moments pairs among the plan's reductions whose mean the row kernel
+    reads as a row value (``lumc.backends.row_moments.find_moments``)."""
+    out = {}
+    for mo in find_moments(plan.reduces):
+        if (mo.s2 in plan.reduces and plan.kind.get(mo.mean) == "row" and mo.s1.dtype.is_float
+                and mo.s1.dtype == mo.s2.dtype):
+            out[mo.s1] = mo
+    return out
 
 
 def find_online_merges(plan: RowPlan) -> dict[Node, object]:
     """``{reduction: merge}`` for every pair of reductions an online form can compute together
     (each merge listed under both of its reductions)."""
     out: dict[Node, object] = {}
+    moments = pair_moments(plan)
     for r in plan.reduces:
         if r in out:
             continue
-        merge = _match_softmax(r, plan) or _match_moments(r, plan)
+        merge = _match_softmax(r, plan) or (ChanMoments(moments[r]) if r in moments else None)
         if merge is None:
             continue
         if any(c in out for c in merge.covers):

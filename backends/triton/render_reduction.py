@@ -141,6 +141,24 @@ class RowKernel:
         v = acc if acc_dtype(r) == r.dtype else f"{acc}.to({exprs.tl_dtype(r.dtype)})"
         self.row_vals[r] = self.w.bind(v, "red", 0)
 
+    def finish_value(self, n: Node, value: str) -> None:
+        """Bind a row value the kernel computes itself (a moments pair's shifted mean), read in
+        place of ``n``'s own expression."""
+        v = value if acc_dtype(n) == n.dtype else f"{value}.to({exprs.tl_dtype(n.dtype)})"
+        self.row_vals[n] = self.w.bind(v, "red", 0)
+
+    def first_chunk(self, x: Node) -> tuple[str, str]:
+        """``(tile, mask)``: ``x`` (of the plan's shape) over each row's first ``BLOCK_K``
+        positions, at level 0, under index names of its own (the loop's ``rk``/``mask2`` are
+        rebound per chunk, and a level-0 value under those names would be reused inside it)."""
+        w, plan = self.w, self.plan
+        rk, mask = w.fresh("rk_first"), w.fresh("mask_first")
+        w.line(f"{rk} = tl.arange(0, BLOCK_K)" + (".to(tl.int64)" if self.big else ""), 0)
+        w.line(f"{mask} = rmask2 & ({rk}[None, :] < {plan.K})", 0)
+        red = [e if e == "0" else w.bind(e, "k", 0)
+               for e in unravel(f"{rk}[None, :]", plan.red_shape)]
+        return self.ev.value(x, self._merge(self._kept2, red), mask, 0), mask
+
     def loop_reduce(self, r: Node) -> None:
         acc = self.w.fresh("acc")
         ad = acc_dtype(r)
@@ -206,8 +224,12 @@ class RowKernel:
         self.setup_rows()
         self.setup_k("0")
         self.prologue_statistics()
+        from lumc.backends.triton.render_norm import one_pass_mean, pair_moments
+        moments = pair_moments(self.plan)
         for r in self.plan.reduces:
             self.finish(r, self.reduce_tile(r, self.operand_tile(r, 0)))
+            if r in moments:
+                one_pass_mean(self, moments[r])
         self.store_outputs(("full",), 0)
         self.store_outputs(("row",), 0)
 
