@@ -119,3 +119,78 @@ def test_rows_whose_squares_overflow_are_not_nan():
         got = to_numpy(tk(*args(x), config=cfg)[0])
         assert not np.isnan(got).any(), np.argwhere(np.isnan(got))[:, 0]
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+# ---- constant rows: the mean on shifted data ------------------------------------------------------
+def _constant_rows(rows: int, k: int, rng) -> np.ndarray:
+    """Row 0 random; every other row one value ``c`` of random sign and magnitude (1e-3 to 1e6):
+    ``fl(k * c) * fl(1/k)`` misses ``c`` for a third of them at ``k = 768``."""
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    c = rng.standard_normal(rows) * 10.0 ** rng.uniform(-3, 6, rows)
+    x[1:] = c[1:, None].astype(np.float32)
+    return x
+
+
+def _ln_kernel(rows: int, k: int):
+    from triton_cases import make_kernel
+    return make_kernel("layernorm", lambda x: norm.layer_norm(x, _ones(k), epsilon=1e-12)[0],
+                       [((rows, k), dt.f32)])
+
+
+@pytest.mark.parametrize("k,block_k", [(768, None), (40, 16), (1023, 256)])
+def test_layer_norm_of_a_constant_row_is_zero(k, block_k):
+    """A constant row has mean ``c`` and variance 0, so LayerNorm gives 0 (eager's Welford mean
+    is ``c`` exactly). The mean spelt ``sum * fl(1/k)`` is ``c`` only up to an ulp, and with
+    BERT's ``eps = 1e-12`` the ulp became outputs up to 1.0 (row kernel one-pass and looped)."""
+    rng = np.random.default_rng(k)
+    kernel = _ln_kernel(12, k)
+    x = _constant_rows(12, k, rng)
+    feed = {"in0": x}
+    for precision in ("native", "float64"):
+        ref = ReferenceExecutor(kernel.meaning, precision)(feed)["out0"]
+        np.testing.assert_array_equal(ref[1:], 0.0, err_msg=precision)
+    tk = TritonKernel(kernel, None if block_k is None else "looped")
+    cfg = None if block_k is None else configs.make(4, 2, BLOCK_M=2, BLOCK_K=block_k)
+    got = to_numpy(tk(x, config=cfg)[0])
+    assert ("Chan/Welford" in tk.source) == (block_k is not None)
+    np.testing.assert_array_equal(got[1:], 0.0)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k,block_k", [(768, 1024), (40, 16), (129, 32)])
+def test_layer_norm_formed_on_load_of_a_constant_row_is_zero(k, block_k):
+    """The same through a contraction that forms the norm on load (``norm_prologue``'s Chan loop,
+    one chunk and several): ``LN(c) @ W`` is 0."""
+    rng = np.random.default_rng(k)
+    x = Tensor(input_node("x", (9, k), dt.f32))
+    w = (rng.standard_normal((k, 24)) / np.sqrt(k)).astype(np.float32)
+    y = norm.layer_norm(x, _ones(k), epsilon=1e-12)[0] @ Tensor.const(w)
+    call = build_call([y.node], lambda node_: False, push_views=False)
+    xv = _constant_rows(9, k, rng)
+    args = [xv if c.op == "Input" else c.arg.value for c in call.inputs]
+    tk = TritonKernel(call.kernel)
+    assert "mom_m2" in tk.source
+    cfg = configs.make(4, 2, BLOCK_M=16, BLOCK_N=16, BLOCK_K=block_k, GROUP_M=8, N_TILES=2,
+                       PRECISION="ieee")
+    got = to_numpy(tk(*args, config=cfg)[0])
+    np.testing.assert_array_equal(got[1:], 0.0)
+    ref = ReferenceExecutor(call.kernel.meaning)({f"in{i}": v for i, v in enumerate(args)})["out0"]
+    np.testing.assert_array_equal(ref[1:], 0.0)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("d", [np.float32, np.float16, np.float64])
+def test_shifted_mean_is_exact_on_constant_rows_and_keeps_inf_and_nan(d):
+    from lumc.backends.row_moments import shifted_mean
+    rng = np.random.default_rng(0)
+    c = (rng.standard_normal(64) * 10.0 ** rng.uniform(-3, 4, 64)).astype(d)
+    x = np.repeat(c[:, None], 768, axis=1)
+    np.testing.assert_array_equal(shifted_mean(x, (1,), d)[:, 0], c)
+    y = rng.standard_normal((4, 9)).astype(d)
+    y[0, 0], y[1, 3], y[2, 2], y[3, 0] = np.inf, np.nan, -np.inf, np.nan
+    with np.errstate(all="ignore"):
+        plain = y.astype(np.float64).mean(1, keepdims=True).astype(d)
+    np.testing.assert_array_equal(shifted_mean(y, (1,), d), plain)
+    z = rng.standard_normal((3, 2, 5)).astype(np.float32)     # over two axes, first element shift
+    np.testing.assert_allclose(shifted_mean(z, (1, 2), np.float64),
+                               z.astype(np.float64).mean((1, 2), keepdims=True), rtol=1e-12)

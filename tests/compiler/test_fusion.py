@@ -25,7 +25,11 @@ def graph(outs, ins):
     return Graph({k: v.node for k, v in ins.items()}, {k: v.node for k, v in outs.items()})
 
 
-def run_both(g, feed=None):
+def run_both(g, feed=None, exact=True):
+    """The greedy program run kernel by kernel through the reference equals the whole graph's
+    reference: bit for bit, or (``exact=False``) to rounding where a LayerNorm's mean and variance
+    sums land in different kernels, so the whole graph's reference takes the mean on shifted data
+    (``lumc.backends.row_moments``) and the kernel holding the product by ``1/L`` cannot."""
     p = greedy_program(g)
     p.validate()
     if feed is None:
@@ -35,7 +39,10 @@ def run_both(g, feed=None):
     assert list(got) == list(want)
     for k in want:
         assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype
-        np.testing.assert_array_equal(got[k], want[k])
+        if exact:
+            np.testing.assert_array_equal(got[k], want[k])
+        else:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
     return p
 
 
@@ -121,7 +128,7 @@ def test_attention_block_runs_and_logs_refusals(caplog):
     att = softmax(q @ k.transpose(-1, -2) * (1.0 / np.sqrt(d)))
     y = layernorm(att @ v + x, const((d,)), const((d,)))
     with caplog.at_level("DEBUG", logger="lumc.fusion"):
-        p = run_both(graph({"y": y}, {"x": x}))
+        p = run_both(graph({"y": y}, {"x": x}), exact=False)
     assert p.form_counts()["matmul"] == 5
     assert all("no fusion %" in line for line in p.notes)
     assert any("no fusion" in r.message for r in caplog.records)
