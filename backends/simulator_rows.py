@@ -71,12 +71,15 @@ def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
             inside_epi.add(id(x))
             stack.extend(x.srcs)
     # a layer norm's mean and variance are one pass over the row (``row_moments``); each pass
-    # reads every buffer its statistic's body reads
-    paired = set(moment_pairs(pro).values()) | set(moment_pairs(epi).values())
+    # reads every buffer its statistic's body reads; the pair's loop also subtracts the shift from every
+    # element (``lumc.backends.triton.chan``): one op more per element
+    pro_pairs, epi_pairs = moment_pairs(pro), moment_pairs(epi)
+    paired = set(pro_pairs.values()) | set(epi_pairs.values())
     return RowWork(sum(len(_buffers_read(r.srcs[0], a_size)) for r in pro if r not in paired),
-                   sum(1 for n in body if n.numel == a_size and id(n) in under),
+                   sum(1 for n in body if n.numel == a_size and id(n) in under) + len(pro_pairs),
                    sum(len(_buffers_read(r.srcs[0], o_size)) for r in epi if r not in paired),
-                   sum(1 for n in body if n.numel == o_size and id(n) in inside_epi),
+                   sum(1 for n in body if n.numel == o_size and id(n) in inside_epi)
+                   + len(epi_pairs),
                    max(1, len(_buffers_read(_left_operand(main), a_size))))
 
 
