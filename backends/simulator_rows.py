@@ -71,8 +71,8 @@ def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:
             inside_epi.add(id(x))
             stack.extend(x.srcs)
     # a layer norm's mean and variance are one pass over the row (``row_moments``); each pass
-    # reads every buffer its statistic's body reads; the pair's loop also subtracts the shift from every
-    # element (``lumc.backends.triton.chan``): one op more per element
+    # reads every buffer its statistic's body reads; the pair's loop also subtracts the shift
+    # from every element (``lumc.backends.triton.chan``): one op more per element
     pro_pairs, epi_pairs = moment_pairs(pro), moment_pairs(epi)
     paired = set(pro_pairs.values()) | set(epi_pairs.values())
     return RowWork(sum(len(_buffers_read(r.srcs[0], a_size)) for r in pro if r not in paired),
