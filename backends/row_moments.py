@@ -45,8 +45,8 @@ from lumc.ir.graph import Node
 
 @dataclass(frozen=True)
 class Moments:
-    """A recognized pair: ``s1 = SumReduce(x)``, ``mean = s1 * (1/L)`` and ``s2 = SumReduce(d * d)``,
-    ``d = x - broadcast(mean)``, over ``length`` elements per row."""
+    """A recognized pair: ``s1 = SumReduce(x)``, ``mean = s1 * (1/L)`` and
+    ``s2 = SumReduce(d * d)``, ``d = x - broadcast(mean)``, over ``length`` elements per row."""
     s1: Node
     s2: Node
     mean: Node
