@@ -151,7 +151,8 @@ def one_pass_mean(rk, mo: Moments) -> None:
     x = rk.operand_tile(mo.s1, 0)
     shift = first_chunk_shift(w, x, "mask2", ad, False)
     y = w.bind(f"tl.where(mask2, {x} - {shift}[:, None], 0.0)", "a", 0)
-    q = quotient(f"tl.sum({y}, axis=1)", f"tl.full([], {mo.length}, {ad})", ad)
+    # the count from the mask, not a literal: a size-generic kernel serves other row lengths
+    q = quotient(f"tl.sum({y}, axis=1)", f"tl.sum(mask2.to({ad}), axis=1)", ad)
     rk.finish_value(mo.mean, w.bind(f"{shift} + {q}", "a", 0))
 
 
