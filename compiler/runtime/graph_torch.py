@@ -19,6 +19,9 @@ Semantics match the reference executor (``lumc.backends.reference``):
   turned into a flip and masks (padding) into ``constant_pad_nd``;
 * ``Cast`` from float to int truncates and saturates to the type's exact min/max (NaN -> 0), as
   ``lumc.ir.ops.cast_array`` does;
+* the mean of a LayerNorm's statistics pair (``lumc.backends.row_moments.find_moments``) is
+  taken on shifted data (:func:`shifted_mean_op`), as the kernels and the reference take it, so a
+  constant row normalizes to exactly 0;
 * ``Mod`` of integers refuses a divisor of 0 with the reference executor's
   ``DivisionByZeroError`` (:func:`mod_op`), not torch's bare ``RuntimeError: ZeroDivisionError``
   (CPU; a GPU gives no error).
@@ -30,6 +33,7 @@ import string
 
 import numpy as np
 
+from lumc.backends.row_moments import find_moments
 from lumc.backends.scan_structure import scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, Node
@@ -195,6 +199,20 @@ def prefix_sum_op(v, k: int, exclusive: bool, reverse: bool, acc_name: str, out_
     return s.transpose(k - 1, k).contiguous().to(getattr(torch, out_name))
 
 
+def shifted_mean_op(x, axes: tuple, acc_name: str, out_name: str):
+    """The mean of ``x`` over ``axes`` (kept) as ``lumc.backends.row_moments.shifted_mean``:
+    ``K0 + sum(x - K0) / L`` with ``K0`` the first element along ``axes`` (0 where not finite),
+    summed in the accumulator dtype ``acc_name`` (a device's fp32 sum, not numpy's float64)."""
+    import torch
+    acc = getattr(torch, acc_name)
+    first = x
+    for a in axes:
+        first = first.narrow(a, 0, 1)
+    k0 = torch.where(torch.isfinite(first), first, torch.zeros_like(first)).to(acc)
+    length = math.prod(x.shape[a] for a in axes)
+    return (k0 + (x.to(acc) - k0).sum(dim=axes, keepdim=True) / length).to(getattr(torch, out_name))
+
+
 def _broadcast_dims(x: Node) -> list[bool]:
     """Dims along which ``x`` repeats one value (a stride-0 unmasked view) — dropped by einsum."""
     if x.op == "View" and x.arg.mask is None:
@@ -259,6 +277,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
         env[id(n)] = g.placeholder(f"in{i}")
     nconst = 0
     scans = False          # a prefix sum leaves its mask's nodes dead
+    means = {id(m.mean): m for m in find_moments([n for n in order if n.op == "SumReduce"])}
     first = next(iter(env.values()), None)
     for n in order:
         if id(n) in env or id(n) in fused:
@@ -270,7 +289,12 @@ def graph_module(graph: Graph, replace: dict | None = None):
             fn, srcs, extra = replace[id(n)]
             env[id(n)] = cf(fn, (*[env[id(s)] for s in srcs], *extra))
             continue
-        if op == "Constant":
+        if id(n) in means:
+            s1 = means[id(n)].s1
+            acc = n.dtype.accumulator
+            r = cf(shifted_mean_op, (env[id(s1.srcs[0])], tuple(s1.arg), _TORCH_NAMES[acc.name],
+                                     _TORCH_NAMES[n.dtype.name]))
+        elif op == "Constant":
             name = f"const{nconst}"
             nconst += 1
             value = np.array(n.arg.value, order="C")   # keeps rank 0
@@ -328,7 +352,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
     for name, n in graph.outputs.items():
         outs.append(g.call_function(torch.Tensor.contiguous, (env[id(n)],)))
     g.output(tuple(outs))
-    if replace or scans:
+    if replace or scans or means:     # a pair's sum, when only its mean read it
         g.eliminate_dead_code()
     return fx.GraphModule(root, g, class_name="LumcGraphModule")
 

@@ -194,3 +194,21 @@ def test_shifted_mean_is_exact_on_constant_rows_and_keeps_inf_and_nan(d):
     z = rng.standard_normal((3, 2, 5)).astype(np.float32)     # over two axes, first element shift
     np.testing.assert_allclose(shifted_mean(z, (1, 2), np.float64),
                                z.astype(np.float64).mean((1, 2), keepdims=True), rtol=1e-12)
+
+
+def test_torch_replay_takes_the_mean_as_the_reference_does():
+    """The torch fx replay of a primitive graph (``graph_torch``: the extern kernels' and the
+    eager/Inductor rivals' program) takes a pair's mean on shifted data too: a constant row is 0,
+    and the rest agrees with the reference executor."""
+    import torch
+    from lumc.compiler.runtime.graph_torch import graph_module, shifted_mean_op
+    x = Tensor(input_node("x", (6, 768), dt.f32))
+    y = norm.layer_norm(x, _ones(768), epsilon=1e-12)[0]
+    g = Graph({"x": x.node}, {"y": y.node})
+    v = _constant_rows(6, 768, np.random.default_rng(5))
+    got = graph_module(g)(torch.from_numpy(v))[0].numpy()
+    np.testing.assert_array_equal(got[1:], 0.0)
+    np.testing.assert_allclose(got, ReferenceExecutor(g)({"x": v})["y"], rtol=1e-5, atol=1e-5)
+    z = torch.tensor([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, -np.inf, 2.0]])
+    m = shifted_mean_op(z, (1,), "float32", "float32")
+    assert m[0, 0] == np.inf and torch.isnan(m[1, 0]) and m[2, 0] == -np.inf   # the plain mean's
