@@ -189,18 +189,35 @@ class RowKernel:
         """The row statistics of the main rows' normalized input (``RowPlan.prologue``), first:
         each as the same reduction over the main tile, of its operand read through the view that
         reads the normalized input (one value per main row, kept as a ``[BLOCK_M, 1]`` column for
-        the full tiles that normalize on load)."""
+        the full tiles that normalize on load). A layer norm's mean and variance sums are one
+        moments pair, its mean on shifted data (``render_norm``), as in the main rows."""
         from lumc.ir.graph import node
-        for r in self.kernel.meaning.nodes():
-            v = self.plan.prologue.get(r)
-            if v is None:
-                continue
-            same = node(r.op, [node("View", [r.srcs[0]], v)], self.plan.axes)
-            if self.one_pass:
-                self.finish(same, self.reduce_tile(same, self.operand_tile(same, 0)))
+        from lumc.backends.row_moments import Moments, find_moments
+        from lumc.backends.triton.render_norm import ChanMoments, one_pass_mean
+        stats = [r for r in self.kernel.meaning.nodes() if r in self.plan.prologue]
+        same = {r: node(r.op, [node("View", [r.srcs[0]], self.plan.prologue[r])], self.plan.axes)
+                for r in stats}
+        pairs = {mo.s1: mo for mo in find_moments(stats) if mo.s2 in same}
+        second = {mo.s2 for mo in pairs.values()}
+        for r in stats:
+            mo = pairs.get(r)
+            if r in second and not self.one_pass:
+                continue                          # computed with its pair's sum, below
+            if mo is not None and not self.one_pass:
+                ChanMoments(Moments(same[r], same[mo.s2], mo.mean, mo.length)).write(self)
+                done = (r, mo.s2)
             else:
-                self.loop_reduce(same)
-            self.row_vals[r] = self.w.bind(f"{self.row_vals.pop(same)}[:, None]", "b", 0)
+                if self.one_pass:
+                    self.finish(same[r], self.reduce_tile(same[r], self.operand_tile(same[r], 0)))
+                else:
+                    self.loop_reduce(same[r])
+                if mo is not None:
+                    one_pass_mean(self, Moments(same[r], same[mo.s2], mo.mean, mo.length))
+                done = (r,)
+            for x in done:
+                self.row_vals[x] = self.w.bind(f"{self.row_vals.pop(same[x])}[:, None]", "b", 0)
+            if mo is not None:
+                self.row_vals[mo.mean] = self.w.bind(f"{self.row_vals[mo.mean]}[:, None]", "b", 0)
 
     def store_outputs(self, kinds: tuple[str, ...], level: int) -> None:
         plan = self.plan

@@ -150,3 +150,22 @@ def test_normalized_input_permuted_after_its_view_is_refused():
                                          ((4, 16, 4), dt.f32)])
     with pytest.raises(RenderError, match="row statistic|normalized input"):
         render_parts(k, None)
+
+
+@pytest.mark.parametrize("variant,block_k", [("one-pass", 128), ("looped", 32)])
+def test_gemv_of_a_constant_rows_layer_norm_is_zero(variant, block_k):
+    """A decoding step whose hidden state is one value ``c`` per sequence: its LayerNorm is 0, so
+    ``LN(x) @ w`` is 0 with no affine. The statistics over the main tile take the mean on shifted
+    data (``row_moments``); ``sum * fl(1/c)`` was an ulp off, ``(x - mean) / sqrt(eps)`` not 0."""
+    import numpy as np
+    from lumc.backends.triton import TritonKernel
+    from lumc.backends.triton.launch import to_numpy
+    batch, c, n = 4, 100, 24
+    k = _gemv("layer", batch, c, n)
+    rng = np.random.default_rng(0)
+    x = np.repeat(np.array([-3712.3, 0.1, 12345.6, 7.77], np.float32)[:, None, None], c, axis=2)
+    feed = [x, np.ones(c, np.float32), np.zeros(c, np.float32),
+            rng.standard_normal((c, n)).astype(np.float32)]
+    cfg = configs.make(4, 1, BLOCK_M=16, BLOCK_K=block_k)
+    got = to_numpy(TritonKernel(k, variant)(*feed, config=cfg)[0])
+    np.testing.assert_array_equal(got, 0.0)
