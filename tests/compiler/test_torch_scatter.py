@@ -126,6 +126,21 @@ def test_cumprod(dim):
     _check(lambda t: torch.cumprod(t, dim), torch.tensor([[2, -3, 5, 7], [1, 0, -4, 2]]))
 
 
+@pytest.mark.parametrize("op", [torch.cumprod, torch.logcumsumexp,
+                                lambda t, d: torch.cummax(t, d)[0]])
+def test_a_scan_too_long_for_its_grid_is_refused_in_one_line(op):
+    """A running product over 2 x 20000 would be a grid of 8e8 prefixes: the reference run held
+    13.8 GB and ran out of budget (40000 ran the machine out of memory). Refused at lowering,
+    naming the node and the limit, before any of it is built."""
+    from lumc.ir.library.reduce import SCAN_GRID_MAX
+    x = torch.rand(2, 20000) + 0.5
+    assert x.numel() * 20000 > SCAN_GRID_MAX
+    with pytest.raises(UnsupportedOpError) as e:
+        compile_module(Fn(lambda t: op(t, 1)).eval(), (x,))
+    assert "\n" not in str(e.value) and "grid of prefixes" in str(e.value)
+    assert "20000" in str(e.value)
+
+
 def test_logcumsumexp():
     x = torch.tensor([[0.5, 100.0, -3.0, 88.0], [float("-inf"), float("-inf"), 1.0, 2.0],
                       [float("inf"), 1.0, float("-inf"), 2.0], [1.0, float("nan"), 2.0, 3.0]])
