@@ -72,6 +72,7 @@ from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph, Node, const_node, node
 from lumc.compiler.core import weight_quant
 from lumc.ir.provenance import rebuilt
+from lumc.compiler.core.options import option
 
 POLICIES = ("fp32", "tf32", "bf16", "fp16", "fp8", "auto")
 WEIGHTS = ("same", "int8", "fp8", "nvfp4")
@@ -116,12 +117,12 @@ class PrecisionPolicy:
 
     def __post_init__(self):
         if self.precision not in POLICIES:
-            raise InputError(f"unknown --precision {self.precision!r}; choose one of "
+            raise InputError(f"unknown {option('precision', self.precision)}; choose one of "
                              f"{', '.join(POLICIES)}")
         if self.weights not in WEIGHTS:
-            raise InputError(f"unknown --weights {self.weights!r}; choose one of "
+            raise InputError(f"unknown {option('weights', self.weights)}; choose one of "
                              f"{', '.join(WEIGHTS)}")
-        for name, v in (("--tolerance", self.tolerance), ("--max-kl", self.max_kl)):
+        for name, v in ((option("tolerance"), self.tolerance), (option("max-kl"), self.max_kl)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float,
                                                                              np.number))):
                 raise InputError(f"{name} must be a number, got {v!r}")
@@ -147,12 +148,13 @@ class PrecisionPolicy:
         if names is None or not all(isinstance(n, str) for n in names):
             raise InputError(f"logits must be output names (strings), got {logits!r}")
         p = cls(precision, weights, tolerance, max_kl, names)
-        given = [name for name, v in (("--max-kl", p.max_kl is not None), ("--logits", p.logits),
-                                      ("--tolerance", p.tolerance is not None)) if v]
+        given = [option(name) for name, v in (("max-kl", p.max_kl is not None),
+                                              ("logits", p.logits),
+                                              ("tolerance", p.tolerance is not None)) if v]
         if not p.reduced and given:
-            raise InputError(f"{given[0]} gates a reduced precision (--precision other than "
-                             "fp32, or --weights); at fp32 with the model's weights there is "
-                             "nothing to judge")
+            raise InputError(f"{given[0]} gates a reduced precision ({option('precision')} "
+                             f"other than fp32, or {option('weights')}); at fp32 with the model's "
+                             "weights there is nothing to judge")
         return p
 
     @property
@@ -173,12 +175,12 @@ class PrecisionPolicy:
         for name in self.logits:
             n = outputs.get(name)
             if n is None:
-                raise InputError(f"--logits {name}: the model has no output of that name; "
+                raise InputError(f"{option('logits', name)}: the model has no output of that name; "
                                  f"outputs: {', '.join(outputs)}")
             if not n.dtype.is_float or not n.shape or n.shape[-1] < 2:
                 what = (f"is {n.dtype.name}" if not n.dtype.is_float else
                         "is a scalar" if not n.shape else f"has shape {list(n.shape)}")
-                raise InputError(f"--logits {name}: that output {what}; logits are rows of at "
+                raise InputError(f"{option('logits', name)}: that output {what}; logits are rows of at "
                                  "least two float scores along the last axis (KL and top-1 "
                                  "would measure nothing)")
 
@@ -190,10 +192,10 @@ class PrecisionPolicy:
         if self.max_kl is None or self.logits:
             return
         if not any(is_probability(reference[k]) for k in float_names):
-            raise InputError("--max-kl gates the KL divergence of a probability output, but no "
-                             "output of the model is a distribution (rows >= 0 summing to 1 on "
-                             "the sample inputs); name the outputs that are logits with --logits "
-                             "(logits= in the API)")
+            raise InputError(f"{option('max-kl')} gates the KL divergence of a probability output, "
+                             "but no output of the model is a distribution (rows >= 0 summing to 1 "
+                             "on the sample inputs); name the outputs that are logits with "
+                             f"{option('logits', 'NAME')}")
 
     def dot_precisions(self) -> dict:
         return dict(DOT_PRECISIONS[self.precision])
@@ -470,7 +472,7 @@ def measure_quality(outputs: dict, reference: dict, policy: PrecisionPolicy,
     elif not worst_rel <= policy.rtol:
         reason = f"max rel error {worst_rel:.3g} > tolerance {policy.rtol:g}"
     elif policy.max_kl is not None and kls and not max(kls) <= policy.max_kl:
-        reason = f"mean KL {max(kls):.3g} > --max-kl {policy.max_kl:g}"
+        reason = f"mean KL {max(kls):.3g} > {option('max-kl')} {policy.max_kl:g}"
     q["passed"] = reason is None
     if reason:
         q["reason"] = reason

@@ -32,6 +32,7 @@ from lumc.compiler.runtime.program import run_program_reference
 from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph
 from lumc.ir.provenance import arg_scores
+from lumc.compiler.core.options import option
 
 WEIGHT_DTYPE_NAME = {k: (v.name if v is not None else None) for k, v in WEIGHT_DTYPE.items()}
 # most to least precise; raising a kernel moves it left
@@ -268,9 +269,10 @@ def refuse_idle_weights(policy: PrecisionPolicy, stats: dict, where: str = "") -
     (:func:`weights_note`)."""
     fmt = policy.weights
     if fmt != "same" and not stats.get(fmt, 0) and not stats.get("skipped", 0):
-        raise InputError(f"--weights {fmt}: {where or 'the model'} has no weight read only by "
-                         f"matrix products (an fp32 constant of at least {MIN_WEIGHT_ELEMENTS} "
-                         f"elements), so nothing would be stored as {fmt}; leave --weights out")
+        raise InputError(f"{option('weights', fmt)}: {where or 'the model'} has no weight read "
+                         f"only by matrix products (an fp32 constant of at least "
+                         f"{MIN_WEIGHT_ELEMENTS} elements), so nothing would be stored as {fmt}; "
+                         f"leave {option('weights')} out")
 
 
 def weights_note(policy: PrecisionPolicy, stats: dict) -> str | None:

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lumc.ir.errors import InputError
+from lumc.compiler.core.options import option
 
 if TYPE_CHECKING:
     from lumc.compiler.core.buckets import DimRange
@@ -80,7 +81,7 @@ def probe_assignments(ranges: dict[str, DimRange], tries: int = PROBE_TRIES,
                 k = next(k for k in ranges if len(cands[k]) < 2) if any(
                     len(c) < 2 for c in cands.values()) else next(iter(ranges))
                 r = ranges[k]
-                raise InputError(f"--shape {k}={r.describe()}: too narrow to probe (it needs two "
+                raise InputError(f"{option('shape')} {k}={r.describe()}: too narrow to probe (it needs two "
                                  f"odd primes in {r.lo // r.step}..{r.hi // r.step}); give its "
                                  "sizes as a list")
             break

@@ -49,6 +49,7 @@ import numpy as np
 from lumc.compiler.core.workers import (WorkerLost, WorkerSpec, import_ray, run_check_unit,
                                         run_gpu_unit, unit_args)
 from lumc.ir.errors import InputError
+from lumc.compiler.core.options import option
 
 UNIT_TIMEOUT_S = 900.0   # a unit running longer is taken as hung (a big interpreter check: minutes)
 START_TIMEOUT_S = 120.0  # GPU actors report their device within this
@@ -91,7 +92,7 @@ def probe_address(what: str, address: str, timeout_s: float = CONNECT_TIMEOUT_S)
     except OSError as e:
         reason = (f"no answer within {timeout_s:g} s" if isinstance(e, TimeoutError)
                   else e.strerror or str(e) or type(e).__name__)
-        raise InputError(f"--workers {what}: cannot reach the Ray cluster at {address} "
+        raise InputError(f"{option('workers', what)}: cannot reach the Ray cluster at {address} "
                          f"({reason})") from None
 
 
@@ -209,7 +210,7 @@ class RayWorkers:
                     ray.init(**ray_init_kwargs(address, num_cpus))
                 self.started_cluster = not address
             except Exception as e:
-                raise InputError(f"--workers {spec.text or 'ray'}: cannot start or reach the Ray "
+                raise InputError(f"{option('workers', spec.text or 'ray')}: cannot start or reach the Ray "
                                  f"cluster{' at ' + address if address else ''}: "
                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
             self._connected = True
@@ -218,7 +219,7 @@ class RayWorkers:
         self.count = int(res.get(key, 0))
         if self.count < 1:
             self._disconnect()
-            raise InputError(f"--workers {spec.text or 'ray'}: the Ray cluster has no {key} "
+            raise InputError(f"{option('workers', spec.text or 'ray')}: the Ray cluster has no {key} "
                              f"(resources: {', '.join(sorted(res)) or 'none'})")
         self._env = {} if self.gpu else {"TRITON_INTERPRET": "1"}
         self._actor_cls = ray.remote(UnitActor)
@@ -263,7 +264,7 @@ class RayWorkers:
                 self.ray.kill(s.actor)
         if not any(s.alive for s in self._slots):
             self.close()
-            raise InputError(f"--workers ray: no GPU of the target's kind ({want}) in the cluster")
+            raise InputError(f"{option('workers', 'ray')}: no GPU of the target's kind ({want}) in the cluster")
 
     def _lose(self, slot: _Slot, why: str) -> None:
         """``slot``'s actor died or hung: its unit is retried elsewhere once, then fails."""

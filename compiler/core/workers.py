@@ -45,6 +45,7 @@ import numpy as np
 from lumc.ir.errors import InputError
 from lumc.ir.kernels import Kernel
 from lumc.ir.serialize import graph_from_bytes, graph_to_bytes
+from lumc.compiler.core.options import option
 
 RAY_INSTALL_HINT = "pip install 'lumc[distributed]'"
 
@@ -96,16 +97,17 @@ def parse_workers(text) -> WorkerSpec | None:
     if m:
         n = int(m.group(1)) if m.group(1) is not None else None
         if n is not None and n < 1:
-            raise InputError(f"--workers {s}: the number of local workers must be at least 1")
+            raise InputError(f"{option('workers', s)}: the number of local workers must be at "
+                             "least 1")
         if n is not None and n > max_local_workers():
-            raise InputError(f"--workers {s}: at most {max_local_workers()} local workers on this "
+            raise InputError(f"{option('workers', s)}: at most {max_local_workers()} local workers on this "
                              f"machine ({LOCAL_PER_CORE} per CPU core): each is a process the size "
                              "of the compile, all started at once, and the checks are CPU-bound")
         return WorkerSpec("local", n, None, s)
     if s == "ray" or re.fullmatch(r"ray://[^\s:/]+:\d+", s):
         import_ray(s)
         return WorkerSpec("ray", None, s if s != "ray" else None, s)
-    raise InputError(f"--workers {s!r}: expected local:N (N worker processes), ray (the cluster "
+    raise InputError(f"{option('workers', s)}: expected local:N (N worker processes), ray (the cluster "
                      "RAY_ADDRESS names, else a local one) or ray://HOST:PORT")
 
 
@@ -118,7 +120,7 @@ def import_ray(what: str = "ray"):
     try:
         import ray
     except ImportError:
-        raise InputError(f"--workers {what} needs Ray, which is not installed: "
+        raise InputError(f"{option('workers', what)} needs Ray, which is not installed: "
                          f"{RAY_INSTALL_HINT}") from None
     return ray
 
@@ -408,7 +410,8 @@ class Workers:
         if spec is None or spec.kind == "local":
             if not target.simulated:
                 self.note = ("GPU units run in-process (a forked process cannot use CUDA); "
-                             "--workers ray runs one worker per GPU") if spec is not None else None
+                             f"{option('workers', 'ray')} runs one worker per GPU"
+                             if spec is not None else None)
                 return None
             n = spec.count if spec is not None and spec.count else min(4, os.cpu_count() or 1)
             if spec is None and (os.cpu_count() or 1) <= 1:

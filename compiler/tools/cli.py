@@ -44,6 +44,7 @@ from lumc.compiler.frontends import models  # noqa: E402
 from lumc.compiler.runtime.artifact import (  # noqa: E402
     check_writable, looks_like_artifact, model_files, names_a_folder, refuse_same_file,
     refuse_unregular_input, write_atomic)
+from lumc.compiler.core.options import cli_spelling  # noqa: E402
 from lumc.ir.errors import InputError, LumcError  # noqa: E402
 
 _DIMS = re.compile(r"^\d+(x\d+)*$", re.ASCII)   # ASCII digits only: no '١x٢'
@@ -125,6 +126,7 @@ def _fail(ctx: click.Context, message: str):
 @click.version_option(package_name="lumc", prog_name="lumc")
 def cli():
     """lumc: a tensor-graph compiler (ONNX -> primitive ops -> e-graph -> Triton)."""
+    click.get_current_context().with_resource(cli_spelling())    # errors name --options
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,13 +179,10 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 
 
 # the --check judge lives in lumc.compiler.tools.output_check; these names stay importable from here
-from lumc.compiler.tools.output_check import (OutputCheck, _fmt_shape, compare_output,  # noqa: E402,F401
-                                              computed_through, run_onnxruntime as _run_onnxruntime,
-                                              run_onnxruntime_unoptimized as
-                                              _run_onnxruntime_unoptimized,
-                                              finish_check, float64_outputs, float64_terms,
-                                              judge_by_float64, output_atol, output_rtol,
-                                              print_outputs, tolerance_note)
+from lumc.compiler.tools.output_check import (  # noqa: E402,F401
+    OutputCheck, _fmt_shape, compare_output, computed_through, finish_check, float64_outputs,
+    float64_terms, judge_by_float64, output_atol, output_rtol, print_outputs, tolerance_note,
+    run_onnxruntime as _run_onnxruntime, run_onnxruntime_unoptimized as _run_onnxruntime_unoptimized)
 
 
 def _check_rtol(ctx, param, value):

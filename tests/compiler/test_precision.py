@@ -113,11 +113,11 @@ def test_int8_weights_over_the_gate_fall_back_to_the_model_weights(db):
 
 
 def test_bad_policy_is_one_line():
-    with pytest.raises(InputError, match="--precision"):
+    with pytest.raises(InputError, match="^unknown precision='"):      # as the call spells it
         PrecisionPolicy("fp4")
-    with pytest.raises(InputError, match="--weights"):
+    with pytest.raises(InputError, match="^unknown weights='"):
         PrecisionPolicy("fp32", "fp4")
-    with pytest.raises(InputError, match="--max-kl"):
+    with pytest.raises(InputError, match="max_kl"):
         PrecisionPolicy("bf16", max_kl=-1.0)
 
 
@@ -251,7 +251,7 @@ def test_torch_module_and_backend_take_the_policy(tmp_path, monkeypatch):
     g = torch.compile(m, backend="lumc", options={"budget": "30s", "device": "sim:h200",
                                                   "precision": "bf16"})
     np.testing.assert_allclose(g(x).detach().numpy(), got, rtol=0, atol=1e-6)   # as eager: grad
-    with pytest.raises(Exception, match="--precision"):
+    with pytest.raises(Exception, match="precision="):
         torch.compile(m, backend="lumc", options={"precision": "int4"})(x)
 
 
@@ -379,11 +379,11 @@ def test_weights_only_note_and_tolerance_at_fp32():
     assert note == ("weights int8 at precision fp32: only the weights' storage is reduced "
                     "(dequantized in each contraction's prologue); the 2 contractions compute at "
                     "fp32 accuracy (2 at tf32x3)")
-    with pytest.raises(InputError, match=r"^--tolerance gates a reduced precision"):
+    with pytest.raises(InputError, match=r"^tolerance gates a reduced precision"):
         PrecisionPolicy.from_user("fp32", tolerance=0.0)
     assert PrecisionPolicy.from_user("fp32", "int8", tolerance=0.0).rtol == 0.0
     assert PrecisionPolicy.from_user("bf16", tolerance=0.0).rtol == 0.0
-    with pytest.raises(InputError, match="--tolerance"):
+    with pytest.raises(InputError, match="tolerance"):
         lumc.compile(classifier(), budget="10s", device="sim:h200", tolerance=1e-3)
 
 
@@ -458,7 +458,7 @@ def test_max_kl_with_no_distribution_to_judge_is_refused_before_the_search(tmp_p
             with pytest.raises(InputError, match="no output of the model is a distribution") as e:
                 lumc.compile(m, example_inputs=args, dynamic_shapes=dyn, budget="20s",
                              device="sim:h200", precision="bf16", max_kl=1e-12)
-            assert "\n" not in str(e.value) and "--logits" in str(e.value)
+            assert "\n" not in str(e.value) and "logits='NAME'" in str(e.value)
     # a distribution output: the KL gate measures it, against float64 eager
     sm = torch.nn.Sequential(m, torch.nn.Softmax(-1)).eval()
     x = torch.randn(8, 64)
@@ -544,3 +544,27 @@ def test_a_16_bit_models_report_says_its_plan_computes_in_the_models_own_type(tm
          "outputs": {"y": [[4, 32], "f32"]}}
     assert precision_lines(r, exact=True) == [
         "precision fp32 (weights same): no reduced precision, no quality gate"]
+
+
+def test_errors_name_options_as_the_caller_spelt_them(tmp_path):
+    """The same refusal names ``--max-kl`` at the CLI and ``max_kl`` to a Python caller (it named
+    the CLI flag to both), and a CLI call in the process leaves Python's spelling as it was."""
+    from click.testing import CliRunner
+    from lumc.compiler.core.options import cli_spelling, option
+    from lumc.compiler.tools.cli import cli
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                     .SerializeToString())
+    res = CliRunner().invoke(cli, ["compile", str(path), "--budget", "10s", "--device",
+                                   "sim:h200", "--max-kl", "0.1", "-o", str(tmp_path / "a.lumc")])
+    assert res.exit_code == 2 and "lumc: error: --max-kl gates a reduced precision (--precision" \
+        in res.output
+    with pytest.raises(InputError, match=r"^max_kl gates a reduced precision \(precision other"):
+        lumc.compile(str(path), budget="10s", device="sim:h200", max_kl=0.1)
+    assert option("max-kl", 0.1) == "max_kl=0.1" and option("shape") == "shapes"
+    with cli_spelling():
+        assert option("max-kl", 0.1) == "--max-kl 0.1" and option("shape") == "--shape"
+    assert option("workers", "ray") == "workers='ray'"

@@ -43,7 +43,7 @@ def test_local_workers_past_four_per_core_are_refused_before_any_fork(monkeypatc
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert parse_workers("local:8") == WorkerSpec("local", 8, None, "local:8")
     for text in ("local:9", "local:99999"):
-        with pytest.raises(InputError, match=f"--workers {text}: at most 8 local workers on this "
+        with pytest.raises(InputError, match=f"workers='{text}': at most 8 local workers on this "
                                              r"machine \(4 per CPU core\)"):
             parse_workers(text)
     monkeypatch.setattr("lumc.compiler.core.check_pool.ProcessPoolExecutor",
@@ -86,7 +86,7 @@ def test_cli_workers_errors_are_one_line(tmp_path, capsys, monkeypatch):
     base = ["compile", str(model), "--budget", "20s", "--device", "sim:h200", "--shape", "n=4",
             "-o", str(out), "--quiet"]
     code, err = _cli(base + ["--workers", "bogus"], capsys)
-    assert code == 2 and err.startswith("lumc: error: --workers 'bogus': expected local:N")
+    assert code == 2 and err.startswith("lumc: error: --workers bogus: expected local:N")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     # Ray not importable: the line says how to install it, and nothing is written
     monkeypatch.setitem(sys.modules, "ray", None)

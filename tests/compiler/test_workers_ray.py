@@ -460,7 +460,7 @@ def test_unreachable_address_fails_at_once(tmp_path):
     assert r.stderr.strip() == (f"lumc: error: --workers ray://127.0.0.1:{port}: cannot reach the "
                                 f"Ray cluster at ray://127.0.0.1:{port} (Connection refused)")
     assert took < 15 and not (tmp_path / "out.lumc").exists()
-    with pytest.raises(InputError, match=r"--workers ray: cannot reach the Ray cluster at "
+    with pytest.raises(InputError, match=r"workers='ray': cannot reach the Ray cluster at "
                                          rf"127\.0\.0\.1:{port} \(Connection refused\)"):
         probe_address("ray", f"127.0.0.1:{port}")     # a GCS address (RAY_ADDRESS) alike
     probe_address("ray", "auto")                      # not HOST:PORT: left to Ray
