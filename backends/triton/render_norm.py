@@ -109,8 +109,8 @@ class OnlineSoftmax:
 @dataclass
 class ChanMoments:
     """``s1 = SumReduce(x)``, ``s2 = SumReduce(d * d)`` with ``d = x - bcast(mean)``, ``mean = s1 *
-    (1/K)``, in one loop (``lumc.backends.row_moments``); the mean on data shifted by the row's
-    first element (``chan.ChanLoop``), ``s1`` Kahan-summed as ``loop_reduce`` sums."""
+    (1/K)``, in one loop (``lumc.backends.row_moments``); the mean on data shifted by the mean of
+    the row's first chunk (``chan.ChanLoop``), ``s1`` Kahan-summed as ``loop_reduce`` sums."""
     mo: Moments
 
     @property
