@@ -155,3 +155,20 @@ def test_f16_lrn_squares_beyond_f16_range():
     for path, (got,) in run_both(m, {"x": x}):
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3,
                                    err_msg=path)
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean"])
+def test_f16_variadic_sum_and_mean_round_once(op):
+    """Variadic f16 ``Sum``/``Mean`` accumulate in f32 and round once, as ``ReduceSum``/
+    ``ReduceMean`` and onnxruntime: summed in f16, the mean of three 60000s overflowed to inf and
+    ``2048 + 1 + 1`` lost both ones (2048 instead of 2050)."""
+    feeds = {"a": np.array([60000.0, 2048.0, 1.0], np.float16),
+             "b": np.array([60000.0, 1.0, 2.0], np.float16),
+             "c": np.array([-60000.0 if op == "Sum" else 60000.0, 1.0, 2.0], np.float16)}
+    m = single_node(op, feeds)
+    want = onnxruntime_outputs(m, feeds)[0]
+    total = sum(v.astype(np.float32) for v in feeds.values())
+    np.testing.assert_array_equal(
+        want, (total if op == "Sum" else total / np.float32(3)).astype(np.float16))
+    for path, (got,) in run_both(m, feeds):
+        assert_same_bits(got, want, path)

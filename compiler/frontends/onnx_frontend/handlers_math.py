@@ -131,16 +131,29 @@ def _min(ctx: OpContext):
     return _variadic(ctx, Tensor.minimum)
 
 
+def _widened_sum(xs: list[Tensor]) -> Tensor:
+    """The sum of ``xs``; f16/bf16 summed in their f32 accumulator and left there for the caller
+    to round once (as ``ReduceSum``/``ReduceMean`` and onnxruntime: summed in f16, three values
+    of 60000 overflowed to inf, and ``2048 + 1 + 1`` lost both ones)."""
+    acc = xs[0].dtype.accumulator
+    return functools.reduce(Tensor.add, [x.cast(acc) for x in xs])
+
+
 @handler("Sum")
 def _sum(ctx: OpContext):
-    return _variadic(ctx, Tensor.add)
+    xs = [t for t in ctx.inputs if t is not None]
+    return _widened_sum(xs).cast(xs[0].dtype) if len(xs) > 1 else xs[0]
 
 
 @handler("Mean")
 def _mean(ctx: OpContext):
+    """The sum divided by the count; f16/bf16 in f32, rounded once (a mean of f16 values near
+    the top of the range is representable where their sum is not)."""
     xs = [t for t in ctx.inputs if t is not None]
-    s = functools.reduce(Tensor.add, xs)
-    return s.div(scalar(len(xs), s.dtype)) if len(xs) > 1 else s
+    if len(xs) == 1:
+        return xs[0]
+    s = _widened_sum(xs)
+    return s.div(scalar(len(xs), s.dtype)).cast(xs[0].dtype)
 
 
 @handler("Clip")
