@@ -32,7 +32,7 @@ import string
 
 import numpy as np
 
-from lumc.backends.row_moments import find_moments, shifted_mean
+from lumc.backends.row_moments import find_means, shifted_mean
 from lumc.backends.scan_structure import ScanSpec, scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError
@@ -105,8 +105,13 @@ class ReferenceExecutor:
         self._scan_products: set[int] = set()   # ids of the products whose mask is skipped
         self._scans: dict[int, ScanSpec] = {}    # id(SumReduce) -> its prefix sum (scan_of)
         self._mask_only = self._scan_masks(graph)
+        # every row mean ``SumReduce(x) * (1/L)``, paired or not: a kernel may hold a LayerNorm's
+        # mean without its sum of squared deviations (a split reduction of long rows)
         self._means = {} if precision == "terms" else {
-            id(m.mean): m for m in find_moments([n for n in self.order if n.op == "SumReduce"])}
+            id(m): s1 for s1, m, _ in find_means(self.order)}
+        self._mean_of = {id(s1): m for s1, m, _ in
+                         (find_means(self.order) if precision != "terms" else [])}
+        self._shifted: dict[int, np.ndarray] = {}     # id(mean) -> its value, taken with its sum
 
     def _scan_masks(self, graph: Graph) -> set[int]:
         """Ids of the nodes that only a prefix sum's triangular mask reads (its ``Where``,
@@ -242,10 +247,13 @@ class ReferenceExecutor:
 
     def _eval(self, n: Node, vals, f64: bool, force: bool = False) -> np.ndarray:
         row = OPS[n.op]
-        if id(n) in self._means:
-            s1 = self._means[id(n)].s1
-            return shifted_mean(vals[id(s1.srcs[0])], tuple(s1.arg),
-                                np.float64 if f64 else n.dtype.np)
+        if id(n) in self._means and id(n) in self._shifted:
+            return self._shifted.pop(id(n))
+        mean = self._mean_of.get(id(n))
+        if mean is not None and id(n.srcs[0]) in vals:
+            # the sum's operand may be freed once the sum is read: the mean is taken now
+            self._shifted[id(mean)] = shifted_mean(vals[id(n.srcs[0])], tuple(n.arg),
+                                                   np.float64 if f64 else mean.dtype.np)
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             dots = self.dot_operands if id(n) in self._dots else None

@@ -140,6 +140,27 @@ def find_moments(stats: list[Node]) -> list[Moments]:
     return pairs
 
 
+def find_means(nodes: list[Node]) -> list[tuple[Node, Node, int]]:
+    """``(s1, mean, length)`` for each ``mean = s1 * c`` among ``nodes`` (either operand order),
+    ``s1 = SumReduce(x)`` over ``length >= 1`` elements and ``c`` = ``1/length`` rounded to the
+    sum's dtype: a row mean on its own, as a kernel holding only the first statistic of a LayerNorm
+    (its sum of squared deviations in another kernel) computes it. A mean of squares ``x * x`` (a
+    variance, an RMSNorm's statistic) is no such mean: it keeps its spelling."""
+    out = []
+    for m in nodes:
+        sc = _scaled(m)
+        if sc is None or sc[0].op != "SumReduce" or not sc[0].dtype.is_float:
+            continue
+        s1 = sc[0]
+        sq = s1.srcs[0]
+        if sq.op == "Mul" and sq.srcs[0] is sq.srcs[1]:
+            continue
+        length = int(np.prod([s1.srcs[0].shape[a] for a in s1.arg])) if s1.arg else 1
+        if length and abs(sc[1] * length - 1.0) <= 2 * float(ml_dtypes.finfo(s1.dtype.np).eps):
+            out.append((s1, m, length))
+    return out
+
+
 def shifted_mean(x: np.ndarray, axes: tuple[int, ...], out: np.dtype) -> np.ndarray:
     """The mean of ``x`` over ``axes`` (kept as size-1 dims) on shifted data: ``K0 + sum(x - K0) /
     L`` with ``K0`` the first element along ``axes`` (0 where not finite), summed in float64 and

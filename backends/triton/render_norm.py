@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from lumc.ir.graph import Node
-from lumc.backends.row_moments import Moments, find_moments
+from lumc.backends.row_moments import Moments, find_means, find_moments
 from lumc.backends.triton import exprs
 from lumc.backends.triton.chan import ChanLoop, first_chunk_shift, quotient
 from lumc.backends.triton.rowplan import RowPlan
@@ -190,6 +190,20 @@ def pair_moments(plan: RowPlan) -> dict[Node, Moments]:
         if (mo.s2 in plan.reduces and plan.kind.get(mo.mean) == "row" and mo.s1.dtype.is_float
                 and mo.s1.dtype == mo.s2.dtype):
             out[mo.s1] = mo
+    return out
+
+
+def lone_means(nodes: list[Node], plan: RowPlan) -> dict[Node, Moments]:
+    """``{s1: Moments(s1, None, mean, K)}`` for the row means ``s1 * (1/K)`` among ``nodes`` whose
+    sum of squared deviations is not in the kernel (``pair_moments`` covers those): computed on
+    shifted data too, so a LayerNorm whose statistics land in two kernels keeps a constant row's
+    mean exact."""
+    paired = pair_moments(plan)
+    out = {}
+    for s1, mean, length in find_means(nodes):
+        if (s1 in plan.reduces and s1 not in paired and s1 not in out
+                and plan.kind.get(mean) == "row" and s1.op == "SumReduce"):
+            out[s1] = Moments(s1, None, mean, length)
     return out
 
 

@@ -159,14 +159,27 @@ class RowKernel:
                for e in unravel(f"{rk}[None, :]", plan.red_shape)]
         return self.ev.value(x, self._merge(self._kept2, red), mask, 0), mask
 
-    def loop_reduce(self, r: Node) -> None:
+    def loop_reduce(self, r: Node, mean: Node | None = None) -> None:
+        """Reduce ``r`` in a loop over the row; with ``mean`` (``r * (1/K)``, ``lone_means``) also
+        that mean, on data shifted by the mean of the row's first chunk."""
+        from lumc.backends.triton.chan import first_chunk_shift, quotient
         acc = self.w.fresh("acc")
         ad = acc_dtype(r)
         kind = "sum" if r.op == "SumReduce" else "max"
         self.w.line(f"{acc} = tl.full([BLOCK_M], {exprs.neutral(kind, ad)}, {exprs.tl_dtype(ad)})")
+        if mean is not None:
+            tad = exprs.tl_dtype(ad)
+            first, fmask = self.first_chunk(r.srcs[0])
+            first = self.w.bind(f"tl.where({fmask}, {first}.to({tad}), 0.0)", "a", 0)
+            shift = first_chunk_shift(self.w, first, fmask, tad, False)
+            shifted = self.w.fresh("acc_shifted")
+            self.w.line(f"{shifted} = tl.zeros([BLOCK_M], {tad})")
         self.w.open(f"for k_start in range(0, {self.plan.K}, BLOCK_K):")
         self.setup_k("k_start")
         tile = self.operand_tile(r, 1)
+        if mean is not None:
+            self.w.line(f"{shifted} += tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), "
+                        "axis=1)")
         if r.op == "SumReduce" and ad.is_float:
             # Kahan-compensated across blocks: block sums are trees, the running sum is not
             comp = self.w.fresh("comp")
@@ -184,6 +197,9 @@ class RowKernel:
             self.w.line(f"{acc} = _max_nan({acc}, {red}).to({exprs.tl_dtype(ad)})")
         self.w.close()
         self.finish(r, acc)
+        if mean is not None:
+            n = self.w.bind(f"tl.zeros([BLOCK_M], {tad}) + {self.plan.K}", "t", 0)
+            self.finish_value(mean, self.w.bind(f"{shift} + {quotient(shifted, n, tad)}", "t", 0))
 
     def prologue_statistics(self) -> None:
         """The row statistics of the main rows' normalized input (``RowPlan.prologue``), first:
@@ -241,8 +257,9 @@ class RowKernel:
         self.setup_rows()
         self.setup_k("0")
         self.prologue_statistics()
-        from lumc.backends.triton.render_norm import one_pass_mean, pair_moments
+        from lumc.backends.triton.render_norm import lone_means, one_pass_mean, pair_moments
         moments = pair_moments(self.plan)
+        moments.update(lone_means(self.kernel.meaning.nodes(), self.plan))
         for r in self.plan.reduces:
             self.finish(r, self.reduce_tile(r, self.operand_tile(r, 0)))
             if r in moments:
@@ -251,10 +268,11 @@ class RowKernel:
         self.store_outputs(("row",), 0)
 
     def write_looped(self) -> None:
-        from lumc.backends.triton.render_norm import find_online_merges
+        from lumc.backends.triton.render_norm import find_online_merges, lone_means
         self.setup_rows()
         self.prologue_statistics()
         merges = find_online_merges(self.plan)
+        means = lone_means(self.kernel.meaning.nodes(), self.plan)
         done: set[Node] = set()
         for group in self.plan.levels:
             for r in group:
@@ -265,7 +283,7 @@ class RowKernel:
                     merge.write(self)
                     done.update(merge.covers)
                 else:
-                    self.loop_reduce(r)
+                    self.loop_reduce(r, means[r].mean if r in means else None)
                     done.add(r)
         if "full" in self.plan.outputs.values():
             self.w.open(f"for k_start in range(0, {self.plan.K}, BLOCK_K):")

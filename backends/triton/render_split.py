@@ -23,7 +23,9 @@ depends on a reduction.
 from __future__ import annotations
 
 from lumc.ir.kernels import Kernel
+from lumc.backends.row_moments import find_means
 from lumc.backends.triton import exprs
+from lumc.backends.triton.chan import first_chunk_shift, quotient
 from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.launch import _TORCH_NAMES
 from lumc.backends.triton.rowplan import RowPlan
@@ -82,9 +84,29 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
             w.line(f"{comp} = tl.zeros([BLOCK_M], {exprs.tl_dtype(ad)})   # Kahan compensation")
         wss.append(Workspace(f"ws{i}_ptr", f"({M}, SPLIT)", ad))
         accs.append((acc, comp))
+    # a row mean ``SumReduce(x) * (1/K)`` (a LayerNorm's first statistic, its variance in another
+    # kernel) on shifted data as the row kernels compute it (``lumc.backends.row_moments``): every
+    # program takes the same shift, the mean of the row's first chunk, and sums ``x - shift``
+    means = []
+    for r, mean, _ in find_means(kernel.meaning.nodes()):
+        if r not in plan.reduces or plan.kind.get(mean) != "row" or r.op != "SumReduce":
+            continue
+        ad = acc_dtype(r)
+        tad = exprs.tl_dtype(ad)
+        first, fmask = s1.first_chunk(r.srcs[0])
+        first = w.bind(f"tl.where({fmask}, {first}.to({tad}), 0.0)", "a", 0)
+        shift = first_chunk_shift(w, first, fmask, tad, False)
+        acc = w.fresh("acc_shifted")
+        w.line(f"{acc} = tl.zeros([BLOCK_M], {tad})")
+        n = len(wss)
+        wss += [Workspace(f"ws{n}_ptr", f"({M}, SPLIT)", ad), Workspace(f"ws{n + 1}_ptr", f"({M}, SPLIT)", ad)]
+        means.append((r, mean, shift, acc, n))
     w.open("for k_off in range(0, CHUNK, BLOCK_K):")
     w.line("k_start = k_lo + k_off")
     s1.setup_k("k_start")
+    for r, _, shift, acc, _ in means:
+        tile = s1.operand_tile(r, 1)
+        w.line(f"{acc} += tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), axis=1)")
     for i, r in enumerate(plan.reduces):
         ad = acc_dtype(r)
         tile = s1.operand_tile(r, 1)
@@ -104,6 +126,9 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
     w.close()
     for i, (acc, _) in enumerate(accs):
         w.line(f"tl.store(ws{i}_ptr + rm * SPLIT + pid_s, {acc}, mask=rmask)")
+    for _, _, shift, acc, n in means:
+        w.line(f"tl.store(ws{n}_ptr + rm * SPLIT + pid_s, {acc}, mask=rmask)")
+        w.line(f"tl.store(ws{n + 1}_ptr + rm * SPLIT + pid_s, {shift}, mask=rmask)")
     # ---- stage 2: merge the partials, then the epilogue -----------------------------------------
     s2 = RowKernel(kernel, plan, one_pass=False)
     w2 = s2.w
@@ -115,6 +140,12 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
         part = w2.bind(f"tl.load(ws{i}_ptr + rm2 * SPLIT + rs[None, :], mask=rmask2, "
                        f"other={exprs.neutral(kind, ad)})", "p")
         s2.finish(r, w2.bind(s2.reduce_tile(r, part), "merged"))
+    for r, mean, _, _, n in means:
+        tad = exprs.tl_dtype(acc_dtype(r))
+        part = w2.bind(f"tl.load(ws{n}_ptr + rm2 * SPLIT + rs[None, :], mask=rmask2, other=0.0)", "p")
+        shift = w2.bind(f"tl.load(ws{n + 1}_ptr + rm * SPLIT, mask=rmask, other=0.0)", "p")
+        q = quotient(f"tl.sum({part}, axis=1)", f"tl.full([BLOCK_M], {K}, {tad})", tad)
+        s2.finish_value(mean, w2.bind(f"{shift} + {q}", "merged"))
     s2.store_outputs(("row",), 0)
     itemsize = max(n.dtype.itemsize for n in kernel.inputs) if kernel.inputs else 4
     problem = {"M": M, "K": K, "itemsize": itemsize, "reduces": len(plan.reduces)}

@@ -212,3 +212,45 @@ def test_torch_replay_takes_the_mean_as_the_reference_does():
     z = torch.tensor([[np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [1.0, -np.inf, 2.0]])
     m = shifted_mean_op(z, (1,), "float32", "float32")
     assert m[0, 0] == np.inf and torch.isnan(m[1, 0]) and m[2, 0] == -np.inf   # the plain mean's
+
+
+def _mean_kernel(rows: int, k: int, centered: bool):
+    """A row mean ``sum(x) * fl(1/k)`` without its variance: a LayerNorm's first statistic where
+    the search puts its two sums in two kernels (a split reduction of few long rows); centered:
+    ``x - mean`` as a per-element output (one-pass and looped row kernels)."""
+    from triton_cases import make_kernel
+
+    def build(x):
+        m = x.sum((1,), keepdims=True).mul(Tensor(const_node(np.float32(1 / k))))
+        return x.sub(m) if centered else m
+    return make_kernel("reduction", build, [((rows, k), dt.f32)])
+
+
+@pytest.mark.parametrize("variant,k,cfg", [
+    (None, 768, None),
+    ("looped", 1023, configs.make(4, 2, BLOCK_M=2, BLOCK_K=256)),
+    ("split", 3000, configs.make(4, 2, BLOCK_M=1, BLOCK_K=256, SPLIT=4)),
+    ("split", 3000, configs.make(4, 2, BLOCK_M=2, BLOCK_K=512, SPLIT=8))])
+def test_a_row_mean_alone_in_its_kernel_is_exact_on_a_constant_row(variant, k, cfg):
+    """A LayerNorm of few 65536-long rows computes its mean in a split reduction and its variance
+    in another: that mean is on shifted data too (kernel and reference), or ``x - mean`` of a
+    constant row is an ulp of ``c`` and ``eps = 1e-12`` makes the output up to 1.0."""
+    rng = np.random.default_rng(k)
+    centered = variant != "split"
+    kernel = _mean_kernel(12, k, centered)
+    x = _constant_rows(12, k, rng)
+    want = 0.0 if centered else x[1:, :1]
+    for precision in ("native", "float64"):
+        ref = ReferenceExecutor(kernel.meaning, precision)({"in0": x})["out0"]
+        np.testing.assert_array_equal(ref[1:], want, err_msg=precision)
+    tk = TritonKernel(kernel, variant)
+    got = to_numpy(tk(x, config=cfg)[0])
+    assert "shift" in tk.source
+    np.testing.assert_array_equal(got[1:], want)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    z = x.copy()
+    z[1, 5], z[2, 0], z[3, k - 1] = np.inf, np.nan, -np.inf
+    got = to_numpy(tk(z, config=cfg)[0])
+    ref = ReferenceExecutor(kernel.meaning)({"in0": z})["out0"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
