@@ -16,9 +16,9 @@ real models fast without changing results beyond reassociation:
   (stride 0) is computed once along it and returned as a broadcast view: the same bits, without
   the work (a BatchNorm + ReLU written over a convolution's product space, recomputed per output
   channel, took 4 s per kernel of densenet121).
-* The mean of a LayerNorm's statistics pair (``lumc.backends.row_moments``: ``SumReduce(x) *
-  (1/L)`` whose squared deviations are summed too) is the mean on shifted data, as the kernels
-  compute it: exact on a constant row (not with ``precision="terms"``, which sums magnitudes).
+* A row mean ``SumReduce(x) * (1/L)`` (``lumc.backends.row_moments.find_means``: a LayerNorm's,
+  ``ReduceMean``'s; not a mean of squares) is the mean on shifted data, as the kernels compute it:
+  exact on a constant row (not with ``precision="terms"``, which sums magnitudes).
 
 With ``precision="float64"`` every floating tensor is carried in float64 and rounded to its declared
 dtype only at the outputs; use it to measure the rounding error of the native run. With
@@ -107,11 +107,10 @@ class ReferenceExecutor:
         self._mask_only = self._scan_masks(graph)
         # every row mean ``SumReduce(x) * (1/L)``, paired or not: a kernel may hold a LayerNorm's
         # mean without its sum of squared deviations (a split reduction of long rows)
-        self._means = {} if precision == "terms" else {
-            id(m): s1 for s1, m, _ in find_means(self.order)}
+        # id(sum) -> its mean; the mean's value is taken with the sum and kept in the run's values
+        # under ("mean", id(mean)) until the mean node reads it
         self._mean_of = {id(s1): m for s1, m, _ in
                          (find_means(self.order) if precision != "terms" else [])}
-        self._shifted: dict[int, np.ndarray] = {}     # id(mean) -> its value, taken with its sum
 
     def _scan_masks(self, graph: Graph) -> set[int]:
         """Ids of the nodes that only a prefix sum's triangular mask reads (its ``Where``,
@@ -247,13 +246,13 @@ class ReferenceExecutor:
 
     def _eval(self, n: Node, vals, f64: bool, force: bool = False) -> np.ndarray:
         row = OPS[n.op]
-        if id(n) in self._means and id(n) in self._shifted:
-            return self._shifted.pop(id(n))
+        if ("mean", id(n)) in vals:
+            return vals.pop(("mean", id(n)))
         mean = self._mean_of.get(id(n))
         if mean is not None and id(n.srcs[0]) in vals:
             # the sum's operand may be freed once the sum is read: the mean is taken now
-            self._shifted[id(mean)] = shifted_mean(vals[id(n.srcs[0])], tuple(n.arg),
-                                                   np.float64 if f64 else mean.dtype.np)
+            vals[("mean", id(mean))] = shifted_mean(vals[id(n.srcs[0])], tuple(n.arg),
+                                                    np.float64 if f64 else mean.dtype.np)
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             dots = self.dot_operands if id(n) in self._dots else None

@@ -19,7 +19,7 @@ Semantics match the reference executor (``lumc.backends.reference``):
   turned into a flip and masks (padding) into ``constant_pad_nd``;
 * ``Cast`` from float to int truncates and saturates to the type's exact min/max (NaN -> 0), as
   ``lumc.ir.ops.cast_array`` does;
-* the mean of a LayerNorm's statistics pair (``lumc.backends.row_moments.find_moments``) is
+* a row mean (``lumc.backends.row_moments.find_means``: a LayerNorm's, ``ReduceMean``'s) is
   taken on shifted data (:func:`shifted_mean_op`), as the kernels and the reference take it, so a
   constant row normalizes to exactly 0;
 * ``Mod`` of integers refuses a divisor of 0 with the reference executor's
@@ -33,7 +33,7 @@ import string
 
 import numpy as np
 
-from lumc.backends.row_moments import find_moments
+from lumc.backends.row_moments import find_means
 from lumc.backends.scan_structure import scan_of
 from lumc.ir import dtypes as dt
 from lumc.ir.graph import Graph, Node
@@ -277,7 +277,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
         env[id(n)] = g.placeholder(f"in{i}")
     nconst = 0
     scans = False          # a prefix sum leaves its mask's nodes dead
-    means = {id(m.mean): m for m in find_moments([n for n in order if n.op == "SumReduce"])}
+    means = {id(m): s1 for s1, m, _ in find_means(order) if id(s1.srcs[0]) not in fused}
     first = next(iter(env.values()), None)
     for n in order:
         if id(n) in env or id(n) in fused:
@@ -290,7 +290,7 @@ def graph_module(graph: Graph, replace: dict | None = None):
             env[id(n)] = cf(fn, (*[env[id(s)] for s in srcs], *extra))
             continue
         if id(n) in means:
-            s1 = means[id(n)].s1
+            s1 = means[id(n)]
             acc = n.dtype.accumulator
             r = cf(shifted_mean_op, (env[id(s1.srcs[0])], tuple(s1.arg), _TORCH_NAMES[acc.name],
                                      _TORCH_NAMES[n.dtype.name]))
