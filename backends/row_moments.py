@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from lumc.ir.graph import Node
@@ -132,12 +131,24 @@ def find_moments(stats: list[Node]) -> list[Moments]:
             if scaled is None or scaled[0] is not s1:
                 continue
             # c is 1/L rounded to the statistics' dtype (an f16 form's means stay f16)
-            if abs(scaled[1] * length - 1.0) > 2 * float(ml_dtypes.finfo(s2.dtype.np).eps):
+            if not is_reciprocal(scaled[1], length, s2.dtype.np):
                 continue
             pairs.append(Moments(s1, s2, m, length))
             taken.add(id(s1))
             break
     return pairs
+
+
+def is_reciprocal(c: float, length: int, dtype) -> bool:
+    """Whether ``c`` is ``1/length`` rounded to ``dtype`` (directly, or through float32 for a
+    narrower type: an f32 constant cast down). Exactly, not within a tolerance: a relative
+    ``2 eps`` let ``fl(1/(L-1))`` pass in f16 (L <= ~1024) and bf16 (L <= 64), and the mean on
+    shifted data then replaced ``sum * fl(1/63)`` by ``sum / 64``, 1.6% off in bf16."""
+    d = np.dtype(dtype)
+    want = {float(np.array(1.0 / length, d))}
+    if d.itemsize < 4:
+        want.add(float(np.array(np.float32(1.0 / length), d)))
+    return float(np.array(c, d)) in want
 
 
 def find_means(nodes: list[Node]) -> list[tuple[Node, Node, int]]:
@@ -156,7 +167,7 @@ def find_means(nodes: list[Node]) -> list[tuple[Node, Node, int]]:
         if sq.op == "Mul" and sq.srcs[0] is sq.srcs[1]:
             continue
         length = int(np.prod([s1.srcs[0].shape[a] for a in s1.arg])) if s1.arg else 1
-        if length and abs(sc[1] * length - 1.0) <= 2 * float(ml_dtypes.finfo(s1.dtype.np).eps):
+        if length and is_reciprocal(sc[1], length, s1.dtype.np):
             out.append((s1, m, length))
     return out
 

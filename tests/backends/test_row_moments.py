@@ -254,3 +254,26 @@ def test_a_row_mean_alone_in_its_kernel_is_exact_on_a_constant_row(variant, k, c
     ref = ReferenceExecutor(kernel.meaning)({"in0": z})["out0"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+
+
+@pytest.mark.parametrize("d,k,den", [(dt.bf16, 64, 63), (dt.f16, 768, 767), (dt.f32, 768, 767)])
+def test_a_sum_scaled_by_another_reciprocal_is_no_mean(d, k, den):
+    """``sum(x) * fl(1/(k-1))`` is no row mean: it keeps its spelling in the reference (and so in
+    the kernels, ``find_means``). Within a tolerance of ``2 eps`` bf16's ``fl(1/63)`` passed for
+    ``1/64``, and a row of ones gave 1.0 where the graph says 1.0156."""
+    from lumc.backends.row_moments import find_means
+    x = Tensor(input_node("x", (3, k), d))
+    y = x.sum((1,), keepdims=True).mul(Tensor(const_node(np.array(1 / den, d.np))))
+    g = Graph({"x": x.node}, {"y": y.node})
+    assert find_means(g.nodes()) == []
+    ones = np.ones((3, k), d.np)
+    want = (np.array(np.float32(k), d.np) * np.array(1 / den, d.np)).astype(d.np)
+    np.testing.assert_array_equal(ReferenceExecutor(g)({"x": ones})["y"], np.full((3, 1), want))
+
+
+@pytest.mark.parametrize("d", [dt.bf16, dt.f16, dt.f32, dt.f64])
+def test_a_mean_in_any_float_dtype_is_found(d):
+    from lumc.backends.row_moments import find_means
+    x = Tensor(input_node("x", (3, 768), d))
+    y = x.sum((1,), keepdims=True).mul(Tensor(const_node(np.array(1 / 768, d.np))))
+    assert len(find_means(Graph({"x": x.node}, {"y": y.node}).nodes())) == 1
