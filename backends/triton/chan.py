@@ -21,6 +21,17 @@ def quotient(a: str, b: str, dtype: str) -> str:
     return f"tl.math.div_rn({a}, ({b}).to(tl.float32))"
 
 
+def kahan_add(w: SourceWriter, acc: str, comp: str, value: str) -> None:
+    """``acc += value`` inside a loop, Kahan-compensated across chunks (``comp`` carries the lost
+    low bits; a chunk's ``tl.sum`` is a tree, the running sum is not). The compensation is kept
+    only while the sum is finite: ``inf - inf`` would turn it NaN."""
+    y, t = w.fresh("ky"), w.fresh("kt")
+    w.line(f"{y} = {value} - {comp}")
+    w.line(f"{t} = {acc} + {y}")
+    w.line(f"{comp} = tl.where(tl.abs({t}) < float('inf'), ({t} - {acc}) - {y}, 0.0)")
+    w.line(f"{acc} = {t}")
+
+
 def first_chunk_shift(w: SourceWriter, x: str, mask: str, dtype: str, column: bool) -> str:
     """The shift ``K0``: the mean of the row's first chunk ``x`` (0 off ``mask``), or 0 where it is
     not finite (a row holding inf or NaN then gives what the unshifted sum gives). Bound at level
@@ -45,9 +56,9 @@ class ChanLoop:
     def __init__(self, w: SourceWriter, dtype: str, column: bool, shift: str):
         self.w, self.dtype, self.column, self.shift = w, dtype, column, shift
         self.mean, self.m2, self.n = w.fresh("mom_mean"), w.fresh("mom_m2"), w.fresh("mom_n")
-        self.sum = w.fresh("mom_sum")
+        self.sum, self.sum_comp = w.fresh("mom_sum"), w.fresh("mom_sum_comp")
         shape = "[BLOCK_M, 1]" if column else "[BLOCK_M]"
-        for v in (self.mean, self.m2, self.n, self.sum):
+        for v in (self.mean, self.m2, self.n, self.sum, self.sum_comp):
             w.line(f"{v} = tl.zeros({shape}, {dtype})")
 
     def update(self, x: str, mask: str) -> None:
@@ -58,7 +69,7 @@ class ChanLoop:
         y = w.bind(f"tl.where({mask}, {x} - {self.shift}{tile}, 0.0)", "t", 1)
         nb = w.bind(f"tl.sum({mask}.to({d}), axis=1){keep}", "t", 1)
         sb = w.bind(f"tl.sum({y}, axis=1){keep}", "t", 1)
-        w.line(f"{self.sum} = {self.sum} + {sb}")
+        kahan_add(w, self.sum, self.sum_comp, sb)
         mb = w.bind(f"{sb} / {nb}", "t", 1)
         dev = w.bind(f"tl.where({mask}, {y} - {mb}{tile}, 0.0)", "t", 1)
         mb2 = w.bind(f"tl.sum({dev} * {dev}, axis=1){keep}", "t", 1)

@@ -162,7 +162,7 @@ class RowKernel:
     def loop_reduce(self, r: Node, mean: Node | None = None) -> None:
         """Reduce ``r`` in a loop over the row; with ``mean`` (``r * (1/K)``, ``lone_means``) also
         that mean, on data shifted by the mean of the row's first chunk."""
-        from lumc.backends.triton.chan import first_chunk_shift, quotient
+        from lumc.backends.triton.chan import first_chunk_shift, kahan_add, quotient
         acc = self.w.fresh("acc")
         ad = acc_dtype(r)
         kind = "sum" if r.op == "SumReduce" else "max"
@@ -172,14 +172,16 @@ class RowKernel:
             first, fmask = self.first_chunk(r.srcs[0])
             first = self.w.bind(f"tl.where({fmask}, {first}.to({tad}), 0.0)", "a", 0)
             shift = first_chunk_shift(self.w, first, fmask, tad, False)
-            shifted = self.w.fresh("acc_shifted")
+            shifted, shifted_comp = self.w.fresh("acc_shifted"), self.w.fresh("comp_shifted")
             self.w.line(f"{shifted} = tl.zeros([BLOCK_M], {tad})")
+            self.w.line(f"{shifted_comp} = tl.zeros([BLOCK_M], {tad})")
         self.w.open(f"for k_start in range(0, {self.plan.K}, BLOCK_K):")
         self.setup_k("k_start")
         tile = self.operand_tile(r, 1)
         if mean is not None:
-            self.w.line(f"{shifted} += tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), "
-                        "axis=1)")
+            kahan_add(self.w, shifted, shifted_comp,
+                      self.w.bind(f"tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), axis=1)",
+                                  "t", 1))
         if r.op == "SumReduce" and ad.is_float:
             # Kahan-compensated across blocks: block sums are trees, the running sum is not
             comp = self.w.fresh("comp")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from lumc.ir.kernels import Kernel
 from lumc.backends.row_moments import find_means
 from lumc.backends.triton import exprs
-from lumc.backends.triton.chan import first_chunk_shift, quotient
+from lumc.backends.triton.chan import first_chunk_shift, kahan_add, quotient
 from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.launch import _TORCH_NAMES
 from lumc.backends.triton.rowplan import RowPlan
@@ -96,17 +96,19 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
         first, fmask = s1.first_chunk(r.srcs[0])
         first = w.bind(f"tl.where({fmask}, {first}.to({tad}), 0.0)", "a", 0)
         shift = first_chunk_shift(w, first, fmask, tad, False)
-        acc = w.fresh("acc_shifted")
+        acc, comp = w.fresh("acc_shifted"), w.fresh("comp_shifted")
         w.line(f"{acc} = tl.zeros([BLOCK_M], {tad})")
+        w.line(f"{comp} = tl.zeros([BLOCK_M], {tad})")
         n = len(wss)
         wss += [Workspace(f"ws{n}_ptr", f"({M}, SPLIT)", ad), Workspace(f"ws{n + 1}_ptr", f"({M}, SPLIT)", ad)]
-        means.append((r, mean, shift, acc, n))
+        means.append((r, mean, shift, acc, comp, n))
     w.open("for k_off in range(0, CHUNK, BLOCK_K):")
     w.line("k_start = k_lo + k_off")
     s1.setup_k("k_start")
-    for r, _, shift, acc, _ in means:
+    for r, _, shift, acc, comp, _ in means:
         tile = s1.operand_tile(r, 1)
-        w.line(f"{acc} += tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), axis=1)")
+        kahan_add(w, acc, comp, w.bind(f"tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), "
+                                       "axis=1)", "t", 1))
     for i, r in enumerate(plan.reduces):
         ad = acc_dtype(r)
         tile = s1.operand_tile(r, 1)
@@ -126,7 +128,7 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
     w.close()
     for i, (acc, _) in enumerate(accs):
         w.line(f"tl.store(ws{i}_ptr + rm * SPLIT + pid_s, {acc}, mask=rmask)")
-    for _, _, shift, acc, n in means:
+    for _, _, shift, acc, _, n in means:
         w.line(f"tl.store(ws{n}_ptr + rm * SPLIT + pid_s, {acc}, mask=rmask)")
         w.line(f"tl.store(ws{n + 1}_ptr + rm * SPLIT + pid_s, {shift}, mask=rmask)")
     # ---- stage 2: merge the partials, then the epilogue -----------------------------------------
@@ -140,7 +142,7 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
         part = w2.bind(f"tl.load(ws{i}_ptr + rm2 * SPLIT + rs[None, :], mask=rmask2, "
                        f"other={exprs.neutral(kind, ad)})", "p")
         s2.finish(r, w2.bind(s2.reduce_tile(r, part), "merged"))
-    for r, mean, _, _, n in means:
+    for r, mean, _, _, _, n in means:
         tad = exprs.tl_dtype(acc_dtype(r))
         part = w2.bind(f"tl.load(ws{n}_ptr + rm2 * SPLIT + rs[None, :], mask=rmask2, other=0.0)", "p")
         shift = w2.bind(f"tl.load(ws{n + 1}_ptr + rm * SPLIT, mask=rmask, other=0.0)", "p")

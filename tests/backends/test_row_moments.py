@@ -277,3 +277,36 @@ def test_a_mean_in_any_float_dtype_is_found(d):
     x = Tensor(input_node("x", (3, 768), d))
     y = x.sum((1,), keepdims=True).mul(Tensor(const_node(np.array(1 / 768, d.np))))
     assert len(find_means(Graph({"x": x.node}, {"y": y.node}).nodes())) == 1
+
+
+def _trending_rows(k: int) -> np.ndarray:
+    """Rows whose first chunk is far from the row's mean (a ramp, a ramp plus noise): the shifted
+    values do not cancel, and a running sum over ``k / BLOCK_K`` chunks rounds at every step."""
+    rng = np.random.default_rng(7)
+    return np.stack([np.linspace(-1e4, 3e4, k) + rng.standard_normal(k),
+                     rng.standard_normal(k) * 1e3 + np.arange(k)]).astype(np.float32)
+
+
+def test_a_looped_shifted_mean_of_long_rows_is_within_an_ulp():
+    """The shifted sum of a looped kernel is Kahan-compensated across chunks, as the sum it
+    replaces: uncompensated, 256 chunks of a 65536-long ramp put the mean 3 ulps off (the
+    ``sum * fl(1/k)`` it replaces was 0.2 ulp; ``row_moments`` promises an ulp)."""
+    k = 65536
+    x = _trending_rows(k)
+    exact = x.astype(np.float64).mean(1)
+    ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    cfg = configs.make(4, 2, BLOCK_M=2, BLOCK_K=256)
+    tk = TritonKernel(_mean_kernel(2, k, False), "looped")
+    got = to_numpy(tk(x, config=cfg)[0]).astype(np.float64).ravel()
+    assert (np.abs(got - exact) <= ulp).all(), np.abs(got - exact) / ulp
+    # the Chan loop's mean (a LayerNorm's, ``x - mean`` with unit variance scale): same bound
+    from triton_cases import make_kernel
+
+    def build(xt):
+        mean, var = norm._moments(xt, (1,))
+        return mean, var
+    kern = make_kernel("layernorm", build, [((2, k), dt.f32)])
+    tk = TritonKernel(kern, "looped")
+    assert "Chan/Welford" in tk.source
+    got = to_numpy(tk(x, config=cfg)[0]).astype(np.float64).ravel()
+    assert (np.abs(got - exact) <= ulp).all(), np.abs(got - exact) / ulp
