@@ -173,18 +173,24 @@ def find_means(nodes: list[Node]) -> list[tuple[Node, Node, int]]:
 
 
 def shifted_mean(x: np.ndarray, axes: tuple[int, ...], out: np.dtype) -> np.ndarray:
-    """The mean of ``x`` over ``axes`` (kept as size-1 dims) on shifted data: ``K0 + sum(x - K0) /
-    L`` with ``K0`` the first element along ``axes`` (0 where not finite), summed in float64 and
-    rounded once to ``out``: the correctly rounded mean of a float32 row up to float64's rounding,
-    exact on a constant row of any float dtype; a row holding inf or NaN gives the plain mean's
-    inf or NaN.
+    """The mean of ``x`` over ``axes`` (kept as size-1 dims), rounded once to ``out``: a float64
+    row on shifted data, ``K0 + sum(x - K0) / L`` with ``K0`` its first element (0 where not
+    finite); a float32/16 row summed in float64 as it is (exact enough that no shift is needed).
+    The correctly rounded mean of a float32 row up to float64's rounding, exact on a constant row
+    of any float dtype, finite where only the float32 sum would overflow; a row holding inf or NaN
+    gives the plain mean's inf or NaN.
 
     Args:
         x: float array (float32 or float64); ``axes`` non-empty, of total length ``L >= 1``.
     """
-    first = x[tuple(slice(0, 1) if d in axes else slice(None) for d in range(x.ndim))]
+    length = int(np.prod([x.shape[a] for a in axes]))
     with np.errstate(all="ignore"):
-        k0 = np.where(np.isfinite(first), first, 0).astype(np.float64)
-        length = int(np.prod([x.shape[a] for a in axes]))
-        m = k0 + np.sum(x.astype(np.float64) - k0, axis=axes, keepdims=True) / length
+        if x.dtype != np.float64:
+            # float32/16 values summed in float64 (numpy casts chunk by chunk: no float64 copy of
+            # x): exact up to 2**-53 of the terms, and exactly L * c on a constant row (L < 2**29)
+            m = np.sum(x, axis=axes, keepdims=True, dtype=np.float64) / length
+        else:
+            first = x[tuple(slice(0, 1) if d in axes else slice(None) for d in range(x.ndim))]
+            k0 = np.where(np.isfinite(first), first, 0)
+            m = k0 + np.sum(x - k0, axis=axes, keepdims=True) / length
         return m.astype(out)

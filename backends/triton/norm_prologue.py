@@ -36,7 +36,7 @@ from lumc.ir.views import View, contiguous_strides, prod
 from lumc.ir.movement import compose_views
 from lumc.backends.row_moments import Moments, find_moments
 from lumc.backends.triton import exprs
-from lumc.backends.triton.chan import ChanLoop, first_chunk_shift
+from lumc.backends.triton.chan import ChanLoop, ShiftedSum
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter
 from lumc.backends.triton.contraction import Contraction
 from lumc.backends.triton.indexing import unravel
@@ -249,9 +249,7 @@ class RowStatistics:
         w.line(f"{rs} = tl.arange(0, {block}){i64}", 0)
         w.line(f"{mask} = {rs}[None, :] < {K}", 0)
         first = ev.value(x_node, self.p_index(f"{rs}[None, :]", "skf", 0), mask, 0)
-        first = w.bind(f"tl.where({mask}, {first}.to(tl.float32), 0.0)", "t", 0)
-        shift = first_chunk_shift(w, first, mask, "tl.float32", True)
-        loop = ChanLoop(w, "tl.float32", True, shift)
+        loop = ChanLoop(w, ShiftedSum(w, first, mask, "tl.float32", True))
         w.open(f"for s_start in range(0, {K}, {block}):")
         w.line(f"rs = (s_start + tl.arange(0, {block})){i64}")
         w.line(f"s_mask = rs[None, :] < {K}")

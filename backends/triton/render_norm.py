@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from lumc.ir.graph import Node
 from lumc.backends.row_moments import Moments, find_means, find_moments
 from lumc.backends.triton import exprs
-from lumc.backends.triton.chan import ChanLoop, first_chunk_shift, quotient
+from lumc.backends.triton.chan import (ChanLoop, ShiftedSum, first_chunk_shift, kahan_add,
+                                       quotient)
 from lumc.backends.triton.rowplan import RowPlan
 
 
@@ -122,22 +123,18 @@ class ChanMoments:
         s1 = self.mo.s1
         ad = exprs.tl_dtype(_acc(s1))
         w.line("# Chan/Welford: running mean and centered sum of squares of x - shift, sum of x")
-        first, first_mask = rk.first_chunk(s1.srcs[0])
-        first = w.bind(f"tl.where({first_mask}, {first}.to({ad}), 0.0)", "a", 0)
-        loop = ChanLoop(w, ad, False, first_chunk_shift(w, first, first_mask, ad, False))
-        w.line(f"sum_run = tl.zeros([BLOCK_M], {ad})")
-        w.line(f"sum_comp = tl.zeros([BLOCK_M], {ad})     # Kahan compensation of sum_run")
+        loop = ChanLoop(w, ShiftedSum(w, *rk.first_chunk(s1.srcs[0]), ad, False))
+        sum_run, sum_comp = w.fresh("sum_run"), w.fresh("sum_comp")
+        for v in (sum_run, sum_comp):
+            w.line(f"{v} = tl.zeros([BLOCK_M], {ad})")
         w.open(f"for k_start in range(0, {rk.plan.K}, BLOCK_K):")
         rk.setup_k("k_start")
         x = rk.ev.value(s1.srcs[0], rk.full_idx, rk.mask2, 1)
         x = w.bind(f"tl.where(mask2, {x}.to({ad}), 0.0)", "a", 1)
         loop.update(x, "mask2")
-        w.line(f"sum_y = tl.sum({x}, axis=1) - sum_comp")
-        w.line("sum_t = sum_run + sum_y")
-        w.line("sum_comp = tl.where(tl.abs(sum_t) < float('inf'), (sum_t - sum_run) - sum_y, 0.0)")
-        w.line("sum_run = sum_t")
+        kahan_add(w, sum_run, sum_comp, w.bind(f"tl.sum({x}, axis=1)", "a", 1))
         w.close()
-        rk.finish(s1, "sum_run")
+        rk.finish(s1, sum_run)
         rk.finish(self.mo.s2, loop.m2)
         rk.finish_value(self.mo.mean, loop.row_mean())
 

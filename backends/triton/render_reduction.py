@@ -162,35 +162,23 @@ class RowKernel:
     def loop_reduce(self, r: Node, mean: Node | None = None) -> None:
         """Reduce ``r`` in a loop over the row; with ``mean`` (``r * (1/K)``, ``lone_means``) also
         that mean, on data shifted by the mean of the row's first chunk."""
-        from lumc.backends.triton.chan import first_chunk_shift, kahan_add, quotient
+        from lumc.backends.triton.chan import ShiftedSum, kahan_add
         acc = self.w.fresh("acc")
         ad = acc_dtype(r)
         kind = "sum" if r.op == "SumReduce" else "max"
         self.w.line(f"{acc} = tl.full([BLOCK_M], {exprs.neutral(kind, ad)}, {exprs.tl_dtype(ad)})")
-        if mean is not None:
-            tad = exprs.tl_dtype(ad)
-            first, fmask = self.first_chunk(r.srcs[0])
-            first = self.w.bind(f"tl.where({fmask}, {first}.to({tad}), 0.0)", "a", 0)
-            shift = first_chunk_shift(self.w, first, fmask, tad, False)
-            shifted, shifted_comp = self.w.fresh("acc_shifted"), self.w.fresh("comp_shifted")
-            self.w.line(f"{shifted} = tl.zeros([BLOCK_M], {tad})")
-            self.w.line(f"{shifted_comp} = tl.zeros([BLOCK_M], {tad})")
+        shifted = None if mean is None else ShiftedSum(self.w, *self.first_chunk(r.srcs[0]),
+                                                       exprs.tl_dtype(ad), False)
         self.w.open(f"for k_start in range(0, {self.plan.K}, BLOCK_K):")
         self.setup_k("k_start")
         tile = self.operand_tile(r, 1)
-        if mean is not None:
-            kahan_add(self.w, shifted, shifted_comp,
-                      self.w.bind(f"tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), axis=1)",
-                                  "t", 1))
+        if shifted is not None:
+            shifted.add(tile, "mask2")
         if r.op == "SumReduce" and ad.is_float:
             # Kahan-compensated across blocks: block sums are trees, the running sum is not
             comp = self.w.fresh("comp")
             self.w.line(f"{comp} = tl.zeros([BLOCK_M], {exprs.tl_dtype(ad)})", 0)
-            self.w.line(f"y = tl.sum({tile}, axis=1) - {comp}")
-            self.w.line(f"t = {acc} + y")
-            # a compensation is kept only while the sum is finite: (inf - inf) would turn it NaN
-            self.w.line(f"{comp} = tl.where(tl.abs(t) < float('inf'), (t - {acc}) - y, 0.0)")
-            self.w.line(f"{acc} = t")
+            kahan_add(self.w, acc, comp, self.w.bind(f"tl.sum({tile}, axis=1)", "t", 1))
         elif r.op == "SumReduce":
             self.w.line(f"{acc} += tl.sum({tile}, axis=1)")
         else:
@@ -199,9 +187,9 @@ class RowKernel:
             self.w.line(f"{acc} = _max_nan({acc}, {red}).to({exprs.tl_dtype(ad)})")
         self.w.close()
         self.finish(r, acc)
-        if mean is not None:
-            n = self.w.bind(f"tl.zeros([BLOCK_M], {tad}) + {self.plan.K}", "t", 0)
-            self.finish_value(mean, self.w.bind(f"{shift} + {quotient(shifted, n, tad)}", "t", 0))
+        if shifted is not None:
+            self.finish_value(mean, shifted.mean(
+                self.w.bind(f"tl.zeros([BLOCK_M], {exprs.tl_dtype(ad)}) + {self.plan.K}", "t", 0)))
 
     def prologue_statistics(self) -> None:
         """The row statistics of the main rows' normalized input (``RowPlan.prologue``), first:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from lumc.ir.kernels import Kernel
 from lumc.backends.row_moments import find_means
 from lumc.backends.triton import exprs
-from lumc.backends.triton.chan import first_chunk_shift, kahan_add, quotient
+from lumc.backends.triton.chan import ShiftedSum, kahan_add, quotient
 from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.launch import _TORCH_NAMES
 from lumc.backends.triton.rowplan import RowPlan
@@ -92,34 +92,22 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
         if r not in plan.reduces or plan.kind.get(mean) != "row" or r.op != "SumReduce":
             continue
         ad = acc_dtype(r)
-        tad = exprs.tl_dtype(ad)
-        first, fmask = s1.first_chunk(r.srcs[0])
-        first = w.bind(f"tl.where({fmask}, {first}.to({tad}), 0.0)", "a", 0)
-        shift = first_chunk_shift(w, first, fmask, tad, False)
-        acc, comp = w.fresh("acc_shifted"), w.fresh("comp_shifted")
-        w.line(f"{acc} = tl.zeros([BLOCK_M], {tad})")
-        w.line(f"{comp} = tl.zeros([BLOCK_M], {tad})")
+        shifted = ShiftedSum(w, *s1.first_chunk(r.srcs[0]), exprs.tl_dtype(ad), False)
         n = len(wss)
-        wss += [Workspace(f"ws{n}_ptr", f"({M}, SPLIT)", ad), Workspace(f"ws{n + 1}_ptr", f"({M}, SPLIT)", ad)]
-        means.append((r, mean, shift, acc, comp, n))
+        wss += [Workspace(f"ws{n}_ptr", f"({M}, SPLIT)", ad),
+                Workspace(f"ws{n + 1}_ptr", f"({M}, SPLIT)", ad)]
+        means.append((r, mean, shifted, n))
     w.open("for k_off in range(0, CHUNK, BLOCK_K):")
     w.line("k_start = k_lo + k_off")
     s1.setup_k("k_start")
-    for r, _, shift, acc, comp, _ in means:
-        tile = s1.operand_tile(r, 1)
-        kahan_add(w, acc, comp, w.bind(f"tl.sum(tl.where(mask2, {tile} - {shift}[:, None], 0.0), "
-                                       "axis=1)", "t", 1))
+    for r, _, shifted, _ in means:
+        shifted.add(s1.operand_tile(r, 1), "mask2")
     for i, r in enumerate(plan.reduces):
         ad = acc_dtype(r)
         tile = s1.operand_tile(r, 1)
         acc, comp = accs[i]
         if r.op == "SumReduce" and ad.is_float:
-            y, t = w.fresh("ksum_y"), w.fresh("ksum_t")
-            w.line(f"{y} = tl.sum({tile}, axis=1) - {comp}")
-            w.line(f"{t} = {acc} + {y}")
-            # compensation only while the sum is finite: (inf - inf) would turn it NaN
-            w.line(f"{comp} = tl.where(tl.abs({t}) < float('inf'), ({t} - {acc}) - {y}, 0.0)")
-            w.line(f"{acc} = {t}")
+            kahan_add(w, acc, comp, w.bind(f"tl.sum({tile}, axis=1)", "t", 1))
         elif r.op == "SumReduce":
             w.line(f"{acc} += tl.sum({tile}, axis=1)")
         else:
@@ -128,9 +116,9 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
     w.close()
     for i, (acc, _) in enumerate(accs):
         w.line(f"tl.store(ws{i}_ptr + rm * SPLIT + pid_s, {acc}, mask=rmask)")
-    for _, _, shift, acc, _, n in means:
-        w.line(f"tl.store(ws{n}_ptr + rm * SPLIT + pid_s, {acc}, mask=rmask)")
-        w.line(f"tl.store(ws{n + 1}_ptr + rm * SPLIT + pid_s, {shift}, mask=rmask)")
+    for _, _, shifted, n in means:
+        w.line(f"tl.store(ws{n}_ptr + rm * SPLIT + pid_s, {shifted.sum}, mask=rmask)")
+        w.line(f"tl.store(ws{n + 1}_ptr + rm * SPLIT + pid_s, {shifted.shift}, mask=rmask)")
     # ---- stage 2: merge the partials, then the epilogue -----------------------------------------
     s2 = RowKernel(kernel, plan, one_pass=False)
     w2 = s2.w
@@ -142,9 +130,10 @@ def render_split(kernel: Kernel, plan: RowPlan) -> KernelParts:
         part = w2.bind(f"tl.load(ws{i}_ptr + rm2 * SPLIT + rs[None, :], mask=rmask2, "
                        f"other={exprs.neutral(kind, ad)})", "p")
         s2.finish(r, w2.bind(s2.reduce_tile(r, part), "merged"))
-    for r, mean, _, _, _, n in means:
+    for r, mean, _, n in means:
         tad = exprs.tl_dtype(acc_dtype(r))
-        part = w2.bind(f"tl.load(ws{n}_ptr + rm2 * SPLIT + rs[None, :], mask=rmask2, other=0.0)", "p")
+        part = w2.bind(f"tl.load(ws{n}_ptr + rm2 * SPLIT + rs[None, :], mask=rmask2, other=0.0)",
+                       "p")
         shift = w2.bind(f"tl.load(ws{n + 1}_ptr + rm * SPLIT, mask=rmask, other=0.0)", "p")
         q = quotient(f"tl.sum({part}, axis=1)", f"tl.full([BLOCK_M], {K}, {tad})", tad)
         s2.finish_value(mean, w2.bind(f"{shift} + {q}", "merged"))

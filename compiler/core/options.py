@@ -26,6 +26,12 @@ def cli_spelling():
         _CLI.reset(token)
 
 
+def options(*pairs: tuple[str, object]) -> str:
+    """Several ``(name, value)`` options as the user would give them together: ``--precision bf16
+    --weights fp8`` at the CLI, ``precision='bf16', weights='fp8'`` from Python."""
+    return (" " if _CLI.get() else ", ").join(option(n, v) for n, v in pairs)
+
+
 def option(name: str, value=None) -> str:
     """Option ``name`` (the CLI's spelling, ``max-kl``) as the user gave it: ``--max-kl 0.1`` at
     the CLI, ``max_kl=0.1`` from Python (``value`` shown as given there; ``shape``: ``shapes``);

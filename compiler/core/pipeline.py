@@ -49,7 +49,7 @@ from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError, Run
 from lumc.ir.graph import Graph
 from lumc.rewrites.cost import kernel_time_bound
 from lumc.compiler.core import carried
-from lumc.compiler.core.options import option
+from lumc.compiler.core.options import options
 
 EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
 EGRAPH_MIN_S = 0.25   # below this share the e-graph is not started (loading its rules alone costs more)
@@ -472,8 +472,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                 raise InputError(f"precision {policy.precision} (weights {policy.weights}) misses "
                                  f"the quality gate ({quality['reason']}) at {fe.model_name}; a "
                                  "size range cannot fall back to weights stored differently: "
-                                 f"compile it with {option('precision', down.precision)} "
-                                 f"{option('weights', down.weights)}")
+                                 "compile it with " + options(("precision", down.precision),
+                                                              ("weights", down.weights)))
             fe.warnings.append(fallback_note(policy, down, quality))
             progress.close()
             return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,

@@ -310,3 +310,23 @@ def test_a_looped_shifted_mean_of_long_rows_is_within_an_ulp():
     assert "Chan/Welford" in tk.source
     got = to_numpy(tk(x, config=cfg)[0]).astype(np.float64).ravel()
     assert (np.abs(got - exact) <= ulp).all(), np.abs(got - exact) / ulp
+
+
+@pytest.mark.parametrize("variant,cfg", [
+    (None, None), ("looped", configs.make(4, 2, BLOCK_M=2, BLOCK_K=64)),
+    ("split", configs.make(4, 2, BLOCK_M=1, BLOCK_K=128, SPLIT=4))])
+def test_a_row_mean_near_the_top_of_the_range_stays_finite(variant, cfg):
+    """Rows of 3e37 and 1e36, and one 3e37 among ones: their means are finite, as the reference
+    (a float64 sum) gives. The first chunk's plain sum overflowed fp32, so the shift fell back to 0
+    and the shifted sum overflowed too: inf where the mean is 3e37. (A row whose fp32 sum overflows
+    in some order, +-3e37 alternating, is left out: its result depends on the order on any
+    machine.)"""
+    kernel = _mean_kernel(3, 768, centered=False)
+    x = np.ones((3, 768), np.float32)
+    x[0], x[1], x[2, 0] = 3e37, 1e36, 3e37
+    ref = ReferenceExecutor(kernel.meaning)({"in0": x})["out0"]
+    np.testing.assert_array_equal(ref[:2, 0], np.float32([3e37, 1e36]))
+    got = to_numpy(TritonKernel(kernel, variant)(x, config=cfg)[0])
+    np.testing.assert_array_equal(got[:2], ref[:2])
+    np.testing.assert_allclose(got[2], ref[2], rtol=1e-6)
+    assert ref[2, 0] == np.float32((float(np.float32(3e37)) + 767) / 768)

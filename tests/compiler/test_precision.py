@@ -550,7 +550,7 @@ def test_errors_name_options_as_the_caller_spelt_them(tmp_path):
     """The same refusal names ``--max-kl`` at the CLI and ``max_kl`` to a Python caller (it named
     the CLI flag to both), and a CLI call in the process leaves Python's spelling as it was."""
     from click.testing import CliRunner
-    from lumc.compiler.core.options import cli_spelling, option
+    from lumc.compiler.core.options import cli_spelling, option, options
     from lumc.compiler.tools.cli import cli
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
@@ -568,3 +568,7 @@ def test_errors_name_options_as_the_caller_spelt_them(tmp_path):
     with cli_spelling():
         assert option("max-kl", 0.1) == "--max-kl 0.1" and option("shape") == "--shape"
     assert option("workers", "ray") == "workers='ray'"
+    pair = (("precision", "bf16"), ("weights", "fp8"))
+    assert options(*pair) == "precision='bf16', weights='fp8'"
+    with cli_spelling():
+        assert options(*pair) == "--precision bf16 --weights fp8"

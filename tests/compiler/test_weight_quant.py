@@ -237,7 +237,7 @@ def test_policy_takes_the_new_formats():
     assert {"fp8", "nvfp4"} <= set(WEIGHTS)
     assert PrecisionPolicy("fp32", "nvfp4").rtol == WEIGHTS_TOLERANCE["nvfp4"]
     assert PrecisionPolicy("bf16", "fp8").rtol == max(1e-1, WEIGHTS_TOLERANCE["fp8"])
-    with pytest.raises(InputError, match="--weights.*nvfp4"):
+    with pytest.raises(InputError, match="weights='fp4'.*nvfp4"):
         PrecisionPolicy("fp32", "fp4")
 
 
@@ -350,7 +350,7 @@ def test_weights_on_a_model_without_a_weight_are_refused(tmp_path, capsys):
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
     exp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(InputError, match=r"^--weights int8: .* has no weight read only by matrix "
+    with pytest.raises(InputError, match=r"^weights='int8': .* has no weight read only by matrix "
                                          r"products .*nothing would be stored as int8"):
         lumc.compile(exp, budget="20s", device="sim:h200", db=db, use_egraph=False,
                      weights="int8", precision="bf16", reuse_plan=False)
