@@ -30,8 +30,12 @@ Welford mean gives 0 exactly. With ``K0`` within an ulp or two of ``c``, every `
 (Sterbenz's lemma), their sum is exact, and ``m == c``. Kernels (``lumc.backends.triton.chan``)
 take ``K0`` = the mean of the row's first chunk (the whole row in a one-pass kernel: a corrected
 two-pass mean), and the result is within an ulp of the correctly rounded mean otherwise too. The
-reference executor (:func:`shifted_mean`) sums in float64 from ``K0`` = the row's first element,
-exact for float32 rows, so the check compares like with like. The sum ``s1`` keeps its spelling.
+same holds for a row mean on its own (:func:`find_means`: a LayerNorm whose variance the search put
+in another kernel, a ``ReduceMean``), in the row, looped and split kernels. The reference executor
+(:func:`shifted_mean`) sums float32 rows in float64 (exact on a constant row without a shift) and
+float64 rows from ``K0`` = their first element, so the check compares like with like; the torch
+replay (``graph_torch.shifted_mean_op``) shifts as the kernels do. The sum ``s1`` keeps its
+spelling.
 """
 from __future__ import annotations
 
