@@ -34,7 +34,7 @@ from lumc.ir.graph import Node
 from lumc.ir.ops import ELEMENTWISE, REDUCE
 from lumc.ir.views import View, contiguous_strides, prod
 from lumc.ir.movement import compose_views
-from lumc.backends.row_moments import Moments, find_moments
+from lumc.backends.row_moments import Moments, find_means, find_moments
 from lumc.backends.triton import exprs
 from lumc.backends.triton.chan import ChanLoop, ShiftedSum
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter
@@ -214,12 +214,18 @@ class RowStatistics:
         w, ev = self.w, self.ev
         pairs = {m.s1: m for m in find_moments(self.plan.stats)}
         second = {m.s2 for m in pairs.values()}
+        # a row mean whose squared deviations are not summed here (``E[x^2] - mean^2`` spellings):
+        # on shifted data too (``lumc.backends.row_moments.find_means``)
+        lone = {s1: mean for s1, mean, _ in find_means(list(self.plan.rows))
+                if s1 in self.plan.stats and s1 not in pairs}
         for r in self.plan.stats:
             if r in pairs:
                 self._emit_moments(pairs[r], K, i64, block)
                 continue
             if r in second:
                 continue
+            shifted = None if r not in lone else ShiftedSum(
+                w, *self._first_chunk(r.srcs[0], K, i64, block), "tl.float32", True)
             acc = w.fresh("stat_acc")
             is_max = r.op == "MaxReduce"
             init = "float('-inf')" if is_max else "0.0"
@@ -231,6 +237,8 @@ class RowStatistics:
             fill = "float('-inf')" if is_max else "0.0"
             val = w.bind(f"tl.where(s_mask, {val}.to(tl.float32), {fill})", "t", 1)
             w.line(f"{acc} = tl.maximum({acc}, {val})" if is_max else f"{acc} = {acc} + {val}")
+            if shifted is not None:
+                shifted.add(val, "s_mask")
             w.close()
             red = "tl.max" if is_max else "tl.sum"
             name = w.fresh("stat")
@@ -238,18 +246,28 @@ class RowStatistics:
             if r.dtype.name != "f32":
                 name = w.bind(f"{name}.to({exprs.tl_dtype(r.dtype)})", "stat", 0)
             self.vars[r] = name
+            if shifted is not None:
+                mean = shifted.mean(f"(tl.zeros([BLOCK_M, 1], tl.float32) + {K})")
+                self.vars[lone[r]] = mean if lone[r].dtype.name == "f32" else w.bind(
+                    f"{mean}.to({exprs.tl_dtype(lone[r].dtype)})", "stat", 0)
+
+    def _first_chunk(self, x_node: Node, K: int | str, i64: str, block: str) -> tuple[str, str]:
+        """``(tile, mask)``: ``x_node`` over the rows' first ``block`` positions (level 0), under
+        index names of its own (``rs``/``s_mask`` are rebound per chunk, and a level-0 value under
+        those names would be reused inside the loop)."""
+        w = self.w
+        rs, mask = w.fresh("rs_first"), w.fresh("s_mask_first")
+        w.line(f"{rs} = tl.arange(0, {block}){i64}", 0)
+        w.line(f"{mask} = {rs}[None, :] < {K}", 0)
+        return self.ev.value(x_node, self.p_index(f"{rs}[None, :]", "skf", 0), mask, 0), mask
 
     def _emit_moments(self, mo: Moments, K: int | str, i64: str, block: str) -> None:
         """``mo.s1`` (the row sum), ``mo.s2`` (the sum of squared deviations) and ``mo.mean`` in one
         loop over the row, on data shifted by the mean of its first chunk (``chan.ChanLoop``)."""
         w, ev = self.w, self.ev
         x_node = mo.s1.srcs[0]
-        # the first chunk under names of its own (``rs``/``s_mask`` are rebound per chunk)
-        rs, mask = w.fresh("rs_first"), w.fresh("s_mask_first")
-        w.line(f"{rs} = tl.arange(0, {block}){i64}", 0)
-        w.line(f"{mask} = {rs}[None, :] < {K}", 0)
-        first = ev.value(x_node, self.p_index(f"{rs}[None, :]", "skf", 0), mask, 0)
-        loop = ChanLoop(w, ShiftedSum(w, first, mask, "tl.float32", True))
+        loop = ChanLoop(w, ShiftedSum(w, *self._first_chunk(x_node, K, i64, block), "tl.float32",
+                                      True))
         w.open(f"for s_start in range(0, {K}, {block}):")
         w.line(f"rs = (s_start + tl.arange(0, {block})){i64}")
         w.line(f"s_mask = rs[None, :] < {K}")

@@ -330,3 +330,32 @@ def test_a_row_mean_near_the_top_of_the_range_stays_finite(variant, cfg):
     np.testing.assert_array_equal(got[:2], ref[:2])
     np.testing.assert_allclose(got[2], ref[2], rtol=1e-6)
     assert ref[2, 0] == np.float32((float(np.float32(3e37)) + 767) / 768)
+
+
+@pytest.mark.parametrize("block_k", [1024, 32])
+def test_a_one_pass_variance_layer_norm_formed_on_load_is_zero_on_a_constant_row(block_k):
+    """JAX's spelling, ``var = max(E[x^2] - mean^2, 0)``, formed on load in a contraction: its mean
+    and mean square are no moments pair, so the mean was ``sum * fl(1/K)``, an ulp off a constant
+    row's value, and ``(x - mean) / sqrt(var + 1e-12)`` came out O(1) where the reference (which
+    takes every row mean on shifted data) gives 0. The lone mean is shifted in the kernel too."""
+    k, n = 129, 24
+    rng = np.random.default_rng(7)
+    x = Tensor(input_node("x", (9, k), dt.f32))
+    inv = Tensor(const_node(np.float32(1 / k)))
+    mean = x.sum((1,), keepdims=True).mul(inv)
+    var = x.mul(x).sum((1,), keepdims=True).mul(inv).sub(mean.mul(mean))
+    var = var.maximum(var.scalar_like(0.0))
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    y = x.sub(mean).mul(var.add(1e-12).sqrt().recip()) @ Tensor.const(w)
+    call = build_call([y.node], lambda node_: False, push_views=False)
+    xv = _constant_rows(9, k, rng)
+    args = [xv if c.op == "Input" else c.arg.value for c in call.inputs]
+    tk = TritonKernel(call.kernel)
+    assert call.kernel.form == "matmul" and "shifted_sum" in tk.source
+    cfg = configs.make(4, 2, BLOCK_M=16, BLOCK_N=16, BLOCK_K=block_k, GROUP_M=8, N_TILES=2,
+                       PRECISION="ieee")
+    got = to_numpy(tk(*args, config=cfg)[0])
+    ref = ReferenceExecutor(call.kernel.meaning)({f"in{i}": v for i, v in enumerate(args)})["out0"]
+    np.testing.assert_array_equal(ref[1:], 0.0)
+    np.testing.assert_array_equal(got[1:], 0.0)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-4)
