@@ -49,9 +49,11 @@ from lumc.ir.graph import Node
 @dataclass(frozen=True)
 class Moments:
     """A recognized pair: ``s1 = SumReduce(x)``, ``mean = s1 * (1/L)`` and
-    ``s2 = SumReduce(d * d)``, ``d = x - broadcast(mean)``, over ``length`` elements per row."""
+    ``s2 = SumReduce(d * d)``, ``d = x - broadcast(mean)``, over ``length`` elements per row;
+    ``s2`` None for a mean whose squared deviations another kernel sums
+    (``render_norm.lone_means``)."""
     s1: Node
-    s2: Node
+    s2: Node | None
     mean: Node
     length: int
 
