@@ -105,12 +105,12 @@ class ReferenceExecutor:
         self._scan_products: set[int] = set()   # ids of the products whose mask is skipped
         self._scans: dict[int, ScanSpec] = {}    # id(SumReduce) -> its prefix sum (scan_of)
         self._mask_only = self._scan_masks(graph)
-        # every row mean ``SumReduce(x) * (1/L)``, paired or not: a kernel may hold a LayerNorm's
-        # mean without its sum of squared deviations (a split reduction of long rows)
-        # id(sum) -> its mean; the mean's value is taken with the sum and kept in the run's values
-        # under ("mean", id(mean)) until the mean node reads it
+        # id(sum) -> its row mean ``SumReduce(x) * (1/L)`` (paired with a variance or not): the
+        # mean's value is taken with the sum, from the sum's operand (which may be freed by the
+        # time the mean is evaluated), and kept in the run's values under ("mean", id(mean))
         self._mean_of = {id(s1): m for s1, m, _ in
                          (find_means(self.order) if precision != "terms" else [])}
+        self._means = {id(m) for m in self._mean_of.values()}
 
     def _scan_masks(self, graph: Graph) -> set[int]:
         """Ids of the nodes that only a prefix sum's triangular mask reads (its ``Where``,
@@ -246,13 +246,17 @@ class ReferenceExecutor:
 
     def _eval(self, n: Node, vals, f64: bool, force: bool = False) -> np.ndarray:
         row = OPS[n.op]
-        if ("mean", id(n)) in vals:
+        if id(n) in self._means and ("mean", id(n)) in vals:
             return vals.pop(("mean", id(n)))
         mean = self._mean_of.get(id(n))
         if mean is not None and id(n.srcs[0]) in vals:
-            # the sum's operand may be freed once the sum is read: the mean is taken now
-            vals[("mean", id(mean))] = shifted_mean(vals[id(n.srcs[0])], tuple(n.arg),
-                                                    np.float64 if f64 else mean.dtype.np)
+            mv = shifted_mean(vals[id(n.srcs[0])], tuple(n.arg),
+                              np.float64 if f64 else mean.dtype.np)
+            vals[("mean", id(mean))] = mv
+            if not force and self._users.get(id(n)) == 1:
+                # only the mean reads this sum, and it takes the value above: the sum is not
+                # computed a second time (its value stands in, never read)
+                return mv
         if n.op == "SumReduce" and id(n.srcs[0]) in self._fused_mul and id(n.srcs[0]) not in vals:
             m = n.srcs[0]
             dots = self.dot_operands if id(n) in self._dots else None

@@ -34,8 +34,8 @@ same holds for a row mean on its own (:func:`find_means`: a LayerNorm whose vari
 in another kernel, a ``ReduceMean``), in the row, looped and split kernels. The reference executor
 (:func:`shifted_mean`) sums float32 rows in float64 (exact on a constant row without a shift) and
 float64 rows from ``K0`` = their first element, so the check compares like with like; the torch
-replay (``graph_torch.shifted_mean_op``) shifts as the kernels do. The sum ``s1`` keeps its
-spelling.
+replay (``graph_torch.shifted_mean_op``) shifts by the row's first element (no extra pass). The
+sum ``s1`` keeps its spelling.
 """
 from __future__ import annotations
 

@@ -190,12 +190,11 @@ def pair_moments(plan: RowPlan) -> dict[Node, Moments]:
     return out
 
 
-def lone_means(nodes: list[Node], plan: RowPlan) -> dict[Node, Moments]:
+def lone_means(nodes: list[Node], plan: RowPlan, paired: dict) -> dict[Node, Moments]:
     """``{s1: Moments(s1, None, mean, K)}`` for the row means ``s1 * (1/K)`` among ``nodes`` whose
-    sum of squared deviations is not in the kernel (``pair_moments`` covers those): computed on
+    sum of squared deviations is not in the kernel (``paired``, :func:`pair_moments`'s): computed on
     shifted data too, so a LayerNorm whose statistics land in two kernels keeps a constant row's
     mean exact."""
-    paired = pair_moments(plan)
     out = {}
     for s1, mean, length in find_means(nodes):
         if (s1 in plan.reduces and s1 not in paired and s1 not in out

@@ -249,7 +249,7 @@ class RowKernel:
         self.prologue_statistics()
         from lumc.backends.triton.render_norm import lone_means, one_pass_mean, pair_moments
         moments = pair_moments(self.plan)
-        moments.update(lone_means(self.kernel.meaning.nodes(), self.plan))
+        moments.update(lone_means(self.kernel.meaning.nodes(), self.plan, moments))
         for r in self.plan.reduces:
             self.finish(r, self.reduce_tile(r, self.operand_tile(r, 0)))
             if r in moments:
@@ -258,11 +258,11 @@ class RowKernel:
         self.store_outputs(("row",), 0)
 
     def write_looped(self) -> None:
-        from lumc.backends.triton.render_norm import find_online_merges, lone_means
+        from lumc.backends.triton.render_norm import find_online_merges, lone_means, pair_moments
         self.setup_rows()
         self.prologue_statistics()
         merges = find_online_merges(self.plan)
-        means = lone_means(self.kernel.meaning.nodes(), self.plan)
+        means = lone_means(self.kernel.meaning.nodes(), self.plan, pair_moments(self.plan))
         done: set[Node] = set()
         for group in self.plan.levels:
             for r in group:

@@ -200,9 +200,11 @@ def prefix_sum_op(v, k: int, exclusive: bool, reverse: bool, acc_name: str, out_
 
 
 def shifted_mean_op(x, axes: tuple, acc_name: str, out_name: str):
-    """The mean of ``x`` over ``axes`` (kept) as ``lumc.backends.row_moments.shifted_mean``:
-    ``K0 + sum(x - K0) / L`` with ``K0`` the first element along ``axes`` (0 where not finite),
-    summed in the accumulator dtype ``acc_name`` (a device's fp32 sum, not numpy's float64)."""
+    """The mean of ``x`` over ``axes`` (kept) on shifted data: ``K0 + sum(x - K0) / L`` with
+    ``K0`` the first element along ``axes`` (0 where not finite; a view, no extra pass over ``x``),
+    summed in the accumulator dtype ``acc_name``. Exact on a constant row, as the kernels (whose
+    ``K0`` is the first chunk's mean) and the reference (a float64 sum) are; elsewhere within the
+    rounding of an fp32 sum."""
     import torch
     acc = getattr(torch, acc_name)
     first = x

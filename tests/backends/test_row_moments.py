@@ -359,3 +359,22 @@ def test_a_one_pass_variance_layer_norm_formed_on_load_is_zero_on_a_constant_row
     np.testing.assert_array_equal(ref[1:], 0.0)
     np.testing.assert_array_equal(got[1:], 0.0)
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_sum_only_its_mean_reads_is_not_summed_twice_but_a_kept_one_is_exact():
+    """The reference takes a row mean from the sum's operand; a sum nothing else reads is then not
+    computed again, while a sum asked for (a kernel boundary: ``run_keeping``) or read elsewhere
+    keeps its own value, the float32 sum."""
+    x = Tensor(input_node("x", (4, 768), dt.f32))
+    s = x.sum((1,), keepdims=True)
+    mean = s.mul(Tensor(const_node(np.float32(1 / 768))))
+    g = Graph({"x": x.node}, {"m": mean.node})
+    v = _constant_rows(4, 768, np.random.default_rng(2))
+    ex = ReferenceExecutor(g)
+    out, kept = ex.run_keeping({"x": v}, {id(s.node)})
+    np.testing.assert_array_equal(out["m"][1:, 0], v[1:, 0])
+    np.testing.assert_array_equal(kept[id(s.node)], v.sum(1, keepdims=True, dtype=np.float32))
+    np.testing.assert_array_equal(ex({"x": v})["m"], out["m"])
+    both = Graph({"x": x.node}, {"m": mean.node, "s": s.node})
+    got = ReferenceExecutor(both)({"x": v})
+    np.testing.assert_array_equal(got["s"], v.sum(1, keepdims=True, dtype=np.float32))
