@@ -50,6 +50,7 @@ and read back at HBM prices, and the finish kernel adds a launch and a wave), ``
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
@@ -256,6 +257,9 @@ def _static(kernel: Kernel) -> tuple:
         c = contraction_dims(kernel) if kernel.form in TENSOR_FORMS else None
         prologue = row_statistics_work(kernel, c) if c is not None and kernel.form == "matmul" \
             else RowWork()
+        if c is not None and kernel.form == "matmul":
+            from lumc.backends.triton.render_matmul import stored_view_ops
+            prologue = dataclasses.replace(prologue, store_ops=stored_view_ops(kernel))
         rows = (*row_dims(kernel), row_prologue_ops(kernel), row_passes(kernel)) \
             if c is None and kernel.form not in ("pointwise", "gather", "mlp", "scan") else None
         hit = (sum(kernel.read_bytes()), sum(n.nbytes for n in kernel.outputs), dtype,
@@ -402,6 +406,12 @@ def simulate_kernel_time(kernel: Kernel, cfg: dict, dev: DeviceSpec) -> float:
             rows = bm * tn * bn
             body += programs * rows * (rw.epilogue + rw.epilogue_ops) / dev.vector_flops["f32"]
             reread += c.batch * c.m * c.n * dtype.itemsize * rw.epilogue * groups
+        if rw.store_ops:
+            # outputs stored through a view: their index digits over every padded tile element,
+            # on the INT32 units: half the FP32 lanes (NVIDIA H100 whitepaper, the SM: 16 INT32
+            # and 32 FP32 units per quarter), one op per lane and clock where vector_flops
+            # counts an FMA as 2
+            body += c.batch * tm * bm * tn * bn * rw.store_ops / (dev.vector_flops["f32"] / 4)
         if reread:
             l2_bw = L2_BANDWIDTH * min(1.0, L2_SM_HEADROOM * programs / dev.sm_count)
             body += reread * (1 - L2_HIT) / (dev.hbm_bandwidth * bw_eff) + reread * L2_HIT / l2_bw

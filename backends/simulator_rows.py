@@ -35,12 +35,15 @@ class RowWork:
             where the normalized value is itself a residual plus a normalization formed on load,
             ``fusion_norms``: Gemma's ``x + norm(s)``); a statistic's pass counts each buffer its
             body reads, so ``prologue`` and ``epilogue`` count buffer passes.
+        store_ops: integer ops per output tile element that finding where outputs stored through
+            a view go costs (``render_matmul.stored_view_ops``; ``fusion_stored``).
     """
     prologue: int = 0
     prologue_ops: int = 0
     epilogue: int = 0
     epilogue_ops: int = 0
     operand_buffers: int = 1
+    store_ops: int = 0
 
 
 def row_statistics_work(kernel: Kernel, c: Contraction) -> RowWork:

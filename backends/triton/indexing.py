@@ -185,3 +185,51 @@ def per_axis(v: View, src_shape: tuple[int, ...]) -> list[tuple[int, list[tuple[
     if rest != 0:
         return None
     return [(offs.get(i, 0), terms.get(i, [])) for i in range(len(src_shape))]
+
+
+def store_order(v: View) -> list[tuple[int, int]] | None:
+    """``[(dim, stride)]`` of ``v``'s non-unit dims, largest stride first, when a kernel can store
+    a value through ``v`` from the positions of its source (a model output that is a slice, a
+    permutation or a split of heads of a contraction's tile: ``render_matmul``); else None.
+
+    That needs every source position to be read by at most one index, found digit by digit: no
+    mask, positive strides, and each stride at least the next smaller one times its dim's size
+    (``strides[a] >= strides[b] * shape[b]``). Then an index's offset from the first position,
+    ``sum(i_k * strides[k])``, is a mixed-radix number whose digits ``i_k`` are taken greedily,
+    largest stride first (the smaller dims' terms sum to less than the next larger stride, by the
+    nesting), so :func:`store_through` inverts the view exactly.
+    """
+    if v.mask is not None:
+        return None
+    dims = [(k, s) for k, (d, s) in enumerate(zip(v.shape, v.strides)) if d > 1]
+    if any(s <= 0 for _, s in dims):
+        return None
+    dims.sort(key=lambda t: -t[1])
+    if any(s1 < s2 * v.shape[k2] for (_, s1), (k2, s2) in zip(dims, dims[1:])):
+        return None
+    return dims
+
+
+def store_through(w, v: View, addr: str, level: int) -> tuple[list[str], str | None]:
+    """``(idx, valid)``: the index in ``v.shape`` of the element ``v`` reads from source position
+    ``addr`` (a tile of flat positions), one expression per dim, and the mask of the positions
+    ``v`` reads at all (None: every one). Emitted on ``w`` (a ``SourceWriter``) at ``level``;
+    ``v`` must pass :func:`store_order`.
+
+    Each digit is ``r // stride`` of the remaining offset ``r``; a position is read when
+    ``r >= 0`` at the start, every digit is below its dim's size and nothing remains. Masked-off
+    lanes may compute any digits (C's truncating ``//`` of a negative ``r``): they are never
+    stored.
+    """
+    order = store_order(v)
+    assert order is not None, f"view {v} cannot be stored through"
+    r = w.bind(f"({addr}) - {v.offset}" if v.offset else f"({addr})", "vr", level)
+    valid = [f"({r} >= 0)"] if v.offset else []
+    idx = ["0"] * len(v.shape)
+    for k, s in order:
+        idx[k] = r if s == 1 else w.bind(f"{r} // {s}", "vi", level)
+        valid.append(f"({idx[k]} < {v.shape[k]})")
+        r = "0" if s == 1 else w.bind(f"{r} - {idx[k]} * {s}", "vr", level)
+    if r != "0":
+        valid.append(f"({r} == 0)")
+    return idx, (" & ".join(valid) or None)

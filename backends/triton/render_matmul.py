@@ -22,12 +22,14 @@ from lumc.ir import dtypes as dt
 from lumc.ir.graph import Node, toposort
 from lumc.ir.kernels import Kernel
 from lumc.ir.ops import ELEMENTWISE
+from lumc.ir.views import View
 from lumc.backends.triton import exprs
 from lumc.backends.triton.codegen import Evaluator, RenderError, SourceWriter, reads_of
 from lumc.backends.triton.contraction import Contraction, find_contractions, paired_contractions
 from lumc.backends.triton.dot_precision import dot_dtype, emit_dot
 from lumc.backends.triton.indexing import (flat_index, is_pure_reshape, needs_int64,
-                                           reshape_index, served_size, unravel)
+                                           reshape_index, served_size, store_order, store_through,
+                                           unravel)
 from lumc.backends.triton.norm_epilogue import aligned_reads, plan_row_epilogue, row_broadcasts
 from lumc.backends.triton.norm_prologue import RowStatistics, plan_row_prologue
 from lumc.backends.triton.configs import splitk_useful
@@ -73,9 +75,68 @@ def _whole(w: SourceWriter, x: Node, expr: str, dim_groups, shape: str, prefix: 
     return w.bind(f"tl.broadcast_to({expr}, ({shape}))", prefix, level)
 
 
-def check_epilogue(nodes: list[Node], dep: set[Node], root: Node) -> None:
+def stored_view(o: Node, dep: set[Node]) -> View | None:
+    """The view through which output ``o`` of a contraction kernel's meaning reads the product's
+    side (``dep``: the nodes that depend on the product), when that view moves elements (a
+    slice, a permutation: a model output read off the product); None when ``o`` reads it in the
+    product's order (through reshapes only). The kernel then computes ``o`` at the index the view
+    gives each tile position and stores it there
+    (:func:`~lumc.backends.triton.indexing.store_through`), instead of a copy kernel re-reading
+    the product.
+
+    Raises:
+        RenderError: ``o`` reads the product's side through several such views, through one that
+            is not ``o``'s shape or that :func:`~lumc.backends.triton.indexing.store_order`
+            cannot invert, or both through one and in the product's order.
+    """
+    views, direct, seen, stack = set(), False, set(), [o]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or x not in dep:
+            continue
+        seen.add(id(x))
+        if x.op == "View" and x.srcs[0] in dep and not is_pure_reshape(x.arg, x.srcs[0].shape):
+            views.add(x.arg)
+            continue
+        direct |= not x.srcs or not any(s in dep for s in x.srcs)    # the product itself
+        stack.extend(x.srcs)
+    if not views:
+        return None
+    v = next(iter(views))
+    if len(views) > 1 or direct or v.shape != o.shape or store_order(v) is None:
+        raise RenderError(f"output {o!r} reads the product through views it cannot be stored "
+                          f"through ({len(views)} views, in the product's order too: {direct})")
+    return v
+
+
+def stored_view_ops(kernel: Kernel) -> int:
+    """Integer ops per output tile element that a matmul kernel spends finding where its
+    :func:`stored_view` outputs go: per such output, three per non-unit dim of the view (a
+    division by a constant, a multiply, a subtract) and two for the mask."""
+    from lumc.backends.triton.contraction import find_contractions
+    nodes = kernel.meaning.nodes()
+    cs = find_contractions(nodes)
+    if len(cs) != 1:
+        return 0
+    dep = dependents(nodes, cs[0].node)
+    ops = 0
+    for o in kernel.meaning.outputs.values():
+        try:
+            v = stored_view(o, dep)
+        except RenderError:
+            continue
+        if v is not None:
+            ops += 3 * sum(d > 1 for d in v.shape) + 2
+    return ops
+
+
+def check_epilogue(nodes: list[Node], dep: set[Node], root: Node,
+                   outputs: tuple[Node, ...] = ()) -> None:
+    """Raise ``RenderError`` for a node over the product that is not elementwise or a reshape,
+    but the view through which an output in ``outputs`` is stored (:func:`stored_view`)."""
+    stored = {id(v) for o in outputs for v in [stored_view(o, dep)] if v is not None}
     for n in nodes:
-        if n not in dep or n is root:
+        if n not in dep or n is root or (n.op == "View" and id(n.arg) in stored):
             continue
         if n.op == "View":
             if not is_pure_reshape(n.arg, n.srcs[0].shape):
@@ -126,7 +187,7 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     # residual's rows (epilogue)
     rowp = plan_row_prologue(c, nodes) if any(n in under_a for n in others) else None
     dep = dependents(nodes, c.node)
-    check_epilogue(nodes, dep, c.node)
+    check_epilogue(nodes, dep, c.node, tuple(kernel.meaning.outputs.values()))
     if c2 is not None:
         dep2 = dependents(nodes, c2.node)
         check_epilogue(nodes, dep2, c2.node)
@@ -358,8 +419,16 @@ def _epilogue(w: SourceWriter, ev: Evaluator, c: Contraction, kernel: Kernel, bi
     addr = flat_index(o_idx, fr)
     if not (c.m_dims and c.n_dims):  # the pointer must span the whole tile even where M or N is 1
         addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
+    dep = dependents(kernel.meaning.nodes(), c.node)
     for name, o in kernel.meaning.outputs.items():
         if skip and name in skip:
+            continue
+        sv = stored_view(o, dep)
+        if sv is not None:     # a slice or permutation of the epilogue: stored through the view
+            idx, valid = store_through(w, sv, addr, lo)
+            mask = "c_mask" if valid is None else w.bind(f"c_mask & {valid}", "vmask", lo)
+            v = ev.value(o, idx, mask, lo)
+            w.line(f"tl.store({name}_ptr + ({flat_index(idx, o.shape)}), {v}, mask={mask})", lo)
             continue
         v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", lo)
         w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)", lo)

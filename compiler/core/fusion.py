@@ -34,6 +34,9 @@ that reads it:
   value contraction is assembled into one attention form (``lumc.compiler.core.fusion_attention``).
 * Two contractions of one left operand whose epilogues meet (a gated MLP's ``silu(g) * u``) are one
   *paired* matmul kernel with two accumulators (``fusion_chain``, :meth:`ChainFusion._pairs`).
+* A realized pointwise reader of a contraction's tile through a view that moves elements (a
+  column slice of merged projections, a key cache's split of heads) is computed and stored by the
+  contraction's kernel through the view (``lumc.compiler.core.fusion_stored``).
 * Independent pointwise kernels of one element count, close in launch order, are one kernel with
   several outputs (horizontal fusion: a decoding step's key and value cache concatenations), when
   every input of the later one is written before the first
@@ -58,6 +61,7 @@ from lumc.backends.scan_structure import scan_of
 from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_chain import ChainFusion
 from lumc.compiler.core.fusion_scan import ScanFusion
+from lumc.compiler.core.fusion_stored import StoredReaders
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
 from lumc.compiler.core.fusion_rows import ROWS_REFUSAL, RowFusion, launch_order  # noqa: F401
@@ -74,7 +78,7 @@ HORIZONTAL_LOOKAHEAD = 4  # later kernels a pointwise kernel looks at for indepe
 
 
 class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusion, RowFusion,
-                   ScanFusion):
+                   ScanFusion, StoredReaders):
     """Realization decisions for one graph; :meth:`program` cuts the kernels.
 
     Attributes:
@@ -485,6 +489,11 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
             for k, g in self.group.items():
                 if g == rid:
                     form_of[k] = rec
+
+        def excluded(m: Node) -> bool:      # kernels that cannot be a contraction's reader
+            return bool(id(m) in form_of or id(m) in self.row_owned or self.row_outputs.get(id(m))
+                        or self.group.get(id(m)) in self.norm_consumers
+                        or self.group.get(id(m)) in self.row_groups)
         for n in self.order:
             if id(n) in self.realized and id(n) not in self.row_owned:
                 rec = form_of.get(id(n))
@@ -506,11 +515,19 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                 elif self.group.get(id(n)) in self.norm_consumers:
                     # the normalization stays as written: its renderer reads the rows of its input
                     # (and writes the row values other kernels read)
-                    calls.append(build_call([n] + rows, boundary, push_views=False))
+                    call = build_call([n] + rows, boundary, push_views=False)
+                    stored = self._stored_readers(n, call, boundary, done, excluded, rows, False)
+                    calls.append(call if stored is None else stored[0])
+                    done.update(id(m) for m in (stored[1] if stored else ()))
                 else:
                     call = build_call([n], boundary)
-                    more = self._pointwise_partners(n, call, done, form_of) \
-                        if call.kernel.form == "pointwise" else []
+                    stored = self._stored_readers(n, call, boundary, done, excluded)
+                    if stored is not None:       # readers through a view (fusion_stored)
+                        call, more = stored[0], []
+                        done.update(id(m) for m in stored[1])
+                    else:
+                        more = self._pointwise_partners(n, call, done, form_of) \
+                            if call.kernel.form == "pointwise" else []
                     calls.append(build_call([n] + more, boundary) if more else call)
                     done.update(id(m) for m in more)
                 done.add(id(n))

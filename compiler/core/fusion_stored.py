@@ -1,0 +1,125 @@
+"""Readers of a contraction's tile through a view, stored by the contraction's kernel.
+
+A contraction whose result is read through a view that moves elements (a slice, a permutation, a
+split of heads) cannot take that reader as an ordinary epilogue: the epilogue runs on the output
+tile in the product's order (``render_matmul``). Greedily, the product is written and a pointwise
+kernel reads it back through the view: three projections merged into one contraction by the
+e-graph and returned as three outputs (``q + bq``, ``k + bk``, ``v + bv``, each over a column slice
+of the merged product), or a key and value returned as a cache (``[B, S, H*D]`` stored as
+``[B, H, S, D]``), each cost a launch and a re-read of the product.
+
+Here such a reader joins the contraction's kernel when (:meth:`StoredReaders._stored_readers`):
+
+* the kernel is a contraction's (not a paired one, not a form's), a normalization formed on load
+  in it or not;
+* the reader is a realized node whose own kernel would be pointwise, reading the product only
+  through one unmasked view of the reader's shape that
+  :func:`~lumc.backends.triton.indexing.store_order` can invert (each product position is read by
+  at most one index), and its other inputs are already in memory when the contraction runs.
+
+The contraction's kernel then finds, for each tile position, the reader's index that reads it
+(``store_through``: the view's strides as mixed-radix digits), computes the reader there and stores
+it (``render_matmul.stored_view``); positions the view does not read are masked off. The product
+itself is written only when anything else reads it. Each reader so stored removes a launch and a
+re-read of its share of the product.
+"""
+from __future__ import annotations
+
+from lumc.ir.graph import Node
+from lumc.ir.ops import ELEMENTWISE
+
+from lumc.backends.triton.codegen import RenderError
+from lumc.backends.triton.indexing import is_pure_reshape, store_order
+from lumc.backends.triton.render_matmul import render_matmul
+from lumc.compiler.core.kernel_builder import build_call
+
+
+class StoredReaders:
+    """Mixin of ``GreedyFusion`` (see the module docstring); uses its ``uses``, ``realized``,
+    ``group``, ``refusals`` and the kernel-cutting state of ``program``."""
+
+    def _stored_readers(self, n: Node, call, boundary, done: set[int], excluded,
+                        rows: tuple = (), push_views: bool | None = None) -> tuple | None:
+        """``(call, readers)``: the kernel of realized node ``n`` (``call``: a contraction, with
+        the row values ``rows`` it writes, cut with ``push_views``) also storing the readers found
+        (see the module docstring), ``n`` among its outputs only when anything else reads it;
+        None when there is none, or when the kernel with them does not render."""
+        if call.kernel.form != "matmul" or call.kernel.attr("paired"):
+            return None
+        take = []
+        for m in self._view_readers(n):
+            if id(m) in done or excluded(m):
+                continue
+            trial = build_call([m], lambda x: id(x) in self.realized and x is not m)
+            if trial.kernel.form == "pointwise" and all(
+                    x is n or id(x) in done or x.op in ("Input", "Constant")
+                    for x in trial.inputs) and _one_storable_view(trial, n):
+                take.append(m)
+        if not take:
+            return None
+        taken = {id(m) for m in take}
+        keep = id(n) in self.outputs or not all(self._feeds_only(u, taken, {})
+                                                for u, _ in self.uses[id(n)])
+        out = build_call(([n] if keep else []) + list(rows) + take, boundary,
+                         push_views=push_views)
+        if out.kernel.form != "matmul" or not _renders(out):
+            return None
+        for m in take:       # the refusals that kept them apart no longer hold
+            self.refusals = [r for r in self.refusals
+                             if not r.startswith((f"no fusion %{m.id}:{m.op}:",
+                                                  f"no fusion %{n.id}:{n.op} -> %{m.id}:"))]
+        return out, take
+
+    def _feeds_only(self, u: Node, taken: set[int], memo: dict) -> bool:
+        """``u`` is a taken reader, or an inlined node (not realized, not an output) whose every
+        reader feeds only taken readers: nothing else needs what ``u`` reads."""
+        if id(u) in taken:
+            return True
+        if id(u) not in memo:
+            memo[id(u)] = False      # a cycle cannot occur; this only bounds the recursion
+            memo[id(u)] = (id(u) not in self.realized and id(u) not in self.outputs
+                           and id(u) not in self.group and u.op != "View"
+                           and all(self._feeds_only(v, taken, memo)
+                                   for v, _ in self.uses.get(id(u), [])))
+        return memo[id(u)]
+
+    def _view_readers(self, n: Node) -> list[Node]:
+        """Realized nodes reading ``n`` through views and inlined elementwise nodes, in graph
+        order (the candidates of :meth:`_stored_readers`)."""
+        found, seen, stack = [], set(), [u for u, _ in self.uses.get(id(n), [])]
+        while stack:
+            u = stack.pop()
+            if id(u) in seen:
+                continue
+            seen.add(id(u))
+            if id(u) in self.realized:
+                found.append(u)
+            elif (u.op in ELEMENTWISE or u.op == "View") and id(u) not in self.group:
+                stack.extend(v for v, _ in self.uses.get(id(u), []))
+        return sorted(found, key=lambda x: self.pos[id(x)])
+
+
+def _one_storable_view(trial, n: Node) -> bool:
+    """The pointwise kernel ``trial`` reads ``n`` (its placeholder) only through views, all one
+    view of the kernel's output shape that moves elements and can be inverted."""
+    k = next((i for i, x in enumerate(trial.inputs) if x is n), None)
+    if k is None:
+        return False
+    ph = trial.kernel.meaning.inputs[f"in{k}"]
+    users = [x for x in trial.kernel.meaning.nodes() if any(s is ph for s in x.srcs)]
+    if not users or any(u.op != "View" for u in users) or len({u.arg for u in users}) != 1:
+        return False
+    v = users[0].arg
+    out = next(iter(trial.kernel.meaning.outputs.values()))
+    return (v.shape == out.shape and not is_pure_reshape(v, ph.shape)
+            and store_order(v) is not None)
+
+
+def _renders(call) -> bool:
+    """The contraction kernel ``call`` renders (``render_matmul``: each output an epilogue in the
+    product's order or a :func:`~lumc.backends.triton.render_matmul.stored_view`)."""
+    try:
+        render_matmul(call.kernel)
+    except RenderError:
+        return False
+    return True

@@ -1,0 +1,228 @@
+"""Readers of a contraction's tile through a view (a slice, a permutation, a split of heads) are
+stored by the contraction's kernel (``compiler/core/fusion_stored.py``): one kernel instead of a
+matmul and a copy kernel, with the same values as the reference, in the Triton interpreter too."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lumc.backends.reference import ReferenceExecutor
+from lumc.backends.triton.codegen import SourceWriter
+from lumc.backends.triton.indexing import store_order, store_through
+from lumc.backends.triton.runner import run_program
+from lumc.compiler.core.fusion import greedy_program
+from lumc.ir import dtypes as dt
+from lumc.ir.tensor import Tensor, split
+from lumc.ir.views import View
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_fusion import graph, inp, run_both  # noqa: E402
+
+RNG = np.random.default_rng(7)
+
+
+def _w(shape, d=dt.f32):
+    return Tensor.const(RNG.standard_normal(shape).astype(d.np))
+
+
+def _heads(t: Tensor, b: int, s: int, h: int) -> Tensor:
+    """``[B, S, H*D]`` as ``[B, H, S, D]`` (a key cache's layout)."""
+    return t.reshape((b, s, h, t.shape[-1] // h)).permute((0, 2, 1, 3))
+
+
+def _projections(m: int, k: int, n: int, d=dt.f32, product_read: bool = False):
+    """Merged Q/K/V projections returned as outputs: ``q + bq`` (a column slice), ``k + bk`` as
+    heads (a permutation of a slice) and ``relu(v + bv)``; with ``product_read`` the product is
+    also an output scaled by 2 (read in its own order)."""
+    x = inp("x", (m, k), d)
+    p = x @ _w((k, 3 * n), d)
+    q, kk, v = split(p, [n, n, n], 1)
+    outs = {"q": q + _w((n,), d), "k": _heads(kk + _w((n,), d), 1, m, 2),
+            "v": (v + _w((n,), d)).maximum(0.0)}
+    if product_read:
+        outs["p2"] = p * 2.0
+    return graph(outs, {"x": x})
+
+
+def _interpreted(g, p, d=dt.f32, tol=None):
+    feed = {k: RNG.standard_normal(n.shape).astype(n.dtype.np) for k, n in g.inputs.items()}
+    want = ReferenceExecutor(g, "float64")(feed)
+    got = run_program(p, feed)
+    for k in want:
+        assert got[k].shape == want[k].shape
+        np.testing.assert_allclose(got[k].astype(np.float64), want[k],
+                                   rtol=tol or 1e-4, atol=tol or 1e-4, err_msg=k)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 32), (37, 20, 22), (5, 130, 6)])
+def test_readers_through_views_are_stored_by_the_contraction(m, k, n):
+    g = _projections(m, k, n)
+    p = run_both(g)
+    assert p.form_counts() == {"matmul": 1}
+    assert not any("is a copy" in line or "read through a view" in line for line in p.notes)
+    # the product itself is not written: nothing but the stored readers reads it
+    assert [o.shape for o in p.calls[0].kernel.meaning.outputs.values()] == [
+        (m, n), (1, 2, m, n // 2), (m, n)]
+    _interpreted(g, p)
+
+
+def test_a_product_read_elsewhere_is_written_too():
+    g = _projections(40, 24, 16, product_read=True)
+    p = run_both(g)
+    assert p.form_counts() == {"matmul": 1, "pointwise": 1}
+    assert (40, 1, 48) in [o.shape for o in p.calls[0].kernel.meaning.outputs.values()]
+    _interpreted(g, p)
+
+
+def test_half_precision_and_split_k_configs_store_the_same_values():
+    from lumc.backends.triton import configs
+    from lumc.backends.triton.launch import TritonKernel
+    g = _projections(24, 1024, 16, dt.f16)
+    p = run_both(g)
+    assert p.form_counts() == {"matmul": 1}
+    kern = p.calls[0].kernel
+    feed = [RNG.standard_normal(n.shape).astype(n.dtype.np) for n in p.calls[0].inputs]
+    want = ReferenceExecutor(kern.meaning, "float64")(
+        {f"in{i}": a for i, a in enumerate(feed)})
+    tk = TritonKernel(kern)
+    assert tk.rendered.config_space == "matmul_splitk"     # the finish kernel stores them too
+    for split_k in (1, 4):
+        cfg = configs.make(4, 2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=8,
+                           SPLIT_K=split_k)
+        got = tk(*feed, config=cfg)
+        for name, t in zip(kern.meaning.outputs, got):
+            np.testing.assert_allclose(np.asarray(t, np.float64), want[name], rtol=2e-2,
+                                       atol=2e-2, err_msg=f"{name} SPLIT_K={split_k}")
+
+
+def test_views_that_cannot_be_inverted_stay_copies():
+    """A broadcast (one product position read at several indices) and a sliding window
+    (overlapping reads) are not stored through: the copy kernel stays, and the values hold."""
+    x = inp("x", (16, 8))
+    p = x @ _w((8, 12))
+    outs = {"b": p.reshape((16, 1, 12)).expand((16, 3, 12)),
+            "w": p.window(1, 4, 2)}
+    g = graph(outs, {"x": x})
+    prog = run_both(g)
+    assert "pointwise" in prog.form_counts()
+    assert store_order(View.contiguous((16, 1, 12)).expand((16, 3, 12))) is None
+
+
+def test_a_float64_contraction_keeps_its_copy_kernel():
+    """The row engine (no ``tl.dot`` for float64) does not store through views: the kernel with
+    the readers does not render, so they stay apart, and the values hold."""
+    g = _projections(9, 7, 6, dt.f64)
+    p = run_both(g)
+    assert p.form_counts() == {"matmul": 1, "pointwise": 1}
+    _interpreted(g, p, tol=1e-12)
+
+
+@st.composite
+def _views(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=4)))
+    v = View.contiguous(shape)
+    for _ in range(draw(st.integers(0, 3))):
+        op = draw(st.sampled_from(["permute", "slice", "reshape", "expand"]))
+        if op == "permute":
+            v = v.permute(tuple(draw(st.permutations(range(v.ndim)))))
+        elif op == "slice":
+            starts, steps, counts = [], [], []
+            for d in v.shape:
+                a = draw(st.integers(0, d - 1))
+                s = draw(st.integers(1, 2))
+                starts.append(a)
+                steps.append(s)
+                counts.append(draw(st.integers(1, (d - 1 - a) // s + 1)))
+            v = v.slice(starts, steps, counts)
+        elif op == "reshape":
+            r = v.reshape((v.numel,))
+            v = r if r is not None else v
+        else:
+            k = draw(st.integers(0, v.ndim - 1))
+            if v.shape[k] == 1:
+                v = v.expand(tuple(3 if i == k else d for i, d in enumerate(v.shape)))
+    return shape, v
+
+
+@settings(max_examples=300, deadline=None)
+@given(_views())
+def test_store_through_inverts_every_invertible_view(case):
+    """For each source position, the emitted digits name the one output index that reads it, and
+    the mask is true exactly at the positions the view reads; a view refused by ``store_order``
+    reads some position twice (or is masked)."""
+    shape, v = case
+    n = int(np.prod(shape))
+    idx = np.indices(v.shape).reshape(v.ndim, -1)
+    reads = v.offset + np.tensordot(np.array(v.strides), idx, 1) if v.ndim else np.array([0])
+    order = store_order(v)
+    if order is None:
+        assert v.mask is not None or len(set(reads.tolist())) < reads.size
+        return
+    w = SourceWriter()
+    out, valid = store_through(w, v, "addr", 0)
+    env = {"addr": np.arange(n)}
+    exec(w.body().replace("    ", ""), {}, env)    # the emitted lines are plain arithmetic
+    digits = [np.broadcast_to(eval(e, {}, env), (n,)) for e in out]
+    ok = np.ones(n, bool) if valid is None else np.broadcast_to(eval(valid, {}, env), (n,))
+    assert sorted(np.flatnonzero(ok).tolist()) == sorted(reads.tolist())
+    for pos in np.flatnonzero(ok):
+        i = tuple(int(d[pos]) for d in digits)
+        assert v.offset + sum(a * s for a, s in zip(i, v.strides)) == pos
+
+
+def test_one_sized_module_serves_every_sequence_length():
+    """A key cache's heads of a ranged sequence length: the stored kernel's strides and bounds
+    are sizes, re-sized per call by the size-generic module."""
+    from lumc.backends.triton.size_generic import SizedKernel
+    from lumc.ir.symbolic import Resizer, probing
+    P = 61
+    with probing([P]):
+        x = inp("x", (2, P, 16))
+        p = x @ _w((16, 24)) + _w((24,))
+        q, k, v = split(p, [8, 8, 8], 2)
+        g = graph({"q": q, "k": _heads(k, 2, P, 2), "v": _heads(v, 2, P, 2)}, {"x": x})
+        prog = greedy_program(g)
+    assert prog.form_counts() == {"matmul": 1}
+    kern = prog.calls[0].kernel
+    sk = SizedKernel(kern, {P: "L0"})
+    for n in (1, 6, 33):
+        m = Resizer({P: n}).graph(kern.meaning)
+        feed = {name: RNG.standard_normal(ph.shape).astype(np.float32)
+                for name, ph in m.inputs.items()}
+        ref = ReferenceExecutor(m, "float64")(feed)
+        got = sk(*[feed[name] for name in m.inputs], sizes={"L0": n})
+        for o, t in zip(m.outputs, got):
+            np.testing.assert_allclose(t.numpy(), ref[o], rtol=1e-4, atol=1e-4, err_msg=f"{o} {n}")
+
+
+def test_torch_projections_returned_as_outputs_compile_to_one_kernel(tmp_path, monkeypatch):
+    import torch
+    import lumc
+    monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+
+    class Cache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).split(32, dim=-1)
+            return torch.relu(q), k.view(b, s, 4, 8).transpose(1, 2), v.view(b, s, 4, 8)
+
+    m = Cache().eval()
+    x = torch.randn(2, 12, 32)
+    f = lumc.compile(m, budget="60s", device="sim:h200", example_inputs=(x,))
+    with torch.no_grad():
+        want = m(x)
+    got = f(x)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    (spec,) = [s for s in f._cache.values() if s.compiled is not None]
+    assert spec.compiled.report_dict()["kernels"] == 1
