@@ -172,6 +172,13 @@ def run_calls(prog, feeds: dict, cfg=None, space: str | None = None) -> dict:
     return env
 
 
+def _qkv_cache(x, w, b):
+    """``(q, k, v)`` of a merged projection, the key and value split into 12 heads of 64."""
+    from lumc.ir.tensor import split
+    q, k, v = split(x @ w + b, [768, 768, 768], 1)
+    return (q, *(t.reshape((128, 12, 64)).permute((1, 0, 2)) for t in (k, v)))
+
+
 def every_form_kernels() -> list[tuple[str, Kernel, str | None]]:
     """``(case, kernel, variant)`` for every kernel form at GPU-filling sizes, with the cases whose
     Triton code differs (int64 indexing, looped rows, masks, split TF32, paired and mlp
@@ -215,6 +222,11 @@ def every_form_kernels() -> list[tuple[str, Kernel, str | None]]:
                     "matmul", lambda x, wg, wu: (x @ wg).maximum(0.0) * (x @ wu),
                     [((1024, 1024), dt.bf16), ((1024, 2816), dt.bf16), ((1024, 2816), dt.bf16)],
                     [("paired", True)]), None),
+                # GPT-2's QKV projection returning its key and value as a cache ([B, H, S, D]):
+                # stored through the views by the matmul (fusion_stored), the digits' int math
+                ("matmul-stored", make_kernel("matmul", _qkv_cache,
+                                              [((128, 768), dt.bf16), ((768, 2304), dt.bf16),
+                                               ((2304,), dt.bf16)]), None),
                 # BERT-base's feed-forward block in fp32 (split TF32): the F_TILES loop's live
                 # column-tile accumulators
                 ("mlp-f32", make_kernel(
