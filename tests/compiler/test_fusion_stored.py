@@ -226,3 +226,23 @@ def test_torch_projections_returned_as_outputs_compile_to_one_kernel(tmp_path, m
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     (spec,) = [s for s in f._cache.values() if s.compiled is not None]
     assert spec.compiled.report_dict()["kernels"] == 1
+
+
+def test_a_reader_of_the_product_in_two_orders_is_not_stored():
+    """``p.T + p`` reads the product through a transpose and in its own order: no tile position
+    holds both, so the matmul renderer refuses such an output and fusion keeps it apart."""
+    from lumc.backends.triton.codegen import RenderError
+    from lumc.backends.triton.render_matmul import render_matmul
+    from lumc.ir.graph import Graph
+    from lumc.ir.kernels import Kernel
+    x = inp("x", (12, 8))
+    p = x @ _w((8, 12))
+    g = graph({"y": p.transpose(0, 1) + p}, {"x": x})
+    prog = run_both(g)
+    assert prog.form_counts() == {"matmul": 1, "pointwise": 1}
+    a, b = inp("in0", (12, 8)), inp("in1", (8, 12))
+    q = a @ b
+    k = Kernel("matmul", Graph({"in0": a.node, "in1": b.node},
+                               {"out0": (q.transpose(0, 1) + q).node}))
+    with pytest.raises(RenderError, match="cannot be stored"):
+        render_matmul(k)
