@@ -246,3 +246,20 @@ def test_a_reader_of_the_product_in_two_orders_is_not_stored():
                                {"out0": (q.transpose(0, 1) + q).node}))
     with pytest.raises(RenderError, match="cannot be stored"):
         render_matmul(k)
+
+
+def test_the_vendor_path_writes_the_same_stored_outputs():
+    """The kernel's cuBLAS config (the torch replay of its meaning) gives the readers' values at
+    their own shapes, as the Triton kernel does."""
+    import torch
+    from lumc.compiler.runtime.extern import ExternKernel
+    g = _projections(24, 40, 16)
+    p = run_both(g)
+    call = p.calls[0]
+    ins = [RNG.standard_normal(n.shape).astype(np.float32) for n in call.inputs]
+    want = ReferenceExecutor(call.kernel.meaning, "float64")(
+        {f"in{i}": a for i, a in enumerate(ins)})
+    outs = [torch.full(o.shape, float("nan")) for o in call.kernel.meaning.outputs.values()]
+    ExternKernel(call.kernel)(*[torch.from_numpy(a) for a in ins], outputs=outs)
+    for name, t in zip(call.kernel.meaning.outputs, outs):
+        np.testing.assert_allclose(t.numpy(), want[name], rtol=1e-5, atol=1e-5, err_msg=name)
