@@ -128,6 +128,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
         self.forms = self._form_groups(self._with_attention(forms or {}))
         self.row_groups: dict[int, set[int]] = {}
         self.row_groups_found: list[frozenset[int]] = []   # Node.ids of each group's members
+        self.unfused = bool(realize)
         if not realize:          # the unfused program cuts every op
             self._row_groups()
         self._decide()

@@ -36,7 +36,8 @@ from lumc.compiler.core.kernel_builder import build_call
 
 class StoredReaders:
     """Mixin of ``GreedyFusion`` (see the module docstring); uses its ``uses``, ``realized``,
-    ``group``, ``refusals`` and the kernel-cutting state of ``program``."""
+    ``group``, ``refusals`` and the kernel-cutting state of ``program``; none in the unfused
+    program (one kernel per op)."""
 
     def _stored_readers(self, n: Node, call, boundary, done: set[int], excluded,
                         rows: tuple = (), push_views: bool | None = None) -> tuple | None:
@@ -44,7 +45,7 @@ class StoredReaders:
         the row values ``rows`` it writes, cut with ``push_views``) also storing the readers found
         (see the module docstring), ``n`` among its outputs only when anything else reads it;
         None when there is none, or when the kernel with them does not render."""
-        if call.kernel.form != "matmul" or call.kernel.attr("paired"):
+        if self.unfused or call.kernel.form != "matmul" or call.kernel.attr("paired"):
             return None
         take = []
         for m in self._view_readers(n):

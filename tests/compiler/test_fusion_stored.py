@@ -263,3 +263,12 @@ def test_the_vendor_path_writes_the_same_stored_outputs():
     ExternKernel(call.kernel)(*[torch.from_numpy(a) for a in ins], outputs=outs)
     for name, t in zip(call.kernel.meaning.outputs, outs):
         np.testing.assert_allclose(t.numpy(), want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_the_unfused_program_keeps_one_kernel_per_op():
+    from lumc.compiler.core.pipeline import unfused_program
+    g = _projections(16, 8, 6)
+    prog = unfused_program(g)
+    (mm,) = [c for c in prog.calls if c.kernel.form == "matmul"]
+    assert [o.op for o in mm.kernel.meaning.outputs.values()] == ["SumReduce"]
+    assert prog.form_counts()["pointwise"] >= 4
