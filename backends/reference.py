@@ -107,9 +107,13 @@ class ReferenceExecutor:
         self._mask_only = self._scan_masks(graph)
         # id(sum) -> its row mean ``SumReduce(x) * (1/L)`` (paired with a variance or not): the
         # mean's value is taken with the sum, from the sum's operand (which may be freed by the
-        # time the mean is evaluated), and kept in the run's values under ("mean", id(mean))
+        # time the mean is evaluated), and kept in the run's values under ("mean", id(mean)).
+        # A mean read only by sums (a mean over size-1 dims of a kept-dims mean: ONNX ReduceMean
+        # after GlobalAveragePool) is a fused Mul that the reading sum's einsum evaluates from the
+        # sum's own value, never on its own: it is no such pair (the sum's value must be the sum)
         self._mean_of = {id(s1): m for s1, m, _ in
-                         (find_means(self.order) if precision != "terms" else [])}
+                         (find_means(self.order) if precision != "terms" else [])
+                         if id(m) not in self._fused_mul}
         self._means = {id(m) for m in self._mean_of.values()}
 
     def _scan_masks(self, graph: Graph) -> set[int]:

@@ -378,3 +378,19 @@ def test_a_sum_only_its_mean_reads_is_not_summed_twice_but_a_kept_one_is_exact()
     both = Graph({"x": x.node}, {"m": mean.node, "s": s.node})
     got = ReferenceExecutor(both)({"x": v})
     np.testing.assert_array_equal(got["s"], v.sum(1, keepdims=True, dtype=np.float32))
+
+
+@pytest.mark.parametrize("precision", ["native", "float64"])
+def test_a_mean_only_a_sum_reads_keeps_its_sum(precision):
+    """A mean of a kept-dims mean (ONNX ``GlobalAveragePool`` then ``ReduceMean`` over the size-1
+    dims) is a product read only by a sum, which the einsum evaluates from the first sum's value:
+    that value must be the sum, not the row mean standing in for it (the result was the mean
+    times ``1/L`` again: 20x too small at L = 20, in the quality gate and ``run --check``'s
+    float64 judge)."""
+    x = Tensor(input_node("x", (2, 16, 4, 5), dt.f32))
+    y = x.mean((2, 3), keepdims=True).mean((2, 3))
+    g = Graph({"x": x.node}, {"y": y.node})
+    v = np.random.default_rng(0).standard_normal((2, 16, 4, 5)).astype(np.float32)
+    got = ReferenceExecutor(g, precision)({"x": v})["y"]
+    assert got.shape == (2, 16)
+    np.testing.assert_allclose(got, v.astype(np.float64).mean((2, 3)), rtol=1e-6, atol=1e-7)
