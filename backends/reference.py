@@ -18,7 +18,8 @@ real models fast without changing results beyond reassociation:
   channel, took 4 s per kernel of densenet121).
 * A row mean ``SumReduce(x) * (1/L)`` (``lumc.backends.row_moments.find_means``: a LayerNorm's,
   ``ReduceMean``'s; not a mean of squares) is the mean on shifted data, as the kernels compute it:
-  exact on a constant row (not with ``precision="terms"``, which sums magnitudes).
+  exact on a constant row (not with ``precision="terms"``, which sums magnitudes; nor a mean only
+  sums read, which their einsum evaluates from the sum itself).
 
 With ``precision="float64"`` every floating tensor is carried in float64 and rounded to its declared
 dtype only at the outputs; use it to measure the rounding error of the native run. With
