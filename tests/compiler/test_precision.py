@@ -572,3 +572,26 @@ def test_errors_name_options_as_the_caller_spelt_them(tmp_path):
     assert options(*pair) == "precision='bf16', weights='fp8'"
     with cli_spelling():
         assert options(*pair) == "--precision bf16 --weights fp8"
+
+
+def test_the_gate_of_a_pooled_head_measures_the_plan_not_a_wrong_reference(db):
+    """GlobalAveragePool then ReduceMean over its size-1 dims (a torch CNN's ``mean((2, 3))``
+    exported after an adaptive pool) then a MatMul: the gate's fp32 reference once read 1/20 of
+    the pooled mean, so a bf16 plan within 1e-3 of float64 'missed' the gate and fell back."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((16, 10)) / 4).astype(np.float32), "w")
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["g"]),
+             helper.make_node("ReduceMean", ["g"], ["p"], axes=[2, 3], keepdims=0),
+             helper.make_node("MatMul", ["p", "w"], ["y"])]
+    g = helper.make_graph(nodes, "head",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 4, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    cm = lumc.compile(model, budget="30s", device="sim:h200", db=db, use_egraph=False,
+                      precision="bf16", tolerance=0.02)
+    r = cm.report_dict()
+    assert r["precision"] == "bf16", r["warnings"]
+    x = (rng.standard_normal((2, 16, 4, 5)) + 1).astype(np.float32)
+    ref = x.astype(np.float64).mean((2, 3)) @ numpy_helper.to_array(w).astype(np.float64)
+    err = np.abs(cm(x) - ref).max() / np.abs(ref).max()
+    assert 1e-6 < err < 0.02 and r["quality"]["max_rel"] < 0.02
