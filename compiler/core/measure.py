@@ -121,7 +121,8 @@ class KernelEntry:
     configs: list = field(default_factory=list)
     render_error: str | None = None
     triton: object = None
-    max_error: float = 0.0
+    max_error: float = 0.0        # the worst of every check of this kernel, any config
+    check_errors: dict = field(default_factory=dict)   # sim:* check precision -> its max rel error
     externs: dict = field(default_factory=dict)    # impl -> ExternKernel (GPU timing)
     magnitudes: object = None     # the meaning with |terms| summed (_term_scale), when needed
 
@@ -342,16 +343,14 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         emulation of that precision (``lumc.backends.precision``) within
         :data:`PRECISION_CHECK_RTOL`; the model-level cost of the precision is the quality
         gate's."""
-        from lumc.backends.triton import configs as cf
-        problem = e.triton.rendered.problem
-        default = cf.DEFAULT_PRECISION.get(problem.get("dot_dtype") or "", None)
-        p = precision if precision in INTERPRETER_EXACT_DOTS else default
+        p, default = self._check_precision(e, precision)
         vkey = e.key if p == default else f"{e.key}:{p}"
         if vkey in self._verdicts:
             return self._verdicts[vkey]
         shared, fkey = self._family(e, p)
         if fkey in shared:        # the same structure and code path, checked at another size
-            verdict, e.max_error = shared[fkey]
+            verdict, err = shared[fkey]
+            e.check_errors[p], e.max_error = err, max(e.max_error, err)
             self.shared_checks += 1
             self._verdicts[vkey] = (verdict[0], verdict[1] + " [shared: this structure's "
                                     "generated code was checked at another size of the range]")
@@ -359,23 +358,47 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         dbk = self._verdict_key(e.key, "numerics-check" if p == default else f"numerics-check:{p}")
         hit = self.db.get(dbk)
         if hit is not None:
-            verdict = (hit.ok, hit.note)
-            e.max_error = hit.seconds        # the row keeps the check's max rel error
+            verdict, err = (hit.ok, hit.note), hit.seconds   # the row keeps the check's error
             self._note_sampled(e.key, hit.note)
         else:
             # the interpreter's cost is per program and per op: big tiles, or a large kernel's
             # tiles sized for a sampled check (configs.check_config)
             cfg = e.triton.check_config(p)
-            ok, note = self._check(e, -1 if p == default else -2, cfg)
+            index = -1 if p == default else -2
+            self.checked.pop((e.key, index), None)   # -2 serves each reduced precision in turn
+            ok, note = self._check(e, index, cfg)
             verdict = (ok, note + f" (at {cfg}, CPU interpreter)")
             if note.startswith("error: no budget"):
                 return verdict          # not a verdict on the kernel: not remembered
+            # this precision's own error (another precision's check of the kernel is not it)
+            err = self.checked.get((e.key, index), 0.0)
             if ok or note.startswith("rejected"):
-                self.db.put(dbk, Timing(e.max_error, ok, True, verdict[1]))
+                self.db.put(dbk, Timing(err, ok, True, verdict[1]))
+        e.check_errors[p], e.max_error = err, max(e.max_error, err)
         if fkey is not None and (verdict[0] or verdict[1].startswith("rejected")):
-            shared[fkey] = (verdict, e.max_error)
+            shared[fkey] = (verdict, err)
         self._verdicts[vkey] = verdict
         return verdict
+
+    def _check_precision(self, e: KernelEntry, precision: str | None) -> tuple:
+        """``(the operand precision a sim:* check of ``precision`` runs at, the kernel's
+        default)``: precisions the interpreter does not emulate are checked at the default."""
+        from lumc.backends.triton import configs as cf
+        problem = e.triton.rendered.problem
+        default = cf.DEFAULT_PRECISION.get(problem.get("dot_dtype") or "", None)
+        return (precision if precision in INTERPRETER_EXACT_DOTS else default), default
+
+    def check_error(self, key: str, config: dict | None) -> float:
+        """The max rel error of the numerics check that judged ``config`` of kernel ``key``: on
+        ``sim:*`` its operand precision's check (a kernel also checked at fp8 for a config the
+        plan does not use reported that config's error), else that config's own; the worst of
+        the kernel's checks where neither is known."""
+        e, cfg = self.entries[key], config or {}
+        if self.target.simulated and not is_extern(cfg) and e.triton is not None:
+            p = self._check_precision(e, cfg.get("PRECISION"))[0]
+            return e.check_errors.get(p, e.max_error)
+        idx = next((j for j in range(len(e.configs)) if self.config_of(key, j) == config), None)
+        return self.checked.get((key, idx), e.max_error)
 
     def _verdict_key(self, key: str, what: str) -> TimingKey:
         return TimingKey(key, what, self.target.name, self.versions["lumc"],

@@ -482,7 +482,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         note = precision_note(policy, quality)
         if note:
             fe.warnings.append(note)
-        kernel_err = max((measurer.entries[k].max_error for k in ck), default=0.0)
+        kernel_err = max((measurer.check_error(k, c) for k, c in zip(ck, configs)), default=0.0)
         if err is not None or kernel_err:
             err = max(err or 0.0, kernel_err)
         stage_s["plan"] = deadline.elapsed() - sum(stage_s.values())

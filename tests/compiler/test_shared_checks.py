@@ -1,7 +1,8 @@
 """A range compile's size buckets share interpreter verdicts by kernel structure
 (``measure.sharing_checks``): the same structure re-sized is checked once, a rejection holds in
 every bucket, another code path (config space) is checked again, and nothing is shared outside a
-range compile. Re-sized programs keep their e-class value keys."""
+range compile. Re-sized programs keep their e-class value keys. A kernel checked at several
+operand precisions keeps each check's error apart (``KernelMeasurer.check_error``)."""
 import numpy as np
 
 from lumc.backends.triton.benchcases import _kernel
@@ -86,3 +87,36 @@ def test_resized_programs_keep_their_value_keys_and_family():
     assert rp.value_keys == {id(rc.inputs[0]): ("r", 1), id(rc.outputs[0]): ("r", 7)}
     assert resize_program(rp, Resizer({5: 5})).calls[0].family is kern
     assert np.prod(rc.outputs[0].shape) == 40
+
+
+def _erring(m, errors: dict):
+    """``m._check`` as the real one records a check (``checked`` and the kernel's worst), with the
+    max rel error ``errors[PRECISION of the check config]``."""
+    def check(e, index, cfg):
+        err = errors[(cfg.kwargs() if cfg is not None else {}).get("PRECISION")]
+        m.checked[(e.key, index)] = err
+        e.max_error = max(e.max_error, err)
+        return True, f"checked: max rel error {err:.3g}"
+    m._check = check
+
+
+def test_a_configs_check_error_is_its_own_precisions(tmp_path):
+    """A kernel checked at fp8 and at bf16 (the fp8 policy tries both): the error of its bf16
+    config, which the plan's 'numerics checks' figure and the database's bf16 verdict give, is the
+    bf16 check's, not the worse fp8 one's (the report said 2.7e-2 for a plan whose bf16 kernel
+    was within 1e-5; a later compile read that figure back as the bf16 verdict's)."""
+    call = _call(40, 300, None)
+    errors = {"fp8": 2.7e-2, "bf16": 8.6e-6}
+    both = _measurer(tmp_path, "both")
+    _erring(both, errors)
+    key = both.add(call)
+    assert both._check_once(both.entries[key], "fp8")[0]
+    assert both._check_once(both.entries[key], "bf16")[0]
+    assert both.entries[key].max_error == errors["fp8"]        # the worst of the kernel's checks
+    assert both.check_error(key, {"PRECISION": "bf16"}) == errors["bf16"]
+    assert both.check_error(key, {"PRECISION": "fp8"}) == errors["fp8"]
+    again = _measurer(tmp_path, "both")          # the bf16 verdict read back from the database
+    _erring(again, {})                           # (never run: the database answers)
+    again.add(call)
+    assert again._check_once(again.entries[key], "bf16")[0]
+    assert again.entries[key].max_error == errors["bf16"]
