@@ -86,11 +86,6 @@ def sharing_checks():
         _SHARED_CHECKS.reset(token)
 
 
-def kernel_hash(kernel: Kernel) -> str:
-    """Content hash of a kernel: its form, attrs and meaning graph (shapes, dtypes, constants)."""
-    return kernel.content_hash()
-
-
 def n_index(call: KernelCall, n) -> int:
     """Position of model node ``n`` among the call's outputs."""
     return next(i for i, o in enumerate(call.outputs) if o is n)
@@ -167,7 +162,7 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
     # ---- kernels ---------------------------------------------------------------------------------
     def add(self, call: KernelCall) -> str:
         """Register a kernel call; returns its kernel key (shared by identical kernels)."""
-        key = kernel_hash(call.kernel)
+        key = call.kernel.content_hash()
         if key not in self.entries:
             e = KernelEntry(call.kernel, call, key)
             triton_cfgs = []
@@ -381,11 +376,10 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         return verdict
 
     def _check_precision(self, e: KernelEntry, precision: str | None) -> tuple:
-        """``(the operand precision a sim:* check of ``precision`` runs at, the kernel's
-        default)``: precisions the interpreter does not emulate are checked at the default."""
-        from lumc.backends.triton import configs as cf
-        problem = e.triton.rendered.problem
-        default = cf.DEFAULT_PRECISION.get(problem.get("dot_dtype") or "", None)
+        """``(the precision a sim:* check of precision runs at, the kernel's default)``: one the
+        interpreter does not emulate is checked at the default."""
+        from lumc.backends.triton.configs import DEFAULT_PRECISION
+        default = DEFAULT_PRECISION.get(e.triton.rendered.problem.get("dot_dtype") or "", None)
         return (precision if precision in INTERPRETER_EXACT_DOTS else default), default
 
     def check_error(self, key: str, config: dict | None) -> float:
@@ -422,7 +416,7 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
         rk = e.triton.rendered
         hk = ("hash", id(fam))            # the probe kernel's hash, once per range compile
         if hk not in shared:              # (the kernel is kept with it: its id stays its own)
-            shared[hk] = (fam, kernel_hash(fam))
+            shared[hk] = (fam, fam.content_hash())
         return shared, (shared[hk][1], rk.variant, rk.config_space, precision)
 
     def _check(self, e: KernelEntry, index: int, cfg) -> tuple[bool, str]:

@@ -30,7 +30,7 @@ def _largest(tk, space):
 
 def _verdicts(path, shapes):
     from lumc.compiler.core.budget import Deadline
-    from lumc.compiler.core.measure import INTERPRETER_MAX_ELEMENTS, kernel_hash, max_rel_error
+    from lumc.compiler.core.measure import INTERPRETER_MAX_ELEMENTS, max_rel_error
     from lumc.compiler.core.pipeline import (example_inputs_for, stage_candidates, stage_frontend,
                                         stage_reference)
     from lumc.compiler.runtime.targets import resolve_target
@@ -41,7 +41,7 @@ def _verdicts(path, shapes):
     calls = {}
     for p in programs:
         for c in p.calls:
-            calls.setdefault(kernel_hash(c.kernel), c)
+            calls.setdefault(c.kernel.content_hash(), c)
     forms, bad = {}, []
     for key, c in calls.items():
         tk = TritonKernel(c.kernel)              # RenderError fails the test
