@@ -38,7 +38,6 @@ from lumc.backends.extern import is_extern, simulate_extern_time
 from lumc.backends.simulator import simulate_kernel_time
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.runtime.program import ideal_bytes
-from lumc.compiler.core.measure import kernel_hash
 from lumc.compiler.runtime.targets import Target, resolve_target, versions
 from lumc.ir.errors import LumcError
 from lumc.rewrites.cost import kernel_time_bound
@@ -270,7 +269,7 @@ def kernel_figures(cm: CompiledModel, target: Target) -> list[dict]:
     rows = []
     for i, (c, cfg) in enumerate(zip(cm.program.calls, cm.configs)):
         k = c.kernel
-        rows.append({"index": i, "form": k.form, "kernel": kernel_hash(k), "config": cfg,
+        rows.append({"index": i, "form": k.form, "kernel": k.content_hash(), "config": cfg,
                      "bound_s": kernel_time_bound(k, ceil), "flops": k.flops(),
                      "bytes": k.min_bytes(), "arithmetic_intensity": k.arithmetic_intensity()})
     return rows
