@@ -197,9 +197,11 @@ def store_order(v: View) -> list[tuple[int, int]] | None:
     (``strides[a] >= strides[b] * shape[b]``). Then an index's offset from the first position,
     ``sum(i_k * strides[k])``, is a mixed-radix number whose digits ``i_k`` are taken greedily,
     largest stride first (the smaller dims' terms sum to less than the next larger stride, by the
-    nesting), so :func:`store_through` inverts the view exactly.
+    nesting), so :func:`store_through` inverts the view exactly. A view of no elements is refused
+    too: its size-0 dims would drop out with the unit ones, and the digits of the rest would store
+    into an empty buffer (the copy kernel of nothing stays instead).
     """
-    if v.mask is not None:
+    if v.mask is not None or 0 in v.shape:
         return None
     dims = [(k, s) for k, (d, s) in enumerate(zip(v.shape, v.strides)) if d > 1]
     if any(s <= 0 for _, s in dims):

@@ -272,3 +272,20 @@ def test_the_unfused_program_keeps_one_kernel_per_op():
     (mm,) = [c for c in prog.calls if c.kernel.form == "matmul"]
     assert [o.op for o in mm.kernel.meaning.outputs.values()] == ["SumReduce"]
     assert prog.form_counts()["pointwise"] >= 4
+
+
+def test_an_empty_reader_is_not_stored_through_its_view():
+    """A zero-width slice of the product (a split with an empty part) reads nothing: its size-0
+    dim would drop out of the digits with the unit dims, and the kernel would store the other
+    dims' digits into the empty buffer (in the interpreter, over a neighbouring output). It stays
+    a copy kernel of nothing; the other reader is still stored."""
+    assert store_order(View.contiguous((4, 12)).slice([0, 5], [1, 1], [4, 0])) is None
+    x = inp("x", (4, 8))
+    p = x @ _w((8, 12))
+    empty, _ = split(p, [0, 12], 1)
+    first, _ = split(p, [4, 8], 1)
+    g = graph({"a": empty + 1.0, "b": first.transpose(0, 1) * 2.0}, {"x": x})
+    prog = run_both(g)
+    (mm,) = [c for c in prog.calls if c.kernel.form == "matmul"]
+    assert all(0 not in o.shape for o in mm.kernel.meaning.outputs.values())
+    _interpreted(g, prog)
