@@ -89,24 +89,33 @@ def stored_view(o: Node, dep: set[Node]) -> View | None:
             is not ``o``'s shape or that :func:`~lumc.backends.triton.indexing.store_order`
             cannot invert, or both through one and in the product's order.
     """
-    views, direct, seen, stack = set(), False, set(), [o]
+    found = _stored_view_nodes(o, dep)
+    return found[0].arg if found else None
+
+
+def _stored_view_nodes(o: Node, dep: set[Node]) -> list[Node]:
+    """The ``View`` nodes of :func:`stored_view` (one view, perhaps over several sources in the
+    product's order); none when ``o`` reads the product in its order. Nodes, not their views:
+    the product below another such view (``T(2 * T(p))`` with one ``View`` object twice) is read
+    at the tile's transposed position, which the kernel does not hold."""
+    views, direct, seen, stack = [], False, set(), [o]
     while stack:
         x = stack.pop()
         if id(x) in seen or x not in dep:
             continue
         seen.add(id(x))
         if x.op == "View" and x.srcs[0] in dep and not is_pure_reshape(x.arg, x.srcs[0].shape):
-            views.add(x.arg)
+            views.append(x)
             continue
         direct |= not x.srcs or not any(s in dep for s in x.srcs)    # the product itself
         stack.extend(x.srcs)
     if not views:
-        return None
-    v = next(iter(views))
-    if len(views) > 1 or direct or v.shape != o.shape or store_order(v) is None:
+        return []
+    v = views[0].arg
+    if len({x.arg for x in views}) > 1 or direct or v.shape != o.shape or store_order(v) is None:
         raise RenderError(f"output {o!r} reads the product through views it cannot be stored "
                           f"through ({len(views)} views, in the product's order too: {direct})")
-    return v
+    return views
 
 
 def stored_view_ops(kernel: Kernel) -> int:
@@ -134,9 +143,9 @@ def check_epilogue(nodes: list[Node], dep: set[Node], root: Node,
                    outputs: tuple[Node, ...] = ()) -> None:
     """Raise ``RenderError`` for a node over the product that is not elementwise or a reshape,
     but the view through which an output in ``outputs`` is stored (:func:`stored_view`)."""
-    stored = {id(v) for o in outputs for v in [stored_view(o, dep)] if v is not None}
+    stored = {id(v) for o in outputs for v in _stored_view_nodes(o, dep)}
     for n in nodes:
-        if n not in dep or n is root or (n.op == "View" and id(n.arg) in stored):
+        if n not in dep or n is root or id(n) in stored:
             continue
         if n.op == "View":
             if not is_pure_reshape(n.arg, n.srcs[0].shape):

@@ -305,3 +305,22 @@ def test_an_empty_reader_is_not_stored_through_its_view():
     (mm,) = [c for c in prog.calls if c.kernel.form == "matmul"]
     assert all(0 not in o.shape for o in mm.kernel.meaning.outputs.values())
     _interpreted(g, prog)
+
+
+def test_a_view_under_the_stored_view_is_refused_even_when_it_is_the_same_view():
+    """``T(2 * T(p))`` whose two ``View`` nodes hold one ``View`` object (value-equal views
+    share no object in the tensor API, but nothing forbids it): the inner transpose reads the
+    product at the tile's transposed position, which the kernel does not hold. It was skipped as
+    the stored view (by its object's id), and the kernel stored ``2 * p.T + 1`` where the meaning
+    is ``2 * p + 1`` (off by 20 in the interpreter). The renderer refuses it now."""
+    from lumc.backends.triton.codegen import RenderError
+    from lumc.backends.triton.render_matmul import render_matmul
+    from lumc.ir.graph import Graph, node
+    from lumc.ir.kernels import Kernel
+    a, b = inp("in0", (8, 6)), inp("in1", (6, 8))
+    t = View.contiguous((8, 8)).permute((1, 0))
+    inner = Tensor(node("View", ((a @ b).node,), t)) * 2.0
+    o = Tensor(node("View", (inner.node,), t)) + 1.0
+    k = Kernel("matmul", Graph({"in0": a.node, "in1": b.node}, {"out0": o.node}))
+    with pytest.raises(RenderError, match="moves elements"):
+        render_matmul(k)
