@@ -121,13 +121,16 @@ def _stored_view_nodes(o: Node, dep: set[Node]) -> list[Node]:
 def stored_view_ops(kernel: Kernel) -> int:
     """Integer ops per output tile element that a matmul kernel spends finding where its
     :func:`stored_view` outputs go: per such output, three per non-unit dim of the view (a
-    division by a constant, a multiply, a subtract) and two for the mask."""
-    from lumc.backends.triton.contraction import find_contractions
+    division by a constant, a multiply, a subtract) and two for the mask. The contraction is the
+    one :func:`render_matmul` tiles (a normalization formed on load adds its sums of squares)."""
     nodes = kernel.meaning.nodes()
-    cs = find_contractions(nodes)
-    if len(cs) != 1:
+    try:
+        c, c2 = _tiled_contractions(nodes)
+    except RenderError:
         return 0
-    dep = dependents(nodes, cs[0].node)
+    if c2 is not None:        # a paired kernel stores no output through a view
+        return 0
+    dep = dependents(nodes, c.node)
     ops = 0
     for o in kernel.meaning.outputs.values():
         try:
@@ -168,6 +171,26 @@ def bind_all(w: SourceWriter, es: list[str], prefix: str, level: int = 0) -> lis
     return [e if (e == "0" or e.isidentifier()) else w.bind(e, prefix, level) for e in es]
 
 
+def _tiled_contractions(nodes: list[Node]) -> tuple[Contraction, Contraction | None]:
+    """The contraction a matmul kernel tiles, and the paired one sharing its left operand (a
+    gated MLP's gate and up: two accumulators) or None.
+
+    Raises:
+        RenderError: none, or several besides a normalization's statistics.
+    """
+    pair = paired_contractions(nodes)
+    if pair is not None:
+        return pair
+    cs = find_contractions(nodes)
+    if len(cs) > 1:   # a sum of squares in a normalization prologue is a batch of dot products
+        cs = [c for c in cs if max(c.M, c.N) > 1]
+    if len(cs) > 1:   # a statistic of a scaled value (sum(2 s)) is a product with a scalar
+        cs = [c for c in cs if not (_scalar_read(c.a) or _scalar_read(c.b))]
+    if len(cs) != 1:
+        raise RenderError(f"a matmul kernel needs exactly one SumReduce(Mul(a, b)), found {len(cs)}")
+    return cs[0], None
+
+
 def render_matmul(kernel: Kernel) -> KernelParts:
     """Render a matmul kernel (see module docstring).
 
@@ -176,17 +199,7 @@ def render_matmul(kernel: Kernel) -> KernelParts:
     """
     from lumc.backends.triton.render_reduction import render_row
     nodes = kernel.meaning.nodes()
-    # two products of one left operand (a gated MLP's gate and up): one a tile, two accumulators
-    pair = paired_contractions(nodes)
-    cs = [pair[0]] if pair is not None else find_contractions(nodes)
-    c2 = pair[1] if pair is not None else None
-    if len(cs) > 1:   # a sum of squares in a normalization prologue is a batch of dot products
-        cs = [c for c in cs if max(c.M, c.N) > 1]
-    if len(cs) > 1:   # a statistic of a scaled value (sum(2 s)) is a product with a scalar
-        cs = [c for c in cs if not (_scalar_read(c.a) or _scalar_read(c.b))]
-    if len(cs) != 1:
-        raise RenderError(f"a matmul kernel needs exactly one SumReduce(Mul(a, b)), found {len(cs)}")
-    c = cs[0]
+    c, c2 = _tiled_contractions(nodes)
     if c.a.dtype not in DOT_DTYPES or c.K == 0:
         return render_row(kernel, None)
     others = [n for n in nodes if n.op in ("SumReduce", "MaxReduce") and n is not c.node

@@ -324,3 +324,24 @@ def test_a_view_under_the_stored_view_is_refused_even_when_it_is_the_same_view()
     k = Kernel("matmul", Graph({"in0": a.node, "in1": b.node}, {"out0": o.node}))
     with pytest.raises(RenderError, match="moves elements"):
         render_matmul(k)
+
+
+def test_the_simulator_prices_the_digits_under_a_normalization_formed_on_load():
+    """Pre-LN QKV returning its key and value as heads: the matmul kernel forms the norm on load
+    (its sum of squares is one more contraction in the meaning) and stores the readers through
+    their views; the digits were priced at 0 there (``stored_view_ops`` took only a meaning of
+    one contraction), as in the same kernel without the norm they are not."""
+    from lumc.backends.triton.render_matmul import stored_view_ops
+    from lumc.compiler.core.egraph_pipeline import egraph_candidates
+    from lumc.ir.library.norm import rms_norm
+    x = inp("x", (2, 10, 16))
+    p = rms_norm(x, _w((16,))) @ _w((16, 48)) + _w((48,))
+    q, k, v = split(p, [16, 16, 16], 2)
+    g = graph({"q": q * 0.5, "k": _heads(k, 2, 10, 4), "v": _heads(v, 2, 10, 4)}, {"x": x})
+    new, forms, _ = egraph_candidates(g, "h200", k=1).best.decoded
+    prog = greedy_program(new, forms=forms, norm_prologue=True)
+    (mm,) = [c.kernel for c in prog.calls if c.kernel.form == "matmul"]
+    assert [o.shape for o in mm.meaning.outputs.values()] == [(2, 10, 16), (2, 4, 10, 4),
+                                                               (2, 4, 10, 4)]
+    # q's view has 3 non-unit dims, k's and v's 4 each: 3 ops a dim, 2 for the mask
+    assert stored_view_ops(mm) == (3 * 3 + 2) + 2 * (3 * 4 + 2)
