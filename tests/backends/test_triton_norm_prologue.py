@@ -132,7 +132,7 @@ def test_one_norm_read_by_two_contractions_is_formed_in_each():
     xv = _x((11, 40), rng)
     env = _run_program(prog, {"x": xv})
     ref = want(xv)
-    for name, node_ in graph.outputs.items():
+    for name, node_ in prog.outputs.items():   # the program's nodes (the e-graph's graph)
         base = node_
         while id(base) not in env and base.op == "View":   # an output read through a view
             base = base.srcs[0]
