@@ -61,7 +61,7 @@ from lumc.backends.scan_structure import scan_of
 from lumc.compiler.core.fusion_attention import AttentionAssembly
 from lumc.compiler.core.fusion_chain import ChainFusion
 from lumc.compiler.core.fusion_scan import ScanFusion
-from lumc.compiler.core.fusion_stored import StoredReaders
+from lumc.compiler.core.fusion_stored import COPY_REFUSAL, StoredReaders
 from lumc.compiler.core.fusion_norms import (KV_PROLOGUE_REFUSAL, HeadNormInAttention, NormOnLoad,
                                               _chain)
 from lumc.compiler.core.fusion_rows import ROWS_REFUSAL, RowFusion, launch_order  # noqa: F401
@@ -370,7 +370,7 @@ class GreedyFusion(NormOnLoad, HeadNormInAttention, AttentionAssembly, ChainFusi
                 self._realize(o.srcs[0], o, "a model output is a free reshape of it")
             else:
                 self.realized.add(id(o))
-                self._refuse(o, None, "an output view that is not a free reshape is a copy")
+                self._refuse(o, None, COPY_REFUSAL)
         exits: dict[int, Node] = {}
         pairs = self._pairs()
         for n in self.order:

@@ -21,7 +21,9 @@ The contraction's kernel then finds, for each tile position, the reader's index 
 (``store_through``: the view's strides as mixed-radix digits), computes the reader there and stores
 it (``render_matmul.stored_view``); positions the view does not read are masked off. The product
 itself is written only when anything else reads it. Each reader so stored removes a launch and a
-re-read of its share of the product.
+re-read of its share of the product. The refusal lines that kept the product and its readers
+apart are dropped; what a reader is still written for (a model output) stays, and a product still
+written says why (``--why-not``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,12 @@ from lumc.backends.triton.codegen import RenderError
 from lumc.backends.triton.indexing import is_pure_reshape, store_order
 from lumc.backends.triton.render_matmul import render_matmul
 from lumc.compiler.core.kernel_builder import build_call
+
+COPY_REFUSAL = "an output view that is not a free reshape is a copy"     # fusion._decide
+
+
+STORED_KEPT = ("read by other kernels too: its readers through views, which put it in memory, "
+               "are stored by its own kernel (fusion_stored)")
 
 
 class StoredReaders:
@@ -65,11 +73,19 @@ class StoredReaders:
                          push_views=push_views)
         if out.kernel.form != "matmul" or not _renders(out):
             return None
-        for m in take:       # the refusals that kept them apart no longer hold
-            self.refusals = [r for r in self.refusals
-                             if not r.startswith((f"no fusion %{m.id}:{m.op}:",
-                                                  f"no fusion %{n.id}:{n.op} -> %{m.id}:"))]
+        self._restate_refusals(n, take, keep)
         return out, take
+
+    def _restate_refusals(self, n: Node, take: list[Node], keep: bool) -> None:
+        """The refusals that kept ``n`` and the readers ``take`` apart no longer hold: ``n`` is
+        in their kernel, and an output view among them is no copy. What a reader is written for
+        (a model output) still holds, and so does ``n``'s write where ``keep``: said as such when
+        no other refusal says why (``--why-not`` reads these lines per written value)."""
+        gone = tuple(f"no fusion %{n.id}:{n.op} -> %{m.id}:" for m in take) + tuple(
+            f"no fusion %{m.id}:{m.op}: {COPY_REFUSAL}" for m in take)
+        self.refusals = [r for r in self.refusals if not r.startswith(gone)]
+        if keep and not any(r.startswith(f"no fusion %{n.id}:{n.op}") for r in self.refusals):
+            self._refuse(n, None, "model output" if id(n) in self.outputs else STORED_KEPT)
 
     def _feeds_only(self, u: Node, taken: set[int], memo: dict) -> bool:
         """``u`` is a taken reader, or an inlined node (not realized, not an output) whose every

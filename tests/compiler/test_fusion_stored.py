@@ -345,3 +345,25 @@ def test_the_simulator_prices_the_digits_under_a_normalization_formed_on_load():
                                                                (2, 4, 10, 4)]
     # q's view has 3 non-unit dims, k's and v's 4 each: 3 ops a dim, 2 for the mask
     assert stored_view_ops(mm) == (3 * 3 + 2) + 2 * (3 * 4 + 2)
+
+
+def test_why_not_still_says_why_a_stored_reader_and_a_kept_product_are_written():
+    """``--why-not`` reads the refusal lines per written value. A stored reader that is a model
+    output read by another contraction is still written because it is a model output (the line
+    was dropped with the ones that kept it apart, and the entry said the producer was a form
+    whose output is its root); a product written for a reader in its own order says so."""
+    from lumc.compiler.core.fusion_stored import STORED_KEPT
+    from lumc.compiler.core.why_not import why_not
+    x = inp("x", (20, 16))
+    p = x @ _w((16, 48))
+    q, k, _ = split(p, [16, 16, 16], 1)
+    q = q + 1.0
+    prog = run_both(graph({"q": q, "o": q @ _w((16, 8)), "k": k.transpose(0, 1) * 2.0},
+                          {"x": x}))
+    assert prog.form_counts() == {"matmul": 2}
+    (entry,) = why_not(prog)["pairs"]
+    assert entry["fusion"] == "model output", entry
+    prog = run_both(_projections(40, 24, 16, product_read=True))
+    (entry,) = why_not(prog)["pairs"]
+    assert entry["fusion"] == STORED_KEPT, entry
+    assert not any("is a copy" in line or "read through a view" in line for line in prog.notes)
