@@ -36,8 +36,6 @@ from lumc.backends.triton.render_matmul import render_matmul
 from lumc.compiler.core.kernel_builder import build_call
 
 COPY_REFUSAL = "an output view that is not a free reshape is a copy"     # fusion._decide
-
-
 STORED_KEPT = ("read by other kernels too: its readers through views, which put it in memory, "
                "are stored by its own kernel (fusion_stored)")
 
