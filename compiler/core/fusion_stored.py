@@ -22,8 +22,8 @@ The contraction's kernel then finds, for each tile position, the reader's index 
 it (``render_matmul.stored_view``); positions the view does not read are masked off. The product
 itself is written only when anything else reads it. Each reader so stored removes a launch and a
 re-read of its share of the product. The refusal lines that kept the product and its readers
-apart are dropped; what a reader is still written for (a model output) stays, and a product still
-written says why (``--why-not``).
+apart are dropped; what a reader is still written for (a model output) stays or is said, and a
+product still written says why (``--why-not``).
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class StoredReaders:
         if not take:
             return None
         taken = {id(m) for m in take}
-        keep = id(n) in self.outputs or not all(self._feeds_only(u, taken, {})
+        keep = id(n) in self.outputs or not all(self._feeds_only(u, n, taken, {})
                                                 for u, _ in self.uses[id(n)])
         out = build_call(([n] if keep else []) + list(rows) + take, boundary,
                          push_views=push_views)
@@ -76,26 +76,35 @@ class StoredReaders:
 
     def _restate_refusals(self, n: Node, take: list[Node], keep: bool) -> None:
         """The refusals that kept ``n`` and the readers ``take`` apart no longer hold: ``n`` is
-        in their kernel, and an output view among them is no copy. What a reader is written for
-        (a model output) still holds, and so does ``n``'s write where ``keep``: said as such when
-        no other refusal says why (``--why-not`` reads these lines per written value)."""
-        gone = tuple(f"no fusion %{n.id}:{n.op} -> %{m.id}:" for m in take) + tuple(
-            f"no fusion %{m.id}:{m.op}: {COPY_REFUSAL}" for m in take)
-        self.refusals = [r for r in self.refusals if not r.startswith(gone)]
+        in their kernel, and an output view among them is no copy (still written: a model
+        output). What a reader is written for still holds, and so does ``n``'s write where
+        ``keep``: said as such when no other refusal says why (``--why-not`` reads these lines per
+        written value)."""
+        gone = tuple(f"no fusion %{n.id}:{n.op} -> %{m.id}:" for m in take)
+        copies = {f"no fusion %{m.id}:{m.op}: {COPY_REFUSAL}" for m in take}
+        self.refusals = [r.replace(COPY_REFUSAL, "model output") if r in copies else r
+                         for r in self.refusals if not r.startswith(gone)]
         if keep and not any(r.startswith(f"no fusion %{n.id}:{n.op}") for r in self.refusals):
             self._refuse(n, None, "model output" if id(n) in self.outputs else STORED_KEPT)
 
-    def _feeds_only(self, u: Node, taken: set[int], memo: dict) -> bool:
-        """``u`` is a taken reader, or an inlined node (not realized, not an output) whose every
-        reader feeds only taken readers: nothing else needs what ``u`` reads."""
+    def _feeds_only(self, u: Node, n: Node, taken: set[int], memo: dict) -> bool:
+        """Nothing ``u`` computes needs ``n`` but through the taken readers: ``u`` is one; or a
+        kernel of its own (realized, not a form's) that reads a taken reader, not ``n`` (an
+        output view stored by ``n``'s kernel, read back by a later kernel); or an inlined node
+        (not realized, not an output) whose every reader is one of these."""
         if id(u) in taken:
             return True
         if id(u) not in memo:
             memo[id(u)] = False      # a cycle cannot occur; this only bounds the recursion
-            memo[id(u)] = (id(u) not in self.realized and id(u) not in self.outputs
-                           and id(u) not in self.group and u.op != "View"
-                           and all(self._feeds_only(v, taken, memo)
-                                   for v, _ in self.uses.get(id(u), [])))
+            if id(u) in self.realized:
+                memo[id(u)] = id(u) not in self.group and all(
+                    x is not n for x in build_call(
+                        [u], lambda x: id(x) in self.realized and x is not u).inputs)
+            else:
+                memo[id(u)] = (id(u) not in self.outputs and id(u) not in self.group
+                               and u.op != "View"
+                               and all(self._feeds_only(v, n, taken, memo)
+                                       for v, _ in self.uses.get(id(u), [])))
         return memo[id(u)]
 
     def _view_readers(self, n: Node) -> list[Node]:

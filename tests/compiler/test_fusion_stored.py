@@ -367,3 +367,20 @@ def test_why_not_still_says_why_a_stored_reader_and_a_kept_product_are_written()
     (entry,) = why_not(prog)["pairs"]
     assert entry["fusion"] == STORED_KEPT, entry
     assert not any("is a copy" in line or "read through a view" in line for line in prog.notes)
+
+
+def test_a_product_read_back_only_through_a_stored_output_is_not_written():
+    """An output view (``t = p.T``, stored by the matmul) also read by another kernel
+    (``t + 1``): that kernel reads ``t``, not the product, so the product is not written (it was:
+    the reader counted as one of the product's, through the view); ``--why-not`` says ``t`` is
+    written as a model output (its 'is a copy' line went, and no line said why)."""
+    from lumc.compiler.core.why_not import why_not
+    x = inp("x", (12, 8))
+    t = (x @ _w((8, 10))).transpose(0, 1)
+    g = graph({"t": t, "u": t + 1.0}, {"x": x})
+    prog = run_both(g)
+    mm, pw = prog.calls
+    assert [o.shape for o in mm.outputs] == [(10, 12)] and list(pw.inputs) == mm.outputs
+    (entry,) = why_not(prog)["pairs"]
+    assert entry["fusion"] == "model output", entry
+    _interpreted(g, prog)
