@@ -450,7 +450,10 @@ def _epilogue(w: SourceWriter, ev: Evaluator, c: Contraction, kernel: Kernel, bi
             idx, valid = store_through(w, sv, addr, lo)
             mask = "c_mask" if valid is None else w.bind(f"c_mask & {valid}", "vmask", lo)
             v = ev.value(o, idx, mask, lo)
-            w.line(f"tl.store({name}_ptr + ({flat_index(idx, o.shape)}), {v}, mask={mask})", lo)
+            off = flat_index(idx, o.shape)
+            if all(i == "0" for i in idx):    # one element: no digit spans the tile
+                off = f"{off} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
+            w.line(f"tl.store({name}_ptr + ({off}), {v}, mask={mask})", lo)
             continue
         v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", lo)
         w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)", lo)

@@ -384,3 +384,19 @@ def test_a_product_read_back_only_through_a_stored_output_is_not_written():
     (entry,) = why_not(prog)["pairs"]
     assert entry["fusion"] == "model output", entry
     _interpreted(g, prog)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), ()])
+def test_one_element_read_off_the_product_is_stored_at_one_lane(shape):
+    """``p[2:3, 3:4]`` (or ``p[2, 3]``): a view with no dim above 1 has no digit, so the store's
+    offset was the constant 0, a scalar pointer for the tile's value (Triton: 'Value argument
+    cannot be block type if pointer argument is not a block'); the pointer spans the tile, and
+    the one lane the view reads stores."""
+    x = inp("x", (6, 8))
+    p = x @ _w((8, 10))
+    y = inp("y", (1, 1))
+    one = p.slice([2, 3], [3, 4]).reshape(shape)
+    g = graph({"a": one + y.reshape(shape), "b": p.transpose(0, 1) * 2.0}, {"x": x, "y": y})
+    prog = run_both(g)
+    assert prog.form_counts() == {"matmul": 1}
+    _interpreted(g, prog)
