@@ -12,10 +12,11 @@ Here such a reader joins the contraction's kernel when (:meth:`StoredReaders._st
 
 * the kernel is a contraction's (not a paired one, not a form's), a normalization formed on load
   in it or not;
-* the reader is a realized node whose own kernel would be pointwise, reading the product only
-  through one unmasked view of the reader's shape that
-  :func:`~lumc.backends.triton.indexing.store_order` can invert (each product position is read by
-  at most one index), and its other inputs are already in memory when the contraction runs.
+* the reader is a realized node whose own kernel would be pointwise (not a contiguous output
+  view: a program serves it from its source's buffer), reading the product only through one
+  unmasked view of the reader's shape that :func:`~lumc.backends.triton.indexing.store_order` can
+  invert (each product position is read by at most one index), and its other inputs are already
+  in memory when the contraction runs.
 
 The contraction's kernel then finds, for each tile position, the reader's index that reads it
 (``store_through``: the view's strides as mixed-radix digits), computes the reader there and stores
@@ -55,7 +56,7 @@ class StoredReaders:
             return None
         take = []
         for m in self._view_readers(n):
-            if id(m) in done or excluded(m):
+            if id(m) in done or excluded(m) or _served_from_source(m):
                 continue
             trial = build_call([m], lambda x: id(x) in self.realized and x is not m)
             if trial.kernel.form == "pointwise" and all(
@@ -121,6 +122,13 @@ class StoredReaders:
             elif (u.op in ELEMENTWISE or u.op == "View") and id(u) not in self.group:
                 stack.extend(v for v, _ in self.uses.get(id(u), []))
         return sorted(found, key=lambda x: self.pos[id(x)])
+
+
+def _served_from_source(m: Node) -> bool:
+    """``m`` is a contiguous view (a prefix of its source: ``p[:3]``, ``p[0:1]``), which a
+    program serves from its source's buffer (``Program.validate``, ``gpu_plan``, the runners)
+    when it is an output: that source must be written, so ``m`` is not stored."""
+    return m.op == "View" and m.arg.is_contiguous
 
 
 def _one_storable_view(trial, n: Node) -> bool:
