@@ -90,15 +90,15 @@ class StoredReaders:
 
     def _feeds_only(self, u: Node, n: Node, taken: set[int], memo: dict) -> bool:
         """Nothing ``u`` computes needs ``n`` but through the taken readers: ``u`` is one; or a
-        kernel of its own (realized, not a form's) that reads a taken reader, not ``n`` (an
-        output view stored by ``n``'s kernel, read back by a later kernel); or an inlined node
-        (not realized, not an output) whose every reader is one of these."""
+        kernel of its own (realized, not a form's or a row value) that reads a taken reader, not
+        ``n`` (an output view stored by ``n``'s kernel, read back by a later kernel); or an
+        inlined node (not realized, not an output) whose every reader is one of these."""
         if id(u) in taken:
             return True
         if id(u) not in memo:
             memo[id(u)] = False      # a cycle cannot occur; this only bounds the recursion
             if id(u) in self.realized:
-                memo[id(u)] = id(u) not in self.group and all(
+                memo[id(u)] = id(u) not in self.group and id(u) not in self.row_owned and all(
                     x is not n for x in build_call(
                         [u], lambda x: id(x) in self.realized and x is not u).inputs)
             else:
