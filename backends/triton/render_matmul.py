@@ -120,9 +120,15 @@ def _stored_view_nodes(o: Node, dep: set[Node]) -> list[Node]:
 
 def stored_view_ops(kernel: Kernel) -> int:
     """Integer ops per output tile element that a matmul kernel spends finding where its
-    :func:`stored_view` outputs go: per such output, three per non-unit dim of the view (a
-    division by a constant, a multiply, a subtract) and two for the mask. The contraction is the
-    one :func:`render_matmul` tiles (a normalization formed on load adds its sums of squares)."""
+    :func:`stored_view` outputs go and storing them: per such output, seven per non-unit dim of
+    the view (a signed division by a constant is a multiply-high, a shift and a sign fix:
+    Granlund and Montgomery, "Division by invariant integers using multiplication", PLDI 1994;
+    the remainder's multiply-subtract; the bound's compare and its ``&``; the address term), two
+    for the offset and its mask, and one store instruction per element: an address computed
+    through divisions is not proven contiguous (Triton's axis analysis), so the store is not
+    vectorized. Its DRAM bytes are the output's (partial sectors merge in L2, which is
+    write-back). The contraction is the one :func:`render_matmul` tiles (a normalization formed
+    on load adds its sums of squares)."""
     nodes = kernel.meaning.nodes()
     try:
         c, c2 = _tiled_contractions(nodes)
@@ -138,7 +144,7 @@ def stored_view_ops(kernel: Kernel) -> int:
         except RenderError:
             continue
         if v is not None:
-            ops += 3 * sum(d > 1 for d in v.shape) + 2
+            ops += 7 * sum(d > 1 for d in v.shape) + 3
     return ops
 
 
