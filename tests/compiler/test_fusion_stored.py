@@ -343,7 +343,7 @@ def test_the_simulator_prices_the_digits_under_a_normalization_formed_on_load():
     (mm,) = [c.kernel for c in prog.calls if c.kernel.form == "matmul"]
     assert [o.shape for o in mm.meaning.outputs.values()] == [(2, 10, 16), (2, 4, 10, 4),
                                                                (2, 4, 10, 4)]
-XX
+    # q's view has 3 non-unit dims, k's and v's 4 each: 7 ops a dim, 3 for the offset and store
     assert stored_view_ops(mm) == (7 * 3 + 3) + 2 * (7 * 4 + 3)
 
 
