@@ -18,6 +18,7 @@ import numpy as np
 
 from lumc.ir.graph import Node
 from lumc.ir.ops import apply_view
+from lumc.compiler.runtime.program import output_source
 
 
 class GpuPlan:
@@ -44,6 +45,7 @@ class GpuPlan:
         for i, c in enumerate(cm.program.calls):
             for n in c.inputs:
                 last[id(n)] = i
+        self.written = {id(n) for c in cm.program.calls for n in c.outputs}
         outs = {id(self._base(n)) for n in cm.program.outputs.values()}
         self.weights = {id(n): to_torch(n.arg.value, self.device)
                         for c in cm.program.calls for n in c.inputs if n.op == "Constant"}
@@ -65,9 +67,8 @@ class GpuPlan:
                     free.setdefault(raw.numel(), []).append(raw)
         self.graph = None
 
-    @staticmethod
-    def _base(n: Node) -> Node:
-        return n.srcs[0] if (n.op == "View" and n.arg.is_contiguous) else n
+    def _base(self, n: Node) -> Node:
+        return output_source(n, self.written)
 
     def _tensor(self, n: Node):
         if id(n) in self.inputs:

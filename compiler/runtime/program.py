@@ -107,7 +107,7 @@ class Program:
             for n in c.outputs:
                 ready.add(id(n))
         for name, n in self.outputs.items():
-            base = n.srcs[0] if (n.op == "View" and n.arg.is_contiguous) else n
+            base = output_source(n, ready)
             if base.op not in ("Input", "Constant") and id(base) not in ready:
                 raise ValueError(f"output {name!r} (%{n.id} {n.op}) is not written by any call")
 
@@ -152,6 +152,15 @@ def ideal_bytes(graph: Graph, program: Program) -> int:
                 weight_bytes[id(n)] = max(weight_bytes.get(id(n), 0), b)
     return int(sum(n.nbytes for n in graph.inputs.values()) + sum(weight_bytes.values())
                + sum(n.nbytes for n in graph.outputs.values()))
+
+
+def output_source(n: Node, written) -> Node:
+    """The node whose buffer holds model output ``n``: ``n`` itself when a call writes it
+    (``id(n) in written``: a prefix slice a kernel copies out of a larger value), else for a
+    contiguous view (a reshape, a prefix) the value it views, which the caller views again."""
+    if n.op == "View" and n.arg.is_contiguous and id(n) not in written:
+        return n.srcs[0]
+    return n
 
 
 def _value_of(n: Node, env: dict[int, np.ndarray]) -> np.ndarray:

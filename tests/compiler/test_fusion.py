@@ -307,3 +307,32 @@ def test_independent_pointwise_kernels_of_one_size_are_one_kernel(case):
     else:
         assert all(len(c.outputs) == 1 for c in p.calls)
         p.validate()
+
+
+@pytest.mark.parametrize("which", ["alone", "beside", "cls"])
+def test_an_output_that_is_a_prefix_of_a_computed_value_is_written_by_its_kernel(which, caplog):
+    """A model output that is a prefix slice of an elementwise value (``(x + 1)[0:1]``, a batch-1
+    CLS row ``h[:, 0]``) is copied out by a kernel, and the program serves it from that kernel's
+    buffer: the runners took every contiguous output view from the value it views, which no
+    kernel wrote ('output ... is not written by any call', every e-graph candidate refused)."""
+    import logging
+    import lumc.compiler.core.egraph_pipeline as ep
+    from lumc.backends.triton.runner import run_program
+    x = inp("x", (6, 8))
+    if which == "cls":
+        h = (x.reshape((1, 6, 8)) * 2.0).maximum(0.0)
+        outs = {"a": h.slice([0], [1], [1]).reshape((1, 8))}
+    else:
+        outs = {"a": (x + 1.0).slice([0], [1], [0])}
+        if which == "beside":
+            outs["b"] = x * 2.0
+    g = graph(outs, {"x": x})
+    p = run_both(g)
+    feed = {"x": RNG.standard_normal((6, 8)).astype(np.float32)}
+    want = ReferenceExecutor(g)(feed)
+    got = run_program(p, feed)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    with caplog.at_level(logging.WARNING, logger=ep.log.name):
+        cands = ep.egraph_candidates(g, "h200", k=2).candidates
+    assert cands and "failed to decode" not in caplog.text
