@@ -56,7 +56,7 @@ class StoredReaders:
             return None
         take = []
         for m in self._view_readers(n):
-            if id(m) in done or excluded(m) or _served_from_source(m):
+            if id(m) in done or excluded(m):
                 continue
             trial = build_call([m], lambda x: id(x) in self.realized and x is not m)
             if trial.kernel.form == "pointwise" and all(
@@ -122,13 +122,6 @@ class StoredReaders:
             elif (u.op in ELEMENTWISE or u.op == "View") and id(u) not in self.group:
                 stack.extend(v for v, _ in self.uses.get(id(u), []))
         return sorted(found, key=lambda x: self.pos[id(x)])
-
-
-def _served_from_source(m: Node) -> bool:
-    """``m`` is a contiguous view (a prefix of its source: ``p[:3]``, ``p[0:1]``), which a
-    program serves from its source's buffer (``Program.validate``, ``gpu_plan``, the runners)
-    when it is an output: that source must be written, so ``m`` is not stored."""
-    return m.op == "View" and m.arg.is_contiguous
 
 
 def _one_storable_view(trial, n: Node) -> bool:
