@@ -126,16 +126,20 @@ class StoredReaders:
 
 def _one_storable_view(trial, n: Node) -> bool:
     """The pointwise kernel ``trial`` reads ``n`` (its placeholder) only through views, all one
-    view of the kernel's output shape that moves elements and can be inverted."""
+    view of the kernel's output shape that moves elements and can be inverted; or only in
+    ``n``'s own order (directly or through reshapes, the output as many elements as ``n``: an
+    epilogue output of the contraction, ``relu(p)`` beside a stored ``p.T``)."""
     k = next((i for i, x in enumerate(trial.inputs) if x is n), None)
     if k is None:
         return False
     ph = trial.kernel.meaning.inputs[f"in{k}"]
     users = [x for x in trial.kernel.meaning.nodes() if any(s is ph for s in x.srcs)]
+    out = next(iter(trial.kernel.meaning.outputs.values()))
+    if users and all(u.op != "View" or is_pure_reshape(u.arg, ph.shape) for u in users):
+        return out.numel == ph.numel          # in the product's order
     if not users or any(u.op != "View" for u in users) or len({u.arg for u in users}) != 1:
         return False
     v = users[0].arg
-    out = next(iter(trial.kernel.meaning.outputs.values()))
     return (v.shape == out.shape and not is_pure_reshape(v, ph.shape)
             and store_order(v) is not None)
 

@@ -37,14 +37,14 @@ def _heads(t: Tensor, b: int, s: int, h: int) -> Tensor:
 def _projections(m: int, k: int, n: int, d=dt.f32, product_read: bool = False):
     """Merged Q/K/V projections returned as outputs: ``q + bq`` (a column slice), ``k + bk`` as
     heads (a permutation of a slice) and ``relu(v + bv)``; with ``product_read`` the product is
-    also an output scaled by 2 (read in its own order)."""
+    also read by a row sum of it scaled by 2 (another kernel: a reduction)."""
     x = inp("x", (m, k), d)
     p = x @ _w((k, 3 * n), d)
     q, kk, v = split(p, [n, n, n], 1)
     outs = {"q": q + _w((n,), d), "k": _heads(kk + _w((n,), d), 1, m, 2),
             "v": (v + _w((n,), d)).maximum(0.0)}
     if product_read:
-        outs["p2"] = p * 2.0
+        outs["p2"] = (p * 2.0).sum(1)
     return graph(outs, {"x": x})
 
 
@@ -73,7 +73,7 @@ def test_readers_through_views_are_stored_by_the_contraction(m, k, n):
 def test_a_product_read_elsewhere_is_written_too():
     g = _projections(40, 24, 16, product_read=True)
     p = run_both(g)
-    assert p.form_counts() == {"matmul": 1, "pointwise": 1}
+    assert p.form_counts() == {"matmul": 1, "reduction": 1}
     assert (40, 1, 48) in [o.shape for o in p.calls[0].kernel.meaning.outputs.values()]
     _interpreted(g, p)
 
@@ -413,4 +413,17 @@ def test_a_prefix_returned_off_the_product_is_stored_and_served_from_its_own_buf
     prog = run_both(g)
     assert prog.form_counts() == {"matmul": 1}
     assert sorted(o.shape for o in prog.calls[0].outputs) == [(1, 1, 19), (19, 1, 2)]
+    _interpreted(g, prog)
+
+
+def test_a_reader_in_the_products_order_joins_the_stored_ones():
+    """``relu(p)`` returned beside ``p.T * 2``: the product is read through a transpose, so it
+    was written and ``relu(p)`` was a pointwise kernel of its own; it is an epilogue output of
+    the matmul now, and the product is not written."""
+    x = inp("x", (12, 8))
+    p = x @ _w((8, 20))
+    g = graph({"t": p.transpose(0, 1) * 2.0, "r": p.maximum(0.0)}, {"x": x})
+    prog = run_both(g)
+    assert prog.form_counts() == {"matmul": 1}
+    assert sorted(o.shape for o in prog.calls[0].outputs) == [(12, 20), (20, 12)]
     _interpreted(g, prog)
