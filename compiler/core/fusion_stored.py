@@ -12,11 +12,13 @@ Here such a reader joins the contraction's kernel when (:meth:`StoredReaders._st
 
 * the kernel is a contraction's (not a paired one, not a form's), a normalization formed on load
   in it or not;
-* the reader is a realized node whose own kernel would be pointwise (not a contiguous output
-  view: a program serves it from its source's buffer), reading the product only through one
-  unmasked view of the reader's shape that :func:`~lumc.backends.triton.indexing.store_order` can
-  invert (each product position is read by at most one index), and its other inputs are already
-  in memory when the contraction runs.
+* the reader is a realized node whose own kernel would be pointwise, reading the product only
+  through one unmasked view of the reader's shape that
+  :func:`~lumc.backends.triton.indexing.store_order` can invert (each product position is read by
+  at most one index; a prefix ``p[0:1]`` too, which the program then serves from the buffer the
+  kernel writes, ``program.output_source``), or only in the product's own order (``relu(p)``
+  beside a stored ``p.T``: an epilogue output); and its other inputs are already in memory when
+  the contraction runs.
 
 The contraction's kernel then finds, for each tile position, the reader's index that reads it
 (``store_through``: the view's strides as mixed-radix digits), computes the reader there and stores
