@@ -375,6 +375,10 @@ def render_matmul(kernel: Kernel) -> KernelParts:
                "dot_dtype": dot_dtype(c.a.dtype)}
     notes = [f"GEMM M={M} (dims {list(c.m_dims)}) N={N} (dims {list(c.n_dims)}) "
              f"K={K} (dims {list(c.k_dims)}) batch={B} over {list(c.full)}"]
+    stored = [name for name, o in kernel.meaning.outputs.items() if stored_view(o, dep)]
+    if stored:
+        notes.append(f"stores {', '.join(stored)} through views of the product (slices, "
+                     "permutations: each tile position's index found from the view's strides)")
     if c2 is not None:
         problem["B_OPERANDS"] = 2      # two b tiles and two accumulators (configs._legal)
         notes.append("paired: two products of one left operand, each a tile loaded once for both "
