@@ -381,10 +381,12 @@ def own_outputs(out: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> di
     """The outputs as arrays of the caller's own, as onnxruntime returns them: an output that is an
     input or a view of one (a graph output that is an input, an ``Identity``, ``Squeeze`` or
     ``Reshape`` of one) or that shares memory with another output (two outputs of one value) is
-    copied, so writing into one output changes neither the caller's inputs nor other outputs."""
+    copied, so writing into one output changes neither the caller's inputs nor other outputs; so
+    is one that is not writeable (a reshape or prefix of a value served as a read-only view of
+    its buffer: ``Reshape(y)`` returned before ``y``, a ``Slice`` of a row sum)."""
     seen = list(inputs.values())
     for k, v in out.items():
-        if any(np.may_share_memory(v, s) for s in seen):
+        if not v.flags.writeable or any(np.may_share_memory(v, s) for s in seen):
             out[k] = v = v.copy()
         seen.append(v)
     return out

@@ -248,6 +248,39 @@ def test_outputs_never_alias_the_callers_inputs_or_each_other(tmp_path):
     np.testing.assert_array_equal(x, keep)
 
 
+def test_outputs_viewing_a_value_are_writeable(tmp_path):
+    """A Reshape of a value returned before the value, and a Slice of a row sum no kernel copies
+    out, were served as read-only views of the value's buffer (``apply_view``): writing into the
+    output raised 'assignment destination is read-only', and a torch caller got a tensor over a
+    read-only array. onnxruntime returns writeable arrays; so does lumc."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    import lumc
+    from lumc.compiler.runtime.tuning_db import TuningDatabase
+    f32 = TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+    c = [numpy_helper.from_array(np.array(v, dtype=np.int64), n)
+         for n, v in (("flat", [-1]), ("s", [0]), ("e", [1]), ("ax", [0]), ("last", [-1]))]
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]),
+                           helper.make_node("Reshape", ["y", "flat"], ["yf"]),
+                           helper.make_node("ReduceSum", ["x", "last"], ["r"], keepdims=0),
+                           helper.make_node("Slice", ["r", "s", "e", "ax"], ["r0"])], "g",
+                          [vi("x", f32, [4, 8])],
+                          [vi("yf", f32, [32]), vi("y", f32, [4, 8]), vi("r0", f32, [1])], c)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    f = lumc.compile(m.SerializeToString(), budget="20s", device="sim:h200",
+                     db=TuningDatabase(tmp_path / "t.sqlite"))
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for out in (f(x), tuple(f.run({"x": x}).values())):
+        yf, y, r0 = out
+        np.testing.assert_array_equal(yf, np.maximum(x, 0).reshape(-1))
+        np.testing.assert_allclose(r0, x.sum(-1)[:1], rtol=1e-5)
+        yf[...] = 7
+        r0[...] = 7
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
 @pytest.mark.parametrize("kind", ["meta", "sparse", "qint8"])
 def test_a_torch_input_without_readable_data_is_an_input_error(tmp_path, monkeypatch, kind):
     """A meta, sparse or quantized tensor given to a compiled model (ONNX or torch module) raised
