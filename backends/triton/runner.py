@@ -66,8 +66,8 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
             t = to_torch(checked_input(n, inputs), device)
         elif n.op == "Constant":
             t = to_torch(n.arg.value, device)
-        elif n.op == "View" and n.arg.is_contiguous and n.numel == n.srcs[0].numel:
-            t = value_of(n.srcs[0]).reshape(n.shape)
+        elif n.op == "View" and n.arg.is_contiguous:    # a reshape or a prefix
+            t = value_of(n.srcs[0]).reshape(-1)[:n.numel].reshape(n.shape)
         else:
             raise KeyError(f"%{n.id} ({n.op}) is read before any kernel writes it")
         env[n] = t
@@ -152,8 +152,9 @@ def run_program_sized(program, inputs: dict[str, np.ndarray], probes: dict[int, 
             t = to_torch(a, device)
         elif n.op == "Constant":
             t = to_torch(n.arg.value, device)
-        elif n.op == "View" and n.arg.is_contiguous and n.numel == n.srcs[0].numel:
-            t = value_of(n.srcs[0]).reshape(shape(n))
+        elif n.op == "View" and n.arg.is_contiguous:    # a reshape or a prefix
+            s = shape(n)
+            t = value_of(n.srcs[0]).reshape(-1)[:int(np.prod(s))].reshape(s)
         else:
             raise KeyError(f"%{n.id} ({n.op}) is read before any kernel writes it")
         env[n] = t

@@ -336,3 +336,22 @@ def test_an_output_that_is_a_prefix_of_a_computed_value_is_written_by_its_kernel
     with caplog.at_level(logging.WARNING, logger=ep.log.name):
         cands = ep.egraph_candidates(g, "h200", k=2).candidates
     assert cands and "failed to decode" not in caplog.text
+
+
+def test_the_triton_runner_serves_a_prefix_output_no_kernel_writes_from_its_source():
+    """A program whose output is a prefix of a value a kernel writes (``y[0:2]``, not written
+    itself) is served from that value's buffer by every runner, as ``Program.validate`` and the
+    numpy executor accept: the Triton runner took only whole-size reshapes (a KeyError)."""
+    from lumc.backends.triton.runner import run_program
+    from lumc.compiler.runtime.program import Program
+    x = inp("x", (6, 8))
+    y = x * 2.0
+    p = greedy_program(graph({"y": y}, {"x": x}))
+    prefix = y.slice([0], [2], [0]).node
+    prog = Program(p.calls, {"y": p.outputs["y"], "p": prefix}, graph=p.graph)
+    prog.validate()
+    xv = RNG.standard_normal((6, 8)).astype(np.float32)
+    got = run_program(prog, {"x": xv})
+    np.testing.assert_array_equal(got["p"], xv[:2] * 2.0)
+    np.testing.assert_array_equal(run_program_reference(prog, p.graph, {"x": xv})["p"],
+                                  xv[:2] * 2.0)
