@@ -450,7 +450,7 @@ def _epilogue(w: SourceWriter, ev: Evaluator, c: Contraction, kernel: Kernel, bi
     w.line("c_mask = rm_mask[:, None] & rn_mask[None, :]", lo)
     addr = flat_index(o_idx, fr)
     if not (c.m_dims and c.n_dims):  # the pointer must span the whole tile even where M or N is 1
-        addr = f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
+        addr = _whole_tile(addr, big)
     dep = dependents(kernel.meaning.nodes(), c.node)
     for name, o in kernel.meaning.outputs.items():
         if skip and name in skip:
@@ -462,11 +462,17 @@ def _epilogue(w: SourceWriter, ev: Evaluator, c: Contraction, kernel: Kernel, bi
             v = ev.value(o, idx, mask, lo)
             off = flat_index(idx, o.shape)
             if all(i == "0" for i in idx):    # one element: no digit spans the tile
-                off = f"{off} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
+                off = _whole_tile(off, big)
             w.line(f"tl.store({name}_ptr + ({off}), {v}, mask={mask})", lo)
             continue
         v = ev.value(o, reshape_index(o_idx, fr, o.shape), "c_mask", lo)
         w.line(f"tl.store({name}_ptr + ({addr}), {v}, mask=c_mask)", lo)
+
+
+def _whole_tile(addr: str, big: bool) -> str:
+    """``addr`` broadcast to a ``[BLOCK_M, BLOCK_N]`` tile of offsets (a store through a pointer
+    that must span the tile: Triton refuses a tile stored through a scalar pointer)."""
+    return f"{addr} + tl.zeros([BLOCK_M, BLOCK_N], {'tl.int64' if big else 'tl.int32'})"
 
 
 def _ws_addr(M: int, N: int, i64: str, share: str) -> str:
