@@ -30,9 +30,9 @@ from lumc.compiler.core.onnx_stage import (Frontend, bind_model, check_example_n
                                           input_shapes_as_tuples, stage_frontend, with_ranges)
 from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, integer_error,
                                           precision_report, store_weights)
-from lumc.compiler.core.precision_gate import (fallback_note, model_reference, precision_note,
-                                               refuse_idle_weights, retimed, stage_quality,
-                                               weights_gate, weights_note)
+from lumc.compiler.core.precision_gate import (config_rank, fallback_note, model_reference,
+                                               precision_note, refuse_idle_weights, retimed,
+                                               stage_quality, weights_gate, weights_note)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
 from lumc.compiler.core.reference_values import (MAX_KEPT_BYTES, ReferenceValues,  # noqa: F401
                                                  drawn_inputs_error)
@@ -437,7 +437,8 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                                 config_bounds=measurer.bound,
                                 before_candidate=lambda i: measurer.prefetch(keys[i]),
                                 remeasure=measurer.remeasure, runnable=measurer.runnable,
-                                lookahead=None if target.simulated else measurer.lookahead)
+                                lookahead=None if target.simulated else measurer.lookahead,
+                                precision_rank=lambda k, ci: config_rank(measurer.config_of(k, ci)))
             measurer.pool = progress.workers = None
         worker_report = workers.report()
         stage_s["search"] = deadline.elapsed() - sum(stage_s.values())

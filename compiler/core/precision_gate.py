@@ -43,6 +43,12 @@ def _rank(p: str | None) -> int:
     return PRECISION_ORDER.index(p) if p in PRECISION_ORDER else 0
 
 
+def config_rank(cfg: dict | None) -> int:
+    """How far below exact a kernel config's arithmetic is: its ``PRECISION``'s place in
+    ``PRECISION_ORDER`` (0: ``ieee``, or a config that names none); the search's tie-break."""
+    return _rank((cfg or {}).get("PRECISION"))
+
+
 def best_config_at(measurer, key: str, better_than: str | None) -> int | None:
     """Index of the fastest config of kernel ``key`` whose precision is more precise than
     ``better_than`` (measured now where the search did not; ``sim:*`` makes that cheap), or None."""

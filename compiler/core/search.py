@@ -24,6 +24,9 @@ launch overhead included) and a config space. The loop:
    faster plan than the best ones' tuned kernels (GPT-2's up- and down-projection beside the mlp
    twins, simulated: 886 us untuned, 4th, against 834; tuned, 776). Then breadth goes on against
    the tuned best.
+   A kernel keeps its fastest config, except that a config of less precise arithmetic (fp8 beside
+   bf16, bf16 beside tf32x3) must be faster than the most precise one by ``precision_gain`` (1%)
+   of the time: on a launch-bound kernel the precisions tie, and the tie goes to the precise one.
 3. **Re-time.** The top 3 programs are re-measured with their chosen configs (``remeasure``: timed
    again on a GPU, not read from the tuning database; each shared kernel once) and the fastest is
    chosen, ties broken by candidate order, so the same inputs give the same choice.
@@ -43,6 +46,7 @@ from lumc.compiler.core.budget import Deadline
 LOOKAHEAD_KERNELS = 4    # the depth phase's lookahead: the kernels of largest gap...
 LOOKAHEAD_CONFIGS = 3    # ... their next untried configs each...
 LOOKAHEAD_UNITS = 8      # ... at most this many pairs per call
+PRECISION_GAIN = 0.01    # the share of a kernel's time a less precise config must save
 PATIENCE = 3             # tries in a row without a better time before a kernel counts as tuned
 
 
@@ -108,7 +112,9 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                before_candidate: Callable[[int], None] | None = None,
                remeasure: Callable[[Hashable, int], Measurement] | None = None,
                runnable: Callable[[Hashable], bool] | None = None,
-               lookahead: Callable[[list], None] | None = None) -> SearchResult:
+               lookahead: Callable[[list], None] | None = None,
+               precision_rank: Callable[[Hashable, int], int] | None = None,
+               precision_gain: float = PRECISION_GAIN) -> SearchResult:
     """Choose the fastest candidate within the deadline (see module docstring).
 
     Args:
@@ -137,6 +143,11 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             from their bound, largest gap first, less those their bound prunes), so that workers
             can start them ahead of need;
             it must not change what ``measure`` returns.
+        precision_rank: ``(kernel key, config index) -> int``, 0 for the most precise arithmetic
+            and larger for less (``precision_gate.PRECISION_ORDER``). A kernel then keeps the most
+            precise of its configs timed within ``precision_gain`` (relative) of its fastest one:
+            a reduced precision must buy at least that share of the kernel's time (an fp8 config
+            tied with bf16 on a launch-bound kernel is not taken). None: the fastest config.
     """
     stats = SearchStats()
     n = len(candidates)
@@ -155,6 +166,20 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
     best = [math.inf, order[0] if order else 0]
     history: list[float] = []
     fruitless: dict = {}     # kernel -> tries in a row that did not improve its best time
+    timed: dict = {k: {} for k in kernels}   # kernel -> {config index: seconds}, the ok ones
+
+    def choose(k) -> None:
+        """best_t/best_cfg of ``k``: its fastest config or, given ``precision_rank``, the most
+        precise one timed within ``precision_gain`` of the fastest (ties: the faster, then the
+        first tried). Order-free: a faster config found later can unseat a precise one."""
+        ts = timed[k]
+        fastest = min(ts.values())
+        if precision_rank is None:
+            ci = next(c for c, t in ts.items() if t == fastest)
+        else:
+            ci = min((c for c, t in ts.items() if t <= fastest * (1 + precision_gain)),
+                     key=lambda c: (precision_rank(k, c), ts[c]))
+        best_t[k], best_cfg[k] = ts[ci], ci
 
     def progress():
         if on_progress is not None:
@@ -176,8 +201,8 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             stats.log.append(f"kernel {k} config {ci}: {m.status} {m.note}".rstrip())
         else:
             stats.candidates_timed += 1
-            if m.seconds < best_t.get(k, math.inf):
-                best_t[k], best_cfg[k] = m.seconds, ci
+            timed[k][ci] = m.seconds
+            choose(k)
         return True
 
     def first_working(k) -> bool:
@@ -194,8 +219,9 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         for i in range(n):
             if all(k in best_t for k in candidates[i]):
                 prog_time[i] = sum(best_t[k] for k in candidates[i])
-                if prog_time[i] < best[0] or (prog_time[i] == best[0] and rank[i] < rank[best[1]]):
-                    best[0], best[1] = prog_time[i], i
+        if prog_time:      # a precise config kept over a faster one can raise a program's time
+            best[1] = min(prog_time, key=lambda i: (prog_time[i], rank[i]))
+            best[0] = prog_time[best[1]]
         history.append(best[0])
         progress()
 

@@ -283,3 +283,48 @@ def test_a_budget_error_names_what_the_compile_was_doing(monkeypatch):
     assert seen[2:] == [
         f"the checks of the untimed fallback program's kernels ({i} of 4 done, up to about "
         f"{2 * (4 - i)} s more needed on this machine)" for i in (2, 3)]
+
+
+RANKS = {"ieee": 0, "tf32x3": 1, "bf16": 4, "fp8": 5}
+
+
+def _ranked(precisions):
+    return lambda k, ci: RANKS[precisions[k][ci]]
+
+
+def test_a_less_precise_config_must_save_one_percent():
+    """Launch-bound contractions time the same at fp8, bf16 and tf32x3: the tie goes to the most
+    precise config timed within 1% of the fastest, whatever order the configs were tried in; an
+    fp8 config faster by more than that is taken."""
+    prec = {"mm": ["fp8", "bf16", "tf32x3", "ieee"]}
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]):
+        times = {"mm": [[1.0, 1.0, 1.008, 1.5][i] for i in order]}
+        p = {"mm": [prec["mm"][i] for i in order]}
+        clock = FakeClock()
+        measure, _ = make_measure(times, clock)
+        r = run_search([["mm"]], {"mm": 0.1}, {"mm": 4}, measure, Deadline(100, clock),
+                       precision_rank=_ranked(p))
+        assert p["mm"][r.configs["mm"]] == "tf32x3"
+        assert r.time_s == pytest.approx(1.008)
+        # without ranks, the fastest: one of the two tied at 1.0
+        r = run_search([["mm"]], {"mm": 0.1}, {"mm": 4}, make_measure(times, FakeClock())[0],
+                       Deadline(100, FakeClock()))
+        assert r.time_s == pytest.approx(1.0) and p["mm"][r.configs["mm"]] in ("fp8", "bf16")
+    clock = FakeClock()
+    measure, _ = make_measure({"mm": [1.0, 0.9]}, clock)       # fp8 found last, 10% faster
+    r = run_search([["mm"]], {"mm": 0.1}, {"mm": 2}, measure, Deadline(100, clock),
+                   precision_rank=_ranked({"mm": ["bf16", "fp8"]}))
+    assert r.configs == {"mm": 1} and r.time_s == pytest.approx(0.9)
+
+
+def test_a_precise_config_kept_can_lose_the_program():
+    """The program time is the sum of the configs kept, not of the fastest ones: a program whose
+    kernel kept tf32x3 at 1.008 loses to one at 1.005 (its fp8 twin at 1.0 would have won)."""
+    clock = FakeClock()
+    times = {"mm": [1.0, 1.008], "other": [1.005]}
+    measure, _ = make_measure(times, clock)
+    r = run_search([["mm"], ["other"]], {"mm": 0.1, "other": 0.1}, {"mm": 2, "other": 1},
+                   measure, Deadline(100, clock), retime_top=1,
+                   precision_rank=_ranked({"mm": ["fp8", "tf32x3"], "other": ["ieee"]}))
+    assert r.candidate == 1 and r.time_s == pytest.approx(1.005)
+    assert r.program_times[0] == pytest.approx(1.008)
