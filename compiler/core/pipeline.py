@@ -28,9 +28,10 @@ from lumc.compiler.core.errors import max_rel_error
 from lumc.compiler.core.measure import KernelMeasurer
 from lumc.compiler.core.onnx_stage import (Frontend, bind_model, check_example_names,
                                           input_shapes_as_tuples, stage_frontend, with_ranges)
-from lumc.compiler.core.precision import (FALLBACK, WEIGHT_DTYPE, PrecisionPolicy, integer_error,
+from lumc.compiler.core.precision import (WEIGHT_DTYPE, PrecisionPolicy, integer_error,
                                           precision_report, store_weights)
-from lumc.compiler.core.precision_gate import (config_rank, fallback_note, model_reference,
+from lumc.compiler.core.precision_gate import (auto_or_fp32, config_rank, fallback_note,
+                                               fallback_policy, model_reference,
                                                precision_note, refuse_idle_weights, retimed,
                                                stage_quality, weights_gate, weights_note)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
@@ -54,6 +55,7 @@ from lumc.compiler.core.options import options
 EGRAPH_SHARE = 0.35   # most of the budget a compile gives saturation + extraction
 EGRAPH_MIN_S = 0.25   # below this share the e-graph is not started (loading its rules alone costs more)
 MAX_CANDIDATES = 16   # distinct programs taken from extraction (the bound prunes the hopeless ones free)
+AUTO_FP32_SHARE = 0.4  # of the budget, ``auto``'s fp32 plan (the reduced plan must beat it)
 MAX_REGION_OPS = 400  # primitive ops per e-graph region (EGGLOG-NOTES: per-layer regions)
 
 
@@ -367,8 +369,31 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
     reference capture, search, the quality gate, plan, report.
 
     ``given`` supplies the stored graph and the candidates instead (a size bucket of a range,
-    ``lumc.compiler.core.buckets``: the e-graph ran once for every bucket)."""
+    ``lumc.compiler.core.buckets``: the e-graph ran once for every bucket).
+
+    ``auto`` stores weights reduced, which no kernel choice undoes: it is compiled twice, at fp32
+    first with ``AUTO_FP32_SHARE`` of the budget, then at ``auto``, and the reduced plan is kept
+    only when it is faster (:func:`~lumc.compiler.core.precision_gate.auto_or_fp32`). Not over a
+    range's buckets, whose weights are stored once for all."""
     policy = policy or PrecisionPolicy()
+    args = dict(example_inputs=example_inputs, use_egraph=use_egraph, quiet=quiet,
+                frontend_s=frontend_s, fast_math=fast_math, given=given)
+    if policy.precision != "auto" or given is not None:
+        return _compile_policy(fe, deadline, target, ver, db, policy=policy, **args)
+    exact = _compile_policy(dataclasses.replace(fe, warnings=list(fe.warnings)),
+                            deadline.sub(AUTO_FP32_SHARE), target, ver, db,
+                            policy=dataclasses.replace(policy, precision="fp32"), **args)
+    return auto_or_fp32(_compile_policy(fe, deadline, target, ver, db, policy=policy,
+                                        fp32_plan=exact, **args), exact)
+
+
+def _compile_policy(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
+                    db: TuningDatabase, *, example_inputs: dict | None, use_egraph: bool,
+                    quiet: bool, frontend_s: float, policy: PrecisionPolicy, fast_math: bool,
+                    given: "Given | None", fp32_plan: CompiledModel | None = None
+                    ) -> CompiledModel:
+    """:func:`compile_frontend` at one policy (and the policies it falls back to; ``fp32_plan``:
+    the plan to fall back to at fp32, compiled already)."""
     policy.check_logits(fe.graph.outputs)
     budget_s = deadline.budget_s
     drawn = True
@@ -466,8 +491,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                       for k in graph.outputs) if graph.outputs else 0.0
         if quality is not None and not quality["passed"]:
             # the next policy up: a lower precision first, then weights as the model stores them
-            down = dataclasses.replace(policy, precision=FALLBACK[policy.precision]) \
-                if policy.precision in FALLBACK else dataclasses.replace(policy, weights="same")
+            down = fallback_policy(policy, quality)
             if given is not None and (down.weights != policy.weights or
                                       WEIGHT_DTYPE[down.precision] != WEIGHT_DTYPE[policy.precision]):
                 raise InputError(f"precision {policy.precision} (weights {policy.weights}) misses "
@@ -477,9 +501,12 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                                                               ("weights", down.weights)))
             fe.warnings.append(fallback_note(policy, down, quality))
             progress.close()
+            if fp32_plan is not None and down == dataclasses.replace(policy, precision="fp32"):
+                fp32_plan._report["warnings"].append(fe.warnings[-1])
+                return fp32_plan       # auto's own fp32 plan, compiled already
             return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
                                     use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,
-                                    policy=down, given=given)
+                                    policy=down, given=given, fast_math=fast_math)
         note = precision_note(policy, quality)
         if note:
             fe.warnings.append(note)

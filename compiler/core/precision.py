@@ -14,7 +14,9 @@ the quality gate that measures what reduced precision cost.
 ``fp8``    bf16 weights, contractions at e4m3 with per-1xBLOCK_K scales (``dot_precision.py``) or bf16
            where that is faster: tolerance 2e-1
 ``auto``   per kernel, fp8, bf16 or tf32x3, the fastest that keeps the quality gate, chosen from
-           each contraction's measured sensitivity (:mod:`lumc.compiler.core.precision_gate`)
+           each contraction's measured sensitivity (:mod:`lumc.compiler.core.precision_gate`); a
+           less precise config must be 1% faster than a more precise one, and the whole reduced
+           plan 1% faster than the model's fp32 plan, which auto compiles too (40% of the budget)
 =========  ===========================================================================================
 
 The tolerances are relative to the largest reference magnitude of each output (``max_rel_error``).

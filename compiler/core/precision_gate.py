@@ -23,11 +23,14 @@ e-graph and the search on a graph it would have to throw away.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
-from lumc.compiler.core.precision import (MIN_WEIGHT_ELEMENTS, WEIGHT_DTYPE, PrecisionPolicy,
-                                          measure_quality)
+from lumc.compiler.core.precision import (FALLBACK, MIN_WEIGHT_ELEMENTS, WEIGHT_DTYPE,
+                                          PrecisionPolicy, measure_quality)
+from lumc.compiler.core.search import PRECISION_GAIN
 from lumc.compiler.runtime.program import run_program_reference
 from lumc.ir.errors import InputError
 from lumc.ir.graph import Graph
@@ -219,6 +222,39 @@ def _auto(configs, reduced, raised, evaluate, deadline, q0) -> tuple[list, dict]
     return current, q
 
 
+def auto_or_fp32(reduced, exact):
+    """``auto``'s plan (``reduced``: a CompiledModel at ``auto``, or at what it fell back to), or
+    the fp32 plan of the same model (``exact``) when the reduced one is not faster than it by
+    ``search.PRECISION_GAIN``: weights stored in bf16 and contractions at bf16 or fp8 cost quality,
+    and on a launch-bound model they buy no time. The plan kept has ``report["auto"]``: both
+    times (seconds, simulated on ``sim:*``) and which was kept; the fp32 one also a note saying
+    why. An untimed plan (budget) loses to a timed one. ``reduced`` is ``exact`` when the
+    reduced plans missed the quality gate (the fallback's note says so; no reduced time)."""
+    if reduced is exact:     # the reduced plans missed the gate: auto fell back to this one
+        exact._report["auto"] = {"fp32_time_s": exact._report.get("best_time_s"),
+                                 "reduced_time_s": None, "reduced_precision": None,
+                                 "kept": "fp32"}
+        return exact
+    r, e = reduced.report_dict(), exact.report_dict()
+    t_r, t_e = r.get("best_time_s"), e.get("best_time_s")
+    keep_reduced = t_r is not None and (t_e is None or t_r < t_e * (1 - PRECISION_GAIN))
+    kept = reduced if keep_reduced else exact
+    kept._report["auto"] = {"fp32_time_s": t_e, "reduced_time_s": t_r,
+                            "reduced_precision": r["precision"],
+                            "kept": "reduced" if keep_reduced else "fp32"}
+    if not keep_reduced:
+        unit = " simulated" if exact.simulated else ""
+        fig = (f"{t_r * 1e6:.1f} us{unit}" if t_r is not None else "untimed")
+        at = "" if r["precision"] == "auto" else f", fallen back to {r['precision']}"
+        kept._report["warnings"].append(
+            f"precision auto: the reduced plan ({fig}{at}) is not {PRECISION_GAIN:.0%} faster "
+            f"than the fp32 plan ({t_e * 1e6:.1f} us{unit}): compiled at fp32 accuracy"
+            + ("" if e["weights"] != "same" else ", with the model's weights")
+            if t_e is not None else
+            "precision auto: neither plan was timed within the budget: compiled at fp32")
+    return kept
+
+
 def precision_note(policy: PrecisionPolicy, quality: dict | None) -> str | None:
     """One line for the report's notes when the plan's contractions do not all run at the policy's
     own precision (``fp8`` allows ``bf16``; the gate raises kernels to pass; ``auto`` mixes by
@@ -247,6 +283,22 @@ def precision_note(policy: PrecisionPolicy, quality: dict | None) -> str | None:
         ("" if policy.precision == "auto" or others <= 0 else
          "; the others were faster there, or no config of the lower precision applies")
     return f"precision {policy.precision}: of {n}, {mix}{why}"
+
+
+def fallback_policy(policy: PrecisionPolicy, quality: dict) -> PrecisionPolicy:
+    """The policy a plan at ``policy`` that missed the quality gate (``quality``) is compiled at
+    next: a more precise precision first (``precision.FALLBACK``), then weights as the model
+    stores them. A precision whose plan was the one just measured is passed over: an ``fp8`` or
+    ``auto`` plan none of whose contractions ran below bf16 (a tie goes to the precise config)
+    stored its weights as bf16 does, so bf16's plan would miss the gate with the same figure."""
+    if policy.precision not in FALLBACK:
+        return dataclasses.replace(policy, weights="same")
+    down = dataclasses.replace(policy, precision=FALLBACK[policy.precision])
+    dots = [p for p in quality.get("kernel_precision", []) if p is not None]
+    while (down.precision in FALLBACK and dots and WEIGHT_DTYPE[down.precision] ==
+           WEIGHT_DTYPE[policy.precision] and max(map(_rank, dots)) <= _rank(down.precision)):
+        down = dataclasses.replace(down, precision=FALLBACK[down.precision])
+    return down
 
 
 def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict) -> str:

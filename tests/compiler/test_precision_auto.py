@@ -1,0 +1,84 @@
+"""``--precision auto`` chooses a reduced precision per contraction only where it buys time."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lumc
+from lumc.compiler.runtime.tuning_db import TuningDatabase
+from tests.compiler.test_precision import classifier, numpy_reference
+
+
+@pytest.mark.parametrize("m,k,h", [(16, 256, 192), (2048, 512, 512)])
+def test_auto_reduces_a_contraction_only_where_it_is_faster(tmp_path, m, k, h):
+    """A launch-bound model times the same at fp8, bf16 and fp32 (sim:h200), and auto took fp8
+    with bf16 weights: 1000x the error for nothing. It now keeps the fp32 plan, which it compiles
+    too, and says so; a model large enough that bf16/fp8 tensor cores win is still reduced."""
+    model = classifier(m=m, k=k, h=h)
+    cm = lumc.compile(model, budget="60s", device="sim:h200", use_egraph=False,
+                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto")
+    r = cm.report_dict()
+    assert r["auto"]["kept"] == ("fp32" if m == 16 else "reduced")
+    assert r["auto"]["fp32_time_s"] > 0 and r["auto"]["reduced_time_s"] > 0
+    mm = [kk for kk in r["per_kernel"] if kk["form"] == "matmul"]
+    x = np.random.default_rng(5).standard_normal((m, k)).astype(np.float32)
+    ref = numpy_reference(model, x)
+    err = np.abs(cm(x) - ref).max() / np.abs(ref).max()
+    if m == 16:
+        assert r["precision"] == "fp32" and r["quality"] is None
+        assert r["auto"]["reduced_time_s"] >= 0.99 * r["auto"]["fp32_time_s"]
+        assert {kk["precision"] for kk in mm} <= {"tf32x3", "ieee"}, mm
+        assert err < 1e-5
+        assert any(w.startswith("precision auto: the reduced plan (") and "compiled at fp32" in w
+                   for w in r["warnings"]), r["warnings"]
+    else:    # the first layer (2048 x 512 x 512) is compute-heavy enough to go below tf32x3
+        assert r["precision"] == "auto" and r["quality"]["passed"]
+        assert r["best_time_s"] < 0.99 * r["auto"]["fp32_time_s"]
+        assert mm[0]["precision"] in ("bf16", "fp8"), mm
+        assert 1e-5 < err <= r["tolerance"]
+
+
+def test_the_fallback_passes_over_a_precision_whose_plan_it_measured():
+    """An fp8 (or auto) plan none of whose contractions ran below bf16 is bf16's plan, with the
+    weights bf16 stores: compiling bf16 next measured the same figure again (and said it twice).
+    The next policy is fp32 then; a plan with an fp8 contraction still tries bf16."""
+    from lumc.compiler.core.precision import PrecisionPolicy
+    from lumc.compiler.core.precision_gate import fallback_policy
+
+    def down(p, dots, weights="same"):
+        d = fallback_policy(PrecisionPolicy(p, weights), {"kernel_precision": dots})
+        return d.precision, d.weights
+    assert down("fp8", ["bf16", None, "bf16"]) == ("fp32", "same")
+    assert down("fp8", ["fp8", "bf16"]) == ("bf16", "same")
+    assert down("auto", ["tf32x3", "bf16"]) == ("fp32", "same")
+    assert down("auto", ["fp8", "tf32x3"]) == ("bf16", "same")
+    assert down("fp8", []) == ("bf16", "same")                # nothing measured: one step
+    assert down("bf16", ["bf16"]) == ("fp32", "same")
+    assert down("fp16", ["fp16"]) == ("fp32", "same")
+    assert down("fp32", ["tf32x3"], "int8") == ("fp32", "same")
+
+
+def test_auto_that_misses_the_gate_returns_its_fp32_plan_once(tmp_path, monkeypatch):
+    """auto over a gate no reduced plan meets falls back to fp32, whose plan it compiled already:
+    that plan is returned (not compiled a third time), with the fallback's line."""
+    from lumc.compiler.core import pipeline
+    calls = []
+    real = pipeline._compile_policy
+
+    def counting(fe, deadline, *a, policy, **k):
+        calls.append(policy.precision)
+        return real(fe, deadline, *a, policy=policy, **k)
+    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    cm = lumc.compile(classifier(), budget="60s", device="sim:h200", use_egraph=False,
+                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto",
+                      tolerance=1e-9)
+    r = cm.report_dict()
+    assert r["precision"] == "fp32" and r["auto"]["kept"] == "fp32"
+    assert r["auto"]["reduced_time_s"] is None
+    assert calls == ["fp32", "auto"], calls
+    notes = [w for w in r["warnings"] if w.startswith("precision auto")]
+    assert len(notes) == 1 and "misses the quality gate" in notes[0] and \
+        "compiled at fp32" in notes[0], r["warnings"]
+    x = np.random.default_rng(5).standard_normal((16, 256)).astype(np.float32)
+    ref = numpy_reference(classifier(), x)
+    assert np.abs(cm(x) - ref).max() / np.abs(ref).max() < 1e-5
