@@ -384,7 +384,7 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                             deadline.sub(AUTO_FP32_SHARE), target, ver, db,
                             policy=dataclasses.replace(policy, precision="fp32"), **args)
     return auto_or_fp32(_compile_policy(fe, deadline, target, ver, db, policy=policy,
-                                        fp32_plan=exact, **args), exact)
+                                        fp32_plan=exact, **args), exact, deadline)
 
 
 def _compile_policy(fe: Frontend, deadline: Deadline, target: Target, ver: dict,

@@ -222,14 +222,17 @@ def _auto(configs, reduced, raised, evaluate, deadline, q0) -> tuple[list, dict]
     return current, q
 
 
-def auto_or_fp32(reduced, exact):
+def auto_or_fp32(reduced, exact, deadline):
     """``auto``'s plan (``reduced``: a CompiledModel at ``auto``, or at what it fell back to), or
     the fp32 plan of the same model (``exact``) when the reduced one is not faster than it by
     ``search.PRECISION_GAIN``: weights stored in bf16 and contractions at bf16 or fp8 cost quality,
     and on a launch-bound model they buy no time. The plan kept has ``report["auto"]``: both
     times (seconds, simulated on ``sim:*``) and which was kept; the fp32 one also a note saying
     why. An untimed plan (budget) loses to a timed one. ``reduced`` is ``exact`` when the
-    reduced plans missed the quality gate (the fallback's note says so; no reduced time)."""
+    reduced plans missed the quality gate (the fallback's note says so; no reduced time). The
+    plan kept reports the whole compile's budget and seconds (``deadline``: the outer one)."""
+    for cm in (reduced, exact):
+        cm._report.update(budget_s=deadline.budget_s, compile_s=deadline.elapsed())
     if reduced is exact:     # the reduced plans missed the gate: auto fell back to this one
         exact._report["auto"] = {"fp32_time_s": exact._report.get("best_time_s"),
                                  "reduced_time_s": None, "reduced_precision": None,

@@ -20,6 +20,7 @@ def test_auto_reduces_a_contraction_only_where_it_is_faster(tmp_path, m, k, h):
     r = cm.report_dict()
     assert r["auto"]["kept"] == ("fp32" if m == 16 else "reduced")
     assert r["auto"]["fp32_time_s"] > 0 and r["auto"]["reduced_time_s"] > 0
+    assert r["budget_s"] == 60 and r["compile_s"] > 0.5 * r["stage_seconds"]["search"]
     mm = [kk for kk in r["per_kernel"] if kk["form"] == "matmul"]
     x = np.random.default_rng(5).standard_normal((m, k)).astype(np.float32)
     ref = numpy_reference(model, x)
