@@ -21,6 +21,7 @@ import numpy as np
 
 from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
+from lumc.compiler.core.constfold import fold_constants
 from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_sizes, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import ROWS_REFUSAL, greedy_program
@@ -80,12 +81,15 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     twin where it cut a chain of row reductions (``fusion_rows``).
     """
     stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
-    greedy = greedy_program(graph)
+    # constants folded (index arithmetic, empty values) as the e-graph's input is: exact, and a
+    # --no-egraph compile of a model whose outputs are all empty launched a kernel per op
+    folded = fold_constants(graph)
+    greedy = greedy_program(folded)
     unfused = unfused_program(graph)
     programs = [greedy, unfused]
     if any(ROWS_REFUSAL in x for x in greedy.notes):    # its row groups in one kernel each
         try:
-            programs.append(greedy_program(graph, label="greedy+rows", rows=True))
+            programs.append(greedy_program(folded, label="greedy+rows", rows=True))
         except ValueError:      # kernels reading each other in a cycle: the twin is not made
             pass
     own = list(programs)

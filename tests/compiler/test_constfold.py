@@ -56,7 +56,8 @@ def test_only_small_index_arithmetic_is_folded():
 def test_a_model_whose_outputs_are_empty_launches_no_kernel():
     """Rows of length 0 (``[3, 0]``) or no rows (``[0, 5]``): a LogSoftmax, a CumSum, a
     LayerNorm and a Softmax over nothing compiled to one kernel per op (7 and 10 kernels, each
-    launched over no element); every value of these outputs is empty, so none is computed. The
+    launched over no element); every value of these outputs is empty, so none is computed, with
+    or without the e-graph (the greedy program is built from the folded graph too). The
     outputs keep their shapes and dtypes, and onnxruntime's (empty) values."""
     from onnx import TensorProto, helper, numpy_helper
     import lumc
@@ -79,8 +80,10 @@ def test_a_model_whose_outputs_are_empty_launches_no_kernel():
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
         m.ir_version = 8
         x = np.zeros(shape, np.float32)
-        c = lumc.compile(m, budget="20s", device="sim:h200", reuse_plan=False)
-        assert len(c.program.calls) == 0, (shape, [k.kernel.form for k in c.program.calls])
-        got = c.run({"x": x})
-        for o, ref in zip(outs, onnxruntime_outputs(m, {"x": x})):
-            assert got[o].shape == ref.shape == shape and got[o].dtype == np.float32, o
+        for egraph in (True, False):     # --no-egraph folds them too (it launched 7 kernels)
+            c = lumc.compile(m, budget="20s", device="sim:h200", reuse_plan=False,
+                             use_egraph=egraph)
+            assert len(c.program.calls) == 0, (shape, [k.kernel.form for k in c.program.calls])
+            got = c.run({"x": x})
+            for o, ref in zip(outs, onnxruntime_outputs(m, {"x": x})):
+                assert got[o].shape == ref.shape == shape and got[o].dtype == np.float32, o
