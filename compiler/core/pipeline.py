@@ -506,11 +506,13 @@ def _compile_policy(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
             fe.warnings.append(fallback_note(policy, down, quality))
             progress.close()
             if fp32_plan is not None and down == dataclasses.replace(policy, precision="fp32"):
-                fp32_plan._report["warnings"].append(fe.warnings[-1])
+                have = fp32_plan._report["warnings"]    # the fallbacks' lines, auto's on
+                have += [w for w in fe.warnings if w not in have]
                 return fp32_plan       # auto's own fp32 plan, compiled already
-            return compile_frontend(fe, deadline, target, ver, db, example_inputs=example_inputs,
-                                    use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,
-                                    policy=down, given=given, fast_math=fast_math)
+            return _compile_policy(fe, deadline, target, ver, db, example_inputs=example_inputs,
+                                   use_egraph=use_egraph, quiet=quiet, frontend_s=frontend_s,
+                                   policy=down, given=given, fast_math=fast_math,
+                                   fp32_plan=fp32_plan)
         note = precision_note(policy, quality)
         if note:
             fe.warnings.append(note)

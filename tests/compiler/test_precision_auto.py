@@ -83,3 +83,32 @@ def test_auto_that_misses_the_gate_returns_its_fp32_plan_once(tmp_path, monkeypa
     x = np.random.default_rng(5).standard_normal((16, 256)).astype(np.float32)
     ref = numpy_reference(classifier(), x)
     assert np.abs(cm(x) - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_auto_falling_back_through_bf16_still_returns_its_fp32_plan(tmp_path, monkeypatch):
+    """auto -> bf16 -> fp32: the bf16 step (an auto plan with an fp8 contraction that missed the
+    gate) did not carry auto's fp32 plan, so fp32 was compiled a third time. Forced here: every
+    gate fails, and the auto plan reports an fp8 contraction."""
+    from lumc.compiler.core import pipeline, precision_gate
+    calls = []
+    real = pipeline._compile_policy
+
+    def counting(fe, deadline, *a, policy, **k):
+        calls.append(policy.precision)
+        return real(fe, deadline, *a, policy=policy, **k)
+    real_gate = precision_gate.stage_quality
+
+    def failing(*a, **k):
+        configs, q = real_gate(*a, **k)
+        if q is not None:
+            q = dict(q, passed=False, reason="forced", kernel_precision=["fp8"])
+        return configs, q
+    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    monkeypatch.setattr(pipeline, "stage_quality", failing)
+    cm = lumc.compile(classifier(), budget="60s", device="sim:h200", use_egraph=False,
+                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto")
+    r = cm.report_dict()
+    assert calls == ["fp32", "auto", "bf16"], calls
+    assert r["precision"] == "fp32" and r["auto"]["kept"] == "fp32"
+    assert [w.split(" misses")[0] for w in r["warnings"] if "misses the quality gate" in w] == \
+        ["precision auto (weights same)", "precision bf16 (weights same)"], r["warnings"]
