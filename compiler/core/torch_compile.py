@@ -227,8 +227,11 @@ class CompiledTorchModule:
                 flat_out.append(spec.flat_outputs[i])
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
             # outputs reading an input that requires gradients refuse a backward (no_backward)
+            live = self.program.grad_outputs     # x.detach(): none (lowering.grad_outputs)
             guarded = refuse_backward(lambda: _output_inputs(spec), tensors, dict(
-                (n, t) for n, t in zip(self.program.output_names, flat_out) if n in results))
+                (n, t) for n, i, t in zip(self.program.output_names, self.program.output_index,
+                                          flat_out)
+                if n in results and (live is None or live[i])))
             flat_out = [guarded.get(n, t) if n in results else t
                         for n, t in zip(self.program.output_names, flat_out)]
         if self.program.out_spec is None:

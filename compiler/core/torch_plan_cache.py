@@ -48,7 +48,7 @@ import torch
 log = logging.getLogger("lumc.torch")
 
 SHELL_FIELDS = ("inputs", "dims", "in_spec", "out_spec", "output_index", "output_names", "source",
-                "warnings")
+                "warnings", "grad_outputs")
 
 
 def module_key(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes, device: str,
@@ -465,6 +465,8 @@ def _encode_shell(shell: dict) -> dict:
             "output_index": [int(i) for i in shell["output_index"]],
             "output_names": [str(n) for n in shell["output_names"]], "source": shell["source"],
             "warnings": [str(w) for w in shell["warnings"]], "device": shell["device"], "key": key,
+            "grad_outputs": None if shell["grad_outputs"] is None else
+            [bool(g) for g in shell["grad_outputs"]],
             "op_counts": {str(k): int(v) for k, v in shell["op_counts"].items()},
             "seconds": float(shell["seconds"]), "capture_s": float(shell["capture_s"]),
             "flat_outputs": [_encode_value(v) for v in shell["flat_outputs"]]}
@@ -484,6 +486,7 @@ def _decode_shell(d: dict) -> dict:
             "out_spec": None if d["out_spec"] is None else treespec_loads(d["out_spec"]),
             "output_index": list(d["output_index"]), "output_names": list(d["output_names"]),
             "source": d["source"], "warnings": list(d["warnings"]), "device": str(d["device"]),
+            "grad_outputs": d.get("grad_outputs"),
             "key": key, "op_counts": dict(d["op_counts"]), "seconds": float(d["seconds"]),
             "capture_s": float(d["capture_s"]),
             "flat_outputs": [_decode_value(v) for v in d["flat_outputs"]]}

@@ -285,7 +285,8 @@ def test_lumc_compile_outputs_need_the_gradient_their_inputs_need(tmp_path, monk
             self.lin = nn.Linear(4, 3)
 
         def forward(self, x, y):
-            return self.lin(x), x > 0, y * 2
+            # detached ones never need one (decomposed, a detach was an alias: True, True)
+            return self.lin(x), x > 0, y * 2, self.lin(x).detach(), x.detach() + 1
     m = Two().eval()
     x, y = torch.randn(2, 4), torch.randn(3)
     for f in (compile_module(m, (x, y), search=False),
@@ -294,7 +295,7 @@ def test_lumc_compile_outputs_need_the_gradient_their_inputs_need(tmp_path, monk
         xr = x.clone().requires_grad_()
         got, want = f(xr, y), m(xr, y)
         assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == \
-            [True, False, False]
+            [True, False, False, False, False]
         for g, w in zip(got, want):
             torch.testing.assert_close(g.detach(), w.detach())
         with pytest.raises(RuntimeError, match="compiled for inference and has no backward"):

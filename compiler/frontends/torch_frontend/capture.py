@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 from lumc.compiler.frontends.onnx_frontend import ImportedModel, TensorSpec
 from lumc.compiler.frontends.torch_frontend.dims import (DimInfo, bind_multiple, finite,
                                                           multiple_dims)
-from lumc.compiler.frontends.torch_frontend.lowering import FxLowering, check_supported
+from lumc.compiler.frontends.torch_frontend.lowering import FxLowering, check_supported, grad_outputs
 from lumc.compiler.frontends.torch_frontend.registry import lumc_dtype
 from lumc.ir import dtypes as dt
 from lumc.ir.errors import InputError, ModelError, UnsupportedOpError
@@ -47,6 +47,9 @@ KEEP_UNDECOMPOSED = (
     torch.ops.aten.index_add.default,
     torch.ops.aten.index_copy.default,
     torch.ops.aten.one_hot.default,
+    # decomposed, a detach is an alias, and which outputs never require gradients is lost
+    # (``torch_state.grad_outputs``); imported, it is the identity either way
+    torch.ops.aten.detach.default,
 )
 
 
@@ -150,6 +153,7 @@ class CapturedProgram:
         dims: ``{sympy symbol: DimInfo}`` of the dynamic dims.
         in_spec, out_spec: pytree specs of ``(args, kwargs)`` and of the outputs (None: flat).
         output_index: positions of the user outputs among the graph's outputs.
+        grad_outputs: per graph output, whether eager's can require gradients (not detached).
         output_names: a readable name per user output.
         device: where inputs come from and outputs go.
         source: how the graph was captured (for reports).
@@ -165,6 +169,7 @@ class CapturedProgram:
     device: torch.device
     source: str = "torch.export"
     warnings: list[str] = field(default_factory=list)
+    grad_outputs: list[bool] | None = None    # per graph output (lowering.grad_outputs)
     _weight_tensors: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -527,7 +532,8 @@ def capture_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     out_names = _output_names(ep.call_spec.out_spec, len(output_index))
     device = _device_of(module, leaves)
     program = CapturedProgram(gm, weights, inputs, dims, ep.call_spec.in_spec,
-                              ep.call_spec.out_spec, output_index, out_names, device)
+                              ep.call_spec.out_spec, output_index, out_names, device,
+                              grad_outputs=grad_outputs(gm))
     del ep
     return program
 

@@ -255,3 +255,24 @@ class FxLowering:
             if wd is not None and t.dtype != wd:
                 t = t.cast(wd)   # PyTorch's declared result dtype wins (e.g. an i64 index result)
         return self.folder.fold(t)
+
+
+_DETACH = {"detach.default", "detach_copy.default"}
+
+
+def grad_outputs(gm: torch.fx.GraphModule) -> list[bool]:
+    """Per output of an exported graph, whether a path from a placeholder reaches it without a
+    ``detach``: ``x.detach()`` (or a value computed from detached ones only) never requires
+    gradients in eager, though the imported graph, where a detach is the identity, reads ``x``
+    (``capture.KEEP_UNDECOMPOSED`` keeps the detaches)."""
+    live: dict = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            live[n] = True
+        elif n.op == "call_function" and getattr(n.target, "__name__", "") in _DETACH:
+            live[n] = False
+        else:
+            live[n] = any(live.get(a, False) for a in n.all_input_nodes)
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return [isinstance(o, torch.fx.Node) and live.get(o, False) for o in outs]
