@@ -315,8 +315,12 @@ def fallback_note(policy: PrecisionPolicy, down: PrecisionPolicy, quality: dict)
                   key=_rank, reverse=True)
     if policy.precision == "fp8" and dots and "fp8" not in dots:
         own += f": no contraction runs at fp8 (its plan is {'/'.join(dots)}'s), and that plan"
-    elif policy.precision == "auto" and dots and "fp8" not in dots:   # bf16's plan, next
-        own += f": its plan is {'/'.join(dots)}'s, and that plan"
+    elif policy.precision == "auto" and dots == ["bf16"]:   # bf16's plan, next
+        own += ": its plan is bf16's, and that plan"
+    elif policy.precision == "auto" and dots and "fp8" not in dots:
+        # not fp32's plan though its contractions are: its weights and activations are bf16
+        own += (f": no contraction runs below bf16 (at {'/'.join(dots)}, over weights and "
+                "activations stored in bf16), and that plan")
     return (f"{own} misses the quality gate ({quality['reason']}); compiled at {down.precision} "
             f"(weights {down.weights}) instead")
 

@@ -112,3 +112,20 @@ def test_auto_falling_back_through_bf16_still_returns_its_fp32_plan(tmp_path, mo
     assert r["precision"] == "fp32" and r["auto"]["kept"] == "fp32"
     assert [w.split(" misses")[0] for w in r["warnings"] if "misses the quality gate" in w] == \
         ["precision auto (weights same)", "precision bf16 (weights same)"], r["warnings"]
+
+
+def test_an_auto_fallback_line_does_not_call_a_tf32x3_plan_fp32s():
+    """auto whose gate raised every contraction to tf32x3 and still missed (its weights and
+    activations are stored in bf16) said 'its plan is tf32x3's, and that plan misses the quality
+    gate ...; compiled at fp32 instead': fp32's plan is tf32x3's, and it passed."""
+    from lumc.compiler.core.precision import PrecisionPolicy
+    from lumc.compiler.core.precision_gate import fallback_note
+    auto, fp32 = PrecisionPolicy("auto", tolerance=1e-3), PrecisionPolicy("fp32", tolerance=1e-3)
+    q = {"reason": "max rel error 0.00556 > tolerance 0.001",
+         "kernel_precision": ["tf32x3", "tf32x3", None]}
+    line = fallback_note(auto, fp32, q)
+    assert "its plan is tf32x3's" not in line, line
+    assert line == ("precision auto (weights same): no contraction runs below bf16 (at tf32x3, "
+                    "over weights and activations stored in bf16), and that plan misses the "
+                    "quality gate (max rel error 0.00556 > tolerance 0.001); compiled at fp32 "
+                    "(weights same) instead")
