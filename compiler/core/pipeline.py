@@ -47,7 +47,8 @@ from lumc.compiler.core.search import SearchResult, run_search
 from lumc.compiler.core.workers import search_workers, warm_workers, with_workers
 from lumc.compiler.runtime.targets import Target, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.runtime.tuning_db import TuningDatabase
-from lumc.ir.errors import DivisionByZeroError, IndexRangeError, InputError, RuntimeIfError
+from lumc.ir.errors import (BudgetError, DivisionByZeroError, IndexRangeError, InputError,
+                             LumcError, RuntimeIfError)
 from lumc.ir.graph import Graph
 from lumc.rewrites.cost import kernel_time_bound
 from lumc.compiler.core import carried
@@ -387,8 +388,17 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
     exact = _compile_policy(dataclasses.replace(fe, warnings=list(fe.warnings)),
                             deadline.sub(AUTO_FP32_SHARE), target, ver, db,
                             policy=dataclasses.replace(policy, precision="fp32"), **args)
-    return auto_or_fp32(_compile_policy(fe, deadline, target, ver, db, policy=policy,
-                                        fp32_plan=exact, **args), exact, deadline)
+    try:
+        reduced = _compile_policy(fe, deadline, target, ver, db, policy=policy, fp32_plan=exact,
+                                  **args)
+    except (InputError, BudgetError):
+        raise
+    except LumcError as e:     # the fp32 plan is compiled and checked: it stands
+        exact._report["warnings"].append(
+            f"precision auto: the reduced plan failed ({' '.join(str(e).split())}): compiled at "
+            "fp32")
+        reduced = exact
+    return auto_or_fp32(reduced, exact, deadline)
 
 
 def _compile_policy(fe: Frontend, deadline: Deadline, target: Target, ver: dict,

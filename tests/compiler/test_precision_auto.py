@@ -85,35 +85,6 @@ def test_auto_that_misses_the_gate_returns_its_fp32_plan_once(tmp_path, monkeypa
     assert np.abs(cm(x) - ref).max() / np.abs(ref).max() < 1e-5
 
 
-def test_auto_falling_back_through_bf16_still_returns_its_fp32_plan(tmp_path, monkeypatch):
-    """auto -> bf16 -> fp32: the bf16 step (an auto plan with an fp8 contraction that missed the
-    gate) did not carry auto's fp32 plan, so fp32 was compiled a third time. Forced here: every
-    gate fails, and the auto plan reports an fp8 contraction."""
-    from lumc.compiler.core import pipeline, precision_gate
-    calls = []
-    real = pipeline._compile_policy
-
-    def counting(fe, deadline, *a, policy, **k):
-        calls.append(policy.precision)
-        return real(fe, deadline, *a, policy=policy, **k)
-    real_gate = precision_gate.stage_quality
-
-    def failing(*a, **k):
-        configs, q = real_gate(*a, **k)
-        if q is not None:
-            q = dict(q, passed=False, reason="forced", kernel_precision=["fp8"])
-        return configs, q
-    monkeypatch.setattr(pipeline, "_compile_policy", counting)
-    monkeypatch.setattr(pipeline, "stage_quality", failing)
-    cm = lumc.compile(classifier(), budget="60s", device="sim:h200", use_egraph=False,
-                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto")
-    r = cm.report_dict()
-    assert calls == ["fp32", "auto", "bf16"], calls
-    assert r["precision"] == "fp32" and r["auto"]["kept"] == "fp32"
-    assert [w.split(" misses")[0] for w in r["warnings"] if "misses the quality gate" in w] == \
-        ["precision auto (weights same)", "precision bf16 (weights same)"], r["warnings"]
-
-
 def test_an_auto_fallback_line_does_not_call_a_tf32x3_plan_fp32s():
     """auto whose gate raised every contraction to tf32x3 and still missed (its weights and
     activations are stored in bf16) said 'its plan is tf32x3's, and that plan misses the quality
@@ -129,3 +100,61 @@ def test_an_auto_fallback_line_does_not_call_a_tf32x3_plan_fp32s():
                     "over weights and activations stored in bf16), and that plan misses the "
                     "quality gate (max rel error 0.00556 > tolerance 0.001); compiled at fp32 "
                     "(weights same) instead")
+
+
+
+
+def test_auto_falling_back_through_bf16_still_returns_its_fp32_plan(tmp_path, monkeypatch):
+    """An auto plan with an fp8 contraction that misses the gate falls back to bf16 first
+    (``fallback_policy``); when bf16 missed too, fp32 was compiled a second time, compared with
+    auto's own fp32 plan as 'the reduced plan (..., fallen back to fp32)', and the two fallback
+    lines were lost. auto's fp32 plan is returned, with both lines."""
+    import dataclasses
+    from lumc.compiler.core import pipeline
+    real_fb = pipeline.fallback_policy
+    monkeypatch.setattr(pipeline, "fallback_policy", lambda p, q: (
+        dataclasses.replace(p, precision="bf16") if p.precision == "auto" else real_fb(p, q)))
+    calls = []
+    real = pipeline._compile_policy
+
+    def counting(fe, deadline, *a, policy, **k):
+        calls.append(policy.precision)
+        return real(fe, deadline, *a, policy=policy, **k)
+    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    cm = lumc.compile(classifier(), budget="30s", device="sim:h200", use_egraph=False,
+                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto",
+                      tolerance=1e-9)
+    r = cm.report_dict()
+    assert calls == ["fp32", "auto", "bf16"], calls
+    assert r["precision"] == "fp32" and r["auto"]["kept"] == "fp32"
+    assert r["auto"]["reduced_time_s"] is None, r["auto"]
+    notes = [w for w in r["warnings"] if "misses the quality gate" in w]
+    assert [n.split()[1] for n in notes] == ["auto", "bf16"], r["warnings"]
+    assert not any("is not 1% faster" in w for w in r["warnings"]), r["warnings"]
+
+
+def test_auto_keeps_its_fp32_plan_when_the_reduced_compile_fails(tmp_path, monkeypatch):
+    """A small budget: the reduced compile timed nothing and its untimed fallback's fp8 kernel
+    failed its check past the deadline (a LumcError, 'give a larger budget'), and the whole
+    compile failed with auto's fp32 plan compiled and checked. That plan is returned, with a
+    note; an InputError (the user's options) still fails the compile."""
+    from lumc.compiler.core import pipeline
+    from lumc.ir.errors import InputError, LumcError
+    real = pipeline._compile_policy
+    err = [LumcError("m: nothing was measured within the budget; give a larger budget")]
+
+    def failing(fe, deadline, *a, policy, **k):
+        if policy.precision == "auto":
+            raise err[0]
+        return real(fe, deadline, *a, policy=policy, **k)
+    monkeypatch.setattr(pipeline, "_compile_policy", failing)
+    cm = lumc.compile(classifier(), budget="20s", device="sim:h200", use_egraph=False,
+                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto")
+    r = cm.report_dict()
+    assert r["precision"] == "fp32" and r["auto"]["kept"] == "fp32"
+    assert any(w.startswith("precision auto: the reduced plan failed (m: nothing was measured")
+               for w in r["warnings"]), r["warnings"]
+    err[0] = InputError("bad option")
+    with pytest.raises(InputError, match="bad option"):
+        lumc.compile(classifier(), budget="20s", device="sim:h200", use_egraph=False,
+                     db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto", reuse_plan=False)
