@@ -251,8 +251,9 @@ def auto_or_fp32(reduced, exact, deadline):
         at = "" if r["precision"] == "auto" else f", fallen back to {r['precision']}"
         kept._report["warnings"].append(
             f"precision auto: the reduced plan ({fig}{at}) is not {PRECISION_GAIN:.0%} faster "
-            f"than the fp32 plan ({t_e * 1e6:.1f} us{unit}): compiled at fp32 accuracy"
-            + ("" if e["weights"] != "same" else ", with the model's weights")
+            f"than the fp32 plan ({t_e * 1e6:.1f} us{unit}): compiled at fp32"
+            + (f" (weights {e['weights']})" if e["weights"] != "same" else
+               " accuracy, with the model's weights")
             if t_e is not None else
             "precision auto: neither plan was timed within the budget: compiled at fp32")
     return kept

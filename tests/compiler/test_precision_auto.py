@@ -158,3 +158,20 @@ def test_auto_keeps_its_fp32_plan_when_the_reduced_compile_fails(tmp_path, monke
     with pytest.raises(InputError, match="bad option"):
         lumc.compile(classifier(), budget="20s", device="sim:h200", use_egraph=False,
                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto", reuse_plan=False)
+
+
+def test_the_kept_fp32_plans_line_names_its_quantized_weights():
+    """--precision auto --weights int8 kept the fp32 plan with int8 weights (max rel error 7e-3)
+    and said 'compiled at fp32 accuracy'."""
+    from types import SimpleNamespace
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.precision_gate import auto_or_fp32
+
+    def plan(precision, weights, t):
+        r = {"precision": precision, "weights": weights, "best_time_s": t, "warnings": []}
+        return SimpleNamespace(_report=r, report_dict=lambda: r, simulated=True)
+    for weights, tail in (("int8", "compiled at fp32 (weights int8)"),
+                          ("same", "compiled at fp32 accuracy, with the model's weights")):
+        kept = auto_or_fp32(plan("auto", weights, 1e-5), plan("fp32", weights, 1e-5),
+                            Deadline(10.0))
+        assert kept._report["warnings"][-1].endswith(tail), kept._report["warnings"]
