@@ -15,7 +15,9 @@ launch overhead included) and a config space. The loop:
    their other configs are tried in order (best predicted first, ``config_order.ordered_configs``).
    A kernel whose best time is within ``slack`` of its bound is done: no config can beat it by more
    than that (counted as pruned), and a config whose own bound (``config_bounds``) is not below the
-   kernel's best time is pruned. Tuning stops when the best time has not improved by ``min_gain``
+   kernel's best time is pruned (but for a config of more precise arithmetic than the one kept,
+   which a tie within ``precision_gain`` would keep: it is pruned only by its own bound over the
+   fastest time plus that). Tuning stops when the best time has not improved by ``min_gain``
    over ``window`` measurements and every open kernel of the best programs has had ``PATIENCE``
    tries in a row that found nothing better (once the first holds, only kernels short of that are
    tried: a kernel run once in a 60-kernel program, under ``min_gain`` of its time, is not left at
@@ -181,6 +183,19 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
                      key=lambda c: (precision_rank(k, c), ts[c]))
         best_t[k], best_cfg[k] = ts[ci], ci
 
+    def more_precise(k, ci) -> bool:
+        """Config ``ci`` of ``k`` is of more precise arithmetic than the config ``k`` keeps."""
+        return precision_rank is not None and precision_rank(k, ci) < precision_rank(k, best_cfg[k])
+
+    def hopeless(k, ci) -> bool:
+        """Config ``ci``'s own bound proves ``k`` cannot keep it: not below ``k``'s time or, for
+        a more precise config (kept within ``precision_gain`` of the fastest), above that."""
+        if config_bounds is None:
+            return False
+        if more_precise(k, ci):
+            return config_bounds(k, ci) > min(timed[k].values()) * (1 + precision_gain)
+        return config_bounds(k, ci) >= best_t[k]
+
     def progress():
         if on_progress is not None:
             on_progress(stats, best[0], cand_bound[best[1]])
@@ -241,8 +256,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
         """The configs the depth phase likely tries next: per kernel in gap order, its next
         untried configs that its best time does not prune."""
         def nxt(k):
-            ok = (c for c in range(configs[k]) if c not in tried[k] and
-                  (config_bounds is None or config_bounds(k, c) < best_t[k]))
+            ok = (c for c in range(configs[k]) if c not in tried[k] and not hopeless(k, c))
             return ((k, c) for c in itertools.islice(ok, LOOKAHEAD_CONFIGS))
         return list(itertools.islice(itertools.chain.from_iterable(
             nxt(k) for k in by_gap[:LOOKAHEAD_KERNELS]), LOOKAHEAD_UNITS))
@@ -261,11 +275,16 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             pool = {k for i in top for k in candidates[i]}
             for k in list(pool):
                 if k in best_t and best_t[k] <= bounds[k] * (1 + slack) and len(tried[k]) < configs[k]:
-                    stats.candidates_pruned += configs[k] - len(tried[k])
-                    stats.configs_pruned += configs[k] - len(tried[k])
+                    # but a more precise config, which a tie would keep, is still tried
+                    rest = [c for c in range(configs[k]) if c not in tried[k]
+                            and not more_precise(k, c)]
+                    if not rest:
+                        continue
+                    stats.candidates_pruned += len(rest)
+                    stats.configs_pruned += len(rest)
                     stats.log.append(f"kernel {k}: within {slack:.0%} of its bound, "
-                                     f"{configs[k] - len(tried[k])} configs pruned")
-                    tried[k].update(range(configs[k]))
+                                     f"{len(rest)} configs pruned")
+                    tried[k].update(rest)
             open_k = [k for k in pool if k in best_t and len(tried[k]) < configs[k]]
             if closing:
                 # the program-wide test said converged: only kernels without PATIENCE tries in a
@@ -296,7 +315,7 @@ def run_search(candidates: Sequence[Sequence[Hashable]], bounds: dict, configs: 
             ci = next(ci for ci in range(configs[k]) if ci not in tried[k])
             if lookahead is not None:
                 lookahead(upcoming(by_gap))
-            if config_bounds is not None and config_bounds(k, ci) >= best_t[k]:
+            if hopeless(k, ci):
                 tried[k].add(ci)
                 stats.candidates_pruned += 1
                 stats.configs_pruned += 1

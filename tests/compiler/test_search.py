@@ -328,3 +328,28 @@ def test_a_precise_config_kept_can_lose_the_program():
                    precision_rank=_ranked({"mm": ["fp8", "tf32x3"], "other": ["ieee"]}))
     assert r.candidate == 1 and r.time_s == pytest.approx(1.005)
     assert r.program_times[0] == pytest.approx(1.008)
+
+
+def test_roofline_pruning_still_tries_a_more_precise_config_that_could_tie():
+    """An fp8 config first within 1% of the kernel's bound pruned every other config ('within 1%
+    of its bound'), and a config whose own bound was not below fp8's time was pruned too: the
+    tf32x3 config timed within 1% of fp8, which the tie-break keeps, was never tried."""
+    prec = ["fp8", "tf32x3"]
+    clock = FakeClock()
+    measure, _ = make_measure({"mm": [1.0, 1.005]}, clock)
+    r = run_search([["mm"]], {"mm": 0.995}, {"mm": 2}, measure, Deadline(100, clock),
+                   precision_rank=lambda k, ci: RANKS[prec[ci]])
+    assert prec[r.configs["mm"]] == "tf32x3" and r.time_s == pytest.approx(1.005)
+    clock = FakeClock()
+    measure, _ = make_measure({"mm": [1.0, 1.004]}, clock)
+    r = run_search([["mm"]], {"mm": 0.5}, {"mm": 2}, measure, Deadline(100, clock),
+                   config_bounds=lambda k, ci: [0.5, 1.001][ci],
+                   precision_rank=lambda k, ci: RANKS[prec[ci]])
+    assert prec[r.configs["mm"]] == "tf32x3"
+    # a precise config whose bound is over the 1% is still pruned, untried
+    clock = FakeClock()
+    measure, _ = make_measure({"mm": [1.0, 1.5]}, clock)
+    r = run_search([["mm"]], {"mm": 0.5}, {"mm": 2}, measure, Deadline(100, clock),
+                   config_bounds=lambda k, ci: [0.5, 1.02][ci],
+                   precision_rank=lambda k, ci: RANKS[prec[ci]])
+    assert prec[r.configs["mm"]] == "fp8" and r.stats.measurements == 1
