@@ -233,6 +233,10 @@ def auto_or_fp32(reduced, exact, deadline):
     plan kept reports the whole compile's budget and seconds (``deadline``: the outer one)."""
     for cm in (reduced, exact):
         cm._report.update(budget_s=deadline.budget_s, compile_s=deadline.elapsed())
+    why = str(exact._report.get("stopped_because") or "")
+    if why.startswith("budget") and "fp32 plan's share" not in why:
+        # its own share ran out, not the budget the report shows ("in 5 s of 12 s: budget")
+        exact._report["stopped_because"] = f"{why} (auto's fp32 plan's share of the budget)"
     if reduced is exact:     # the reduced plans missed the gate: auto fell back to this one
         exact._report["auto"] = {"fp32_time_s": exact._report.get("best_time_s"),
                                  "reduced_time_s": None, "reduced_precision": None,

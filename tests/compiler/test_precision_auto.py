@@ -175,3 +175,17 @@ def test_the_kept_fp32_plans_line_names_its_quantized_weights():
         kept = auto_or_fp32(plan("auto", weights, 1e-5), plan("fp32", weights, 1e-5),
                             Deadline(10.0))
         assert kept._report["warnings"][-1].endswith(tail), kept._report["warnings"]
+
+
+def test_a_kept_fp32_plan_cut_by_its_share_does_not_blame_the_whole_budget():
+    """auto fell back to its fp32 plan, whose search ran out of its 40% share: the summary said
+    'compiled ... in 5.01 s of 12 s: budget', the budget shown half unspent."""
+    from types import SimpleNamespace
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.precision_gate import auto_or_fp32
+    r = {"precision": "fp32", "weights": "same", "best_time_s": 1e-5, "warnings": [],
+         "stopped_because": "budget"}
+    exact = SimpleNamespace(_report=r, report_dict=lambda: r, simulated=True)
+    kept = auto_or_fp32(exact, exact, Deadline(12.0))
+    why = kept._report["stopped_because"]
+    assert why.startswith("budget") and "fp32 plan's share" in why, why
