@@ -189,3 +189,17 @@ def test_a_kept_fp32_plan_cut_by_its_share_does_not_blame_the_whole_budget():
     kept = auto_or_fp32(exact, exact, Deadline(12.0))
     why = kept._report["stopped_because"]
     assert why.startswith("budget") and "fp32 plan's share" in why, why
+
+
+def test_auto_over_a_size_range_says_it_compared_no_fp32_plan(tmp_path):
+    """Over a range's buckets auto stores bf16 weights once for all and compiles no fp32 plan to
+    compare with: a launch-bound model kept bf16 weights (5e-3 off) for no time, and nothing
+    said that the comparison the README describes was not made."""
+    model = classifier()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "B"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "B"
+    vm = lumc.compile(model, budget="30s", device="sim:h200", shapes={"B": "1..64"},
+                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto")
+    r = vm.report_dict()
+    assert any(w.startswith("precision auto over size ranges: no fp32 plan") for w in
+               r["warnings"]), r["warnings"]
