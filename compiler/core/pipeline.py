@@ -385,6 +385,10 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
                 frontend_s=frontend_s, fast_math=fast_math, given=given)
     if policy.precision != "auto" or given is not None:
         return _compile_policy(fe, deadline, target, ver, db, policy=policy, **args)
+    policy.check_logits(fe.graph.outputs)      # the options the fp32 plan does not judge: refused
+    if policy.max_kl is not None and not policy.logits:      # before its search, not after
+        model_reference(fe.graph, {**example_inputs_for(fe.graph, fe), **{
+            k: np.asarray(v) for k, v in (example_inputs or {}).items()}}, policy)
     exact = _compile_policy(dataclasses.replace(fe, warnings=list(fe.warnings)),
                             deadline.sub(AUTO_FP32_SHARE), target, ver, db,
                             policy=dataclasses.replace(policy, precision="fp32"), **args)

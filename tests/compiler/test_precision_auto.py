@@ -203,3 +203,24 @@ def test_auto_over_a_size_range_says_it_compared_no_fp32_plan(tmp_path):
     r = vm.report_dict()
     assert any(w.startswith("precision auto over size ranges: no fp32 plan") for w in
                r["warnings"]), r["warnings"]
+
+
+def test_auto_refuses_a_max_kl_with_nothing_to_judge_before_its_fp32_plan(tmp_path, monkeypatch):
+    """--max-kl on a model with no distribution output is refused before the search; at auto it
+    was refused only after the fp32 plan (40% of the budget) was compiled, which never judges."""
+    from onnx import TensorProto, helper
+    from lumc.compiler.core import pipeline
+    from lumc.ir.errors import InputError
+    calls = []
+    real = pipeline._compile_policy
+
+    def counting(fe, deadline, *a, policy, **k):
+        calls.append(policy.precision)
+        return real(fe, deadline, *a, policy=policy, **k)
+    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    model = classifier()
+    model.graph.node[-1].CopyFrom(helper.make_node("Relu", ["zb"], ["y"]))   # scores, no softmax
+    with pytest.raises(InputError, match="max_kl gates"):
+        lumc.compile(model, budget="20s", device="sim:h200", use_egraph=False,
+                     db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto", max_kl=1e-3)
+    assert calls == [], calls
