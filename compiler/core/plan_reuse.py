@@ -112,7 +112,10 @@ def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | No
     except OSError:
         pass
     r = cm._report
-    finished = not str(r.get("stopped_because", "")).startswith("budget")
+    # precision auto: its fp32 plan's search too (a reduced plan kept over an fp32 plan its share
+    # of a small budget left untimed is compared again at a larger budget)
+    finished = not any(str(why or "").startswith("budget") for why in (
+        r.get("stopped_because"), (r.get("auto") or {}).get("fp32_stopped_because")))
     if not finished and r.get("budget_s", 0) < budget_s:
         return None
     # what the earlier compile did (its workers, its e-graph) stays with it: this one ran neither

@@ -240,7 +240,8 @@ def auto_or_fp32(reduced, exact, deadline):
     if reduced is exact:     # the reduced plans missed the gate: auto fell back to this one
         exact._report["auto"] = {"fp32_time_s": exact._report.get("best_time_s"),
                                  "reduced_time_s": None, "reduced_precision": None,
-                                 "kept": "fp32"}
+                                 "kept": "fp32",
+                                 "fp32_stopped_because": exact._report.get("stopped_because")}
         return exact
     r, e = reduced.report_dict(), exact.report_dict()
     t_r, t_e = r.get("best_time_s"), e.get("best_time_s")
@@ -248,7 +249,10 @@ def auto_or_fp32(reduced, exact, deadline):
     kept = reduced if keep_reduced else exact
     kept._report["auto"] = {"fp32_time_s": t_e, "reduced_time_s": t_r,
                             "reduced_precision": r["precision"],
-                            "kept": "reduced" if keep_reduced else "fp32"}
+                            "kept": "reduced" if keep_reduced else "fp32",
+                            # plan reuse: a comparison the fp32 plan's share cut short is redone
+                            # at a larger budget (plan_reuse._reuse_plan)
+                            "fp32_stopped_because": exact._report.get("stopped_because")}
     if not keep_reduced:
         unit = " simulated" if exact.simulated else ""
         fig = (f"{t_r * 1e6:.1f} us{unit}" if t_r is not None else "untimed")

@@ -224,3 +224,22 @@ def test_auto_refuses_a_max_kl_with_nothing_to_judge_before_its_fp32_plan(tmp_pa
         lumc.compile(model, budget="20s", device="sim:h200", use_egraph=False,
                      db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto", max_kl=1e-3)
     assert calls == [], calls
+
+
+def test_a_reduced_plan_kept_over_an_untimed_fp32_plan_is_not_reused_at_a_larger_budget(
+        tmp_path):
+    """auto at a small budget: its fp32 plan's share timed nothing and the reduced plan was kept
+    by default; a recompile with a budget 6x larger reused that plan (its own search had
+    converged), the comparison never made. Such a plan is reused at its own budget only."""
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.plan_reuse import _reuse_plan, stamp_plan_key
+    cm = lumc.compile(classifier(), budget="20s", device="sim:h200", use_egraph=False,
+                      db=TuningDatabase(tmp_path / "t.sqlite"))
+    cm._report.update(budget_s=4.0, stopped_because="converged", precision="auto",
+                      auto={"kept": "reduced", "fp32_time_s": None,
+                            "fp32_stopped_because": "budget (auto's fp32 plan's share)"})
+    path = tmp_path / "k.lumc"
+    stamp_plan_key(cm, path)
+    cm.save(path)
+    assert _reuse_plan(path, 30.0, Deadline(30.0)) is None
+    assert _reuse_plan(path, 4.0, Deadline(4.0)) is not None
