@@ -264,6 +264,10 @@ def auto_or_fp32(reduced, exact, deadline):
                " accuracy, with the model's weights")
             if t_e is not None else
             "precision auto: neither plan was timed within the budget: compiled at fp32")
+    elif t_e is None:     # kept by default: no time said it was faster
+        kept._report["warnings"].append(
+            "precision auto: the fp32 plan was not timed within its share of the budget: the "
+            "reduced plan is kept without a comparison; a larger budget compares them")
     return kept
 
 

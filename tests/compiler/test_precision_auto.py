@@ -243,3 +243,18 @@ def test_a_reduced_plan_kept_over_an_untimed_fp32_plan_is_not_reused_at_a_larger
     cm.save(path)
     assert _reuse_plan(path, 30.0, Deadline(30.0)) is None
     assert _reuse_plan(path, 4.0, Deadline(4.0)) is not None
+
+
+def test_a_reduced_plan_kept_over_an_untimed_fp32_plan_says_so():
+    """auto's fp32 plan untimed within its share: the reduced plan (bf16 weights) was kept with
+    no line saying that nothing compared it ('of 1 contraction, 1 at tf32x3' only)."""
+    from types import SimpleNamespace
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.precision_gate import auto_or_fp32
+
+    def plan(precision, t):
+        r = {"precision": precision, "weights": "same", "best_time_s": t, "warnings": []}
+        return SimpleNamespace(_report=r, report_dict=lambda: r, simulated=True)
+    kept = auto_or_fp32(plan("auto", 1e-5), plan("fp32", None), Deadline(5.0))
+    assert kept._report["auto"]["kept"] == "reduced"
+    assert any("fp32 plan was not timed" in w for w in kept._report["warnings"])
