@@ -356,7 +356,7 @@ def _variant_model(done, fe_p, budget_s, t0, clock, ranges, probe, check, egraph
         # pipeline.compile_frontend's fp32 comparison is not made over buckets
         report["warnings"].append(
             "precision auto over size ranges: no fp32 plan is compiled to compare with (the "
-            "buckets share one weight storage, in bf16): the reduced plans are kept whether or "
+            "buckets share one weight storage): the reduced plans are kept whether or "
             f"not they are faster; compile with {option('precision', 'fp32')} to compare")
     return VariantModel(done, {}, [], report, fe_p.source_onnx)
 
