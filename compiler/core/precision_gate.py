@@ -268,6 +268,12 @@ def auto_or_fp32(reduced, exact, deadline):
         kept._report["warnings"].append(
             "precision auto: the fp32 plan was not timed within its share of the budget: the "
             "reduced plan is kept without a comparison; a larger budget compares them")
+    elif str(exact._report.get("stopped_because") or "").startswith("budget"):
+        unit = " simulated" if exact.simulated else ""
+        kept._report["warnings"].append(
+            f"precision auto: the fp32 plan's search ran out of its share of the budget (at "
+            f"{t_e * 1e6:.1f} us{unit}, against {t_r * 1e6:.1f} us): the reduced plan is kept "
+            "against a plan searched less; a larger budget compares them")
     return kept
 
 
