@@ -159,6 +159,16 @@ class PrecisionPolicy:
                              "weights there is nothing to judge")
         return p
 
+    def check_search(self, search: bool, where: str = "search=False") -> None:
+        """Raises InputError for a reduced policy without the kernel search (``search=False``):
+        the reference executor runs the lowered graph at fp32 and no gate runs, so the option
+        would silently do nothing."""
+        if not search and self.reduced:
+            asked = self.precision if self.precision != "fp32" else f"weights {self.weights}"
+            raise InputError(f"{where} runs the reference executor at fp32, with the model's "
+                             f"weights: {option('precision')}/{option('weights')} ({asked}) "
+                             "would do nothing; leave them out, or keep the search")
+
     @property
     def reduced(self) -> bool:
         """True when results may differ from fp32 beyond its tolerance (the gate then runs)."""

@@ -510,6 +510,7 @@ def _lumc_backend(gm: torch.fx.GraphModule, example_inputs, budget=None, search:
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     from lumc.compiler.core.precision import PrecisionPolicy
     policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, logits)
+    policy.check_search(search, "options['search']=False")
     if policy.weights != "same" and any(isinstance(a, torch.nn.Parameter) for a in example_inputs):
         # Dynamo lifts them to inputs read afresh at each call: none is stored, none quantized
         raise InputError(f"options['weights']={weights!r} cannot apply under torch.compile: "

@@ -383,6 +383,7 @@ def compile_module(module: torch.nn.Module, example_inputs, budget=None, dynamic
     """
     from lumc.compiler.core.precision import PrecisionPolicy
     policy = PrecisionPolicy.from_user(precision, weights, tolerance, max_kl, logits)
+    policy.check_search(search)
     budget_s = parse_duration(DEFAULT_BUDGET if budget is None else budget)
     args = _as_args(example_inputs)
     if example_kwargs is not None and not isinstance(example_kwargs, dict):
