@@ -234,7 +234,7 @@ def auto_or_fp32(reduced, exact, deadline):
     for cm in (reduced, exact):
         cm._report.update(budget_s=deadline.budget_s, compile_s=deadline.elapsed())
     why = str(exact._report.get("stopped_because") or "")
-    if why.startswith("budget") and "fp32 plan's share" not in why:
+    if why.startswith("budget") and "fp32 plan's share" not in why and not deadline.expired():
         # its own share ran out, not the budget the report shows ("in 5 s of 12 s: budget")
         exact._report["stopped_because"] = f"{why} (auto's fp32 plan's share of the budget)"
     if reduced is exact:     # the reduced plans missed the gate: auto fell back to this one

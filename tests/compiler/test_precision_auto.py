@@ -277,3 +277,19 @@ def test_a_reduced_plan_kept_over_an_fp32_plan_its_share_cut_short_says_so():
     assert kept._report["auto"]["kept"] == "reduced"
     assert any("fp32 plan's search ran out of its share" in w and "14.5 us" in w
                for w in kept._report["warnings"]), kept._report["warnings"]
+
+
+def test_a_whole_budget_spent_is_not_blamed_on_the_fp32_plans_share():
+    """At --budget 1s both plans ran out of time: 'budget (auto's fp32 plan's share ...)' said
+    only the share ran out."""
+    from types import SimpleNamespace
+    from lumc.compiler.core.budget import Deadline
+    r = {"precision": "fp32", "weights": "same", "best_time_s": None, "warnings": [],
+         "stopped_because": "budget"}
+    exact = SimpleNamespace(_report=r, report_dict=lambda: r, simulated=True)
+    from lumc.compiler.core.precision_gate import auto_or_fp32
+    t = [0.0]
+    deadline = Deadline(1.0, clock=lambda: t[0])
+    t[0] = 2.0                      # both plans ran past the whole budget
+    kept = auto_or_fp32(exact, exact, deadline)
+    assert kept._report["stopped_because"] == "budget"
