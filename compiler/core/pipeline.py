@@ -44,6 +44,7 @@ from lumc.compiler.core.progress import Progress
 from lumc.compiler.core.report import build_report
 from lumc.compiler.core.why_not import why_not
 from lumc.compiler.core.search import SearchResult, run_search
+from lumc.compiler.core.untimed import check_untimed
 from lumc.compiler.core.workers import search_workers, warm_workers, with_workers
 from lumc.compiler.runtime.targets import Target, resolve_target, versions, with_measured_ceilings
 from lumc.compiler.runtime.tuning_db import TuningDatabase
@@ -488,8 +489,8 @@ def _compile_policy(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
         progress.stage("plan", deadline)
         chosen = programs[result.candidate]
         ck = keys[result.candidate]
-        configs = [measurer.config_of(k, result.configs.get(k, 0)) for k in ck]
         checked_late = check_untimed(result, ck, measurer, fe.model_name, fe.warnings, deadline)
+        configs = [measurer.config_of(k, result.configs.get(k, 0)) for k in ck]
         quality = None
         if ref_out is not None:    # reduced precision is never returned unmeasured, even late
             gated, quality = stage_quality(chosen, graph, fe.graph, inputs, ck, configs, measurer,
@@ -552,47 +553,3 @@ def _compile_policy(fe: Frontend, deadline: Deadline, target: Target, ver: dict,
         raise drawn_inputs_error(e) if drawn else e from None
     finally:
         progress.close()
-
-
-def check_untimed(result: SearchResult, keys: list, measurer: KernelMeasurer, model: str,
-                  warnings: list, deadline: Deadline | None = None) -> int:
-    """The untimed fallback (nothing was measured within the budget: the best-bound candidate at
-    default configs) has its kernels' generated code checked now, past the deadline, within the
-    hard deadline's grace (a budget too small for that is a ``BudgetError``): no program is
-    returned with kernels nothing ran. A kernel whose code cannot run here (a dtype the Triton
-    interpreter lacks: uint2, the fnuz float8s) is named in ``warnings`` as unchecked. Returns how
-    many kernels were checked here (0 when the search measured the program). ``deadline`` (the
-    compile's) names the checks done and the time they still need, for the budget error.
-
-    Raises:
-        LumcError: a kernel of the fallback gave wrong values (the search had no time to choose
-            another program).
-    """
-    if result.time_s is not None:
-        return 0
-    from lumc.ir.errors import LumcError
-    measurer.deadline = None          # the hard deadline bounds it
-    checked = 0
-    todo = list(dict.fromkeys(keys))
-    ran, ran_s = 0, 0.0          # checks that ran here (not verdicts the tuning database held)
-    for i, k in enumerate(todo):
-        if deadline is not None and i:   # named if the budget's grace runs out here
-            more = (f", up to about {ran_s / ran * (len(todo) - i):.0f} s more needed on this "
-                    "machine" if ran else "")
-            deadline.doing = (f"the checks of the untimed fallback program's kernels ({i} of "
-                              f"{len(todo)} done{more})")
-        t0 = deadline.elapsed() if deadline is not None else 0.0
-        m = measurer(k, result.configs.get(k, 0))
-        if deadline is not None and not m.from_db:
-            ran, ran_s = ran + 1, ran_s + deadline.elapsed() - t0
-        form = measurer.entries[k].kernel.form
-        if m.status == "rejected":
-            raise LumcError(f"{model}: nothing was measured within the budget, and the fallback "
-                            f"program's {form} kernel failed its check past the deadline "
-                            f"({m.note}); give a larger budget")
-        if m.status == "ok":
-            checked += 1
-        else:
-            warnings.append(f"the fallback program's {form} kernel {k[:12]} could not be checked "
-                            f"({m.note})")
-    return checked

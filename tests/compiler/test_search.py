@@ -256,7 +256,7 @@ def test_a_budget_error_names_what_the_compile_was_doing(monkeypatch):
     import time
     from types import SimpleNamespace
     from lumc.compiler.core import budget
-    from lumc.compiler.core.pipeline import check_untimed
+    from lumc.compiler.core.untimed import check_untimed
     from lumc.compiler.core.search import Measurement, SearchResult, SearchStats
     monkeypatch.setattr(budget, "grace_seconds", lambda b: 0.05)
     d = Deadline(0.01, time.monotonic)
@@ -353,3 +353,39 @@ def test_roofline_pruning_still_tries_a_more_precise_config_that_could_tie():
                    config_bounds=lambda k, ci: [0.5, 1.02][ci],
                    precision_rank=lambda k, ci: RANKS[prec[ci]])
     assert prec[r.configs["mm"]] == "fp8" and r.stats.measurements == 1
+
+
+def test_an_untimed_fallback_kernel_failing_its_default_config_takes_another():
+    """At a 2 s budget the untimed fallback's fused MLP at its default fp8 config was 0.046 off
+    its emulation (tolerance 0.04), and the compile failed ('give a larger budget') though its
+    bf16 configs pass. The first other config that passes is taken, more precise ones first,
+    and a note says so; a kernel failing at every config tried still fails the compile."""
+    from types import SimpleNamespace
+    from lumc.compiler.core.untimed import check_untimed
+    from lumc.compiler.core.search import Measurement, SearchResult, SearchStats
+    from lumc.ir.errors import LumcError
+    precs = ["fp8", "fp8", "bf16", "bf16"]
+    for passing, want in (({2, 3}, 2), ({1, 3}, 3), ({1}, 1), (set(), None)):
+        tried = []
+
+        def measure(k, ci):
+            tried.append(ci)
+            if k == "mlp" and ci not in passing:
+                return Measurement(None, "rejected", f"max rel error 0.046 > 0.04 (config {ci})")
+            return Measurement(1e-6)
+        measure.entries = {k: SimpleNamespace(kernel=SimpleNamespace(form=k))
+                           for k in ("mlp", "mm")}
+        measure.n_configs = lambda k: 4
+        measure.config_of = lambda k, j: {"PRECISION": precs[j], "BLOCK_M": 16 * (j + 1)}
+        result = SearchResult(0, {}, None, 1e-6, {}, SearchStats(), {})
+        notes: list = []
+        if want is None:
+            with pytest.raises(LumcError, match="mlp kernel failed its check .* at its other "
+                                                "configs too; give a larger budget"):
+                check_untimed(result, ["mlp", "mm"], measure, "m", notes)
+            continue
+        assert check_untimed(result, ["mlp", "mm"], measure, "m", notes) == 2
+        assert result.configs == {"mlp": want}
+        assert tried[:2] == [0, 2]          # the default, then the bf16 configs first
+        assert len(notes) == 1 and "failed its check at its default config" in notes[0] and \
+            f"BLOCK_M={16 * (want + 1)} PRECISION={precs[want]}, which passed" in notes[0]
