@@ -95,7 +95,8 @@ def test_quality_cosine_ignores_matching_nans(linear, tmp_path):
 def test_run_backend_triton_launches_the_plans_configs(tmp_path):
     """``lumc run ART --backend triton`` launched each kernel at the interpreter's default config,
     not the plan's: an fp8 artifact's MatMul ran at another precision (error 1.5e-3 against
-    float64 where the plan's fp8 kernel, and the CPU executor, give 3.7e-2)."""
+    float64 where the plan's fp8 kernel, and the CPU executor, give 3.7e-2). The Triton run must
+    equal the CPU executor's, which runs the plan's config."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 48)).astype(np.float32)
     g = helper.make_graph(
@@ -108,7 +109,10 @@ def test_run_backend_triton_launches_the_plans_configs(tmp_path):
     res = lumc_cli("compile", model, "--budget", "30s", "--device", "sim:h200", "--precision",
                    "fp8", "--tolerance", "0.5", "--no-egraph", "--quiet", "-o", art)
     assert res.exit_code == 0, res.output
-    assert "PRECISION=fp8" in lumc_cli("inspect", art).output
+    # the plan's config is not the kernel's default (fp8, config 0, ties bf16 on this launch-
+    # bound product and the search keeps the more precise one) or is fp8 itself
+    shown = lumc_cli("inspect", art).output
+    assert "PRECISION=bf16" in shown or "PRECISION=fp8" in shown, shown
     x = rng.standard_normal((16, 64)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     out = {}
@@ -120,7 +124,7 @@ def test_run_backend_triton_launches_the_plans_configs(tmp_path):
     ref = x.astype(np.float64) @ w.astype(np.float64)
     scale = np.abs(ref).max()
     assert np.abs(out["triton"] - out["reference"]).max() <= 1e-5 * scale
-    assert 5e-3 < np.abs(out["triton"] - ref).max() / scale <= 0.5     # fp8's error, not fp32's
+    assert 5e-4 < np.abs(out["triton"] - ref).max() / scale <= 0.5   # a reduced one's, not fp32's
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
