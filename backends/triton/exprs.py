@@ -43,6 +43,29 @@ def tl_dtype(d: dt.DType) -> str:
     return d.triton
 
 
+# A float cast to an OCP float8 type without ``saturate`` (ONNX ``Cast(saturate=0)``,
+# ``QuantizeLinear(saturate=0)``) overflows as ml_dtypes (the ONNX reference) rounds: e4m3fn has no
+# inf, so |x| past the midpoint 464 between its max 448 and 480 is NaN; e5m2's max 57344 ties with
+# 65536 at 61440, which rounds to even: inf. Triton's conversion (PTX ``cvt...satfinite``, and the
+# interpreter) saturates instead, so the overflow is formed on the float8's bits, signed as
+# ml_dtypes signs it: (the comparison in the source type, where the bounds are exact, +bits, -bits).
+_F8_OVERFLOW = {
+    "f8e4m3fn": ("tl.abs({x}) > 464.0", 0x7F, 0xFF),
+    "f8e5m2": ("tl.abs({x}) >= 61440.0", 0x7C, 0xFC),
+}
+
+
+def _float8_cast(expr: str, to: dt.DType) -> str:
+    """``expr`` (a float) cast to float8 ``to`` with the reference's overflow (``_F8_OVERFLOW``);
+    NaN stays NaN through Triton's conversion. A saturating ``Cast`` clamps before this one
+    (``handlers_shape._cast_to``), so its values never reach the overflow."""
+    pred, pos, neg = _F8_OVERFLOW[to.name]
+    t = tl_dtype(to)
+    bits = f"{expr}.to({t}).to(tl.uint8, bitcast=True)"
+    special = f"tl.where({expr} > 0, tl.full([], {pos}, tl.uint8), tl.full([], {neg}, tl.uint8))"
+    return f"tl.where({pred.format(x=expr)}, {special}, {bits}).to({t}, bitcast=True)"
+
+
 def render_scalar(value, d: dt.DType) -> str:
     """A Python literal that converts exactly to ``value`` in dtype ``d``.
 
@@ -109,6 +132,8 @@ def render_cast(expr: str, src: dt.DType, to: dt.DType) -> str:
         return out
     if src.is_bool:
         return f"{expr}.to(tl.int8).to({tl_dtype(to)})"
+    if src in (dt.f32, dt.f16, dt.bf16) and to.name in _F8_OVERFLOW:
+        return _float8_cast(expr, to)
     return OPS["Cast"].triton.format(expr, dtype=tl_dtype(to))
 
 
