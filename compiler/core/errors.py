@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from lumc.ir import dtypes as dt
+
+# the storage types that are floats (NaN-capable): float8 and float4
+_FLOAT_STORAGE = frozenset(d.np for d in (*dt.FLOAT8_DTYPES, dt.f4e2m1))
+
 
 def _finite_errors(got: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """``(|got - ref|, |ref|)`` in float64 over the finite reference values, or None where the
@@ -18,6 +23,15 @@ def _finite_errors(got: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.nda
                                                                           r[~fin & ~np.isnan(r)]):
         return None
     return np.abs(g[fin] - r[fin]), np.abs(r[fin])
+
+
+def exactly_equal(got: np.ndarray, ref: np.ndarray) -> bool:
+    """Elementwise equality of a non-float output (integers, bool, the storage types), as the
+    numerics checks require it: float8/float4 values are floats to ml_dtypes, so NaN equals NaN
+    there (``np.array_equal`` alone failed every kernel whose float8 output holds a NaN)."""
+    g, r = np.asarray(got), np.asarray(ref)
+    nan_able = g.dtype in _FLOAT_STORAGE and r.dtype in _FLOAT_STORAGE
+    return g.shape == r.shape and bool(np.array_equal(g, r, equal_nan=nan_able))
 
 
 def max_abs_error(got: np.ndarray, ref: np.ndarray) -> float:

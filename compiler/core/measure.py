@@ -50,7 +50,7 @@ from lumc.backends.simulator import config_bound, simulate_kernel_time
 from lumc.compiler.runtime.gpu_timing import cuda_event_samples  # noqa: F401  (re-exported for bench)
 from lumc.compiler.runtime.program import KernelCall
 from lumc.compiler.core.check_inputs import drawn_check_inputs, vacuous
-from lumc.compiler.core.errors import max_rel_error  # noqa: F401 (also re-exported)
+from lumc.compiler.core.errors import exactly_equal, max_rel_error  # noqa: F401 (re-exported)
 from lumc.compiler.core.config_order import ordered_configs, precision_variants
 from lumc.compiler.core.search import Measurement
 from lumc.compiler.core.workers import NoBudget, PrecompileUnits, WorkerLost, WorkerUnits
@@ -506,7 +506,7 @@ class KernelMeasurer(WorkerUnits, PrecompileUnits):
                 tol = max(dt.rtol_for(n.dtype), p_tol)
             else:       # or equal to its meaning on the same inputs, as a float one is below
                 # (an ArgMax of a bf16-stored product: the reference's row max is the fp32 one's)
-                err = 0.0 if np.array_equal(got, r) or np.array_equal(got, ReferenceExecutor(
+                err = 0.0 if exactly_equal(got, r) or exactly_equal(got, ReferenceExecutor(
                     e.kernel.meaning)(feed)[list(e.kernel.meaning.outputs)[n_index(call, n)]]) \
                     else float("inf")
                 tol = 0.0
