@@ -88,6 +88,21 @@ _RENDERED = {"test_cast_FLOAT8E5M2_to_FLOAT16", "test_castlike_FLOAT8E5M2_to_FLO
 _RENDERED |= {f"test_{op}_no_saturate_{src}_to_FLOAT8{to}{x}" for op in ("cast", "castlike")
               for src in ("FLOAT", "FLOAT16") for to in ("E4M3FN", "E5M2")
               for x in ("", "_expanded") if op == "castlike" or not x}
+# saturating casts to e4m3fn/e5m2 and casts up from them (the interpreter's float8 conversion is
+# the GPU's: lumc.backends.triton.interpreter_bf16); these were listed as failing, strictly
+_RENDERED |= {
+    "test_cast_FLOAT16_to_FLOAT8E4M3FN", "test_cast_FLOAT16_to_FLOAT8E5M2",
+    "test_cast_FLOAT8E4M3FN_to_FLOAT", "test_cast_FLOAT8E4M3FN_to_FLOAT16",
+    "test_cast_FLOAT8E5M2_to_FLOAT", "test_cast_FLOAT_to_FLOAT8E4M3FN",
+    "test_cast_FLOAT_to_FLOAT8E5M2", "test_castlike_FLOAT16_to_FLOAT8E4M3FN",
+    "test_castlike_FLOAT16_to_FLOAT8E4M3FN_expanded", "test_castlike_FLOAT16_to_FLOAT8E5M2",
+    "test_castlike_FLOAT16_to_FLOAT8E5M2_expanded", "test_castlike_FLOAT8E4M3FN_to_FLOAT",
+    "test_castlike_FLOAT8E4M3FN_to_FLOAT16", "test_castlike_FLOAT8E4M3FN_to_FLOAT16_expanded",
+    "test_castlike_FLOAT8E4M3FN_to_FLOAT_expanded", "test_castlike_FLOAT8E5M2_to_FLOAT",
+    "test_castlike_FLOAT8E5M2_to_FLOAT_expanded", "test_castlike_FLOAT_to_FLOAT8E4M3FN",
+    "test_castlike_FLOAT_to_FLOAT8E4M3FN_expanded", "test_castlike_FLOAT_to_FLOAT8E5M2",
+    "test_castlike_FLOAT_to_FLOAT8E5M2_expanded", "test_quantizelinear_e4m3fn",
+}
 _STORAGE_ONNX = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
                  onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ,
                  onnx.TensorProto.FLOAT4E2M1, onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
