@@ -39,7 +39,14 @@ SIGNATURE_TYPE = {
 
 
 def tl_dtype(d: dt.DType) -> str:
-    """The Triton type expression of a lumc dtype (``tl.float32``)."""
+    """The Triton type expression of a lumc dtype (``tl.float32``).
+
+    Raises:
+        RenderError: a dtype Triton has no type for (the fnuz float8s, 4- and 2-bit types): the
+            kernel is not rendered (an empty type made ``x.to()`` fail inside the kernel)."""
+    if not d.triton:
+        from lumc.backends.triton.codegen import RenderError
+        raise RenderError(f"{d.name} has no Triton type")
     return d.triton
 
 

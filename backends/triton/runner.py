@@ -52,7 +52,8 @@ def run_program(program, inputs: dict[str, np.ndarray], device: str | None = Non
         ``{output name: numpy array}`` in the nodes' dtypes.
     Raises:
         InputError: a model input the program reads is missing or has the wrong shape or dtype.
-        RenderError: a kernel's meaning does not fit its form.
+        UnsupportedOpError: a kernel that does not render (its meaning does not fit its form, a
+            dtype Triton has no type for: the fnuz float8s), named by position and form.
     """
     device = device or default_device()
     t0 = time.perf_counter()
@@ -89,10 +90,16 @@ def _launch_all(program, env, value_of, launch, shape, device, stats, t0) -> dic
     """Launch every call in order (``launch(call, inputs, outputs)``), outputs allocated at
     ``shape(node)``; returns the program's outputs as numpy arrays."""
     import torch
-    for call in program.calls:
+    from lumc.backends.triton.codegen import RenderError
+    from lumc.ir.errors import UnsupportedOpError
+    for i, call in enumerate(program.calls):
         outs = [torch.empty(shape(n), dtype=torch_dtype(n.dtype), device=device)
                 for n in call.outputs]
-        launch(call, [value_of(n) for n in call.inputs], outs)
+        try:
+            launch(call, [value_of(n) for n in call.inputs], outs)
+        except RenderError as e:
+            raise UnsupportedOpError(f"kernel {i} ({call.kernel.form}) does not render in "
+                                     f"Triton: {e}; the reference executor runs it") from None
         for n, o in zip(call.outputs, outs):
             env[n] = o
         if stats is not None:

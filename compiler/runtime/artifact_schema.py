@@ -49,7 +49,8 @@ _TOP: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 }
 _PLAN_CALL = {"form": ((str,), True), "attrs": ((list,), True), "covers": ((list,), True),
               "meaning": ((str,), True), "meaning_consts": ((str,), True),
-              "inputs": ((list,), True), "outputs": ((list,), True), "config": ((dict,), True)}
+              "inputs": ((list,), True), "outputs": ((list,), True),
+              "config": ((dict, type(None)), True)}    # None: no config applies (CPU-run kernel)
 _GRAPH_NODE = {"op": ((str,), True), "srcs": ((list,), True), "arg": ((dict, type(None)), True)}
 _PER_KERNEL = {"form": ((str,), True), "impl": ((str,), False), "time_s": (OPT_NUM, False), "bound_s": (NUM, True),
                "flops": (NUM, True), "bytes": (NUM, True), "pct_of_bound": (OPT_NUM, False),
@@ -159,7 +160,7 @@ def check_json_part(artifact: str, name: str, data: bytes) -> dict:
             if not all(isinstance(a, list) and len(a) == 2 and isinstance(a[0], str)
                        for a in c["attrs"]):
                 raise ArtifactError(f"{where}: calls[{i}].attrs is not a list of [name, value]")
-            if not all(isinstance(k, str) for k in c["config"]):
+            if c["config"] is not None and not all(isinstance(k, str) for k in c["config"]):
                 raise ArtifactError(f"{where}: calls[{i}].config has a non-string key")
         if not all(_is(v, (int,)) and v >= 0 for v in doc["outputs"].values()):
             raise ArtifactError(f"{where}: 'outputs' must map names to node positions")

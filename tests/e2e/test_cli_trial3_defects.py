@@ -256,3 +256,34 @@ def test_big_endian_inputs_are_their_values(linear, tmp_path):
     np.save(tmp_path / "x.npy", be)
     res = lumc_cli("run", tmp_path / "m.lumc", "--input", f"x={tmp_path / 'x.npy'}", "--check")
     assert res.exit_code == 0 and "match" in res.output, res.output
+
+
+def test_a_dtype_triton_lacks_is_one_line_and_its_plan_saves(tmp_path):
+    """A cast to float8 e4m3fnuz (no Triton type): ``lumc run --backend triton`` rendered
+    ``x.to()`` with an empty type and died in a traceback inside the interpreter (exit 1). It is
+    one line now (exit 2), naming the kernel. The compiled plan runs that kernel on the CPU
+    executor with no config; its artifact was written with ``config: null`` and refused on load.
+    It loads, and its values are the reference's (NaN and the fnuz range's saturation)."""
+    import lumc
+    from onnx.reference import ReferenceEvaluator
+    g = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT8E4M3FNUZ),
+         helper.make_node("Cast", ["c"], ["y"], to=TensorProto.FLOAT)], "fnuz",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    m.ir_version = 9
+    path, art = tmp_path / "fnuz.onnx", tmp_path / "fnuz.lumc"
+    onnx.save(m, path)
+    res = lumc_cli("run", path, "--random", "--backend", "triton")
+    assert res.exit_code == 2, res.output
+    err = res.output.strip().splitlines()[-1]
+    assert err.startswith("lumc: error: kernel 0 (pointwise) does not render in Triton: "
+                          "f8e4m3fnuz has no Triton type"), res.output
+    assert "Traceback" not in res.output
+    res = lumc_cli("compile", path, "--budget", "10s", "--device", "sim:h200", "--quiet",
+                   "-o", art)
+    assert res.exit_code == 0, res.output
+    x = np.array([0.1, -3.3, 250, -1e6, np.nan, 0.0, -0.0, 17], np.float32)
+    got = lumc.load(art)(x)
+    np.testing.assert_array_equal(got, ReferenceEvaluator(m).run(None, {"x": x})[0])
