@@ -22,6 +22,7 @@ import numpy as np
 from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.core.constfold import fold_constants
+from lumc.ir.symbolic import active_probes
 from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_sizes, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import ROWS_REFUSAL, greedy_program
@@ -85,8 +86,10 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     """
     stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
     # constants folded (index arithmetic, empty values) as the e-graph's input is: exact, and a
-    # --no-egraph compile of a model whose outputs are all empty launched a kernel per op
-    folded = fold_constants(graph)
+    # --no-egraph compile of a model whose outputs are all empty launched a kernel per op. Not
+    # under a range's probes: a folded index array (a gather's row offsets [0, N]) does not
+    # re-size to the bucket's sizes
+    folded = graph if active_probes() else fold_constants(graph)
     greedy = greedy_program(folded)
     unfused = unfused_program(graph)
     programs = [greedy, unfused]

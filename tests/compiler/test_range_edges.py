@@ -256,3 +256,22 @@ def test_a_recurrence_over_a_ranged_dim_is_refused_naming_it(db):
     for n in (1, 2, 3, 4):
         x = RNG.standard_normal((n, 1, 2)).astype(np.float32)
         np.testing.assert_allclose(f(x), _ort(lstm(), {"x": x}), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_egraph", [True, False])
+def test_a_gather_along_a_ranged_non_leading_dim_serves_the_range(db, use_egraph):
+    """``GatherElements(x, ArgMax(x, axis=1), axis=1)`` on ``x [2, N]``, N in 4..64: the greedy
+    program built from the constant-folded graph (for --no-egraph's empty models) folded the
+    rows' base offsets ``[0, N]`` at the probe size, and the bucket-end check failed ('gather index
+    75 out of range [0, 66)'). Under a range's probes the greedy program takes the graph as
+    imported. Values against onnxruntime at sizes across the range."""
+    m = _model([oh.make_node("ArgMax", ["x"], ["i"], axis=1, keepdims=1),
+                oh.make_node("GatherElements", ["x", "i"], ["y"], axis=1)],
+               [oh.make_tensor_value_info("x", TP.FLOAT, [2, "N"])],
+               [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+    cm = lumc.compile(m, budget="30s", device="sim:h200", db=db, shapes={"N": (4, 64)},
+                      use_egraph=use_egraph)
+    sess = ort.InferenceSession(m.SerializeToString())
+    for n in (4, 5, 33, 47, 64):
+        x = RNG.standard_normal((2, n)).astype(np.float32)
+        np.testing.assert_array_equal(cm(x), sess.run(None, {"x": x})[0])
