@@ -184,11 +184,15 @@ def test_the_untimed_fallback_has_its_kernels_checked_after_the_budget(mlp, tmp_
 
     from lumc.compiler.core.measure import KernelMeasurer
     monkeypatch.setenv("LUMC_CACHE_DIR", str(tmp_path / "fresh"))
-    monkeypatch.setattr(KernelMeasurer, "_check_once",
-                        lambda self, e, p=None: (False, "rejected: max rel error 1 > 1e-05 on f32"))
+    # every config wrong (the vendor replay's too: a fallback kernel failing at its default
+    # takes another config that passes, lumc.compiler.core.untimed)
+    wrong = (False, "rejected: max rel error 1 > 1e-05 on f32")
+    monkeypatch.setattr(KernelMeasurer, "_check_once", lambda self, e, p=None: wrong)
+    monkeypatch.setattr(KernelMeasurer, "_check", lambda self, e, i, c: wrong)
     res = lumc_cli("compile", mlp, "--budget", "10s", "--shape", "N=4", "-o", tmp_path / "b.lumc")
     assert res.exit_code == 2 and not (tmp_path / "b.lumc").exists(), res.output
     assert "failed its check past the deadline" in res.output, res.output
+    assert "at its other configs too" in res.output, res.output
 
 
 def test_a_forward_writing_a_buffer_is_told_so_not_to_call_eval():
