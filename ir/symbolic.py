@@ -175,6 +175,9 @@ def _resize_float(x: float, sub: dict[int, int], dtype) -> float | None:
     ``dtype`` (:func:`float_count`), re-sized; None when it is neither (it does not depend on the
     probed dims)."""
     table, family = getattr(sub, "table", None), getattr(sub, "family", ())
+    if table and x and math.isfinite(x) and any(
+            table.get(round(t), (0, (1,)))[1] == () for t in (x, 1.0 / x) if abs(t) < 2.0 ** 62):
+        return None        # a count the table holds static (learn_table)
     got = float_count(x, lambda n, rounded: count_depends(n, sub, table, family, rounded), dtype)
     if got is None:
         return None
@@ -395,6 +398,11 @@ def learn_table(probed: Graph, sized: list[Graph], subs: list[dict[int, int]]) -
                 bad.add(x)
             else:
                 table[x] = got
+    # a large static value (a float's count: 1e12 of a LayerNorm's 1e-12) kept as it is: its
+    # float's neighbours that the table's factors take apart (1008**2 * 984190) are not read
+    for x, ys in slots:
+        if x >= 1 << 24 and x not in table and x not in bad and all(y == x for y in ys):
+            table[x] = (x, ())
     # a value the table re-sizes wrongly in some other slot (W' = 1019 = H' + 6 at the probes)
     # cannot be told apart there: left out, so the caller's check refuses these probes
     for x, ys in slots:

@@ -37,6 +37,7 @@ def probe_sizes(model, frontend, fixed, ranges):
     kinds += [(a, "above") for a in probe_assignments(ranges, above=True)]
     first = inside = grown = None
     err = ""
+    affine_inside = []     # inside assignments whose sizes need affine values (see below)
     for (probe, check, third), kind in kinds:
         above = kind == "above"
         # the primes whose multiples the imports hold unfolded (lumc.ir.symbolic.probing); the
@@ -64,10 +65,15 @@ def probe_sizes(model, frontend, fixed, ranges):
             if grows and above:
                 break      # a graph that grows with the size: no table of sizes re-sizes it
             if kind == "inside":
-                # affine values are learned at probes above the range only (probe_assignments)
+                # affine values are learned at probes above the range (probe_assignments), and
+                # inside it only where no size above it imports (_affine_inside)
                 first, inside = first or diff, inside or [(probe, fe_p), (check, fe_c)]
+                if None not in third.values():
+                    affine_inside.append((probe, check, third))
                 continue
             if kind == "narrow":
+                if None not in third.values():
+                    affine_inside.append((probe, check, third))
                 continue   # affine sizes: learned at probes all above the range, next
             first = first or diff
             table, diff = _affine_table(model, frontend, fixed, ranges, probe, check, third,
@@ -84,6 +90,10 @@ def probe_sizes(model, frontend, fixed, ranges):
             first = first or (diff if kind != "narrow" else None)
             if kind == "inside":       # the next assignments are checked at these imports too
                 inside = inside or [(probe, fe_p), (check, fe_c)]
+    if affine_inside and not grown:
+        got = _affine_inside(model, frontend, fixed, ranges, affine_inside)
+        if got is not None:
+            return got
     spec = ", ".join(f"{k}={r.describe()}" for k, r in ranges.items())
     if first is None:       # too narrow inside, and no import above it
         _edges_taken(model, frontend, fixed, ranges)     # a size inside it the model refuses?
@@ -201,6 +211,31 @@ def _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) -> 
         diff = _values_differ(fe_p, probe, at, table, fe, ranges)
         if diff is not None:
             return diff
+    return None
+
+
+def _affine_inside(model, frontend, fixed, ranges, assignments):
+    """``(probe, check, fe_p, table)`` of the first inside (or narrow) assignment whose affine
+    values (learned at its three primes, inside the range but for a narrow dim's) re-size the probed graph to the other two
+    imports node for node and, by value, to the range's edge sizes; else None. Only where the
+    probes above the range found nothing (a model that imports at no size above it: BERT's
+    position and token-type buffers sliced to the sequence, read with ``h[:, -1]``, whose offset
+    is ``(L - 1) D``). A static value equal to an affine one at a probe is told apart by the
+    other two imports (learn_table), and the edges are checked by value."""
+    for probe, check, third in assignments:
+        primes = tuple(probe.values()) + tuple(check.values()) + tuple(third.values())
+        try:
+            with probing(primes):
+                fe_p = frontend(model, dims_shapes(fixed, ranges, probe))
+                fe_c = frontend(model, dims_shapes(fixed, ranges, check))
+            table, diff = _affine_table(model, frontend, fixed, ranges, probe, check, third,
+                                        primes, fe_p, fe_c)
+        except (InputError, ShapeError):
+            continue
+        if not table or diff is not None:
+            continue
+        if _consecutive(model, frontend, fixed, ranges, probe, primes, fe_p, table) is None:
+            return probe, check, fe_p, table
     return None
 
 
