@@ -153,6 +153,13 @@ class DynamoGraph:
             if self.ranged is None:
                 self.per_shape_reason = why
                 counters["per_shape_fallbacks"] += 1
+                if search:
+                    # the backend's compile is silent and its report out of the user's reach: a
+                    # Llama graph dynamic in batch and sequence (1..1024 each: a 16 GiB score at
+                    # the top) searched its kernels again at every new shape, seconds each
+                    import warnings
+                    warnings.warn(f"lumc: torch.compile graph: not compiled for a size range "
+                                  f"({why}); each new shape is compiled on its own", stacklevel=2)
         elif shapes:
             raise InputError("options['shapes'] names dynamic dims, but Dynamo captured this "
                              "graph with static shapes (use dynamic=True or mark_dynamic)")

@@ -243,3 +243,17 @@ def test_a_float_argument_of_another_sign_is_not_the_baked_one():
     with torch.no_grad():
         for s in (0.5, 0.0, -0.0, 0.0, 1.5):
             assert torch.equal(f(x, s), fn(x, s)), s
+
+
+def test_a_per_shape_fallback_warns_naming_why():
+    """The range compile's failure was silent: each new shape ran a kernel search of its own (a
+    Llama graph dynamic in batch and sequence, 1..1024 each, took seconds per new shape) with
+    nothing said but in a report out of the user's reach."""
+    torch.manual_seed(4)
+    m = Gram().eval()
+    f = torch.compile(m, backend="lumc", dynamic=True,
+                      options={"budget": "8s", "device": "sim:h200"})
+    with torch.no_grad(), pytest.warns(UserWarning, match="not compiled for a size range .*not "
+                                       "products of.*each new shape is compiled on its own"):
+        x = torch.randn(1, 5, 8)
+        assert err(f(x), m(x)) <= 1e-5
