@@ -105,9 +105,13 @@ def probe_sizes(model, frontend, fixed, ranges):
         raise InputError(f"size range {spec}: the model is not one graph at every size ({grown}), "
                          "which one plan per range needs; give explicit sizes (a list) instead")
     why = first if len(first) <= 200 else first[:197] + "..."
+    # a strided conv or pool floor-divides its size: a range in steps of the stride re-sizes
+    steps = ("; or, where a stride divides the size (a strided convolution or pooling), a range "
+             "in steps of it (A..B:STEP; torch.export: a derived dim, STEP * Dim(...))"
+             if all(r.step == 1 for r in ranges.values()) else "")
     raise InputError(f"size range {spec}: the model's sizes are not products of "
                      f"{' and '.join(ranges)} or of such sizes padded ({why}), which one plan per "
-                     "range needs; give explicit sizes (a list) instead")
+                     f"range needs; give explicit sizes (a list) instead{steps}")
 
 
 class NarrowRangeError(InputError):

@@ -48,3 +48,30 @@ def test_last_row_over_a_range_a_position_buffer_bounds():
         for y, r in zip(f(x), ref):
             assert y.shape == r.shape
             assert (y - r).abs().max().item() <= 1e-5 * r.abs().max().item(), (b, s)
+
+
+class Strided(nn.Module):
+    """``x [1, 3, H, 8] -> conv stride 2 -> max pool 2``: ``H`` floor-divided by 4."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return nn.functional.max_pool2d(self.conv(x), 2)
+
+
+def test_a_strided_model_over_a_range_of_step_1_is_told_of_steps():
+    """The refusal said only 'give explicit sizes (a list)'; a range in steps of the stride (a
+    derived Dim, ``4 * Dim``) compiles such a model whole."""
+    with pytest.raises(lumc.InputError, match=r"A\.\.B:STEP; torch\.export: a derived dim"):
+        lumc.compile(Strided().eval(), budget="20s", device="sim:h200",
+                     example_inputs=(torch.randn(1, 3, 16, 8),),
+                     dynamic_shapes=({2: Dim("h", min=8, max=40)},))
+    m = Strided().eval()
+    f = lumc.compile(m, budget="20s", device="sim:h200", example_inputs=(torch.randn(1, 3, 16, 8),),
+                     dynamic_shapes=({2: 4 * Dim("hq", min=2, max=10)},))
+    for h in (8, 12, 40):
+        x = torch.randn(1, 3, h, 8)
+        with torch.no_grad():
+            assert (f(x) - m(x)).abs().max().item() <= 1e-5
