@@ -72,6 +72,19 @@ def held(shape) -> bool:
     return bool(probes) and any(d and any(int(d) % p == 0 for p in probes) for d in shape)
 
 
+def held_values(v) -> bool:
+    """True when a probe is active and ``v`` is an integer array of several values one of which a
+    probe divides (``iota(B) * L``, ``[0, 61]`` at ``L = 61``): folded to a constant it would not
+    re-size (only a scalar constant does), so it is kept as the computation, which does."""
+    probes = _PROBES.get()
+    v = np.asarray(v)
+    if not probes or v.dtype.kind not in "iu" or v.size < 2:
+        return False
+    flat = v.reshape(-1).astype(np.int64)
+    return bool((flat != flat[0]).any()) and any(
+        bool(((flat % p == 0) & (flat != 0)).any()) for p in probes)
+
+
 class NotSymbolic(ValueError):
     """A value of the probed graph that cannot be re-sized (names it and why)."""
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.graph import Graph, Node, const_node
-from lumc.ir.symbolic import active_probes, held
+from lumc.ir.symbolic import active_probes, held, held_values
 from lumc.compiler.core.iota_facts import empty_at_zero, index_value, rebuild, used_probes
 from lumc.ir.tensor import Tensor
 from lumc.ir.provenance import rebuilt
@@ -123,11 +123,13 @@ def fold_constants(graph: Graph, mapping: dict | None = None) -> Graph:
         if proved and (r := rebuild(n, facts[id(n)], probes)) is not None:
             x = r
         elif is_const and id(n) in index and n.op != "View" and n.numel <= MAX_FOLD_ELEMS and not any(
-                t.dtype.is_float for t in (n, *n.srcs)) and not held(n.shape):
-            x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
+                t.dtype.is_float for t in (n, *n.srcs)) and not held(n.shape) and \
+                not held_values(v := ReferenceExecutor(Graph({}, {"v": x}))({})["v"]):
+            x = _folded(x, v)
         elif iota_only[id(n)] == 2 and id(n) in operand and n.op not in ("View", "Contiguous") and \
-                n.numel <= MAX_OPERAND_ELEMS and not held(n.shape):
-            x = _folded(x, ReferenceExecutor(Graph({}, {"v": x}))({})["v"])
+                n.numel <= MAX_OPERAND_ELEMS and not held(n.shape) and \
+                not held_values(v := ReferenceExecutor(Graph({}, {"v": x}))({})["v"]):
+            x = _folded(x, v)
         elif n.op == "Gather" and int(n.arg) == 0 and srcs[1].op == "Constant" and \
                 _identity_gather(srcs[0], srcs[1].arg.value):
             x = Tensor(srcs[0]).reshape(n.shape).node

@@ -28,7 +28,8 @@ import numpy as np
 from lumc.backends.reference import ReferenceExecutor
 from lumc.ir.errors import ModelError
 from lumc.ir.graph import Graph, Node, const_node
-from lumc.ir.symbolic import held
+from lumc.ir.provenance import rebuilt
+from lumc.ir.symbolic import held, held_values
 from lumc.ir.tensor import Tensor
 
 _LAZY_LEAVES = ("Constant", "Iota")
@@ -101,6 +102,20 @@ class ConstantFolder:
             stack.extend((s, False) for s in m.srcs if s not in memo)
         return memo[n]
 
+    def _scalar_operands(self, n: Node) -> Node:
+        """``n`` over its operands with each one-valued constant operand as a broadcast scalar
+        (a size read from a ``Shape``, ``[2, 61][1]``: a view of the whole shape array, which no
+        re-size reads as the size it holds)."""
+        srcs = []
+        for x in n.srcs:
+            xv = None if self.is_dynamic(x) else self.value(Tensor(x))
+            if xv is not None and xv.size and x.op != "Constant" and (xv == xv.flat[0]).all():
+                one = Tensor(const_node(np.asarray(xv.flat[0], dtype=xv.dtype)))
+                x = one.reshape((1,) * len(x.shape)).expand(x.shape).node if x.shape else one.node
+                self._dynamic[x] = False
+            srcs.append(x)
+        return rebuilt(n, srcs)
+
     def is_index_expression(self, n: Node) -> bool:
         """Whether ``n`` is ``_INDEX_OPS`` over ``Iota`` leaves and scalar constants only, with at
         least one ``Iota`` (see the module docstring)."""
@@ -163,6 +178,9 @@ class ConstantFolder:
             return t
         if self.is_index_expression(n):
             return t
-        folded = Tensor(const_node(self.value(t)))
+        v = self.value(t)
+        if held_values(v):     # sizes of a probed dim (a batch's row offsets, iota(B) * L)
+            return Tensor(self._scalar_operands(n))
+        folded = Tensor(const_node(v))
         self._dynamic[folded.node] = False
         return folded
