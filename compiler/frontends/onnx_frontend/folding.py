@@ -108,8 +108,9 @@ class ConstantFolder:
         re-size reads as the size it holds)."""
         srcs = []
         for x in n.srcs:
-            xv = None if self.is_dynamic(x) else self.value(Tensor(x))
-            if xv is not None and xv.size and x.op != "Constant" and (xv == xv.flat[0]).all():
+            # a view of a constant leaf only: its value is a cheap read
+            xv = self.value(Tensor(x)) if x.op == "View" and x.srcs[0].op == "Constant" else None
+            if xv is not None and xv.size and (xv == xv.flat[0]).all():
                 one = Tensor(const_node(np.asarray(xv.flat[0], dtype=xv.dtype)))
                 x = one.reshape((1,) * len(x.shape)).expand(x.shape).node if x.shape else one.node
                 self._dynamic[x] = False
@@ -175,7 +176,7 @@ class ConstantFolder:
         if n.op == "View" and n.srcs[0].op in _LAZY_LEAVES:
             return t
         if held(n.shape):      # its size is a probed dynamic dim: kept as a computation
-            return t
+            return Tensor(self._scalar_operands(n))
         if self.is_index_expression(n):
             return t
         v = self.value(t)
