@@ -9,6 +9,19 @@ from lumc.compiler.runtime.tuning_db import TuningDatabase
 from tests.compiler.test_precision import classifier, numpy_reference
 
 
+def _count_compiles(monkeypatch) -> list:
+    """The precision of each ``pipeline._compile_policy`` call of a compile, in order."""
+    from lumc.compiler.core import pipeline
+    calls = []
+    real = pipeline._compile_policy
+
+    def counting(fe, deadline, *a, policy, **k):
+        calls.append(policy.precision)
+        return real(fe, deadline, *a, policy=policy, **k)
+    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    return calls
+
+
 @pytest.mark.parametrize("m,k,h", [(16, 256, 192), (2048, 512, 512)])
 def test_auto_reduces_a_contraction_only_where_it_is_faster(tmp_path, m, k, h):
     """A launch-bound model times the same at fp8, bf16 and fp32 (sim:h200), and auto took fp8
@@ -63,13 +76,7 @@ def test_auto_that_misses_the_gate_returns_its_fp32_plan_once(tmp_path, monkeypa
     """auto over a gate no reduced plan meets falls back to fp32, whose plan it compiled already:
     that plan is returned (not compiled a third time), with the fallback's line."""
     from lumc.compiler.core import pipeline
-    calls = []
-    real = pipeline._compile_policy
-
-    def counting(fe, deadline, *a, policy, **k):
-        calls.append(policy.precision)
-        return real(fe, deadline, *a, policy=policy, **k)
-    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    calls = _count_compiles(monkeypatch)
     cm = lumc.compile(classifier(), budget="60s", device="sim:h200", use_egraph=False,
                       db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto",
                       tolerance=1e-9)
@@ -114,13 +121,7 @@ def test_auto_falling_back_through_bf16_still_returns_its_fp32_plan(tmp_path, mo
     real_fb = pipeline.fallback_policy
     monkeypatch.setattr(pipeline, "fallback_policy", lambda p, q: (
         dataclasses.replace(p, precision="bf16") if p.precision == "auto" else real_fb(p, q)))
-    calls = []
-    real = pipeline._compile_policy
-
-    def counting(fe, deadline, *a, policy, **k):
-        calls.append(policy.precision)
-        return real(fe, deadline, *a, policy=policy, **k)
-    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    calls = _count_compiles(monkeypatch)
     cm = lumc.compile(classifier(), budget="30s", device="sim:h200", use_egraph=False,
                       db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto",
                       tolerance=1e-9)
@@ -211,13 +212,7 @@ def test_auto_refuses_a_max_kl_with_nothing_to_judge_before_its_fp32_plan(tmp_pa
     from onnx import TensorProto, helper
     from lumc.compiler.core import pipeline
     from lumc.ir.errors import InputError
-    calls = []
-    real = pipeline._compile_policy
-
-    def counting(fe, deadline, *a, policy, **k):
-        calls.append(policy.precision)
-        return real(fe, deadline, *a, policy=policy, **k)
-    monkeypatch.setattr(pipeline, "_compile_policy", counting)
+    calls = _count_compiles(monkeypatch)
     model = classifier()
     model.graph.node[-1].CopyFrom(helper.make_node("Relu", ["zb"], ["y"]))   # scores, no softmax
     with pytest.raises(InputError, match="max_kl gates"):
