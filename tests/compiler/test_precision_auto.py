@@ -75,7 +75,6 @@ def test_the_fallback_passes_over_a_precision_whose_plan_it_measured():
 def test_auto_that_misses_the_gate_returns_its_fp32_plan_once(tmp_path, monkeypatch):
     """auto over a gate no reduced plan meets falls back to fp32, whose plan it compiled already:
     that plan is returned (not compiled a third time), with the fallback's line."""
-    from lumc.compiler.core import pipeline
     calls = _count_compiles(monkeypatch)
     cm = lumc.compile(classifier(), budget="60s", device="sim:h200", use_egraph=False,
                       db=TuningDatabase(tmp_path / "t.sqlite"), precision="auto",
@@ -209,8 +208,7 @@ def test_auto_over_a_size_range_says_it_compared_no_fp32_plan(tmp_path):
 def test_auto_refuses_a_max_kl_with_nothing_to_judge_before_its_fp32_plan(tmp_path, monkeypatch):
     """--max-kl on a model with no distribution output is refused before the search; at auto it
     was refused only after the fp32 plan (40% of the budget) was compiled, which never judges."""
-    from onnx import TensorProto, helper
-    from lumc.compiler.core import pipeline
+    from onnx import helper
     from lumc.ir.errors import InputError
     calls = _count_compiles(monkeypatch)
     model = classifier()
