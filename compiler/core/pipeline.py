@@ -297,11 +297,19 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
     ver = versions(gpu=not target.simulated)
     target = with_measured_ceilings(target, db)
     shapes = with_ranges(model, shapes)
+    plans = db.plans_dir
+    reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
+                            (use_egraph, sorted(policy.as_dict().items()))
+                            + (("fast_math",) if fast_math else ()), values=policy.reduced)
+    if reuse is not None and reuse_plan:
+        cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
+        if cm is not None:
+            return cm
     if ranges_in(shapes):            # size ranges: one e-graph, one plan per size bucket
         tgt = dataclasses.replace(target, spec=dataclasses.replace(
             target.spec, dot_precisions=policy.dot_precisions()))
         try:
-            return compile_ranges(
+            vm = compile_ranges(
                 model, budget=budget_s, shapes=shapes, policy=policy, clock=clock,
                 frontend=lambda m, shp: dataclasses.replace(   # drawn inputs follow the user's ints
                     stage_frontend(m, shp, None), examples={
@@ -318,14 +326,9 @@ def compile_model(model, *, budget, device: str | None = None, example_inputs: d
                 raise
             return compile_variants(model, budget=max(deadline.remaining(), 0.0),
                                     shapes={**shapes, **sizes}, compile_one=one, clock=clock)
-    plans = db.plans_dir
-    reuse = _plan_cache_key(model, shapes, example_inputs, target, ver,
-                            (use_egraph, sorted(policy.as_dict().items()))
-                            + (("fast_math",) if fast_math else ()), values=policy.reduced)
-    if reuse is not None and reuse_plan:
-        cm = _reuse_plan(plans / f"{reuse}.lumc", budget_s, deadline)
-        if cm is not None:
-            return cm
+        if reuse is not None and vm.report_dict()["best_time_s"] is not None:
+            _store_plan(plans / f"{reuse}.lumc", vm)     # a range's plans are reused too
+        return vm
     t0 = deadline.elapsed()
     runtime_if = None
     with hard_deadline(deadline):    # the budget holds for any graph: BudgetError past its grace

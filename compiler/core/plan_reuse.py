@@ -114,8 +114,10 @@ def _reuse_plan(path, budget_s: float, deadline: Deadline) -> CompiledModel | No
     r = cm._report
     # precision auto: its fp32 plan's search too (a reduced plan kept over an fp32 plan its share
     # of a small budget left untimed is compared again at a larger budget)
+    # and a size range's: each bucket's search
     finished = not any(str(why or "").startswith("budget") for why in (
-        r.get("stopped_because"), (r.get("auto") or {}).get("fp32_stopped_because")))
+        r.get("stopped_because"), (r.get("auto") or {}).get("fp32_stopped_because"),
+        *(v.get("stopped_because") for v in r.get("variants") or ())))
     if not finished and r.get("budget_s", 0) < budget_s:
         return None
     # what the earlier compile did (its workers, its e-graph) stays with it: this one ran neither

@@ -275,3 +275,26 @@ def test_a_gather_along_a_ranged_non_leading_dim_serves_the_range(db, use_egraph
     for n in (4, 5, 33, 47, 64):
         x = RNG.standard_normal((2, n)).astype(np.float32)
         np.testing.assert_array_equal(cm(x), sess.run(None, {"x": x})[0])
+
+
+def test_a_range_compile_is_reused_like_a_fixed_size_one(db, tmp_path):
+    """A repeated compile of the same model and range searched again (a fixed-size or listed
+    compile reuses its stored plan): the range's plans are stored and reused now, unless a
+    bucket's search was cut short by a smaller budget than this compile's."""
+    from lumc.compiler.core.budget import Deadline
+    from lumc.compiler.core.plan_reuse import _reuse_plan, stamp_plan_key
+    path = tmp_path / "h.onnx"
+    onnx.save(halves(), path)
+    first = lumc.compile(path, budget="30s", device="sim:h200", db=db, shapes={"L": "2..32:2"})
+    again = lumc.compile(path, budget="30s", device="sim:h200", db=db, shapes={"L": "2..32:2"})
+    r = again.report_dict()
+    assert r["stopped_because"].startswith("reused the plan"), r["stopped_because"]
+    x = RNG.standard_normal((1, 18, 4)).astype(np.float32)
+    np.testing.assert_array_equal(again(x), first(x))
+    np.testing.assert_allclose(again(x), x[:, :9] - x[:, 9:], rtol=1e-6)
+    first._report["variants"][0]["stopped_because"] = "budget"
+    cut = tmp_path / "cut.lumc"
+    stamp_plan_key(first, cut)
+    first.save(cut)
+    assert _reuse_plan(cut, 60.0, Deadline(60.0)) is None
+    assert _reuse_plan(cut, first.report_dict()["budget_s"], Deadline(30.0)) is not None
