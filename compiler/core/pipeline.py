@@ -22,7 +22,6 @@ import numpy as np
 from lumc.compiler.core.activation_storage import ACTIVATION_DTYPE, store_activations
 from lumc.compiler.core.budget import Deadline, hard_deadline, parse_duration
 from lumc.compiler.core.constfold import fold_constants
-from lumc.ir.symbolic import active_probes
 from lumc.compiler.core.buckets import NarrowRangeError, compile_ranges, range_sizes, ranges_in
 from lumc.compiler.runtime.compiled import CompiledModel
 from lumc.compiler.core.fusion import ROWS_REFUSAL, greedy_program
@@ -32,8 +31,8 @@ from lumc.compiler.core.onnx_stage import (Frontend, bind_model, check_example_n
                                           input_shapes_as_tuples, stage_frontend, with_ranges)
 from lumc.compiler.core.precision import (WEIGHT_DTYPE, PrecisionPolicy, integer_error,
                                           precision_report, store_weights)
-from lumc.compiler.core.precision_gate import (auto_or_fp32, config_rank, fallback_note,
-                                               fallback_policy, model_reference,
+from lumc.compiler.core.precision_gate import (auto_or_fp32, config_rank, cut_short,
+                                               fallback_note, fallback_policy, model_reference,
                                                precision_note, refuse_idle_weights, retimed,
                                                stage_quality, weights_gate, weights_note)
 from lumc.compiler.runtime.program import Program, program_time_bound, run_program_reference
@@ -44,7 +43,7 @@ from lumc.compiler.core.plan_reuse import _plan_cache_key, _reuse_plan, _store_p
 from lumc.compiler.core.progress import Progress
 from lumc.compiler.core.report import build_report
 from lumc.compiler.core.why_not import why_not
-from lumc.compiler.core.search import SearchResult, run_search
+from lumc.compiler.core.search import run_search
 from lumc.compiler.core.untimed import check_untimed
 from lumc.compiler.core.workers import search_workers, warm_workers, with_workers
 from lumc.compiler.runtime.targets import Target, resolve_target, versions, with_measured_ceilings
@@ -86,10 +85,9 @@ def stage_candidates(graph: Graph, target: Target, deadline: Deadline, use_egrap
     """
     stats = {"enodes": 0, "eclasses": 0, "saturation_s": 0.0, "regions": 0, "used": False}
     # constants folded (index arithmetic, empty values) as the e-graph's input is: exact, and a
-    # --no-egraph compile of a model whose outputs are all empty launched a kernel per op. Not
-    # under a range's probes: a folded index array (a gather's row offsets [0, N]) does not
-    # re-size to the bucket's sizes
-    folded = graph if active_probes() else fold_constants(graph)
+    # --no-egraph compile of a model whose outputs are all empty launched a kernel per op (under
+    # a range's probes an index array holding a probed size stays a computation: held_values)
+    folded = fold_constants(graph)
     greedy = greedy_program(folded)
     unfused = unfused_program(graph)
     programs = [greedy, unfused]
@@ -422,11 +420,6 @@ def compile_frontend(fe: Frontend, deadline: Deadline, target: Target, ver: dict
         if t1 is not None and (t0 is None or t1 <= t0):
             exact = again
     return auto_or_fp32(reduced, exact, deadline)
-
-
-def cut_short(cm: CompiledModel) -> bool:
-    """Whether ``cm``'s search stopped because its budget ran out."""
-    return str(cm._report.get("stopped_because") or "").startswith("budget")
 
 
 def _compile_policy(fe: Frontend, deadline: Deadline, target: Target, ver: dict,

@@ -222,6 +222,11 @@ def _auto(configs, reduced, raised, evaluate, deadline, q0) -> tuple[list, dict]
     return current, q
 
 
+def cut_short(cm) -> bool:
+    """Whether CompiledModel ``cm``'s search stopped because its budget ran out."""
+    return str(cm._report.get("stopped_because") or "").startswith("budget")
+
+
 def auto_or_fp32(reduced, exact, deadline):
     """``auto``'s plan (``reduced``: a CompiledModel at ``auto``, or at what it fell back to), or
     the fp32 plan of the same model (``exact``) when the reduced one is not faster than it by
@@ -233,8 +238,8 @@ def auto_or_fp32(reduced, exact, deadline):
     plan kept reports the whole compile's budget and seconds (``deadline``: the outer one)."""
     for cm in (reduced, exact):
         cm._report.update(budget_s=deadline.budget_s, compile_s=deadline.elapsed())
-    why = str(exact._report.get("stopped_because") or "")
-    if why.startswith("budget") and "fp32 plan's share" not in why and not deadline.expired():
+    why = exact._report.get("stopped_because")
+    if cut_short(exact) and "fp32 plan's share" not in why and not deadline.expired():
         # its own share ran out, not the budget the report shows ("in 5 s of 12 s: budget")
         exact._report["stopped_because"] = f"{why} (auto's fp32 plan's share of the budget)"
     if reduced is exact:     # the reduced plans missed the gate: auto fell back to this one
@@ -268,7 +273,7 @@ def auto_or_fp32(reduced, exact, deadline):
         kept._report["warnings"].append(
             "precision auto: the fp32 plan was not timed within its share of the budget: the "
             "reduced plan is kept without a comparison; a larger budget compares them")
-    elif str(exact._report.get("stopped_because") or "").startswith("budget"):
+    elif cut_short(exact):
         unit = " simulated" if exact.simulated else ""
         kept._report["warnings"].append(
             f"precision auto: the fp32 plan's search ran out of its share of the budget (at "
